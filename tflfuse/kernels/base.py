@@ -1,0 +1,219 @@
+"""The kernel abstraction: frozen op parameters in, WGSL programs out.
+
+A :class:`Kernel` is built from the static description of one op: its input :class:`TensorSpec` s and
+its attributes. From those alone it derives the output specs and a list of :class:`Program` s, the
+dispatches that compute the op, each with its WGSL source, workgroup size, dispatch size and bindings.
+Nothing here touches a GPU, so ``tflfuse.get_shader`` and the interpreter share one code path.
+
+A program's cache key is its WGSL text (shapes and attributes are baked into the source), so no key is
+maintained by hand beside the code it describes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import struct
+from typing import ClassVar, Mapping, Sequence
+
+__all__ = [
+    "Binding", "Kernel", "KernelError", "Program", "TensorSpec", "Uniform", "linear_dispatch",
+    "MAX_WORKGROUPS_PER_DIM",
+]
+
+#: WebGPU's default ``maxComputeWorkgroupsPerDimension``.
+MAX_WORKGROUPS_PER_DIM = 65535
+
+_WGSL_TYPES = {"float32": "f32", "int32": "i32", "uint32": "u32"}
+
+
+class KernelError(ValueError):
+    """An op's shapes, dtypes or attributes are not what its kernel supports; the message names the op."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """The static description of a tensor: shape (e.g. ``(N, H, W, C)``) and dtype name."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if any(d < 0 for d in self.shape):
+            raise KernelError(f"tensor shape {list(self.shape)} has a negative dimension")
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * 4
+
+    @property
+    def wgsl_type(self) -> str:
+        try:
+            return _WGSL_TYPES[self.dtype]
+        except KeyError:
+            raise KernelError(f"dtype {self.dtype} has no WGSL storage type") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    """One storage buffer of a program.
+
+    ``role`` says which buffer the runtime binds: ``("input", i)``, ``("output", i)`` or ``("scratch", i)``.
+    ``access`` is ``"read"`` or ``"read_write"``; ``size`` is in bytes.
+    """
+
+    name: str
+    role: tuple[str, int]
+    access: str
+    elem_type: str
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Uniform:
+    """A scalar in a program's uniform block (binding after the storage buffers)."""
+
+    name: str
+    type: str  # "f32", "i32" or "u32"
+    value: float | int
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One dispatch: WGSL source, entry point, workgroup size, dispatch size (workgroups) and bindings."""
+
+    name: str
+    source: str
+    workgroup_size: tuple[int, int, int]
+    dispatch: tuple[int, int, int]
+    bindings: tuple[Binding, ...]
+    uniforms: tuple[Uniform, ...] = ()
+    entry_point: str = "main"
+
+    @property
+    def cache_key(self) -> str:
+        """The pipeline cache key: a digest of the source text, which holds every parameter."""
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    def uniform_bytes(self) -> bytes:
+        fmt = {"f32": "f", "i32": "i", "u32": "I"}
+        data = b"".join(struct.pack("<" + fmt[u.type], u.value) for u in self.uniforms)
+        return data + b"\0" * (-len(data) % 16)
+
+
+def linear_dispatch(invocations: int, workgroup: int) -> tuple[int, int, int]:
+    """A dispatch size for ``invocations`` threads in 1-D workgroups of ``workgroup`` threads.
+
+    Counts past 65,535 workgroups spill into y and z; shaders rebuild the linear index with
+    :func:`tflfuse.kernels.wgsl.linear_index`.
+    """
+    groups = max(1, -(-invocations // workgroup))
+    if groups <= MAX_WORKGROUPS_PER_DIM:
+        return (groups, 1, 1)
+    y = -(-groups // MAX_WORKGROUPS_PER_DIM)
+    if y <= MAX_WORKGROUPS_PER_DIM:
+        return (MAX_WORKGROUPS_PER_DIM, y, 1)
+    z = -(-y // MAX_WORKGROUPS_PER_DIM)
+    if z > MAX_WORKGROUPS_PER_DIM:
+        raise KernelError(f"{invocations} invocations exceed what one dispatch can address")
+    return (MAX_WORKGROUPS_PER_DIM, MAX_WORKGROUPS_PER_DIM, z)
+
+
+class Kernel:
+    """Base class of every kernel. Subclasses are registered with :func:`tflfuse.kernels.register`.
+
+    Class attributes:
+      key: the op name as it stands in a .tflite (``"CONV_2D"``, ``"fused_bottleneck"``).
+      static_inputs: input index -> attribute name, for inputs that must be constant and are read at
+        plan time (PAD's paddings, MEAN's axis); the planner moves them into ``attrs`` as lists.
+      optional_inputs: input indices that may be absent (-1 in the file), e.g. a conv's bias.
+      view: True for ops whose output is the input's buffer re-shaped (RESHAPE): no programs run.
+
+    Args:
+      inputs: the specs of the op's runtime inputs, in the op's input order (absent optional inputs are
+        ``None``; static inputs are left out of the computation but keep their slot as ``None``).
+      attrs: the op's attributes (builtin options with snake_case keys, or a composite's attributes).
+    Raises:
+      KernelError: shapes, dtypes or attributes the kernel does not support; the message names the op.
+    """
+
+    key: ClassVar[str] = ""
+    static_inputs: ClassVar[Mapping[int, str]] = {}
+    optional_inputs: ClassVar[frozenset[int]] = frozenset()
+    view: ClassVar[bool] = False
+    #: (name, description) pairs of the expected inputs, for listings and error messages.
+    input_names: ClassVar[Sequence[str]] = ()
+    #: attribute name -> default value; attributes not listed are rejected by :meth:`attr`.
+    attr_defaults: ClassVar[Mapping[str, object]] = {}
+
+    def __init__(self, inputs: Sequence[TensorSpec | None], attrs: Mapping | None = None):
+        self.inputs = tuple(inputs)
+        self.attrs = dict(attrs or {})
+        self.check()
+
+    # ---- to override -----------------------------------------------------------------------------
+    def check(self) -> None:
+        """Validates shapes and attributes; raises :class:`KernelError`."""
+
+    def output_specs(self) -> tuple[TensorSpec, ...]:
+        raise NotImplementedError
+
+    def programs(self) -> list[Program]:
+        """The dispatches that compute the op, in order."""
+        raise NotImplementedError
+
+    def scratch_sizes(self) -> tuple[int, ...]:
+        """Bytes of each scratch buffer the programs use (``("scratch", i)`` bindings)."""
+        return ()
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def fail(self, message: str) -> "KernelError":
+        shapes = [list(s.shape) if s is not None else None for s in self.inputs]
+        return KernelError(f"{self.key}: {message} (input shapes {shapes})")
+
+    def attr(self, name: str):
+        if name in self.attrs and self.attrs[name] is not None:
+            return self.attrs[name]
+        if name in self.attr_defaults:
+            return self.attr_defaults[name]
+        raise self.fail(f"missing attribute {name!r}")
+
+    def input(self, i: int) -> TensorSpec:
+        if i >= len(self.inputs) or self.inputs[i] is None:
+            raise self.fail(f"input {i} is missing")
+        return self.inputs[i]
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.inputs) and self.inputs[i] is not None
+
+    def expect_rank(self, i: int, *ranks: int) -> TensorSpec:
+        spec = self.input(i)
+        if len(spec.shape) not in ranks:
+            raise self.fail(f"input {i} must have rank {' or '.join(map(str, ranks))}, "
+                            f"got shape {list(spec.shape)}")
+        if spec.dtype != "float32":
+            raise self.fail(f"input {i} must be float32, got {spec.dtype}")
+        return spec
+
+    def binding(self, name: str, role: str, index: int, spec_or_bytes, access: str | None = None) -> Binding:
+        size = spec_or_bytes if isinstance(spec_or_bytes, int) else spec_or_bytes.nbytes
+        access = access or ("read" if role == "input" else "read_write")
+        return Binding(name, (role, index), access, "f32", size)
+
+    def io_bindings(self, names: Sequence[str]) -> tuple[Binding, ...]:
+        """Bindings for every present input (in order) then every output, named by ``names``."""
+        present = [i for i, s in enumerate(self.inputs) if s is not None and i not in self.static_inputs]
+        outs = self.output_specs()
+        if len(names) != len(present) + len(outs):
+            raise AssertionError(f"{self.key}: {len(names)} binding names for {len(present)} inputs "
+                                 f"and {len(outs)} outputs")
+        binds = [self.binding(n, "input", i, self.inputs[i]) for n, i in zip(names, present)]
+        binds += [self.binding(n, "output", i, s) for i, (n, s) in enumerate(zip(names[len(present):], outs))]
+        return tuple(binds)

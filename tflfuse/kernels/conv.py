@@ -1,0 +1,190 @@
+"""Convolutions and matrix products: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED.
+
+Layouts are TFLite's: activations NHWC; CONV_2D filters OHWI ``[Cout, KH, KW, Cin]``; DEPTHWISE_CONV_2D
+filters ``[1, KH, KW, Cin * depth_multiplier]``; FULLY_CONNECTED weights ``[Cout, Cin]``. Padding SAME/VALID,
+strides, dilation and the fused activation follow TFLite's reference kernels
+(tensorflow/lite/kernels/internal/reference/conv.h, depthwiseconv_float.h, fully_connected.h).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .base import Kernel, TensorSpec
+from .registry import register
+from .wgsl import activation_fn, elementwise_program
+
+__all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "conv_output_size"]
+
+
+def conv_output_size(size: int, kernel: int, stride: int, dilation: int, padding: str) -> tuple[int, int]:
+    """Output size and the padding before the first element, as TFLite computes them.
+
+    SAME: ``out = ceil(size / stride)``, total padding ``max((out - 1) * stride + eff_k - size, 0)``, of
+    which the smaller half goes before. VALID: ``out = ceil((size - eff_k + 1) / stride)``, no padding.
+    ``eff_k = (kernel - 1) * dilation + 1``.
+    """
+    eff = (kernel - 1) * dilation + 1
+    if padding == "SAME":
+        out = -(-size // stride)
+        total = max((out - 1) * stride + eff - size, 0)
+        return out, total // 2
+    if padding == "VALID":
+        return max(0, -(-(size - eff + 1) // stride)), 0
+    raise ValueError(f"padding must be 'SAME' or 'VALID', got {padding!r}")
+
+
+class _Conv(Kernel):
+    optional_inputs = frozenset({2})
+    input_names = ("input", "filter", "bias")
+    attr_defaults = {"padding": "VALID", "stride_h": 1, "stride_w": 1, "dilation_h_factor": 1,
+                     "dilation_w_factor": 1, "fused_activation_function": "NONE", "depth_multiplier": 1}
+
+    def _geometry(self, kh: int, kw: int):
+        n, h, w, _ = self.input(0).shape
+        sh, sw = int(self.attr("stride_h")), int(self.attr("stride_w"))
+        dh, dw = int(self.attr("dilation_h_factor")), int(self.attr("dilation_w_factor"))
+        if min(sh, sw, dh, dw) < 1:
+            raise self.fail(f"strides and dilations must be >= 1, got stride ({sh}, {sw}) dilation ({dh}, {dw})")
+        pad = str(self.attr("padding"))
+        if pad not in ("SAME", "VALID"):
+            raise self.fail(f"padding must be SAME or VALID, got {pad!r}")
+        oh, pt = conv_output_size(h, kh, sh, dh, pad)
+        ow, pl = conv_output_size(w, kw, sw, dw, pad)
+        return dict(N=n, H=h, W=w, OH=oh, OW=ow, SH=sh, SW=sw, DH=dh, DW=dw, PT=pt, PL=pl, KH=kh, KW=kw)
+
+    def _check_bias(self, cout: int):
+        if self.has_input(2):
+            b = self.expect_rank(2, 1)
+            if b.shape[0] != cout:
+                raise self.fail(f"bias has {b.shape[0]} elements, the op has {cout} output channels")
+
+    def output_specs(self):
+        g = self.g
+        return (TensorSpec((g["N"], g["OH"], g["OW"], self.cout)),)
+
+    def _names(self):
+        return ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
+
+
+@register("CONV_2D")
+class Conv2D(_Conv):
+    """CONV_2D: input ``[N, H, W, Cin]``, filter OHWI ``[Cout, KH, KW, Cin]``, bias ``[Cout]`` (optional)
+    -> ``[N, OH, OW, Cout]``, float32. Grouped convolution (Cin a multiple of the filter's Cin) included."""
+
+    def check(self):
+        x, f = self.expect_rank(0, 4), self.expect_rank(1, 4)
+        self.cout, kh, kw, fcin = f.shape
+        if fcin == 0 or x.shape[3] % fcin:
+            raise self.fail(f"input has {x.shape[3]} channels, not a multiple of the filter's {fcin}")
+        self.groups = x.shape[3] // fcin
+        if self.cout % self.groups:
+            raise self.fail(f"{self.cout} output channels do not split into {self.groups} groups")
+        self._check_bias(self.cout)
+        self.g = self._geometry(kh, kw)
+
+    def programs(self):
+        g, cin = self.g, self.input(0).shape[3]
+        fcin = self.input(1).shape[3]
+        bias = "b[co]" if self.has_input(2) else "0.0"
+        cpg = self.cout // self.groups
+        body = f"""  let co = idx % {self.cout}u;
+  let ox = i32((idx / {self.cout}u) % {g['OW']}u);
+  let oy = i32((idx / {self.cout * g['OW']}u) % {g['OH']}u);
+  let n = idx / {self.cout * g['OW'] * g['OH']}u;
+  let c0 = (co / {cpg}u) * {fcin}u;
+  var acc = {bias};
+  for (var ky = 0; ky < {g['KH']}; ky++) {{
+    let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
+    if (iy < 0 || iy >= {g['H']}) {{ continue; }}
+    for (var kx = 0; kx < {g['KW']}; kx++) {{
+      let ix = ox * {g['SW']} - {g['PL']} + kx * {g['DW']};
+      if (ix < 0 || ix >= {g['W']}) {{ continue; }}
+      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + c0;
+      let wb = ((co * {g['KH']}u + u32(ky)) * {g['KW']}u + u32(kx)) * {fcin}u;
+      for (var ci = 0u; ci < {fcin}u; ci++) {{ acc += x[xb + ci] * w[wb + ci]; }}
+    }}
+  }}
+  y[idx] = act(acc);"""
+        total = g["N"] * g["OH"] * g["OW"] * self.cout
+        return [elementwise_program(self.key, self.io_bindings(self._names()), total, body,
+                                    activation_fn(self.attr("fused_activation_function")))]
+
+
+@register("DEPTHWISE_CONV_2D")
+class DepthwiseConv2D(_Conv):
+    """DEPTHWISE_CONV_2D: input ``[N, H, W, Cin]``, filter ``[1, KH, KW, Cin * depth_multiplier]``, bias
+    (optional) -> ``[N, OH, OW, Cin * depth_multiplier]``, float32."""
+
+    def check(self):
+        x, f = self.expect_rank(0, 4), self.expect_rank(1, 4)
+        _, kh, kw, self.cout = f.shape
+        cin = x.shape[3]
+        if cin == 0 or self.cout % cin:
+            raise self.fail(f"filter has {self.cout} channels, not a multiple of the input's {cin}")
+        self.mult = self.cout // cin
+        self._check_bias(self.cout)
+        self.g = self._geometry(kh, kw)
+
+    def programs(self):
+        g, cin = self.g, self.input(0).shape[3]
+        bias = "b[co]" if self.has_input(2) else "0.0"
+        body = f"""  let co = idx % {self.cout}u;
+  let ox = i32((idx / {self.cout}u) % {g['OW']}u);
+  let oy = i32((idx / {self.cout * g['OW']}u) % {g['OH']}u);
+  let n = idx / {self.cout * g['OW'] * g['OH']}u;
+  let ci = co / {self.mult}u;
+  var acc = {bias};
+  for (var ky = 0; ky < {g['KH']}; ky++) {{
+    let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
+    if (iy < 0 || iy >= {g['H']}) {{ continue; }}
+    for (var kx = 0; kx < {g['KW']}; kx++) {{
+      let ix = ox * {g['SW']} - {g['PL']} + kx * {g['DW']};
+      if (ix < 0 || ix >= {g['W']}) {{ continue; }}
+      acc += x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]
+           * w[(u32(ky) * {g['KW']}u + u32(kx)) * {self.cout}u + co];
+    }}
+  }}
+  y[idx] = act(acc);"""
+        total = g["N"] * g["OH"] * g["OW"] * self.cout
+        return [elementwise_program(self.key, self.io_bindings(self._names()), total, body,
+                                    activation_fn(self.attr("fused_activation_function")))]
+
+
+@register("FULLY_CONNECTED")
+class FullyConnected(Kernel):
+    """FULLY_CONNECTED: input ``[..., Cin]`` (flattened to ``[B, Cin]``), weights ``[Cout, Cin]``, bias
+    ``[Cout]`` (optional) -> ``[B, Cout]``, or ``[..., Cout]`` with ``keep_num_dims``; float32."""
+
+    optional_inputs = frozenset({2})
+    input_names = ("input", "weights", "bias")
+    attr_defaults = {"fused_activation_function": "NONE", "keep_num_dims": False}
+
+    def check(self):
+        x, wt = self.expect_rank(0, *range(1, 7)), self.expect_rank(1, 2)
+        self.cout, self.cin = wt.shape
+        if self.cin == 0 or x.size % self.cin:
+            raise self.fail(f"input of {x.size} elements does not flatten to rows of {self.cin}")
+        self.rows = x.size // self.cin
+        if self.attr("keep_num_dims") and x.shape[-1] != self.cin:
+            raise self.fail(f"keep_num_dims needs the input's last dimension to be {self.cin}")
+        if self.has_input(2):
+            b = self.expect_rank(2, 1)
+            if b.shape[0] != self.cout:
+                raise self.fail(f"bias has {b.shape[0]} elements, weights have {self.cout} rows")
+
+    def output_specs(self):
+        if self.attr("keep_num_dims"):
+            return (TensorSpec(self.input(0).shape[:-1] + (self.cout,)),)
+        return (TensorSpec((self.rows, self.cout)),)
+
+    def programs(self):
+        bias = "b[co]" if self.has_input(2) else "0.0"
+        body = f"""  let co = idx % {self.cout}u;
+  let r = idx / {self.cout}u;
+  var acc = {bias};
+  for (var k = 0u; k < {self.cin}u; k++) {{ acc += x[r * {self.cin}u + k] * w[co * {self.cin}u + k]; }}
+  y[idx] = act(acc);"""
+        names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
+        return [elementwise_program(self.key, self.io_bindings(names), math.prod((self.rows, self.cout)), body,
+                                    activation_fn(self.attr("fused_activation_function")))]

@@ -1,0 +1,1 @@
+"""fused_bottleneck (placeholder until the kernel lands)."""

@@ -1,0 +1,82 @@
+"""Shared WGSL pieces: the generated prelude (bindings, uniforms), index helpers and activations.
+
+Op bodies stay short templates; everything repeated between kernels is generated here.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .base import Binding, KernelError, Program, Uniform, linear_dispatch
+
+__all__ = ["ACTIVATIONS", "activation_fn", "elementwise_program", "prelude", "linear_main", "fmt_f32"]
+
+
+def fmt_f32(x: float) -> str:
+    """A WGSL f32 literal that round-trips ``x`` exactly."""
+    import numpy as np
+
+    v = float(np.float32(x))
+    if v != v or v in (float("inf"), float("-inf")):
+        raise KernelError(f"cannot write {x} as a WGSL literal")
+    return f"{v!r}f" if "e" in repr(v) or "." in repr(v) else f"{v!r}.0f"
+
+
+def prelude(bindings: Sequence[Binding], uniforms: Sequence[Uniform] = ()) -> str:
+    """Declarations of the storage buffers (bindings 0..n-1, group 0) and the uniform block (binding n)."""
+    lines = []
+    for i, b in enumerate(bindings):
+        access = "read" if b.access == "read" else "read_write"
+        lines.append(f"@group(0) @binding({i}) var<storage, {access}> {b.name}: array<{b.elem_type}>;")
+    if uniforms:
+        fields = ", ".join(f"{u.name}: {u.type}" for u in uniforms)
+        lines.append(f"struct Params {{ {fields} }};")
+        lines.append(f"@group(0) @binding({len(bindings)}) var<uniform> params: Params;")
+    return "\n".join(lines) + "\n"
+
+
+def linear_main(workgroup: int, total: int, body: str) -> str:
+    """A 1-D entry point: ``idx`` is the linear invocation index rebuilt from a dispatch that may spill
+    into y and z (past 65,535 workgroups); invocations at or past ``total`` return at once."""
+    return f"""
+@compute @workgroup_size({workgroup})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {{
+  let idx = ((wid.z * nwg.y + wid.y) * nwg.x + wid.x) * {workgroup}u + lidx;
+  if (idx >= {total}u) {{ return; }}
+{body}
+}}
+"""
+
+
+# Activation name (TFLite fused_activation_function names, lower-cased, and the composite names) ->
+# WGSL body of ``fn act(v: f32) -> f32``. Semantics: TFLite's kernels (RELU_N1_TO_1 clamps to [-1, 1],
+# HARD_SWISH is x * relu6(x + 3) / 6, GELU is the exact erf form is not in WGSL: tanh approximation).
+ACTIVATIONS = {
+    "none": "return v;",
+    "linear": "return v;",
+    "relu": "return max(v, 0.0);",
+    "relu6": "return clamp(v, 0.0, 6.0);",
+    "relu_n1_to_1": "return clamp(v, -1.0, 1.0);",
+    "relu_0_to_1": "return clamp(v, 0.0, 1.0);",
+    "tanh": "return tanh(v);",
+    "sigmoid": "return 1.0 / (1.0 + exp(-v));",
+    "logistic": "return 1.0 / (1.0 + exp(-v));",
+    "hard_swish": "return v * clamp(v + 3.0, 0.0, 6.0) / 6.0;",
+    "sign_bit": "return select(0.0, 1.0, v < 0.0);",
+}
+
+
+def activation_fn(name: str | None, fn_name: str = "act") -> str:
+    """``fn act(v: f32) -> f32`` for a TFLite fused activation (``"RELU6"``) or a composite's (``"relu6"``)."""
+    key = (name or "none").lower()
+    if key not in ACTIVATIONS:
+        raise KernelError(f"unsupported activation {name!r}; supported: {sorted(ACTIVATIONS)}")
+    return f"fn {fn_name}(v: f32) -> f32 {{ {ACTIVATIONS[key]} }}\n"
+
+
+def elementwise_program(name: str, bindings: tuple[Binding, ...], total: int, body: str,
+                        helpers: str = "", uniforms: tuple[Uniform, ...] = (), workgroup: int = 64) -> Program:
+    """A program with one invocation per output element (``idx`` in ``0..total``)."""
+    source = prelude(bindings, uniforms) + helpers + linear_main(workgroup, total, body)
+    return Program(name, source, (workgroup, 1, 1), linear_dispatch(total, workgroup), bindings, uniforms)

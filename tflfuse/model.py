@@ -1,0 +1,274 @@
+"""Reading and writing .tflite files on LiteRT's own flatbuffer schema.
+
+A :class:`Model` wraps the schema's object API (``ModelT``) so that graph passes can edit it and
+:meth:`Model.to_bytes` can write it back. Everything the runtime needs from a file goes through here:
+op names as they stand in the file (``CONV_2D``, or a custom op's code such as ``fused_bottleneck``),
+builtin options as a plain ``dict`` with snake_case keys, custom options decoded from their flexbuffer
+map, and constant tensor data as NumPy arrays (including buffers stored after the flatbuffer, located by
+``Buffer.offset``/``Buffer.size`` relative to the start of the file).
+
+This module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+from ai_edge_litert import schema_py_generated as schema
+from flatbuffers import flexbuffers
+
+__all__ = ["Model", "ModelError", "OpRef", "TENSOR_DTYPES", "builtin_op_name"]
+
+_FILE_IDENTIFIER = b"TFL3"
+# The largest tensor the runtime accepts, in elements: past this a shape is a corrupt file, not a model.
+MAX_TENSOR_ELEMENTS = 1 << 32
+
+
+class ModelError(ValueError):
+    """A .tflite file is malformed, truncated or refers to something that does not exist."""
+
+
+def _enum_names(enum_cls) -> dict[int, str]:
+    return {v: k for k, v in vars(enum_cls).items() if not k.startswith("_") and isinstance(v, int)}
+
+
+_BUILTIN_NAMES = _enum_names(schema.BuiltinOperator)
+_TENSOR_TYPE_NAMES = _enum_names(schema.TensorType)
+_PADDING_NAMES = _enum_names(schema.Padding)
+_ACTIVATION_NAMES = _enum_names(schema.ActivationFunctionType)
+
+#: TFLite ``TensorType`` value -> NumPy dtype, for the types the runtime decodes.
+TENSOR_DTYPES: dict[int, np.dtype] = {
+    schema.TensorType.FLOAT32: np.dtype(np.float32),
+    schema.TensorType.FLOAT16: np.dtype(np.float16),
+    schema.TensorType.FLOAT64: np.dtype(np.float64),
+    schema.TensorType.INT32: np.dtype(np.int32),
+    schema.TensorType.INT64: np.dtype(np.int64),
+    schema.TensorType.INT16: np.dtype(np.int16),
+    schema.TensorType.INT8: np.dtype(np.int8),
+    schema.TensorType.UINT8: np.dtype(np.uint8),
+    schema.TensorType.UINT16: np.dtype(np.uint16),
+    schema.TensorType.UINT32: np.dtype(np.uint32),
+    schema.TensorType.UINT64: np.dtype(np.uint64),
+    schema.TensorType.BOOL: np.dtype(np.bool_),
+}
+
+
+def builtin_op_name(code: int) -> str:
+    """The TFLite name (``"CONV_2D"``) of a ``BuiltinOperator`` value."""
+    return _BUILTIN_NAMES.get(code, f"BUILTIN_{code}")
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"([A-Z])", r"_\1", name).lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class OpRef:
+    """Where an operator stands: subgraph index and operator index within it."""
+
+    subgraph: int
+    index: int
+
+
+class Model:
+    """A parsed .tflite model.
+
+    Args:
+      data: the file's bytes (the ``TFL3`` flatbuffer, possibly followed by out-of-flatbuffer buffers).
+
+    Raises:
+      ModelError: the bytes are not a .tflite model (too short, wrong file identifier, a flatbuffer
+        that cannot be decoded, or indices that point outside their tables).
+    """
+
+    def __init__(self, data: bytes | bytearray | memoryview):
+        data = bytes(data)
+        if len(data) < 8:
+            raise ModelError(f"not a .tflite model: {len(data)} bytes is too short for a flatbuffer")
+        if data[4:8] != _FILE_IDENTIFIER:
+            raise ModelError(
+                f"not a .tflite model: file identifier is {data[4:8]!r}, expected {_FILE_IDENTIFIER!r}")
+        try:
+            self.m = schema.ModelT.InitFromPackedBuf(data, 0)
+        except Exception as e:  # the flatbuffers runtime raises anything from struct.error to IndexError
+            raise ModelError(f"malformed .tflite flatbuffer: {type(e).__name__}: {e}") from e
+        self._file = data
+        self._check_indices()
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> "Model":
+        """Reads a .tflite file. Raises ``FileNotFoundError`` or :class:`ModelError`."""
+        return cls(Path(path).read_bytes())
+
+    def to_bytes(self) -> bytes:
+        """Serializes the (possibly edited) model with the ``TFL3`` identifier."""
+        import flatbuffers
+
+        b = flatbuffers.Builder(1024)
+        b.Finish(self.m.Pack(b), file_identifier=_FILE_IDENTIFIER)
+        return bytes(b.Output())
+
+    # ---- structure -------------------------------------------------------------------------------
+    def _check_indices(self) -> None:
+        m = self.m
+        if not m.subgraphs:
+            raise ModelError("model has no subgraphs")
+        n_codes = len(m.operatorCodes or [])
+        n_buffers = len(m.buffers or [])
+        for si, sg in enumerate(m.subgraphs):
+            n_t = len(sg.tensors or [])
+            for t_i, t in enumerate(sg.tensors or []):
+                if not 0 <= t.buffer < max(n_buffers, 1):
+                    raise ModelError(f"subgraph {si} tensor {t_i} refers to buffer {t.buffer}, "
+                                     f"but the model has {n_buffers} buffers")
+                shape = [int(d) for d in (t.shape if t.shape is not None else [])]
+                if any(d < 0 for d in shape) and t.shapeSignature is None:
+                    raise ModelError(f"subgraph {si} tensor {t_i} has a negative dimension {shape}")
+                if int(np.prod([max(d, 1) for d in shape], dtype=np.float64)) > MAX_TENSOR_ELEMENTS:
+                    raise ModelError(f"subgraph {si} tensor {t_i} has an implausible shape {shape}")
+            for name, idxs in (("inputs", sg.inputs), ("outputs", sg.outputs)):
+                for i in (idxs if idxs is not None else []):
+                    if not 0 <= i < n_t:
+                        raise ModelError(f"subgraph {si} {name} refer to tensor {i}; it has {n_t}")
+            for oi, op in enumerate(sg.operators or []):
+                if not 0 <= op.opcodeIndex < n_codes:
+                    raise ModelError(f"subgraph {si} operator {oi} has opcode index {op.opcodeIndex}, "
+                                     f"but the model has {n_codes} operator codes")
+                for i in list(op.inputs if op.inputs is not None else []) + list(
+                        op.outputs if op.outputs is not None else []):
+                    if not -1 <= i < n_t:
+                        raise ModelError(f"subgraph {si} operator {oi} ({self.op_name(si, oi)}) refers to "
+                                         f"tensor {i}; the subgraph has {n_t}")
+
+    @property
+    def subgraphs(self):
+        return self.m.subgraphs
+
+    def op_name(self, subgraph: int, index: int) -> str:
+        """The op's name as it stands in the file: the builtin name, or a custom op's custom code."""
+        code = self.m.operatorCodes[self.m.subgraphs[subgraph].operators[index].opcodeIndex]
+        builtin = max(int(code.builtinCode), int(code.deprecatedBuiltinCode))
+        if builtin == schema.BuiltinOperator.CUSTOM:
+            cc = code.customCode
+            return cc.decode() if isinstance(cc, bytes) else str(cc)
+        return builtin_op_name(builtin)
+
+    def op_names(self, subgraph: int = 0) -> list[str]:
+        return [self.op_name(subgraph, i) for i in range(len(self.m.subgraphs[subgraph].operators or []))]
+
+    def op_inputs(self, subgraph: int, index: int) -> list[int]:
+        op = self.m.subgraphs[subgraph].operators[index]
+        return [int(i) for i in (op.inputs if op.inputs is not None else [])]
+
+    def op_outputs(self, subgraph: int, index: int) -> list[int]:
+        op = self.m.subgraphs[subgraph].operators[index]
+        return [int(i) for i in (op.outputs if op.outputs is not None else [])]
+
+    def op_attrs(self, subgraph: int, index: int) -> dict:
+        """The op's attributes as a dict with snake_case keys.
+
+        Builtin options keep their schema names (``stride_w``, ``padding``, ``fused_activation_function``);
+        enums become their names (``"SAME"``, ``"RELU6"``). A custom op's flexbuffer map is decoded as it is
+        (:mod:`tflfuse.composite` turns it back into the attributes the user wrote).
+        """
+        op = self.m.subgraphs[subgraph].operators[index]
+        if op.customOptions is not None and len(op.customOptions):
+            try:
+                opts = flexbuffers.Loads(bytes(bytearray(op.customOptions)))
+            except Exception as e:
+                raise ModelError(f"subgraph {subgraph} operator {index} ({self.op_name(subgraph, index)}): "
+                                 f"custom options are not a flexbuffer map: {e}") from e
+            if not isinstance(opts, dict):
+                raise ModelError(f"subgraph {subgraph} operator {index}: custom options are a "
+                                 f"{type(opts).__name__}, expected a flexbuffer map")
+            return opts
+        attrs: dict = {}
+        for options in (op.builtinOptions, op.builtinOptions2):
+            if options is None:
+                continue
+            for key, value in vars(options).items():
+                k = _snake(key)
+                if k == "padding":
+                    value = _PADDING_NAMES.get(value, value)
+                elif k == "fused_activation_function":
+                    value = _ACTIVATION_NAMES.get(value, value)
+                elif isinstance(value, np.ndarray):
+                    value = value.tolist()
+                attrs[k] = value
+        return attrs
+
+    # ---- tensors ---------------------------------------------------------------------------------
+    def tensor(self, subgraph: int, index: int):
+        return self.m.subgraphs[subgraph].tensors[index]
+
+    def tensor_name(self, subgraph: int, index: int) -> str:
+        n = self.tensor(subgraph, index).name
+        return n.decode() if isinstance(n, bytes) else (n or "")
+
+    def tensor_shape(self, subgraph: int, index: int) -> tuple[int, ...]:
+        s = self.tensor(subgraph, index).shape
+        return tuple(int(d) for d in (s if s is not None else []))
+
+    def tensor_shape_signature(self, subgraph: int, index: int) -> tuple[int, ...]:
+        t = self.tensor(subgraph, index)
+        s = t.shapeSignature if t.shapeSignature is not None else t.shape
+        return tuple(int(d) for d in (s if s is not None else []))
+
+    def tensor_dtype(self, subgraph: int, index: int) -> np.dtype:
+        t = self.tensor(subgraph, index)
+        if t.type not in TENSOR_DTYPES:
+            raise ModelError(f"subgraph {subgraph} tensor {index} ({self.tensor_name(subgraph, index)!r}) "
+                             f"has type {_TENSOR_TYPE_NAMES.get(t.type, t.type)}, which tflfuse does not read")
+        return TENSOR_DTYPES[t.type]
+
+    def tensor_type_name(self, subgraph: int, index: int) -> str:
+        t = self.tensor(subgraph, index).type
+        return _TENSOR_TYPE_NAMES.get(t, str(t))
+
+    def tensor_data(self, subgraph: int, index: int) -> np.ndarray | None:
+        """The constant data of a tensor as an array of its dtype and shape, or None for a variable tensor.
+
+        Raises:
+          ModelError: the buffer lies outside the file or its size disagrees with the tensor's shape.
+        """
+        t = self.tensor(subgraph, index)
+        buf = self.m.buffers[t.buffer] if t.buffer < len(self.m.buffers or []) else None
+        if buf is None:
+            return None
+        if buf.offset is not None and buf.offset > 1:
+            if buf.offset + buf.size > len(self._file):
+                raise ModelError(f"subgraph {subgraph} tensor {index}: buffer {t.buffer} spans bytes "
+                                 f"{buf.offset}..{buf.offset + buf.size}, past the end of the file "
+                                 f"({len(self._file)} bytes)")
+            raw = np.frombuffer(self._file, np.uint8, count=buf.size, offset=buf.offset)
+        elif buf.data is not None and len(buf.data):
+            raw = np.asarray(buf.data, dtype=np.uint8)
+        else:
+            return None
+        dtype = self.tensor_dtype(subgraph, index)
+        shape = self.tensor_shape(subgraph, index)
+        count = int(np.prod(shape, dtype=np.int64))
+        if raw.size != count * dtype.itemsize:
+            raise ModelError(f"subgraph {subgraph} tensor {index} ({self.tensor_name(subgraph, index)!r}): "
+                             f"buffer holds {raw.size} bytes, shape {list(shape)} of {dtype} needs "
+                             f"{count * dtype.itemsize}")
+        return raw.view(dtype).reshape(shape).copy()
+
+    # ---- signatures ------------------------------------------------------------------------------
+    def signature_defs(self) -> dict[str, dict]:
+        """``{signature_key: {"subgraph": i, "inputs": {name: tensor}, "outputs": {name: tensor}}}``."""
+        out = {}
+        for sd in self.m.signatureDefs or []:
+            key = sd.signatureKey.decode() if isinstance(sd.signatureKey, bytes) else sd.signatureKey
+            out[key] = {
+                "subgraph": int(sd.subgraphIndex),
+                "inputs": {(tm.name.decode() if isinstance(tm.name, bytes) else tm.name): int(tm.tensorIndex)
+                           for tm in sd.inputs or []},
+                "outputs": {(tm.name.decode() if isinstance(tm.name, bytes) else tm.name): int(tm.tensorIndex)
+                            for tm in sd.outputs or []},
+            }
+        return out

@@ -1,0 +1,128 @@
+"""The WebGPU device: adapter choice, limits, and the pipeline cache.
+
+One :class:`Device` object is passed to whatever needs the GPU (or made on first use by an Interpreter);
+nothing here is a module-level global.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from absl import logging
+
+from .._tfload import tensorflow_symbols_global
+from ..kernels.base import Program
+
+__all__ = ["Device", "NoAdapterError"]
+
+_ADAPTER_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}
+_BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 1, "OpenGL": 2}
+
+_INSTALL_HINT = (
+    "Install a Vulkan driver: on Debian/Ubuntu `apt-get install mesa-vulkan-drivers` gives the software "
+    "adapter (llvmpipe) on a machine without a GPU; with an NVIDIA/AMD/Intel GPU install its Vulkan driver.")
+
+
+class NoAdapterError(RuntimeError):
+    """No WebGPU adapter could be found or opened."""
+
+
+def _info(adapter) -> dict:
+    return dict(adapter.info)
+
+
+class Device:
+    """A wgpu device on the best available adapter, with a cache of compute pipelines.
+
+    Args:
+      adapter: optional case-insensitive substring of the adapter's name (``"llvmpipe"``, ``"H200"``) to
+        pick a particular one; default: the environment variable ``TFLFUSE_ADAPTER``, else the best by
+        kind (discrete GPU, integrated GPU, ..., software/CPU last) and backend (Vulkan first).
+    Raises:
+      NoAdapterError: no adapter exists (the message says what to install) or none matches ``adapter``.
+    """
+
+    def __init__(self, adapter: str | None = None):
+        import wgpu
+
+        self._wgpu = wgpu
+        want = adapter if adapter is not None else os.environ.get("TFLFUSE_ADAPTER") or None
+        try:
+            adapters = list(wgpu.gpu.enumerate_adapters_sync())
+        except Exception as e:  # wgpu-native raises plain Exceptions when no backend loads
+            raise NoAdapterError(f"WebGPU adapters could not be listed ({e}). {_INSTALL_HINT}") from e
+        if want:
+            adapters = [a for a in adapters if want.lower() in _info(a).get("device", "").lower()]
+            if not adapters:
+                raise NoAdapterError(f"no WebGPU adapter matches {want!r}")
+        if not adapters:
+            raise NoAdapterError(f"no WebGPU adapter found. {_INSTALL_HINT}")
+        adapters.sort(key=lambda a: (_ADAPTER_RANK.get(_info(a).get("adapter_type"), 3),
+                                     _BACKEND_RANK.get(_info(a).get("backend_type"), 3)))
+        self.adapter = adapters[0]
+        self.info = _info(self.adapter)
+        if self.info.get("adapter_type") == "CPU" and tensorflow_symbols_global():
+            raise NoAdapterError(
+                "TensorFlow was imported before tflfuse with its LLVM symbols exported process-wide; the "
+                "software adapter (llvmpipe) would crash compiling shaders. Import tflfuse before TensorFlow "
+                "(tflfuse then loads TensorFlow's libraries with RTLD_LOCAL), or run TensorFlow in another process.")
+        limits = dict(self.adapter.limits)
+        wanted = {k: limits[k] for k in (
+            "max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
+            "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
+            "max-compute-workgroup-size-x", "max-compute-workgroup-size-y", "max-compute-workgroup-size-z",
+            "max-compute-workgroups-per-dimension") if k in limits}
+        features = [f for f in ("timestamp-query",) if f in self.adapter.features]
+        self.device = self.adapter.request_device_sync(required_limits=wanted, required_features=features)
+        self.limits = dict(self.device.limits)
+        self.features = set(self.device.features)
+        self._pipelines: dict[str, object] = {}
+        self._lock = threading.Lock()
+        logging.info("tflfuse: WebGPU adapter %s", self.describe())
+
+    @property
+    def name(self) -> str:
+        return self.info.get("device", "unknown")
+
+    @property
+    def is_software(self) -> bool:
+        return self.info.get("adapter_type") == "CPU"
+
+    def describe(self) -> str:
+        """E.g. ``"llvmpipe (LLVM 15.0.6, 256 bits) [CPU, Vulkan]"``."""
+        return f"{self.name} [{self.info.get('adapter_type')}, {self.info.get('backend_type')}]"
+
+    @property
+    def max_storage_binding(self) -> int:
+        return int(self.limits.get("max-storage-buffer-binding-size", 128 << 20))
+
+    def pipeline(self, program: Program):
+        """The compute pipeline for a program, compiled once per distinct WGSL source.
+
+        Raises:
+          RuntimeError: the WGSL does not compile; the message names the program.
+        """
+        key = program.cache_key
+        with self._lock:
+            p = self._pipelines.get(key)
+            if p is None:
+                try:
+                    module = self.device.create_shader_module(code=program.source, label=program.name)
+                    p = self.device.create_compute_pipeline(
+                        layout="auto", compute={"module": module, "entry_point": program.entry_point},
+                        label=program.name)
+                except Exception as e:
+                    raise RuntimeError(f"WGSL for {program.name} failed to compile: {e}") from e
+                self._pipelines[key] = p
+        return p
+
+    def create_buffer(self, size: int, *, data: bytes | None = None, uniform: bool = False, label: str = ""):
+        wgpu = self._wgpu
+        usage = (wgpu.BufferUsage.UNIFORM if uniform else wgpu.BufferUsage.STORAGE) | \
+            wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        size = max(16, -(-size // 16) * 16)
+        if data is not None:
+            data = bytes(data) + b"\0" * (size - len(data))
+            return self.device.create_buffer_with_data(data=data, usage=usage, label=label)
+        return self.device.create_buffer(size=size, usage=usage, label=label)

@@ -1,0 +1,243 @@
+"""``tflfuse.Interpreter``: runs a .tflite on WebGPU with LiteRT's Python Interpreter API."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..model import Model
+from .device import Device
+from .plan import ExecutionPlan, check_supported, lower
+
+__all__ = ["Interpreter", "SignatureRunner"]
+
+
+class Interpreter:
+    """Runs a .tflite model on a WebGPU adapter; the API of ``ai_edge_litert.interpreter.Interpreter``.
+
+    Every op of the model must have a tflfuse kernel; this is checked when the interpreter is made,
+    before any GPU work. Pipelines, bind groups and buffers are built once by :meth:`allocate_tensors`;
+    :meth:`invoke` only uploads inputs, records the dispatches into one command encoder and submits it.
+
+    Args:
+      model_path: path of a .tflite file.
+      model_content: the bytes of a .tflite file (exactly one of the two).
+      device: a :class:`~tflfuse.runtime.device.Device` to share between interpreters; default: a new one on
+        the best adapter (a discrete GPU when present, else the Mesa software Vulkan adapter).
+      adapter: substring of an adapter name to pick one (ignored when ``device`` is given).
+      experimental_preserve_all_tensors: give every tensor its own buffer so that intermediates can be read
+        with :meth:`get_tensor` (as LiteRT's flag of that name); costs memory.
+    Raises:
+      ValueError: neither or both of model_path/model_content; a malformed file (``ModelError``).
+      UnsupportedOpError: an op without a kernel; the message names the op, its index and subgraph.
+      NoAdapterError: no WebGPU adapter (raised by :meth:`allocate_tensors`, when the GPU is first needed).
+
+    >>> interp = Interpreter(model_path="model.tflite")        # doctest: +SKIP
+    >>> interp.allocate_tensors()                              # doctest: +SKIP
+    >>> interp.set_tensor(interp.get_input_details()[0]["index"], x)   # doctest: +SKIP
+    >>> interp.invoke(); y = interp.get_tensor(interp.get_output_details()[0]["index"])  # doctest: +SKIP
+    """
+
+    def __init__(self, model_path: str | Path | None = None, model_content: bytes | None = None, *,
+                 device: Device | None = None, adapter: str | None = None,
+                 experimental_preserve_all_tensors: bool = False):
+        if (model_path is None) == (model_content is None):
+            raise ValueError("give exactly one of model_path and model_content")
+        self._model = Model.from_path(model_path) if model_path is not None else Model(model_content)
+        check_supported(self._model)
+        self._device = device
+        self._adapter = adapter
+        self._preserve = experimental_preserve_all_tensors
+        self._plans: dict[int, ExecutionPlan] = {}
+        self._resized: dict[int, dict[int, tuple[int, ...]]] = {}
+        self._inputs_set: dict[int, set[int]] = {}
+        self._lock = threading.Lock()
+
+    # ---- set-up ----------------------------------------------------------------------------------
+    @property
+    def device(self) -> Device:
+        """The WebGPU device (made on first use)."""
+        if self._device is None:
+            self._device = Device(self._adapter)
+        return self._device
+
+    @property
+    def model(self) -> Model:
+        return self._model
+
+    def allocate_tensors(self) -> None:
+        """Builds the execution plan of the main subgraph: shapes, kernels, buffers, pipelines."""
+        self._plan(0, build=True)
+
+    def _plan(self, subgraph: int, build: bool = False) -> ExecutionPlan:
+        plan = self._plans.get(subgraph)
+        if plan is None:
+            if not build and subgraph == 0:
+                raise RuntimeError("call allocate_tensors() before invoke(), set_tensor() or get_tensor()")
+            graph = lower(self._model, subgraph, self._resized.get(subgraph))
+            plan = self._plans[subgraph] = ExecutionPlan(graph, self.device, self._preserve)
+            self._inputs_set[subgraph] = set()
+        return plan
+
+    def resize_tensor_input(self, input_index: int, tensor_size: Sequence[int], strict: bool = False) -> None:
+        """Sets a new shape for an input; takes effect at the next :meth:`allocate_tensors`."""
+        sg = self._model.subgraphs[0]
+        if input_index not in list(sg.inputs):
+            raise ValueError(f"tensor {input_index} is not an input of the model; inputs: {list(sg.inputs)}")
+        shape = tuple(int(d) for d in tensor_size)
+        if any(d <= 0 for d in shape):
+            raise ValueError(f"tensor_size must be positive, got {list(shape)}")
+        sig = self._model.tensor_shape_signature(0, input_index)
+        if strict and (len(sig) != len(shape) or any(s != -1 and s != d for s, d in zip(sig, shape))):
+            raise ValueError(f"strict resize of input {input_index}: {list(shape)} disagrees with the "
+                             f"shape signature {list(sig)}")
+        self._resized.setdefault(0, {})[input_index] = shape
+        self._plans.pop(0, None)
+
+    # ---- details ---------------------------------------------------------------------------------
+    def _details(self, subgraph: int, tensors: Sequence[int]) -> list[dict]:
+        m = self._model
+        plan = self._plans.get(subgraph)
+        out = []
+        for t in tensors:
+            shape = plan.graph.specs[t].shape if plan and t in plan.graph.specs else m.tensor_shape(subgraph, t)
+            q = m.tensor(subgraph, t).quantization
+            scales = np.asarray(q.scale if q is not None and q.scale is not None else [], np.float32)
+            zps = np.asarray(q.zeroPoint if q is not None and q.zeroPoint is not None else [], np.int32)
+            out.append({
+                "name": m.tensor_name(subgraph, t),
+                "index": int(t),
+                "shape": np.array(shape, np.int32),
+                "shape_signature": np.array(m.tensor_shape_signature(subgraph, t), np.int32),
+                "dtype": m.tensor_dtype(subgraph, t).type,
+                "quantization": (float(scales[0]) if scales.size == 1 else 0.0,
+                                 int(zps[0]) if zps.size == 1 else 0),
+                "quantization_parameters": {"scales": scales, "zero_points": zps,
+                                            "quantized_dimension": int(q.quantizedDimension) if q else 0},
+                "sparsity_parameters": {},
+            })
+        return out
+
+    def get_input_details(self) -> list[dict]:
+        """One dict per model input: name, index, shape, shape_signature, dtype, quantization..."""
+        return self._details(0, list(self._model.subgraphs[0].inputs))
+
+    def get_output_details(self) -> list[dict]:
+        return self._details(0, list(self._model.subgraphs[0].outputs))
+
+    # ---- running ---------------------------------------------------------------------------------
+    def set_tensor(self, tensor_index: int, value, subgraph: int = 0) -> None:
+        """Copies ``value`` into an input tensor.
+
+        Raises:
+          ValueError: the tensor is not an input, or the shape disagrees with the allocated shape.
+          TypeError: the dtype is not the tensor's dtype (no silent casts, as in LiteRT).
+        """
+        plan = self._plan(subgraph)
+        if tensor_index not in plan.graph.inputs:
+            raise ValueError(f"tensor {tensor_index} is not an input of subgraph {subgraph}; "
+                             f"inputs: {plan.graph.inputs}")
+        spec = plan.graph.specs[tensor_index]
+        value = np.asarray(value)
+        want = np.dtype(np.float32) if spec.dtype == "float32" else np.dtype(np.int32)
+        if value.dtype != want:
+            raise TypeError(f"tensor {tensor_index} ({self._model.tensor_name(subgraph, tensor_index)!r}) "
+                            f"expects {want}, got {value.dtype}")
+        if value.shape != spec.shape:
+            raise ValueError(f"tensor {tensor_index} ({self._model.tensor_name(subgraph, tensor_index)!r}) "
+                             f"has shape {list(spec.shape)}, got {list(value.shape)}; use "
+                             f"resize_tensor_input() then allocate_tensors() to change it")
+        with self._lock:
+            plan.write(tensor_index, value)
+            self._inputs_set[subgraph].add(tensor_index)
+
+    def invoke(self, subgraph: int = 0) -> None:
+        """Runs the subgraph: every dispatch in one command encoder, one submit."""
+        plan = self._plan(subgraph)
+        missing = [t for t in plan.graph.inputs if t not in self._inputs_set[subgraph]]
+        if missing:
+            raise RuntimeError(f"inputs {missing} were never set; call set_tensor() for each input first")
+        with self._lock:
+            plan.run()
+
+    def get_tensor(self, tensor_index: int, subgraph: int = 0) -> np.ndarray:
+        """A copy of an input, output or constant tensor after :meth:`invoke`.
+
+        Raises:
+          ValueError: an intermediate tensor (its buffer is reused by later ops).
+        """
+        plan = self._plan(subgraph)
+        g = plan.graph
+        if tensor_index not in g.consts and tensor_index not in g.inputs + g.outputs and not (
+                self._preserve and tensor_index in g.specs):
+            raise ValueError(f"tensor {tensor_index} is an intermediate tensor whose buffer is reused; "
+                             f"only inputs, outputs and constants can be read")
+        with self._lock:
+            return plan.read(tensor_index)
+
+    # ---- signatures ------------------------------------------------------------------------------
+    def get_signature_list(self) -> dict[str, dict[str, list[str]]]:
+        return {k: {"inputs": list(v["inputs"]), "outputs": list(v["outputs"])}
+                for k, v in self._model.signature_defs().items()}
+
+    def get_signature_runner(self, signature_key: str | None = None) -> "SignatureRunner":
+        """A callable that runs one signature: ``runner(x=array) -> {"output_0": array}``.
+
+        Raises:
+          ValueError: an unknown key (the message lists the known keys), or no key given when the model has
+            several signatures.
+        """
+        sigs = self._model.signature_defs()
+        if signature_key is None:
+            if len(sigs) != 1:
+                raise ValueError(f"the model has {len(sigs)} signatures; name one of {sorted(sigs)}")
+            signature_key = next(iter(sigs))
+        if signature_key not in sigs:
+            raise ValueError(f"no signature {signature_key!r}; the model has {sorted(sigs)}")
+        return SignatureRunner(self, sigs[signature_key])
+
+    # ---- facts -----------------------------------------------------------------------------------
+    @property
+    def adapter_info(self) -> dict:
+        """The adapter the interpreter runs on (``device``, ``adapter_type``, ``backend_type``...)."""
+        return dict(self.device.info)
+
+    @property
+    def dispatch_count(self) -> int:
+        """Dispatches one :meth:`invoke` of the main subgraph records."""
+        return self._plan(0).dispatch_count
+
+    def time_invoke(self, repeats: int = 10) -> float:
+        """Median seconds per invoke with a read-back of the first output (inputs must be set)."""
+        with self._lock:
+            return self._plan(0).time_run(repeats)
+
+
+class SignatureRunner:
+    """Runs one signature of an :class:`Interpreter` (as LiteRT's ``SignatureRunner``)."""
+
+    def __init__(self, interpreter: Interpreter, signature: dict):
+        self._interp = interpreter
+        self._sig = signature
+        self._sg = signature["subgraph"]
+        interpreter._plan(self._sg, build=True)
+
+    def get_input_details(self) -> dict[str, dict]:
+        return {n: d for n, d in zip(self._sig["inputs"], self._interp._details(self._sg, self._sig["inputs"].values()))}
+
+    def get_output_details(self) -> dict[str, dict]:
+        return {n: d for n, d in zip(self._sig["outputs"], self._interp._details(self._sg, self._sig["outputs"].values()))}
+
+    def __call__(self, **inputs) -> dict[str, np.ndarray]:
+        unknown = sorted(set(inputs) - set(self._sig["inputs"]))
+        if unknown:
+            raise ValueError(f"unknown inputs {unknown}; the signature takes {sorted(self._sig['inputs'])}")
+        for name, t in self._sig["inputs"].items():
+            if name not in inputs:
+                raise ValueError(f"missing input {name!r}; the signature takes {sorted(self._sig['inputs'])}")
+            self._interp.set_tensor(t, inputs[name], subgraph=self._sg)
+        self._interp.invoke(subgraph=self._sg)
+        return {name: self._interp.get_tensor(t, subgraph=self._sg) for name, t in self._sig["outputs"].items()}

@@ -1,0 +1,309 @@
+"""ExecutionPlan: static shapes, one kernel per op, buffer lifetimes, pipelines and bind groups.
+
+The plan is derived from a :class:`~tflfuse.model.Model` subgraph and never edited by hand. Building it
+has two halves: :func:`lower` (no GPU: kernel lookup, shape inference, load-time constant folding) and
+:class:`ExecutionPlan` (GPU: weight upload, reused buffers, pipelines and bind groups, built once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..kernels import kernel_class
+from ..kernels.base import Kernel, KernelError, Program, TensorSpec
+from ..model import Model
+
+__all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "check_supported", "lower"]
+
+_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32"}
+
+
+@dataclasses.dataclass
+class LoweredOp:
+    """One op of the graph with its kernel (None when folded at load or a view)."""
+
+    index: int
+    name: str
+    kernel: Kernel
+    inputs: list[int]     # tensor indices, -1 for absent/static
+    outputs: list[int]
+
+
+@dataclasses.dataclass
+class LoweredGraph:
+    subgraph: int
+    ops: list[LoweredOp]
+    specs: dict[int, TensorSpec]       # every runtime tensor
+    consts: dict[int, np.ndarray]      # constants, float32 after folding
+    inputs: list[int]
+    outputs: list[int]
+    aliases: dict[int, int]            # view output -> tensor whose buffer it shares
+
+    def storage_root(self, t: int) -> int:
+        while t in self.aliases:
+            t = self.aliases[t]
+        return t
+
+    @property
+    def dispatch_count(self) -> int:
+        return sum(len(op.kernel.programs()) for op in self.ops if not op.kernel.view)
+
+
+def check_supported(model: Model, subgraph: int | None = None) -> None:
+    """Raises :class:`~tflfuse.kernels.UnsupportedOpError` for the first op without a kernel, naming the
+    op, its index and subgraph. Touches no GPU."""
+    sgs = range(len(model.subgraphs)) if subgraph is None else [subgraph]
+    for si in sgs:
+        for oi, name in enumerate(model.op_names(si)):
+            kernel_class(name, where=f"operator {oi} of subgraph {si}")
+
+
+def _runtime_spec(model: Model, sg: int, t: int, shape=None) -> TensorSpec:
+    dtype = model.tensor_dtype(sg, t)
+    if dtype not in _DTYPE_NAMES:
+        raise KernelError(f"tensor {t} ({model.tensor_name(sg, t)!r}) is {dtype}; the WebGPU runtime "
+                          f"holds float32 and int32 tensors")
+    return TensorSpec(shape if shape is not None else model.tensor_shape(sg, t), _DTYPE_NAMES[dtype])
+
+
+def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[int]] | None = None) -> LoweredGraph:
+    """Kernel lookup, shape inference and load-time folding for one subgraph. No GPU work.
+
+    Args:
+      input_shapes: tensor index -> shape, for inputs resized with ``resize_tensor_input``.
+    Raises:
+      UnsupportedOpError: an op has no kernel (named with its index and subgraph).
+      KernelError: an op's shapes or attributes are not supported, or disagree with the file.
+    """
+    check_supported(model, subgraph)
+    input_shapes = dict(input_shapes or {})
+    sg = model.subgraphs[subgraph]
+    inputs = [int(i) for i in (sg.inputs if sg.inputs is not None else [])]
+    outputs = [int(i) for i in (sg.outputs if sg.outputs is not None else [])]
+    specs: dict[int, TensorSpec] = {}
+    consts: dict[int, np.ndarray] = {}
+    aliases: dict[int, int] = {}
+    for t in inputs:
+        specs[t] = _runtime_spec(model, subgraph, t, input_shapes.get(t))
+    ops: list[LoweredOp] = []
+    for oi in range(len(sg.operators or [])):
+        name = model.op_name(subgraph, oi)
+        cls = kernel_class(name)
+        where = f"{name} (operator {oi} of subgraph {subgraph})"
+        attrs = _op_attrs(model, subgraph, oi, cls)
+        in_ids = model.op_inputs(subgraph, oi)
+        out_ids = model.op_outputs(subgraph, oi)
+        in_specs: list[TensorSpec | None] = []
+        for pos, t in enumerate(in_ids):
+            if t < 0:
+                if pos not in cls.optional_inputs:
+                    raise KernelError(f"{where}: input {pos} is absent but required")
+                in_specs.append(None)
+                continue
+            if t not in consts and t not in specs:
+                data = model.tensor_data(subgraph, t)
+                if data is not None:
+                    consts[t] = data
+            if pos in cls.static_inputs:
+                if t not in consts:
+                    raise KernelError(f"{where}: input {pos} ({cls.static_inputs[pos]}) must be a constant")
+                attrs[cls.static_inputs[pos]] = consts[t].tolist()
+                in_specs.append(None)
+            elif t in consts:
+                in_specs.append(TensorSpec(consts[t].shape, _DTYPE_NAMES.get(consts[t].dtype, str(consts[t].dtype))))
+            elif t in specs:
+                in_specs.append(specs[t])
+            else:
+                raise KernelError(f"{where}: input {pos} (tensor {t}, {model.tensor_name(subgraph, t)!r}) "
+                                  f"is read before any op writes it")
+        try:
+            kernel = cls(in_specs, attrs)
+        except KernelError as e:
+            raise KernelError(f"{where}: {e}") from None
+        runtime_in = [t for pos, t in enumerate(in_ids) if t >= 0 and pos not in cls.static_inputs]
+        folded = hasattr(kernel, "fold") and all(t in consts for t in runtime_in)
+        if folded:
+            for t, value in zip(out_ids, kernel.fold([consts[t] for t in runtime_in])):
+                consts[t] = value
+            continue
+        out_specs = kernel.output_specs()
+        if len(out_specs) != len(out_ids):
+            raise KernelError(f"{where}: the file lists {len(out_ids)} outputs, the op has {len(out_specs)}")
+        for t, s in zip(out_ids, out_specs):
+            declared = model.tensor_shape(subgraph, t)
+            if not input_shapes and declared and tuple(declared) != s.shape:
+                raise KernelError(f"{where}: output tensor {t} is declared {list(declared)} but the op's "
+                                  f"inputs and attributes give {list(s.shape)}")
+            specs[t] = s
+        for t in runtime_in:  # constants read by a GPU kernel become runtime tensors with a weight buffer
+            if t in consts:
+                consts[t] = np.ascontiguousarray(consts[t])
+        if kernel.view:
+            aliases[out_ids[0]] = runtime_in[0]
+        ops.append(LoweredOp(oi, name, kernel, in_ids, out_ids))
+    for t in outputs:
+        if t not in specs and t not in consts:
+            raise KernelError(f"subgraph {subgraph} output tensor {t} is never written")
+    return LoweredGraph(subgraph, ops, specs, consts, inputs, outputs, aliases)
+
+
+def _op_attrs(model: Model, sg: int, oi: int, cls: type[Kernel]) -> dict:
+    attrs = model.op_attrs(sg, oi)
+    if getattr(cls, "decode_custom_options", None):
+        attrs = cls.decode_custom_options(attrs)
+    if getattr(cls, "needs_quantization", False):
+        t = model.op_inputs(sg, oi)[0]
+        q = model.tensor(sg, t).quantization
+        if q is not None and q.scale is not None and len(q.scale):
+            attrs["scale"] = [float(s) for s in q.scale]
+            attrs["zero_point"] = [int(z) for z in (q.zeroPoint if q.zeroPoint is not None else [0])]
+            attrs["quantized_dimension"] = int(q.quantizedDimension)
+    return attrs
+
+
+class ExecutionPlan:
+    """GPU resources for a lowered graph: weight buffers, reused activation buffers, pipelines and bind
+    groups, all made once; :meth:`run` records every dispatch into one command encoder.
+
+    Raises:
+      KernelError: a tensor is larger than the device's max storage binding.
+    """
+
+    def __init__(self, graph: LoweredGraph, device, preserve_all_tensors: bool = False):
+        self.graph = graph
+        self.preserve_all_tensors = preserve_all_tensors
+        self.device = device
+        self.buffers: dict[int, object] = {}       # tensor -> GPU buffer (runtime tensors and weights)
+        self.buffer_count = 0
+        self._alloc()
+        self.steps: list[tuple[Program, object, object]] = []   # (program, pipeline, bind group)
+        for op in graph.ops:
+            if op.kernel.view:
+                continue
+            scratch = self._scratch.get(op.index, [])
+            for prog in op.kernel.programs():
+                self.steps.append((prog, device.pipeline(prog), self._bind_group(op, prog, scratch)))
+
+    # ---- buffers ---------------------------------------------------------------------------------
+    def _alloc(self) -> None:
+        g, dev = self.graph, self.device
+        limit = dev.max_storage_binding
+        gpu_read = {t for op in g.ops for pos, t in enumerate(op.inputs)
+                    if t >= 0 and pos not in op.kernel.static_inputs}
+        for t, value in g.consts.items():
+            if t in gpu_read:
+                data = np.ascontiguousarray(value, dtype=np.float32 if value.dtype.kind == "f" else value.dtype)
+                if data.nbytes > limit:
+                    raise KernelError(f"constant tensor {t} is {data.nbytes} bytes, over the device's max "
+                                      f"storage binding of {limit} bytes")
+                self.buffers[t] = dev.create_buffer(data.nbytes, data=data.tobytes(), label=f"const{t}")
+        # Lifetimes over storage roots: first op writing, last op reading; inputs/outputs are pinned.
+        keep = list(g.specs) if self.preserve_all_tensors else g.inputs + g.outputs
+        pinned = {g.storage_root(t) for t in keep if t in g.specs}
+        last_use: dict[int, int] = {}
+        first_def: dict[int, int] = {}
+        for pos, op in enumerate(g.ops):
+            for t in op.inputs:
+                if t in g.specs:
+                    last_use[g.storage_root(t)] = pos
+            for t in op.outputs:
+                r = g.storage_root(t)
+                first_def.setdefault(r, pos)
+                last_use[r] = max(last_use.get(r, pos), pos)
+        free: list[tuple[int, object]] = []
+        self._scratch: dict[int, list] = {}
+
+        def take(size: int, label: str):
+            if size > limit:
+                raise KernelError(f"{label} needs {size} bytes, over the device's max storage binding "
+                                  f"of {limit} bytes")
+            fits = [(s, b) for s, b in free if s >= size]
+            if fits:
+                best = min(fits, key=lambda sb: sb[0])
+                free.remove(best)
+                return best
+            self.buffer_count += 1
+            size16 = max(16, -(-size // 16) * 16)
+            return size16, dev.create_buffer(size16, label=label)
+
+        roots: dict[int, tuple[int, object]] = {}
+        for r in sorted(pinned):
+            self.buffer_count += 1
+            roots[r] = (0, dev.create_buffer(g.specs[r].nbytes, label=f"io{r}"))
+        for pos, op in enumerate(g.ops):
+            for t in op.outputs:
+                r = g.storage_root(t)
+                if r not in roots:
+                    roots[r] = take(g.specs[r].nbytes, f"tensor {t}")
+            scratch = [take(n, f"scratch of op {op.index}") for n in op.kernel.scratch_sizes()]
+            self._scratch[op.index] = [b for _, b in scratch]
+            free.extend(scratch)
+            for r, last in list(last_use.items()):
+                if last == pos and r not in pinned and r in roots:
+                    free.append(roots[r])
+        for t in g.specs:
+            r = g.storage_root(t)
+            if r in roots:
+                self.buffers[t] = roots[r][1]
+
+    def _bind_group(self, op: LoweredOp, prog: Program, scratch: list):
+        entries = []
+        for i, b in enumerate(prog.bindings):
+            kind, k = b.role
+            t = op.inputs[k] if kind == "input" else op.outputs[k] if kind == "output" else None
+            buf = scratch[k] if kind == "scratch" else self.buffers[t]
+            entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0, "size": b.size}})
+        if prog.uniforms:
+            data = prog.uniform_bytes()
+            ubuf = self.device.create_buffer(len(data), data=data, uniform=True, label=f"{prog.name} params")
+            entries.append({"binding": len(prog.bindings), "resource": {"buffer": ubuf, "offset": 0,
+                                                                        "size": len(data)}})
+        pipeline = self.device.pipeline(prog)
+        return self.device.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+
+    # ---- execution -------------------------------------------------------------------------------
+    @property
+    def dispatch_count(self) -> int:
+        return len(self.steps)
+
+    def write(self, tensor: int, value: np.ndarray) -> None:
+        self.device.device.queue.write_buffer(self.buffers[tensor], 0, np.ascontiguousarray(value).tobytes())
+
+    def run(self) -> None:
+        """Records every dispatch into one compute pass of one command encoder and submits it."""
+        dev = self.device.device
+        encoder = dev.create_command_encoder()
+        cpass = encoder.begin_compute_pass()
+        for prog, pipeline, bind_group in self.steps:
+            cpass.set_pipeline(pipeline)
+            cpass.set_bind_group(0, bind_group)
+            cpass.dispatch_workgroups(*prog.dispatch)
+        cpass.end()
+        dev.queue.submit([encoder.finish()])
+
+    def read(self, tensor: int) -> np.ndarray:
+        if tensor in self.graph.consts:
+            return self.graph.consts[tensor].copy()
+        spec = self.graph.specs[tensor]
+        dtype = np.float32 if spec.dtype == "float32" else np.int32
+        if spec.size == 0:
+            return np.zeros(spec.shape, dtype)
+        raw = self.device.device.queue.read_buffer(self.buffers[tensor], 0, spec.nbytes)
+        return np.frombuffer(raw, dtype=dtype).reshape(spec.shape).copy()
+
+    def time_run(self, repeats: int = 10) -> float:
+        """Median wall-clock seconds of ``run`` plus a read-back of the first output (after one warm-up)."""
+        first = self.graph.outputs[0]
+        self.run()
+        self.read(first)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self.run()
+            self.read(first)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))

@@ -1,0 +1,64 @@
+"""Shader lookup: the WGSL of any kernel for an op name, input shapes and attributes, with no GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+from .kernels import kernel_class
+from .kernels.base import KernelError, TensorSpec
+
+__all__ = ["ShaderInfo", "get_shader"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShaderInfo:
+    """One dispatch of a kernel: WGSL text, entry point, workgroup size, dispatch size (in workgroups),
+    bindings (name, access, element type, size in bytes; group 0, bindings 0..n-1 in order) and the uniform
+    layout (binding n: one 4-byte scalar per field, in order). ``programs`` holds every dispatch when the
+    op needs several; the top-level fields describe the first."""
+
+    key: str
+    wgsl: str
+    entry_point: str
+    workgroup_size: tuple[int, int, int]
+    dispatch: tuple[int, int, int]
+    bindings: tuple[dict, ...]
+    uniforms: tuple[dict, ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    programs: tuple["ShaderInfo", ...] = ()
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["programs"] = [p.to_dict() for p in self.programs]
+        return d
+
+
+def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Mapping | None = None,
+               dtype: str = "float32") -> ShaderInfo:
+    """The WGSL for op ``key`` (its name in a .tflite: ``"CONV_2D"``, ``"fused_bottleneck"``) on inputs of
+    ``input_shapes`` (``None`` for an absent optional input) with ``attrs`` (the op's options, snake_case:
+    ``stride_h``, ``padding``...; constant inputs such as PAD's paddings are attributes here). No GPU is
+    touched. Same inputs give byte-identical WGSL.
+
+    Raises:
+      UnsupportedOpError: unknown key (the message lists the known keys).
+      KernelError: shapes or attributes the kernel does not accept (the message says what it expected).
+    """
+    cls = kernel_class(key)
+    attrs = dict(attrs or {})
+    specs = [None if s is None or i in cls.static_inputs else TensorSpec(tuple(s), dtype)
+             for i, s in enumerate(input_shapes)]
+    kernel = cls(specs, attrs)
+    outs = tuple(s.shape for s in kernel.output_specs())
+    infos = []
+    for p in kernel.programs():
+        binds = tuple({"binding": i, "name": b.name, "role": list(b.role), "access": b.access,
+                       "type": b.elem_type, "size": b.size} for i, b in enumerate(p.bindings))
+        unis = tuple({"name": u.name, "type": u.type, "value": u.value, "offset": 4 * i}
+                     for i, u in enumerate(p.uniforms))
+        infos.append(ShaderInfo(key, p.source, p.entry_point, p.workgroup_size, p.dispatch, binds, unis, outs))
+    if not infos:
+        raise KernelError(f"{key} runs no shader: it is a view of its input's buffer")
+    first = infos[0]
+    return dataclasses.replace(first, programs=tuple(infos))
