@@ -96,6 +96,9 @@ class Program:
     bindings: tuple[Binding, ...]
     uniforms: tuple[Uniform, ...] = ()
     entry_point: str = "main"
+    #: Loop iterations one invocation runs, at most (0: few). The software adapter silently stops an
+    #: invocation's loops after 65,535 iterations in all; the plan refuses programs past a device's limit.
+    loop_trips: int = 0
 
     @property
     def cache_key(self) -> str:

@@ -12,7 +12,7 @@ import math
 
 from .base import Kernel, TensorSpec
 from .registry import register
-from .wgsl import activation_fn, elementwise_program
+from .wgsl import activation_fn, dot, elementwise_program
 
 __all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "conv_output_size"]
 
@@ -102,13 +102,14 @@ class Conv2D(_Conv):
       if (ix < 0 || ix >= {g['W']}) {{ continue; }}
       let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + c0;
       let wb = ((co * {g['KH']}u + u32(ky)) * {g['KW']}u + u32(kx)) * {fcin}u;
-      for (var ci = 0u; ci < {fcin}u; ci++) {{ acc += x[xb + ci] * w[wb + ci]; }}
+      {dot(fcin, 'x[xb + {k}]', 'w[wb + {k}]', 'acc')}
     }}
   }}
   y[idx] = act(acc);"""
         total = g["N"] * g["OH"] * g["OW"] * self.cout
+        trips = g["KH"] * (1 + g["KW"] * (1 + fcin // 4))
         return [elementwise_program(self.key, self.io_bindings(self._names()), total, body,
-                                    activation_fn(self.attr("fused_activation_function")))]
+                                    activation_fn(self.attr("fused_activation_function")), loop_trips=trips)]
 
 
 @register("DEPTHWISE_CONV_2D")
@@ -148,7 +149,8 @@ class DepthwiseConv2D(_Conv):
   y[idx] = act(acc);"""
         total = g["N"] * g["OH"] * g["OW"] * self.cout
         return [elementwise_program(self.key, self.io_bindings(self._names()), total, body,
-                                    activation_fn(self.attr("fused_activation_function")))]
+                                    activation_fn(self.attr("fused_activation_function")),
+                                    loop_trips=g["KH"] * (1 + g["KW"]))]
 
 
 @register("FULLY_CONNECTED")
@@ -183,8 +185,9 @@ class FullyConnected(Kernel):
         body = f"""  let co = idx % {self.cout}u;
   let r = idx / {self.cout}u;
   var acc = {bias};
-  for (var k = 0u; k < {self.cin}u; k++) {{ acc += x[r * {self.cin}u + k] * w[co * {self.cin}u + k]; }}
+  {dot(self.cin, f'x[r * {self.cin}u + {{k}}]', f'w[co * {self.cin}u + {{k}}]', 'acc')}
   y[idx] = act(acc);"""
         names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
         return [elementwise_program(self.key, self.io_bindings(names), math.prod((self.rows, self.cout)), body,
-                                    activation_fn(self.attr("fused_activation_function")))]
+                                    activation_fn(self.attr("fused_activation_function")),
+                                    loop_trips=self.cin // 4)]

@@ -65,7 +65,8 @@ class Pool2D(Kernel):
   }}
   y[idx] = act({result});"""
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), n * self.oh * self.ow * c, body,
-                                    activation_fn(self.attr("fused_activation_function")))]
+                                    activation_fn(self.attr("fused_activation_function")),
+                                    loop_trips=self.kh * (1 + self.kw))]
 
 
 def _axes(axis, rank: int, fail) -> list[int]:
@@ -116,7 +117,7 @@ class Mean(Kernel):
   for (var r = 0u; r < {count}u; r++) {{ acc += x[base + {' + '.join(red_terms) or '0u'}]; }}
   y[idx] = acc / {fmt_f32(float(max(count, 1)))};"""
         total = self.output_specs()[0].size
-        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), total, body)]
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), total, body, loop_trips=count)]
 
 
 @register("SOFTMAX")
@@ -142,4 +143,4 @@ class Softmax(Kernel):
   for (var k = 0u; k < {c}u; k++) {{ s += exp(params.beta * (x[base + k] - m)); }}
   for (var k = 0u; k < {c}u; k++) {{ y[base + k] = exp(params.beta * (x[base + k] - m)) / s; }}"""
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), rows, body,
-                                    uniforms=(Uniform("beta", "f32", float(self.attr("beta"))),))]
+                                    uniforms=(Uniform("beta", "f32", float(self.attr("beta"))),), loop_trips=3 * c)]

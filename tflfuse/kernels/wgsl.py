@@ -9,7 +9,7 @@ from typing import Sequence
 
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
-__all__ = ["ACTIVATIONS", "activation_fn", "elementwise_program", "prelude", "linear_main", "fmt_f32"]
+__all__ = ["ACTIVATIONS", "activation_fn", "dot", "elementwise_program", "prelude", "linear_main", "fmt_f32"]
 
 
 def fmt_f32(x: float) -> str:
@@ -76,7 +76,26 @@ def activation_fn(name: str | None, fn_name: str = "act") -> str:
 
 
 def elementwise_program(name: str, bindings: tuple[Binding, ...], total: int, body: str,
-                        helpers: str = "", uniforms: tuple[Uniform, ...] = (), workgroup: int = 64) -> Program:
+                        helpers: str = "", uniforms: tuple[Uniform, ...] = (), workgroup: int = 64,
+                        loop_trips: int = 0) -> Program:
     """A program with one invocation per output element (``idx`` in ``0..total``)."""
     source = prelude(bindings, uniforms) + helpers + linear_main(workgroup, total, body)
-    return Program(name, source, (workgroup, 1, 1), linear_dispatch(total, workgroup), bindings, uniforms)
+    return Program(name, source, (workgroup, 1, 1), linear_dispatch(total, workgroup), bindings, uniforms,
+                   loop_trips=loop_trips)
+
+
+def dot(n: int, a: str, b: str, acc: str = "v", unroll: int = 4) -> str:
+    """WGSL statements adding ``sum_k a(k) * b(k)`` for ``k < n`` to the variable ``acc``, unrolled.
+
+    ``a`` and ``b`` are format strings over ``{k}`` (a u32 expression). Unrolling keeps the number of loop
+    iterations per invocation low: the software adapter (llvmpipe) silently stops all the loops of an
+    invocation after 65,535 iterations in all (see ``Program.loop_trips``). Iterations: ``n // unroll``.
+    """
+    main, tail = n - n % unroll, n % unroll
+    lines = []
+    if main:
+        terms = " + ".join(f"{a.format(k=f'k + {u}u')} * {b.format(k=f'k + {u}u')}" for u in range(unroll))
+        lines.append(f"for (var k = 0u; k < {main}u; k += {unroll}u) {{ {acc} += {terms}; }}")
+    for u in range(tail):
+        lines.append(f"{acc} += {a.format(k=f'{main + u}u')} * {b.format(k=f'{main + u}u')};")
+    return "\n".join(lines)

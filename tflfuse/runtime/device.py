@@ -79,7 +79,35 @@ class Device:
         self.features = set(self.device.features)
         self._pipelines: dict[str, object] = {}
         self._lock = threading.Lock()
+        self.loop_limit = self._probe_loop_limit() if self.is_software else None
         logging.info("tflfuse: WebGPU adapter %s", self.describe())
+
+    def _probe_loop_limit(self) -> int | None:
+        """Loop iterations an invocation may run before the driver stops its loops silently, or None.
+
+        Mesa's llvmpipe (22.x) stops all the loops of an invocation after 65,535 iterations in all, without
+        an error; one tiny dispatch measures it, so that plans refuse programs that would be cut short.
+        """
+        import numpy as np
+
+        want = 1 << 20
+        src = (f"@group(0) @binding(0) var<storage, read_write> y: array<u32>;\n"
+               f"@compute @workgroup_size(1) fn main() {{ var c = 0u; "
+               f"for (var i = 0u; i < {want}u; i++) {{ c += 1u; }} y[0] = c; }}")
+        prog = Program("loop_limit_probe", src, (1, 1, 1), (1, 1, 1), ())
+        buf = self.create_buffer(16, label="loop probe")
+        pipeline = self.pipeline(prog)
+        group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                              entries=[{"binding": 0, "resource": {"buffer": buf}}])
+        enc = self.device.create_command_encoder()
+        cpass = enc.begin_compute_pass()
+        cpass.set_pipeline(pipeline)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(1)
+        cpass.end()
+        self.device.queue.submit([enc.finish()])
+        got = int(np.frombuffer(self.device.queue.read_buffer(buf, 0, 4), np.uint32)[0])
+        return None if got >= want else got
 
     @property
     def name(self) -> str:

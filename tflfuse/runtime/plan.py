@@ -186,6 +186,12 @@ class ExecutionPlan:
                 continue
             scratch = self._scratch.get(op.index, [])
             for prog in op.kernel.programs():
+                if device.loop_limit is not None and prog.loop_trips >= device.loop_limit:
+                    raise KernelError(
+                        f"{op.name} (operator {op.index}): its shader runs about {prog.loop_trips} loop "
+                        f"iterations per invocation; the adapter {device.name} stops loops after "
+                        f"{device.loop_limit} and would return wrong values (input shapes "
+                        f"{[list(s.shape) if s else None for s in op.kernel.inputs]})")
                 self.steps.append((prog, device.pipeline(prog), self._bind_group(op, prog, scratch)))
 
     # ---- buffers ---------------------------------------------------------------------------------

@@ -1,1 +1,181 @@
-"""fused_bottleneck (placeholder until the kernel lands)."""
+"""fused_bottleneck: the MobileNetV2 inverted-residual block in ONE dispatch.
+
+Semantics (``composites.bottleneck.fused_bottleneck``, BatchNorm folded): for input ``x [N, H, W, Cin]``
+
+    e = act(x @ expand_w + expand_b)                      # 1x1 expand, [N, H, W, Cexp]   (expansion > 1)
+    d = act(depthwise3x3(e, dw_w, stride, SAME) + dw_b)   # [N, OH, OW, Cexp]
+    y = d @ project_w + project_b (+ x when residual)     # 1x1 projection, linear, [N, OH, OW, Cout]
+
+with ``act`` = ReLU6 by default. Op inputs, in order: ``x``; ``expand_w [Cin, Cexp]`` and ``expand_b [Cexp]``
+when expansion > 1; ``dw_w [3, 3, Cexp]``, ``dw_b [Cexp]``, ``project_w [Cexp, Cout]``, ``project_b [Cout]``.
+Attributes: ``expansion`` (int), ``stride`` (1 or 2), ``residual`` (bool), ``activation`` (str).
+
+The kernel never writes the expanded tensor to memory. A workgroup owns a tile of output pixels and a
+block of output channels; it walks the expanded channels in chunks: the 1x1 expansion of the tile's
+input halo goes into workgroup memory, each invocation applies the 3x3 depthwise filter for its pixel and
+accumulates the projection into registers. Only ``x`` is read and only ``y`` written.
+"""
+
+from __future__ import annotations
+
+from ..base import MAX_WORKGROUPS_PER_DIM, Kernel, Program, TensorSpec
+from ..conv import conv_output_size
+from ..registry import register
+from ..wgsl import activation_fn, dot, prelude
+
+__all__ = ["FusedBottleneck"]
+
+_TILE = 8            # output pixels per workgroup side
+_LANES = 4           # invocations per output pixel: 64 pixels x 4 lanes = 256 invocations
+_MAX_BLOCK = 128     # output channels per workgroup (accumulators: _MAX_BLOCK / _LANES per invocation)
+_MAX_CHUNK = 16      # expanded channels per pass through workgroup memory
+_WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
+
+
+@register("fused_bottleneck")
+class FusedBottleneck(Kernel):
+    """Input ``x [N, H, W, Cin]`` float32 and the folded weights (see module doc) -> ``[N, OH, OW, Cout]``,
+    ``OH = ceil(H / stride)``. Raises :class:`~tflfuse.kernels.KernelError` for weights whose shapes
+    disagree, a stride other than 1 or 2, or a residual on a block whose input and output differ."""
+
+    input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b")
+    attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6"}
+
+    @staticmethod
+    def decode_custom_options(options: dict) -> dict:
+        from ...composite import decode_attrs
+
+        return decode_attrs(options)
+
+    def check(self):
+        x = self.expect_rank(0, 4)
+        n, h, w, cin = x.shape
+        self.has_expand = len(self.inputs) == 7
+        if len(self.inputs) not in (5, 7):
+            raise self.fail(f"expects 5 inputs (expansion 1) or 7, got {len(self.inputs)}")
+        off = 2 if self.has_expand else 0
+        if self.has_expand:
+            ew, eb = self.expect_rank(1, 2).shape, self.expect_rank(2, 1).shape
+            if ew[0] != cin or eb[0] != ew[1]:
+                raise self.fail(f"expand_w {list(ew)} / expand_b {list(eb)} do not fit {cin} input channels")
+            cexp = ew[1]
+        else:
+            cexp = cin
+        dw, db = self.expect_rank(1 + off, 3).shape, self.expect_rank(2 + off, 1).shape
+        pw, pb = self.expect_rank(3 + off, 2).shape, self.expect_rank(4 + off, 1).shape
+        if dw != (3, 3, cexp) or db != (cexp,):
+            raise self.fail(f"dw_w must be [3, 3, {cexp}] and dw_b [{cexp}], got {list(dw)} and {list(db)}")
+        if pw[0] != cexp or pb != (pw[1],):
+            raise self.fail(f"project_w {list(pw)} / project_b {list(pb)} do not fit {cexp} expanded channels")
+        self.cin, self.cexp, self.cout = cin, cexp, pw[1]
+        self.stride = int(self.attr("stride"))
+        if self.stride not in (1, 2):
+            raise self.fail(f"stride must be 1 or 2, got {self.stride}")
+        self.residual = bool(self.attr("residual"))
+        if self.residual and (self.stride != 1 or cin != self.cout):
+            raise self.fail(f"residual needs stride 1 and Cin == Cout, got stride {self.stride}, "
+                            f"Cin {cin}, Cout {self.cout}")
+        activation_fn(self.attr("activation"))  # validates the name
+        self.oh, self.pt = conv_output_size(h, 3, self.stride, 1, "SAME")
+        self.ow, self.pl = conv_output_size(w, 3, self.stride, 1, "SAME")
+
+    def output_specs(self):
+        return (TensorSpec((self.input(0).shape[0], self.oh, self.ow, self.cout)),)
+
+    def _blocking(self):
+        """(halo side, expanded channels per chunk, output channels per block, number of blocks).
+
+        The chunk divides Cexp (so every chunk is full) and its halo fits in workgroup memory beside the
+        depthwise results."""
+        halo = (_TILE - 1) * self.stride + 3
+        fit = max(1, _WG_BYTES // (4 * (halo * halo + _TILE * _TILE)))
+        chunk = max(d for d in range(1, min(self.cexp, _MAX_CHUNK, fit) + 1) if self.cexp % d == 0)
+        nblocks = -(-self.cout // _MAX_BLOCK)
+        block = -(-self.cout // nblocks)
+        return halo, chunk, block, nblocks
+
+    def loop_trips(self) -> int:
+        """Loop iterations one invocation runs, at most (see :func:`tflfuse.kernels.wgsl.dot`)."""
+        halo, ec, cb, _ = self._blocking()
+        chunks = self.cexp // ec
+        per_chunk = -(-halo * halo * ec // (_TILE * _TILE * _LANES)) * (1 + -(-self.cin // 4)) + \
+            -(-ec // _LANES) + -(-cb // _LANES)
+        return chunks * (1 + per_chunk) + -(-cb // _LANES)
+
+    def programs(self):
+        n, h, w, cin = self.input(0).shape
+        cexp, cout, s = self.cexp, self.cout, self.stride
+        hw, ec, cb, nblocks = self._blocking()
+        threads = _TILE * _TILE * _LANES
+        jb = -(-cb // _LANES)  # accumulators per invocation
+        names = ["x", "ew", "eb", "dw", "db", "pw", "pb", "y"] if self.has_expand else \
+            ["x", "dw", "db", "pw", "pb", "y"]
+        binds = self.io_bindings(names)
+        if self.has_expand:
+            expand = (f"        var v = eb[e];\n        let xb = ((n * {h}u + u32(iy)) * {w}u + u32(ix)) * {cin}u;\n"
+                      + "        " + dot(cin, "x[xb + {k}]", f"ew[({{k}}) * {cexp}u + e]") + "\n        val = act(v);")
+        else:
+            expand = f"        val = x[((n * {h}u + u32(iy)) * {w}u + u32(ix)) * {cin}u + e];"
+        taps = " + ".join(f"halo[(u32(ly + {ky}) * {hw}u + u32(lx + {kx})) * {ec}u + c] * dw[{ky * 3 + kx}u * {cexp}u + e]"
+                          for ky in range(3) for kx in range(3))
+        proj = " + ".join(f"dv[p * {ec}u + {c}u] * pw[(e0 + {c}u) * {cout}u + co]" for c in range(ec))
+        residual = f" + x[((n * {h}u + u32(oy)) * {w}u + u32(ox)) * {cin}u + co]" if self.residual else ""
+        source = prelude(binds) + activation_fn(self.attr("activation")) + f"""
+var<workgroup> halo: array<f32, {hw * hw * ec}>;
+var<workgroup> dv: array<f32, {_TILE * _TILE * ec}>;
+
+@compute @workgroup_size({threads})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32) {{
+  let n = wid.z / {nblocks}u;
+  let co0 = (wid.z % {nblocks}u) * {cb}u;
+  let co_end = min(co0 + {cb}u, {cout}u);
+  let ty0 = i32(wid.y) * {_TILE};
+  let tx0 = i32(wid.x) * {_TILE};
+  let p = lidx % {_TILE * _TILE}u;       // the output pixel of this invocation within the tile
+  let lane = lidx / {_TILE * _TILE}u;    // which quarter of the channels it handles
+  let oy = ty0 + i32(p / {_TILE}u);
+  let ox = tx0 + i32(p % {_TILE}u);
+  let live = oy < {self.oh} && ox < {self.ow};
+  let ly = (oy - ty0) * {s};
+  let lx = (ox - tx0) * {s};
+  var acc: array<f32, {jb}>;
+  for (var e0 = 0u; e0 < {cexp}u; e0 += {ec}u) {{
+    // 1x1 expansion of the input halo for channels e0..e0+{ec}; zero outside the image (SAME padding).
+    for (var i = lidx; i < {hw * hw * ec}u; i += {threads}u) {{
+      let e = e0 + i % {ec}u;
+      let hx = i32((i / {ec}u) % {hw}u);
+      let hy = i32(i / {ec * hw}u);
+      let iy = ty0 * {s} - {self.pt} + hy;
+      let ix = tx0 * {s} - {self.pl} + hx;
+      var val = 0.0;
+      if (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) {{
+{expand}
+      }}
+      halo[i] = val;
+    }}
+    workgroupBarrier();
+    // 3x3 depthwise conv for this pixel, channels lane, lane + {_LANES}, ...
+    for (var c = lane; c < {ec}u; c += {_LANES}u) {{
+      let e = e0 + c;
+      dv[p * {ec}u + c] = act(db[e] + {taps});
+    }}
+    workgroupBarrier();
+    // 1x1 projection: output channels co0 + lane + {_LANES} j.
+    for (var j = 0u; j < {jb}u; j++) {{
+      let co = min(co0 + lane + {_LANES}u * j, {cout - 1}u);
+      acc[j] += {proj};
+    }}
+    workgroupBarrier();
+  }}
+  if (!live) {{ return; }}
+  for (var j = 0u; j < {jb}u; j++) {{
+    let co = co0 + lane + {_LANES}u * j;
+    if (co >= co_end) {{ break; }}
+    y[((n * {self.oh}u + u32(oy)) * {self.ow}u + u32(ox)) * {cout}u + co] = acc[j] + pb[co]{residual};
+  }}
+}}
+"""
+        dispatch = (-(-self.ow // _TILE), -(-self.oh // _TILE), n * nblocks)
+        if max(dispatch) > MAX_WORKGROUPS_PER_DIM:
+            raise self.fail(f"dispatch {dispatch} exceeds {MAX_WORKGROUPS_PER_DIM} workgroups in a dimension")
+        return [Program(self.key, source, (threads, 1, 1), dispatch, binds, loop_trips=self.loop_trips())]

@@ -1,0 +1,366 @@
+"""``convert()``: TensorFlow model -> .tflite bytes, with a fusion report that is checked, not assumed.
+
+The TFLite converter (``tf.lite.TFLiteConverter``, ``allow_custom_ops=True``, float32, no
+optimizations, so weights stay float32) turns each call of a :func:`tflfuse.composite.composite`
+function into one custom op. :func:`convert` counts the annotated call sites in the traced graph(s)
+(``tf.function``s whose ``_implements`` attribute carries ``tfl_fusable_op``, found by walking the
+graph and its function library) and the custom ops of each name in the resulting file
+(:class:`tflfuse.model.Model`), and raises :class:`FusionError` when the two disagree.
+
+This module imports TensorFlow (the converter side); ``import tflfuse`` does not load it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import os
+import time
+import types
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from absl import logging
+
+from .composite import FUSABLE_KEY, annotations_disabled, registry
+from .model import Model
+
+__all__ = ["CompositeCount", "ConversionResult", "FusionError", "FusionReport", "convert"]
+
+
+class FusionError(RuntimeError):
+    """An annotated composite call did not become exactly one fused op of the .tflite.
+
+    Attributes:
+      report: the :class:`FusionReport` of the conversion.
+      tflite: the converted bytes, for inspection.
+    """
+
+    def __init__(self, message: str, report: "FusionReport", tflite: bytes):
+        super().__init__(message)
+        self.report = report
+        self.tflite = tflite
+
+
+@dataclasses.dataclass(frozen=True)
+class CompositeCount:
+    """One composite's counts: annotated call sites traced, and custom ops of its name in the file."""
+
+    name: str
+    traced: int
+    fused: int
+
+    @property
+    def ok(self) -> bool:
+        return self.traced == self.fused
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionReport:
+    """What a conversion fused.
+
+    Attributes:
+      composites: composite name -> :class:`CompositeCount`, for every composite traced or found in the file.
+      op_counts: op name (``CONV_2D``, or a custom op's code) -> number of such ops in the file, over all
+        subgraphs, fused composites included.
+      annotations: whether the model was traced with annotations.
+      seconds: wall time of tracing and conversion.
+    """
+
+    composites: Mapping[str, CompositeCount]
+    op_counts: Mapping[str, int]
+    annotations: bool
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether every annotated call became exactly one fused op."""
+        return all(c.ok for c in self.composites.values())
+
+    @property
+    def mismatches(self) -> list[CompositeCount]:
+        return [c for c in self.composites.values() if not c.ok]
+
+    def fused(self, name: str) -> int:
+        """Number of ``name`` ops in the file (0 if none)."""
+        return self.op_counts.get(name, 0)
+
+    @property
+    def other_ops(self) -> dict[str, int]:
+        """Op counts of everything that is not a composite."""
+        return {k: v for k, v in self.op_counts.items() if k not in self.composites}
+
+    def __str__(self) -> str:
+        rows = [("composite", "traced", "fused")]
+        rows += [(c.name, str(c.traced), str(c.fused) + ("" if c.ok else "  <-- mismatch"))
+                 for c in sorted(self.composites.values(), key=lambda c: c.name)]
+        if len(rows) == 1:
+            rows.append(("(none)", "0", "0"))
+        rows.append(("", "", ""))
+        rows.append(("other op", "", "count"))
+        rows += [(k, "", str(v)) for k, v in sorted(self.other_ops.items(), key=lambda kv: (-kv[1], kv[0]))]
+        w0 = max(len(r[0]) for r in rows)
+        w1 = max(len(r[1]) for r in rows)
+        lines = [f"{a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows]
+        total = sum(self.op_counts.values())
+        lines.append(f"{total} ops, annotations {'on' if self.annotations else 'off'}, "
+                     f"converted in {self.seconds:.2f} s")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversionResult:
+    """The converted model and its report."""
+
+    tflite: bytes
+    report: FusionReport
+
+    def model(self) -> Model:
+        """The .tflite parsed by :class:`tflfuse.model.Model`."""
+        return Model(self.tflite)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Writes the .tflite to ``path`` and returns it as a Path."""
+        path = Path(path)
+        path.write_bytes(self.tflite)
+        return path
+
+
+# ---- counting annotated calls in a traced graph ------------------------------------------------------
+def _fusable_name(fdef) -> str | None:
+    """The composite name of a FunctionDef annotated for fusion, else None."""
+    attr = fdef.attr.get("_implements")
+    if attr is None:
+        return None
+    if attr.HasField("func"):
+        nal = attr.func
+    elif attr.s:
+        from google.protobuf import text_format
+        from tensorflow.core.framework import attr_value_pb2
+
+        nal = attr_value_pb2.NameAttrList()
+        try:
+            text_format.Parse(attr.s.decode("utf-8"), nal)
+        except text_format.ParseError:
+            return None
+    else:
+        return None
+    fusable = nal.attr.get(FUSABLE_KEY)
+    return nal.name if fusable is not None and fusable.b else None
+
+
+def annotated_calls(graph_def) -> collections.Counter:
+    """Counts the annotated call sites reachable from a GraphDef's nodes, through its function library.
+
+    A call of a function annotated with ``tfl_fusable_op`` counts once under its composite name and is
+    not looked into; calls of other functions (``PartitionedCall``, control-flow branches and bodies,
+    any function-valued attribute) count what those functions contain.
+
+    Args:
+      graph_def: a ``tf.compat.v1.GraphDef`` with its library (``ConcreteFunction.graph.as_graph_def()``).
+
+    Returns:
+      ``collections.Counter`` {composite name: call sites}.
+    """
+    library = {f.signature.name: f for f in graph_def.library.function}
+    memo: dict[str, collections.Counter] = {}
+
+    def of_function(fname: str) -> collections.Counter:
+        fdef = library.get(fname)
+        if fdef is None:
+            return collections.Counter()
+        name = _fusable_name(fdef)
+        if name is not None:
+            return collections.Counter({name: 1})
+        if fname not in memo:
+            memo[fname] = collections.Counter()  # guards against recursion
+            memo[fname] = of_nodes(fdef.node_def)
+        return memo[fname]
+
+    def of_nodes(nodes) -> collections.Counter:
+        total: collections.Counter = collections.Counter()
+        for node in nodes:
+            if node.op in library:
+                total.update(of_function(node.op))
+            for value in node.attr.values():
+                if value.HasField("func"):
+                    total.update(of_function(value.func.name))
+                for f in value.list.func:
+                    total.update(of_function(f.name))
+        return total
+
+    return of_nodes(graph_def.node)
+
+
+# ---- model kinds -------------------------------------------------------------------------------------
+def _keras_function(model, batch_size: int | None):
+    """A concrete function of ``model(x, training=False)`` with static shapes and named inputs/outputs."""
+    import tensorflow as tf
+
+    try:
+        structure = model.input
+    except (AttributeError, ValueError) as e:
+        raise ValueError(f"model {model.name!r} has no symbolic inputs to take a signature from (a subclassed "
+                         f"model?): build it functionally from keras.Input, or pass a concrete function "
+                         f"({type(e).__name__}: {e})") from e
+    specs = []
+    for t in tf.nest.flatten(structure):
+        shape = list(t.shape)
+        name = t.name
+        if shape and shape[0] is not None and batch_size is not None and shape[0] != batch_size:
+            raise ValueError(f"batch_size={batch_size}, but model input {name!r} has a fixed batch size "
+                             f"{shape[0]}")
+        if shape:
+            shape[0] = shape[0] if shape[0] is not None else (batch_size or 1)
+        unknown = [i for i, d in enumerate(shape) if d is None]
+        if unknown:
+            raise ValueError(f"model input {name!r} has shape {tuple(t.shape)}, unknown at axis {unknown[0]}; "
+                             f"build the model with a static input shape (keras.Input(shape=...))")
+        specs.append(tf.TensorSpec(shape, t.dtype, name=name))
+    output_names = list(getattr(model, "output_names", None) or [f"output_{i}" for i in range(len(model.outputs))])
+
+    def serve(*xs):
+        y = model(tf.nest.pack_sequence_as(structure, list(xs)), training=False)
+        if isinstance(y, Mapping):
+            return dict(y)
+        ys = tf.nest.flatten(y)
+        names = output_names if len(output_names) == len(ys) else [f"output_{i}" for i in range(len(ys))]
+        return dict(zip(names, ys))
+
+    serve.__name__ = "serving_default"
+    return tf.function(serve, input_signature=specs, autograph=False).get_concrete_function()
+
+
+def _from_functions(funcs: Sequence[Any]):
+    import tensorflow as tf
+
+    holder = tf.Module()  # the converter saves the functions: their variables must be tracked
+    seen: dict[int, Any] = {}
+    for f in funcs:
+        for v in f.variables:
+            seen.setdefault(id(v), v)
+    holder.captured_variables = list(seen.values())
+    return tf.lite.TFLiteConverter.from_concrete_functions(list(funcs), holder)
+
+
+def _saved_model_counts(path: str, signature_keys: Sequence[str] | None) -> collections.Counter:
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(path)
+    keys = list(signature_keys) if signature_keys else list(loaded.signatures.keys())
+    counts: collections.Counter = collections.Counter()
+    for key in keys:
+        if key not in loaded.signatures:
+            raise ValueError(f"signature_keys: {key!r} is not a signature of {path!r}; it has "
+                             f"{sorted(loaded.signatures.keys())}")
+        counts.update(annotated_calls(loaded.signatures[key].graph.as_graph_def()))
+    return counts
+
+
+def _is_keras_model(model) -> bool:
+    try:
+        import keras
+    except ImportError:
+        return False
+    return isinstance(model, keras.Model)
+
+
+def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[str] | None = None,
+            batch_size: int | None = None, check: bool = True) -> ConversionResult:
+    """Converts a TensorFlow model to .tflite, fusing each annotated composite call into one custom op.
+
+    Args:
+      model: a Keras 3 ``keras.Model`` (traced here as ``model(x, training=False)`` with static input shapes;
+        the file's ``serving_default`` signature names its inputs after the model's inputs and its outputs
+        after ``model.output_names``), a SavedModel directory (str or PathLike), or a list of
+        ``tf.function`` concrete functions.
+      annotations: False traces a Keras model inside :func:`tflfuse.composite.annotations_disabled`, so
+        composite bodies convert as plain builtins (the unfused baseline). Only a Keras model can be
+        retraced: for the others this must stay True (trace or save them inside
+        ``annotations_disabled()`` instead).
+      signature_keys: the SavedModel signatures to convert (default: all). Only for a SavedModel.
+      batch_size: the batch dimension of a Keras model whose batch is unknown (default 1).
+      check: raise :class:`FusionError` when an annotated call did not become exactly one fused op.
+
+    Returns:
+      :class:`ConversionResult` with ``.tflite`` (bytes) and ``.report`` (:class:`FusionReport`).
+
+    Raises:
+      TypeError: ``model`` is none of the kinds above (e.g. a ``tf.function`` not made concrete).
+      ValueError: ``annotations=False`` or ``batch_size`` for a model that is not Keras; ``signature_keys``
+        not in the SavedModel or given for another kind; a Keras input of unknown shape; a bad ``batch_size``.
+      FileNotFoundError: a SavedModel path without ``saved_model.pb``.
+      FusionError: with ``check``, the traced annotated calls and the fused ops in the file differ for
+        some composite (its message names each such composite and both counts).
+    """
+    import tensorflow as tf
+
+    if not isinstance(annotations, bool):
+        raise TypeError(f"annotations must be a bool, got {annotations!r}")
+    if batch_size is not None and (type(batch_size) is not int or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    start = time.perf_counter()
+    if _is_keras_model(model):
+        if signature_keys is not None:
+            raise ValueError("signature_keys applies to a SavedModel; a Keras model converts one "
+                             "'serving_default' signature")
+        with annotations_disabled() if not annotations else contextlib.nullcontext():
+            funcs = [_keras_function(model, batch_size)]
+        kind = "Keras model"
+    elif isinstance(model, (str, os.PathLike)):
+        kind = "SavedModel"
+        path = os.fspath(model)
+        if not os.path.isfile(os.path.join(path, "saved_model.pb")):
+            raise FileNotFoundError(f"model {path!r} is not a SavedModel directory (no saved_model.pb)")
+        funcs = None
+    elif isinstance(model, tf.types.experimental.ConcreteFunction) or (
+            isinstance(model, (list, tuple)) and model
+            and all(isinstance(f, tf.types.experimental.ConcreteFunction) for f in model)):
+        if signature_keys is not None:
+            raise ValueError("signature_keys applies to a SavedModel, not to concrete functions")
+        funcs = list(model) if isinstance(model, (list, tuple)) else [model]
+        kind = "concrete functions"
+    else:
+        hint = (" call .get_concrete_function(...) on it first" if hasattr(model, "get_concrete_function")
+                else "")
+        raise TypeError(f"model must be a keras.Model, a SavedModel directory or a list of concrete "
+                        f"functions, got {type(model).__name__}{hint}")
+    if kind != "Keras model" and not annotations:
+        raise ValueError(f"annotations=False needs a Keras model, which convert() can trace again; a "
+                         f"{kind} is already traced. Trace (or save) it inside "
+                         f"tflfuse.composite.annotations_disabled() instead")
+    if kind != "Keras model" and batch_size is not None:
+        raise ValueError(f"batch_size applies to a Keras model, not to a {kind}")
+
+    if funcs is None:
+        traced = _saved_model_counts(path, signature_keys)
+        converter = tf.lite.TFLiteConverter.from_saved_model(
+            path, signature_keys=list(signature_keys) if signature_keys else None)
+    else:
+        traced = collections.Counter()
+        for f in funcs:
+            traced.update(annotated_calls(f.graph.as_graph_def()))
+        converter = _from_functions(funcs)
+    converter.allow_custom_ops = True
+    converter.optimizations = []
+    tflite = bytes(converter.convert())
+    seconds = time.perf_counter() - start
+
+    m = Model(tflite)
+    op_counts = collections.Counter(name for sg in range(len(m.subgraphs)) for name in m.op_names(sg))
+    names = set(traced) | (set(op_counts) & set(registry()))
+    composites = {n: CompositeCount(n, traced.get(n, 0), op_counts.get(n, 0)) for n in sorted(names)}
+    report = FusionReport(composites=types.MappingProxyType(composites),
+                          op_counts=types.MappingProxyType(dict(op_counts)), annotations=annotations,
+                          seconds=seconds)
+    logging.info("converted %s:\n%s", kind, report)
+    if check and not report.ok:
+        lines = [f"composite {c.name!r}: {c.traced} annotated call(s) traced, {c.fused} {c.name!r} op(s) in "
+                 f"the .tflite" for c in report.mismatches]
+        raise FusionError(
+            "annotated calls did not each become one fused op:\n  " + "\n  ".join(lines) +
+            "\nThe converter drops a call whose result is unused, and inlines every call when it cannot save "
+            "the model's functions (e.g. untracked variables). The error's .report and .tflite hold the "
+            "conversion.", report, tflite)
+    return ConversionResult(tflite=tflite, report=report)
