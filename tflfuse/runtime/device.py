@@ -80,7 +80,7 @@ class Device:
         self._pipelines: dict[str, object] = {}
         self._lock = threading.Lock()
         self.loop_limit = self._probe_loop_limit() if self.is_software else None
-        logging.info("tflfuse: WebGPU adapter %s", self.describe())
+        logging.debug("tflfuse: WebGPU adapter %s", self.describe())
 
     def _probe_loop_limit(self) -> int | None:
         """Loop iterations an invocation may run before the driver stops its loops silently, or None.

@@ -313,3 +313,46 @@ class ExecutionPlan:
             self.read(first)
             times.append(time.perf_counter() - t0)
         return float(np.median(times))
+
+
+def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping | None = None,
+           constant: Sequence[bool] | None = None) -> list[np.ndarray]:
+    """Runs one kernel on arrays: the first input as a runtime tensor, the rest as constants (weights).
+
+    For kernel tests and shader checks: the same plan, buffers and dispatch path as a model's op.
+
+    Args:
+      device: a :class:`~tflfuse.runtime.device.Device`.
+      key: the op name (``"CONV_2D"``, ``"fused_bottleneck"``).
+      inputs: float32 arrays in the op's input order (``None`` for an absent optional input).
+      attrs: the op's attributes.
+      constant: per input, whether it is a constant (default: all but the first).
+    Returns:
+      the op's outputs as float32 arrays.
+    """
+    cls = kernel_class(key)
+    specs = [None if a is None else TensorSpec(np.shape(a)) for a in inputs]
+    kernel = cls(specs, dict(attrs or {}))
+    constant = list(constant) if constant is not None else [i > 0 for i in range(len(inputs))]
+    n_in = len(inputs)
+    outs = kernel.output_specs()
+    out_ids = list(range(n_in, n_in + len(outs)))
+    in_ids = [-1 if a is None else i for i, a in enumerate(inputs)]
+    specs_map = {t: s for t, s in zip(out_ids, outs)}
+    consts = {}
+    runtime = []
+    for i, a in enumerate(inputs):
+        if a is None:
+            continue
+        if constant[i]:
+            consts[i] = np.ascontiguousarray(a, np.float32)
+        else:
+            specs_map[i] = specs[i]
+            runtime.append(i)
+    graph = LoweredGraph(0, [LoweredOp(0, key, kernel, in_ids, out_ids)], specs_map, consts, runtime,
+                         out_ids, {out_ids[0]: in_ids[0]} if kernel.view else {})
+    plan = ExecutionPlan(graph, device)
+    for i in runtime:
+        plan.write(i, np.ascontiguousarray(inputs[i], np.float32))
+    plan.run()
+    return [plan.read(t) for t in out_ids]

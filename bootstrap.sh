@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Sets up tflfuse on a fresh machine and runs the demo or the tests:
+#   ./bootstrap.sh demo     installs everything, then runs `tflfuse demo`
+#   ./bootstrap.sh test     installs everything, then runs the test suite (pytest)
+# It installs the Mesa Vulkan driver (Debian package mesa-vulkan-drivers: the software WebGPU adapter
+# for machines without a GPU) when run as root, and prints the command to run otherwise; then makes a
+# Python virtual environment in .venv with the project and its dependencies.
+set -euo pipefail
+cd "$(dirname "$0")"
+what=${1:-}
+case "$what" in demo|test) ;; *) echo "usage: ./bootstrap.sh demo|test" >&2; exit 2;; esac
+
+if command -v dpkg >/dev/null 2>&1 && ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "== installing the Mesa Vulkan driver (mesa-vulkan-drivers)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+  else
+    echo "The Mesa Vulkan driver is missing. Run:  sudo apt-get install -y mesa-vulkan-drivers" >&2
+    exit 1
+  fi
+fi
+
+py=""
+for c in python3.11 python3 python; do
+  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+    py=$c; break
+  fi
+done
+if [ -z "$py" ]; then echo "tflfuse needs Python 3.11 (TensorFlow 2.21 wheels)." >&2; exit 1; fi
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating .venv with $($py --version)"
+  "$py" -m venv .venv
+fi
+echo "== installing tflfuse and its dependencies into .venv"
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test]"
+
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/xdg-runtime-$(id -u)}
+mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+if [ "$what" = demo ]; then
+  exec .venv/bin/tflfuse demo
+else
+  exec .venv/bin/python -m pytest -q tests
+fi

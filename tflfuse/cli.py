@@ -1,0 +1,190 @@
+"""The ``tflfuse`` command (an absl app).
+
+    tflfuse demo [--adapter=NAME] [--size=224]
+    tflfuse convert SAVED_MODEL_DIR --output=model.tflite [--noannotations]
+    tflfuse run MODEL.tflite --input=x.npy [--input=y.npy ...] [--output=out.npz] [--adapter=NAME]
+    tflfuse ops MODEL.tflite
+    tflfuse shader KEY --shapes="[[1,224,224,3],[32,3,3,3]]" [--attrs="stride_h=2,padding=SAME"] [--json]
+    tflfuse adapters
+
+Exit status: 0 on success, 1 when the work failed (e.g. a fusion mismatch), 2 for bad usage or input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("output", None, "convert: the .tflite to write; run: an .npz for the outputs.")
+flags.DEFINE_multi_string("input", [], "run: an .npy file per model input, in input order.")
+flags.DEFINE_string("adapter", None, "Substring of the WebGPU adapter's name to use (default: the best one).")
+flags.DEFINE_bool("annotations", True, "convert: keep tflfuse composite annotations (fuse them).")
+flags.DEFINE_string("shapes", None, "shader: JSON list of input shapes, e.g. [[1,8,8,3],[4,3,3,3]].")
+flags.DEFINE_string("attrs", "", "shader: comma-separated key=value attributes, e.g. padding=SAME,stride_h=2.")
+flags.DEFINE_bool("json", False, "shader: print the whole ShaderInfo as JSON.")
+flags.DEFINE_integer("size", 224, "demo: MobileNetV2 input side in pixels.")
+flags.DEFINE_integer("repeats", 5, "demo: timed invokes per model.")
+
+_USAGE = __doc__.split("\n\n")[1]
+
+
+class UsageError(Exception):
+    """Bad command-line usage: exit status 2."""
+
+
+def _parse_value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if text.startswith("["):
+        return json.loads(text)
+    return text
+
+
+def _parse_attrs(text: str) -> dict:
+    attrs = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        if "=" not in item:
+            raise UsageError(f"--attrs: {item!r} is not key=value")
+        k, v = item.split("=", 1)
+        attrs[k.strip()] = _parse_value(v.strip())
+    return attrs
+
+
+def cmd_demo(args):
+    from .demo import run_demo
+
+    run_demo(adapter=FLAGS.adapter, size=FLAGS.size, repeats=FLAGS.repeats)
+
+
+def cmd_convert(args):
+    if len(args) != 1 or not FLAGS.output:
+        raise UsageError("usage: tflfuse convert SAVED_MODEL_DIR --output=model.tflite")
+    from .convert import FusionError, convert
+
+    try:
+        result = convert(args[0], annotations=FLAGS.annotations)
+    except FusionError as e:
+        print(e.report)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    with open(FLAGS.output, "wb") as f:
+        f.write(result.tflite)
+    print(result.report)
+    print(f"wrote {FLAGS.output} ({len(result.tflite)} bytes)")
+
+
+def _load_model(path: str):
+    from .model import Model
+
+    return Model.from_path(path)
+
+
+def cmd_ops(args):
+    if len(args) != 1:
+        raise UsageError("usage: tflfuse ops MODEL.tflite")
+    from .kernels import supported_ops
+
+    model, known = _load_model(args[0]), set(supported_ops())
+    missing = 0
+    for si in range(len(model.subgraphs)):
+        for oi, name in enumerate(model.op_names(si)):
+            ok = name in known
+            missing += not ok
+            print(f"subgraph {si} op {oi:4d}  {name:<28} {'supported' if ok else 'NO KERNEL'}")
+    print(f"{missing} op(s) without a kernel" if missing else "every op has a kernel")
+    return 1 if missing else 0
+
+
+def cmd_run(args):
+    if len(args) != 1:
+        raise UsageError("usage: tflfuse run MODEL.tflite --input=x.npy [--output=out.npz]")
+    import numpy as np
+
+    from .runtime import Interpreter
+
+    interp = Interpreter(model_path=args[0], adapter=FLAGS.adapter)
+    interp.allocate_tensors()
+    details = interp.get_input_details()
+    if len(FLAGS.input) != len(details):
+        raise UsageError(f"the model has {len(details)} input(s) "
+                         f"({', '.join(d['name'] + str(list(d['shape'])) for d in details)}); "
+                         f"got {len(FLAGS.input)} --input")
+    for d, path in zip(details, FLAGS.input):
+        interp.set_tensor(d["index"], np.load(path))
+    interp.invoke()
+    outputs = {d["name"]: interp.get_tensor(d["index"]) for d in interp.get_output_details()}
+    print(f"adapter: {interp.device.describe()}")
+    for name, value in outputs.items():
+        print(f"{name}: shape {list(value.shape)} {value.dtype}, min {value.min():.6g}, max {value.max():.6g}")
+    if FLAGS.output:
+        np.savez(FLAGS.output, **outputs)
+        print(f"wrote {FLAGS.output}")
+    else:
+        np.set_printoptions(threshold=50, edgeitems=3)
+        for name, value in outputs.items():
+            print(f"{name} =\n{value}")
+
+
+def cmd_shader(args):
+    if len(args) != 1 or FLAGS.shapes is None:
+        raise UsageError('usage: tflfuse shader KEY --shapes="[[1,8,8,3],[4,3,3,3]]" [--attrs=k=v,...] [--json]')
+    from .shader import get_shader
+
+    try:
+        shapes = json.loads(FLAGS.shapes)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--shapes is not a JSON list of shapes: {e}") from None
+    info = get_shader(args[0], shapes, _parse_attrs(FLAGS.attrs))
+    if FLAGS.json:
+        print(json.dumps(info.to_dict(), indent=2))
+    else:
+        for p in info.programs:
+            print(p.wgsl)
+
+
+def cmd_adapters(args):
+    import wgpu
+
+    for a in wgpu.gpu.enumerate_adapters_sync():
+        i = a.info
+        print(f"{i['device']}  [{i['adapter_type']}, {i['backend_type']}]")
+
+
+_COMMANDS = {"demo": cmd_demo, "convert": cmd_convert, "run": cmd_run, "ops": cmd_ops,
+             "shader": cmd_shader, "adapters": cmd_adapters}
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] not in _COMMANDS:
+        print(_USAGE, file=sys.stderr)
+        return 2
+    from .kernels import KernelError
+    from .model import ModelError
+    from .runtime import NoAdapterError
+
+    try:
+        return _COMMANDS[argv[1]](argv[2:]) or 0
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (ModelError, KernelError, FileNotFoundError, NoAdapterError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run_main():
+    """Console-script entry point."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run_main()
