@@ -28,6 +28,21 @@ class NoAdapterError(RuntimeError):
     """No WebGPU adapter could be found or opened."""
 
 
+def _primary_backends_only() -> None:
+    """Limits wgpu to its primary backends (Vulkan, Metal, D3D12) before its instance exists.
+
+    Enumerating the OpenGL backend loads Mesa's GL driver with RTLD_GLOBAL, which puts Mesa's libLLVM in
+    the process-wide scope; a TensorFlow imported afterwards binds to it and crashes. Compute through GL is
+    not used by tflfuse anyway. Once wgpu's instance exists this cannot change, and nothing is done.
+    """
+    try:
+        from wgpu.backends.wgpu_native.extras import set_instance_extras
+
+        set_instance_extras(backends=["Primary"])
+    except Exception as e:  # an older wgpu, or an instance already made by the application
+        logging.debug("tflfuse: could not limit wgpu to its primary backends: %s", e)
+
+
 def _info(adapter) -> dict:
     return dict(adapter.info)
 
@@ -47,6 +62,7 @@ class Device:
         import wgpu
 
         self._wgpu = wgpu
+        _primary_backends_only()
         want = adapter if adapter is not None else os.environ.get("TFLFUSE_ADAPTER") or None
         try:
             adapters = list(wgpu.gpu.enumerate_adapters_sync())
