@@ -9,20 +9,13 @@ from ._tfload import prefer_local_symbols as _prefer_local_symbols
 
 _prefer_local_symbols()  # before anything can import TensorFlow: see tflfuse/_tfload.py
 
+from .annotate import composite  # noqa: E402  (imports no TensorFlow until a composite is traced)
+from .conversion import ConversionResult, FusionError, FusionReport, convert  # noqa: E402
 from .model import Model, ModelError  # noqa: E402
 from .runtime import Device, Interpreter, NoAdapterError  # noqa: E402
 from .shader import ShaderInfo, get_shader  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["Device", "Interpreter", "Model", "ModelError", "NoAdapterError", "ShaderInfo", "composite",
-           "convert", "get_shader"]
+__all__ = ["ConversionResult", "Device", "FusionError", "FusionReport", "Interpreter", "Model", "ModelError",
+           "NoAdapterError", "ShaderInfo", "composite", "convert", "get_shader"]
 
-
-def __getattr__(name):  # the converter side imports TensorFlow: load it only when asked for
-    if name == "composite":
-        from .composite import composite
-        return composite
-    if name == "convert":
-        from .convert import convert
-        return convert
-    raise AttributeError(f"module 'tflfuse' has no attribute {name!r}")

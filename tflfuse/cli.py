@@ -68,7 +68,7 @@ def cmd_demo(args):
 def cmd_convert(args):
     if len(args) != 1 or not FLAGS.output:
         raise UsageError("usage: tflfuse convert SAVED_MODEL_DIR --output=model.tflite")
-    from .convert import FusionError, convert
+    from .conversion import FusionError, convert
 
     try:
         result = convert(args[0], annotations=FLAGS.annotations)

@@ -53,7 +53,7 @@ def run_demo(adapter: str | None = None, size: int = 224, repeats: int = 5,
     import composites
     import tensorflow as tf
 
-    from .convert import convert
+    from .conversion import convert
 
     device = Device(adapter)
     echo(f"WebGPU adapter: {device.describe()}")

@@ -173,7 +173,7 @@ class Model:
 
         Builtin options keep their schema names (``stride_w``, ``padding``, ``fused_activation_function``);
         enums become their names (``"SAME"``, ``"RELU6"``). A custom op's flexbuffer map is decoded as it is
-        (:mod:`tflfuse.composite` turns it back into the attributes the user wrote).
+        (:mod:`tflfuse.annotate` turns it back into the attributes the user wrote).
         """
         op = self.m.subgraphs[subgraph].operators[index]
         if op.customOptions is not None and len(op.customOptions):

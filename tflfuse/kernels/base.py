@@ -160,6 +160,12 @@ class Kernel:
         self.inputs = tuple(inputs)
         self.attrs = dict(attrs or {})
         self.check()
+        if "fused_activation_function" in self.attr_defaults:  # refused here, not when the WGSL is made
+            from .wgsl import ACTIVATIONS
+
+            act = self.attr("fused_activation_function")
+            if str(act or "none").lower() not in ACTIVATIONS:
+                raise self.fail(f"unsupported fused activation {act!r}; supported: {sorted(ACTIVATIONS)}")
 
     # ---- to override -----------------------------------------------------------------------------
     def check(self) -> None:

@@ -83,27 +83,43 @@ class Interpreter:
         return plan
 
     def resize_tensor_input(self, input_index: int, tensor_size: Sequence[int], strict: bool = False) -> None:
-        """Sets a new shape for an input; takes effect at the next :meth:`allocate_tensors`."""
-        sg = self._model.subgraphs[0]
+        """Sets a new shape for an input; takes effect at the next :meth:`allocate_tensors`.
+
+        Raises:
+          ValueError: not an input, a non-positive size, or (``strict``) a size that changes a dimension the
+            shape signature fixes.
+        """
+        self._resize(0, input_index, tensor_size, strict)
+
+    def _resize(self, subgraph: int, input_index: int, tensor_size: Sequence[int], strict: bool = False) -> None:
+        sg = self._model.subgraphs[subgraph]
         if input_index not in list(sg.inputs):
-            raise ValueError(f"tensor {input_index} is not an input of the model; inputs: {list(sg.inputs)}")
+            raise ValueError(f"tensor {input_index} is not an input of subgraph {subgraph}; "
+                             f"inputs: {list(sg.inputs)}")
         shape = tuple(int(d) for d in tensor_size)
         if any(d <= 0 for d in shape):
             raise ValueError(f"tensor_size must be positive, got {list(shape)}")
-        sig = self._model.tensor_shape_signature(0, input_index)
+        sig = self._model.tensor_shape_signature(subgraph, input_index)
         if strict and (len(sig) != len(shape) or any(s != -1 and s != d for s, d in zip(sig, shape))):
             raise ValueError(f"strict resize of input {input_index}: {list(shape)} disagrees with the "
                              f"shape signature {list(sig)}")
-        self._resized.setdefault(0, {})[input_index] = shape
-        self._plans.pop(0, None)
+        self._resized.setdefault(subgraph, {})[input_index] = shape
+        self._plans.pop(subgraph, None)
 
     # ---- details ---------------------------------------------------------------------------------
     def _details(self, subgraph: int, tensors: Sequence[int]) -> list[dict]:
         m = self._model
         plan = self._plans.get(subgraph)
+        resized = self._resized.get(subgraph, {})
         out = []
         for t in tensors:
-            shape = plan.graph.specs[t].shape if plan and t in plan.graph.specs else m.tensor_shape(subgraph, t)
+            if plan and t in plan.graph.specs:
+                shape = plan.graph.specs[t].shape
+            else:  # as LiteRT, a resized input reports its new shape before allocate_tensors()
+                shape = resized.get(t, m.tensor_shape(subgraph, t))
+            # As LiteRT: a file without a shape signature (a static model) reports the current shape.
+            signature = shape if m.tensor(subgraph, t).shapeSignature is None else \
+                m.tensor_shape_signature(subgraph, t)
             q = m.tensor(subgraph, t).quantization
             scales = np.asarray(q.scale if q is not None and q.scale is not None else [], np.float32)
             zps = np.asarray(q.zeroPoint if q is not None and q.zeroPoint is not None else [], np.int32)
@@ -111,12 +127,13 @@ class Interpreter:
                 "name": m.tensor_name(subgraph, t),
                 "index": int(t),
                 "shape": np.array(shape, np.int32),
-                "shape_signature": np.array(m.tensor_shape_signature(subgraph, t), np.int32),
+                "shape_signature": np.array(signature, np.int32),
                 "dtype": m.tensor_dtype(subgraph, t).type,
                 "quantization": (float(scales[0]) if scales.size == 1 else 0.0,
                                  int(zps[0]) if zps.size == 1 else 0),
                 "quantization_parameters": {"scales": scales, "zero_points": zps,
-                                            "quantized_dimension": int(q.quantizedDimension) if q else 0},
+                                            "quantized_dimension": int(q.quantizedDimension) if q else 0,
+                                            "block_size": 0},  # blockwise quantization is not read
                 "sparsity_parameters": {},
             })
         return out
@@ -129,47 +146,47 @@ class Interpreter:
         return self._details(0, list(self._model.subgraphs[0].outputs))
 
     # ---- running ---------------------------------------------------------------------------------
-    def set_tensor(self, tensor_index: int, value, subgraph: int = 0) -> None:
+    def set_tensor(self, tensor_index: int, value, subgraph_index: int = 0) -> None:
         """Copies ``value`` into an input tensor.
 
         Raises:
           ValueError: the tensor is not an input, or the shape disagrees with the allocated shape.
           TypeError: the dtype is not the tensor's dtype (no silent casts, as in LiteRT).
         """
-        plan = self._plan(subgraph)
+        plan = self._plan(subgraph_index)
         if tensor_index not in plan.graph.inputs:
-            raise ValueError(f"tensor {tensor_index} is not an input of subgraph {subgraph}; "
+            raise ValueError(f"tensor {tensor_index} is not an input of subgraph {subgraph_index}; "
                              f"inputs: {plan.graph.inputs}")
         spec = plan.graph.specs[tensor_index]
         value = np.asarray(value)
         want = np.dtype(np.float32) if spec.dtype == "float32" else np.dtype(np.int32)
         if value.dtype != want:
-            raise TypeError(f"tensor {tensor_index} ({self._model.tensor_name(subgraph, tensor_index)!r}) "
+            raise TypeError(f"tensor {tensor_index} ({self._model.tensor_name(subgraph_index, tensor_index)!r}) "
                             f"expects {want}, got {value.dtype}")
         if value.shape != spec.shape:
-            raise ValueError(f"tensor {tensor_index} ({self._model.tensor_name(subgraph, tensor_index)!r}) "
+            raise ValueError(f"tensor {tensor_index} ({self._model.tensor_name(subgraph_index, tensor_index)!r}) "
                              f"has shape {list(spec.shape)}, got {list(value.shape)}; use "
                              f"resize_tensor_input() then allocate_tensors() to change it")
         with self._lock:
             plan.write(tensor_index, value)
-            self._inputs_set[subgraph].add(tensor_index)
+            self._inputs_set[subgraph_index].add(tensor_index)
 
-    def invoke(self, subgraph: int = 0) -> None:
+    def invoke(self, subgraph_index: int = 0) -> None:
         """Runs the subgraph: every dispatch in one command encoder, one submit."""
-        plan = self._plan(subgraph)
-        missing = [t for t in plan.graph.inputs if t not in self._inputs_set[subgraph]]
+        plan = self._plan(subgraph_index)
+        missing = [t for t in plan.graph.inputs if t not in self._inputs_set[subgraph_index]]
         if missing:
             raise RuntimeError(f"inputs {missing} were never set; call set_tensor() for each input first")
         with self._lock:
             plan.run()
 
-    def get_tensor(self, tensor_index: int, subgraph: int = 0) -> np.ndarray:
+    def get_tensor(self, tensor_index: int, subgraph_index: int = 0) -> np.ndarray:
         """A copy of an input, output or constant tensor after :meth:`invoke`.
 
         Raises:
           ValueError: an intermediate tensor (its buffer is reused by later ops).
         """
-        plan = self._plan(subgraph)
+        plan = self._plan(subgraph_index)
         g = plan.graph
         if tensor_index not in g.consts and tensor_index not in g.inputs + g.outputs and not (
                 self._preserve and tensor_index in g.specs):
@@ -232,12 +249,26 @@ class SignatureRunner:
         return {n: d for n, d in zip(self._sig["outputs"], self._interp._details(self._sg, self._sig["outputs"].values()))}
 
     def __call__(self, **inputs) -> dict[str, np.ndarray]:
+        """Runs the signature on ``inputs`` (name -> array), resizing inputs whose shape changed (as LiteRT).
+
+        Raises:
+          ValueError: an unknown or missing input name, or a shape the model cannot take.
+          TypeError: an input of the wrong dtype.
+        """
         unknown = sorted(set(inputs) - set(self._sig["inputs"]))
         if unknown:
             raise ValueError(f"unknown inputs {unknown}; the signature takes {sorted(self._sig['inputs'])}")
+        interp, sg = self._interp, self._sg
+        missing = sorted(set(self._sig["inputs"]) - set(inputs))
+        if missing:
+            raise ValueError(f"missing input {missing[0]!r}; the signature takes {sorted(self._sig['inputs'])}")
+        specs = interp._plan(sg, build=True).graph.specs
+        changed = {t: np.shape(inputs[name]) for name, t in self._sig["inputs"].items()
+                   if np.shape(inputs[name]) != specs[t].shape}
+        for t, shape in changed.items():  # all at once: one new plan for the new shapes
+            interp._resize(sg, t, shape)
+        interp._plan(sg, build=True)
         for name, t in self._sig["inputs"].items():
-            if name not in inputs:
-                raise ValueError(f"missing input {name!r}; the signature takes {sorted(self._sig['inputs'])}")
-            self._interp.set_tensor(t, inputs[name], subgraph=self._sg)
-        self._interp.invoke(subgraph=self._sg)
-        return {name: self._interp.get_tensor(t, subgraph=self._sg) for name, t in self._sig["outputs"].items()}
+            interp.set_tensor(t, inputs[name], subgraph_index=sg)
+        interp.invoke(subgraph_index=sg)
+        return {name: interp.get_tensor(t, subgraph_index=sg) for name, t in self._sig["outputs"].items()}

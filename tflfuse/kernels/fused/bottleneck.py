@@ -26,8 +26,6 @@ from ..wgsl import activation_fn, dot, prelude
 __all__ = ["FusedBottleneck"]
 
 _TILE = 8            # output pixels per workgroup side
-_LANES = 4           # invocations per output pixel: 64 pixels x 4 lanes = 256 invocations
-_MAX_BLOCK = 128     # output channels per workgroup (accumulators: _MAX_BLOCK / _LANES per invocation)
 _MAX_CHUNK = 16      # expanded channels per pass through workgroup memory
 _WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
 
@@ -39,11 +37,12 @@ class FusedBottleneck(Kernel):
     disagree, a stride other than 1 or 2, or a residual on a block whose input and output differ."""
 
     input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b")
-    attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6"}
+    attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6",
+                     "lanes": 4, "out_block": 128}
 
     @staticmethod
     def decode_custom_options(options: dict) -> dict:
-        from ...composite import decode_attrs
+        from ...annotate import decode_attrs
 
         return decode_attrs(options)
 
@@ -76,6 +75,10 @@ class FusedBottleneck(Kernel):
             raise self.fail(f"residual needs stride 1 and Cin == Cout, got stride {self.stride}, "
                             f"Cin {cin}, Cout {self.cout}")
         activation_fn(self.attr("activation"))  # validates the name
+        self.lanes = int(self.attr("lanes"))
+        self.out_block = int(self.attr("out_block"))
+        if self.lanes not in (1, 2, 4) or self.out_block < 1:
+            raise self.fail(f"lanes must be 1, 2 or 4 and out_block >= 1, got {self.lanes}, {self.out_block}")
         self.oh, self.pt = conv_output_size(h, 3, self.stride, 1, "SAME")
         self.ow, self.pl = conv_output_size(w, 3, self.stride, 1, "SAME")
 
@@ -90,7 +93,7 @@ class FusedBottleneck(Kernel):
         halo = (_TILE - 1) * self.stride + 3
         fit = max(1, _WG_BYTES // (4 * (halo * halo + _TILE * _TILE)))
         chunk = max(d for d in range(1, min(self.cexp, _MAX_CHUNK, fit) + 1) if self.cexp % d == 0)
-        nblocks = -(-self.cout // _MAX_BLOCK)
+        nblocks = -(-self.cout // self.out_block)
         block = -(-self.cout // nblocks)
         return halo, chunk, block, nblocks
 
@@ -98,16 +101,16 @@ class FusedBottleneck(Kernel):
         """Loop iterations one invocation runs, at most (see :func:`tflfuse.kernels.wgsl.dot`)."""
         halo, ec, cb, _ = self._blocking()
         chunks = self.cexp // ec
-        per_chunk = -(-halo * halo * ec // (_TILE * _TILE * _LANES)) * (1 + -(-self.cin // 4)) + \
-            -(-ec // _LANES) + -(-cb // _LANES)
-        return chunks * (1 + per_chunk) + -(-cb // _LANES)
+        per_chunk = -(-halo * halo * ec // (_TILE * _TILE * self.lanes)) * (1 + self.cin // 4) + \
+            -(-ec // self.lanes) + -(-cb // self.lanes)
+        return chunks * (1 + per_chunk) + -(-cb // self.lanes)
 
     def programs(self):
         n, h, w, cin = self.input(0).shape
         cexp, cout, s = self.cexp, self.cout, self.stride
         hw, ec, cb, nblocks = self._blocking()
-        threads = _TILE * _TILE * _LANES
-        jb = -(-cb // _LANES)  # accumulators per invocation
+        threads = _TILE * _TILE * self.lanes
+        jb = -(-cb // self.lanes)  # accumulators per invocation
         names = ["x", "ew", "eb", "dw", "db", "pw", "pb", "y"] if self.has_expand else \
             ["x", "dw", "db", "pw", "pb", "y"]
         binds = self.io_bindings(names)
@@ -118,12 +121,38 @@ class FusedBottleneck(Kernel):
             expand = f"        val = x[((n * {h}u + u32(iy)) * {w}u + u32(ix)) * {cin}u + e];"
         taps = " + ".join(f"halo[(u32(ly + {ky}) * {hw}u + u32(lx + {kx})) * {ec}u + c] * dw[{ky * 3 + kx}u * {cexp}u + e]"
                           for ky in range(3) for kx in range(3))
-        proj = " + ".join(f"dv[p * {ec}u + {c}u] * pw[(e0 + {c}u) * {cout}u + co]" for c in range(ec))
         residual = f" + x[((n * {h}u + u32(oy)) * {w}u + u32(ox)) * {cin}u + co]" if self.residual else ""
+        lanes = self.lanes
+        if lanes == 1:
+            # One invocation per pixel: the depthwise results stay in registers, one barrier pair per chunk.
+            depthwise = "\n".join(
+                f"      let e{c} = e0 + {c}u;\n      let d{c} = act(db[e{c}] + "
+                + taps.replace("+ c]", f"+ {c}u]").replace("+ e]", f"+ e{c}]") + ");" for c in range(ec))
+            project = f"""      for (var j = 0u; j < {jb}u; j++) {{
+        let co = min(co0 + j, {cout - 1}u);
+        acc[j] += {" + ".join(f"d{c} * pw[(e0 + {c}u) * {cout}u + co]" for c in range(ec))};
+      }}"""
+            middle = f"""    if (live) {{
+{depthwise}
+{project}
+    }}"""
+        else:
+            proj = " + ".join(f"dv[p * {ec}u + {c}u] * pw[(e0 + {c}u) * {cout}u + co]" for c in range(ec))
+            middle = f"""    // 3x3 depthwise conv for this pixel, channels lane, lane + {lanes}, ...
+    for (var c = lane; c < {ec}u; c += {lanes}u) {{
+      let e = e0 + c;
+      dv[p * {ec}u + c] = act(db[e] + {taps});
+    }}
+    workgroupBarrier();
+    // 1x1 projection: output channels co0 + lane + {lanes} j.
+    for (var j = 0u; j < {jb}u; j++) {{
+      let co = min(co0 + lane + {lanes}u * j, {cout - 1}u);
+      acc[j] += {proj};
+    }}"""
+        dv_decl = f"var<workgroup> dv: array<f32, {_TILE * _TILE * ec}>;\n" if lanes > 1 else ""
         source = prelude(binds) + activation_fn(self.attr("activation")) + f"""
 var<workgroup> halo: array<f32, {hw * hw * ec}>;
-var<workgroup> dv: array<f32, {_TILE * _TILE * ec}>;
-
+{dv_decl}
 @compute @workgroup_size({threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32) {{
   let n = wid.z / {nblocks}u;
@@ -132,7 +161,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let ty0 = i32(wid.y) * {_TILE};
   let tx0 = i32(wid.x) * {_TILE};
   let p = lidx % {_TILE * _TILE}u;       // the output pixel of this invocation within the tile
-  let lane = lidx / {_TILE * _TILE}u;    // which quarter of the channels it handles
+  let lane = lidx / {_TILE * _TILE}u;    // which share of the output channels it handles
   let oy = ty0 + i32(p / {_TILE}u);
   let ox = tx0 + i32(p % {_TILE}u);
   let live = oy < {self.oh} && ox < {self.ow};
@@ -154,22 +183,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       halo[i] = val;
     }}
     workgroupBarrier();
-    // 3x3 depthwise conv for this pixel, channels lane, lane + {_LANES}, ...
-    for (var c = lane; c < {ec}u; c += {_LANES}u) {{
-      let e = e0 + c;
-      dv[p * {ec}u + c] = act(db[e] + {taps});
-    }}
-    workgroupBarrier();
-    // 1x1 projection: output channels co0 + lane + {_LANES} j.
-    for (var j = 0u; j < {jb}u; j++) {{
-      let co = min(co0 + lane + {_LANES}u * j, {cout - 1}u);
-      acc[j] += {proj};
-    }}
+{middle}
     workgroupBarrier();
   }}
   if (!live) {{ return; }}
   for (var j = 0u; j < {jb}u; j++) {{
-    let co = co0 + lane + {_LANES}u * j;
+    let co = co0 + lane + {lanes}u * j;
     if (co >= co_end) {{ break; }}
     y[((n * {self.oh}u + u32(oy)) * {self.ow}u + u32(ox)) * {cout}u + co] = acc[j] + pb[co]{residual};
   }}

@@ -1,7 +1,7 @@
 """``convert()``: TensorFlow model -> .tflite bytes, with a fusion report that is checked, not assumed.
 
 The TFLite converter (``tf.lite.TFLiteConverter``, ``allow_custom_ops=True``, float32, no
-optimizations, so weights stay float32) turns each call of a :func:`tflfuse.composite.composite`
+optimizations, so weights stay float32) turns each call of a :func:`tflfuse.composite`
 function into one custom op. :func:`convert` counts the annotated call sites in the traced graph(s)
 (``tf.function``s whose ``_implements`` attribute carries ``tfl_fusable_op``, found by walking the
 graph and its function library) and the custom ops of each name in the resulting file
@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from absl import logging
 
-from .composite import FUSABLE_KEY, annotations_disabled, registry
+from .annotate import FUSABLE_KEY, annotations_disabled, registry
 from .model import Model
 
 __all__ = ["CompositeCount", "ConversionResult", "FusionError", "FusionReport", "convert"]
@@ -201,9 +201,9 @@ def _keras_function(model, batch_size: int | None):
     try:
         structure = model.input
     except (AttributeError, ValueError) as e:
-        raise ValueError(f"model {model.name!r} has no symbolic inputs to take a signature from (a subclassed "
-                         f"model?): build it functionally from keras.Input, or pass a concrete function "
-                         f"({type(e).__name__}: {e})") from e
+        raise ValueError(f"model {model.name!r} has no symbolic inputs to take a signature from (a "
+                         f"subclassed model?): build it functionally from keras.Input, or pass a concrete "
+                         f"function ({type(e).__name__}: {e})") from e
     specs = []
     for t in tf.nest.flatten(structure):
         shape = list(t.shape)
@@ -215,10 +215,11 @@ def _keras_function(model, batch_size: int | None):
             shape[0] = shape[0] if shape[0] is not None else (batch_size or 1)
         unknown = [i for i, d in enumerate(shape) if d is None]
         if unknown:
-            raise ValueError(f"model input {name!r} has shape {tuple(t.shape)}, unknown at axis {unknown[0]}; "
-                             f"build the model with a static input shape (keras.Input(shape=...))")
+            raise ValueError(f"model input {name!r} has shape {tuple(t.shape)}, unknown at axis "
+                             f"{unknown[0]}; build the model with a static input shape "
+                             f"(keras.Input(shape=...))")
         specs.append(tf.TensorSpec(shape, t.dtype, name=name))
-    output_names = list(getattr(model, "output_names", None) or [f"output_{i}" for i in range(len(model.outputs))])
+    output_names = list(getattr(model, "output_names", None) or [])
 
     def serve(*xs):
         y = model(tf.nest.pack_sequence_as(structure, list(xs)), training=False)
@@ -244,18 +245,27 @@ def _from_functions(funcs: Sequence[Any]):
     return tf.lite.TFLiteConverter.from_concrete_functions(list(funcs), holder)
 
 
-def _saved_model_counts(path: str, signature_keys: Sequence[str] | None) -> collections.Counter:
+def _saved_model_counts(path: str, signature_keys: Sequence[str] | None) -> dict[str, collections.Counter]:
     import tensorflow as tf
 
     loaded = tf.saved_model.load(path)
     keys = list(signature_keys) if signature_keys else list(loaded.signatures.keys())
-    counts: collections.Counter = collections.Counter()
+    counts = {}
     for key in keys:
         if key not in loaded.signatures:
             raise ValueError(f"signature_keys: {key!r} is not a signature of {path!r}; it has "
                              f"{sorted(loaded.signatures.keys())}")
-        counts.update(annotated_calls(loaded.signatures[key].graph.as_graph_def()))
+        counts[key] = annotated_calls(loaded.signatures[key].graph.as_graph_def())
     return counts
+
+
+def _traced_in_file(traced: dict[str, collections.Counter], model: Model) -> collections.Counter:
+    """Sums the counts of the signatures the converter kept (one of several that share a function)."""
+    present = [k for k in model.signature_defs() if k in traced]
+    total: collections.Counter = collections.Counter()
+    for key in present or list(traced):
+        total.update(traced[key])
+    return total
 
 
 def _is_keras_model(model) -> bool:
@@ -275,7 +285,7 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
         the file's ``serving_default`` signature names its inputs after the model's inputs and its outputs
         after ``model.output_names``), a SavedModel directory (str or PathLike), or a list of
         ``tf.function`` concrete functions.
-      annotations: False traces a Keras model inside :func:`tflfuse.composite.annotations_disabled`, so
+      annotations: False traces a Keras model inside :func:`tflfuse.annotate.annotations_disabled`, so
         composite bodies convert as plain builtins (the unfused baseline). Only a Keras model can be
         retraced: for the others this must stay True (trace or save them inside
         ``annotations_disabled()`` instead).
@@ -321,6 +331,10 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
             raise ValueError("signature_keys applies to a SavedModel, not to concrete functions")
         funcs = list(model) if isinstance(model, (list, tuple)) else [model]
         kind = "concrete functions"
+        names = [f.graph.name for f in funcs]
+        if len(funcs) > 1 and len(set(names)) < len(names):  # the converter would keep one per name
+            raise ValueError(f"the concrete functions' names {names} repeat; the converter names a signature "
+                             f"after its function, so give each tf.function its own name")
     else:
         hint = (" call .get_concrete_function(...) on it first" if hasattr(model, "get_concrete_function")
                 else "")
@@ -329,18 +343,17 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
     if kind != "Keras model" and not annotations:
         raise ValueError(f"annotations=False needs a Keras model, which convert() can trace again; a "
                          f"{kind} is already traced. Trace (or save) it inside "
-                         f"tflfuse.composite.annotations_disabled() instead")
+                         f"tflfuse.annotate.annotations_disabled() instead")
     if kind != "Keras model" and batch_size is not None:
         raise ValueError(f"batch_size applies to a Keras model, not to a {kind}")
 
     if funcs is None:
-        traced = _saved_model_counts(path, signature_keys)
+        traced_by_key = _saved_model_counts(path, signature_keys)
         converter = tf.lite.TFLiteConverter.from_saved_model(
             path, signature_keys=list(signature_keys) if signature_keys else None)
-    else:
-        traced = collections.Counter()
-        for f in funcs:
-            traced.update(annotated_calls(f.graph.as_graph_def()))
+    else:  # the converter's signature keys for concrete functions
+        keys = ["serving_default"] if len(funcs) == 1 else [f.graph.name for f in funcs]
+        traced_by_key = {k: annotated_calls(f.graph.as_graph_def()) for k, f in zip(keys, funcs)}
         converter = _from_functions(funcs)
     converter.allow_custom_ops = True
     converter.optimizations = []
@@ -348,6 +361,7 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
     seconds = time.perf_counter() - start
 
     m = Model(tflite)
+    traced = _traced_in_file(traced_by_key, m)
     op_counts = collections.Counter(name for sg in range(len(m.subgraphs)) for name in m.op_names(sg))
     names = set(traced) | (set(op_counts) & set(registry()))
     composites = {n: CompositeCount(n, traced.get(n, 0), op_counts.get(n, 0)) for n in sorted(names)}

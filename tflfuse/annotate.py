@@ -32,9 +32,11 @@ NumPy values and lists of bool or str are refused with ``TypeError``.
 
 Attributes named like a keyword-only parameter of the function are *per call*: the call's keyword
 value (or the decorator's value, the default) goes into that op's attributes and is passed to the body.
-The others are fixed for every call. Tensors reach the body through positional arguments (``None``
-arguments are not op inputs); the body may not read variables or tensors from outside its arguments
-(TensorFlow refuses such an annotated function): Keras layers pass their weights as arguments.
+The others are fixed for every call. Every argument but ``None`` becomes an op input (a tensor; Python
+numbers too), in argument order. The body may not read variables or tensors from outside its arguments
+(TensorFlow refuses such an annotated function): Keras layers pass their weights as arguments. Constants
+the body makes itself (NumPy arrays it closes over) are not op inputs: the fused kernel never sees them.
+Called eagerly, or inside :func:`annotations_disabled`, a composite runs its body directly.
 
 This module imports TensorFlow only when an annotated function is called; :func:`decode_attrs` and
 :func:`encode_attrs` never import it (the runtime uses them).
@@ -151,7 +153,8 @@ def _coerce(attr: str, declared: str, default: Any, value: Any) -> Any:
     elif declared == "list[float]" and type(value) is list and all(type(v) in (int, float) for v in value):
         value = [float(v) for v in value]
     actual = _type_of(attr, value)
-    if actual == declared or (type(value) is list and declared.startswith("list") and (not value or default == [])):
+    any_list = type(value) is list and declared.startswith("list") and (not value or default == [])
+    if actual == declared or any_list:
         return value
     raise TypeError(f"attribute {attr!r} = {_short(value)} is a {actual}; it was declared {declared}")
 
@@ -195,7 +198,8 @@ def _decode_value(key: str, type_: str, raw: Any) -> Any:
         if type_ == "list[float]":
             return [float(p) for p in raw.split(",")] if raw else []
     except ValueError:
-        raise bad("a comma-joined list of numbers" if type_.startswith("list") else "a float literal") from None
+        expected = "a comma-joined list of numbers" if type_.startswith("list") else "a float literal"
+        raise bad(expected) from None
     return raw  # str
 
 
@@ -217,8 +221,10 @@ def encode_attrs(attrs: Mapping[str, Any]) -> dict[str, int | str]:
       TypeError: a value of another type, or a list mixing types.
       ValueError: an attribute name that is not an identifier or is reserved; an int beyond int64.
 
-    >>> encode_attrs({"stride": 2, "residual": True, "scales": [0.5]})
-    {'stride': 2, 'residual': 1, 'scales': '0.5', 'tflfuse_schema': 'v1;stride:int;residual:bool;scales:list[float]'}
+    >>> encode_attrs({"stride": 2, "residual": True, "scales": [0.5]})["residual"]
+    1
+    >>> encode_attrs({"stride": 2, "residual": True, "scales": [0.5]})["tflfuse_schema"]
+    'v1;stride:int;residual:bool;scales:list[float]'
     """
     types_ = {}
     for key, value in attrs.items():
@@ -247,8 +253,8 @@ def decode_attrs(options: Mapping[str, Any]) -> dict[str, Any]:
         raise TypeError(f"options must be a mapping (a decoded flexbuffer map), got {type(options).__name__}")
     schema = options.get(SCHEMA_KEY)
     if schema is None:
-        raise ValueError(f"custom options {sorted(options)} carry no {SCHEMA_KEY!r} entry: the op was not made "
-                         f"by tflfuse.composite")
+        raise ValueError(f"custom options {sorted(options)} carry no {SCHEMA_KEY!r} entry: the op was not "
+                         f"made by tflfuse.composite")
     if not isinstance(schema, str):
         raise ValueError(f"custom option {SCHEMA_KEY!r} = {_short(schema)} should be a string")
     version, *fields = schema.split(";")
@@ -259,8 +265,8 @@ def decode_attrs(options: Mapping[str, Any]) -> dict[str, Any]:
     for field in fields:
         key, sep, type_ = field.partition(":")
         if not sep or type_ not in _ATTR_TYPES or not _NAME_RE.match(key):
-            raise ValueError(f"attribute schema {schema!r}: malformed field {field!r} (expected name:type with "
-                             f"type one of {', '.join(_ATTR_TYPES)})")
+            raise ValueError(f"attribute schema {schema!r}: malformed field {field!r} (expected name:type "
+                             f"with type one of {', '.join(_ATTR_TYPES)})")
         if key not in options:
             raise ValueError(f"attribute {key!r} is in the schema {schema!r} but not in the custom options")
         out[key] = _decode_value(key, type_, options[key])
@@ -378,8 +384,12 @@ def _register(spec: CompositeSpec) -> None:
 class CompositeFunction:
     """A function (or method) annotated by :func:`composite`; call it like the function itself.
 
-    Each distinct set of attribute values (and, for a method, each instance) gets its own
-    ``tf.function``; calling it inside a traced function adds one call op that the converter fuses.
+    Called while a ``tf.function`` is traced, it adds one call of an annotated ``tf.function`` (one per
+    distinct set of attribute values and, for a method, per instance), which the converter fuses. Called
+    eagerly, or inside :func:`annotations_disabled`, it runs the body directly.
+
+    Attributes:
+      spec: the :class:`CompositeSpec`.
     """
 
     def __init__(self, function: Callable, spec: CompositeSpec):
@@ -426,10 +436,10 @@ class CompositeFunction:
             if "_implements" not in str(e):
                 raise
             raise ValueError(
-                f"composite {self.spec.name!r} ({self.spec.function.__qualname__}) reads a variable or tensor "
-                f"that is not one of its arguments; an annotated function may use only its arguments. Pass "
-                f"weights as arguments (a Keras layer: fn(x, self.kernel, ...)), or make small constants "
-                f"NumPy arrays") from e
+                f"composite {self.spec.name!r} ({self.spec.function.__qualname__}) reads a variable or "
+                f"tensor that is not one of its arguments; an annotated function may use only its "
+                f"arguments. Pass weights as arguments (a Keras layer: fn(x, self.kernel, ...)), or make "
+                f"small constants NumPy arrays") from e
 
     def _traced(self, instance, attrs: dict, body_kwargs: dict, nones: tuple[int, ...]):
         import tensorflow as tf
@@ -437,20 +447,15 @@ class CompositeFunction:
         signature = implements_signature(self.spec.name, attrs)
         key = (signature, nones)
         if instance is None:
-            cache = self._functions
-        elif _weakrefable(instance):
-            cache = self._bound.setdefault(instance, {})
+            cache, get_self = self._functions, None
         else:
-            cache = {}  # nowhere to keep it without keeping the instance alive: trace again
+            try:  # per instance, without keeping the instance alive
+                cache, get_self = self._bound.setdefault(instance, {}), weakref.ref(instance)
+            except TypeError:  # not weak-referenceable or not hashable: trace on every call
+                cache, get_self = {}, (lambda: instance)
         fn = cache.get(key)
         if fn is None:
             body = self.spec.function
-            if instance is None:
-                get_self = None
-            elif _weakrefable(instance):
-                get_self = weakref.ref(instance)
-            else:
-                get_self = lambda: instance  # noqa: E731
 
             def call(*args, **kwargs):
                 args = list(args)
@@ -467,14 +472,6 @@ class CompositeFunction:
 
     def __repr__(self) -> str:
         return f"<composite {self.spec.name!r} {self.spec.function.__qualname__}>"
-
-
-def _weakrefable(obj) -> bool:
-    try:
-        weakref.ref(obj)
-        return True
-    except TypeError:
-        return False
 
 
 def composite(name: str, /, **attrs: Any) -> Callable[[Callable], CompositeFunction]:
@@ -522,8 +519,8 @@ def composite(name: str, /, **attrs: Any) -> Callable[[Callable], CompositeFunct
             if param.name not in attrs:
                 continue
             if param.kind is not inspect.Parameter.KEYWORD_ONLY:
-                raise TypeError(f"{function.__qualname__}: parameter {param.name!r} is named like an attribute "
-                                f"of composite {name!r}, so it must be keyword-only (after '*')")
+                raise TypeError(f"{function.__qualname__}: parameter {param.name!r} is named like an "
+                                f"attribute of composite {name!r}, so it must be keyword-only (after '*')")
             call_attrs.append(param.name)
         spec = CompositeSpec(name=name, attrs=types.MappingProxyType(attrs),
                              attr_types=types.MappingProxyType(attr_types), call_attrs=tuple(call_attrs),
