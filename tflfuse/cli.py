@@ -16,6 +16,7 @@ import json
 import sys
 
 from absl import app, flags
+from absl import logging as absl_logging
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output", None, "convert: the .tflite to write; run: an .npz for the outputs.")
@@ -164,6 +165,8 @@ _COMMANDS = {"demo": cmd_demo, "convert": cmd_convert, "run": cmd_run, "ops": cm
 
 
 def main(argv):
+    if not FLAGS["verbosity"].present:  # absl logs INFO by default; the commands print what matters
+        absl_logging.set_verbosity(absl_logging.WARNING)
     if len(argv) < 2 or argv[1] not in _COMMANDS:
         print(_USAGE, file=sys.stderr)
         return 2

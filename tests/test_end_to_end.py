@@ -1,0 +1,96 @@
+"""The main job end to end: annotated MobileNetV2 -> one fused op per bottleneck -> WebGPU, against Keras;
+and the real face detector on WebGPU against LiteRT's CPU interpreter, on a real photo.
+
+Tolerances:
+- MobileNetV2 (float32 throughout): 53 layers of float32 sums in another order than TF's; the softmax
+  output is at most 1, and the measured error is ~1e-6. atol 2e-5 on probabilities (and logits-free),
+  rtol 1e-3 keeps a 10x margin while any wrong kernel (an error of 1e-2 or more) fails.
+- face detector: LiteRT CPU runs the same float32 graph (fp16 weights dequantized to the same float32
+  values); regressors reach ~100 (pixels of the 128 input), classificators are logits of magnitude ~10.
+  Sums over up to 1,152 products in another order: atol 1e-5 of each output's scale, rtol 1e-4.
+"""
+
+import numpy as np
+import pytest
+
+import tflfuse
+from tflfuse import face_detection, zoo
+
+from test_face_detection import _assert_on_face
+
+
+@pytest.fixture(scope="module")
+def mobilenet():
+    import composites
+
+    model = composites.mobilenet_v2(input_shape=(96, 96, 3), seed=0, batch_size=2)
+    return model
+
+
+def test_fused_mobilenet_v2_matches_keras_on_webgpu(device, mobilenet):
+    import tensorflow as tf
+
+    result = tflfuse.convert(mobilenet)
+    assert result.report.fused("fused_bottleneck") == 17
+    assert result.report.ok
+    interp = tflfuse.Interpreter(model_content=result.tflite, device=device)
+    interp.allocate_tensors()
+    (inp,), (out,) = interp.get_input_details(), interp.get_output_details()
+    assert list(inp["shape"]) == [2, 96, 96, 3]
+    photo = np.concatenate([zoo.sample_photo((96, 96)), zoo.sample_photo((96, 96), name="chelsea")])
+    interp.set_tensor(inp["index"], photo)
+    interp.invoke()
+    got = interp.get_tensor(out["index"])
+    want = mobilenet(tf.constant(photo), training=False).numpy()
+    assert got.shape == want.shape == (2, 1000)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-3)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    # one dispatch per op: 17 fused bottlenecks + stem conv, head conv, MEAN, FULLY_CONNECTED, SOFTMAX
+    assert interp.dispatch_count == 22
+
+
+def test_unfused_mobilenet_v2_needs_three_times_the_dispatches(device, mobilenet):
+    plain = tflfuse.convert(mobilenet, annotations=False)
+    assert plain.report.fused("fused_bottleneck") == 0
+    interp = tflfuse.Interpreter(model_content=plain.tflite, device=device)
+    interp.allocate_tensors()
+    assert interp.dispatch_count == 65   # 35 CONV_2D, 17 DEPTHWISE_CONV_2D, 10 ADD, MEAN, FC, SOFTMAX
+
+
+@pytest.fixture(scope="module")
+def face_model():
+    return zoo.fetch("face_detection_short_range")
+
+
+def _outputs(interp, x):
+    interp.set_tensor(interp.get_input_details()[0]["index"], x)
+    interp.invoke()
+    return {d["name"]: interp.get_tensor(d["index"]) for d in interp.get_output_details()}
+
+
+@pytest.mark.parametrize("source", ["astronaut", "noise"])
+def test_face_detector_on_webgpu_matches_litert(device, face_model, source):
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    if source == "astronaut":
+        x = zoo.sample_photo((128, 128))
+    else:
+        x = np.random.default_rng(7).uniform(-1, 1, (1, 128, 128, 3)).astype(np.float32)
+    gpu = tflfuse.Interpreter(model_path=face_model, device=device)
+    gpu.allocate_tensors()
+    cpu = LiteRT(model_path=str(face_model))
+    cpu.allocate_tensors()
+    got, want = _outputs(gpu, x), _outputs(cpu, x)
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].shape == want[name].shape
+        assert got[name].dtype == want[name].dtype == np.float32
+        scale = float(np.abs(want[name]).max())
+        np.testing.assert_allclose(got[name], want[name], atol=1e-5 * scale, rtol=1e-4, err_msg=name)
+    if source == "astronaut":
+        regs = next(v for v in got.values() if v.shape == (1, 896, 16))
+        cls = next(v for v in got.values() if v.shape == (1, 896, 1))
+        best = face_detection.best_detection(regs, cls)
+        assert best.score > 0.5
+        _assert_on_face(best)
