@@ -1,0 +1,181 @@
+"""Side-by-side latency of .tflite models: tflfuse on WebGPU (fused and unfused) and LiteRT's CPU interpreter.
+
+Two steps, so that the timing machine needs no TensorFlow:
+
+    python benchmarks/run.py --prepare=.bench          # here: convert MobileNetV2 fused/unfused, fetch models
+    python benchmarks/run.py --models=.bench --out=benchmarks/RESULTS.md [--adapter=NAME]
+
+Every model's outputs are checked against LiteRT's CPU interpreter before timing. Latency is the median of
+``--repeats`` invokes after ``--warmup`` (wall clock, each with the read-back of the first output, which
+waits for the GPU). The table records the device, driver, versions and date.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tflfuse  # noqa: E402  (before TensorFlow: see tflfuse/_tfload.py)
+from absl import app, flags  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("prepare", None, "Write the benchmark models into this folder (needs TensorFlow).")
+flags.DEFINE_string("models", None, "Folder of .tflite models to time (from --prepare).")
+flags.DEFINE_string("out", "benchmarks/RESULTS.md", "Markdown table to write.")
+flags.DEFINE_string("json_out", None, "Also write the raw results as JSON here.")
+flags.DEFINE_string("adapter", None, "WebGPU adapter name substring.")
+flags.DEFINE_integer("repeats", 50, "Timed invokes per model.")
+flags.DEFINE_integer("warmup", 5, "Untimed invokes first.")
+flags.DEFINE_list("batches", ["1", "32"], "Batch sizes to time MobileNetV2 at (inputs resized from batch 1).")
+
+
+def prepare(folder: Path) -> None:
+    import composites
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model = composites.mobilenet_v2(input_shape=(224, 224, 3), seed=0, batch_size=1)
+    for tag, annotations in (("fused", True), ("unfused", False)):
+        result = tflfuse.convert(model, annotations=annotations)
+        (folder / f"mobilenet_v2_{tag}.tflite").write_bytes(result.tflite)
+        print(f"mobilenet_v2 {tag}: {sum(result.report.op_counts.values())} ops")
+    from tflfuse import zoo
+
+    src = zoo.fetch("face_detection_short_range")
+    (folder / "face_detection_short_range.tflite").write_bytes(src.read_bytes())
+
+
+def _median_ms(fn, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1e3)
+
+
+def _inputs(details, rng):
+    return [rng.uniform(-1, 1, d["shape"]).astype(d["dtype"]) for d in details]
+
+
+def _allocate(interp, batch: int):
+    for d in interp.get_input_details():
+        if batch != d["shape"][0]:
+            interp.resize_tensor_input(d["index"], [batch, *d["shape"][1:]])
+    interp.allocate_tensors()
+
+
+def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) -> dict:
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    rng = np.random.default_rng(0)
+    gpu = tflfuse.Interpreter(model_path=path, device=device)
+    _allocate(gpu, batch)
+    xs = _inputs(gpu.get_input_details(), rng)
+    for d, x in zip(gpu.get_input_details(), xs):
+        gpu.set_tensor(d["index"], x)
+    out0 = gpu.get_output_details()[0]["index"]
+
+    def run_gpu():
+        gpu.invoke()
+        return gpu.get_tensor(out0)
+
+    row = {"model": path.stem, "batch": batch, "dispatches": gpu.dispatch_count, "ops": len(gpu.model.op_names(0))}
+    got = run_gpu()
+    try:
+        cpu = LiteRT(model_path=str(path), num_threads=max(1, min(8, __import__("os").cpu_count() or 1)))
+        _allocate(cpu, batch)
+        for d, x in zip(cpu.get_input_details(), xs):
+            cpu.set_tensor(d["index"], x)
+        cpu.invoke()
+        want = cpu.get_tensor(cpu.get_output_details()[0]["index"])
+        row["max_abs_err_vs_litert"] = float(np.abs(got - want).max())
+        row["litert_cpu_ms"] = _median_ms(cpu.invoke, max(5, repeats // 5), 2)
+    except Exception as e:  # a fused custom op has no LiteRT kernel: compare with its unfused twin instead
+        row["litert_note"] = f"LiteRT CPU cannot run it ({type(e).__name__})"
+    row["tflfuse_ms"] = _median_ms(run_gpu, repeats, warmup)
+    return row
+
+
+def write_table(rows: list[dict], device, out: Path) -> None:
+    import wgpu
+
+    by_name = {(r["model"], r["batch"]): r for r in rows}
+    lines = [
+        "# Benchmark results", "",
+        f"- date: {datetime.date.today().isoformat()}",
+        f"- adapter: {device.describe()}; driver: {device.info.get('description', '')}",
+        f"- versions: tflfuse {tflfuse.__version__}, wgpu {wgpu.__version__}, numpy {np.__version__}, "
+        f"Python {platform.python_version()}, {platform.platform()}",
+        f"- method: median wall-clock ms of {FLAGS.repeats} invokes after {FLAGS.warmup} warm-ups, each with "
+        "the read-back of the first output; outputs checked against LiteRT's CPU interpreter (or, for a "
+        "fused model, which LiteRT cannot run, against its unfused twin) before timing.",
+        "",
+        "| model | batch | ops | dispatches | tflfuse ms | LiteRT CPU ms | fused speed-up (unfused ms / fused ms) | max abs err |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        twin = by_name.get((r["model"].replace("_fused", "_unfused"), r["batch"])) \
+            if r["model"].endswith("_fused") else None
+        ratio = f"{twin['tflfuse_ms'] / r['tflfuse_ms']:.2f}x" if twin else ""
+        err = r.get("max_abs_err_vs_litert", r.get("max_abs_err_vs_unfused"))
+        lines.append(f"| {r['model']} | {r['batch']} | {r['ops']} | {r['dispatches']} | {r['tflfuse_ms']:.2f} | "
+                     f"{r.get('litert_cpu_ms', float('nan')):.2f} | {ratio} | "
+                     f"{'' if err is None else f'{err:.2e}'} |")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv):
+    if FLAGS.prepare:
+        prepare(Path(FLAGS.prepare))
+        return 0
+    if not FLAGS.models:
+        print("give --prepare=DIR or --models=DIR", file=sys.stderr)
+        return 2
+    device = tflfuse.Device(FLAGS.adapter)
+    print(f"adapter: {device.describe()}", flush=True)
+    rows = []
+    outputs = {}
+    for path in sorted(Path(FLAGS.models).glob("*.tflite")):
+        outputs[path.stem] = path
+        for batch in (map(int, FLAGS.batches) if path.stem.startswith("mobilenet") else [1]):
+            try:
+                row = time_model(path, device, FLAGS.repeats, FLAGS.warmup, batch)
+            except (ValueError, RuntimeError) as e:
+                print(f"{path.stem} batch {batch}: {type(e).__name__}: {e}", flush=True)
+                continue
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    # fused models: check against the unfused twin's output on the same input
+    for r in rows:
+        if r["model"].endswith("_fused") and r["model"].replace("_fused", "_unfused") in outputs:
+            rng = np.random.default_rng(0)
+            res = []
+            for name in (r["model"], r["model"].replace("_fused", "_unfused")):
+                it = tflfuse.Interpreter(model_path=outputs[name], device=device)
+                _allocate(it, r["batch"])
+                rng = np.random.default_rng(0)
+                for d, x in zip(it.get_input_details(), _inputs(it.get_input_details(), rng)):
+                    it.set_tensor(d["index"], x)
+                it.invoke()
+                res.append(it.get_tensor(it.get_output_details()[0]["index"]))
+            r["max_abs_err_vs_unfused"] = float(np.abs(res[0] - res[1]).max())
+    write_table(rows, device, Path(FLAGS.out))
+    if FLAGS.json_out:
+        Path(FLAGS.json_out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)
