@@ -356,3 +356,38 @@ def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping
         plan.write(i, np.ascontiguousarray(inputs[i], np.float32))
     plan.run()
     return [plan.read(t) for t in out_ids]
+
+
+def profile_plan(plan: ExecutionPlan, repeats: int = 5) -> list[dict]:
+    """GPU time of each dispatch of a plan, from timestamp queries (one compute pass per dispatch).
+
+    Returns one dict per dispatch: ``op`` (op name), ``index`` (op index), ``program`` and ``us`` (median
+    microseconds over ``repeats`` runs). Raises ``RuntimeError`` where the device has no
+    ``timestamp-query`` feature.
+    """
+    dev = plan.device
+    if "timestamp-query" not in dev.features:
+        raise RuntimeError(f"the adapter {dev.name} has no timestamp-query feature")
+    wgpu = dev._wgpu
+    n = len(plan.steps)
+    owners = [(op.name, op.index) for op in plan.graph.ops if not op.kernel.view
+              for _ in op.kernel.programs()]
+    qs = dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
+    resolve = dev.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    samples = []
+    for _ in range(repeats):
+        encoder = dev.device.create_command_encoder()
+        for i, (prog, pipeline, bind_group) in enumerate(plan.steps):
+            cpass = encoder.begin_compute_pass(timestamp_writes={
+                "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+            cpass.set_pipeline(pipeline)
+            cpass.set_bind_group(0, bind_group)
+            cpass.dispatch_workgroups(*prog.dispatch)
+            cpass.end()
+        encoder.resolve_query_set(qs, 0, 2 * n, resolve, 0)
+        dev.device.queue.submit([encoder.finish()])
+        ticks = np.frombuffer(dev.device.queue.read_buffer(resolve, 0, 16 * n), np.uint64).astype(np.float64)
+        samples.append((ticks[1::2] - ticks[0::2]) / 1e3)   # WebGPU timestamps are nanoseconds
+    med = np.median(np.array(samples), axis=0)
+    return [{"op": name, "index": idx, "program": prog.name, "us": float(us)}
+            for (name, idx), (prog, _, _), us in zip(owners, plan.steps, med)]

@@ -1,0 +1,637 @@
+"""Every registered kernel (but fused_bottleneck, tested on its own) over edge shapes, through
+:func:`oplib.check_op`: converted by the stock TFLiteConverter, run on tflfuse and LiteRT, compared with
+LiteRT and TensorFlow."""
+
+import math
+
+import flatbuffers
+import numpy as np
+import pytest
+import tensorflow as tf
+from ai_edge_litert import schema_py_generated as schema
+
+import tflfuse
+from tflfuse.kernels import KernelError, kernel_class
+from tflfuse.kernels.base import MAX_WORKGROUPS_PER_DIM, Program
+
+from conftest import ACCUMULATION, ELEMENTWISE, EXACT, FP16_WEIGHTS, LONG_ACCUMULATION, SEED, TRANSCENDENTAL
+from oplib import check_op
+from test_shader import CASES as SHADER_CASES
+
+ACTIVATIONS = {"NONE": lambda x: x, "RELU": tf.nn.relu, "RELU6": tf.nn.relu6,
+               "RELU_N1_TO_1": lambda x: tf.clip_by_value(x, -1.0, 1.0)}
+
+
+def _weights(rng, shape, fan_in):
+    """Unit-variance outputs: weights of standard deviation 1/sqrt(fan_in)."""
+    return (rng.standard_normal(shape) / math.sqrt(fan_in)).astype(np.float32)
+
+
+def _edit_op(from_op: str, to_op: str, options_type: str | None = None, inputs=None, **options):
+    """A ``bytes -> bytes`` edit that turns every ``from_op`` into ``to_op`` (with builtin options of
+    ``options_type`` set from ``options``, and its input list mapped by ``inputs``), written with LiteRT's
+    own schema (not tflfuse's reader)."""
+
+    def edit(data: bytes) -> bytes:
+        m = schema.ModelT.InitFromPackedBuf(data, 0)
+        old, new = getattr(schema.BuiltinOperator, from_op), getattr(schema.BuiltinOperator, to_op)
+        code_idx = [i for i, c in enumerate(m.operatorCodes) if max(c.builtinCode, c.deprecatedBuiltinCode) == old]
+        assert code_idx, f"the model has no {from_op} to edit"
+        for i in code_idx:
+            m.operatorCodes[i].builtinCode = new
+            m.operatorCodes[i].deprecatedBuiltinCode = min(new, schema.BuiltinOperator.PLACEHOLDER_FOR_GREATER_OP_CODES)
+            m.operatorCodes[i].version = 1
+        for sg in m.subgraphs:
+            for op in sg.operators:
+                if op.opcodeIndex not in code_idx:
+                    continue
+                if inputs is not None:
+                    op.inputs = inputs(list(op.inputs))
+                if options_type is not None:
+                    opts = getattr(schema, f"{options_type}T")()
+                    for k, v in options.items():
+                        setattr(opts, k, v)
+                    op.builtinOptionsType = getattr(schema.BuiltinOptions, options_type)
+                    op.builtinOptions = opts
+        b = flatbuffers.Builder(1024)
+        b.Finish(m.Pack(b), file_identifier=b"TFL3")
+        return bytes(b.Output())
+
+    return edit
+
+
+def _no_bias(op):
+    """The converter writes a zero bias where there is none; the kernels' no-bias path needs it left out.
+    (LiteRT's float convolutions insist on a bias, so LiteRT runs the converted model.)"""
+    return _edit_op(op, op, inputs=lambda ins: ins[:2])
+
+
+# ---- CONV_2D ----------------------------------------------------------------------------------------
+# (input shape, (KH, KW, Cout), strides, padding, dilations, bias, fused activation)
+CONV_CASES = {
+    "3x3_same_c3to5": ((1, 8, 8, 3), (3, 3, 5), 1, "SAME", 1, True, "NONE"),
+    "stride2_same_odd_relu": ((1, 7, 9, 3), (3, 3, 7), 2, "SAME", 1, True, "RELU"),
+    "valid_batch2_nobias_relu6": ((2, 5, 6, 5), (3, 3, 3), 1, "VALID", 1, False, "RELU6"),
+    "1x5_same_relu_n1_to_1": ((1, 6, 7, 4), (1, 5, 5), 1, "SAME", 1, True, "RELU_N1_TO_1"),
+    "5x1_valid_stride_2x1": ((1, 9, 6, 3), (5, 1, 6), (2, 1), "VALID", 1, True, "NONE"),
+    "dilation2_same": ((1, 9, 9, 3), (3, 3, 5), 1, "SAME", 2, True, "RELU"),
+    "dilation_2x1_valid_c7": ((1, 9, 8, 7), (3, 3, 5), 1, "VALID", (2, 1), True, "NONE"),
+    "1x1_c7to3": ((1, 6, 6, 7), (1, 1, 3), 1, "SAME", 1, True, "NONE"),
+    "stride2_valid_even": ((1, 8, 8, 4), (3, 3, 5), 2, "VALID", 1, False, "NONE"),
+    "stride2_same_even_pads_after_only": ((1, 8, 6, 4), (3, 3, 5), 2, "SAME", 1, True, "RELU6"),
+    "4x4_stride3_same": ((1, 5, 7, 2), (4, 4, 3), 3, "SAME", 1, True, "RELU6"),
+    "k_larger_than_input_same": ((1, 2, 3, 5), (5, 5, 3), 1, "SAME", 1, True, "NONE"),
+    "deep_k_512": ((1, 4, 4, 57), (3, 3, 9), 1, "SAME", 1, True, "NONE"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONV_CASES), ids=list(CONV_CASES))
+def test_conv_2d(case, device, rng):
+    shape, (kh, kw, cout), strides, padding, dil, bias, act = CONV_CASES[case]
+    cin = shape[-1]
+    w = _weights(rng, (kh, kw, cin, cout), kh * kw * cin)
+    b = rng.standard_normal(cout).astype(np.float32)
+
+    def conv(x, w, b):
+        y = tf.nn.conv2d(x, w, strides, padding, dilations=dil)
+        return ACTIVATIONS[act](tf.nn.bias_add(y, b) if bias else y)
+
+    check_op(conv, [shape], const_inputs={1: w, 2: b}, device=device, rng=rng, expect_ops=["CONV_2D"],
+             edit=None if bias else _no_bias("CONV_2D"), litert_unedited=True, **ACCUMULATION)
+
+
+def test_conv_2d_grouped(device, rng):
+    w = _weights(rng, (3, 3, 2, 6), 18)  # 4 input channels, filter Cin 2: two groups of 3 outputs
+
+    def conv(x, w):
+        return tf.nn.conv2d(x, w, 1, "SAME")
+
+    check_op(conv, [(1, 5, 6, 4)], const_inputs={1: w}, device=device, rng=rng,
+             expect_ops=["CONV_2D"], **ACCUMULATION)
+
+
+def test_conv_2d_resized_batch(device, rng):
+    w = _weights(rng, (3, 3, 3, 4), 27)
+
+    def conv(x, w):
+        return tf.nn.relu(tf.nn.conv2d(x, w, 2, "SAME"))
+
+    check_op(conv, [(3, 7, 5, 3)], const_inputs={1: w}, dynamic_batch=True, device=device, rng=rng,
+             expect_ops=["CONV_2D"], **ACCUMULATION)
+
+
+def _sweep(n, draw):
+    """``n`` seeded random geometries from ``draw(rng)`` (None: rejected, drawn again), as pytest params."""
+    g, out = np.random.default_rng(SEED), []
+    while len(out) < n:
+        case = draw(g)
+        if case is not None:
+            out.append(pytest.param(case, id="-".join(map(str, case)).replace(" ", "")))
+    return out
+
+
+def _draw_window(g, h, w, allow_dilation=True):
+    """(kh, kw, stride, dilation, padding) for an [h, w] input; TF refuses stride and dilation both > 1."""
+    kh, kw, stride = int(g.integers(1, 6)), int(g.integers(1, 6)), int(g.integers(1, 4))
+    dil = int(g.integers(1, 3)) if allow_dilation and stride == 1 else 1
+    padding = str(g.choice(["SAME", "VALID"]))
+    if padding == "VALID" and ((kh - 1) * dil + 1 > h or (kw - 1) * dil + 1 > w):
+        return None
+    return kh, kw, stride, dil, padding
+
+
+def _draw_conv(g):
+    n, h, w = int(g.integers(1, 3)), int(g.integers(1, 10)), int(g.integers(1, 10))
+    win = _draw_window(g, h, w)
+    if win is None:
+        return None
+    cin, cout = int(g.integers(1, 9)), int(g.integers(1, 10))
+    return (n, h, w, cin, cout) + win + (str(g.choice(list(ACTIVATIONS))),)
+
+
+@pytest.mark.parametrize("geometry", _sweep(24, _draw_conv))
+def test_conv_2d_sweep(geometry, device, rng):
+    n, h, w, cin, cout, kh, kw, stride, dil, padding, act = geometry
+    wt = _weights(rng, (kh, kw, cin, cout), kh * kw * cin)
+    b = rng.standard_normal(cout).astype(np.float32)
+
+    def conv(x, wt, b):
+        return ACTIVATIONS[act](tf.nn.bias_add(tf.nn.conv2d(x, wt, stride, padding, dilations=dil), b))
+
+    check_op(conv, [(n, h, w, cin)], const_inputs={1: wt, 2: b}, device=device, rng=rng,
+             expect_ops=["CONV_2D"], **ACCUMULATION)
+
+
+# ---- DEPTHWISE_CONV_2D ------------------------------------------------------------------------------
+# (input shape, (KH, KW, multiplier), stride, padding, dilation, bias, fused activation)
+DEPTHWISE_CASES = {
+    "mult1_same_relu6": ((1, 7, 7, 3), (3, 3, 1), 1, "SAME", 1, True, "RELU6"),
+    "mult2_stride2_same_odd_batch2": ((2, 9, 7, 5), (3, 3, 2), 2, "SAME", 1, False, "NONE"),
+    "mult1_dilation2_relu": ((1, 9, 9, 4), (3, 3, 1), 1, "SAME", 2, True, "RELU"),
+    "mult2_5x5_valid": ((1, 8, 7, 3), (5, 5, 2), 1, "VALID", 1, True, "RELU_N1_TO_1"),
+    "mult1_stride2_valid_c6": ((1, 8, 8, 6), (3, 3, 1), 2, "VALID", 1, True, "NONE"),
+    "mult1_stride2_same_even_no_bias": ((1, 8, 8, 7), (3, 3, 1), 2, "SAME", 1, False, "RELU6"),
+    "mult3_1x3_dilation_valid": ((1, 6, 9, 2), (1, 3, 3), 1, "VALID", 3, True, "NONE"),
+}
+
+
+@pytest.mark.parametrize("case", list(DEPTHWISE_CASES), ids=list(DEPTHWISE_CASES))
+def test_depthwise_conv_2d(case, device, rng):
+    shape, (kh, kw, mult), stride, padding, dil, bias, act = DEPTHWISE_CASES[case]
+    cin = shape[-1]
+    w = _weights(rng, (kh, kw, cin, mult), kh * kw)
+    b = rng.standard_normal(cin * mult).astype(np.float32)
+
+    def depthwise(x, w, b):
+        y = tf.nn.depthwise_conv2d(x, w, [1, stride, stride, 1], padding, dilations=[dil, dil])
+        return ACTIVATIONS[act](tf.nn.bias_add(y, b) if bias else y)
+
+    check_op(depthwise, [shape], const_inputs={1: w, 2: b}, device=device, rng=rng,
+             expect_ops=["DEPTHWISE_CONV_2D"], edit=None if bias else _no_bias("DEPTHWISE_CONV_2D"),
+             litert_unedited=True, **ACCUMULATION)
+
+
+def _draw_depthwise(g):
+    n, h, w = int(g.integers(1, 3)), int(g.integers(1, 10)), int(g.integers(1, 10))
+    win = _draw_window(g, h, w)
+    if win is None:
+        return None
+    return (n, h, w, int(g.integers(1, 8)), int(g.integers(1, 4))) + win + (str(g.choice(list(ACTIVATIONS))),)
+
+
+@pytest.mark.parametrize("geometry", _sweep(16, _draw_depthwise))
+def test_depthwise_conv_2d_sweep(geometry, device, rng):
+    n, h, w, cin, mult, kh, kw, stride, dil, padding, act = geometry
+    wt = _weights(rng, (kh, kw, cin, mult), kh * kw)
+    b = rng.standard_normal(cin * mult).astype(np.float32)
+
+    def depthwise(x, wt, b):
+        y = tf.nn.depthwise_conv2d(x, wt, [1, stride, stride, 1], padding, dilations=[dil, dil])
+        return ACTIVATIONS[act](tf.nn.bias_add(y, b))
+
+    check_op(depthwise, [(n, h, w, cin)], const_inputs={1: wt, 2: b}, device=device, rng=rng,
+             expect_ops=["DEPTHWISE_CONV_2D"], **ACCUMULATION)
+
+
+# ---- FULLY_CONNECTED --------------------------------------------------------------------------------
+# (input shape, Cout, bias, fused activation, form): "matmul" of a 2-D input; "tensordot" keeps the
+# leading dims (keep_num_dims); "flatten" reshapes [..., Cin] to [-1, Cin], which FC does itself.
+FC_CASES = {
+    "bias_relu": ((3, 6), 4, True, "RELU", "matmul"),
+    "no_bias": ((3, 6), 4, False, "NONE", "matmul"),
+    "odd_sizes_relu6": ((5, 17), 7, True, "RELU6", "matmul"),
+    "k300_one_row": ((1, 300), 10, True, "NONE", "matmul"),
+    "keep_num_dims": ((2, 3, 6), 5, True, "RELU_N1_TO_1", "tensordot"),
+    "keep_num_dims_no_bias": ((2, 1, 4, 9), 3, False, "NONE", "tensordot"),
+    "rank3_flattened": ((2, 3, 6), 4, True, "NONE", "flatten"),
+}
+
+
+@pytest.mark.parametrize("case", list(FC_CASES), ids=list(FC_CASES))
+def test_fully_connected(case, device, rng):
+    shape, cout, bias, act, form = FC_CASES[case]
+    w = _weights(rng, (shape[-1], cout), shape[-1])
+    b = rng.standard_normal(cout).astype(np.float32)
+
+    def dense(x, w, b):
+        if form == "flatten":
+            x = tf.reshape(x, [-1, shape[-1]])
+        y = tf.tensordot(x, w, 1) if form == "tensordot" else tf.matmul(x, w)
+        return ACTIVATIONS[act](y + b if bias else y)
+
+    r = check_op(dense, [shape], const_inputs={1: w, 2: b}, device=device, rng=rng,
+                 expect_ops=["FULLY_CONNECTED"], **ACCUMULATION)
+    m = tflfuse.Model(r.model)
+    assert bool(m.op_attrs(0, 0)["keep_num_dims"]) == (form == "tensordot")
+    assert m.tensor_shape(0, m.op_inputs(0, 0)[0]) == shape
+    assert (m.op_inputs(0, 0)[2] >= 0) == bias
+
+
+# ---- binary elementwise -----------------------------------------------------------------------------
+BINARY = {"ADD": tf.add, "SUB": tf.subtract, "MUL": tf.multiply, "DIV": tf.divide, "MAXIMUM": tf.maximum,
+          "MINIMUM": tf.minimum, "SQUARED_DIFFERENCE": tf.math.squared_difference}
+BROADCASTS = {
+    "same": ((2, 3, 4), (2, 3, 4)),
+    "rank3_vs_rank1": ((2, 3, 4), (4,)),
+    "both_broadcast": ((2, 1, 4), (3, 1)),
+    "single_element": ((1,), (2, 3, 4, 5)),
+    "rank4_cross": ((2, 3, 1, 5), (1, 3, 4, 1)),
+}
+
+
+def _nonzero(g, s):
+    """Magnitudes in [0.5, 2] with random signs: DIV's denominators stay away from zero."""
+    return (g.uniform(0.5, 2.0, s) * g.choice([-1.0, 1.0], s)).astype(np.float32)
+
+
+def _binary_tol(op):
+    return EXACT if op in ("MAXIMUM", "MINIMUM") else ELEMENTWISE
+
+
+@pytest.mark.parametrize("shapes", list(BROADCASTS), ids=list(BROADCASTS))
+@pytest.mark.parametrize("op", list(BINARY))
+def test_binary(op, shapes, device, rng):
+    check_op(BINARY[op], BROADCASTS[shapes], device=device, rng=rng, expect_ops=[op],
+             make_input=_nonzero if op == "DIV" else None, **_binary_tol(op))
+
+
+@pytest.mark.parametrize("op,act", [("ADD", "RELU6"), ("SUB", "RELU"), ("MUL", "RELU_N1_TO_1"),
+                                    ("DIV", "RELU"), ("ADD", "RELU_N1_TO_1"), ("MUL", "RELU6")])
+def test_binary_fused_activation(op, act, device, rng):
+    def fn(a, b):
+        return ACTIVATIONS[act](BINARY[op](a, b))
+
+    check_op(fn, [(2, 3, 5), (3, 1)], device=device, rng=rng, expect_ops=[op],
+             make_input=_nonzero if op == "DIV" else (lambda g, s: (3 * g.standard_normal(s)).astype(np.float32)),
+             **ELEMENTWISE)
+
+
+@pytest.mark.parametrize("op", ["ADD", "MUL", "SUB", "MAXIMUM"])
+def test_binary_constant_operand(op, device, rng):
+    c = rng.standard_normal((3, 1)).astype(np.float32)
+    check_op(BINARY[op], [(2, 3, 4)], const_inputs={0: c}, device=device, rng=rng, expect_ops=[op],
+             **_binary_tol(op))
+
+
+def _draw_broadcast(g):
+    """Two shapes that broadcast to one of rank 1..5 (4 for SQUARED_DIFFERENCE, which the converter splits
+    into SUB + SQUARE past that): one of full rank, one of rank 0..5; each dim is the output's or 1."""
+    op = str(g.choice(list(BINARY)))
+    out = [int(d) for d in g.integers(2, 6, int(g.integers(1, 5 if op == "SQUARED_DIFFERENCE" else 6)))]
+    shapes = [tuple(d if g.random() < 0.7 else 1 for d in out[len(out) - rank:])
+              for rank in (len(out), int(g.integers(0, len(out) + 1)))]
+    return (op,) + tuple(shapes[::-1] if g.random() < 0.5 else shapes)
+
+
+@pytest.mark.parametrize("case", _sweep(24, _draw_broadcast))
+def test_binary_broadcast_sweep(case, device, rng):
+    op, a, b = case
+    check_op(BINARY[op], [a, b], device=device, rng=rng, expect_ops=[op],
+             make_input=_nonzero if op == "DIV" else None, **_binary_tol(op))
+
+
+def test_add_rank6_broadcast(device, rng):
+    check_op(tf.add, [(2, 1, 3, 1, 2, 2), (3, 4, 1, 2)], device=device, rng=rng, expect_ops=["ADD"],
+             **ELEMENTWISE)
+
+
+def test_add_scalars(device, rng):
+    check_op(tf.add, [(), ()], device=device, rng=rng, expect_ops=["ADD"], **ELEMENTWISE)
+
+
+# ---- unary activations ------------------------------------------------------------------------------
+# The inputs hit every kink and saturation: 0, +-1, +-3, 6, and +-20, +-100 where exp-based formulas
+# overflow.
+_EDGES = np.array([0.0, -0.0, 1.0, -1.0, 3.0, -3.0, 6.0, -6.0, 20.0, -20.0, 100.0, -100.0, 1e-4, -1e-4],
+                  np.float32)
+
+
+def _activation_input(g, s):
+    x = g.uniform(-8.0, 8.0, s).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[:min(flat.size, _EDGES.size)] = _EDGES[:flat.size]
+    return x
+
+
+UNARY = {
+    "RELU": (tf.nn.relu, EXACT),
+    "RELU6": (tf.nn.relu6, EXACT),
+    "RELU_N1_TO_1": (lambda x: tf.clip_by_value(x, -1.0, 1.0), EXACT),
+    "LOGISTIC": (tf.math.sigmoid, TRANSCENDENTAL),
+    "TANH": (tf.math.tanh, TRANSCENDENTAL),
+    "HARD_SWISH": (lambda x: x * tf.nn.relu6(x + 3.0) / 6.0, ELEMENTWISE),
+    "LEAKY_RELU": (lambda x: tf.nn.leaky_relu(x, 0.3), ELEMENTWISE),
+}
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (1001,)], ids=["rank4", "odd_1d"])
+@pytest.mark.parametrize("op", list(UNARY))
+def test_unary(op, shape, device, rng):
+    fn, tol = UNARY[op]
+    check_op(fn, [shape], device=device, rng=rng, expect_ops=[op], make_input=_activation_input, **tol)
+
+
+def test_relu_0_to_1(device, rng):
+    # The converter writes clip(x, 0, 1) as MINIMUM + RELU; RELU_0_TO_1 comes from an edited RELU model.
+    check_op(tf.nn.relu, [(3, 50)], device=device, rng=rng, expect_ops=["RELU_0_TO_1"],
+             make_input=_activation_input, edit=_edit_op("RELU", "RELU_0_TO_1"),
+             tf_ref=lambda x: tf.clip_by_value(x, 0.0, 1.0), **EXACT)
+
+
+def test_leaky_relu_alphas_share_a_pipeline(device, rng):
+    def two(x):
+        return tf.nn.leaky_relu(x, 0.1), tf.nn.leaky_relu(x, 0.05)
+
+    r = check_op(two, [(4, 9)], device=device, rng=rng, expect_ops=["LEAKY_RELU", "LEAKY_RELU"],
+                 **ELEMENTWISE)
+    interp = tflfuse.Interpreter(model_content=r.model, device=device)
+    interp.allocate_tensors()
+    steps = interp._plan(0).steps
+    assert len(steps) == 2 and steps[0][1] is steps[1][1]  # alpha is a uniform: one pipeline
+
+
+# ---- pooling ----------------------------------------------------------------------------------------
+# (input shape, window, strides, padding, fused activation)
+POOL_CASES = {
+    "3x3_s2_same_odd": ((1, 7, 7, 3), 3, 2, "SAME", "NONE"),
+    "2x2_s2_valid_batch2": ((2, 8, 9, 5), 2, 2, "VALID", "NONE"),
+    "3x2_s1_same": ((1, 6, 5, 4), (3, 2), 1, "SAME", "RELU6"),
+    "4x4_s3_same_asymmetric": ((1, 5, 5, 3), 4, 3, "SAME", "NONE"),
+    "5x5_s1_same_window_past_both_edges": ((1, 3, 4, 2), 5, 1, "SAME", "RELU"),
+}
+
+
+@pytest.mark.parametrize("case", list(POOL_CASES), ids=list(POOL_CASES))
+@pytest.mark.parametrize("op", ["MAX_POOL_2D", "AVERAGE_POOL_2D"])
+def test_pool(op, case, device, rng):
+    shape, window, strides, padding, act = POOL_CASES[case]
+    pool = tf.nn.max_pool2d if op == "MAX_POOL_2D" else tf.nn.avg_pool2d
+
+    def fn(x):
+        return ACTIVATIONS[act](pool(x, window, strides, padding))
+
+    check_op(fn, [shape], device=device, rng=rng, expect_ops=[op],
+             **(EXACT if op == "MAX_POOL_2D" else ACCUMULATION))
+
+
+def _draw_pool(g):
+    n, h, w = int(g.integers(1, 3)), int(g.integers(1, 10)), int(g.integers(1, 10))
+    win = _draw_window(g, h, w, allow_dilation=False)
+    if win is None:
+        return None
+    kh, kw, stride, _, padding = win
+    return (str(g.choice(["MAX_POOL_2D", "AVERAGE_POOL_2D"])), n, h, w, int(g.integers(1, 7)), kh, kw,
+            stride, padding)
+
+
+@pytest.mark.parametrize("geometry", _sweep(16, _draw_pool))
+def test_pool_sweep(geometry, device, rng):
+    op, n, h, w, c, kh, kw, stride, padding = geometry
+    pool = tf.nn.max_pool2d if op == "MAX_POOL_2D" else tf.nn.avg_pool2d
+    check_op(lambda x: pool(x, (kh, kw), stride, padding), [(n, h, w, c)], device=device, rng=rng,
+             expect_ops=[op], **(EXACT if op == "MAX_POOL_2D" else ACCUMULATION))
+
+
+def test_average_pool_same_excludes_padding_from_divisor(device, rng):
+    # All ones in: every output is exactly 1 only if the divisor counts the window's cells inside the input.
+    r = check_op(lambda x: tf.nn.avg_pool2d(x, 3, 2, "SAME"), [(1, 5, 5, 2)], device=device, rng=rng,
+                 expect_ops=["AVERAGE_POOL_2D"], make_input=lambda g, s: np.ones(s, np.float32), **EXACT)
+    np.testing.assert_array_equal(r.ours[0], np.ones((1, 3, 3, 2), np.float32))
+
+
+# ---- MEAN -------------------------------------------------------------------------------------------
+MEAN_CASES = {
+    "spatial_keep": ((2, 3, 4, 5), [1, 2], True),
+    "last_negative": ((2, 3, 4, 5), -1, False),
+    "first": ((2, 3, 4, 5), 0, False),
+    "outer_pair_keep": ((2, 3, 4, 5), [0, 3], True),
+    "all": ((2, 3, 4, 5), [0, 1, 2, 3], False),
+    "long_row": ((3, 1000), 1, False),
+}
+
+
+@pytest.mark.parametrize("case", list(MEAN_CASES), ids=list(MEAN_CASES))
+def test_mean(case, device, rng):
+    shape, axis, keep = MEAN_CASES[case]
+    check_op(lambda x: tf.reduce_mean(x, axis=axis, keepdims=keep), [shape], device=device, rng=rng,
+             expect_ops=["MEAN"], **ACCUMULATION)
+
+
+# ---- SOFTMAX ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape,scale", [((2, 7), 1.0), ((3, 4, 10), 1.0), ((2, 1000), 1.0), ((4, 5), 60.0)],
+                         ids=["2d", "3d", "wide", "large_logits"])
+def test_softmax(shape, scale, device, rng):
+    check_op(tf.nn.softmax, [shape], device=device, rng=rng, expect_ops=["SOFTMAX"],
+             make_input=lambda g, s: (scale * g.standard_normal(s)).astype(np.float32), **TRANSCENDENTAL)
+
+
+@pytest.mark.parametrize("beta", [0.5, 2.5])
+def test_softmax_beta(beta, device, rng):
+    # The converter keeps x * beta as a MUL; a SOFTMAX with beta != 1 comes from an edited model.
+    check_op(tf.nn.softmax, [(3, 9)], device=device, rng=rng, expect_ops=["SOFTMAX"],
+             edit=_edit_op("SOFTMAX", "SOFTMAX", "SoftmaxOptions", beta=beta),
+             tf_ref=lambda x: tf.nn.softmax(beta * x), **TRANSCENDENTAL)
+
+
+# ---- PAD / PADV2 ------------------------------------------------------------------------------------
+PAD_CASES = {
+    "4d": ((1, 3, 4, 2), [[0, 0], [1, 2], [0, 3], [1, 0]]),
+    "2d": ((3, 4), [[2, 1], [0, 2]]),
+    "1d": ((5,), [[3, 0]]),
+    "batch_and_channels": ((2, 2, 2, 3), [[1, 1], [0, 0], [0, 0], [2, 1]]),
+}
+
+
+@pytest.mark.parametrize("case", list(PAD_CASES), ids=list(PAD_CASES))
+@pytest.mark.parametrize("fill", [None, -1.5], ids=["PAD", "PADV2"])
+def test_pad(case, fill, device, rng):
+    shape, pads = PAD_CASES[case]
+    fn = (lambda x: tf.pad(x, pads)) if fill is None else (lambda x: tf.pad(x, pads, constant_values=fill))
+    check_op(fn, [shape], device=device, rng=rng, expect_ops=["PAD" if fill is None else "PADV2"], **EXACT)
+
+
+# ---- CONCATENATION ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("axis", [0, 1, 2, 3, -1, -3])
+def test_concatenation(axis, device, rng):
+    base = [2, 3, 4, 5]
+    shapes = []
+    for n in (1, 3, 2):
+        s = list(base)
+        s[axis] = n
+        shapes.append(tuple(s))
+    check_op(lambda a, b, c: tf.concat([a, b, c], axis), shapes, device=device, rng=rng,
+             expect_ops=["CONCATENATION"], **EXACT)
+
+
+def test_concatenation_with_constant(device, rng):
+    c = rng.standard_normal((1, 2, 3)).astype(np.float32)
+    check_op(lambda a, c, b: tf.concat([a, c, b], 0), [(2, 2, 3), (3, 2, 3)], const_inputs={1: c},
+             device=device, rng=rng, expect_ops=["CONCATENATION"], **EXACT)
+
+
+# ---- views: RESHAPE, SQUEEZE, EXPAND_DIMS -----------------------------------------------------------
+def test_reshape_between_ops(device, rng):
+    def fn(x):
+        y = tf.reshape(tf.nn.relu(x), [4, -1])
+        return y, tf.nn.relu6(y * 2.0)
+
+    check_op(fn, [(2, 3, 4)], device=device, rng=rng, expect_ops=["RELU", "RESHAPE", "MUL"],
+             **ELEMENTWISE)
+
+
+def test_reshape_alone(device, rng):
+    check_op(lambda x: tf.reshape(x, [3, 1, -1]), [(2, 3, 4)], device=device, rng=rng,
+             expect_ops=["RESHAPE"], **EXACT)
+
+
+@pytest.mark.parametrize("axis", [1, -1, 0])
+def test_expand_dims(axis, device, rng):
+    # With a dynamic batch the converter keeps EXPAND_DIMS (a static one becomes RESHAPE).
+    check_op(lambda x: tf.nn.relu(tf.expand_dims(x, axis)), [(3, 4)], device=device, rng=rng,
+             dynamic_batch=True, expect_ops=["EXPAND_DIMS", "RELU"], **EXACT)
+
+
+@pytest.mark.parametrize("shape,dims", [((2, 1, 3), [1]), ((1, 3, 1, 2), [-2]), ((1, 3, 1, 1), [])],
+                         ids=["middle", "negative", "all"])
+def test_squeeze(shape, dims, device, rng):
+    # The converter writes SQUEEZE as RESHAPE; SQUEEZE comes from an edited model (one input, squeeze_dims).
+    def fn(x):
+        return tf.nn.relu(tf.squeeze(x, dims or None))
+
+    check_op(fn, [shape], device=device, rng=rng, expect_ops=["SQUEEZE", "RELU"],
+             edit=_edit_op("RESHAPE", "SQUEEZE", "SqueezeOptions", inputs=lambda ins: ins[:1], squeezeDims=dims),
+             **EXACT)
+
+
+# ---- DEQUANTIZE (float16 weights) -------------------------------------------------------------------
+def test_dequantize_fp16_conv(device, rng):
+    w = _weights(rng, (3, 3, 5, 6), 45)
+    b = rng.standard_normal(6).astype(np.float32)
+
+    def conv(x, w, b):
+        return tf.nn.relu6(tf.nn.bias_add(tf.nn.conv2d(x, w, 1, "SAME"), b))
+
+    r = check_op(conv, [(1, 6, 7, 5)], const_inputs={1: w, 2: b}, fp16_weights=True, device=device, rng=rng,
+                 expect_ops=["DEQUANTIZE", "DEQUANTIZE", "CONV_2D"], tf_tol=FP16_WEIGHTS, **ACCUMULATION)
+    m = tflfuse.Model(r.model)
+    deq = [i for i, n in enumerate(m.op_names()) if n == "DEQUANTIZE"]
+    assert {m.tensor_type_name(0, m.op_inputs(0, i)[0]) for i in deq} == {"FLOAT16"}
+
+
+def test_dequantize_fp16_fully_connected(device, rng):
+    w = _weights(rng, (40, 8), 40)
+
+    def dense(x, w):
+        return tf.matmul(x, w)
+
+    check_op(dense, [(3, 40)], const_inputs={1: w}, fp16_weights=True, device=device, rng=rng,
+             expect_ops=["DEQUANTIZE", "FULLY_CONNECTED"], tf_tol=FP16_WEIGHTS, **ACCUMULATION)
+
+
+# ---- dispatches past 65,535 workgroups --------------------------------------------------------------
+def test_add_past_65535_workgroups(device, rng):
+    n = MAX_WORKGROUPS_PER_DIM * 64 + 3 * 64 + 5  # spills into dispatch y; the tail is a partial workgroup
+    info = tflfuse.get_shader("ADD", [(n,), (n,)])
+    assert info.dispatch[1] > 1 and info.dispatch[0] * info.dispatch[1] * 64 >= n
+    r = check_op(tf.add, [(n,), (n,)], device=device, rng=rng, expect_ops=["ADD"], **ELEMENTWISE)
+    a, b = r.inputs
+    tail = slice(MAX_WORKGROUPS_PER_DIM * 64 - 64, n)  # the last x-row's workgroup and all of y = 1
+    np.testing.assert_allclose(r.ours[0][tail], a[tail] + b[tail], **ELEMENTWISE)
+    assert np.all(r.ours[0][-5:] == a[-5:] + b[-5:])
+
+
+def test_conv_2d_past_65535_workgroups(device, rng):
+    # 260 * 260 * 64 outputs = 67,600 workgroups of 64: the conv's index decoding across the y spill.
+    w = _weights(rng, (1, 1, 3, 64), 3)
+    assert tflfuse.get_shader("CONV_2D", [(1, 260, 260, 3), (64, 1, 1, 3)]).dispatch[1] == 2
+    r = check_op(lambda x, w: tf.nn.conv2d(x, w, 1, "VALID"), [(1, 260, 260, 3)], const_inputs={1: w},
+                 device=device, rng=rng, expect_ops=["CONV_2D"], **ACCUMULATION)
+    x = r.inputs[0][0, -2:].astype(np.float64)  # the last two rows of pixels, in the y = 1 workgroups
+    np.testing.assert_allclose(r.ours[0][0, -2:], x @ w[0, 0].astype(np.float64), **ACCUMULATION)
+
+
+# ---- the software adapter's loop cap -----------------------------------------------------------------
+@pytest.mark.parametrize("past", [False, True], ids=["just_under", "at_cap"])
+def test_mean_at_the_loop_cap(past, device, rng):
+    # MEAN runs one loop iteration per reduced element. llvmpipe silently stops an invocation's loops after
+    # device.loop_limit iterations: one under it must still be exact, at it the plan must refuse, naming the op.
+    # Adapters without a cap (loop_limit None) run both.
+    n = (device.loop_limit or 65535) - (0 if past else 1)
+
+    def run():
+        check_op(lambda x: tf.reduce_mean(x, axis=1), [(2, n)], device=device, rng=rng, expect_ops=["MEAN"],
+                 **ACCUMULATION)
+
+    if past and device.loop_limit is not None:
+        with pytest.raises(KernelError, match=r"MEAN \(operator 0\).*loop"):
+            run()
+    else:
+        run()
+
+
+@pytest.mark.parametrize("past", [False, True], ids=["just_under", "at_cap"])
+def test_conv_2d_at_the_loop_cap(past, device, rng):
+    # A 1x1 CONV_2D runs 1 (ky) + 1 (kx) + Cin // 4 (the unrolled dot) loop iterations per output.
+    limit = device.loop_limit or 65535
+    cin = 4 * (limit - 2 - (0 if past else 1)) + 3
+    w = _weights(rng, (1, 1, cin, 2), cin)
+
+    def run():
+        check_op(lambda x, w: tf.nn.conv2d(x, w, 1, "VALID"), [(1, 1, 2, cin)], const_inputs={1: w},
+                 device=device, rng=rng, expect_ops=["CONV_2D"], np_ref=lambda x, w: x @ w[0, 0],
+                 **LONG_ACCUMULATION)
+
+    if past and device.loop_limit is not None:
+        with pytest.raises(KernelError, match=r"CONV_2D \(operator 0\).*loop"):
+            run()
+    else:
+        run()
+
+
+# ---- every shader compiles --------------------------------------------------------------------------
+# test_shader's table of one valid op per key, with every fused activation TFLite defines (the converter
+# writes only NONE, RELU, RELU6 and RELU_N1_TO_1; TANH and SIGN_BIT come from other producers).
+FUSED_ACTIVATIONS = ["NONE", "RELU", "RELU6", "RELU_N1_TO_1", "TANH", "SIGN_BIT"]
+
+
+def _compile_cases():
+    for key, (shapes, attrs) in sorted(SHADER_CASES.items()):
+        if "fused_activation_function" in kernel_class(key).attr_defaults:
+            for act in FUSED_ACTIVATIONS:
+                yield pytest.param(key, shapes, {**attrs, "fused_activation_function": act}, id=f"{key}-{act}")
+        else:
+            yield pytest.param(key, shapes, attrs, id=key)
+
+
+@pytest.mark.parametrize("key,shapes,attrs", list(_compile_cases()))
+def test_every_shader_compiles(key, shapes, attrs, device):
+    info = tflfuse.get_shader(key, shapes, attrs)
+    for p in info.programs:
+        prog = Program(key, p.wgsl, p.workgroup_size, p.dispatch, (), (), p.entry_point)
+        assert device.pipeline(prog) is not None
+
+
+def test_broken_wgsl_does_not_compile(device):
+    # The check above means something: wgpu validates WGSL when the pipeline is made.
+    with pytest.raises(RuntimeError, match="failed to compile"):
+        device.pipeline(Program("broken", "fn main( {", (1, 1, 1), (1, 1, 1), ()))

@@ -1,0 +1,152 @@
+"""tflfuse.get_shader: WGSL for every kernel key, deterministic, with no GPU; errors that name the fix."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tflfuse
+from tflfuse.kernels import KernelError, UnsupportedOpError, supported_ops
+from tflfuse.runtime import device as device_module
+
+# Op -> (input shapes, attributes) of a valid op (constant inputs such as PAD's paddings are attributes).
+CASES = {
+    "ADD": ([(2, 3, 4), (4,)], {"fused_activation_function": "RELU6"}),
+    "SUB": ([(2, 3), (2, 3)], {"fused_activation_function": "RELU"}),
+    "MUL": ([(1,), (3, 5)], {"fused_activation_function": "RELU_N1_TO_1"}),
+    "DIV": ([(2, 1, 4), (3, 1)], {}),
+    "MAXIMUM": ([(4,), (4,)], {}),
+    "MINIMUM": ([(4,), ()], {}),
+    "SQUARED_DIFFERENCE": ([(2, 3), (3,)], {}),
+    "RELU": ([(2, 7)], {}), "RELU6": ([(2, 7)], {}), "RELU_N1_TO_1": ([(2, 7)], {}),
+    "RELU_0_TO_1": ([(2, 7)], {}), "LOGISTIC": ([(2, 7)], {}), "TANH": ([(2, 7)], {}),
+    "HARD_SWISH": ([(2, 7)], {}), "LEAKY_RELU": ([(2, 7)], {"alpha": 0.3}),
+    "CONV_2D": ([(1, 7, 7, 3), (5, 3, 3, 3), (5,)],
+                {"padding": "SAME", "stride_h": 2, "stride_w": 2, "fused_activation_function": "RELU6"}),
+    "DEPTHWISE_CONV_2D": ([(1, 7, 7, 3), (1, 3, 3, 6), None],
+                          {"padding": "VALID", "depth_multiplier": 2, "dilation_h_factor": 2}),
+    "FULLY_CONNECTED": ([(2, 3, 6), (4, 6), (4,)], {"keep_num_dims": True}),
+    "MAX_POOL_2D": ([(1, 7, 7, 3)], {"filter_height": 3, "filter_width": 3, "padding": "SAME", "stride_h": 2,
+                                     "stride_w": 2}),
+    "AVERAGE_POOL_2D": ([(1, 7, 7, 3)], {"filter_height": 2, "filter_width": 3, "padding": "VALID"}),
+    "MEAN": ([(2, 3, 4, 5), None], {"axis": [1, -1], "keep_dims": True}),
+    "SOFTMAX": ([(3, 10)], {"beta": 0.5}),
+    "PAD": ([(1, 3, 4, 2), None], {"paddings": [[0, 0], [1, 2], [0, 3], [1, 0]]}),
+    "PADV2": ([(3, 4), None, None], {"paddings": [[1, 1], [2, 0]], "constant_values": [-1.5]}),
+    "CONCATENATION": ([(2, 3), (2, 1), (2, 4)], {"axis": -1}),
+    "fused_bottleneck": ([(1, 8, 8, 4), (4, 24), (24,), (3, 3, 24), (24,), (24, 4), (4,)],
+                         {"expansion": 6, "stride": 1, "residual": True, "activation": "relu6"}),
+}
+# Keys that run no shader: views of their input's buffer, and DEQUANTIZE (folded into constants at load).
+NO_SHADER = {"RESHAPE": ([(2, 3), None], {"shape": [3, 2]}), "SQUEEZE": ([(2, 1)], {}),
+             "EXPAND_DIMS": ([(2,), None], {"shape": [0]}), "DEQUANTIZE": ([(2,)], {})}
+OUTPUT_SHAPES = {"ADD": (2, 3, 4), "MUL": (3, 5), "DIV": (2, 3, 4), "MINIMUM": (4,), "CONV_2D": (1, 4, 4, 5),
+                 "DEPTHWISE_CONV_2D": (1, 3, 5, 6), "FULLY_CONNECTED": (2, 3, 4), "MAX_POOL_2D": (1, 4, 4, 3),
+                 "AVERAGE_POOL_2D": (1, 6, 5, 3), "MEAN": (2, 1, 4, 1), "PAD": (1, 6, 7, 3), "PADV2": (5, 6),
+                 "CONCATENATION": (2, 8), "fused_bottleneck": (1, 8, 8, 4)}
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """Any attempt to open a WebGPU device or adapter fails the test."""
+    import wgpu
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("get_shader touched the GPU")
+
+    monkeypatch.setattr(device_module.Device, "__init__", refuse)
+    for name in ("enumerate_adapters_sync", "request_adapter_sync", "enumerate_adapters_async",
+                 "request_adapter_async"):
+        if hasattr(type(wgpu.gpu), name):
+            monkeypatch.setattr(type(wgpu.gpu), name, refuse)
+
+
+def test_cases_cover_every_key():
+    assert set(CASES) | set(NO_SHADER) == set(supported_ops())
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_shader_is_deterministic_and_needs_no_gpu(key, no_gpu):
+    shapes, attrs = CASES[key]
+    first = tflfuse.get_shader(key, shapes, attrs)
+    second = tflfuse.get_shader(key, [tuple(s) if s is not None else None for s in shapes],
+                                dict(reversed(list(attrs.items()))))
+    assert first.wgsl.encode() == second.wgsl.encode()
+    assert [p.wgsl for p in first.programs] == [p.wgsl for p in second.programs]
+    assert first.key == key and first.programs and first.programs[0].wgsl == first.wgsl
+    for p in first.programs:
+        assert f"fn {p.entry_point}(" in p.wgsl and "@compute" in p.wgsl
+        x, y, z = p.workgroup_size
+        assert f"@workgroup_size({x}" in p.wgsl
+        for b in p.bindings:  # every binding the runtime will bind is declared, in order
+            assert f"@binding({b['binding']}) var<storage, {b['access']}> {b['name']}:" in p.wgsl
+        if p.uniforms:
+            assert f"@binding({len(p.bindings)}) var<uniform> params" in p.wgsl
+    if key in OUTPUT_SHAPES:
+        assert first.output_shapes[0] == OUTPUT_SHAPES[key]
+    json.dumps(first.to_dict())  # plain data, for the CLI
+
+
+def test_one_dispatch_covers_every_output_element():
+    info = tflfuse.get_shader("CONV_2D", *CASES["CONV_2D"])
+    threads = np.prod(info.workgroup_size) * np.prod(info.dispatch)
+    assert threads >= np.prod(info.output_shapes[0])
+    out = [b for b in info.bindings if b["role"][0] == "output"]
+    assert out and out[0]["size"] == 4 * np.prod(info.output_shapes[0])
+
+
+def test_runtime_scalars_are_uniforms():
+    a = tflfuse.get_shader("LEAKY_RELU", [(5,)], {"alpha": 0.1})
+    b = tflfuse.get_shader("LEAKY_RELU", [(5,)], {"alpha": 0.3})
+    assert a.wgsl == b.wgsl  # one pipeline for every alpha
+    assert [u["value"] for u in a.uniforms] == [pytest.approx(0.1)]
+    assert [u["value"] for u in b.uniforms] == [pytest.approx(0.3)]
+    s1 = tflfuse.get_shader("SOFTMAX", [(2, 5)], {"beta": 1.0})
+    s2 = tflfuse.get_shader("SOFTMAX", [(2, 5)], {"beta": 0.25})
+    assert s1.wgsl == s2.wgsl and s1.uniforms != s2.uniforms
+
+
+def test_shapes_are_baked_into_the_source():
+    a = tflfuse.get_shader("ADD", [(2, 3), (3,)])
+    b = tflfuse.get_shader("ADD", [(2, 4), (4,)])
+    assert a.wgsl != b.wgsl
+
+
+def test_large_dispatch_spills_into_y():
+    n = 65535 * 64 + 1
+    info = tflfuse.get_shader("RELU", [(n,)])
+    assert info.dispatch[0] == 65535 and info.dispatch[1] == 2 and info.dispatch[2] == 1
+    assert "nwg" in info.wgsl  # the linear index is rebuilt from the spilled dispatch
+
+
+@pytest.mark.parametrize("key", sorted(NO_SHADER))
+def test_keys_without_a_shader_say_so(key, no_gpu):
+    shapes, attrs = NO_SHADER[key]
+    with pytest.raises(KernelError, match=key if key == "DEQUANTIZE" else "view"):
+        tflfuse.get_shader(key, shapes, attrs)
+
+
+def test_unknown_key_lists_known_keys(no_gpu):
+    with pytest.raises(UnsupportedOpError) as err:
+        tflfuse.get_shader("CUMSUM", [(3,)])
+    msg = str(err.value)
+    assert "'CUMSUM'" in msg
+    for key in supported_ops():
+        assert key in msg
+    assert isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize("key,shapes,attrs,match", [
+    ("CONV_2D", [(1, 5, 5, 3), (4, 3, 3, 2)], {}, "not a multiple"),
+    ("CONV_2D", [(1, 5, 5, 3), (4, 3, 3, 3)], {"padding": "FULL"}, "SAME or VALID"),
+    ("CONV_2D", [(1, 5, 5, 3), (4, 3, 3, 3), (5,)], {}, "bias has 5"),
+    ("ADD", [(2, 3), (4,)], {}, "do not broadcast"),
+    ("MAX_POOL_2D", [(1, 5, 5, 3)], {"filter_height": 0, "filter_width": 2}, ">= 1"),
+    ("MEAN", [(2, 3), None], {"axis": [2]}, "out of range"),
+    ("CONCATENATION", [(2, 3), (3, 3)], {"axis": 1}, "differs"),
+    ("ADD", [(3,), (3,)], {"fused_activation_function": "GELU_X"}, "unsupported fused activation"),
+])
+def test_bad_shapes_and_attributes_raise_kernel_error(key, shapes, attrs, match, no_gpu):
+    with pytest.raises(KernelError, match=match) as err:
+        tflfuse.get_shader(key, shapes, attrs)
+    assert key in str(err.value)
