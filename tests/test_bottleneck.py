@@ -58,16 +58,28 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:4])) + f"-t{c[4]}-o{c[5]}-s{c[6]}"
-                         + ("-res" if c[7] else "") + f"-{c[8]}")
-def test_fused_bottleneck_matches_tf(device, case):
+# Schedules (tuning only: every one must compute the same values): the software adapter's, the GPU's
+# (tiles shrink to fill the GPU), and explicit extremes: 1x1 tiles; 2x2 tiles with blocks that do not divide
+# Cout; one lane per pixel (only on the smaller cases: on the largest it would pass llvmpipe's loop cap).
+SCHEDULES = {"cpu": {"target": "cpu"}, "gpu": {"target": "gpu"},
+             "tile1": {"tile": 1, "lanes": 16, "out_block": 16}, "tile2": {"tile": 2, "lanes": 8, "out_block": 24},
+             "lane1": {"tile": 8, "lanes": 1, "out_block": 7}}
+_IDS = {c: "x".join(map(str, c[:4])) + f"-t{c[4]}-o{c[5]}-s{c[6]}" + ("-res" if c[7] else "") + f"-{c[8]}"
+        for c in CASES}
+RUNS = [pytest.param(c, s, id=f"{_IDS[c]}-{s}") for c in CASES for s in sorted(SCHEDULES)
+        if not (s == "lane1" and c[3] * c[4] >= 512)]
+
+
+@pytest.mark.parametrize("case, schedule", RUNS)
+def test_fused_bottleneck_matches_tf(device, case, schedule):
     n, h, w_, cin, t, cout, stride, residual, activation = case
     rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
     x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
     w = _weights(rng, cin, t, cout)
     inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb") if k in w]
     (y,) = run_op(device, "fused_bottleneck", inputs,
-                  {"expansion": t, "stride": stride, "residual": residual, "activation": activation})
+                  {"expansion": t, "stride": stride, "residual": residual, "activation": activation,
+                   **SCHEDULES[schedule]})
     ref = _tf_reference(x, w, stride, residual, activation)
     assert y.shape == ref.shape == (n, -(-h // stride), -(-w_ // stride), cout)
     assert y.dtype == np.float32
@@ -93,7 +105,15 @@ def test_fused_bottleneck_rejects_bad_shapes_and_attrs(attrs, specs, message):
         kernel_class("fused_bottleneck")(specs, attrs).programs()
 
 
-def test_fused_bottleneck_loop_trips_stay_under_the_software_adapter_cap():
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_fused_bottleneck_loop_trips_stay_under_the_software_adapter_cap(target):
     # MobileNetV2's heaviest block (Cin 160, expansion 6, Cout 320 at 7x7) must run on llvmpipe.
-    k = kernel_class("fused_bottleneck")(_specs(cin=160, cout=320, h=7), {"expansion": 6})
+    k = kernel_class("fused_bottleneck")(_specs(cin=160, cout=320, h=7), {"expansion": 6, "target": target})
     assert 0 < k.programs()[0].loop_trips < 65535
+
+
+def test_gpu_schedule_fills_the_gpu_at_batch_1():
+    # 7x7 output at batch 1: 8x8 tiles would give 3 workgroups; the GPU schedule must give >= 256.
+    k = kernel_class("fused_bottleneck")(_specs(cin=160, cout=320, h=7), {"expansion": 6, "target": "gpu"})
+    x, y, z = k.programs()[0].dispatch
+    assert x * y * z >= 256

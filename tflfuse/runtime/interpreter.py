@@ -77,7 +77,8 @@ class Interpreter:
         if plan is None:
             if not build and subgraph == 0:
                 raise RuntimeError("call allocate_tensors() before invoke(), set_tensor() or get_tensor()")
-            graph = lower(self._model, subgraph, self._resized.get(subgraph))
+            graph = lower(self._model, subgraph, self._resized.get(subgraph),
+                          target="cpu" if self.device.is_software else "gpu")
             plan = self._plans[subgraph] = ExecutionPlan(graph, self.device, self._preserve)
             self._inputs_set[subgraph] = set()
         return plan

@@ -70,11 +70,14 @@ def _runtime_spec(model: Model, sg: int, t: int, shape=None) -> TensorSpec:
     return TensorSpec(shape if shape is not None else model.tensor_shape(sg, t), _DTYPE_NAMES[dtype])
 
 
-def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[int]] | None = None) -> LoweredGraph:
+def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[int]] | None = None,
+          target: str = "gpu") -> LoweredGraph:
     """Kernel lookup, shape inference and load-time folding for one subgraph. No GPU work.
 
     Args:
       input_shapes: tensor index -> shape, for inputs resized with ``resize_tensor_input``.
+      target: ``"gpu"`` or ``"cpu"`` (the software adapter): passed to kernels that tune their schedule
+        (workgroup shape, blocking) by it; the values computed do not depend on it.
     Raises:
       UnsupportedOpError: an op has no kernel (named with its index and subgraph).
       KernelError: an op's shapes or attributes are not supported, or disagree with the file.
@@ -95,6 +98,8 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         cls = kernel_class(name)
         where = f"{name} (operator {oi} of subgraph {subgraph})"
         attrs = _op_attrs(model, subgraph, oi, cls)
+        if "target" in cls.attr_defaults:
+            attrs.setdefault("target", target)
         in_ids = model.op_inputs(subgraph, oi)
         out_ids = model.op_outputs(subgraph, oi)
         in_specs: list[TensorSpec | None] = []

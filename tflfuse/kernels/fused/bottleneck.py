@@ -25,7 +25,8 @@ from ..wgsl import activation_fn, dot, prelude
 
 __all__ = ["FusedBottleneck"]
 
-_TILE = 8            # output pixels per workgroup side
+#: Workgroups a GPU needs in flight to be busy (an H200 has 132 SMs); tiles shrink until a dispatch has this many.
+_GPU_WORKGROUPS = 256
 _MAX_CHUNK = 16      # expanded channels per pass through workgroup memory
 _WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
 
@@ -37,8 +38,7 @@ class FusedBottleneck(Kernel):
     disagree, a stride other than 1 or 2, or a residual on a block whose input and output differ."""
 
     input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b")
-    attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6",
-                     "lanes": 4, "out_block": 128}
+    attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "target": "gpu"}
 
     @staticmethod
     def decode_custom_options(options: dict) -> dict:
@@ -75,23 +75,57 @@ class FusedBottleneck(Kernel):
             raise self.fail(f"residual needs stride 1 and Cin == Cout, got stride {self.stride}, "
                             f"Cin {cin}, Cout {self.cout}")
         activation_fn(self.attr("activation"))  # validates the name
-        self.lanes = int(self.attr("lanes"))
-        self.out_block = int(self.attr("out_block"))
-        if self.lanes not in (1, 2, 4) or self.out_block < 1:
-            raise self.fail(f"lanes must be 1, 2 or 4 and out_block >= 1, got {self.lanes}, {self.out_block}")
         self.oh, self.pt = conv_output_size(h, 3, self.stride, 1, "SAME")
         self.ow, self.pl = conv_output_size(w, 3, self.stride, 1, "SAME")
+        tile, lanes, block = self._schedule()
+        self.tile = int(self.attrs.get("tile") or tile)
+        self.lanes = int(self.attrs.get("lanes") or lanes)
+        self.out_block = int(self.attrs.get("out_block") or block)
+        if self.tile not in (1, 2, 4, 8) or self.lanes not in (1, 2, 4, 8, 16) or self.out_block < 1:
+            raise self.fail(f"tile must be 1, 2, 4 or 8, lanes 1..16 (a power of two) and out_block >= 1; got "
+                            f"{self.tile}, {self.lanes}, {self.out_block}")
 
     def output_specs(self):
         return (TensorSpec((self.input(0).shape[0], self.oh, self.ow, self.cout)),)
+
+    def _schedule(self) -> tuple[int, int, int]:
+        """(tile side, lanes per pixel, output channels per workgroup) for the ``target`` attribute.
+
+        ``"cpu"`` (the software adapter: a few cores, barriers are costly): 8x8 tiles, 4 lanes, blocks of
+        up to 128 output channels. ``"gpu"``: the largest tile and output block whose dispatch still has
+        :data:`_GPU_WORKGROUPS` workgroups, so that small late-stage feature maps at batch 1 still fill the
+        GPU; a smaller tile or block recomputes more of the expansion, so the largest that suffices wins.
+        Tuning only: every choice computes the same values. The attributes ``tile``, ``lanes`` and
+        ``out_block`` override it.
+        """
+        n = self.input(0).shape[0]
+        target = str(self.attr("target"))
+        if target not in ("gpu", "cpu"):
+            raise self.fail(f"target must be 'gpu' or 'cpu', got {target!r}")
+        if target == "cpu":
+            return 8, 4, min(self.cout, 128)
+        best = None
+        for tile in (8, 4, 2):
+            for block in (128, 64, 32, 16):
+                block = min(block, self.cout)
+                groups = n * -(-self.oh // tile) * -(-self.ow // tile) * -(-self.cout // block)
+                recompute = ((tile - 1) * self.stride + 3) ** 2 / (tile * self.stride) ** 2 * -(-self.cout // block)
+                key = (groups < _GPU_WORKGROUPS, recompute if groups >= _GPU_WORKGROUPS else -groups)
+                if best is None or key < best[0]:
+                    best = (key, tile, block)
+        _, tile, block = best
+        lanes = {8: 4, 4: 8, 2: 16}[tile]
+        while lanes > block:
+            lanes //= 2
+        return tile, lanes, block
 
     def _blocking(self):
         """(halo side, expanded channels per chunk, output channels per block, number of blocks).
 
         The chunk divides Cexp (so every chunk is full) and its halo fits in workgroup memory beside the
         depthwise results."""
-        halo = (_TILE - 1) * self.stride + 3
-        fit = max(1, _WG_BYTES // (4 * (halo * halo + _TILE * _TILE)))
+        halo = (self.tile - 1) * self.stride + 3
+        fit = max(1, _WG_BYTES // (4 * (halo * halo + self.tile * self.tile)))
         chunk = max(d for d in range(1, min(self.cexp, _MAX_CHUNK, fit) + 1) if self.cexp % d == 0)
         nblocks = -(-self.cout // self.out_block)
         block = -(-self.cout // nblocks)
@@ -101,7 +135,7 @@ class FusedBottleneck(Kernel):
         """Loop iterations one invocation runs, at most (see :func:`tflfuse.kernels.wgsl.dot`)."""
         halo, ec, cb, _ = self._blocking()
         chunks = self.cexp // ec
-        per_chunk = -(-halo * halo * ec // (_TILE * _TILE * self.lanes)) * (1 + self.cin // 4) + \
+        per_chunk = -(-halo * halo * ec // (self.tile * self.tile * self.lanes)) * (1 + self.cin // 4) + \
             -(-ec // self.lanes) + -(-cb // self.lanes)
         return chunks * (1 + per_chunk) + -(-cb // self.lanes)
 
@@ -109,7 +143,8 @@ class FusedBottleneck(Kernel):
         n, h, w, cin = self.input(0).shape
         cexp, cout, s = self.cexp, self.cout, self.stride
         hw, ec, cb, nblocks = self._blocking()
-        threads = _TILE * _TILE * self.lanes
+        T = self.tile
+        threads = T * T * self.lanes
         jb = -(-cb // self.lanes)  # accumulators per invocation
         names = ["x", "ew", "eb", "dw", "db", "pw", "pb", "y"] if self.has_expand else \
             ["x", "dw", "db", "pw", "pb", "y"]
@@ -123,47 +158,22 @@ class FusedBottleneck(Kernel):
                           for ky in range(3) for kx in range(3))
         residual = f" + x[((n * {h}u + u32(oy)) * {w}u + u32(ox)) * {cin}u + co]" if self.residual else ""
         lanes = self.lanes
-        if lanes == 1:
-            # One invocation per pixel: the depthwise results stay in registers, one barrier pair per chunk.
-            depthwise = "\n".join(
-                f"      let e{c} = e0 + {c}u;\n      let d{c} = act(db[e{c}] + "
-                + taps.replace("+ c]", f"+ {c}u]").replace("+ e]", f"+ e{c}]") + ");" for c in range(ec))
-            project = f"""      for (var j = 0u; j < {jb}u; j++) {{
-        let co = min(co0 + j, {cout - 1}u);
-        acc[j] += {" + ".join(f"d{c} * pw[(e0 + {c}u) * {cout}u + co]" for c in range(ec))};
-      }}"""
-            middle = f"""    if (live) {{
-{depthwise}
-{project}
-    }}"""
-        else:
-            proj = " + ".join(f"dv[p * {ec}u + {c}u] * pw[(e0 + {c}u) * {cout}u + co]" for c in range(ec))
-            middle = f"""    // 3x3 depthwise conv for this pixel, channels lane, lane + {lanes}, ...
-    for (var c = lane; c < {ec}u; c += {lanes}u) {{
-      let e = e0 + c;
-      dv[p * {ec}u + c] = act(db[e] + {taps});
-    }}
-    workgroupBarrier();
-    // 1x1 projection: output channels co0 + lane + {lanes} j.
-    for (var j = 0u; j < {jb}u; j++) {{
-      let co = min(co0 + lane + {lanes}u * j, {cout - 1}u);
-      acc[j] += {proj};
-    }}"""
-        dv_decl = f"var<workgroup> dv: array<f32, {_TILE * _TILE * ec}>;\n" if lanes > 1 else ""
+        proj = " + ".join(f"dv[p * {ec}u + {c}u] * pw[(e0 + {c}u) * {cout}u + co]" for c in range(ec))
         source = prelude(binds) + activation_fn(self.attr("activation")) + f"""
-var<workgroup> halo: array<f32, {hw * hw * ec}>;
-{dv_decl}
+var<workgroup> halo: array<f32, {hw * hw * ec}>;   // expanded input halo, one chunk of channels
+var<workgroup> dv: array<f32, {T * T * ec}>;          // depthwise results of the tile, same chunk
+
 @compute @workgroup_size({threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32) {{
   let n = wid.z / {nblocks}u;
   let co0 = (wid.z % {nblocks}u) * {cb}u;
   let co_end = min(co0 + {cb}u, {cout}u);
-  let ty0 = i32(wid.y) * {_TILE};
-  let tx0 = i32(wid.x) * {_TILE};
-  let p = lidx % {_TILE * _TILE}u;       // the output pixel of this invocation within the tile
-  let lane = lidx / {_TILE * _TILE}u;    // which share of the output channels it handles
-  let oy = ty0 + i32(p / {_TILE}u);
-  let ox = tx0 + i32(p % {_TILE}u);
+  let ty0 = i32(wid.y) * {T};
+  let tx0 = i32(wid.x) * {T};
+  let p = lidx % {T * T}u;       // the output pixel of this invocation within the tile
+  let lane = lidx / {T * T}u;    // which share of the output channels it handles
+  let oy = ty0 + i32(p / {T}u);
+  let ox = tx0 + i32(p % {T}u);
   let live = oy < {self.oh} && ox < {self.ow};
   let ly = (oy - ty0) * {s};
   let lx = (ox - tx0) * {s};
@@ -183,7 +193,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       halo[i] = val;
     }}
     workgroupBarrier();
-{middle}
+    // 3x3 depthwise conv for this pixel, channels lane, lane + {lanes}, ...
+    for (var c = lane; c < {ec}u; c += {lanes}u) {{
+      let e = e0 + c;
+      dv[p * {ec}u + c] = act(db[e] + {taps});
+    }}
+    workgroupBarrier();
+    // 1x1 projection: output channels co0 + lane + {lanes} j.
+    for (var j = 0u; j < {jb}u; j++) {{
+      let co = min(co0 + lane + {lanes}u * j, {cout - 1}u);
+      acc[j] += {proj};
+    }}
     workgroupBarrier();
   }}
   if (!live) {{ return; }}
@@ -194,7 +214,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }}
 }}
 """
-        dispatch = (-(-self.ow // _TILE), -(-self.oh // _TILE), n * nblocks)
+        dispatch = (-(-self.ow // T), -(-self.oh // T), n * nblocks)
         if max(dispatch) > MAX_WORKGROUPS_PER_DIM:
             raise self.fail(f"dispatch {dispatch} exceeds {MAX_WORKGROUPS_PER_DIM} workgroups in a dimension")
         return [Program(self.key, source, (threads, 1, 1), dispatch, binds, loop_trips=self.loop_trips())]
