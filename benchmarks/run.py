@@ -103,6 +103,13 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
     except Exception as e:  # a fused custom op has no LiteRT kernel: compare with its unfused twin instead
         row["litert_note"] = f"LiteRT CPU cannot run it ({type(e).__name__})"
     row["tflfuse_ms"] = _median_ms(run_gpu, repeats, warmup)
+    if "timestamp-query" in device.features:
+        from tflfuse.runtime.plan import profile_plan
+
+        per_kind: dict[str, float] = {}
+        for d in profile_plan(gpu._plan(0), repeats=max(3, repeats // 10)):
+            per_kind[d["op"]] = per_kind.get(d["op"], 0.0) + d["us"]
+        row["gpu_us_by_op"] = {k: round(v, 1) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])}
     return row
 
 
@@ -131,6 +138,13 @@ def write_table(rows: list[dict], device, out: Path) -> None:
         lines.append(f"| {r['model']} | {r['batch']} | {r['ops']} | {r['dispatches']} | {r['tflfuse_ms']:.2f} | "
                      f"{r.get('litert_cpu_ms', float('nan')):.2f} | {ratio} | "
                      f"{'' if err is None else f'{err:.2e}'} |")
+    profiled = [r for r in rows if r.get("gpu_us_by_op")]
+    if profiled:
+        lines += ["", "GPU time per op kind (microseconds, timestamp queries, one compute pass per dispatch):", "",
+                  "| model | batch | GPU total us | by op kind |", "|---|---:|---:|---|"]
+        for r in profiled:
+            kinds = ", ".join(f"{k} {v:.0f}" for k, v in r["gpu_us_by_op"].items())
+            lines.append(f"| {r['model']} | {r['batch']} | {sum(r['gpu_us_by_op'].values()):.0f} | {kinds} |")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -7,7 +7,9 @@
     tflfuse shader KEY --shapes="[[1,224,224,3],[32,3,3,3]]" [--attrs="stride_h=2,padding=SAME"] [--json]
     tflfuse adapters
 
-Exit status: 0 on success, 1 when the work failed (e.g. a fusion mismatch), 2 for bad usage or input.
+Exit status: 0 on success; 1 when the work failed (a fusion mismatch, unfrozen weights in convert, an op
+without a kernel in ops); 2 for bad usage or input (a missing or malformed file, a model that cannot run,
+inputs of the wrong shape or dtype, no WebGPU adapter).
 """
 
 from __future__ import annotations
@@ -69,12 +71,15 @@ def cmd_demo(args):
 def cmd_convert(args):
     if len(args) != 1 or not FLAGS.output:
         raise UsageError("usage: tflfuse convert SAVED_MODEL_DIR --output=model.tflite")
-    from .conversion import FusionError, convert
+    from .conversion import ConversionError, FusionError, convert
 
     try:
         result = convert(args[0], annotations=FLAGS.annotations)
     except FusionError as e:
         print(e.report)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     with open(FLAGS.output, "wb") as f:
@@ -117,10 +122,13 @@ def cmd_run(args):
     details = interp.get_input_details()
     if len(FLAGS.input) != len(details):
         raise UsageError(f"the model has {len(details)} input(s) "
-                         f"({', '.join(d['name'] + str(list(d['shape'])) for d in details)}); "
+                         f"({', '.join(d['name'] + str([int(v) for v in d['shape']]) for d in details)}); "
                          f"got {len(FLAGS.input)} --input")
     for d, path in zip(details, FLAGS.input):
-        interp.set_tensor(d["index"], np.load(path))
+        try:
+            interp.set_tensor(d["index"], np.load(path))
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"--input={path}: {e}") from None
     interp.invoke()
     outputs = {d["name"]: interp.get_tensor(d["index"]) for d in interp.get_output_details()}
     print(f"adapter: {interp.device.describe()}")
@@ -155,6 +163,10 @@ def cmd_shader(args):
 def cmd_adapters(args):
     import wgpu
 
+    from .runtime.device import _default_runtime_dir, _primary_backends_only
+
+    _default_runtime_dir()
+    _primary_backends_only()
     for a in wgpu.gpu.enumerate_adapters_sync():
         i = a.info
         print(f"{i['device']}  [{i['adapter_type']}, {i['backend_type']}]")
@@ -186,6 +198,7 @@ def main(argv):
 
 def run_main():
     """Console-script entry point."""
+    sys.modules["__main__"].__doc__ = __doc__  # absl's --help prints the main module's docstring
     app.run(main)
 
 

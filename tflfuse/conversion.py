@@ -26,7 +26,15 @@ from absl import logging
 from .annotate import FUSABLE_KEY, annotations_disabled, registry
 from .model import Model
 
-__all__ = ["CompositeCount", "ConversionResult", "FusionError", "FusionReport", "convert"]
+__all__ = ["CompositeCount", "ConversionError", "ConversionResult", "FusionError", "FusionReport", "convert"]
+
+
+#: Ops that hold weights in resource variables instead of constants.
+_VARIABLE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})
+
+
+class ConversionError(RuntimeError):
+    """The converter produced a .tflite that cannot be used as a model (e.g. unfrozen weights)."""
 
 
 class FusionError(RuntimeError):
@@ -301,6 +309,7 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
       ValueError: ``annotations=False`` or ``batch_size`` for a model that is not Keras; ``signature_keys``
         not in the SavedModel or given for another kind; a Keras input of unknown shape; a bad ``batch_size``.
       FileNotFoundError: a SavedModel path without ``saved_model.pb``.
+      ConversionError: the .tflite keeps weights in resource variables (VAR_HANDLE/READ_VARIABLE ops).
       FusionError: with ``check``, the traced annotated calls and the fused ops in the file differ for
         some composite (its message names each such composite and both counts).
     """
@@ -369,6 +378,13 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
                           op_counts=types.MappingProxyType(dict(op_counts)), annotations=annotations,
                           seconds=seconds)
     logging.info("converted %s:\n%s", kind, report)
+    unfrozen = sorted(set(op_counts) & _VARIABLE_OPS)
+    if unfrozen:
+        raise ConversionError(
+            f"the converted {kind} keeps its weights in resource variables ({', '.join(unfrozen)} ops): the "
+            f"converter did not freeze them, and such a .tflite runs nowhere without them. A Keras 3 model "
+            f"saved with tf.saved_model.save() does this; save it with model.export(DIR) instead, or pass the "
+            f"Keras model itself to convert().")
     if check and not report.ok:
         lines = [f"composite {c.name!r}: {c.traced} annotated call(s) traced, {c.fused} {c.name!r} op(s) in "
                  f"the .tflite" for c in report.mismatches]

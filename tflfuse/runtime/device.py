@@ -28,6 +28,21 @@ class NoAdapterError(RuntimeError):
     """No WebGPU adapter could be found or opened."""
 
 
+def _default_runtime_dir() -> None:
+    """Sets ``XDG_RUNTIME_DIR`` (to a private folder under the temp dir) where it is unset: Mesa's Vulkan
+    driver prints an error for every device it opens without it."""
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"tflfuse-runtime-{os.getuid()}")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = path
+    except OSError as e:
+        logging.debug("tflfuse: cannot make %s: %s", path, e)
+
+
 def _primary_backends_only() -> None:
     """Limits wgpu to its primary backends (Vulkan, Metal, D3D12) before its instance exists.
 
@@ -59,6 +74,7 @@ class Device:
     """
 
     def __init__(self, adapter: str | None = None):
+        _default_runtime_dir()
         import wgpu
 
         self._wgpu = wgpu
