@@ -95,8 +95,8 @@ class FusedBottleneck(Kernel):
         up to 128 output channels. ``"gpu"``: the largest tile and output block whose dispatch still has
         :data:`_GPU_WORKGROUPS` workgroups, so that small late-stage feature maps at batch 1 still fill the
         GPU; a smaller tile or block recomputes more of the expansion, so the largest that suffices wins.
-        Tuning only: every choice computes the same values. The attributes ``tile``, ``lanes`` and
-        ``out_block`` override it.
+        Tuning only: every choice computes the same values. The attributes ``tile``, ``lanes``,
+        ``out_block`` and ``chunk`` (expanded channels per pass) override it.
         """
         n = self.input(0).shape[0]
         target = str(self.attr("target"))
@@ -126,7 +126,8 @@ class FusedBottleneck(Kernel):
         depthwise results."""
         halo = (self.tile - 1) * self.stride + 3
         fit = max(1, _WG_BYTES // (4 * (halo * halo + self.tile * self.tile)))
-        chunk = max(d for d in range(1, min(self.cexp, _MAX_CHUNK, fit) + 1) if self.cexp % d == 0)
+        want = int(self.attrs.get("chunk") or _MAX_CHUNK)
+        chunk = max(d for d in range(1, min(self.cexp, want, fit) + 1) if self.cexp % d == 0)
         nblocks = -(-self.cout // self.out_block)
         block = -(-self.cout // nblocks)
         return halo, chunk, block, nblocks

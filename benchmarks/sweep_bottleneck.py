@@ -1,0 +1,128 @@
+"""Schedule sweep of the fused_bottleneck kernel: GPU time of each (tile, out_block, chunk) on MobileNetV2's
+block shapes, beside the three unfused ops (CONV_2D 1x1, DEPTHWISE_CONV_2D 3x3, CONV_2D 1x1) of the same block.
+
+    python benchmarks/sweep_bottleneck.py --batches=1,32 --out=sweep.json
+
+Times come from timestamp queries (median of --repeats runs, one compute pass per dispatch). Every schedule's
+output is checked against the unfused ops' output first. Needs no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import tflfuse  # noqa: E402
+from tflfuse.kernels import KernelError, kernel_class  # noqa: E402
+from tflfuse.kernels.base import TensorSpec  # noqa: E402
+from tflfuse.runtime.plan import ExecutionPlan, LoweredGraph, LoweredOp, profile_plan  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
+flags.DEFINE_string("out", None, "JSON file for the results.")
+flags.DEFINE_integer("repeats", 10, "Timed runs per schedule.")
+flags.DEFINE_list("tiles", ["1", "2", "4", "8"], "Tile sides to try.")
+flags.DEFINE_list("blocks", ["16", "32", "64", "128"], "Output blocks to try.")
+flags.DEFINE_list("chunks", ["8", "16", "32", "64"], "Expanded-channel chunks to try.")
+
+# MobileNetV2 (224x224, alpha 1): (input side, Cin, expansion, Cout, stride), one row per distinct shape.
+BLOCKS = [(112, 32, 1, 16, 1), (112, 16, 6, 24, 2), (56, 24, 6, 24, 1), (56, 24, 6, 32, 2), (28, 32, 6, 32, 1),
+          (28, 32, 6, 64, 2), (14, 64, 6, 64, 1), (14, 64, 6, 96, 1), (14, 96, 6, 96, 1), (14, 96, 6, 160, 2),
+          (7, 160, 6, 160, 1), (7, 160, 6, 320, 1)]
+
+
+def _plan(device, ops, arrays, runtime):
+    """A plan of chained single ops: ops = [(key, kernel, input ids, output id)]."""
+    specs = {runtime: TensorSpec(arrays[runtime].shape)}
+    lowered = []
+    for i, (key, kernel, ins, out) in enumerate(ops):
+        specs[out] = kernel.output_specs()[0]
+        lowered.append(LoweredOp(i, key, kernel, ins, [out]))
+    consts = {t: a for t, a in arrays.items() if t != runtime}
+    plan = ExecutionPlan(LoweredGraph(0, lowered, specs, consts, [runtime], [ops[-1][3]], {}), device)
+    plan.write(runtime, arrays[runtime])
+    return plan
+
+
+def sweep_block(device, n, h, cin, t, cout, s, rng):
+    e = cin * t
+    x = rng.standard_normal((n, h, h, cin)).astype(np.float32)
+    w = {"ew": rng.standard_normal((cin, e)).astype(np.float32) / np.sqrt(cin), "eb": np.zeros(e, np.float32),
+         "dw": rng.standard_normal((3, 3, e)).astype(np.float32) / 3, "db": np.zeros(e, np.float32),
+         "pw": rng.standard_normal((e, cout)).astype(np.float32) / np.sqrt(e), "pb": np.zeros(cout, np.float32)}
+    keys = (["ew", "eb"] if t > 1 else []) + ["dw", "db", "pw", "pb"]
+    # unfused reference: CONV_2D (OHWI), DEPTHWISE_CONV_2D, CONV_2D
+    arrays = {0: x, 10: w["ew"].T.reshape(e, 1, 1, cin).copy(), 11: w["eb"], 12: w["dw"].reshape(1, 3, 3, e),
+              13: w["db"], 14: w["pw"].T.reshape(cout, 1, 1, e).copy(), 15: w["pb"]}
+    conv = kernel_class("CONV_2D")
+    dwk = kernel_class("DEPTHWISE_CONV_2D")
+    ops, cur, shape = [], 0, x.shape
+    if t > 1:
+        k1 = conv([TensorSpec(shape), TensorSpec(arrays[10].shape), TensorSpec((e,))],
+                  {"padding": "SAME", "fused_activation_function": "RELU6"})
+        ops.append(("CONV_2D", k1, [0, 10, 11], 1))
+        cur, shape = 1, k1.output_specs()[0].shape
+    k2 = dwk([TensorSpec(shape), TensorSpec((1, 3, 3, e)), TensorSpec((e,))],
+             {"padding": "SAME", "stride_h": s, "stride_w": s, "fused_activation_function": "RELU6"})
+    ops.append(("DEPTHWISE_CONV_2D", k2, [cur, 12, 13], 2))
+    k3 = conv([k2.output_specs()[0], TensorSpec(arrays[14].shape), TensorSpec((cout,))], {"padding": "SAME"})
+    ops.append(("CONV_2D", k3, [2, 14, 15], 3))
+    if t == 1:
+        del arrays[10], arrays[11]
+    plan = _plan(device, ops, arrays, 0)
+    plan.run()
+    want = plan.read(3)
+    unfused_us = sum(r["us"] for r in profile_plan(plan, FLAGS.repeats))
+    rows = []
+    fused_in = [x] + [w[k] for k in keys]
+    specs = [TensorSpec(a.shape) for a in fused_in]
+    for tile, block, chunk in itertools.product(*(map(int, v) for v in (FLAGS.tiles, FLAGS.blocks, FLAGS.chunks))):
+        attrs = {"expansion": t, "stride": s, "tile": tile, "out_block": block, "chunk": chunk}
+        try:
+            k = kernel_class("fused_bottleneck")(specs, attrs)
+            p = _plan(device, [("fused_bottleneck", k, list(range(len(fused_in))), 99)],
+                      dict(enumerate(fused_in)), 0)
+        except (KernelError, RuntimeError) as err:
+            rows.append({"tile": tile, "out_block": block, "chunk": chunk, "error": str(err)[:120]})
+            continue
+        p.run()
+        err = float(np.abs(p.read(99) - want).max())
+        us = profile_plan(p, FLAGS.repeats)[0]["us"]
+        rows.append({"tile": tile, "out_block": block, "chunk": k._blocking()[1], "lanes": k.lanes,
+                     "workgroups": int(np.prod(k.programs()[0].dispatch)), "us": us, "max_abs_err": err})
+    default = kernel_class("fused_bottleneck")(specs, {"expansion": t, "stride": s, "target": "gpu"})
+    dp = _plan(device, [("fused_bottleneck", default, list(range(len(fused_in))), 99)], dict(enumerate(fused_in)), 0)
+    default_us = profile_plan(dp, FLAGS.repeats)[0]["us"]
+    return {"block": [n, h, cin, t, cout, s], "unfused_us": unfused_us, "default_us": default_us,
+            "default": [default.tile, default.out_block, default._blocking()[1]], "schedules": rows}
+
+
+def main(argv):
+    device = tflfuse.Device()
+    print(f"adapter: {device.describe()}", flush=True)
+    rng = np.random.default_rng(0)
+    results = []
+    for n in map(int, FLAGS.batches):
+        for (h, cin, t, cout, s) in BLOCKS:
+            r = sweep_block(device, n, h, cin, t, cout, s, rng)
+            ok = [q for q in r["schedules"] if "us" in q]
+            best = min(ok, key=lambda q: q["us"]) if ok else None
+            bad = [q for q in ok if q["max_abs_err"] > 1e-3]
+            print(f"N{n} {h}x{h} {cin}->{cin * t}->{cout} s{s}: unfused {r['unfused_us']:.0f} us, default "
+                  f"{r['default']} {r['default_us']:.0f} us, best {best and (best['tile'], best['out_block'], best['chunk'])} "
+                  f"{best and best['us']:.0f} us; {len(bad)} schedules off", flush=True)
+            results.append(r)
+    if FLAGS.out:
+        Path(FLAGS.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)
