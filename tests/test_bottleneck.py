@@ -60,14 +60,16 @@ CASES = [
 
 # Schedules (tuning only: every one must compute the same values): the software adapter's, the GPU's
 # (tiles shrink to fill the GPU), and explicit extremes: 1x1 tiles; 2x2 tiles with blocks that do not divide
-# Cout; one lane per pixel (only on the smaller cases: on the largest it would pass llvmpipe's loop cap).
+# Cout; one lane per pixel (only on the smaller cases: on the largest it would pass llvmpipe's loop cap);
+# the expanded channels split three ways between workgroups (a second dispatch sums the shares).
 SCHEDULES = {"cpu": {"target": "cpu"}, "gpu": {"target": "gpu"},
              "tile1": {"tile": 1, "lanes": 16, "out_block": 16}, "tile2": {"tile": 2, "lanes": 8, "out_block": 24},
-             "lane1": {"tile": 8, "lanes": 1, "out_block": 7}}
+             "lane1": {"tile": 8, "lanes": 1, "out_block": 7},
+             "split3": {"tile": 4, "lanes": 4, "out_block": 16, "chunk": 1, "splits": 3}}
 _IDS = {c: "x".join(map(str, c[:4])) + f"-t{c[4]}-o{c[5]}-s{c[6]}" + ("-res" if c[7] else "") + f"-{c[8]}"
         for c in CASES}
 RUNS = [pytest.param(c, s, id=f"{_IDS[c]}-{s}") for c in CASES for s in sorted(SCHEDULES)
-        if not (s == "lane1" and c[3] * c[4] >= 512)]
+        if not (s in ("lane1", "split3") and c[3] * c[4] >= 512)]
 
 
 @pytest.mark.parametrize("case, schedule", RUNS)
