@@ -615,17 +615,19 @@ FUSED_ACTIVATIONS = ["NONE", "RELU", "RELU6", "RELU_N1_TO_1", "TANH", "SIGN_BIT"
 
 
 def _compile_cases():
-    for key, (shapes, attrs) in sorted(SHADER_CASES.items()):
+    for key, (shapes, attrs, *dtype) in sorted(SHADER_CASES.items()):
+        dtype = dtype[0] if dtype else "float32"
         if "fused_activation_function" in kernel_class(key).attr_defaults:
             for act in FUSED_ACTIVATIONS:
-                yield pytest.param(key, shapes, {**attrs, "fused_activation_function": act}, id=f"{key}-{act}")
+                yield pytest.param(key, shapes, {**attrs, "fused_activation_function": act}, dtype,
+                                   id=f"{key}-{act}")
         else:
-            yield pytest.param(key, shapes, attrs, id=key)
+            yield pytest.param(key, shapes, attrs, dtype, id=key)
 
 
-@pytest.mark.parametrize("key,shapes,attrs", list(_compile_cases()))
-def test_every_shader_compiles(key, shapes, attrs, device):
-    info = tflfuse.get_shader(key, shapes, attrs)
+@pytest.mark.parametrize("key,shapes,attrs,dtype", list(_compile_cases()))
+def test_every_shader_compiles(key, shapes, attrs, dtype, device):
+    info = tflfuse.get_shader(key, shapes, attrs, dtype)
     for p in info.programs:
         prog = Program(key, p.wgsl, p.workgroup_size, p.dispatch, (), (), p.entry_point)
         assert device.pipeline(prog) is not None

@@ -11,6 +11,22 @@ from tflfuse.runtime import device as device_module
 
 # Op -> (input shapes, attributes) of a valid op (constant inputs such as PAD's paddings are attributes).
 CASES = {
+    "PRELU": ([(2, 3, 4, 5), (1, 1, 5)], {}),
+    "RESIZE_BILINEAR": ([(1, 5, 4, 3), None], {"size": [9, 7], "half_pixel_centers": True}),
+    "RESIZE_NEAREST_NEIGHBOR": ([(1, 5, 4, 3), None], {"size": [9, 7], "align_corners": True}),
+    "TRANSPOSE_CONV": ([None, (5, 3, 3, 3), (1, 5, 7, 3), (5,)], {"output_shape": [1, 10, 14, 5], "padding": "SAME",
+                       "stride_h": 2, "stride_w": 2, "fused_activation_function": "RELU6"}),
+    "Convolution2DTransposeBias": ([(1, 5, 4, 3), (2, 3, 3, 3), (2,)], {"padding": "SAME", "stride_h": 2,
+                                                                       "stride_w": 2}),
+    "SPLIT": ([None, (2, 6, 3)], {"axis": -2, "num_splits": 3}),
+    "SPLIT_V": ([(7, 4), None, None], {"size_splits": [2, -1, 1], "axis": 0, "num_splits": 3}),
+    "SLICE": ([(3, 5, 7), None, None], {"begin": [0, 1, 2], "size": [-1, 3, 4]}),
+    "STRIDED_SLICE": ([(2, 7, 6, 5), None, None, None], {"begin": [0, 1, 0, 3], "end": [0, 5, 0, 4],
+                      "strides": [1, 2, -1, 1], "begin_mask": 5, "end_mask": 5, "shrink_axis_mask": 8}),
+    "TRANSPOSE": ([(2, 3, 4, 5), None], {"perm": [0, 3, 1, 2]}),
+    "DEPTH_TO_SPACE": ([(1, 2, 3, 8)], {"block_size": 2}),
+    "SPACE_TO_DEPTH": ([(1, 4, 6, 3)], {"block_size": 2}),
+    "GATHER": ([(5, 3), (4,)], {"axis": 0}, ["float32", "int32"]),
     "ADD": ([(2, 3, 4), (4,)], {"fused_activation_function": "RELU6"}),
     "SUB": ([(2, 3), (2, 3)], {"fused_activation_function": "RELU"}),
     "MUL": ([(1,), (3, 5)], {"fused_activation_function": "RELU_N1_TO_1"}),
@@ -39,7 +55,7 @@ CASES = {
 }
 # Keys that run no shader: views of their input's buffer, and DEQUANTIZE (folded into constants at load).
 NO_SHADER = {"RESHAPE": ([(2, 3), None], {"shape": [3, 2]}), "SQUEEZE": ([(2, 1)], {}),
-             "EXPAND_DIMS": ([(2,), None], {"shape": [0]}), "DEQUANTIZE": ([(2,)], {})}
+             "EXPAND_DIMS": ([(2,), None], {"shape": [0]}), "DEQUANTIZE": ([(2,)], {}), "DENSIFY": ([(2,)], {})}
 OUTPUT_SHAPES = {"ADD": (2, 3, 4), "MUL": (3, 5), "DIV": (2, 3, 4), "MINIMUM": (4,), "CONV_2D": (1, 4, 4, 5),
                  "DEPTHWISE_CONV_2D": (1, 3, 5, 6), "FULLY_CONNECTED": (2, 3, 4), "MAX_POOL_2D": (1, 4, 4, 3),
                  "AVERAGE_POOL_2D": (1, 6, 5, 3), "MEAN": (2, 1, 4, 1), "PAD": (1, 6, 7, 3), "PADV2": (5, 6),
@@ -67,10 +83,11 @@ def test_cases_cover_every_key():
 
 @pytest.mark.parametrize("key", sorted(CASES))
 def test_shader_is_deterministic_and_needs_no_gpu(key, no_gpu):
-    shapes, attrs = CASES[key]
-    first = tflfuse.get_shader(key, shapes, attrs)
+    shapes, attrs, *dtype = CASES[key]
+    dtype = dtype[0] if dtype else "float32"
+    first = tflfuse.get_shader(key, shapes, attrs, dtype)
     second = tflfuse.get_shader(key, [tuple(s) if s is not None else None for s in shapes],
-                                dict(reversed(list(attrs.items()))))
+                                dict(reversed(list(attrs.items()))), dtype)
     assert first.wgsl.encode() == second.wgsl.encode()
     assert [p.wgsl for p in first.programs] == [p.wgsl for p in second.programs]
     assert first.key == key and first.programs and first.programs[0].wgsl == first.wgsl
@@ -122,7 +139,7 @@ def test_large_dispatch_spills_into_y():
 @pytest.mark.parametrize("key", sorted(NO_SHADER))
 def test_keys_without_a_shader_say_so(key, no_gpu):
     shapes, attrs = NO_SHADER[key]
-    with pytest.raises(KernelError, match=key if key == "DEQUANTIZE" else "view"):
+    with pytest.raises(KernelError, match=key if key in ("DEQUANTIZE", "DENSIFY") else "view"):
         tflfuse.get_shader(key, shapes, attrs)
 
 

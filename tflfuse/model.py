@@ -173,19 +173,18 @@ class Model:
 
         Builtin options keep their schema names (``stride_w``, ``padding``, ``fused_activation_function``);
         enums become their names (``"SAME"``, ``"RELU6"``). A custom op's flexbuffer map is decoded as it is
-        (:mod:`tflfuse.annotate` turns it back into the attributes the user wrote).
+        (:mod:`tflfuse.annotate` turns it back into the attributes the user wrote). Custom options that are
+        not a flexbuffer map (MediaPipe's ``Convolution2DTransposeBias`` stores a raw C struct) come back as
+        ``{"_raw": bytes}``, for the op's kernel to decode.
         """
         op = self.m.subgraphs[subgraph].operators[index]
         if op.customOptions is not None and len(op.customOptions):
+            raw = bytes(bytearray(op.customOptions))
             try:
-                opts = flexbuffers.Loads(bytes(bytearray(op.customOptions)))
-            except Exception as e:
-                raise ModelError(f"subgraph {subgraph} operator {index} ({self.op_name(subgraph, index)}): "
-                                 f"custom options are not a flexbuffer map: {e}") from e
-            if not isinstance(opts, dict):
-                raise ModelError(f"subgraph {subgraph} operator {index}: custom options are a "
-                                 f"{type(opts).__name__}, expected a flexbuffer map")
-            return opts
+                opts = flexbuffers.Loads(raw)
+            except Exception:  # not a flexbuffer: whatever the flexbuffers reader raises on foreign bytes
+                opts = None
+            return opts if isinstance(opts, dict) else {"_raw": raw}
         attrs: dict = {}
         for options in (op.builtinOptions, op.builtinOptions2):
             if options is None:

@@ -35,11 +35,12 @@ class ShaderInfo:
 
 
 def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Mapping | None = None,
-               dtype: str = "float32") -> ShaderInfo:
+               dtype: str | Sequence[str] = "float32") -> ShaderInfo:
     """The WGSL for op ``key`` (its name in a .tflite: ``"CONV_2D"``, ``"fused_bottleneck"``) on inputs of
     ``input_shapes`` (``None`` for an absent optional input) with ``attrs`` (the op's options, snake_case:
     ``stride_h``, ``padding``...; constant inputs such as PAD's paddings are attributes here). No GPU is
-    touched. Same inputs give byte-identical WGSL.
+    touched. Same inputs give byte-identical WGSL. ``dtype`` is one dtype name for every input or one per
+    input (GATHER's indices are ``"int32"``).
 
     Raises:
       UnsupportedOpError: unknown key (the message lists the known keys).
@@ -47,8 +48,11 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
     """
     cls = kernel_class(key)
     attrs = dict(attrs or {})
-    specs = [None if s is None or i in cls.static_inputs else TensorSpec(tuple(s), dtype)
-             for i, s in enumerate(input_shapes)]
+    dtypes = [dtype] * len(input_shapes) if isinstance(dtype, str) else list(dtype)
+    if len(dtypes) != len(input_shapes):
+        raise KernelError(f"{key}: {len(dtypes)} dtypes for {len(input_shapes)} input shapes")
+    specs = [None if s is None or i in cls.static_inputs else TensorSpec(tuple(s), t)
+             for i, (s, t) in enumerate(zip(input_shapes, dtypes))]
     kernel = cls(specs, attrs)
     outs = tuple(s.shape for s in kernel.output_specs())
     infos = []

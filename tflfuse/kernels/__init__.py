@@ -3,7 +3,7 @@
 ``kernel_class("CONV_2D")`` gives the kernel for an op name as it stands in a .tflite.
 """
 
-from . import conv, elementwise, pool, shape_ops  # noqa: F401  (importing registers the kernels)
+from . import conv, data, elementwise, pool, resize, shape_ops, transpose_conv  # noqa: F401  (registers the kernels)
 from .fused import bottleneck  # noqa: F401
 from .base import Kernel, KernelError, Program, TensorSpec
 from .registry import UnsupportedOpError, kernel_class, register, supported_ops

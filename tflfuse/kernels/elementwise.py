@@ -2,7 +2,7 @@
 
 Semantics follow TFLite's builtins: ADD/SUB/MUL/DIV/MAXIMUM/MINIMUM broadcast NumPy-style and apply the
 op's ``fused_activation_function``; RELU, RELU6, RELU_N1_TO_1, LOGISTIC, TANH, HARD_SWISH, LEAKY_RELU
-(``alpha``) act per element.
+(``alpha``) act per element; PRELU takes its slopes from a second input broadcast against the first.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from .base import Kernel, TensorSpec, Uniform
 from .registry import register
 from .wgsl import ACTIVATIONS, activation_fn, elementwise_program
 
-__all__ = ["Binary", "Unary", "broadcast_index"]
+__all__ = ["Binary", "Prelu", "Unary", "broadcast_index"]
 
 
 def broadcast_index(out_shape: tuple[int, ...], in_shape: tuple[int, ...], name: str) -> str:
@@ -102,3 +102,32 @@ class Unary(Kernel):
         assert _UNARY[self.key] in ACTIVATIONS
         return [elementwise_program(self.key, binds, total, "  y[idx] = act(x[idx]);",
                                     activation_fn(_UNARY[self.key]))]
+
+
+@register("PRELU")
+class Prelu(Kernel):
+    """PRELU: ``out = x if x >= 0 else x * alpha`` (TFLite's float kernel; -0.0 passes through as it is).
+
+    Inputs ``x`` ``[...]`` and ``alpha`` (a constant or runtime tensor, e.g. ``[C]``, ``[1, 1, C]`` or
+    ``[H, W, C]`` as Keras ``PReLU`` writes it with or without ``shared_axes``), float32, broadcast NumPy-style;
+    the output has the broadcast shape.
+    """
+
+    input_names = ("input", "alpha")
+
+    def check(self):
+        x, a = self.expect_rank(0, *range(0, 7)), self.expect_rank(1, *range(0, 7))
+        try:
+            self._out = tuple(np.broadcast_shapes(x.shape, a.shape))
+        except ValueError:
+            raise self.fail(f"alpha of shape {list(a.shape)} does not broadcast against the input "
+                            f"{list(x.shape)}") from None
+
+    def output_specs(self):
+        return (TensorSpec(self._out),)
+
+    def programs(self):
+        out = self._out
+        body = (broadcast_index(out, self.inputs[0].shape, "ix") + broadcast_index(out, self.inputs[1].shape, "ia")
+                + "  let v = x[ix];\n  y[idx] = select(v * alpha[ia], v, v >= 0.0);")
+        return [elementwise_program(self.key, self.io_bindings(["x", "alpha", "y"]), int(np.prod(out)), body)]

@@ -7,6 +7,7 @@ has two halves: :func:`lower` (no GPU: kernel lookup, shape inference, load-time
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Mapping, Sequence
@@ -97,11 +98,12 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         name = model.op_name(subgraph, oi)
         cls = kernel_class(name)
         where = f"{name} (operator {oi} of subgraph {subgraph})"
-        attrs = _op_attrs(model, subgraph, oi, cls)
+        attrs = _op_attrs(model, subgraph, oi, cls, where)
         if "target" in cls.attr_defaults:
             attrs.setdefault("target", target)
         in_ids = model.op_inputs(subgraph, oi)
         out_ids = model.op_outputs(subgraph, oi)
+        _check_op_tensors(cls, where, in_ids, out_ids)
         in_specs: list[TensorSpec | None] = []
         for pos, t in enumerate(in_ids):
             if t < 0:
@@ -110,7 +112,8 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
                 in_specs.append(None)
                 continue
             if t not in consts and t not in specs:
-                data = model.tensor_data(subgraph, t)
+                sparse = model.tensor(subgraph, t).sparsity is not None   # DENSIFY expands it at load
+                data = _stored_values(model, subgraph, t) if sparse else model.tensor_data(subgraph, t)
                 if data is not None:
                     consts[t] = data
             if pos in cls.static_inputs:
@@ -119,23 +122,26 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
                 attrs[cls.static_inputs[pos]] = consts[t].tolist()
                 in_specs.append(None)
             elif t in consts:
+                if pos in getattr(cls, "constant_attrs", {}):  # also read at plan time (GATHER's range check)
+                    attrs[cls.constant_attrs[pos]] = consts[t]
                 in_specs.append(TensorSpec(consts[t].shape, _DTYPE_NAMES.get(consts[t].dtype, str(consts[t].dtype))))
             elif t in specs:
                 in_specs.append(specs[t])
             else:
                 raise KernelError(f"{where}: input {pos} (tensor {t}, {model.tensor_name(subgraph, t)!r}) "
                                   f"is read before any op writes it")
-        try:
+        with _located(where):
             kernel = cls(in_specs, attrs)
-        except KernelError as e:
-            raise KernelError(f"{where}: {e}") from None
         runtime_in = [t for pos, t in enumerate(in_ids) if t >= 0 and pos not in cls.static_inputs]
         folded = hasattr(kernel, "fold") and all(t in consts for t in runtime_in)
         if folded:
-            for t, value in zip(out_ids, kernel.fold([consts[t] for t in runtime_in])):
+            with _located(where):
+                values = kernel.fold([consts[t] for t in runtime_in])
+            for t, value in zip(out_ids, values):
                 consts[t] = value
             continue
-        out_specs = kernel.output_specs()
+        with _located(where):
+            out_specs = kernel.output_specs()
         if len(out_specs) != len(out_ids):
             raise KernelError(f"{where}: the file lists {len(out_ids)} outputs, the op has {len(out_specs)}")
         for t, s in zip(out_ids, out_specs):
@@ -152,22 +158,84 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         ops.append(LoweredOp(oi, name, kernel, in_ids, out_ids))
     for t in outputs:
         if t not in specs and t not in consts:
-            raise KernelError(f"subgraph {subgraph} output tensor {t} is never written")
+            data = model.tensor_data(subgraph, t)   # a constant output (as LiteRT, its data is the result)
+            if data is None:
+                raise KernelError(f"subgraph {subgraph} output tensor {t} is never written")
+            consts[t] = data
     return LoweredGraph(subgraph, ops, specs, consts, inputs, outputs, aliases)
 
 
-def _op_attrs(model: Model, sg: int, oi: int, cls: type[Kernel]) -> dict:
+@contextlib.contextmanager
+def _located(where: str):
+    """Re-raises an error of a kernel built from a file's op as a :class:`KernelError` naming the op.
+
+    Attributes come from the file, so a value of the wrong type (a string stride) is bad input, not a bug:
+    the TypeError or ValueError it causes inside a kernel becomes a KernelError too."""
+    try:
+        yield
+    except KernelError as e:
+        raise KernelError(f"{where}: {e}") from None
+    except (TypeError, ValueError, IndexError) as e:
+        raise KernelError(f"{where}: unusable shapes or attributes ({type(e).__name__}: {e})") from e
+
+
+def _check_op_tensors(cls: type[Kernel], where: str, in_ids: list[int], out_ids: list[int]) -> None:
+    """Input count, and no tensor both read and written by one op (LiteRT refuses both alike)."""
+    names = tuple(cls.input_names)
+    if names and not in_ids:
+        raise KernelError(f"{where}: the op has no inputs; it takes {', '.join(names)}")
+    if names and not any(n.endswith("...") for n in names) and len(in_ids) > len(names):
+        raise KernelError(f"{where}: the op has {len(in_ids)} inputs; it takes at most {len(names)} "
+                          f"({', '.join(names)})")
+    if len(set(out_ids)) != len(out_ids):
+        raise KernelError(f"{where}: the op lists an output tensor twice: {out_ids}")
+    both = sorted(set(t for t in in_ids if t >= 0) & set(out_ids))
+    if both:
+        raise KernelError(f"{where}: tensor {both[0]} is both an input and an output of the op")
+
+
+def _op_attrs(model: Model, sg: int, oi: int, cls: type[Kernel], where: str = "") -> dict:
+    where = where or f"{model.op_name(sg, oi)} (operator {oi} of subgraph {sg})"
     attrs = model.op_attrs(sg, oi)
     if getattr(cls, "decode_custom_options", None):
-        attrs = cls.decode_custom_options(attrs)
-    if getattr(cls, "needs_quantization", False):
-        t = model.op_inputs(sg, oi)[0]
+        with _located(where):
+            attrs = cls.decode_custom_options(attrs)
+    ins = model.op_inputs(sg, oi)
+    if getattr(cls, "needs_quantization", False) and ins and ins[0] >= 0:
+        t = ins[0]
         q = model.tensor(sg, t).quantization
         if q is not None and q.scale is not None and len(q.scale):
-            attrs["scale"] = [float(s) for s in q.scale]
-            attrs["zero_point"] = [int(z) for z in (q.zeroPoint if q.zeroPoint is not None else [0])]
-            attrs["quantized_dimension"] = int(q.quantizedDimension)
+            scale = [float(s) for s in q.scale]
+            zero_point = [int(z) for z in (q.zeroPoint if q.zeroPoint is not None and len(q.zeroPoint) else [0])]
+            dim, shape = int(q.quantizedDimension), model.tensor_shape(sg, t)
+            if len(zero_point) not in (1, len(scale)):
+                raise KernelError(f"{where}: tensor {t} has {len(scale)} quantization scales but "
+                                  f"{len(zero_point)} zero points")
+            if len(scale) > 1 and not (0 <= dim < len(shape) and shape[dim] == len(scale)):
+                raise KernelError(f"{where}: tensor {t} of shape {list(shape)} has {len(scale)} quantization "
+                                  f"scales along dimension {dim}; they must match that dimension's size")
+            attrs["scale"], attrs["zero_point"], attrs["quantized_dimension"] = scale, zero_point, dim
+    if getattr(cls, "needs_sparsity", False) and ins and ins[0] >= 0:  # DENSIFY: its constant's format
+        attrs["sparsity"] = model.tensor(sg, ins[0]).sparsity
+        attrs["dense_shape"] = list(model.tensor_shape(sg, ins[0]))
     return attrs
+
+
+def _stored_values(model: Model, sg: int, t: int) -> np.ndarray | None:
+    """The values a sparse constant stores, flat (its shape is the dense one, which DENSIFY gives it)."""
+    buf = model.m.buffers[model.tensor(sg, t).buffer]
+    if buf.offset is not None and buf.offset > 1:
+        raw = model._file[buf.offset:buf.offset + buf.size]
+        if len(raw) != buf.size:
+            raise KernelError(f"tensor {t} ({model.tensor_name(sg, t)!r}): buffer runs past the end of the file")
+    elif buf.data is not None and len(buf.data):
+        raw = np.asarray(buf.data, np.uint8).tobytes()
+    else:
+        return None
+    dtype = model.tensor_dtype(sg, t)
+    if len(raw) % dtype.itemsize:
+        raise KernelError(f"tensor {t} ({model.tensor_name(sg, t)!r}): {len(raw)} bytes are not {dtype} values")
+    return np.frombuffer(raw, dtype).copy()
 
 
 class ExecutionPlan:
@@ -243,6 +311,9 @@ class ExecutionPlan:
 
         roots: dict[int, tuple[int, object]] = {}
         for r in sorted(pinned):
+            if g.specs[r].nbytes > limit:
+                raise KernelError(f"tensor {r} {list(g.specs[r].shape)} needs {g.specs[r].nbytes} bytes, over "
+                                  f"the device's max storage binding of {limit} bytes")
             self.buffer_count += 1
             roots[r] = (0, dev.create_buffer(g.specs[r].nbytes, label=f"io{r}"))
         for pos, op in enumerate(g.ops):
@@ -267,7 +338,9 @@ class ExecutionPlan:
             kind, k = b.role
             t = op.inputs[k] if kind == "input" else op.outputs[k] if kind == "output" else None
             buf = scratch[k] if kind == "scratch" else self.buffers[t]
-            entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0, "size": b.size}})
+            # A zero-size binding is invalid (wgpu-native aborts on it): an empty tensor binds its 16-byte
+            # buffer, which the shader never reads (its invocations all return at once).
+            entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0, "size": max(b.size, 16)}})
         if prog.uniforms:
             data = prog.uniform_bytes()
             ubuf = self.device.create_buffer(len(data), data=data, uniform=True, label=f"{prog.name} params")
@@ -282,7 +355,9 @@ class ExecutionPlan:
         return len(self.steps)
 
     def write(self, tensor: int, value: np.ndarray) -> None:
-        self.device.device.queue.write_buffer(self.buffers[tensor], 0, np.ascontiguousarray(value).tobytes())
+        data = np.ascontiguousarray(value).tobytes()
+        if data:  # wgpu refuses an empty write; an empty tensor has nothing to upload
+            self.device.device.queue.write_buffer(self.buffers[tensor], 0, data)
 
     def run(self) -> None:
         """Records every dispatch into one compute pass of one command encoder and submits it."""

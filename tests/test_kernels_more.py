@@ -1,0 +1,464 @@
+"""PRELU, RESIZE_BILINEAR, RESIZE_NEAREST_NEIGHBOR, TRANSPOSE_CONV and MediaPipe's Convolution2DTransposeBias,
+through :func:`oplib.check_op` (stock converter, tflfuse vs LiteRT and TF) where the converter writes the op,
+and through hand-built one-op models (LiteRT's schema) for the custom op, checked against LiteRT, float64
+NumPy and ``tf.nn.conv2d_transpose``; then the op inside MediaPipe's selfie_segmentation.tflite.
+
+Tolerances (conftest): PRELU is ``x`` or one correctly rounded product ``x * alpha``, as in TFLite and in
+Keras's ``relu(x) - alpha * relu(-x)``: EXACT. RESIZE_NEAREST_NEIGHBOR only copies: EXACT (it also proves
+the source index is TFLite's, float32 rounding included). RESIZE_BILINEAR sums four products of O(1) values
+in another association than TF's or XNNPACK's: a few ULP, ELEMENTWISE. Transposed convolutions are sums of
+up to KH*KW*Cin products in another order: ACCUMULATION.
+"""
+
+import math
+import struct
+
+import flatbuffers
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from ai_edge_litert import schema_py_generated as schema
+from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter
+
+import tflfuse
+from tflfuse import zoo
+from tflfuse.kernels import KernelError
+from tflfuse.kernels.base import Program
+
+from conftest import ACCUMULATION, ELEMENTWISE, EXACT
+from oplib import check_op
+
+
+def _weights(rng, shape, fan_in):
+    """Unit-variance outputs: weights of standard deviation 1/sqrt(fan_in)."""
+    return (rng.standard_normal(shape) / math.sqrt(fan_in)).astype(np.float32)
+
+
+def _pack(m) -> bytes:
+    b = flatbuffers.Builder(1024)
+    b.Finish(m.Pack(b), file_identifier=b"TFL3")
+    return bytes(b.Output())
+
+
+def _edit_ops(op_name: str, change):
+    """A ``bytes -> bytes`` edit calling ``change(model, subgraph, operator)`` on every ``op_name`` op, with
+    LiteRT's own schema (not tflfuse's reader)."""
+
+    def edit(data: bytes) -> bytes:
+        m = schema.ModelT.InitFromPackedBuf(data, 0)
+        code = getattr(schema.BuiltinOperator, op_name)
+        idx = {i for i, c in enumerate(m.operatorCodes) if max(c.builtinCode, c.deprecatedBuiltinCode) == code}
+        hits = [(sg, op) for sg in m.subgraphs for op in sg.operators if op.opcodeIndex in idx]
+        assert hits, f"the model has no {op_name} to edit"
+        for sg, op in hits:
+            change(m, sg, op)
+        return _pack(m)
+
+    return edit
+
+
+# ---- PRELU ------------------------------------------------------------------------------------------
+# (input shape, Keras PReLU shared_axes) -> the alpha shape the converter writes
+PRELU_CASES = {
+    "alpha_c": ((3, 7), None, (7,)),
+    "alpha_1_1_c": ((2, 4, 6, 5), [1, 2], (1, 1, 5)),
+    "alpha_h_w_c": ((2, 4, 6, 5), None, (4, 6, 5)),
+    "alpha_1_c_rank3": ((2, 5, 3), [1], (1, 3)),
+    "alpha_1_1_c_odd": ((1, 7, 9, 6), [1, 2], (1, 1, 6)),
+}
+
+
+def _prelu_layer(rng, shape, shared_axes):
+    layer = keras.layers.PReLU(shared_axes=shared_axes)
+    layer.build((None,) + tuple(shape[1:]))
+    layer.alpha.assign(rng.uniform(-1.5, 1.5, layer.alpha.shape).astype(np.float32))
+    return layer
+
+
+@pytest.mark.parametrize("case", list(PRELU_CASES), ids=list(PRELU_CASES))
+def test_prelu(case, device, rng):
+    shape, shared, alpha_shape = PRELU_CASES[case]
+    layer = _prelu_layer(rng, shape, shared)
+    r = check_op(lambda x: layer(x), [shape], device=device, rng=rng, expect_ops=["PRELU"], **EXACT)
+    m = tflfuse.Model(r.model)
+    assert m.tensor_shape(0, m.op_inputs(0, 0)[1]) == alpha_shape
+    assert (r.ours[0] < 0).any() and (r.ours[0] > 0).any()
+
+
+def test_prelu_runtime_alpha(device, rng):
+    # The converter folds alpha into a constant; an edit makes the PRELU read it from the graph input a1.
+    layer = _prelu_layer(rng, (2, 3, 4, 5), [1, 2])
+
+    def alpha_from_input(m, sg, op):
+        names = [t.name.decode() if isinstance(t.name, bytes) else t.name for t in sg.tensors]
+        op.inputs = [op.inputs[0], names.index("a1")]
+
+    check_op(lambda x, a: layer(x), [(2, 3, 4, 5), (1, 1, 5)], device=device, rng=rng, expect_ops=["PRELU"],
+             edit=_edit_ops("PRELU", alpha_from_input), tf_ref=lambda x, a: tf.where(x >= 0, x, x * a), **EXACT)
+
+
+# ---- RESIZE_BILINEAR / RESIZE_NEAREST_NEIGHBOR ------------------------------------------------------
+# (input shape, output size): up, down, mixed, to one pixel, odd sizes throughout; batch 2, channels 3 and 5
+RESIZE_SHAPES = {
+    "up": ((2, 5, 4, 3), (7, 9)),
+    "down": ((2, 9, 11, 5), (4, 5)),
+    "mixed": ((2, 6, 5, 3), (3, 11)),
+    "to_1x1": ((2, 5, 7, 5), (1, 1)),
+    "from_1x3": ((2, 1, 3, 3), (5, 7)),
+}
+# (align_corners, half_pixel_centers): every combination the converter writes (bilinear refuses both)
+BILINEAR_FLAGS = [(False, False), (True, False), (False, True)]
+NEAREST_FLAGS = BILINEAR_FLAGS + [(True, True)]
+
+
+def _nearest_np(x, size, align_corners, half_pixel_centers):
+    """NumPy form of TFLite's nearest-neighbor source index (reference_ops::GetNearestNeighbor): float32
+    scale and product, std::round (half away from zero) with align_corners, floor without. TF refuses
+    align_corners with half_pixel_centers, which TFLite and the converter accept: this is the reference then."""
+    def index(n_in, n_out):
+        if align_corners and n_out > 1:
+            scale = np.float32(n_in - 1) / np.float32(n_out - 1)
+        else:
+            scale = np.float32(n_in) / np.float32(n_out)
+        s = ((np.arange(n_out, dtype=np.float32) + np.float32(0.5 if half_pixel_centers else 0.0)) * scale)
+        s = s.astype(np.float64)  # s + 0.5 is exact in float64: round half away from zero, s >= 0
+        i = np.minimum((np.floor(s + 0.5) if align_corners else np.floor(s)).astype(np.int64), n_in - 1)
+        return np.maximum(i, 0) if half_pixel_centers else i
+
+    x = np.asarray(x)
+    return x[:, index(x.shape[1], size[0])][:, :, index(x.shape[2], size[1])]
+
+
+def _nearest(x, size, flags):
+    """RESIZE_NEAREST_NEIGHBOR's reference: TF's op, or NumPy for the one flag pair TF refuses."""
+    if flags == (True, True):
+        return _nearest_np(x, size, *flags)
+    return tf.compat.v1.image.resize_nearest_neighbor(x, size, align_corners=flags[0], half_pixel_centers=flags[1])
+
+
+def _flag_id(flags):
+    return {(False, False): "plain", (True, False): "align", (False, True): "half", (True, True): "both"}[flags]
+
+
+@pytest.mark.parametrize("flags", BILINEAR_FLAGS, ids=_flag_id)
+@pytest.mark.parametrize("shapes", list(RESIZE_SHAPES), ids=list(RESIZE_SHAPES))
+def test_resize_bilinear(shapes, flags, device, rng):
+    shape, size = RESIZE_SHAPES[shapes]
+    ac, hp = flags
+
+    def resize(x):
+        return tf.compat.v1.image.resize_bilinear(x, size, align_corners=ac, half_pixel_centers=hp)
+
+    r = check_op(resize, [shape], device=device, rng=rng, expect_ops=["RESIZE_BILINEAR"], **ELEMENTWISE)
+    attrs = tflfuse.Model(r.model).op_attrs(0, 0)
+    assert (attrs["align_corners"], attrs["half_pixel_centers"]) == flags
+
+
+@pytest.mark.parametrize("flags", NEAREST_FLAGS, ids=_flag_id)
+@pytest.mark.parametrize("shapes", list(RESIZE_SHAPES), ids=list(RESIZE_SHAPES))
+def test_resize_nearest_neighbor(shapes, flags, device, rng):
+    shape, size = RESIZE_SHAPES[shapes]
+    ac, hp = flags
+
+    def resize(x):
+        return tf.compat.v1.image.resize_nearest_neighbor(x, size, align_corners=ac, half_pixel_centers=hp)
+
+    r = check_op(resize, [shape], device=device, rng=rng, expect_ops=["RESIZE_NEAREST_NEIGHBOR"],
+                 tf_ref=lambda x: _nearest(x, size, flags), **EXACT)
+    attrs = tflfuse.Model(r.model).op_attrs(0, 0)
+    assert (attrs["align_corners"], attrs["half_pixel_centers"]) == flags
+
+
+@pytest.mark.parametrize("method,op,tol", [("bilinear", "RESIZE_BILINEAR", ELEMENTWISE),
+                                           ("nearest", "RESIZE_NEAREST_NEIGHBOR", EXACT)])
+def test_tf_image_resize(method, op, tol, device, rng):
+    # tf.image.resize (TF2) writes half_pixel_centers=True.
+    check_op(lambda x: tf.image.resize(x, (13, 6), method=method), [(2, 7, 9, 5)], device=device, rng=rng,
+             expect_ops=[op], **tol)
+
+
+@pytest.mark.parametrize("op", ["RESIZE_NEAREST_NEIGHBOR", "RESIZE_BILINEAR"])
+def test_resize_index_rounding_sweep(op, device, rng):
+    # Every output width from 1 to 40 of a 17-wide row, in each mode: a float32 index one ULP off TFLite's
+    # would pick another pixel (nearest) somewhere in this sweep. The input is the pixel's own column number.
+    # Each mode's 40 results are joined by two CONCATENATIONs of 20 (a shader binds at most 32 buffers).
+    flags = NEAREST_FLAGS if op == "RESIZE_NEAREST_NEIGHBOR" else BILINEAR_FLAGS
+
+    def sweep(x, resize, join):
+        return [join([resize(x, (1, n), f) for n in range(first, first + 20)]) for f in flags for first in (1, 21)]
+
+    def bilinear(x, size, f):
+        return tf.compat.v1.image.resize_bilinear(x, size, align_corners=f[0], half_pixel_centers=f[1])
+
+    def nearest(x, size, f):
+        return tf.compat.v1.image.resize_nearest_neighbor(x, size, align_corners=f[0], half_pixel_centers=f[1])
+
+    def columns(g, s):
+        return np.broadcast_to(np.arange(s[2], dtype=np.float32)[None, None, :, None], s).copy()
+
+    converted = bilinear if op == "RESIZE_BILINEAR" else nearest
+    reference = ((lambda x: sweep(x, bilinear, lambda v: tf.concat(v, 2))) if op == "RESIZE_BILINEAR" else
+                 (lambda x: sweep(x, _nearest, lambda v: np.concatenate(v, 2))))
+    check_op(lambda x: sweep(x, converted, lambda v: tf.concat(v, 2)), [(1, 1, 17, 1)], device=device, rng=rng,
+             expect_ops=[op] * (40 * len(flags)) + ["CONCATENATION"] * (2 * len(flags)), make_input=columns,
+             tf_ref=reference, **(EXACT if op == "RESIZE_NEAREST_NEIGHBOR" else ELEMENTWISE))
+
+
+def test_resize_bilinear_refuses_align_corners_with_half_pixel_centers():
+    with pytest.raises(KernelError, match="RESIZE_BILINEAR.*align_corners"):
+        tflfuse.get_shader("RESIZE_BILINEAR", [(1, 4, 4, 3), None],
+                           {"size": [8, 8], "align_corners": True, "half_pixel_centers": True})
+    with pytest.raises(KernelError, match="RESIZE_NEAREST_NEIGHBOR.*size"):
+        tflfuse.get_shader("RESIZE_NEAREST_NEIGHBOR", [(1, 4, 4, 3), None], {"size": [0, 8]})
+
+
+# ---- TRANSPOSE_CONV (Keras Conv2DTranspose) ---------------------------------------------------------
+# (input shape, Cout, kernel, strides, padding, bias)
+TRANSPOSE_CONV_CASES = {
+    "k3_s2_same_bias": ((1, 5, 7, 3), 5, 3, 2, "same", True),
+    "k4_s2_valid_batch2_nobias": ((2, 4, 6, 5), 3, 4, 2, "valid", False),
+    "k2_s2_same_c7": ((1, 6, 5, 3), 7, 2, 2, "same", True),
+    "k3_s1_same": ((1, 5, 5, 6), 5, 3, 1, "same", True),
+    "k3_s1_valid_nobias": ((1, 4, 7, 3), 6, 3, 1, "valid", False),
+    "k4_s3_same": ((1, 3, 5, 2), 5, 4, 3, "same", True),
+    "k2x3_s1x2_valid": ((1, 5, 4, 3), 6, (2, 3), (1, 2), "valid", True),
+    "k1_s2_valid_gaps": ((1, 4, 3, 5), 3, 1, 2, "valid", True),
+    "k4_s1_valid_c9": ((1, 3, 3, 9), 2, 4, 1, "valid", True),
+    "k2_s3_same_kernel_below_stride": ((1, 4, 5, 3), 5, 2, 3, "same", True),
+}
+
+
+def _conv_transpose_layer(rng, shape, cout, kernel, strides, padding, bias, **kwargs):
+    layer = keras.layers.Conv2DTranspose(cout, kernel, strides=strides, padding=padding, use_bias=bias, **kwargs)
+    layer.build((None,) + tuple(shape[1:]))
+    kh, kw = layer.kernel_size
+    sh, sw = layer.strides
+    layer.kernel.assign(_weights(rng, layer.kernel.shape, math.ceil(kh / sh) * math.ceil(kw / sw) * shape[-1]))
+    if bias:
+        layer.bias.assign(rng.standard_normal(cout).astype(np.float32))
+    return layer
+
+
+@pytest.mark.parametrize("case", list(TRANSPOSE_CONV_CASES), ids=list(TRANSPOSE_CONV_CASES))
+def test_transpose_conv(case, device, rng):
+    shape, cout, kernel, strides, padding, bias = TRANSPOSE_CONV_CASES[case]
+    layer = _conv_transpose_layer(rng, shape, cout, kernel, strides, padding, bias)
+    r = check_op(lambda x: layer(x), [shape], device=device, rng=rng, expect_ops=["TRANSPOSE_CONV"], **ACCUMULATION)
+    m = tflfuse.Model(r.model)
+    ins = m.op_inputs(0, 0)
+    assert (len(ins) == 4 and ins[3] >= 0) == bias
+    assert m.op_attrs(0, 0)["padding"] == padding.upper()
+
+
+def test_transpose_conv_output_padding(device, rng):
+    # Keras output_padding makes the output one row/column larger than SAME's: TFLite takes the padding
+    # from the output size it is given.
+    layer = _conv_transpose_layer(rng, (1, 4, 5, 3), 4, 3, 2, "valid", True, output_padding=1)
+    check_op(lambda x: layer(x), [(1, 4, 5, 3)], device=device, rng=rng, expect_ops=["TRANSPOSE_CONV"],
+             **ACCUMULATION)
+
+
+@pytest.mark.parametrize("act,tf_act", [("RELU", tf.nn.relu), ("RELU6", tf.nn.relu6)])
+def test_transpose_conv_fused_activation(act, tf_act, device, rng):
+    # The converter keeps the activation apart; TransposeConvOptions' fused activation comes from an edit.
+    layer = _conv_transpose_layer(rng, (1, 5, 4, 3), 5, 3, 2, "same", True)
+
+    def fuse(m, sg, op):
+        op.builtinOptions.fusedActivationFunction = getattr(schema.ActivationFunctionType, act)
+
+    check_op(lambda x: layer(x), [(1, 5, 4, 3)], device=device, rng=rng, expect_ops=["TRANSPOSE_CONV"],
+             make_input=lambda g, s: (3 * g.standard_normal(s)).astype(np.float32),
+             edit=_edit_ops("TRANSPOSE_CONV", fuse), tf_ref=lambda x: tf_act(layer(x)), **ACCUMULATION)
+
+
+# ---- Convolution2DTransposeBias (MediaPipe custom op) -----------------------------------------------
+def _mediapipe_out_size(size, k, s, padding):
+    """MediaPipe's output size (transpose_conv_bias.cc): SAME drops max(0, k - (size - 1) % s - 1)."""
+    p = max(0, k - (size - 1) % s - 1) if padding == "SAME" else 0
+    return s * (size - 1) + k - p, p // 2
+
+
+def _transpose_conv_bias_model(x_shape, w, b, padding: str, stride_w: int, stride_h: int) -> bytes:
+    """A one-op .tflite: ``Convolution2DTransposeBias(a0, w, b)`` with raw TfLiteTransposeConvParams options."""
+    n, h, wd, _ = x_shape
+    cout, kh, kw, _ = w.shape
+    oh, ow = _mediapipe_out_size(h, kh, stride_h, padding)[0], _mediapipe_out_size(wd, kw, stride_w, padding)[0]
+    m = schema.ModelT()
+    m.version = 3
+    code = schema.OperatorCodeT()
+    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+    code.customCode = "Convolution2DTransposeBias"
+    code.version = 1
+    m.operatorCodes = [code]
+    m.buffers = [schema.BufferT()]
+    tensors = []
+    for name, shape, data in [("a0", x_shape, None), ("w", w.shape, w), ("b", b.shape, b),
+                              ("out", (n, oh, ow, cout), None)]:
+        t = schema.TensorT()
+        t.name, t.shape, t.type, t.buffer = name, list(shape), schema.TensorType.FLOAT32, 0
+        if data is not None:
+            buf = schema.BufferT()
+            buf.data = np.frombuffer(np.ascontiguousarray(data, np.float32).tobytes(), np.uint8)
+            m.buffers.append(buf)
+            t.buffer = len(m.buffers) - 1
+        tensors.append(t)
+    op = schema.OperatorT()
+    op.opcodeIndex, op.inputs, op.outputs = 0, [0, 1, 2], [3]
+    op.customOptions = list(struct.pack("<iii", {"SAME": 1, "VALID": 2}[padding], stride_w, stride_h))
+    sg = schema.SubGraphT()
+    sg.tensors, sg.inputs, sg.outputs, sg.operators = tensors, [0], [3], [op]
+    m.subgraphs = [sg]
+    return _pack(m)
+
+
+def _np_transpose_conv_bias(x, w, b, pad_t, pad_l, s_h, s_w, oh, ow):
+    """float64 scatter form of the op (MediaPipe's loop): bias, then every input pixel through the filter."""
+    n, h, wd, _ = x.shape
+    cout, kh, kw, _ = w.shape
+    out = np.zeros((n, oh + kh + pad_t, ow + kw + pad_l, cout)) + b  # room for taps that fall off the edge
+    for iy in range(h):
+        for ix in range(wd):
+            oy, ox = iy * s_h, ix * s_w  # before removing the padding
+            out[:, oy:oy + kh, ox:ox + kw] += np.einsum("nc,ohwc->nhwo", x[:, iy, ix], w)
+    return out[:, pad_t:pad_t + oh, pad_l:pad_l + ow]
+
+
+def _run(interp, x):
+    interp.allocate_tensors()
+    interp.set_tensor(interp.get_input_details()[0]["index"], x)
+    interp.invoke()
+    return interp.get_tensor(interp.get_output_details()[0]["index"])
+
+
+# (input shape, Cout, KH, KW, padding, stride_w, stride_h)
+BIAS_CASES = {
+    "k2_s2_same_like_selfie": ((1, 8, 8, 16), 1, 2, 2, "SAME", 2, 2),
+    "k3_s2_same_odd": ((1, 5, 7, 3), 5, 3, 3, "SAME", 2, 2),
+    "k4_s2_same_batch2": ((2, 4, 5, 6), 3, 4, 4, "SAME", 2, 2),
+    "k2_s2_same_odd_input": ((1, 5, 5, 3), 2, 2, 2, "SAME", 2, 2),
+    "k3_s1_valid": ((1, 4, 6, 5), 7, 3, 3, "VALID", 1, 1),
+    "k3x2_s3x2_valid": ((1, 3, 4, 2), 5, 3, 2, "VALID", 2, 3),
+    "k5_s3_same": ((1, 4, 4, 3), 2, 5, 5, "SAME", 3, 3),
+}
+
+
+@pytest.mark.parametrize("case", list(BIAS_CASES), ids=list(BIAS_CASES))
+def test_convolution_2d_transpose_bias(case, device, rng):
+    x_shape, cout, kh, kw, padding, sw, sh = BIAS_CASES[case]
+    cin = x_shape[-1]
+    w = _weights(rng, (cout, kh, kw, cin), math.ceil(kh / sh) * math.ceil(kw / sw) * cin)
+    b = rng.standard_normal(cout).astype(np.float32)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    model = _transpose_conv_bias_model(x_shape, w, b, padding, sw, sh)
+    ours = _run(tflfuse.Interpreter(model_content=model, device=device), x)
+    oh, pt = _mediapipe_out_size(x_shape[1], kh, sh, padding)
+    ow, pl = _mediapipe_out_size(x_shape[2], kw, sw, padding)
+    assert ours.shape == (x_shape[0], oh, ow, cout) and ours.dtype == np.float32
+    ref = _np_transpose_conv_bias(x.astype(np.float64), w.astype(np.float64), b, pt, pl, sh, sw, oh, ow)
+    np.testing.assert_allclose(ours, ref, **ACCUMULATION, err_msg="vs float64 NumPy")
+    # TF's conv2d_transpose with the same HWOI weights and the same output size (TF pads the same rows).
+    tf_out = tf.nn.conv2d_transpose(x, np.transpose(w, (1, 2, 0, 3)), ours.shape, (sh, sw), padding) + b
+    np.testing.assert_allclose(ours, tf_out.numpy(), **ACCUMULATION, err_msg="vs tf.nn.conv2d_transpose")
+    # LiteRT runs the custom op through its XNNPACK delegate.
+    lite = _run(LiteRTInterpreter(model_content=model), x)
+    np.testing.assert_allclose(ours, lite, **ACCUMULATION, err_msg="vs LiteRT")
+
+
+@pytest.fixture(scope="module")
+def selfie():
+    return tflfuse.Model.from_path(zoo.fetch("selfie_segmentation"))
+
+
+def test_selfie_convolution_2d_transpose_bias_options(selfie):
+    (oi,) = [i for i, n in enumerate(selfie.op_names()) if n == "Convolution2DTransposeBias"]
+    attrs = selfie.op_attrs(0, oi)
+    assert set(attrs) == {"_raw"} and len(attrs["_raw"]) >= 12
+    decoded = tflfuse.kernels.kernel_class("Convolution2DTransposeBias").decode_custom_options(attrs)
+    assert decoded == {"padding": "SAME", "stride_w": 2, "stride_h": 2}
+
+
+def test_selfie_convolution_2d_transpose_bias_op(selfie, device, rng):
+    # The model's own op: its weights (fp16 in the file, dequantized), a 128x128x16 input, against LiteRT.
+    from tflfuse.runtime.plan import lower
+
+    graph = lower(selfie)
+    (op,) = [o for o in graph.ops if o.name == "Convolution2DTransposeBias"]
+    w, b = (graph.consts[t] for t in op.inputs[1:])
+    x = rng.standard_normal(graph.specs[op.inputs[0]].shape).astype(np.float32)
+    model = _transpose_conv_bias_model(x.shape, w, b, "SAME", 2, 2)
+    ours = _run(tflfuse.Interpreter(model_content=model, device=device), x)
+    lite = _run(LiteRTInterpreter(model_content=model), x)
+    assert ours.shape == lite.shape == (1, 256, 256, 1)
+    np.testing.assert_allclose(ours, lite, **ACCUMULATION)
+
+
+# MediaPipe models whose ops these kernels complete, with the new ops each holds.
+MODELS = {"selfie_segmentation": {"RESIZE_BILINEAR", "Convolution2DTransposeBias"},
+          "palm_detection_lite": {"PRELU", "RESIZE_BILINEAR"},
+          "iris_landmark": {"PRELU"}, "face_landmark": {"PRELU"}}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_mediapipe_model_matches_litert(name, device):
+    # Whole models on a real photo against LiteRT's CPU interpreter (the same float32 graph; fp16 weights
+    # dequantized to the same values). Outputs reach ~1700 (palm boxes, in pixels); selfie's mask is a sigmoid
+    # in [0, 1]. Float32 sums in another order through 50-100 layers: atol 1e-5 of each output's scale and
+    # rtol 1e-4, as for the face detector (measured: at most 8e-6 of the scale beyond rtol, on selfie's mask).
+    path = zoo.fetch(name)
+    assert MODELS[name] <= set(tflfuse.Model.from_path(path).op_names())
+    x = zoo.sample_photo(zoo.MODELS[name].input_shape[1:3])
+    outputs = []
+    for interp in (tflfuse.Interpreter(model_path=path, device=device), LiteRTInterpreter(model_path=str(path))):
+        interp.allocate_tensors()
+        interp.set_tensor(interp.get_input_details()[0]["index"], x)
+        interp.invoke()
+        outputs.append({d["name"]: interp.get_tensor(d["index"]) for d in interp.get_output_details()})
+    ours, lite = outputs
+    assert set(ours) == set(lite)
+    for key, want in lite.items():
+        assert ours[key].shape == want.shape and ours[key].dtype == want.dtype == np.float32
+        np.testing.assert_allclose(ours[key], want, atol=1e-5 * float(np.abs(want).max()), rtol=1e-4, err_msg=key)
+    if name == "selfie_segmentation":
+        assert 0.05 < float((lite["activation_10"] > 0.5).mean()) < 0.95  # a person and a background
+
+
+def test_convolution_2d_transpose_bias_bad_options():
+    cls = tflfuse.kernels.kernel_class("Convolution2DTransposeBias")
+    with pytest.raises(KernelError, match="12"):
+        cls.decode_custom_options({"_raw": b"\x01\x00\x00\x00"})
+    with pytest.raises(KernelError, match="padding is 7"):
+        cls.decode_custom_options({"_raw": struct.pack("<iii", 7, 2, 2)})
+    with pytest.raises(KernelError, match="raw custom options"):
+        cls.decode_custom_options({"stride": 2})
+
+
+# ---- every new shader compiles, with every fused activation -----------------------------------------
+SHADER_CASES = [
+    ("PRELU", [(2, 3, 4, 5), (4, 5)], {}),
+    ("RESIZE_BILINEAR", [(1, 5, 4, 3), None], {"size": [9, 2], "half_pixel_centers": True}),
+    ("RESIZE_BILINEAR", [(1, 5, 4, 3), None], {"size": [9, 2], "align_corners": True}),
+    ("RESIZE_NEAREST_NEIGHBOR", [(1, 5, 4, 3), None], {"size": [9, 2], "align_corners": True,
+                                                        "half_pixel_centers": True}),
+    ("Convolution2DTransposeBias", [(1, 5, 4, 3), (2, 3, 3, 3), (2,)], {"padding": "SAME", "stride_h": 2,
+                                                                        "stride_w": 1}),
+] + [("TRANSPOSE_CONV", [None, (5, 3, 3, 3), (1, 5, 7, 3), (5,)],
+      {"output_shape": [1, 10, 14, 5], "padding": "SAME", "stride_h": 2, "stride_w": 2,
+       "fused_activation_function": act}) for act in ["NONE", "RELU", "RELU6", "RELU_N1_TO_1", "TANH", "SIGN_BIT"]]
+
+
+@pytest.mark.parametrize("key,shapes,attrs", SHADER_CASES,
+                         ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(SHADER_CASES)])
+def test_new_shaders_compile(key, shapes, attrs, device):
+    info = tflfuse.get_shader(key, shapes, attrs)
+    assert tflfuse.get_shader(key, shapes, attrs).wgsl == info.wgsl
+    for p in info.programs:
+        assert device.pipeline(Program(key, p.wgsl, p.workgroup_size, p.dispatch, (), (), p.entry_point))
+
+
+def test_transpose_conv_rejects_a_mismatched_output_shape():
+    with pytest.raises(KernelError, match="TRANSPOSE_CONV.*output_shape"):
+        tflfuse.get_shader("TRANSPOSE_CONV", [None, (5, 3, 3, 3), (1, 5, 7, 3)],
+                           {"output_shape": [1, 10, 14, 4], "stride_h": 2, "stride_w": 2})
+    with pytest.raises(KernelError, match="TRANSPOSE_CONV.*channels"):
+        tflfuse.get_shader("TRANSPOSE_CONV", [None, (5, 3, 3, 2), (1, 5, 7, 3)], {"output_shape": [1, 5, 7, 5]})
