@@ -58,11 +58,11 @@ CASES = [
 ]
 
 
-# Schedules (tuning only: every one must compute the same values): the software adapter's, the GPU's
-# (tiles shrink to fill the GPU), and explicit extremes: 1x1 tiles; 2x2 tiles with blocks that do not divide
+# Schedules (tuning only: every one must compute the same values): the software adapter's (three staged
+# dispatches, or one tiled), the GPU's (tiles shrink to fill the GPU), and explicit extremes: 1x1 tiles; 2x2 tiles with blocks that do not divide
 # Cout; one lane per pixel (only on the smaller cases: on the largest it would pass llvmpipe's loop cap);
 # the expanded channels split three ways between workgroups (a second dispatch sums the shares).
-SCHEDULES = {"cpu": {"target": "cpu"}, "gpu": {"target": "gpu"},
+SCHEDULES = {"cpu": {"target": "cpu"}, "gpu": {"target": "gpu"}, "cpu_tiled": {"target": "cpu", "strategy": "tiled"},
              "tile1": {"tile": 1, "lanes": 16, "out_block": 16}, "tile2": {"tile": 2, "lanes": 8, "out_block": 24},
              "lane1": {"tile": 8, "lanes": 1, "out_block": 7},
              "split3": {"tile": 4, "lanes": 4, "out_block": 16, "chunk": 1, "splits": 3}}

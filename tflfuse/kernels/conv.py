@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 
-from .base import Kernel, TensorSpec
+from .base import Kernel, Program, TensorSpec
 from .registry import register
 from .wgsl import activation_fn, dot, elementwise_program
 
-__all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "conv_output_size"]
+__all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "conv_output_size", "depthwise_program"]
 
 
 def conv_output_size(size: int, kernel: int, stride: int, dilation: int, padding: str) -> tuple[int, int]:
@@ -128,13 +128,22 @@ class DepthwiseConv2D(_Conv):
         self.g = self._geometry(kh, kw)
 
     def programs(self):
-        g, cin = self.g, self.input(0).shape[3]
-        bias = "b[co]" if self.has_input(2) else "0.0"
-        body = f"""  let co = idx % {self.cout}u;
-  let ox = i32((idx / {self.cout}u) % {g['OW']}u);
-  let oy = i32((idx / {self.cout * g['OW']}u) % {g['OH']}u);
-  let n = idx / {self.cout * g['OW'] * g['OH']}u;
-  let ci = co / {self.mult}u;
+        return [depthwise_program(self.key, self.io_bindings(self._names()), self.g, self.input(0).shape[3],
+                                  self.mult, self.has_input(2), self.attr("fused_activation_function"))]
+
+
+def depthwise_program(name: str, bindings, g: dict, cin: int, mult: int, has_bias: bool,
+                      activation: str | None) -> Program:
+    """The DEPTHWISE_CONV_2D dispatch over bindings named ``x``, ``w`` (``[KH, KW, Cout]`` in memory, i.e.
+    TFLite's ``[1, KH, KW, Cout]``), ``b`` (when ``has_bias``) and ``y``; ``g`` is :meth:`_Conv._geometry`.
+    One invocation per output element. Shared with ``fused_bottleneck``'s staged schedule."""
+    cout = cin * mult
+    bias = "b[co]" if has_bias else "0.0"
+    body = f"""  let co = idx % {cout}u;
+  let ox = i32((idx / {cout}u) % {g['OW']}u);
+  let oy = i32((idx / {cout * g['OW']}u) % {g['OH']}u);
+  let n = idx / {cout * g['OW'] * g['OH']}u;
+  let ci = co / {mult}u;
   var acc = {bias};
   for (var ky = 0; ky < {g['KH']}; ky++) {{
     let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
@@ -143,14 +152,13 @@ class DepthwiseConv2D(_Conv):
       let ix = ox * {g['SW']} - {g['PL']} + kx * {g['DW']};
       if (ix < 0 || ix >= {g['W']}) {{ continue; }}
       acc += x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]
-           * w[(u32(ky) * {g['KW']}u + u32(kx)) * {self.cout}u + co];
+           * w[(u32(ky) * {g['KW']}u + u32(kx)) * {cout}u + co];
     }}
   }}
   y[idx] = act(acc);"""
-        total = g["N"] * g["OH"] * g["OW"] * self.cout
-        return [elementwise_program(self.key, self.io_bindings(self._names()), total, body,
-                                    activation_fn(self.attr("fused_activation_function")),
-                                    loop_trips=g["KH"] * (1 + g["KW"]))]
+    total = g["N"] * g["OH"] * g["OW"] * cout
+    return elementwise_program(name, bindings, total, body, activation_fn(activation),
+                               loop_trips=g["KH"] * (1 + g["KW"]))
 
 
 @register("FULLY_CONNECTED")

@@ -10,16 +10,24 @@ with ``act`` = ReLU6 by default. Op inputs, in order: ``x``; ``expand_w [Cin, Ce
 when expansion > 1; ``dw_w [3, 3, Cexp]``, ``dw_b [Cexp]``, ``project_w [Cexp, Cout]``, ``project_b [Cout]``.
 Attributes: ``expansion`` (int), ``stride`` (1 or 2), ``residual`` (bool), ``activation`` (str).
 
-The kernel never writes the expanded tensor to memory. A workgroup owns a tile of output pixels and a
-block of output channels; it walks the expanded channels in chunks: the 1x1 expansion of the tile's
-input halo goes into workgroup memory, each invocation applies the 3x3 depthwise filter for its pixel and
-accumulates the projection into registers. Only ``x`` is read and only ``y`` written.
+Two strategies, chosen by the ``target`` attribute (both compute the same values):
+
+* ``tiled`` (GPU): ONE dispatch that never writes the expanded tensor to memory. A workgroup owns a tile of
+  output pixels and a block of output channels; it walks the expanded channels in chunks: the chunk's
+  expand weights and the 1x1 expansion of the tile's input halo go into workgroup memory, each invocation
+  applies the 3x3 depthwise filter and accumulates the projection in registers. Where the feature map is too
+  small to fill the GPU, the expanded channels are split between workgroups and a second dispatch sums the
+  shares.
+* ``staged`` (the software adapter, whose barriers and workgroup memory are costly): three dispatches
+  through scratch buffers (expand, depthwise, projection with bias and residual).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..base import MAX_WORKGROUPS_PER_DIM, Kernel, Program, TensorSpec
-from ..conv import conv_output_size
+from ..conv import conv_output_size, depthwise_program
 from ..registry import register
 from ..wgsl import activation_fn, dot, elementwise_program, prelude
 
@@ -29,7 +37,7 @@ __all__ = ["FusedBottleneck"]
 _GPU_WORKGROUPS = 1024
 _MAX_CHUNK = 16      # expanded channels per pass through workgroup memory
 _WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
-_SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")
+_SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; "strategy" is the one string
 
 
 @register("fused_bottleneck")
@@ -80,6 +88,9 @@ class FusedBottleneck(Kernel):
         self.ow, self.pl = conv_output_size(w, 3, self.stride, 1, "SAME")
         schedule = {**self._schedule(), **{k: int(self.attrs[k]) for k in _SCHEDULE_KEYS if self.attrs.get(k)}}
         self.tile, self.lanes, self.out_block, self.chunk, self.splits = (schedule[k] for k in _SCHEDULE_KEYS)
+        self.strategy = str(self.attrs.get("strategy") or schedule["strategy"])
+        if self.strategy not in ("tiled", "staged"):
+            raise self.fail(f"strategy must be 'tiled' or 'staged', got {self.strategy!r}")
         if self.tile not in (1, 2, 4, 8) or self.lanes not in (1, 2, 4, 8, 16) or min(
                 self.out_block, self.chunk, self.splits) < 1:
             raise self.fail(f"tile must be 1, 2, 4 or 8, lanes 1..16 (a power of two), out_block, chunk and "
@@ -92,21 +103,23 @@ class FusedBottleneck(Kernel):
         """The default schedule for the ``target`` attribute: tile side, lanes per pixel, output channels
         per workgroup (``out_block``), expanded channels per pass (``chunk``) and ``splits``.
 
-        ``"cpu"`` (the software adapter: a few cores, barriers are costly): 8x8 tiles, 4 lanes, blocks of up
-        to 128 output channels, one split. ``"gpu"``: the largest tile and output block whose dispatch has
+        ``"cpu"`` (the software adapter: a few cores, barriers are costly): the staged strategy (and, if
+        ``strategy="tiled"`` is asked for, 8x8 tiles, 4 lanes, blocks of up to 128 output channels).
+        ``"gpu"``: the tiled strategy with the largest tile and output block whose dispatch has
         :data:`_GPU_WORKGROUPS` workgroups (a smaller tile or block recomputes more of the expansion). Where
         even the smallest leave the GPU idle (late, small feature maps at batch 1), the expanded channels are
         split between workgroups: each adds its share of the projection into a scratch buffer and a second
         dispatch sums the shares, adds the bias and the residual. Measured on an H200 by
         ``benchmarks/sweep_bottleneck.py``. Tuning only: every schedule computes the same values; the
-        attributes ``tile``, ``lanes``, ``out_block``, ``chunk`` and ``splits`` override it.
+        attributes ``strategy``, ``tile``, ``lanes``, ``out_block``, ``chunk`` and ``splits`` override it.
         """
         n = self.input(0).shape[0]
         target = str(self.attr("target"))
         if target not in ("gpu", "cpu"):
             raise self.fail(f"target must be 'gpu' or 'cpu', got {target!r}")
         if target == "cpu":
-            return {"tile": 8, "lanes": 4, "out_block": min(self.cout, 128), "chunk": _MAX_CHUNK, "splits": 1}
+            return {"strategy": "staged", "tile": 8, "lanes": 4, "out_block": min(self.cout, 128),
+                    "chunk": _MAX_CHUNK, "splits": 1}
         options = []
         for tile in (4, 2):  # 8x8 tiles measured slower on the H200: more workgroup memory, fewer in flight
             for block in (128, 64, 32, 16):
@@ -128,7 +141,8 @@ class FusedBottleneck(Kernel):
         # With the expand weights staged in workgroup memory, small chunks measured best: 16 channels, or 8
         # when many workgroups are in flight (less workgroup memory each lets more of them share an SM).
         chunk = 8 if groups * splits >= 4 * _GPU_WORKGROUPS else 16
-        return {"tile": tile, "lanes": lanes, "out_block": block, "chunk": chunk, "splits": splits}
+        return {"strategy": "tiled", "tile": tile, "lanes": lanes, "out_block": block, "chunk": chunk,
+                "splits": splits}
 
     def _blocking(self):
         """(halo side, expanded channels per chunk, output channels per block, number of blocks,
@@ -156,10 +170,49 @@ class FusedBottleneck(Kernel):
         return chunks * (1 + per_chunk) + -(-cb // self.lanes)
 
     def scratch_sizes(self) -> tuple[int, ...]:
+        n, h, w, _ = self.input(0).shape
+        if self.strategy == "staged":  # the expanded tensor (when expanding), then the depthwise output
+            return ((n * h * w * self.cexp * 4,) if self.has_expand else ()) + (n * self.oh * self.ow * self.cexp * 4,)
         *_, splits = self._blocking()
         return (splits * self.output_specs()[0].nbytes,) if splits > 1 else ()
 
+    def _staged_programs(self) -> list[Program]:
+        """Three dispatches through scratch buffers: 1x1 expand, 3x3 depthwise, 1x1 projection (+ bias and
+        residual). Faster on the software adapter, whose barriers and workgroup memory are costly; still one
+        op of the model, one dispatch fewer than the unfused ops (the residual ADD is folded in)."""
+        n, h, w, cin = self.input(0).shape
+        cexp, cout = self.cexp, self.cout
+        inputs = {name: self.binding(name, "input", i, self.inputs[i]) for i, name in enumerate(
+            ["x", "ew", "eb", "dw", "db", "pw", "pb"] if self.has_expand else ["x", "dw", "db", "pw", "pb"])}
+        sizes = self.scratch_sizes()
+        progs, src = [], inputs["x"]
+        if self.has_expand:
+            e_out = self.binding("expanded", "scratch", 0, sizes[0])
+            body = (f"  let e = idx % {cexp}u;\n  let pix = idx / {cexp}u;\n  var v = eb[e];\n  "
+                    + dot(cin, f"x[pix * {cin}u + {{k}}]", f"ew[({{k}}) * {cexp}u + e]") + "\n  expanded[idx] = act(v);")
+            progs.append(elementwise_program(f"{self.key}_expand", (inputs["x"], inputs["ew"], inputs["eb"], e_out),
+                                             n * h * w * cexp, body, activation_fn(self.attr("activation")),
+                                             loop_trips=cin // 4))
+            src = self.binding("x", "scratch", 0, sizes[0], access="read")
+        d_index = len(sizes) - 1
+        g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1, PT=self.pt,
+                 PL=self.pl, KH=3, KW=3)
+        dw_binds = (src, dataclasses.replace(inputs["dw"], name="w"), dataclasses.replace(inputs["db"], name="b"),
+                    self.binding("y", "scratch", d_index, sizes[d_index]))
+        progs.append(depthwise_program(f"{self.key}_depthwise", dw_binds, g, cexp, 1, True, self.attr("activation")))
+        residual = f" + x[pix * {cin}u + co]" if self.residual else ""
+        body = (f"  let co = idx % {cout}u;\n  let pix = idx / {cout}u;\n  var v = pb[co];\n  "
+                + dot(cexp, f"d[pix * {cexp}u + {{k}}]", f"pw[({{k}}) * {cout}u + co]") + f"\n  y[idx] = v{residual};")
+        proj_binds = ((inputs["x"],) if self.residual else ()) + (
+            self.binding("d", "scratch", d_index, sizes[d_index], access="read"), inputs["pw"], inputs["pb"],
+            self.binding("y", "output", 0, self.output_specs()[0]))
+        progs.append(elementwise_program(f"{self.key}_project", proj_binds, n * self.oh * self.ow * cout, body,
+                                         loop_trips=cexp // 4))
+        return progs
+
     def programs(self):
+        if self.strategy == "staged":
+            return self._staged_programs()
         n, h, w, cin = self.input(0).shape
         cexp, cout, s = self.cexp, self.cout, self.stride
         hw, ec, cb, nblocks, per_split, splits = self._blocking()
