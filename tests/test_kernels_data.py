@@ -526,3 +526,36 @@ def test_bad_shapes_and_attributes_raise_kernel_error(key, shapes, attrs, match)
     with pytest.raises(KernelError, match=match) as err:
         kernel_class(key)(specs, attrs).output_specs()
     assert key in str(err.value)
+
+
+# ---- CONCATENATION and PACK over several dispatches, SHAPE folded at load ------------------------------
+@pytest.mark.parametrize("n", [8, 15, 40])
+def test_concatenation_of_more_inputs_than_one_dispatch_binds(n, device, rng):
+    # WebGPU's default is 8 storage buffers per shader stage: 7 inputs and the output per dispatch, each
+    # dispatch writing its slice of the output, whatever the adapter's own limit (llvmpipe's is 32).
+    shapes = [(2, k % 3 + 1, 3) for k in range(n)]
+    check_op(lambda *xs: tf.concat(xs, 1), shapes, device=device, rng=rng, expect_ops=["CONCATENATION"], **EXACT)
+    info = tflfuse.get_shader("CONCATENATION", shapes, {"axis": 1})
+    assert len(info.programs) == -(-n // 7)
+    assert all(len(p.bindings) <= 8 for p in info.programs)
+
+
+@pytest.mark.parametrize("axis,n", [(0, 3), (1, 3), (-1, 2), (3, 9)])
+def test_pack(axis, n, device, rng):
+    check_op(lambda *xs: tf.stack(xs, axis), [(2, 3, 4)] * n, device=device, rng=rng, expect_ops=["PACK"], **EXACT)
+
+
+def test_shape_of_a_dynamic_batch_is_folded_at_load(device, rng):
+    # tf.shape of a dynamic batch becomes SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE's shape; once the batch is
+    # known (resize_tensor_input) they fold into a constant and only the RELU runs.
+    def fn(x):
+        return tf.reshape(tf.nn.relu(x), tf.stack([tf.shape(x)[0], -1, 2]))
+
+    res = check_op(fn, [(3, 4, 6)], device=device, rng=rng, dynamic_batch=True, **EXACT,
+                   expect_ops=["RELU", "SHAPE", "STRIDED_SLICE", "PACK", "RESHAPE"])
+    assert res.ours[0].shape == (3, 12, 2)
+    interp = tflfuse.Interpreter(model_content=res.model, device=device)
+    interp.resize_tensor_input(interp.get_input_details()[0]["index"], [5, 4, 6])
+    interp.allocate_tensors()
+    assert interp.dispatch_count == 1
+    assert interp.get_output_details()[0]["shape"].tolist() == [5, 12, 2]

@@ -50,16 +50,19 @@ CASES = {
     "PAD": ([(1, 3, 4, 2), None], {"paddings": [[0, 0], [1, 2], [0, 3], [1, 0]]}),
     "PADV2": ([(3, 4), None, None], {"paddings": [[1, 1], [2, 0]], "constant_values": [-1.5]}),
     "CONCATENATION": ([(2, 3), (2, 1), (2, 4)], {"axis": -1}),
+    "PACK": ([(2, 3), (2, 3)], {"axis": 1, "values_count": 2}),
     "fused_bottleneck": ([(1, 8, 8, 4), (4, 24), (24,), (3, 3, 24), (24,), (24, 4), (4,)],
                          {"expansion": 6, "stride": 1, "residual": True, "activation": "relu6"}),
 }
-# Keys that run no shader: views of their input's buffer, and DEQUANTIZE (folded into constants at load).
+# Keys that run no shader: views of their input's buffer, and DEQUANTIZE, DENSIFY and SHAPE (folded into
+# constants at load).
 NO_SHADER = {"RESHAPE": ([(2, 3), None], {"shape": [3, 2]}), "SQUEEZE": ([(2, 1)], {}),
-             "EXPAND_DIMS": ([(2,), None], {"shape": [0]}), "DEQUANTIZE": ([(2,)], {}), "DENSIFY": ([(2,)], {})}
+             "EXPAND_DIMS": ([(2,), None], {"shape": [0]}), "DEQUANTIZE": ([(2,)], {}), "DENSIFY": ([(2,)], {}),
+             "SHAPE": ([(2, 3)], {})}
 OUTPUT_SHAPES = {"ADD": (2, 3, 4), "MUL": (3, 5), "DIV": (2, 3, 4), "MINIMUM": (4,), "CONV_2D": (1, 4, 4, 5),
                  "DEPTHWISE_CONV_2D": (1, 3, 5, 6), "FULLY_CONNECTED": (2, 3, 4), "MAX_POOL_2D": (1, 4, 4, 3),
                  "AVERAGE_POOL_2D": (1, 6, 5, 3), "MEAN": (2, 1, 4, 1), "PAD": (1, 6, 7, 3), "PADV2": (5, 6),
-                 "CONCATENATION": (2, 8), "fused_bottleneck": (1, 8, 8, 4)}
+                 "CONCATENATION": (2, 8), "PACK": (2, 2, 3), "fused_bottleneck": (1, 8, 8, 4)}
 
 
 @pytest.fixture
@@ -139,7 +142,7 @@ def test_large_dispatch_spills_into_y():
 @pytest.mark.parametrize("key", sorted(NO_SHADER))
 def test_keys_without_a_shader_say_so(key, no_gpu):
     shapes, attrs = NO_SHADER[key]
-    with pytest.raises(KernelError, match=key if key in ("DEQUANTIZE", "DENSIFY") else "view"):
+    with pytest.raises(KernelError, match=key if key in ("DEQUANTIZE", "DENSIFY", "SHAPE") else "view"):
         tflfuse.get_shader(key, shapes, attrs)
 
 

@@ -48,13 +48,28 @@ def _parse_value(text: str):
         except ValueError:
             pass
     if text.startswith("["):
-        return json.loads(text)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--attrs: {text!r} is not a JSON list: {e}") from None
     return text
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Splits ``text`` at the commas outside brackets: ``"a=[1,2],b=3"`` -> ``["a=[1,2]", "b=3"]``."""
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        depth += (c == "[") - (c == "]")
+        if c == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return items
 
 
 def _parse_attrs(text: str) -> dict:
     attrs = {}
-    for item in filter(None, (s.strip() for s in text.split(","))):
+    for item in filter(None, (s.strip() for s in _split_top_level(text))):
         if "=" not in item:
             raise UsageError(f"--attrs: {item!r} is not key=value")
         k, v = item.split("=", 1)
@@ -133,7 +148,8 @@ def cmd_run(args):
     outputs = {d["name"]: interp.get_tensor(d["index"]) for d in interp.get_output_details()}
     print(f"adapter: {interp.device.describe()}")
     for name, value in outputs.items():
-        print(f"{name}: shape {list(value.shape)} {value.dtype}, min {value.min():.6g}, max {value.max():.6g}")
+        stats = f", min {value.min():.6g}, max {value.max():.6g}" if value.size else ", empty"
+        print(f"{name}: shape {list(value.shape)} {value.dtype}{stats}")
     if FLAGS.output:
         np.savez(FLAGS.output, **outputs)
         print(f"wrote {FLAGS.output}")
@@ -152,7 +168,10 @@ def cmd_shader(args):
         shapes = json.loads(FLAGS.shapes)
     except json.JSONDecodeError as e:
         raise UsageError(f"--shapes is not a JSON list of shapes: {e}") from None
-    info = get_shader(args[0], shapes, _parse_attrs(FLAGS.attrs))
+    try:
+        info = get_shader(args[0], shapes, _parse_attrs(FLAGS.attrs))
+    except TypeError as e:  # --shapes parsed as JSON but is not a list of lists of ints
+        raise UsageError(f"--shapes: {e}") from None
     if FLAGS.json:
         print(json.dumps(info.to_dict(), indent=2))
     else:
@@ -180,6 +199,8 @@ def main(argv):
     if not FLAGS["verbosity"].present:  # absl logs INFO by default; the commands print what matters
         absl_logging.set_verbosity(absl_logging.WARNING)
     if len(argv) < 2 or argv[1] not in _COMMANDS:
+        if len(argv) >= 2:
+            print(f"error: unknown command {argv[1]!r}; the commands are {', '.join(_COMMANDS)}", file=sys.stderr)
         print(_USAGE, file=sys.stderr)
         return 2
     from .kernels import KernelError
@@ -191,15 +212,24 @@ def main(argv):
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (ModelError, KernelError, FileNotFoundError, NoAdapterError) as e:
+    except (ModelError, KernelError, OSError, NoAdapterError) as e:  # OSError: a missing file, a directory...
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with a bad flag reported in one line and exit status 2 (absl's own: 1)."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        print(f"error: {e}; see --help", file=sys.stderr)
+        sys.exit(2)
 
 
 def run_main():
     """Console-script entry point."""
     sys.modules["__main__"].__doc__ = __doc__  # absl's --help prints the main module's docstring
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

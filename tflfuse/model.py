@@ -62,6 +62,13 @@ def builtin_op_name(code: int) -> str:
     return _BUILTIN_NAMES.get(code, f"BUILTIN_{code}")
 
 
+def _text(value) -> str:
+    """A name from the file as str; bytes that are not UTF-8 (a corrupt file) show as escapes, not errors."""
+    if value is None:
+        return ""
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
+
+
 def _snake(name: str) -> str:
     return re.sub(r"([A-Z])", r"_\1", name).lower()
 
@@ -82,10 +89,14 @@ class Model:
 
     Raises:
       ModelError: the bytes are not a .tflite model (too short, wrong file identifier, a flatbuffer
-        that cannot be decoded, or indices that point outside their tables).
+        that cannot be decoded, or indices that point outside their tables, signatures included).
+      TypeError: ``data`` is not bytes (a path: use :meth:`from_path`).
     """
 
     def __init__(self, data: bytes | bytearray | memoryview):
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"a .tflite model is bytes, got {type(data).__name__}"
+                            + ("; to read a file use Model.from_path()" if isinstance(data, (str, Path)) else ""))
         data = bytes(data)
         if len(data) < 8:
             raise ModelError(f"not a .tflite model: {len(data)} bytes is too short for a flatbuffer")
@@ -120,6 +131,13 @@ class Model:
         n_codes = len(m.operatorCodes or [])
         n_buffers = len(m.buffers or [])
         for si, sg in enumerate(m.subgraphs):
+            # An absent vector reads as None; make every one a list so that no caller meets None.
+            for field in ("tensors", "inputs", "outputs", "operators"):
+                if getattr(sg, field) is None:
+                    setattr(sg, field, [])
+            for op in sg.operators:
+                op.inputs = [] if op.inputs is None else op.inputs
+                op.outputs = [] if op.outputs is None else op.outputs
             n_t = len(sg.tensors or [])
             for t_i, t in enumerate(sg.tensors or []):
                 if not 0 <= t.buffer < max(n_buffers, 1):
@@ -143,6 +161,16 @@ class Model:
                     if not -1 <= i < n_t:
                         raise ModelError(f"subgraph {si} operator {oi} ({self.op_name(si, oi)}) refers to "
                                          f"tensor {i}; the subgraph has {n_t}")
+        for sd in m.signatureDefs or []:
+            key = _text(sd.signatureKey)
+            if not 0 <= sd.subgraphIndex < len(m.subgraphs):
+                raise ModelError(f"signature {key!r} refers to subgraph {sd.subgraphIndex}; the model has "
+                                 f"{len(m.subgraphs)}")
+            n_t = len(m.subgraphs[sd.subgraphIndex].tensors)
+            for tm in list(sd.inputs or []) + list(sd.outputs or []):
+                if not 0 <= tm.tensorIndex < n_t:
+                    raise ModelError(f"signature {key!r} maps {_text(tm.name)!r} to tensor {tm.tensorIndex}; "
+                                     f"subgraph {sd.subgraphIndex} has {n_t}")
 
     @property
     def subgraphs(self):
@@ -154,7 +182,7 @@ class Model:
         builtin = max(int(code.builtinCode), int(code.deprecatedBuiltinCode))
         if builtin == schema.BuiltinOperator.CUSTOM:
             cc = code.customCode
-            return cc.decode() if isinstance(cc, bytes) else str(cc)
+            return _text(cc)
         return builtin_op_name(builtin)
 
     def op_names(self, subgraph: int = 0) -> list[str]:
@@ -206,7 +234,7 @@ class Model:
 
     def tensor_name(self, subgraph: int, index: int) -> str:
         n = self.tensor(subgraph, index).name
-        return n.decode() if isinstance(n, bytes) else (n or "")
+        return _text(n)
 
     def tensor_shape(self, subgraph: int, index: int) -> tuple[int, ...]:
         s = self.tensor(subgraph, index).shape
@@ -262,12 +290,12 @@ class Model:
         """``{signature_key: {"subgraph": i, "inputs": {name: tensor}, "outputs": {name: tensor}}}``."""
         out = {}
         for sd in self.m.signatureDefs or []:
-            key = sd.signatureKey.decode() if isinstance(sd.signatureKey, bytes) else sd.signatureKey
+            key = _text(sd.signatureKey)
             out[key] = {
                 "subgraph": int(sd.subgraphIndex),
-                "inputs": {(tm.name.decode() if isinstance(tm.name, bytes) else tm.name): int(tm.tensorIndex)
+                "inputs": {_text(tm.name): int(tm.tensorIndex)
                            for tm in sd.inputs or []},
-                "outputs": {(tm.name.decode() if isinstance(tm.name, bytes) else tm.name): int(tm.tensorIndex)
+                "outputs": {_text(tm.name): int(tm.tensorIndex)
                             for tm in sd.outputs or []},
             }
         return out

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from .kernels import kernel_class
 from .kernels.base import KernelError, TensorSpec
@@ -34,6 +37,28 @@ class ShaderInfo:
         return d
 
 
+_MAX_ELEMENTS = 1 << 32
+
+
+def _check_shapes(input_shapes) -> None:
+    if isinstance(input_shapes, (str, bytes, Mapping)) or not isinstance(input_shapes, (Sequence, np.ndarray)):
+        raise TypeError(f"input_shapes must be a list of shapes such as [[1, 8, 8, 3], [4, 3, 3, 3]], got "
+                        f"{input_shapes!r}")
+    for i, shape in enumerate(input_shapes):
+        if shape is None:
+            continue
+        if isinstance(shape, np.ndarray) and shape.ndim == 1:
+            shape = shape.tolist()
+        if isinstance(shape, (str, bytes, Mapping)) or not isinstance(shape, Sequence) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) for d in shape):
+            raise TypeError(f"input_shapes[{i}] must be a list of ints (or None for an absent input), got {shape!r}")
+        if any(d < 0 for d in shape):
+            raise KernelError(f"input_shapes[{i}] = {list(shape)} has a negative dimension")
+        if math.prod(shape) >= _MAX_ELEMENTS:
+            raise KernelError(f"input_shapes[{i}] = {list(shape)} has {math.prod(shape)} elements; a shader "
+                              f"indexes tensors with u32, so fewer than 2**32")
+
+
 def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Mapping | None = None,
                dtype: str | Sequence[str] = "float32") -> ShaderInfo:
     """The WGSL for op ``key`` (its name in a .tflite: ``"CONV_2D"``, ``"fused_bottleneck"``) on inputs of
@@ -44,19 +69,33 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
 
     Raises:
       UnsupportedOpError: unknown key (the message lists the known keys).
-      KernelError: shapes or attributes the kernel does not accept (the message says what it expected).
+      KernelError: shapes or attributes the kernel does not accept (the message says what it expected),
+        including a tensor of 2**32 elements or more (WGSL indexes with u32).
+      TypeError: ``input_shapes`` is not a list of shapes (lists of ints) and ``None``.
     """
     cls = kernel_class(key)
+    _check_shapes(input_shapes)
     attrs = dict(attrs or {})
     dtypes = [dtype] * len(input_shapes) if isinstance(dtype, str) else list(dtype)
     if len(dtypes) != len(input_shapes):
         raise KernelError(f"{key}: {len(dtypes)} dtypes for {len(input_shapes)} input shapes")
     specs = [None if s is None or i in cls.static_inputs else TensorSpec(tuple(s), t)
              for i, (s, t) in enumerate(zip(input_shapes, dtypes))]
-    kernel = cls(specs, attrs)
-    outs = tuple(s.shape for s in kernel.output_specs())
+    try:
+        kernel = cls(specs, attrs)
+        outs = tuple(s.shape for s in kernel.output_specs())
+        programs = kernel.programs()
+    except KernelError:
+        raise
+    except (TypeError, ValueError) as e:  # e.g. int("abc") for stride_h="abc"
+        raise KernelError(f"{key}: attributes {attrs} or shapes {list(input_shapes)} are not what the kernel "
+                          f"takes ({type(e).__name__}: {e})") from e
+    for shape in outs:
+        if math.prod(shape) >= _MAX_ELEMENTS:
+            raise KernelError(f"{key}: output shape {list(shape)} has {math.prod(shape)} elements; a shader "
+                              f"indexes tensors with u32, so fewer than 2**32")
     infos = []
-    for p in kernel.programs():
+    for p in programs:
         binds = tuple({"binding": i, "name": b.name, "role": list(b.role), "access": b.access,
                        "type": b.elem_type, "size": b.size} for i, b in enumerate(p.bindings))
         unis = tuple({"name": u.name, "type": u.type, "value": u.value, "offset": 4 * i}

@@ -1,9 +1,10 @@
-"""Shape and data-movement ops: RESHAPE, SQUEEZE, EXPAND_DIMS (views), PAD, PADV2, CONCATENATION and
-DEQUANTIZE (folded at load).
+"""Shape and data-movement ops: RESHAPE, SQUEEZE, EXPAND_DIMS (views), PAD, PADV2, CONCATENATION, PACK, and
+SHAPE and DEQUANTIZE (folded at load).
 
 Semantics are TFLite's: RESHAPE takes its shape from the constant second input or ``new_shape`` (one
 ``-1`` allowed); PAD/PADV2 take constant ``paddings`` ``[rank, 2]`` (PADV2 a constant fill value);
-CONCATENATION joins along ``axis`` (negative counts from the end) and applies its fused activation;
+CONCATENATION joins along ``axis`` (negative counts from the end) and applies its fused activation; PACK
+stacks along a new ``axis``; SHAPE gives a tensor's (static, planned) shape;
 DEQUANTIZE turns float16 or int8/uint8 constants (per-tensor or per-channel scale) into float32 once.
 """
 
@@ -13,11 +14,11 @@ import math
 
 import numpy as np
 
-from .base import Kernel, TensorSpec
+from .base import Binding, Kernel, TensorSpec
 from .registry import register
 from .wgsl import activation_fn, elementwise_program, fmt_f32
 
-__all__ = ["Concatenation", "Dequantize", "Pad", "View"]
+__all__ = ["Concatenation", "Dequantize", "JOIN_GROUP", "Pack", "Pad", "Shape", "View"]
 
 
 @register("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
@@ -102,44 +103,155 @@ class Pad(Kernel):
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), math.prod(self.out), body)]
 
 
-@register("CONCATENATION")
-class Concatenation(Kernel):
-    """CONCATENATION along ``axis``: inputs of equal shape but for that axis -> their concatenation."""
+#: Inputs per CONCATENATION/PACK dispatch. WebGPU's default ``maxStorageBuffersPerShaderStage`` is 8: seven
+#: inputs and the output fit any device, so an op with more inputs runs as several dispatches, each writing its
+#: slice of the output, whatever the adapter's own limit.
+JOIN_GROUP = 7
+
+
+class _Join(Kernel):
+    """Inputs laid side by side along ``self.axis``; ``check`` sets ``parts`` (each input's shape with the joined
+    axis present), ``axis``, ``out`` and ``dtype``."""
 
     input_names = ("values...",)
+    parts: list[tuple[int, ...]]
+
+    def activation(self) -> str:
+        return "NONE"
+
+    def output_specs(self):
+        if self.dtype not in ("float32", "int32"):
+            raise self.fail(f"{self.dtype} inputs run only when folded at load (every input constant); the "
+                            f"WebGPU runtime holds float32 and int32 tensors")
+        return (TensorSpec(self.out, self.dtype),)
+
+    def programs(self):
+        out = self.output_specs()[0]
+        inner, along = math.prod(self.out[self.axis + 1:]), self.out[self.axis]
+        starts = [0]
+        for p in self.parts:
+            starts.append(starts[-1] + p[self.axis])
+        act = activation_fn(self.activation()) if self.dtype == "float32" else ""
+        progs = []
+        for g0 in range(0, len(self.parts), JOIN_GROUP):
+            group = [i for i in range(g0, min(g0 + JOIN_GROUP, len(self.parts))) if self.parts[i][self.axis]]
+            lo, width = starts[g0], starts[min(g0 + JOIN_GROUP, len(self.parts))] - starts[g0]
+            total = math.prod(self.out) // max(along, 1) * width
+            if not group or total == 0:
+                continue
+            lines = [f"  let inner = idx % {inner}u;", f"  let a = (idx / {inner}u) % {width}u + {lo}u;",
+                     f"  let outer = idx / {inner * width}u;", f"  var v = {out.wgsl_type}(0);"]
+            cond = "if"
+            for i in group:
+                n, start = self.parts[i][self.axis], starts[i]
+                src = f"(outer * {n}u + a - {start}u) * {inner}u + inner"
+                lines.append(f"  {cond} (a < {start + n}u) {{ v = x{i}[{src}]; }}")
+                cond = "else if"
+            lines.append(f"  y[(outer * {along}u + a) * {inner}u + inner] = {'act(v)' if act else 'v'};")
+            binds = tuple(Binding(f"x{i}", ("input", i), "read", out.wgsl_type, self.inputs[i].nbytes)
+                          for i in group)
+            binds += (Binding("y", ("output", 0), "read_write", out.wgsl_type, out.nbytes),)
+            name = self.key if len(self.parts) <= JOIN_GROUP else f"{self.key}_{g0 // JOIN_GROUP}"
+            progs.append(elementwise_program(name, binds, total, "\n".join(lines), act))
+        return progs
+
+    def _same_dtype(self) -> str:
+        dtypes = sorted({s.dtype for s in self.inputs})
+        if len(dtypes) != 1:
+            raise self.fail(f"inputs have different dtypes {dtypes}")
+        return dtypes[0]
+
+
+@register("CONCATENATION")
+class Concatenation(_Join):
+    """CONCATENATION along ``axis``: inputs of equal shape but for that axis (float32 or int32) -> their
+    concatenation, with the fused activation (float32). More than :data:`JOIN_GROUP` inputs take several
+    dispatches."""
+
     attr_defaults = {"axis": 0, "fused_activation_function": "NONE"}
 
+    def activation(self) -> str:
+        return self.attr("fused_activation_function")
+
     def check(self):
-        first = self.expect_rank(0, *range(1, 7))
+        first = self.input(0)
         rank = len(first.shape)
+        if not 1 <= rank <= 6:
+            raise self.fail(f"input 0 must have rank 1 to 6, got shape {list(first.shape)}")
         axis = int(self.attr("axis"))
         if not -rank <= axis < rank:
             raise self.fail(f"axis {axis} is out of range for rank {rank}")
         self.axis = axis % rank
         for i in range(len(self.inputs)):
-            s = self.expect_rank(i, rank).shape
-            if s[:self.axis] + s[self.axis + 1:] != first.shape[:self.axis] + first.shape[self.axis + 1:]:
+            s = self.input(i).shape
+            off_axis = first.shape[:self.axis] + first.shape[self.axis + 1:]
+            if len(s) != rank or s[:self.axis] + s[self.axis + 1:] != off_axis:
                 raise self.fail(f"input {i} shape {list(s)} differs from input 0 off axis {self.axis}")
-        self.out = first.shape[:self.axis] + (sum(s.shape[self.axis] for s in self.inputs),) + \
-            first.shape[self.axis + 1:]
+        self.dtype = self._same_dtype()
+        self.parts = [s.shape for s in self.inputs]
+        self.out = first.shape[:self.axis] + (sum(p[self.axis] for p in self.parts),) + first.shape[self.axis + 1:]
+
+    def fold(self, arrays):
+        return [np.concatenate([np.asarray(a) for a in arrays], self.axis)]
+
+
+@register("PACK")
+class Pack(_Join):
+    """PACK (``tf.stack``): ``values_count`` inputs of one shape ``[...]`` -> ``[...]`` with a new axis of that
+    size at ``axis`` (from ``-rank - 1`` to ``rank``). Float32 or int32 at run time; any dtype when folded."""
+
+    attr_defaults = {"axis": 0, "values_count": 0}
+
+    def check(self):
+        first = self.input(0)
+        rank = len(first.shape) + 1
+        if rank > 6:
+            raise self.fail(f"inputs of rank {rank - 1} give an output of rank {rank}; at most 6 is supported")
+        axis, count = int(self.attr("axis")), int(self.attr("values_count"))
+        if not -rank <= axis < rank:
+            raise self.fail(f"axis {axis} is out of range for output rank {rank}")
+        if count not in (0, len(self.inputs)):
+            raise self.fail(f"values_count is {count} but the op has {len(self.inputs)} inputs")
+        for i in range(len(self.inputs)):
+            if self.input(i).shape != first.shape:
+                raise self.fail(f"input {i} shape {list(self.input(i).shape)} differs from input 0 "
+                                f"{list(first.shape)}")
+        self.dtype = self._same_dtype()
+        self.axis = axis % rank
+        self.parts = [first.shape[:self.axis] + (1,) + first.shape[self.axis:]] * len(self.inputs)
+        self.out = first.shape[:self.axis] + (len(self.inputs),) + first.shape[self.axis:]
+
+    def fold(self, arrays):
+        return [np.stack([np.asarray(a) for a in arrays], self.axis)]
+
+
+@register("SHAPE")
+class Shape(Kernel):
+    """SHAPE: input ``[...]`` of any dtype -> its shape, int32 ``[rank]`` (int64 with ``out_type`` INT64).
+
+    Shapes are static once a plan is made (after any ``resize_tensor_input``), so the op is always folded at
+    load into a constant; no dispatch runs. Ops reading it (STRIDED_SLICE, PACK, RESHAPE's shape) fold too.
+    """
+
+    input_names = ("input",)
+    attr_defaults = {"out_type": 2}
+    #: Folded from the input's shape alone, whether or not the input is a constant.
+    folds_from_shape = True
+    _OUT_TYPES = {2: np.int32, 4: np.int64}   # TFLite TensorType INT32, INT64
+
+    def check(self):
+        self.input(0)
+        if int(self.attr("out_type")) not in self._OUT_TYPES:
+            raise self.fail(f"out_type {self.attr('out_type')} is not INT32 (2) or INT64 (4)")
 
     def output_specs(self):
-        return (TensorSpec(self.out),)
+        raise self.fail("folded at load into a constant (shapes are static once planned); it runs no shader")
 
     def programs(self):
-        inner = math.prod(self.out[self.axis + 1:])
-        along = self.out[self.axis]
-        lines = [f"  let inner = idx % {inner}u;", f"  let a = (idx / {inner}u) % {along}u;",
-                 f"  let outer = idx / {inner * along}u;", "  var v = 0.0;"]
-        start, cond = 0, "if"
-        for i, s in enumerate(self.inputs):
-            n = s.shape[self.axis]
-            lines.append(f"  {cond} (a < {start + n}u) {{ v = x{i}[(outer * {n}u + a - {start}u) * {inner}u + inner]; }}")
-            cond, start = "else if", start + n
-        body = "\n".join(lines) + "\n  y[idx] = act(v);"
-        names = [f"x{i}" for i in range(len(self.inputs))] + ["y"]
-        return [elementwise_program(self.key, self.io_bindings(names), math.prod(self.out), body,
-                                    activation_fn(self.attr("fused_activation_function")))]
+        return []
+
+    def fold(self, arrays):
+        return [np.array(self.input(0).shape, self._OUT_TYPES[int(self.attr("out_type"))])]
 
 
 @register("DEQUANTIZE")

@@ -85,9 +85,12 @@ class Device:
         except Exception as e:  # wgpu-native raises plain Exceptions when no backend loads
             raise NoAdapterError(f"WebGPU adapters could not be listed ({e}). {_INSTALL_HINT}") from e
         if want:
-            adapters = [a for a in adapters if want.lower() in _info(a).get("device", "").lower()]
+            names = [_info(a).get("device", "") for a in adapters]
+            adapters = [a for a, name in zip(adapters, names) if str(want).lower() in name.lower()]
             if not adapters:
-                raise NoAdapterError(f"no WebGPU adapter matches {want!r}")
+                where = "set by TFLFUSE_ADAPTER" if adapter is None else "the adapter argument"
+                raise NoAdapterError(f"no WebGPU adapter matches {want!r} ({where}); the adapters here "
+                                     f"are: {', '.join(repr(n) for n in names) or 'none'}")
         if not adapters:
             raise NoAdapterError(f"no WebGPU adapter found. {_INSTALL_HINT}")
         adapters.sort(key=lambda a: (_ADAPTER_RANK.get(_info(a).get("adapter_type"), 3),

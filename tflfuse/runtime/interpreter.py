@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..model import Model
+from ..model import TENSOR_DTYPES, Model
 from .device import Device
 from .plan import ExecutionPlan, check_supported, lower
 
@@ -75,6 +75,7 @@ class Interpreter:
     def _plan(self, subgraph: int, build: bool = False) -> ExecutionPlan:
         plan = self._plans.get(subgraph)
         if plan is None:
+            self._check_subgraph(subgraph)
             if not build and subgraph == 0:
                 raise RuntimeError("call allocate_tensors() before invoke(), set_tensor() or get_tensor()")
             graph = lower(self._model, subgraph, self._resized.get(subgraph),
@@ -83,21 +84,33 @@ class Interpreter:
             self._inputs_set[subgraph] = set()
         return plan
 
+    def _check_subgraph(self, subgraph: int) -> None:
+        n = len(self._model.subgraphs)
+        if isinstance(subgraph, bool) or not isinstance(subgraph, (int, np.integer)) or not 0 <= subgraph < n:
+            raise ValueError(f"subgraph_index {subgraph!r} is out of range; the model has {n} subgraph(s)")
+
+    def _check_tensor_index(self, subgraph: int, tensor_index: int) -> None:
+        n = len(self._model.subgraphs[subgraph].tensors)
+        if isinstance(tensor_index, bool) or not isinstance(tensor_index, (int, np.integer)) \
+                or not 0 <= tensor_index < n:
+            raise ValueError(f"tensor_index {tensor_index!r} is out of range; subgraph {subgraph} has {n} tensors")
+
     def resize_tensor_input(self, input_index: int, tensor_size: Sequence[int], strict: bool = False) -> None:
         """Sets a new shape for an input; takes effect at the next :meth:`allocate_tensors`.
 
         Raises:
-          ValueError: not an input, a non-positive size, or (``strict``) a size that changes a dimension the
-            shape signature fixes.
+          TypeError: ``tensor_size`` is not a 1-D sequence of ints (a str, a scalar, None, a nested list).
+          ValueError: not an input, a non-positive or fractional size, a size past int32, or (``strict``) a size
+            that changes a dimension the shape signature fixes.
         """
         self._resize(0, input_index, tensor_size, strict)
 
     def _resize(self, subgraph: int, input_index: int, tensor_size: Sequence[int], strict: bool = False) -> None:
         sg = self._model.subgraphs[subgraph]
-        if input_index not in list(sg.inputs):
-            raise ValueError(f"tensor {input_index} is not an input of subgraph {subgraph}; "
-                             f"inputs: {list(sg.inputs)}")
-        shape = tuple(int(d) for d in tensor_size)
+        inputs = [int(i) for i in sg.inputs]
+        if input_index not in inputs:
+            raise ValueError(f"tensor {input_index} is not an input of subgraph {subgraph}; inputs: {inputs}")
+        shape = _shape_arg(tensor_size)
         if any(d <= 0 for d in shape):
             raise ValueError(f"tensor_size must be positive, got {list(shape)}")
         sig = self._model.tensor_shape_signature(subgraph, input_index)
@@ -116,6 +129,8 @@ class Interpreter:
         for t in tensors:
             if plan and t in plan.graph.specs:
                 shape = plan.graph.specs[t].shape
+            elif plan and t in plan.graph.consts:   # a constant, or a value folded at load (SHAPE's)
+                shape = plan.graph.consts[t].shape
             else:  # as LiteRT, a resized input reports its new shape before allocate_tensors()
                 shape = resized.get(t, m.tensor_shape(subgraph, t))
             # As LiteRT: a file without a shape signature (a static model) reports the current shape.
@@ -146,9 +161,22 @@ class Interpreter:
     def get_output_details(self) -> list[dict]:
         return self._details(0, list(self._model.subgraphs[0].outputs))
 
+    def get_tensor_details(self, subgraph_index: int = 0) -> list[dict]:
+        """Details (as :meth:`get_input_details`) of every tensor of a subgraph, in index order, as LiteRT's
+        ``get_tensor_details``: constants and intermediates too, with their ``shape_signature``. Tensors of a
+        type tflfuse does not read are left out.
+
+        Raises:
+          ValueError: ``subgraph_index`` is not the index of a subgraph of the model.
+        """
+        self._check_subgraph(subgraph_index)
+        tensors = self._model.subgraphs[subgraph_index].tensors
+        readable = [t for t in range(len(tensors)) if tensors[t].type in TENSOR_DTYPES]
+        return self._details(int(subgraph_index), readable)
+
     # ---- running ---------------------------------------------------------------------------------
     def set_tensor(self, tensor_index: int, value, subgraph_index: int = 0) -> None:
-        """Copies ``value`` into an input tensor.
+        """Copies ``value`` into an input tensor (any memory layout or byte order of the tensor's dtype).
 
         Raises:
           ValueError: the tensor is not an input, or the shape disagrees with the allocated shape.
@@ -161,6 +189,8 @@ class Interpreter:
         spec = plan.graph.specs[tensor_index]
         value = np.asarray(value)
         want = np.dtype(np.float32) if spec.dtype == "float32" else np.dtype(np.int32)
+        if value.dtype != want and value.dtype.newbyteorder("=") == want:  # big-endian data (np.load)
+            value = value.astype(want)
         if value.dtype != want:
             raise TypeError(f"tensor {tensor_index} ({self._model.tensor_name(subgraph_index, tensor_index)!r}) "
                             f"expects {want}, got {value.dtype}")
@@ -182,15 +212,22 @@ class Interpreter:
             plan.run()
 
     def get_tensor(self, tensor_index: int, subgraph_index: int = 0) -> np.ndarray:
-        """A copy of an input, output or constant tensor after :meth:`invoke`.
+        """A copy of an input, output or constant tensor after :meth:`invoke` (a constant that no op reads too).
 
         Raises:
-          ValueError: an intermediate tensor (its buffer is reused by later ops).
+          ValueError: ``tensor_index`` or ``subgraph_index`` out of range, or an intermediate tensor (its
+            buffer is reused by later ops).
         """
         plan = self._plan(subgraph_index)
+        self._check_tensor_index(subgraph_index, tensor_index)
         g = plan.graph
         if tensor_index not in g.consts and tensor_index not in g.inputs + g.outputs and not (
                 self._preserve and tensor_index in g.specs):
+            if tensor_index not in g.specs:  # no op reads or writes it: a constant reads as its data
+                data = self._model.tensor_data(subgraph_index, tensor_index)
+                if data is not None:
+                    return data
+                raise ValueError(f"tensor {tensor_index} is neither a constant nor computed by the model")
             raise ValueError(f"tensor {tensor_index} is an intermediate tensor whose buffer is reused; "
                              f"only inputs, outputs and constants can be read")
         with self._lock:
@@ -232,6 +269,22 @@ class Interpreter:
         """Median seconds per invoke with a read-back of the first output (inputs must be set)."""
         with self._lock:
             return self._plan(0).time_run(repeats)
+
+
+def _shape_arg(tensor_size) -> tuple[int, ...]:
+    """``tensor_size`` of ``resize_tensor_input`` as a tuple of ints; TypeError/ValueError naming it."""
+    if isinstance(tensor_size, (str, bytes)) or np.ndim(tensor_size) != 1:
+        raise TypeError(f"tensor_size must be a 1-D sequence of ints such as [1, 224, 224, 3], got {tensor_size!r}")
+    shape = []
+    for d in tensor_size:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer, float, np.floating)):
+            raise TypeError(f"tensor_size must hold ints, got {d!r} in {list(tensor_size)}")
+        if not float(d).is_integer():
+            raise ValueError(f"tensor_size must hold whole numbers, got {d!r} in {list(tensor_size)}")
+        if abs(int(d)) >= 1 << 31:
+            raise ValueError(f"tensor_size {list(tensor_size)}: {int(d)} does not fit a TFLite dimension (int32)")
+        shape.append(int(d))
+    return tuple(shape)
 
 
 class SignatureRunner:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from typing import Mapping, Sequence
 
@@ -81,7 +82,9 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         (workgroup shape, blocking) by it; the values computed do not depend on it.
     Raises:
       UnsupportedOpError: an op has no kernel (named with its index and subgraph).
-      KernelError: an op's shapes or attributes are not supported, or disagree with the file.
+      KernelError: an op's shapes or attributes are not supported, or disagree with the file; a graph that is
+        not a dataflow graph (a tensor written twice, or read and written by one op; too many inputs); a
+        constant folded at load past :data:`MAX_FOLDED_ELEMENTS`.
     """
     check_supported(model, subgraph)
     input_shapes = dict(input_shapes or {})
@@ -94,6 +97,7 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
     for t in inputs:
         specs[t] = _runtime_spec(model, subgraph, t, input_shapes.get(t))
     ops: list[LoweredOp] = []
+    written: set[int] = set()
     for oi in range(len(sg.operators or [])):
         name = model.op_name(subgraph, oi)
         cls = kernel_class(name)
@@ -104,6 +108,12 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         in_ids = model.op_inputs(subgraph, oi)
         out_ids = model.op_outputs(subgraph, oi)
         _check_op_tensors(cls, where, in_ids, out_ids)
+        for t in out_ids:  # each tensor is written once (buffer lifetimes and views rely on it)
+            if t in specs or t in consts:
+                what = ("a subgraph input" if t in inputs else "written by an earlier op" if t in written
+                        else "a constant")
+                raise KernelError(f"{where}: output tensor {t} is {what}; a tensor may be written only once")
+            written.add(t)
         in_specs: list[TensorSpec | None] = []
         for pos, t in enumerate(in_ids):
             if t < 0:
@@ -133,11 +143,18 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         with _located(where):
             kernel = cls(in_specs, attrs)
         runtime_in = [t for pos, t in enumerate(in_ids) if t >= 0 and pos not in cls.static_inputs]
-        folded = hasattr(kernel, "fold") and all(t in consts for t in runtime_in)
+        # Folded at load: every input a constant, or an op of the input's shape alone (SHAPE).
+        folded = hasattr(kernel, "fold") and (getattr(kernel, "folds_from_shape", False)
+                                               or all(t in consts for t in runtime_in))
         if folded:
+            _check_fold_size(kernel, where)
             with _located(where):
-                values = kernel.fold([consts[t] for t in runtime_in])
+                values = kernel.fold([consts.get(t) for t in runtime_in])
             for t, value in zip(out_ids, values):
+                declared = model.tensor_shape(subgraph, t)
+                if not input_shapes and declared and tuple(declared) != np.shape(value):
+                    raise KernelError(f"{where}: output tensor {t} is declared {list(declared)} but folding the "
+                                      f"op's constant inputs gives {list(np.shape(value))}")
                 consts[t] = value
             continue
         with _located(where):
@@ -165,8 +182,33 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
     return LoweredGraph(subgraph, ops, specs, consts, inputs, outputs, aliases)
 
 
+#: The largest constant that folding an op at load may make, in elements (1 GiB of float32): GATHER, PACK
+#: or CONCATENATION of constants can describe outputs far larger than the file (a corrupt or hostile one).
+MAX_FOLDED_ELEMENTS = 1 << 28
+_DENSE_LEVEL = 0   # DimensionType.DENSE of a sparse tensor's dim_metadata
+
+
+def _check_fold_size(kernel: Kernel, where: str) -> None:
+    """Refuses to fold an op whose output (known before it is computed) is implausibly large."""
+    shape = getattr(kernel, "out", None)
+    if not isinstance(shape, tuple):
+        shape = kernel.attrs.get("dense_shape") if getattr(kernel, "needs_sparsity", False) else None
+    if shape is not None and math.prod(int(d) for d in shape) > MAX_FOLDED_ELEMENTS:
+        raise KernelError(f"{where}: folding its constant inputs at load would make a tensor of shape "
+                          f"{list(shape)} ({math.prod(shape)} elements, over {MAX_FOLDED_ELEMENTS})")
+    sparsity = kernel.attrs.get("sparsity") if getattr(kernel, "needs_sparsity", False) else None
+    if sparsity is not None and shape is not None:
+        # Each DENSE level multiplies the nodes walked by its size; a valid format never walks more nodes
+        # than the dense tensor has elements, a corrupt one could ask for terabytes.
+        dense = [int(m.denseSize) for m in (getattr(sparsity, "dimMetadata", None) or [])
+                 if int(m.format) == _DENSE_LEVEL]
+        if math.prod(dense) > max(math.prod(int(d) for d in shape), 1):
+            raise KernelError(f"{where}: sparsity parameters with dense levels of sizes {dense} describe more "
+                              f"elements than the dense shape {list(shape)} holds")
+
+
 @contextlib.contextmanager
-def _located(where: str):
+def _located(where: str, what: str = "unusable shapes or attributes"):
     """Re-raises an error of a kernel built from a file's op as a :class:`KernelError` naming the op.
 
     Attributes come from the file, so a value of the wrong type (a string stride) is bad input, not a bug:
@@ -176,7 +218,7 @@ def _located(where: str):
     except KernelError as e:
         raise KernelError(f"{where}: {e}") from None
     except (TypeError, ValueError, IndexError) as e:
-        raise KernelError(f"{where}: unusable shapes or attributes ({type(e).__name__}: {e})") from e
+        raise KernelError(f"{where}: {what} ({type(e).__name__}: {e})") from e
 
 
 def _check_op_tensors(cls: type[Kernel], where: str, in_ids: list[int], out_ids: list[int]) -> None:
@@ -187,6 +229,8 @@ def _check_op_tensors(cls: type[Kernel], where: str, in_ids: list[int], out_ids:
     if names and not any(n.endswith("...") for n in names) and len(in_ids) > len(names):
         raise KernelError(f"{where}: the op has {len(in_ids)} inputs; it takes at most {len(names)} "
                           f"({', '.join(names)})")
+    if any(t < 0 for t in out_ids):
+        raise KernelError(f"{where}: an output is absent (tensor index -1): {out_ids}")
     if len(set(out_ids)) != len(out_ids):
         raise KernelError(f"{where}: the op lists an output tensor twice: {out_ids}")
     both = sorted(set(t for t in in_ids if t >= 0) & set(out_ids))
@@ -198,7 +242,7 @@ def _op_attrs(model: Model, sg: int, oi: int, cls: type[Kernel], where: str = ""
     where = where or f"{model.op_name(sg, oi)} (operator {oi} of subgraph {sg})"
     attrs = model.op_attrs(sg, oi)
     if getattr(cls, "decode_custom_options", None):
-        with _located(where):
+        with _located(where, "unreadable custom options"):
             attrs = cls.decode_custom_options(attrs)
     ins = model.op_inputs(sg, oi)
     if getattr(cls, "needs_quantization", False) and ins and ins[0] >= 0:
