@@ -565,6 +565,7 @@ _NAN_CASES = {
     # name: (model, inputs, tolerance)
     **{op: (binary(op, _SHAPE), 2, ELEMENTWISE) for op in ("ADD", "SUB", "MUL", "DIV", "SQUARED_DIFFERENCE")},
     **{op: (unary(op, _SHAPE), 1, TRANSCENDENTAL) for op in ("LOGISTIC", "TANH")},
+    **{op: (unary(op, _SHAPE), 1, ELEMENTWISE) for op in ("RELU", "RELU6", "RELU_N1_TO_1", "HARD_SWISH")},
     "LEAKY_RELU": (unary("LEAKY_RELU", _SHAPE, ("LeakyReluOptions", {"alpha": 0.2})), 1, ELEMENTWISE),
     "SOFTMAX": (unary("SOFTMAX", _SHAPE, ("SoftmaxOptions", {"beta": 1.0})), 1, TRANSCENDENTAL),
     "SOFTMAX_of_a_row": (unary("SOFTMAX", (3, 4), ("SoftmaxOptions", {"beta": 1.0})), 1, TRANSCENDENTAL),

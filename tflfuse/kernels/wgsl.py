@@ -55,16 +55,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 ACTIVATIONS = {
     "none": "return v;",
     "linear": "return v;",
-    "relu": "return max(v, 0.0);",
-    "relu6": "return clamp(v, 0.0, 6.0);",
-    "relu_n1_to_1": "return clamp(v, -1.0, 1.0);",
-    "relu_0_to_1": "return clamp(v, 0.0, 1.0);",
+    # NaN passes through the clamps, as in LiteRT (WGSL's max/clamp may return either operand for NaN, and
+    # compilers fold ``v != v`` to false, so NaN is tested on the bits)
+    "relu": "return select(max(v, 0.0), v, is_nan(v));",
+    "relu6": "return select(clamp(v, 0.0, 6.0), v, is_nan(v));",
+    "relu_n1_to_1": "return select(clamp(v, -1.0, 1.0), v, is_nan(v));",
+    "relu_0_to_1": "return select(clamp(v, 0.0, 1.0), v, is_nan(v));",
     "tanh": "return tanh(v);",
     "sigmoid": "return 1.0 / (1.0 + exp(-v));",
     "logistic": "return 1.0 / (1.0 + exp(-v));",
-    "hard_swish": "return v * clamp(v + 3.0, 0.0, 6.0) / 6.0;",
+    "hard_swish": "return v * (clamp(v + 3.0, 0.0, 6.0) / 6.0);",  # no overflow for large v, as in LiteRT
     "sign_bit": "return select(0.0, 1.0, v < 0.0);",
 }
+
+
+_IS_NAN = "fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }\n"
 
 
 def activation_fn(name: str | None, fn_name: str = "act") -> str:
@@ -72,7 +77,8 @@ def activation_fn(name: str | None, fn_name: str = "act") -> str:
     key = (name or "none").lower()
     if key not in ACTIVATIONS:
         raise KernelError(f"unsupported activation {name!r}; supported: {sorted(ACTIVATIONS)}")
-    return f"fn {fn_name}(v: f32) -> f32 {{ {ACTIVATIONS[key]} }}\n"
+    helper = _IS_NAN if "is_nan(" in ACTIVATIONS[key] else ""
+    return f"{helper}fn {fn_name}(v: f32) -> f32 {{ {ACTIVATIONS[key]} }}\n"
 
 
 def elementwise_program(name: str, bindings: tuple[Binding, ...], total: int, body: str,
