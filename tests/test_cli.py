@@ -123,3 +123,33 @@ def test_convert_refuses_unfrozen_weights(small_mobilenet, tmp_path):
     assert r.returncode == 1
     assert "model.export" in r.stderr and "VAR_HANDLE" in r.stderr
     assert not (tmp_path / "m.tflite").exists()
+
+
+def test_shader_list_names_every_key_and_its_attributes():
+    from tflfuse.kernels import supported_ops
+
+    r = tflfuse("shader", "--list")
+    assert r.returncode == 0, r.stderr
+    keys = [line.split()[0] for line in r.stdout.splitlines()]
+    assert keys == supported_ops()
+    assert "filter_height" in next(line for line in r.stdout.splitlines() if line.startswith("MAX_POOL_2D"))
+    entries = json.loads(tflfuse("shader", "--list", "--json").stdout)
+    assert {e["key"] for e in entries} == set(supported_ops())
+
+
+def test_shader_model_writes_distinct_shaders_and_a_manifest(face_model, tmp_path):
+    from tflfuse.model import Model
+    from tflfuse.runtime.plan import lower
+
+    r = tflfuse("shader", f"--model={face_model}", f"--out={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    files = {p.name for p in tmp_path.glob("*.wgsl")}
+    used = {d["shader"] for op in manifest["ops"] for d in op["dispatches"]}
+    assert used == files and len(files) < sum(len(op["dispatches"]) for op in manifest["ops"])  # shared shaders
+    assert sum(len(op["dispatches"]) for op in manifest["ops"]) == lower(Model.from_path(face_model)).dispatch_count
+    conv = next(op for op in manifest["ops"] if op["op"] == "CONV_2D")
+    d = conv["dispatches"][0]
+    assert "@compute" in (tmp_path / d["shader"]).read_text()
+    assert [b["tensor"] for b in d["bindings"] if b["role"] == "output"] == conv["outputs"]
+    assert tflfuse("shader", f"--model={face_model}").returncode == 2   # --out is needed

@@ -5,6 +5,8 @@
     tflfuse run MODEL.tflite --input=x.npy [--input=y.npy ...] [--output=out.npz] [--adapter=NAME]
     tflfuse ops MODEL.tflite
     tflfuse shader KEY --shapes="[[1,224,224,3],[32,3,3,3]]" [--attrs="stride_h=2,padding=SAME"] [--json]
+    tflfuse shader --list [--json]
+    tflfuse shader --model=MODEL.tflite --out=DIR [--target=gpu|cpu]
     tflfuse adapters
 
 Exit status: 0 on success; 1 when the work failed (a fusion mismatch, unfrozen weights in convert, an op
@@ -28,6 +30,10 @@ flags.DEFINE_bool("annotations", True, "convert: keep tflfuse composite annotati
 flags.DEFINE_string("shapes", None, "shader: JSON list of input shapes, e.g. [[1,8,8,3],[4,3,3,3]].")
 flags.DEFINE_string("attrs", "", "shader: comma-separated key=value attributes, e.g. padding=SAME,stride_h=2.")
 flags.DEFINE_bool("json", False, "shader: print the whole ShaderInfo as JSON.")
+flags.DEFINE_bool("list", False, "shader: list every kernel key with its inputs and attributes.")
+flags.DEFINE_string("model", None, "shader: write every distinct shader of this .tflite (with --out).")
+flags.DEFINE_string("out", None, "shader --model: folder for the .wgsl files and manifest.json.")
+flags.DEFINE_enum("target", "gpu", ["gpu", "cpu"], "shader: schedules for a GPU or the software adapter.")
 flags.DEFINE_integer("size", 224, "demo: MobileNetV2 input side in pixels.")
 flags.DEFINE_integer("repeats", 5, "demo: timed invokes per model.")
 
@@ -159,9 +165,49 @@ def cmd_run(args):
             print(f"{name} =\n{value}")
 
 
+def _shader_list():
+    from .shader import catalog
+
+    entries = catalog()
+    if FLAGS.json:
+        print(json.dumps(entries, indent=2, default=str))
+        return
+    for e in entries:
+        ins = [f"{n}{'?' if i in e['optional_inputs'] else ''}{' (attribute)' if i in e['static_inputs'] else ''}"
+               for i, n in enumerate(e["inputs"])]
+        attrs = ", ".join(f"{k}={v!r}" if v is not None else k for k, v in e["attributes"].items())
+        print(f"{e['key']:<28} inputs: {', '.join(ins) or '-'}; attributes: {attrs or '-'}")
+
+
+def _shader_model():
+    if not FLAGS.out:
+        raise UsageError("usage: tflfuse shader --model=MODEL.tflite --out=DIR")
+    from pathlib import Path
+
+    from .shader import model_shaders
+
+    files, manifest = model_shaders(FLAGS.model, target=FLAGS.target)
+    out = Path(FLAGS.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out / name).write_text(text)
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    except OSError as e:
+        raise UsageError(f"--out={FLAGS.out}: {e}") from None
+    n_dispatch = sum(len(op["dispatches"]) for op in manifest["ops"])
+    print(f"wrote {len(files)} distinct shaders for {len(manifest['ops'])} ops ({n_dispatch} dispatches) and "
+          f"manifest.json to {out}")
+
+
 def cmd_shader(args):
+    if FLAGS.list:
+        return _shader_list()
+    if FLAGS.model:
+        return _shader_model()
     if len(args) != 1 or FLAGS.shapes is None:
-        raise UsageError('usage: tflfuse shader KEY --shapes="[[1,8,8,3],[4,3,3,3]]" [--attrs=k=v,...] [--json]')
+        raise UsageError('usage: tflfuse shader KEY --shapes="[[1,8,8,3],[4,3,3,3]]" [--attrs=k=v,...] [--json]'
+                         ' | tflfuse shader --list | tflfuse shader --model=MODEL.tflite --out=DIR')
     from .shader import get_shader
 
     try:

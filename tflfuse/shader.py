@@ -11,7 +11,7 @@ import numpy as np
 from .kernels import kernel_class
 from .kernels.base import KernelError, TensorSpec
 
-__all__ = ["ShaderInfo", "get_shader"]
+__all__ = ["ShaderInfo", "catalog", "get_shader", "model_shaders", "run_shader"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,3 +105,143 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
         raise KernelError(f"{key} runs no shader: it is a view of its input's buffer")
     first = infos[0]
     return dataclasses.replace(first, programs=tuple(infos))
+
+
+def catalog() -> list[dict]:
+    """Every kernel key with its expected inputs and attributes, for ``tflfuse shader --list``.
+
+    Each entry: ``key``, ``summary`` (first line of the kernel's docstring), ``inputs`` (names in op order;
+    inputs that are constants read at plan time are attributes in :func:`get_shader`, listed under
+    ``static_inputs``), ``optional_inputs`` (indices that may be ``None``) and ``attributes`` (name ->
+    default, ``None`` where the attribute is required or comes from a static input).
+    """
+    from .kernels import supported_ops
+
+    out = []
+    for key in supported_ops():
+        cls = kernel_class(key)
+        doc = (cls.__doc__ or "").strip().splitlines()
+        attrs = {k: v for k, v in cls.attr_defaults.items()}
+        for name in cls.static_inputs.values():
+            attrs.setdefault(name, None)
+        for name in getattr(cls, "required_attrs", ()):
+            attrs.setdefault(name, None)
+        out.append({"key": key, "summary": doc[0] if doc else "", "inputs": list(cls.input_names),
+                    "static_inputs": {int(i): n for i, n in cls.static_inputs.items()},
+                    "optional_inputs": sorted(cls.optional_inputs), "attributes": attrs, "view": cls.view})
+    return out
+
+
+def model_shaders(model, target: str = "gpu") -> tuple[dict[str, str], dict]:
+    """The distinct shaders of a .tflite model and a manifest mapping each op to them. No GPU.
+
+    Args:
+      model: a :class:`tflfuse.model.Model`, the bytes of a .tflite, or its path.
+      target: ``"gpu"`` or ``"cpu"`` (the software adapter's schedules).
+    Returns:
+      ``(files, manifest)``: ``files`` maps a file name (``"CONV_2D_3f2a9c1e.wgsl"``, named by op and a digest
+      of the source) to WGSL text; ``manifest`` holds ``ops``, one entry per op of subgraph 0 with its index,
+      name, the model tensors it reads and writes, and its ``dispatches`` in order, each with the shader file,
+      entry point, workgroup size, dispatch size, bindings (each naming the model tensor it binds: ``tensor``
+      for an input or output, or a scratch buffer of ``size`` bytes) and uniforms.
+    Raises:
+      ModelError, UnsupportedOpError, KernelError: as :class:`tflfuse.Interpreter` would.
+    """
+    from pathlib import Path
+
+    from .model import Model
+    from .runtime.plan import lower
+
+    if isinstance(model, (str, Path)):
+        model = Model.from_path(model)
+    elif not isinstance(model, Model):
+        model = Model(model)
+    graph = lower(model, 0, target=target)
+    files: dict[str, str] = {}
+    ops = []
+    for op in graph.ops:
+        dispatches = []
+        for prog in op.kernel.programs():
+            fname = f"{op.name}_{prog.cache_key[:8]}.wgsl"
+            files[fname] = prog.source
+            binds = []
+            for i, b in enumerate(prog.bindings):
+                kind, k = b.role
+                entry = {"binding": i, "name": b.name, "access": b.access, "type": b.elem_type, "size": b.size,
+                         "role": kind}
+                if kind in ("input", "output"):
+                    entry["tensor"] = (op.inputs if kind == "input" else op.outputs)[k]
+                else:
+                    entry["scratch"] = k
+                binds.append(entry)
+            dispatches.append({"shader": fname, "entry_point": prog.entry_point,
+                               "workgroup_size": list(prog.workgroup_size), "dispatch": list(prog.dispatch),
+                               "bindings": binds,
+                               "uniforms": [{"name": u.name, "type": u.type, "value": u.value, "offset": 4 * j}
+                                            for j, u in enumerate(prog.uniforms)]})
+        ops.append({"index": op.index, "op": op.name, "inputs": op.inputs, "outputs": op.outputs,
+                    "view": op.kernel.view, "dispatches": dispatches})
+    manifest = {"target": target, "inputs": graph.inputs, "outputs": graph.outputs,
+                "tensors": {str(t): {"shape": list(s.shape), "dtype": s.dtype} for t, s in sorted(graph.specs.items())},
+                "aliases": {str(k): v for k, v in graph.aliases.items()},
+                "constants": sorted(graph.consts), "ops": ops}
+    return files, manifest
+
+
+def run_shader(device, info: ShaderInfo, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Runs a :class:`ShaderInfo` as another runtime would, from its fields alone: one storage buffer per
+    binding (``inputs[i]`` for role ``("input", i)``; zeroed buffers of the binding's size for outputs and
+    scratch), the uniform block at the binding after them, each program dispatched in order.
+
+    Args:
+      device: a :class:`tflfuse.Device`.
+      info: from :func:`get_shader`.
+      inputs: arrays in the op's input order (``None`` where the op's input is absent or was given as an
+        attribute).
+    Returns:
+      the op's outputs as arrays of ``info.output_shapes`` (float32, or int32 where the binding is i32).
+    """
+    import wgpu
+
+    dev = device.device
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+    buffers: dict[tuple[str, int], object] = {}
+    out_types: dict[int, str] = {}
+    encoder = dev.create_command_encoder()
+    for p in info.programs or (info,):
+        entries = []
+        for b in p.bindings:
+            role = tuple(b["role"])
+            if role not in buffers:
+                size = max(16, -(-b["size"] // 16) * 16)
+                if role[0] == "input":
+                    data = np.ascontiguousarray(inputs[role[1]]).tobytes()
+                    buffers[role] = dev.create_buffer_with_data(data=data + b"\0" * (size - len(data)), usage=usage)
+                else:
+                    buffers[role] = dev.create_buffer(size=size, usage=usage)
+                if role[0] == "output":
+                    out_types[role[1]] = b["type"]
+            entries.append({"binding": b["binding"], "resource": {"buffer": buffers[role], "offset": 0,
+                                                                  "size": b["size"]}})
+        if p.uniforms:
+            fmt = {"f32": "<f4", "i32": "<i4", "u32": "<u4"}
+            data = b"".join(np.array(u["value"], fmt[u["type"]]).tobytes() for u in p.uniforms)
+            data += b"\0" * (-len(data) % 16)
+            ubuf = dev.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.UNIFORM)
+            entries.append({"binding": len(p.bindings), "resource": {"buffer": ubuf, "offset": 0, "size": len(data)}})
+        module = dev.create_shader_module(code=p.wgsl)
+        pipeline = dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": p.entry_point})
+        group = dev.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+        cpass = encoder.begin_compute_pass()
+        cpass.set_pipeline(pipeline)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(*p.dispatch)
+        cpass.end()
+    dev.queue.submit([encoder.finish()])
+    outs = []
+    for i, shape in enumerate(info.output_shapes):
+        dtype = np.int32 if out_types.get(i) == "i32" else np.float32
+        n = math.prod(shape)
+        raw = dev.queue.read_buffer(buffers[("output", i)], 0, max(4, n * 4)) if n else b""
+        outs.append(np.frombuffer(raw, dtype)[:n].reshape(shape).copy())
+    return outs

@@ -24,6 +24,7 @@ class Pool2D(Kernel):
 
     input_names = ("input",)
     attr_defaults = {"padding": "VALID", "stride_h": 1, "stride_w": 1, "fused_activation_function": "NONE"}
+    required_attrs = ("filter_height", "filter_width")
 
     def check(self):
         n, h, w, c = self.expect_rank(0, 4).shape

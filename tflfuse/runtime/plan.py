@@ -448,14 +448,16 @@ def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping
     Args:
       device: a :class:`~tflfuse.runtime.device.Device`.
       key: the op name (``"CONV_2D"``, ``"fused_bottleneck"``).
-      inputs: float32 arrays in the op's input order (``None`` for an absent optional input).
+      inputs: float32 (or int32) arrays in the op's input order (``None`` for an absent optional input).
       attrs: the op's attributes.
       constant: per input, whether it is a constant (default: all but the first).
     Returns:
       the op's outputs as float32 arrays.
     """
     cls = kernel_class(key)
-    specs = [None if a is None else TensorSpec(np.shape(a)) for a in inputs]
+    inputs = [None if a is None else np.asarray(a, np.int32 if np.asarray(a).dtype.kind in "iu" else np.float32)
+              for a in inputs]
+    specs = [None if a is None else TensorSpec(a.shape, _DTYPE_NAMES[a.dtype]) for a in inputs]
     kernel = cls(specs, dict(attrs or {}))
     constant = list(constant) if constant is not None else [i > 0 for i in range(len(inputs))]
     n_in = len(inputs)
@@ -469,7 +471,7 @@ def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping
         if a is None:
             continue
         if constant[i]:
-            consts[i] = np.ascontiguousarray(a, np.float32)
+            consts[i] = np.ascontiguousarray(a)
         else:
             specs_map[i] = specs[i]
             runtime.append(i)
@@ -477,7 +479,7 @@ def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping
                          out_ids, {out_ids[0]: in_ids[0]} if kernel.view else {})
     plan = ExecutionPlan(graph, device)
     for i in runtime:
-        plan.write(i, np.ascontiguousarray(inputs[i], np.float32))
+        plan.write(i, np.ascontiguousarray(inputs[i]))
     plan.run()
     return [plan.read(t) for t in out_ids]
 
