@@ -14,7 +14,7 @@ from .base import Kernel, Program, TensorSpec
 from .registry import register
 from .wgsl import activation_fn, dot, elementwise_program
 
-__all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "conv_output_size", "depthwise_program"]
+__all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "conv_output_size", "depthwise_program", "window_body"]
 
 
 def conv_output_size(size: int, kernel: int, stride: int, dilation: int, padding: str) -> tuple[int, int]:
@@ -32,6 +32,29 @@ def conv_output_size(size: int, kernel: int, stride: int, dilation: int, padding
     if padding == "VALID":
         return max(0, -(-(size - eff + 1) // stride)), 0
     raise ValueError(f"padding must be 'SAME' or 'VALID', got {padding!r}")
+
+
+def window_body(g: dict, channels: int, prologue: str, inner: str, result: str) -> str:
+    """WGSL of a sliding-window op with one invocation per NHWC output element: decodes ``idx`` into ``n``,
+    ``oy``, ``ox``, ``co`` (``channels`` per pixel), runs ``prologue``, then ``inner`` for every window tap
+    ``(ky, kx)`` whose input pixel ``(iy, ix)`` lies inside the image (taps in the padding are skipped),
+    and stores ``y[idx] = act(result)``. ``g`` holds the geometry of :func:`conv_output_size` (keys N, H,
+    W, OH, OW, SH, SW, DH, DW, PT, PL, KH, KW). Loop iterations: ``KH * (1 + KW)`` plus ``inner``'s own."""
+    return f"""  let co = idx % {channels}u;
+  let ox = i32((idx / {channels}u) % {g['OW']}u);
+  let oy = i32((idx / {channels * g['OW']}u) % {g['OH']}u);
+  let n = idx / {channels * g['OW'] * g['OH']}u;
+{prologue}
+  for (var ky = 0; ky < {g['KH']}; ky++) {{
+    let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
+    if (iy < 0 || iy >= {g['H']}) {{ continue; }}
+    for (var kx = 0; kx < {g['KW']}; kx++) {{
+      let ix = ox * {g['SW']} - {g['PL']} + kx * {g['DW']};
+      if (ix < 0 || ix >= {g['W']}) {{ continue; }}
+{inner}
+    }}
+  }}
+  y[idx] = act({result});"""
 
 
 class _Conv(Kernel):
@@ -88,24 +111,10 @@ class Conv2D(_Conv):
         fcin = self.input(1).shape[3]
         bias = "b[co]" if self.has_input(2) else "0.0"
         cpg = self.cout // self.groups
-        body = f"""  let co = idx % {self.cout}u;
-  let ox = i32((idx / {self.cout}u) % {g['OW']}u);
-  let oy = i32((idx / {self.cout * g['OW']}u) % {g['OH']}u);
-  let n = idx / {self.cout * g['OW'] * g['OH']}u;
-  let c0 = (co / {cpg}u) * {fcin}u;
-  var acc = {bias};
-  for (var ky = 0; ky < {g['KH']}; ky++) {{
-    let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
-    if (iy < 0 || iy >= {g['H']}) {{ continue; }}
-    for (var kx = 0; kx < {g['KW']}; kx++) {{
-      let ix = ox * {g['SW']} - {g['PL']} + kx * {g['DW']};
-      if (ix < 0 || ix >= {g['W']}) {{ continue; }}
-      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + c0;
+        inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + c0;
       let wb = ((co * {g['KH']}u + u32(ky)) * {g['KW']}u + u32(kx)) * {fcin}u;
-      {dot(fcin, 'x[xb + {k}]', 'w[wb + {k}]', 'acc')}
-    }}
-  }}
-  y[idx] = act(acc);"""
+      {dot(fcin, 'x[xb + {k}]', 'w[wb + {k}]', 'acc')}"""
+        body = window_body(g, self.cout, f"  let c0 = (co / {cpg}u) * {fcin}u;\n  var acc = {bias};", inner, "acc")
         total = g["N"] * g["OH"] * g["OW"] * self.cout
         trips = g["KH"] * (1 + g["KW"] * (1 + fcin // 4))
         return [elementwise_program(self.key, self.io_bindings(self._names()), total, body,
@@ -139,23 +148,9 @@ def depthwise_program(name: str, bindings, g: dict, cin: int, mult: int, has_bia
     One invocation per output element. Shared with ``fused_bottleneck``'s staged schedule."""
     cout = cin * mult
     bias = "b[co]" if has_bias else "0.0"
-    body = f"""  let co = idx % {cout}u;
-  let ox = i32((idx / {cout}u) % {g['OW']}u);
-  let oy = i32((idx / {cout * g['OW']}u) % {g['OH']}u);
-  let n = idx / {cout * g['OW'] * g['OH']}u;
-  let ci = co / {mult}u;
-  var acc = {bias};
-  for (var ky = 0; ky < {g['KH']}; ky++) {{
-    let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
-    if (iy < 0 || iy >= {g['H']}) {{ continue; }}
-    for (var kx = 0; kx < {g['KW']}; kx++) {{
-      let ix = ox * {g['SW']} - {g['PL']} + kx * {g['DW']};
-      if (ix < 0 || ix >= {g['W']}) {{ continue; }}
-      acc += x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]
-           * w[(u32(ky) * {g['KW']}u + u32(kx)) * {cout}u + co];
-    }}
-  }}
-  y[idx] = act(acc);"""
+    inner = f"""      acc += x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]
+           * w[(u32(ky) * {g['KW']}u + u32(kx)) * {cout}u + co];"""
+    body = window_body(g, cout, f"  let ci = co / {mult}u;\n  var acc = {bias};", inner, "acc")
     total = g["N"] * g["OH"] * g["OW"] * cout
     return elementwise_program(name, bindings, total, body, activation_fn(activation),
                                loop_trips=g["KH"] * (1 + g["KW"]))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .base import Kernel, TensorSpec, Uniform
-from .conv import conv_output_size
+from .conv import conv_output_size, window_body
 from .registry import register
 from .wgsl import activation_fn, elementwise_program, fmt_f32
 
@@ -48,23 +48,10 @@ class Pool2D(Kernel):
         init = "-3.402823466e38" if is_max else "0.0"
         update = "acc = max(acc, v);" if is_max else "acc += v; cnt += 1.0;"
         result = "acc" if is_max else "acc / max(cnt, 1.0)"
-        body = f"""  let ch = idx % {c}u;
-  let ox = i32((idx / {c}u) % {self.ow}u);
-  let oy = i32((idx / {c * self.ow}u) % {self.oh}u);
-  let nb = idx / {c * self.ow * self.oh}u;
-  var acc = {init};
-  var cnt = 0.0;
-  for (var ky = 0; ky < {self.kh}; ky++) {{
-    let iy = oy * {self.sh} - {self.pt} + ky;
-    if (iy < 0 || iy >= {h}) {{ continue; }}
-    for (var kx = 0; kx < {self.kw}; kx++) {{
-      let ix = ox * {self.sw} - {self.pl} + kx;
-      if (ix < 0 || ix >= {w}) {{ continue; }}
-      let v = x[((nb * {h}u + u32(iy)) * {w}u + u32(ix)) * {c}u + ch];
-      {update}
-    }}
-  }}
-  y[idx] = act({result});"""
+        g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.sh, SW=self.sw, DH=1, DW=1, PT=self.pt,
+                 PL=self.pl, KH=self.kh, KW=self.kw)
+        inner = f"      let v = x[((n * {h}u + u32(iy)) * {w}u + u32(ix)) * {c}u + co];\n      {update}"
+        body = window_body(g, c, f"  var acc = {init};\n  var cnt = 0.0;", inner, result)
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), n * self.oh * self.ow * c, body,
                                     activation_fn(self.attr("fused_activation_function")),
                                     loop_trips=self.kh * (1 + self.kw))]
