@@ -170,3 +170,12 @@ def test_bad_shapes_and_attributes_raise_kernel_error(key, shapes, attrs, match,
     with pytest.raises(KernelError, match=match) as err:
         tflfuse.get_shader(key, shapes, attrs)
     assert key in str(err.value)
+
+
+def test_unknown_attributes_and_missing_inputs_say_what_is_expected():
+    with pytest.raises(KernelError, match=r"unknown attribute\(s\) \['strides_h'\]; it takes .*'stride_h'"):
+        tflfuse.get_shader("CONV_2D", [(1, 8, 8, 3), (4, 3, 3, 3), (4,)], {"strides_h": 2})
+    with pytest.raises(KernelError, match="input 1 is missing"):
+        tflfuse.get_shader("CONV_2D", [(1, 8, 8, 3)], {})
+    with pytest.raises(KernelError, match="missing attribute 'filter_height'"):
+        tflfuse.get_shader("MAX_POOL_2D", [(1, 8, 8, 3)], {"filter_width": 2})

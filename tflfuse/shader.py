@@ -69,7 +69,8 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
 
     Raises:
       UnsupportedOpError: unknown key (the message lists the known keys).
-      KernelError: shapes or attributes the kernel does not accept (the message says what it expected),
+      KernelError: an attribute the kernel does not know (the message lists those it takes), shapes or
+        attribute values the kernel does not accept (the message says what it expected),
         including a tensor of 2**32 elements or more (WGSL indexes with u32).
       TypeError: ``input_shapes`` is not a list of shapes (lists of ints) and ``None``.
     """
@@ -79,6 +80,9 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
     dtypes = [dtype] * len(input_shapes) if isinstance(dtype, str) else list(dtype)
     if len(dtypes) != len(input_shapes):
         raise KernelError(f"{key}: {len(dtypes)} dtypes for {len(input_shapes)} input shapes")
+    unknown = sorted(set(attrs) - cls.known_attrs())
+    if unknown:
+        raise KernelError(f"{key}: unknown attribute(s) {unknown}; it takes {sorted(cls.known_attrs())}")
     specs = [None if s is None or i in cls.static_inputs else TensorSpec(tuple(s), t)
              for i, (s, t) in enumerate(zip(input_shapes, dtypes))]
     try:

@@ -155,6 +155,11 @@ class Kernel:
     input_names: ClassVar[Sequence[str]] = ()
     #: attribute name -> default value; attributes not listed are rejected by :meth:`attr`.
     attr_defaults: ClassVar[Mapping[str, object]] = {}
+    #: attributes without a default that the kernel needs (e.g. a pool's window).
+    required_attrs: ClassVar[Sequence[str]] = ()
+    #: other attributes the kernel reads: ones the planner derives from the file (quantization, sparsity)
+    #: and tuning knobs.
+    extra_attrs: ClassVar[Sequence[str]] = ()
 
     def __init__(self, inputs: Sequence[TensorSpec | None], attrs: Mapping | None = None):
         self.inputs = tuple(inputs)
@@ -166,6 +171,12 @@ class Kernel:
             act = self.attr("fused_activation_function")
             if str(act or "none").lower() not in ACTIVATIONS:
                 raise self.fail(f"unsupported fused activation {act!r}; supported: {sorted(ACTIVATIONS)}")
+
+    @classmethod
+    def known_attrs(cls) -> frozenset[str]:
+        """Every attribute name the kernel reads (``get_shader`` rejects others, naming these)."""
+        return frozenset(cls.attr_defaults) | frozenset(cls.static_inputs.values()) | \
+            frozenset(cls.required_attrs) | frozenset(cls.extra_attrs)
 
     # ---- to override -----------------------------------------------------------------------------
     def check(self) -> None:

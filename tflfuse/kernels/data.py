@@ -411,6 +411,8 @@ class Gather(Kernel):
     plan is made (out of range: :class:`KernelError`); runtime indices out of range give 0 (TFLite stops with
     an error)."""
 
+    extra_attrs = ('indices_value',)
+
     key = "GATHER"
     input_names = ("params", "indices")
     attr_defaults = {"axis": 0, "batch_dims": 0}
@@ -564,6 +566,8 @@ def densify(values: np.ndarray, dense_shape, sparsity) -> np.ndarray:
 class Densify(Kernel):
     """DENSIFY of a sparse constant (TFLite's sparse weights): decoded once at load with the tensor's
     sparsity parameters (see :func:`densify`); a runtime input is refused."""
+
+    extra_attrs = ('dense_shape', 'sparsity')
 
     key = "DENSIFY"
     needs_sparsity = True  # the planner passes the input's sparsity parameters and dense shape

@@ -25,6 +25,8 @@ __all__ = ["Concatenation", "Dequantize", "JOIN_GROUP", "Pack", "Pad", "Shape", 
 class View(Kernel):
     """A view: the output is the input's buffer with another shape. No dispatch runs."""
 
+    extra_attrs = ('new_shape', 'squeeze_dims')
+
     view = True
     static_inputs = {1: "shape"}
     optional_inputs = frozenset({1})
@@ -258,6 +260,8 @@ class Shape(Kernel):
 class Dequantize(Kernel):
     """DEQUANTIZE of a constant (float16, or int8/uint8 with scale and zero point): decoded to float32 once at
     load; a DEQUANTIZE of a runtime tensor is refused."""
+
+    extra_attrs = ('scale', 'zero_point', 'quantized_dimension')
 
     needs_quantization = True
     input_names = ("input",)

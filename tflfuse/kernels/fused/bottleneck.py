@@ -46,6 +46,8 @@ class FusedBottleneck(Kernel):
     ``OH = ceil(H / stride)``. Raises :class:`~tflfuse.kernels.KernelError` for weights whose shapes
     disagree, a stride other than 1 or 2, or a residual on a block whose input and output differ."""
 
+    extra_attrs = ('strategy', 'tile', 'lanes', 'out_block', 'chunk', 'splits')
+
     input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b")
     attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "target": "gpu"}
 
