@@ -128,7 +128,7 @@ def catalog() -> list[dict]:
         attrs = {k: v for k, v in cls.attr_defaults.items()}
         for name in cls.static_inputs.values():
             attrs.setdefault(name, None)
-        for name in getattr(cls, "required_attrs", ()):
+        for name in (*cls.required_attrs, *cls.extra_attrs):
             attrs.setdefault(name, None)
         out.append({"key": key, "summary": doc[0] if doc else "", "inputs": list(cls.input_names),
                     "static_inputs": {int(i): n for i, n in cls.static_inputs.items()},
