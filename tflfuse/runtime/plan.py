@@ -296,6 +296,8 @@ class ExecutionPlan:
         self.device = device
         self.buffers: dict[int, object] = {}       # tensor -> GPU buffer (runtime tensors and weights)
         self.buffer_count = 0
+        self.activation_bytes = 0   # GPU memory of the (reused) buffers for inputs, outputs, intermediates, scratch
+        self.constant_bytes = 0     # GPU memory of the weights
         self._alloc()
         self.steps: list[tuple[Program, object, object]] = []   # (program, pipeline, bind group)
         for op in graph.ops:
@@ -324,6 +326,7 @@ class ExecutionPlan:
                     raise KernelError(f"constant tensor {t} is {data.nbytes} bytes, over the device's max "
                                       f"storage binding of {limit} bytes")
                 self.buffers[t] = dev.create_buffer(data.nbytes, data=data.tobytes(), label=f"const{t}")
+                self.constant_bytes += data.nbytes
         # Lifetimes over storage roots: first op writing, last op reading; inputs/outputs are pinned.
         keep = list(g.specs) if self.preserve_all_tensors else g.inputs + g.outputs
         pinned = {g.storage_root(t) for t in keep if t in g.specs}
@@ -351,6 +354,7 @@ class ExecutionPlan:
                 return best
             self.buffer_count += 1
             size16 = max(16, -(-size // 16) * 16)
+            self.activation_bytes += size16
             return size16, dev.create_buffer(size16, label=label)
 
         roots: dict[int, tuple[int, object]] = {}
@@ -359,6 +363,7 @@ class ExecutionPlan:
                 raise KernelError(f"tensor {r} {list(g.specs[r].shape)} needs {g.specs[r].nbytes} bytes, over "
                                   f"the device's max storage binding of {limit} bytes")
             self.buffer_count += 1
+            self.activation_bytes += g.specs[r].nbytes
             roots[r] = (0, dev.create_buffer(g.specs[r].nbytes, label=f"io{r}"))
         for pos, op in enumerate(g.ops):
             for t in op.outputs:
@@ -392,6 +397,15 @@ class ExecutionPlan:
                                                                         "size": len(data)}})
         pipeline = self.device.pipeline(prog)
         return self.device.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+
+    def memory_report(self) -> dict:
+        """Bytes of GPU memory the plan holds, beside what one buffer per tensor would take.
+
+        ``activations``: the reused buffers (inputs, outputs, intermediates, scratch); ``constants``: weights;
+        ``all_tensors``: the sum of every runtime tensor's size (what no reuse would allocate).
+        """
+        return {"activations": self.activation_bytes, "constants": self.constant_bytes,
+                "all_tensors": sum(s.nbytes for s in self.graph.specs.values())}
 
     # ---- execution -------------------------------------------------------------------------------
     @property
