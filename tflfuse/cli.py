@@ -103,6 +103,8 @@ def cmd_convert(args):
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except (TypeError, ValueError) as e:  # e.g. --noannotations on a SavedModel, which is already traced
+        raise UsageError(str(e)) from None
     with open(FLAGS.output, "wb") as f:
         f.write(result.tflite)
     print(result.report)

@@ -350,8 +350,8 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
         raise TypeError(f"model must be a keras.Model, a SavedModel directory or a list of concrete "
                         f"functions, got {type(model).__name__}{hint}")
     if kind != "Keras model" and not annotations:
-        raise ValueError(f"annotations=False needs a Keras model, which convert() can trace again; a "
-                         f"{kind} is already traced. Trace (or save) it inside "
+        raise ValueError(f"annotations=False needs a Keras model, which convert() can trace again; "
+                         f"the {kind} given here is already traced. Trace (or save) it inside "
                          f"tflfuse.annotate.annotations_disabled() instead")
     if kind != "Keras model" and batch_size is not None:
         raise ValueError(f"batch_size applies to a Keras model, not to a {kind}")

@@ -13,7 +13,7 @@ from .base import Kernel, TensorSpec, Uniform
 from .registry import register
 from .wgsl import ACTIVATIONS, activation_fn, elementwise_program
 
-__all__ = ["Binary", "Prelu", "Unary", "broadcast_index"]
+__all__ = ["Binary", "LeakyRelu", "Prelu", "Unary", "broadcast_index"]
 
 
 def broadcast_index(out_shape: tuple[int, ...], in_shape: tuple[int, ...], name: str) -> str:
@@ -78,13 +78,11 @@ _UNARY = {
 }
 
 
-@register(*_UNARY, "LEAKY_RELU")
+@register(*_UNARY)
 class Unary(Kernel):
-    """``out = f(x)`` per element. Input ``[...]`` float32; output the same shape.
-    LEAKY_RELU's ``alpha`` is a uniform, so one pipeline serves every alpha."""
+    """``out = f(x)`` per element. Input ``[...]`` float32; output the same shape."""
 
     input_names = ("x",)
-    attr_defaults = {"alpha": 0.2}
 
     def check(self):
         self.expect_rank(0, *range(0, 7))
@@ -93,15 +91,22 @@ class Unary(Kernel):
         return (TensorSpec(self.inputs[0].shape),)
 
     def programs(self):
-        total = self.inputs[0].size
-        binds = self.io_bindings(["x", "y"])
-        if self.key == "LEAKY_RELU":
-            uniforms = (Uniform("alpha", "f32", float(self.attr("alpha"))),)
-            body = "  let v = x[idx];\n  y[idx] = select(v * params.alpha, v, v >= 0.0);"
-            return [elementwise_program(self.key, binds, total, body, uniforms=uniforms)]
         assert _UNARY[self.key] in ACTIVATIONS
-        return [elementwise_program(self.key, binds, total, "  y[idx] = act(x[idx]);",
-                                    activation_fn(_UNARY[self.key]))]
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), self.inputs[0].size,
+                                    "  y[idx] = act(x[idx]);", activation_fn(_UNARY[self.key]))]
+
+
+@register("LEAKY_RELU")
+class LeakyRelu(Unary):
+    """LEAKY_RELU: ``x if x >= 0 else alpha * x``. ``alpha`` is a uniform, so one pipeline serves every alpha."""
+
+    attr_defaults = {"alpha": 0.2}
+
+    def programs(self):
+        uniforms = (Uniform("alpha", "f32", float(self.attr("alpha"))),)
+        body = "  let v = x[idx];\n  y[idx] = select(v * params.alpha, v, v >= 0.0);"
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), self.inputs[0].size, body,
+                                    uniforms=uniforms)]
 
 
 @register("PRELU")

@@ -74,6 +74,12 @@ class Device:
     """
 
     def __init__(self, adapter: str | None = None):
+        if tensorflow_symbols_global():  # checked before any driver loads: loading one would crash at exit
+            raise NoAdapterError(
+                "TensorFlow was imported before tflfuse, with its LLVM symbols exported process-wide; Mesa's "
+                "Vulkan drivers (the software adapter llvmpipe among them) crash against them. Import tflfuse "
+                "before TensorFlow (tflfuse then has TensorFlow load its libraries with RTLD_LOCAL), or run "
+                "TensorFlow in another process.")
         _default_runtime_dir()
         import wgpu
 
@@ -97,11 +103,6 @@ class Device:
                                      _BACKEND_RANK.get(_info(a).get("backend_type"), 3)))
         self.adapter = adapters[0]
         self.info = _info(self.adapter)
-        if self.info.get("adapter_type") == "CPU" and tensorflow_symbols_global():
-            raise NoAdapterError(
-                "TensorFlow was imported before tflfuse with its LLVM symbols exported process-wide; the "
-                "software adapter (llvmpipe) would crash compiling shaders. Import tflfuse before TensorFlow "
-                "(tflfuse then loads TensorFlow's libraries with RTLD_LOCAL), or run TensorFlow in another process.")
         limits = dict(self.adapter.limits)
         wanted = {k: limits[k] for k in (
             "max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
