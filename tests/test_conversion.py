@@ -198,3 +198,16 @@ def test_bad_arguments(tmp_path):
         convert([cf], annotations=False)
     with pytest.raises(ValueError, match="batch_size"):
         convert(small_model(drop=False), batch_size=0)
+
+
+def test_batch_size_after_an_export_of_the_same_architecture(tmp_path):
+    # model.export() traces the composites with batch None; a later conversion at batch 2 must not reuse
+    # that trace (the converter would declare its shapes): every op's declared shapes must agree.
+    from tflfuse.model import Model
+    from tflfuse.runtime.plan import lower
+
+    mobilenet_v2(input_shape=(32, 32, 3), alpha=0.35, seed=0).export(str(tmp_path / "sm"), verbose=False)
+    model = mobilenet_v2(input_shape=(32, 32, 3), alpha=0.35, seed=0)
+    result = convert(model, batch_size=2)
+    graph = lower(Model(result.tflite))   # raises KernelError on a declared/inferred shape mismatch
+    assert graph.specs[graph.outputs[0]].shape[0] == 2

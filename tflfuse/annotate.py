@@ -427,7 +427,8 @@ class CompositeFunction:
 
         # tf.function(experimental_implements=...) makes every argument a tensor: None ones stay outside.
         nones = tuple(i for i, a in enumerate(args) if a is None)
-        fn = self._traced(instance, attrs, body_kwargs, nones)
+        shapes = tuple(tuple(getattr(a, "shape", ())) for a in args if a is not None)
+        fn = self._traced(instance, attrs, body_kwargs, nones, shapes)
         for counter in _COUNTERS.get():
             counter[self.spec.name] += 1
         try:
@@ -441,11 +442,13 @@ class CompositeFunction:
                 f"arguments. Pass weights as arguments (a Keras layer: fn(x, self.kernel, ...)), or make "
                 f"small constants NumPy arrays") from e
 
-    def _traced(self, instance, attrs: dict, body_kwargs: dict, nones: tuple[int, ...]):
+    def _traced(self, instance, attrs: dict, body_kwargs: dict, nones: tuple[int, ...], shapes: tuple):
         import tensorflow as tf
 
         signature = implements_signature(self.spec.name, attrs)
-        key = (signature, nones)
+        # One tf.function per static input shapes: TensorFlow would reuse a trace made for a more general
+        # shape (a Keras export traces batch None), and the converter would then declare that trace's shapes.
+        key = (signature, nones, shapes)
         if instance is None:
             cache, get_self = self._functions, None
         else:
