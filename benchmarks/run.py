@@ -42,8 +42,8 @@ def prepare(folder: Path) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     model = composites.mobilenet_v2(input_shape=(224, 224, 3), seed=0, batch_size=1)
-    for tag, annotations in (("fused", True), ("unfused", False)):
-        result = tflfuse.convert(model, annotations=annotations)
+    for tag, annotate in (("fused", True), ("unfused", False)):
+        result = tflfuse.convert(model, annotations=annotate)
         (folder / f"mobilenet_v2_{tag}.tflite").write_bytes(result.tflite)
         print(f"mobilenet_v2 {tag}: {sum(result.report.op_counts.values())} ops")
     from tflfuse import zoo

@@ -90,7 +90,6 @@ def check_op(tf_fn: Callable, input_shapes: Sequence[Sequence[int]], *, device: 
     make_input = make_input or (lambda g, s: g.standard_normal(s).astype(np.float32))
     tf_tol = dict(tf_tol or dict(atol=atol, rtol=rtol))
     n_args = len(input_shapes) + len(const_inputs)
-    runtime_pos = [p for p in range(n_args) if p not in const_inputs]
 
     def args_of(runtime, wrap):
         it = iter(runtime)

@@ -12,7 +12,7 @@ from ai_edge_litert.interpreter import Interpreter as LiteRT
 
 import tflfuse
 from conftest import ACCUMULATION
-from test_bad_inputs import build, t
+from tflite_builder import build, t
 
 Q = np.array([[[[-128, 5, 127]]], [[[3, -7, 0]]]], np.int8)   # OHWI [2, 1, 1, 3]
 
