@@ -107,3 +107,15 @@ def test_buffers_are_reused_by_tensor_lifetime(device, face_model):
     # 86 dispatches, each reading one or two live tensors: reuse keeps under a third of all tensors' bytes
     assert 0 < mem["activations"] < mem["all_tensors"] / 3
     assert mem["constants"] > 0
+
+
+def test_per_dispatch_gpu_times_cover_every_dispatch(device, face_model):
+    from tflfuse.runtime.plan import profile_plan
+
+    interp = tflfuse.Interpreter(model_path=face_model, device=device)
+    interp.allocate_tensors()
+    interp.set_tensor(interp.get_input_details()[0]["index"], zoo.sample_photo((128, 128)))
+    rows = profile_plan(interp._plan(0), repeats=1)
+    assert len(rows) == interp.dispatch_count
+    assert all(r["us"] > 0 for r in rows)
+    assert {r["op"] for r in rows} <= set(interp.model.op_names(0))

@@ -300,6 +300,7 @@ class ExecutionPlan:
         self.constant_bytes = 0     # GPU memory of the weights
         self._alloc()
         self.steps: list[tuple[Program, object, object]] = []   # (program, pipeline, bind group)
+        self.step_ops: list[LoweredOp] = []                      # the op of each step
         for op in graph.ops:
             if op.kernel.view:
                 continue
@@ -312,6 +313,7 @@ class ExecutionPlan:
                         f"{device.loop_limit} and would return wrong values (input shapes "
                         f"{[list(s.shape) if s else None for s in op.kernel.inputs]})")
                 self.steps.append((prog, device.pipeline(prog), self._bind_group(op, prog, scratch)))
+                self.step_ops.append(op)
 
     # ---- buffers ---------------------------------------------------------------------------------
     def _alloc(self) -> None:
@@ -510,8 +512,6 @@ def profile_plan(plan: ExecutionPlan, repeats: int = 5) -> list[dict]:
         raise RuntimeError(f"the adapter {dev.name} has no timestamp-query feature")
     wgpu = dev._wgpu
     n = len(plan.steps)
-    owners = [(op.name, op.index) for op in plan.graph.ops if not op.kernel.view
-              for _ in op.kernel.programs()]
     qs = dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
     resolve = dev.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
     samples = []
@@ -529,5 +529,5 @@ def profile_plan(plan: ExecutionPlan, repeats: int = 5) -> list[dict]:
         ticks = np.frombuffer(dev.device.queue.read_buffer(resolve, 0, 16 * n), np.uint64).astype(np.float64)
         samples.append((ticks[1::2] - ticks[0::2]) / 1e3)   # WebGPU timestamps are nanoseconds
     med = np.median(np.array(samples), axis=0)
-    return [{"op": name, "index": idx, "program": prog.name, "us": float(us)}
-            for (name, idx), (prog, _, _), us in zip(owners, plan.steps, med)]
+    return [{"op": op.name, "index": op.index, "program": prog.name, "us": float(us)}
+            for op, (prog, _, _), us in zip(plan.step_ops, plan.steps, med)]
