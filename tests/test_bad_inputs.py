@@ -419,6 +419,10 @@ def mutate(data: bytes, positions: np.ndarray, seed: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def small_converted_model() -> bytes:
+    return small_converted_bytes()
+
+
+def small_converted_bytes() -> bytes:
     """A small model from tflfuse.convert: CONV_2D + fused_bottleneck + MAX_POOL + PAD + MEAN + FC + SOFTMAX +
     RESHAPE, so that mutations also reach custom options."""
     import tensorflow as tf
@@ -461,3 +465,76 @@ def test_mutated_models_fail_cleanly(which, request, tmp_path):
     # The fuzz reaches past the parser: some mutants still run, and some fail at the plan (ops, shapes).
     assert kinds.count("ok") >= MUTANTS // 20, kinds.count("ok")
     assert sum(r.get("type") in ("KernelError", "UnsupportedOpError") for r in results.values()) >= MUTANTS // 50
+
+
+def test_standalone_fuzz_run(tmp_path, capsys):
+    """``python tests/test_bad_inputs.py --mutants N`` (the longer run the README describes), briefly."""
+    assert main(["--mutants", "20", "--first-seed", "0", "--models", "face_detection_short_range",
+                 "--out", str(tmp_path)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    counts = summary["results"]["face_detection_short_range"]
+    assert sum(counts.values()) == 20 and counts["bad"] == 0, summary
+    assert not list((tmp_path / "face_detection_short_range").iterdir())   # clean mutants are not kept
+
+
+# ---- a longer fuzz run, outside pytest ----------------------------------------------------------------------
+
+def fuzz(data: bytes, seeds: range, folder: Path, batch: int = 500) -> dict[str, int]:
+    """Runs the mutants of ``data`` for ``seeds`` through :func:`run_files`, in batches (progress is logged).
+
+    Returns counts by outcome (``ok``, ``error`` for clean errors, ``bad`` for anything else). The files of
+    mutants that did not fail cleanly stay in ``folder`` (``<seed>.tflite``, with ``<seed>.json`` describing
+    the outcome); the others are deleted."""
+    from absl import logging
+
+    folder.mkdir(parents=True, exist_ok=True)
+    positions = _metadata_positions(data)
+    counts = {"ok": 0, "error": 0, "bad": 0}
+    for lo in range(seeds.start, seeds.stop, batch):
+        paths = []
+        for seed in range(lo, min(lo + batch, seeds.stop)):
+            paths.append(folder / f"{seed}.tflite")
+            paths[-1].write_bytes(mutate(data, positions, seed))
+        for p, r in run_files(paths).items():
+            if clean(r):
+                counts[r["kind"]] += 1
+                Path(p).unlink()
+            else:
+                counts["bad"] += 1
+                Path(p).with_suffix(".json").write_text(json.dumps({"seed": int(Path(p).stem), **r}))
+                logging.error("mutant %s did not fail cleanly: %s", p, describe(r))
+        for extra in folder.glob("todo-*"):
+            extra.unlink()
+        logging.info("%s: %d mutants run, %s", folder.name, min(lo + batch, seeds.stop) - seeds.start, counts)
+    return counts
+
+
+def main(argv=None) -> int:
+    """``python tests/test_bad_inputs.py --mutants 20000``: the seeded mutation fuzz of
+    :func:`test_mutated_models_fail_cleanly` for more seeds, one model after the other. Exit status 1 when a
+    mutant crashed, hung or raised an unclean error (its file is kept under ``--out``)."""
+    import argparse
+    import tempfile
+    import time
+
+    ap = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    ap.add_argument("--mutants", type=int, default=2000, help="mutants per model")
+    ap.add_argument("--first-seed", type=int, default=MUTANTS, help="first seed (the test runs 0..MUTANTS-1)")
+    ap.add_argument("--models", default="face_detection_short_range,small_converted")
+    ap.add_argument("--out", type=Path, default=None, help="folder for the mutants (default: a temp folder)")
+    args = ap.parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="tflfuse-fuzz-"))
+    total, t0 = {}, time.perf_counter()
+    for which in args.models.split(","):
+        data = small_converted_bytes() if which == "small_converted" else zoo.fetch(which).read_bytes()
+        total[which] = fuzz(data, range(args.first_seed, args.first_seed + args.mutants), out / which)
+    print(json.dumps({"seeds": [args.first_seed, args.first_seed + args.mutants], "results": total,
+                      "seconds": round(time.perf_counter() - t0, 1), "out": str(out)}))
+    return 1 if any(c["bad"] for c in total.values()) else 0
+
+
+if __name__ == "__main__":
+    from absl import logging as _logging
+
+    _logging.set_verbosity(_logging.INFO)   # progress lines
+    sys.exit(main())

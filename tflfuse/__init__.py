@@ -12,10 +12,10 @@ _prefer_local_symbols()  # before anything can import TensorFlow: see tflfuse/_t
 from .annotate import composite  # noqa: E402  (imports no TensorFlow until a composite is traced)
 from .conversion import ConversionResult, FusionError, FusionReport, convert  # noqa: E402
 from .model import Model, ModelError  # noqa: E402
-from .runtime import Device, Interpreter, NoAdapterError  # noqa: E402
+from .runtime import Device, DeviceLostError, Interpreter, NoAdapterError, ShaderCompileError  # noqa: E402
 from .shader import ShaderInfo, get_shader  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["ConversionResult", "Device", "FusionError", "FusionReport", "Interpreter", "Model", "ModelError",
-           "NoAdapterError", "ShaderInfo", "composite", "convert", "get_shader"]
+__all__ = ["ConversionResult", "Device", "DeviceLostError", "FusionError", "FusionReport", "Interpreter", "Model",
+           "ModelError", "NoAdapterError", "ShaderCompileError", "ShaderInfo", "composite", "convert", "get_shader"]
 

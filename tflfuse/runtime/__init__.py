@@ -1,6 +1,6 @@
 """The WebGPU runtime: device, execution plan, interpreter. Imports no TensorFlow."""
 
-from .device import Device, NoAdapterError
+from .device import Device, DeviceLostError, NoAdapterError, ShaderCompileError
 from .interpreter import Interpreter, SignatureRunner
 
-__all__ = ["Device", "Interpreter", "NoAdapterError", "SignatureRunner"]
+__all__ = ["Device", "DeviceLostError", "Interpreter", "NoAdapterError", "ShaderCompileError", "SignatureRunner"]

@@ -6,6 +6,7 @@ nothing here is a module-level global.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -14,7 +15,7 @@ from absl import logging
 from .._tfload import tensorflow_symbols_global
 from ..kernels.base import Program
 
-__all__ = ["Device", "NoAdapterError"]
+__all__ = ["Device", "DeviceLostError", "NoAdapterError", "ShaderCompileError"]
 
 _ADAPTER_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}
 _BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 1, "OpenGL": 2}
@@ -26,6 +27,22 @@ _INSTALL_HINT = (
 
 class NoAdapterError(RuntimeError):
     """No WebGPU adapter could be found or opened."""
+
+
+class DeviceLostError(RuntimeError):
+    """The WebGPU device was lost (destroyed, a driver reset or crash, out of memory): nothing made on it can
+    run again. Make a new :class:`Device` and new Interpreters."""
+
+
+class ShaderCompileError(RuntimeError):
+    """A kernel's WGSL did not compile on the device (a bug of tflfuse's or of the driver's, never of the
+    model's); the message names the program, and (from a plan) the op, its index and its input shapes."""
+
+
+def _says_lost(error: BaseException) -> bool:
+    """Whether a wgpu error reports a lost device (wgpu-native: "Parent device is lost", "Device lost")."""
+    text = str(error).lower()
+    return "device is lost" in text or "device lost" in text or "device was lost" in text
 
 
 def _default_runtime_dir() -> None:
@@ -115,6 +132,7 @@ class Device:
         self.features = set(self.device.features)
         self._pipelines: dict[str, object] = {}
         self._lock = threading.Lock()
+        self.lost: str | None = None   # the error that showed the device lost, once one did
         self.loop_limit = self._probe_loop_limit() if self.is_software else None
         logging.debug("tflfuse: WebGPU adapter %s", self.describe())
 
@@ -157,6 +175,34 @@ class Device:
         """E.g. ``"llvmpipe (LLVM 15.0.6, 256 bits) [CPU, Vulkan]"``."""
         return f"{self.name} [{self.info.get('adapter_type')}, {self.info.get('backend_type')}]"
 
+    @contextlib.contextmanager
+    def guard(self, what: str):
+        """Runs wgpu calls, turning an error that reports a lost device into :class:`DeviceLostError`.
+
+        Once the device is known lost, every later guarded call raises at once (without touching wgpu), so
+        that nothing returns the stale contents of a dead device's buffers.
+
+        Args:
+          what: the action, for the message (``"invoke()"``).
+        Raises:
+          DeviceLostError: the device is lost; the message names it and says to make a new Device.
+        """
+        if self.lost is not None:
+            raise DeviceLostError(self._lost_message(what))
+        try:
+            yield
+        except DeviceLostError:
+            raise
+        except Exception as e:
+            if not _says_lost(e):
+                raise
+            self.lost = " ".join(str(e).split())
+            raise DeviceLostError(self._lost_message(what)) from e
+
+    def _lost_message(self, what: str) -> str:
+        return (f"{what}: the WebGPU device {self.describe()} was lost ({self.lost}); its buffers and pipelines "
+                f"are gone. Make a new tflfuse.Device and new Interpreters on it")
+
     @property
     def max_storage_binding(self) -> int:
         return int(self.limits.get("max-storage-buffer-binding-size", 128 << 20))
@@ -165,10 +211,11 @@ class Device:
         """The compute pipeline for a program, compiled once per distinct WGSL source.
 
         Raises:
-          RuntimeError: the WGSL does not compile; the message names the program.
+          ShaderCompileError: the WGSL does not compile; the message names the program.
+          DeviceLostError: the device is lost.
         """
         key = program.cache_key
-        with self._lock:
+        with self._lock, self.guard(f"compiling {program.name}"):
             p = self._pipelines.get(key)
             if p is None:
                 try:
@@ -177,7 +224,9 @@ class Device:
                         layout="auto", compute={"module": module, "entry_point": program.entry_point},
                         label=program.name)
                 except Exception as e:
-                    raise RuntimeError(f"WGSL for {program.name} failed to compile: {e}") from e
+                    if _says_lost(e):
+                        raise
+                    raise ShaderCompileError(f"WGSL for {program.name} failed to compile: {e}") from e
                 self._pipelines[key] = p
         return p
 

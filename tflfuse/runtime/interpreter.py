@@ -203,7 +203,16 @@ class Interpreter:
             self._inputs_set[subgraph_index].add(tensor_index)
 
     def invoke(self, subgraph_index: int = 0) -> None:
-        """Runs the subgraph: every dispatch in one command encoder, one submit."""
+        """Runs the subgraph: every dispatch in one command encoder, one submit.
+
+        Thread safety: each call is whole (a lock), but the inputs are shared state: threads that share one
+        Interpreter hold their own lock around set_tensor/invoke/get_tensor, or each use an Interpreter of
+        their own (Interpreters can share one :class:`Device` and its pipeline cache from several threads).
+
+        Raises:
+          RuntimeError: an input was never set, or :meth:`allocate_tensors` was not called.
+          DeviceLostError: the device is lost (a RuntimeError naming it): make a new Device and Interpreter.
+        """
         plan = self._plan(subgraph_index)
         missing = [t for t in plan.graph.inputs if t not in self._inputs_set[subgraph_index]]
         if missing:

@@ -18,6 +18,7 @@ import numpy as np
 from ..kernels import kernel_class
 from ..kernels.base import Kernel, KernelError, Program, TensorSpec
 from ..model import Model
+from .device import ShaderCompileError
 
 __all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "check_supported", "lower"]
 
@@ -44,6 +45,11 @@ class LoweredGraph:
     inputs: list[int]
     outputs: list[int]
     aliases: dict[int, int]            # view output -> tensor whose buffer it shares
+    names: dict[int, str] = dataclasses.field(default_factory=dict)   # tensor -> its name in the file
+
+    def describe(self, t: int) -> str:
+        """``tensor 3 ('conv1/weights')`` for messages (the name where the file gives one)."""
+        return f"tensor {t} ({self.names[t]!r})" if t in self.names else f"tensor {t}"
 
     def storage_root(self, t: int) -> int:
         while t in self.aliases:
@@ -179,7 +185,8 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
             if data is None:
                 raise KernelError(f"subgraph {subgraph} output tensor {t} is never written")
             consts[t] = data
-    return LoweredGraph(subgraph, ops, specs, consts, inputs, outputs, aliases)
+    names = {t: model.tensor_name(subgraph, t) for t in (*specs, *consts)}
+    return LoweredGraph(subgraph, ops, specs, consts, inputs, outputs, aliases, names)
 
 
 #: The largest constant that folding an op at load may make, in elements (1 GiB of float32): GATHER, PACK
@@ -288,6 +295,9 @@ class ExecutionPlan:
 
     Raises:
       KernelError: a tensor is larger than the device's max storage binding.
+      ShaderCompileError: a kernel's WGSL does not compile; the message names the op, its index, the program
+        and the op's input shapes.
+      DeviceLostError: the device is lost (as :meth:`write`, :meth:`run` and :meth:`read`).
     """
 
     def __init__(self, graph: LoweredGraph, device, preserve_all_tensors: bool = False):
@@ -298,7 +308,12 @@ class ExecutionPlan:
         self.buffer_count = 0
         self.activation_bytes = 0   # GPU memory of the (reused) buffers for inputs, outputs, intermediates, scratch
         self.constant_bytes = 0     # GPU memory of the weights
-        self._alloc()
+        with device.guard("allocate_tensors()"):
+            self._alloc()
+            self._build()
+
+    def _build(self) -> None:
+        graph, device = self.graph, self.device
         self.steps: list[tuple[Program, object, object]] = []   # (program, pipeline, bind group)
         self.step_ops: list[LoweredOp] = []                      # the op of each step
         for op in graph.ops:
@@ -312,7 +327,13 @@ class ExecutionPlan:
                         f"iterations per invocation; the adapter {device.name} stops loops after "
                         f"{device.loop_limit} and would return wrong values (input shapes "
                         f"{[list(s.shape) if s else None for s in op.kernel.inputs]})")
-                self.steps.append((prog, device.pipeline(prog), self._bind_group(op, prog, scratch)))
+                try:
+                    pipeline = device.pipeline(prog)
+                except ShaderCompileError as e:
+                    raise ShaderCompileError(
+                        f"{op.name} (operator {op.index} of subgraph {graph.subgraph}, program {prog.name}, "
+                        f"input shapes {[list(s.shape) if s else None for s in op.kernel.inputs]}): {e}") from e
+                self.steps.append((prog, pipeline, self._bind_group(op, prog, scratch)))
                 self.step_ops.append(op)
 
     # ---- buffers ---------------------------------------------------------------------------------
@@ -325,8 +346,8 @@ class ExecutionPlan:
             if t in gpu_read:
                 data = np.ascontiguousarray(value, dtype=np.float32 if value.dtype.kind == "f" else value.dtype)
                 if data.nbytes > limit:
-                    raise KernelError(f"constant tensor {t} is {data.nbytes} bytes, over the device's max "
-                                      f"storage binding of {limit} bytes")
+                    raise KernelError(f"constant {g.describe(t)} {list(data.shape)} is {data.nbytes} bytes, over "
+                                      f"the device's max storage binding of {limit} bytes")
                 self.buffers[t] = dev.create_buffer(data.nbytes, data=data.tobytes(), label=f"const{t}")
                 self.constant_bytes += data.nbytes
         # Lifetimes over storage roots: first op writing, last op reading; inputs/outputs are pinned.
@@ -362,8 +383,8 @@ class ExecutionPlan:
         roots: dict[int, tuple[int, object]] = {}
         for r in sorted(pinned):
             if g.specs[r].nbytes > limit:
-                raise KernelError(f"tensor {r} {list(g.specs[r].shape)} needs {g.specs[r].nbytes} bytes, over "
-                                  f"the device's max storage binding of {limit} bytes")
+                raise KernelError(f"{g.describe(r)} {list(g.specs[r].shape)} needs {g.specs[r].nbytes} bytes, "
+                                  f"over the device's max storage binding of {limit} bytes")
             self.buffer_count += 1
             self.activation_bytes += g.specs[r].nbytes
             roots[r] = (0, dev.create_buffer(g.specs[r].nbytes, label=f"io{r}"))
@@ -371,7 +392,7 @@ class ExecutionPlan:
             for t in op.outputs:
                 r = g.storage_root(t)
                 if r not in roots:
-                    roots[r] = take(g.specs[r].nbytes, f"tensor {t}")
+                    roots[r] = take(g.specs[r].nbytes, f"{g.describe(t)} {list(g.specs[r].shape)}")
             scratch = [take(n, f"scratch of op {op.index}") for n in op.kernel.scratch_sizes()]
             self._scratch[op.index] = [b for _, b in scratch]
             free.extend(scratch)
@@ -417,19 +438,25 @@ class ExecutionPlan:
     def write(self, tensor: int, value: np.ndarray) -> None:
         data = np.ascontiguousarray(value).tobytes()
         if data:  # wgpu refuses an empty write; an empty tensor has nothing to upload
-            self.device.device.queue.write_buffer(self.buffers[tensor], 0, data)
+            with self.device.guard("set_tensor()"):
+                self.device.device.queue.write_buffer(self.buffers[tensor], 0, data)
 
     def run(self) -> None:
-        """Records every dispatch into one compute pass of one command encoder and submits it."""
+        """Records every dispatch into one compute pass of one command encoder and submits it.
+
+        Raises:
+          DeviceLostError: the device is lost (now or before).
+        """
         dev = self.device.device
-        encoder = dev.create_command_encoder()
-        cpass = encoder.begin_compute_pass()
-        for prog, pipeline, bind_group in self.steps:
-            cpass.set_pipeline(pipeline)
-            cpass.set_bind_group(0, bind_group)
-            cpass.dispatch_workgroups(*prog.dispatch)
-        cpass.end()
-        dev.queue.submit([encoder.finish()])
+        with self.device.guard("invoke()"):
+            encoder = dev.create_command_encoder()
+            cpass = encoder.begin_compute_pass()
+            for prog, pipeline, bind_group in self.steps:
+                cpass.set_pipeline(pipeline)
+                cpass.set_bind_group(0, bind_group)
+                cpass.dispatch_workgroups(*prog.dispatch)
+            cpass.end()
+            dev.queue.submit([encoder.finish()])
 
     def read(self, tensor: int) -> np.ndarray:
         if tensor in self.graph.consts:
@@ -438,7 +465,8 @@ class ExecutionPlan:
         dtype = np.float32 if spec.dtype == "float32" else np.int32
         if spec.size == 0:
             return np.zeros(spec.shape, dtype)
-        raw = self.device.device.queue.read_buffer(self.buffers[tensor], 0, spec.nbytes)
+        with self.device.guard("get_tensor()"):
+            raw = self.device.device.queue.read_buffer(self.buffers[tensor], 0, spec.nbytes)
         return np.frombuffer(raw, dtype=dtype).reshape(spec.shape).copy()
 
     def time_run(self, repeats: int = 10) -> float:

@@ -1,0 +1,223 @@
+"""The device under stress: a lost device, a shader that does not compile, several threads, and the storage
+binding limit forced low on the software adapter."""
+
+import tflfuse  # noqa: I001  (before anything that can import TensorFlow)
+
+import dataclasses
+import re
+import threading
+
+import numpy as np
+import pytest
+from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter
+
+from tflfuse.kernels import KernelError, kernel_class
+from tflfuse.runtime import DeviceLostError, ShaderCompileError
+
+from conftest import ACCUMULATION
+from tflite_builder import build, t
+
+_X = (1, 8, 8, 3)
+
+
+def _conv_tanh() -> bytes:
+    """tanh(conv2d(x, w, SAME) + b): [1, 8, 8, 3] -> [1, 8, 8, 4]."""
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((4, 3, 3, 3)) / np.sqrt(27)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    return build([t(_X), t(w.shape, data=w), t(b.shape, data=b), t((1, 8, 8, 4)), t((1, 8, 8, 4), name="y")],
+                 [dict(op="CONV_2D", inputs=[0, 1, 2], outputs=[3],
+                       options=("Conv2DOptions", {"padding": 0, "strideH": 1, "strideW": 1})),
+                  dict(op="TANH", inputs=[3], outputs=[4])], [0], [4])
+
+
+@pytest.fixture(scope="module")
+def model() -> bytes:
+    return _conv_tanh()
+
+
+def _run(interp, x: np.ndarray) -> np.ndarray:
+    interp.set_tensor(0, x)
+    interp.invoke()
+    return interp.get_tensor(4)
+
+
+def _litert(model: bytes, xs) -> list[np.ndarray]:
+    ref = LiteRTInterpreter(model_content=model)
+    ref.allocate_tensors()
+    return [_run(ref, x) for x in xs]
+
+
+# ---- a lost device ----------------------------------------------------------------------------------------
+
+def test_lost_device_raises_on_the_next_call(model, rng):
+    device = tflfuse.Device()   # its own: destroyed below
+    interp = tflfuse.Interpreter(model_content=model, device=device)
+    interp.allocate_tensors()
+    x = rng.standard_normal(_X).astype(np.float32)
+    before = _run(interp, x)
+    device.device.destroy()
+    with pytest.raises(DeviceLostError, match=rf"invoke\(\): the WebGPU device {re.escape(device.name)}.* was lost .*"
+                                              r"Make a new tflfuse.Device and new Interpreters"):
+        interp.invoke()
+    assert issubclass(DeviceLostError, RuntimeError)
+    # Nothing returns the dead device's buffers (the output of the invoke before the loss).
+    with pytest.raises(DeviceLostError, match=r"get_tensor\(\)"):
+        interp.get_tensor(4)
+    with pytest.raises(DeviceLostError, match=r"set_tensor\(\)"):
+        interp.set_tensor(0, x)
+    other = tflfuse.Interpreter(model_content=model, device=device)
+    with pytest.raises(DeviceLostError, match=r"allocate_tensors\(\)"):
+        other.allocate_tensors()
+    # A new device runs the model again.
+    fresh = tflfuse.Interpreter(model_content=model, device=tflfuse.Device())
+    fresh.allocate_tensors()
+    np.testing.assert_array_equal(_run(fresh, x), before)   # the same kernels on the same adapter: bit-identical
+
+
+# ---- a shader that does not compile -------------------------------------------------------------------------
+
+def test_shader_compile_error_names_the_op_and_its_input_shapes(model, monkeypatch):
+    cls = kernel_class("TANH")
+    programs = cls.programs
+
+    def broken(self):
+        return [dataclasses.replace(p, source=p.source + "\nfn broken( {") for p in programs(self)]
+
+    monkeypatch.setattr(cls, "programs", broken)
+    interp = tflfuse.Interpreter(model_content=model, device=tflfuse.Device())
+    with pytest.raises(ShaderCompileError) as info:
+        interp.allocate_tensors()
+    message = str(info.value)
+    assert message.startswith("TANH (operator 1 of subgraph 0, program "), message
+    assert "input shapes [[1, 8, 8, 4]]" in message and "failed to compile" in message, message
+    assert issubclass(ShaderCompileError, RuntimeError)
+
+
+# ---- threads ------------------------------------------------------------------------------------------------
+
+_THREADS, _ROUNDS = 4, 8
+
+
+def _inputs(seed: int) -> list[np.ndarray]:
+    r = np.random.default_rng(seed)
+    return [r.standard_normal(_X).astype(np.float32) for _ in range(_ROUNDS)]
+
+
+def _in_threads(work) -> list:
+    """Runs ``work(k)`` in :data:`_THREADS` threads started together; their results, or the first error."""
+    results, errors = [None] * _THREADS, []
+    start = threading.Barrier(_THREADS)
+
+    def main(k):
+        try:
+            start.wait()
+            results[k] = work(k)
+        except BaseException as e:  # noqa: BLE001  (re-raised in the test's thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=main, args=(k,)) for k in range(_THREADS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=300)
+    assert not any(th.is_alive() for th in threads), "a thread hangs"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_interpreters_sharing_a_device_in_threads(model, device):
+    """Each thread makes, allocates and runs its own Interpreter on one shared Device (one pipeline cache)."""
+    xs = [_inputs(k) for k in range(_THREADS)]
+    single = tflfuse.Interpreter(model_content=model, device=device)
+    single.allocate_tensors()
+    want = [[_run(single, x) for x in xk] for xk in xs]
+
+    def work(k):
+        interp = tflfuse.Interpreter(model_content=model, device=device)
+        interp.allocate_tensors()
+        return [_run(interp, x) for x in xs[k]]
+
+    got = _in_threads(work)
+    for k in range(_THREADS):
+        for g, w, r in zip(got[k], want[k], _litert(model, xs[k])):
+            np.testing.assert_array_equal(g, w)      # the same kernels as the single-threaded run: bit-identical
+            np.testing.assert_allclose(g, r, **ACCUMULATION)   # and LiteRT's result (27-term dot products)
+
+
+def test_one_interpreter_in_threads_with_a_caller_lock(model, device):
+    """One Interpreter, its inputs shared state: the caller holds a lock around set_tensor/invoke/get_tensor
+    (as with LiteRT); each thread gets the result of its own input."""
+    xs = [_inputs(10 + k) for k in range(_THREADS)]
+    interp = tflfuse.Interpreter(model_content=model, device=device)
+    interp.allocate_tensors()
+    want = [[_run(interp, x) for x in xk] for xk in xs]
+    lock = threading.Lock()
+
+    def work(k):
+        out = []
+        for x in xs[k]:
+            with lock:
+                out.append(_run(interp, x))
+        return out
+
+    got = _in_threads(work)
+    for k in range(_THREADS):
+        for g, w in zip(got[k], want[k]):
+            np.testing.assert_array_equal(g, w)   # the same plan as the single-threaded run: bit-identical
+
+
+def test_one_interpreter_in_threads_without_a_lock(model, device):
+    """Unsynchronised calls on one Interpreter from several threads, all with the same input: no crash, no
+    error, and every result is the model's output (the interpreter's own lock keeps each call whole)."""
+    x = _inputs(20)[0]
+    interp = tflfuse.Interpreter(model_content=model, device=device)
+    interp.allocate_tensors()
+    want = _litert(model, [x])[0]
+    got = _in_threads(lambda k: [_run(interp, x) for _ in range(_ROUNDS)])
+    for outs in got:
+        for g in outs:
+            np.testing.assert_allclose(g, want, **ACCUMULATION)
+
+
+# ---- the storage binding limit, forced low ------------------------------------------------------------------
+
+def _fully_connected() -> bytes:
+    w = np.ones((16, 64), np.float32)
+    return build([t((1, 64)), t(w.shape, data=w, name="fc/weights"), t((1, 16))],
+                 [dict(op="FULLY_CONNECTED", inputs=[0, 1], outputs=[2])], [0], [2])
+
+
+def _broadcast_add() -> bytes:
+    return build([t((64, 1)), t((1, 64)), t((64, 64), name="sum")],
+                 [dict(op="ADD", inputs=[0, 1], outputs=[2])], [0, 1], [2])
+
+
+@pytest.mark.parametrize("make, limit, match", [
+    (_fully_connected, 1024, r"constant tensor 1 \('fc/weights'\) \[16, 64\] is 4096 bytes, over the device's "
+                             r"max storage binding of 1024 bytes"),
+    (_broadcast_add, 4096, r"tensor 2 \('sum'\) \[64, 64\] needs 16384 bytes, over the device's max storage "
+                           r"binding of 4096 bytes"),
+])
+def test_tensor_past_a_low_storage_binding_limit(make, limit, match, device, monkeypatch):
+    """The adapter's limit forced low: a weight or an output past it is refused by allocate_tensors(), naming
+    the tensor and the limit; with the adapter's own limit the same model runs."""
+    model = make()
+    monkeypatch.setitem(device.limits, "max-storage-buffer-binding-size", limit)
+    interp = tflfuse.Interpreter(model_content=model, device=device)
+    with pytest.raises(KernelError, match=match):
+        interp.allocate_tensors()
+    monkeypatch.undo()
+    interp.allocate_tensors()
+    ref = LiteRTInterpreter(model_content=model)
+    ref.allocate_tensors()
+    rng = np.random.default_rng(3)
+    for d in ref.get_input_details():
+        x = rng.standard_normal(d["shape"]).astype(np.float32)
+        interp.set_tensor(d["index"], x)
+        ref.set_tensor(d["index"], x)
+    interp.invoke()
+    ref.invoke()
+    out = ref.get_output_details()[0]["index"]
+    np.testing.assert_allclose(interp.get_tensor(out), ref.get_tensor(out), **ACCUMULATION)  # <= 64-term sums
