@@ -28,13 +28,6 @@ def _run(interp: Interpreter, x: np.ndarray) -> list[np.ndarray]:
     return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
 
 
-def _iou(a, b) -> float:
-    ya, xa, yb, xb = max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])
-    inter = max(0.0, yb - ya) * max(0.0, xb - xa)
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
-
-
 def run_demo(adapter: str | None = None, size: int = 224, repeats: int = 5,
              echo: Callable[[str], None] = print) -> dict:
     """Runs the demo and returns its measurements (also echoed as text).
@@ -113,7 +106,7 @@ def run_demo(adapter: str | None = None, size: int = 224, repeats: int = 5,
     photo_side = 512  # skimage's astronaut is 512x512: report the box in its pixels
     out["face_box"] = tuple(round(float(v) * photo_side, 1) for v in det_gpu.box)
     out["face_score"] = float(det_gpu.score)
-    out["face_iou_litert"] = _iou(det_gpu.box, det_cpu.box)
+    out["face_iou_litert"] = face_detection.box_iou(det_gpu.box, det_cpu.box)
     echo(f"best face: score {det_gpu.score:.3f}, box (ymin, xmin, ymax, xmax) = {out['face_box']} px of "
          f"the 512x512 photo")
     echo(f"agreement with LiteRT CPU: box IoU {out['face_iou_litert']:.4f}, score {det_cpu.score:.3f}, "

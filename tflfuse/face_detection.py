@@ -25,7 +25,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["Detection", "INPUT_SIZE", "NUM_ANCHORS", "KEYPOINT_NAMES", "ssd_anchors", "decode",
+__all__ = ["Detection", "INPUT_SIZE", "NUM_ANCHORS", "KEYPOINT_NAMES", "box_iou", "ssd_anchors", "decode",
            "best_detection", "detect"]
 
 #: The model's input edge in pixels (the input is [1, INPUT_SIZE, INPUT_SIZE, 3]).
@@ -196,6 +196,11 @@ def best_detection(regressors, classificators) -> Detection:
 
 def _area(boxes: np.ndarray) -> np.ndarray:
     return np.clip(boxes[..., 2] - boxes[..., 0], 0, None) * np.clip(boxes[..., 3] - boxes[..., 1], 0, None)
+
+
+def box_iou(a, b) -> float:
+    """Intersection over union of two boxes ``(ymin, xmin, ymax, xmax)`` (0 for boxes of no area)."""
+    return float(_iou(np.asarray(a, np.float64), np.asarray(b, np.float64)[None])[0])
 
 
 def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
