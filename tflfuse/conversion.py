@@ -25,6 +25,7 @@ from absl import logging
 
 from .annotate import FUSABLE_KEY, annotations_disabled, registry
 from .model import Model
+from .passes import apply_lowerings
 
 __all__ = ["CompositeCount", "ConversionError", "ConversionResult", "FusionError", "FusionReport", "convert"]
 
@@ -91,7 +92,9 @@ class FusionReport:
         return [c for c in self.composites.values() if not c.ok]
 
     def fused(self, name: str) -> int:
-        """Number of ``name`` ops in the file (0 if none)."""
+        """Number of ``name`` ops in the file (0 if none), counting those lowered to a TFLite builtin."""
+        if name in self.composites:
+            return self.composites[name].fused
         return self.op_counts.get(name, 0)
 
     @property
@@ -367,13 +370,15 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
     converter.allow_custom_ops = True
     converter.optimizations = []
     tflite = bytes(converter.convert())
+    tflite, lowered = apply_lowerings(tflite)  # fused ops that have a TFLite builtin become that builtin
     seconds = time.perf_counter() - start
 
     m = Model(tflite)
     traced = _traced_in_file(traced_by_key, m)
     op_counts = collections.Counter(name for sg in range(len(m.subgraphs)) for name in m.op_names(sg))
-    names = set(traced) | (set(op_counts) & set(registry()))
-    composites = {n: CompositeCount(n, traced.get(n, 0), op_counts.get(n, 0)) for n in sorted(names)}
+    names = set(traced) | (set(op_counts) & set(registry())) | set(lowered)
+    composites = {n: CompositeCount(n, traced.get(n, 0), op_counts.get(n, 0) + lowered.get(n, 0))
+                  for n in sorted(names)}
     report = FusionReport(composites=types.MappingProxyType(composites),
                           op_counts=types.MappingProxyType(dict(op_counts)), annotations=annotations,
                           seconds=seconds)

@@ -4,7 +4,7 @@
 """
 
 from . import conv, data, elementwise, pool, resize, shape_ops, transpose_conv  # noqa: F401  (registers the kernels)
-from .fused import bottleneck  # noqa: F401
+from . import fused  # noqa: F401  (each module of fused/ registers its kernels)
 from .base import Kernel, KernelError, Program, TensorSpec
 from .registry import UnsupportedOpError, kernel_class, register, supported_ops
 
