@@ -10,12 +10,48 @@ from __future__ import annotations
 
 import math
 
-from .base import Kernel, TensorSpec, Uniform
+from .base import Kernel, Program, TensorSpec, Uniform, linear_dispatch
 from .conv import conv_output_size, window_body
 from .registry import register
-from .wgsl import activation_fn, elementwise_program, fmt_f32
+from .wgsl import activation_fn, elementwise_program, fmt_f32, prelude
 
-__all__ = ["Pool2D", "Mean", "Softmax"]
+__all__ = ["Pool2D", "Mean", "Softmax", "reduce_program"]
+
+#: Threads of a workgroup that reduces one output (pool window, MEAN axes, SOFTMAX row) in parallel.
+_REDUCE_WG = 256
+#: Reductions at least this long run one workgroup per output instead of one invocation per output: a
+#: serial loop over a global pool's 16,384 taps left the GPU idle (and passes the software adapter's loop cap).
+_REDUCE_MIN = 64
+
+
+def _tree(var: str, op: str) -> str:
+    """WGSL: reduces the workgroup array ``var`` (``_REDUCE_WG`` entries) into ``var[0]`` with ``op`` (a
+    format string over ``a`` and ``b``); every invocation of the workgroup runs it (barriers)."""
+    return f"""  for (var s = {_REDUCE_WG // 2}u; s > 0u; s = s >> 1u) {{
+    workgroupBarrier();
+    if (lid < s) {{ {var}[lid] = {op.format(a=f"{var}[lid]", b=f"{var}[lid + s]")}; }}
+  }}
+  workgroupBarrier();"""
+
+
+def reduce_program(name: str, bindings, outputs: int, body: str, helpers: str = "", uniforms=(),
+                   loop_trips: int = 0) -> Program:
+    """A program with one workgroup of ``_REDUCE_WG`` invocations per output ``o`` (``0..outputs``; the
+    dispatch spills into y and z past 65,535 workgroups). ``body`` sees ``o`` and ``lid`` (the invocation's
+    index in its workgroup) and uses :func:`_tree` over ``var<workgroup>`` arrays it declares in ``helpers``.
+    Loop iterations: ``loop_trips`` of the body plus the tree's log2(_REDUCE_WG)."""
+    source = prelude(bindings, uniforms) + helpers + f"""
+@compute @workgroup_size({_REDUCE_WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {{
+  let o = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
+  if (o >= {outputs}u) {{ return; }}
+{body}
+}}
+"""
+    return Program(name, source, (_REDUCE_WG, 1, 1), linear_dispatch(outputs, 1), bindings, uniforms,
+                   loop_trips=loop_trips + _REDUCE_WG.bit_length())
+
 
 
 @register("MAX_POOL_2D", "AVERAGE_POOL_2D")
@@ -43,6 +79,8 @@ class Pool2D(Kernel):
         return (TensorSpec((n, self.oh, self.ow, c)),)
 
     def programs(self):
+        if self.kh * self.kw >= _REDUCE_MIN:
+            return [self._window_reduction()]
         n, h, w, c = self.input(0).shape
         is_max = self.key == "MAX_POOL_2D"
         init = "-3.402823466e38" if is_max else "0.0"
@@ -55,6 +93,38 @@ class Pool2D(Kernel):
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), n * self.oh * self.ow * c, body,
                                     activation_fn(self.attr("fused_activation_function")),
                                     loop_trips=self.kh * (1 + self.kw))]
+
+    def _window_reduction(self) -> Program:
+        """Large windows (global pooling): a workgroup per output element shares the window's taps."""
+        n, h, w, c = self.input(0).shape
+        taps = self.kh * self.kw
+        if self.key == "MAX_POOL_2D":
+            init, update, combine = "-3.402823466e38", "acc = max(acc, v);", "max({a}, {b})"
+        else:
+            init, update, combine = "0.0", "acc += v; cnt += 1.0;", "{a} + {b}"
+        body = f"""  let co = o % {c}u;
+  let ox = i32((o / {c}u) % {self.ow}u);
+  let oy = i32((o / {c * self.ow}u) % {self.oh}u);
+  let n = o / {c * self.ow * self.oh}u;
+  var acc = {init};
+  var cnt = 0.0;
+  for (var t = lid; t < {taps}u; t += {_REDUCE_WG}u) {{
+    let iy = oy * {self.sh} - {self.pt} + i32(t / {self.kw}u);
+    let ix = ox * {self.sw} - {self.pl} + i32(t % {self.kw}u);
+    if (iy < 0 || iy >= {h} || ix < 0 || ix >= {w}) {{ continue; }}
+    let v = x[((n * {h}u + u32(iy)) * {w}u + u32(ix)) * {c}u + co];
+    {update}
+  }}
+  part[lid] = acc;
+  part_n[lid] = cnt;
+{_tree("part", combine)}
+{"" if self.key == "MAX_POOL_2D" else _tree("part_n", "{a} + {b}")}
+  if (lid == 0u) {{ y[o] = act({"part[0]" if self.key == "MAX_POOL_2D" else "part[0] / max(part_n[0], 1.0)"}); }}"""
+        helpers = (f"var<workgroup> part: array<f32, {_REDUCE_WG}>;\n"
+                   f"var<workgroup> part_n: array<f32, {_REDUCE_WG}>;\n"
+                   + activation_fn(self.attr("fused_activation_function")))
+        return reduce_program(self.key, self.io_bindings(["x", "y"]), n * self.oh * self.ow * c, body, helpers,
+                              loop_trips=-(-taps // _REDUCE_WG))
 
 
 def _axes(axis, rank: int, fail) -> list[int]:
@@ -100,11 +170,25 @@ class Mean(Kernel):
         for d in reversed(red):
             red_terms.append(f"((r / {rdiv}u) % {shape[d]}u) * {strides[d]}u")
             rdiv *= shape[d]
-        body = f"""  let base = {' + '.join(base_terms) or '0u'};
-  var acc = 0.0;
-  for (var r = 0u; r < {count}u; r++) {{ acc += x[base + {' + '.join(red_terms) or '0u'}]; }}
-  y[idx] = acc / {fmt_f32(float(max(count, 1)))};"""
         total = self.output_specs()[0].size
+        base = ' + '.join(base_terms) or '0u'
+        offset = ' + '.join(red_terms) or '0u'
+        divisor = fmt_f32(float(max(count, 1)))
+        if count >= _REDUCE_MIN:  # a workgroup per output shares the reduced elements
+            body = f"""  let idx = o;
+  let base = {base};
+  var acc = 0.0;
+  for (var r = lid; r < {count}u; r += {_REDUCE_WG}u) {{ acc += x[base + {offset}]; }}
+  part[lid] = acc;
+{_tree("part", "{a} + {b}")}
+  if (lid == 0u) {{ y[o] = part[0] / {divisor}; }}"""
+            return [reduce_program(self.key, self.io_bindings(["x", "y"]), total, body,
+                                   f"var<workgroup> part: array<f32, {_REDUCE_WG}>;\n",
+                                   loop_trips=-(-count // _REDUCE_WG))]
+        body = f"""  let base = {base};
+  var acc = 0.0;
+  for (var r = 0u; r < {count}u; r++) {{ acc += x[base + {offset}]; }}
+  y[idx] = acc / {divisor};"""
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), total, body, loop_trips=count)]
 
 
@@ -124,11 +208,29 @@ class Softmax(Kernel):
     def programs(self):
         c = self.input(0).shape[-1]
         rows = self.input(0).size // max(c, 1)
+        beta = (Uniform("beta", "f32", float(self.attr("beta"))),)
+        if c >= _REDUCE_MIN:  # a workgroup per row: max, then sum of exponentials, then the stores
+            body = f"""  let base = o * {c}u;
+  var m = -3.402823466e38;
+  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ m = max(m, x[base + k]); }}
+  part[lid] = m;
+{_tree("part", "max({a}, {b})")}
+  m = part[0];
+  workgroupBarrier();
+  var s = 0.0;
+  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ s += exp(params.beta * (x[base + k] - m)); }}
+  part[lid] = s;
+{_tree("part", "{a} + {b}")}
+  s = part[0];
+  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ y[base + k] = exp(params.beta * (x[base + k] - m)) / s; }}"""
+            return [reduce_program(self.key, self.io_bindings(["x", "y"]), rows, body,
+                                   f"var<workgroup> part: array<f32, {_REDUCE_WG}>;\n", uniforms=beta,
+                                   loop_trips=3 * -(-c // _REDUCE_WG) + _REDUCE_WG.bit_length())]
         body = f"""  let base = idx * {c}u;
   var m = -3.402823466e38;
   for (var k = 0u; k < {c}u; k++) {{ m = max(m, x[base + k]); }}
   var s = 0.0;
   for (var k = 0u; k < {c}u; k++) {{ s += exp(params.beta * (x[base + k] - m)); }}
   for (var k = 0u; k < {c}u; k++) {{ y[base + k] = exp(params.beta * (x[base + k] - m)) / s; }}"""
-        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), rows, body,
-                                    uniforms=(Uniform("beta", "f32", float(self.attr("beta"))),), loop_trips=3 * c)]
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), rows, body, uniforms=beta,
+                                    loop_trips=3 * c)]
