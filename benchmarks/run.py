@@ -34,6 +34,7 @@ flags.DEFINE_string("json_out", None, "Also write the raw results as JSON here."
 flags.DEFINE_string("adapter", None, "WebGPU adapter name substring.")
 flags.DEFINE_integer("repeats", 50, "Timed invokes per model.")
 flags.DEFINE_integer("warmup", 5, "Untimed invokes first.")
+flags.DEFINE_bool("litert_gpu", True, "Also time LiteRT's WebGPU accelerator (CompiledModel, GPU) at batch 1.")
 flags.DEFINE_list("batches", ["1", "32"], "Batch sizes to time MobileNetV2 at (inputs resized from batch 1).")
 
 
@@ -103,6 +104,12 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
     except Exception as e:  # a fused custom op has no LiteRT kernel: compare with its unfused twin instead
         row["litert_note"] = f"LiteRT CPU cannot run it ({type(e).__name__})"
     row["tflfuse_ms"] = _median_ms(run_gpu, repeats, warmup)
+    if FLAGS.litert_gpu:
+        try:
+            want_gpu, row["litert_gpu_ms"] = _time_litert_gpu(path, gpu, xs, batch, repeats, warmup)
+            row["max_abs_err_litert_gpu_vs_tflfuse"] = float(np.abs(want_gpu - got).max())
+        except Exception as e:  # no WebGPU adapter for LiteRT, or an op its accelerator lacks
+            row["litert_gpu_note"] = f"LiteRT WebGPU: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     if "timestamp-query" in device.features:
         from tflfuse.runtime.plan import profile_plan
 
@@ -111,6 +118,42 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
             per_kind[d["op"]] = per_kind.get(d["op"], 0.0) + d["us"]
         row["gpu_us_by_op"] = {k: round(v, 1) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])}
     return row
+
+
+def _time_litert_gpu(path: Path, ours, xs, batch: int, repeats: int, warmup: int) -> tuple[np.ndarray, float]:
+    """LiteRT's WebGPU accelerator (``CompiledModel`` with ``HardwareAccelerator.GPU``) on the same inputs:
+    returns its first output (the one tflfuse reads) and its median ms per run, each with a read-back."""
+    from ai_edge_litert.compiled_model import CompiledModel, HardwareAccelerator
+
+    if batch != 1:
+        raise ValueError("timed at batch 1 only")
+    cm = CompiledModel.from_file(str(path), hardware_accel=HardwareAccelerator.GPU)
+    if not cm.is_fully_accelerated():
+        raise RuntimeError("not every op runs on LiteRT's GPU accelerator")
+    sig = cm.get_signature_by_index(0)
+    ins, outs = cm.create_input_buffers(0), cm.create_output_buffers(0)
+    by_index = {d["index"]: x for d, x in zip(ours.get_input_details(), xs)}
+    by_name = {d["name"]: by_index[d["index"]] for d in ours.get_input_details()}
+    sigs = ours.get_signature_list()
+    if sigs:  # signature input names -> the tensors' inputs
+        runner = ours.get_signature_runner(sig["key"])
+        by_name.update({k: by_index[d["index"]] for k, d in runner.get_input_details().items()})
+    for buf, name in zip(ins, sig["inputs"]):
+        buf.write(by_name[name])
+    first = ours.get_output_details()[0]
+    out_names = [first["name"]]
+    if sigs:
+        out_names += [k for k, d in ours.get_signature_runner(sig["key"]).get_output_details().items()
+                      if d["index"] == first["index"]]
+    k = next(i for i, n in enumerate(sig["outputs"]) if n in out_names)
+    size = int(np.prod(first["shape"]))
+
+    def run():
+        cm.run_by_index(0, ins, outs)
+        return outs[k].read(size, np.float32)
+
+    result = run().reshape(first["shape"])
+    return result, _median_ms(run, repeats, warmup)
 
 
 def write_table(rows: list[dict], device, out: Path) -> None:
@@ -127,17 +170,33 @@ def write_table(rows: list[dict], device, out: Path) -> None:
         "the read-back of the first output; outputs checked against LiteRT's CPU interpreter (or, for a "
         "fused model, which LiteRT cannot run, against its unfused twin) before timing.",
         "",
-        "| model | batch | ops | dispatches | tflfuse ms | LiteRT CPU ms | fused speed-up (unfused ms / fused ms) | max abs err |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "LiteRT WebGPU is LiteRT's CompiledModel with HardwareAccelerator.GPU on the same inputs, timed at batch 1 "
+        "with the read-back of the same output; its output is checked against tflfuse's (last column).",
+        "",
+        "| model | batch | ops | dispatches | tflfuse ms | LiteRT CPU ms | LiteRT WebGPU ms | tflfuse / LiteRT WebGPU "
+        "| fused speed-up (unfused ms / fused ms) | max abs err | LiteRT WebGPU vs tflfuse |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    ratios = []
     for r in rows:
         twin = by_name.get((r["model"].replace("_fused", "_unfused"), r["batch"])) \
             if r["model"].endswith("_fused") else None
         ratio = f"{twin['tflfuse_ms'] / r['tflfuse_ms']:.2f}x" if twin else ""
         err = r.get("max_abs_err_vs_litert", r.get("max_abs_err_vs_unfused"))
+        lgpu = r.get("litert_gpu_ms")
+        if lgpu and not r["model"].startswith("mobilenet"):
+            ratios.append(r["tflfuse_ms"] / lgpu)
+        gerr = r.get("max_abs_err_litert_gpu_vs_tflfuse")
+        vs_gpu = f"{r['tflfuse_ms'] / lgpu:.2f}x" if lgpu else ""
         lines.append(f"| {r['model']} | {r['batch']} | {r['ops']} | {r['dispatches']} | {r['tflfuse_ms']:.2f} | "
-                     f"{r.get('litert_cpu_ms', float('nan')):.2f} | {ratio} | "
-                     f"{'' if err is None else f'{err:.2e}'} |")
+                     f"{r.get('litert_cpu_ms', float('nan')):.2f} | "
+                     f"{f'{lgpu:.2f}' if lgpu else r.get('litert_gpu_note', '')[:60]} | "
+                     f"{vs_gpu} | {ratio} | "
+                     f"{'' if err is None else f'{err:.2e}'} | {'' if gerr is None else f'{gerr:.2e}'} |")
+    if ratios:
+        geo = float(np.exp(np.mean(np.log(ratios))))
+        lines += ["", f"Real models: tflfuse latency / LiteRT WebGPU latency, geometric mean over {len(ratios)} "
+                      f"models: {geo:.2f}x (below 1 means tflfuse is faster)."]
     profiled = [r for r in rows if r.get("gpu_us_by_op")]
     if profiled:
         lines += ["", "GPU time per op kind (microseconds, timestamp queries, one compute pass per dispatch):", "",
