@@ -3,7 +3,15 @@
 Importing this package imports TensorFlow and Keras (the converter side).
 """
 
+from .activations import Clip, HardSwish, clip_by_value, hard_swish
 from .bottleneck import InvertedResidual, fold_batch_norm, fused_bottleneck, random_conv_bn
 from .mobilenet_v2 import mobilenet_v2
+from .pooling import (FusedAveragePooling2D, FusedGlobalAveragePooling2D, FusedGlobalMaxPooling2D, FusedMaxPooling2D,
+                      global_pool2d, pool2d)
+from .recurrent import GRU, LSTM, fused_gru, fused_lstm, gru, lstm
+from .squeeze_excite import SqueezeExcite, make_divisible, squeeze_excite
 
-__all__ = ["InvertedResidual", "fold_batch_norm", "fused_bottleneck", "mobilenet_v2", "random_conv_bn"]
+__all__ = ["Clip", "FusedAveragePooling2D", "FusedGlobalAveragePooling2D", "FusedGlobalMaxPooling2D",
+           "FusedMaxPooling2D", "GRU", "HardSwish", "InvertedResidual", "LSTM", "SqueezeExcite", "clip_by_value",
+           "fold_batch_norm", "fused_bottleneck", "fused_gru", "fused_lstm", "global_pool2d", "gru", "hard_swish",
+           "lstm", "make_divisible", "mobilenet_v2", "pool2d", "random_conv_bn", "squeeze_excite"]

@@ -51,6 +51,13 @@ CASES = {
     "PADV2": ([(3, 4), None, None], {"paddings": [[1, 1], [2, 0]], "constant_values": [-1.5]}),
     "CONCATENATION": ([(2, 3), (2, 1), (2, 4)], {"axis": -1}),
     "PACK": ([(2, 3), (2, 3)], {"axis": 1, "values_count": 2}),
+    "fused_hard_swish": ([(2, 7)], {}),
+    "fused_clip": ([(2, 7)], {"clip_min": -0.5, "clip_max": 2.0}),
+    "fused_pool2d": ([(2, 9, 7, 5)], {"pooling": "avg", "pool_size": [3, 3], "strides": [2, 2], "padding": "same",
+                                      "activation": "hard_swish"}),
+    "fused_global_pool2d": ([(2, 23, 19, 5)], {"pooling": "max", "activation": "relu6", "keepdims": True}),
+    "fused_squeeze_excite": ([(2, 17, 16, 6), (6, 3), (3,), (1, 1, 3, 6), (6,)],
+                             {"activation": "relu", "gate": "hard_sigmoid"}),
     "fused_bottleneck": ([(1, 8, 8, 4), (4, 24), (24,), (3, 3, 24), (24,), (24, 4), (4,)],
                          {"expansion": 6, "stride": 1, "residual": True, "activation": "relu6"}),
 }

@@ -1,0 +1,113 @@
+"""fused_squeeze_excite: a squeeze-and-excitation block (SENet, MobileNetV3, EfficientNet) as one op.
+
+Semantics (``composites.squeeze_excite.squeeze_excite``), for ``x [N, H, W, C]``::
+
+    s = mean(x, axes H, W)                 # [N, C]        (keras GlobalAveragePooling2D)
+    s = activation(s @ w1 + b1)            # [N, Cr]       (1x1 Conv2D or Dense, "relu" by default)
+    s = gate(s @ w2 + b2)                  # [N, C]
+    y = x * s[:, None, None, :]            # [N, H, W, C]
+
+Op inputs: ``x``, ``w1`` ([C, Cr], or a 1x1 conv kernel [1, 1, C, Cr]), ``b1 [Cr]``, ``w2`` ([Cr, C] or
+[1, 1, Cr, C]), ``b2 [C]``. Attributes: ``activation`` (a name of :data:`tflfuse.kernels.wgsl.ACTIVATIONS`) and
+``gate``, one of :data:`GATES`:
+
+* ``"sigmoid"``: ``1 / (1 + exp(-v))``;
+* ``"hard_sigmoid"``: ``relu6(v + 3) * (1 / 6)``, MobileNetV3's (``keras.applications.mobilenet_v3``); Keras 3's
+  ``keras.activations.hard_sigmoid`` (``relu6(v + 3) / 6``) is the same function up to one rounding;
+* ``"hard_sigmoid_keras2"``: ``clip(0.2 v + 0.5, 0, 1)``, the hard sigmoid of Keras 2 / ``tf.keras.backend``.
+
+Dispatches: the mean as a two-pass parallel reduction (:func:`~tflfuse.kernels.fused.pool.reduce_hw_programs`),
+the two small fully-connected layers (one invocation per output, unrolled dot products), and the scaling (one
+invocation per element of ``y``), through scratch buffers.
+"""
+
+from __future__ import annotations
+
+from ..base import Kernel, TensorSpec
+from ..registry import register
+from ..wgsl import ACTIVATIONS, activation_fn, dot, elementwise_program, fmt_f32
+from .pool import reduce_hw_chunks, reduce_hw_programs
+
+__all__ = ["FusedSqueezeExcite", "GATES"]
+
+_NAN = "(bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u"
+#: gate name -> WGSL body of ``fn gate(v: f32) -> f32`` (NaN stays NaN, as in TensorFlow).
+GATES = {
+    "sigmoid": "return 1.0 / (1.0 + exp(-v));",
+    "hard_sigmoid": f"return select(clamp(v + 3.0, 0.0, 6.0) * {fmt_f32(1 / 6)}, v, {_NAN});",
+    "hard_sigmoid_keras2": f"return select(clamp(0.2 * v + 0.5, 0.0, 1.0), v, {_NAN});",
+}
+
+
+@register("fused_squeeze_excite")
+class FusedSqueezeExcite(Kernel):
+    """``x [N, H, W, C]`` float32 and the two layers' weights -> ``x * gate(act(mean(x) @ w1 + b1) @ w2 + b2)``,
+    ``[N, H, W, C]``. Raises :class:`~tflfuse.kernels.KernelError` for weights whose shapes disagree with C,
+    an unknown activation or gate."""
+
+    input_names = ("x", "w1", "b1", "w2", "b2")
+    attr_defaults = {"activation": "relu", "gate": "sigmoid"}
+
+    @staticmethod
+    def decode_custom_options(options: dict) -> dict:
+        from ...annotate import decode_attrs
+
+        return decode_attrs(options)
+
+    def _matrix(self, i: int, name: str) -> tuple[int, int]:
+        shape = self.expect_rank(i, 2, 4).shape
+        if len(shape) == 4 and shape[:2] != (1, 1):
+            raise self.fail(f"{name} must be [rows, cols] or a 1x1 conv kernel [1, 1, rows, cols], got {list(shape)}")
+        return shape[-2], shape[-1]
+
+    def check(self):
+        if len(self.inputs) != 5:
+            raise self.fail(f"expects 5 inputs (x, w1, b1, w2, b2), got {len(self.inputs)}")
+        n, h, w, c = self.expect_rank(0, 4).shape
+        (c1, cr), (cr2, c2) = self._matrix(1, "w1"), self._matrix(3, "w2")
+        b1, b2 = self.expect_rank(2, 1).shape, self.expect_rank(4, 1).shape
+        if c1 != c or cr2 != cr or c2 != c or b1 != (cr,) or b2 != (c,):
+            raise self.fail(f"weights do not fit {c} channels: w1 must be [{c}, Cr], b1 [Cr], w2 [Cr, {c}], "
+                            f"b2 [{c}]; got w1 {list(self.input(1).shape)}, b1 {list(b1)}, "
+                            f"w2 {list(self.input(3).shape)}, b2 {list(b2)}")
+        self.c, self.cr = c, cr
+        act, gate = str(self.attr("activation")).lower(), str(self.attr("gate")).lower()
+        if act not in ACTIVATIONS:
+            raise self.fail(f"unsupported activation {self.attr('activation')!r}; supported: {sorted(ACTIVATIONS)}")
+        if gate not in GATES:
+            raise self.fail(f"unsupported gate {self.attr('gate')!r}; supported: {sorted(GATES)}")
+        self.activation, self.gate = act, gate
+
+    def output_specs(self):
+        return (TensorSpec(self.input(0).shape),)
+
+    def scratch_sizes(self):
+        """Bytes of: the mean ``[N, C]``, the hidden layer ``[N, Cr]``, the gate ``[N, C]`` and (where the
+        reduction takes two passes) its partial sums."""
+        n, h, w, c = self.input(0).shape
+        _, chunks = reduce_hw_chunks(h * w)
+        sizes = (n * c * 4, n * self.cr * 4, n * c * 4)
+        return sizes + ((n * chunks * c * 4,) if chunks > 1 else ())
+
+    def programs(self):
+        n, h, w, c = self.input(0).shape
+        cr = self.cr
+        x, w1, b1, w2, b2, y = self.io_bindings(["x", "w1", "b1", "w2", "b2", "y"])
+        sizes = self.scratch_sizes()
+        s_w, hid_w, g_w = (self.binding(nm, "scratch", i, sizes[i]) for i, nm in enumerate(("s", "hid", "g")))
+        s_r, hid_r, g_r = (self.binding(nm, "scratch", i, sizes[i], access="read")
+                           for i, nm in enumerate(("s", "hid", "g")))
+        partial = self.binding("part", "scratch", 3, sizes[3]) if len(sizes) > 3 else None
+        progs = reduce_hw_programs(f"{self.key}_mean", x, s_w, partial, n, h * w, c, "sum",
+                                   f"acc / {fmt_f32(float(max(h * w, 1)))}")
+        fc1 = (f"  let r = idx % {cr}u;\n  let img = idx / {cr}u;\n  var v = b1[r];\n  "
+               + dot(c, f"s[img * {c}u + {{k}}]", f"w1[({{k}}) * {cr}u + r]") + "\n  hid[idx] = act(v);")
+        progs.append(elementwise_program(f"{self.key}_fc1", (s_r, w1, b1, hid_w), n * cr, fc1,
+                                         activation_fn(self.activation), loop_trips=c // 4))
+        fc2 = (f"  let ch = idx % {c}u;\n  let img = idx / {c}u;\n  var v = b2[ch];\n  "
+               + dot(cr, f"hid[img * {cr}u + {{k}}]", f"w2[({{k}}) * {c}u + ch]") + "\n  g[idx] = gate(v);")
+        progs.append(elementwise_program(f"{self.key}_fc2", (hid_r, w2, b2, g_w), n * c, fc2,
+                                         f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n", loop_trips=cr // 4))
+        scale = f"  y[idx] = x[idx] * g[(idx / {h * w * c}u) * {c}u + idx % {c}u];"
+        progs.append(elementwise_program(f"{self.key}_scale", (x, g_r, y), n * h * w * c, scale))
+        return progs
