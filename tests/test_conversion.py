@@ -87,7 +87,8 @@ def test_fused_op_contract(fused, model):
         assert m.tensor_shape(0, out) == (1, -(-h // s), -(-w // s), cout), k
         assert m.tensor_type_name(0, out) == "FLOAT32", k
         assert decode_attrs(m.op_attrs(0, op)) == dict(expansion=block.expansion, stride=s,
-                                                       residual=block.residual, activation="relu6"), k
+                                                       residual=block.residual, activation="relu6",
+                                                           kernel_size=3, squeeze_excite=False), k
         if k + 1 < len(ops):  # the blocks form a chain, in file order
             assert m.op_inputs(0, ops[k + 1])[0] == out
 

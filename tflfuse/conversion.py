@@ -7,6 +7,27 @@ function into one custom op. :func:`convert` counts the annotated call sites in 
 graph and its function library) and the custom ops of each name in the resulting file
 (:class:`tflfuse.model.Model`), and raises :class:`FusionError` when the two disagree.
 
+Two forms of fused op (``fused_op_format``):
+
+* ``"custom"`` (default): a custom op whose custom code is the composite's name and whose custom options
+  are its attributes (a flexbuffer map). Only tflfuse runs it.
+* ``"composite"``: a ``STABLEHLO_COMPOSITE`` op named after the composite, with the same attributes and a
+  decomposition subgraph of builtins (the composite's body converted alone,
+  :func:`tflfuse.passes.portable.to_composite_format`). Stock LiteRT runs the decomposition; tflfuse runs
+  its fused kernel.
+
+Quantization (``quantization``), as TensorFlow 2.21's converter does it for a model with composites:
+
+* ``"float16"``: weights stored as float16, each followed by a DEQUANTIZE to float32, the fused op's
+  weights included; every op, the fused one too, computes in float32 (tflfuse folds the DEQUANTIZEs at
+  load, LiteRT once at its first invoke).
+* ``"dynamic"`` (``optimizations=[DEFAULT]`` alone): refused for a model with composites. The converter
+  makes CONV_2D and FULLY_CONNECTED hybrid ops (int8 weights, activations quantized at run time) but leaves
+  each fused op float32 with float32 weights: a half-quantized file.
+* ``"int8"`` (full-integer with a representative dataset): refused for a model with composites. The
+  converter calibrates by running the model in the TFLite interpreter, which has no kernel for the fused
+  custom op ("unresolved custom ops"), and fused ops have no int8 form.
+
 This module imports TensorFlow (the converter side); ``import tflfuse`` does not load it.
 """
 
@@ -27,7 +48,13 @@ from .annotate import FUSABLE_KEY, annotations_disabled, registry
 from .model import Model
 from .passes import apply_lowerings
 
-__all__ = ["CompositeCount", "ConversionError", "ConversionResult", "FusionError", "FusionReport", "convert"]
+__all__ = ["CompositeCount", "ConversionError", "ConversionResult", "FUSED_OP_FORMATS", "FusionError",
+           "FusionReport", "QUANTIZATIONS", "convert"]
+
+#: The forms a fused op can take in the file (module docstring).
+FUSED_OP_FORMATS = ("custom", "composite")
+#: The quantization modes of :func:`convert` (None: float32 throughout).
+QUANTIZATIONS = (None, "dynamic", "float16", "int8")
 
 
 #: Ops that hold weights in resource variables instead of constants.
@@ -75,12 +102,17 @@ class FusionReport:
         subgraphs, fused composites included.
       annotations: whether the model was traced with annotations.
       seconds: wall time of tracing and conversion.
+      fused_op_format: ``"custom"`` or ``"composite"`` (a STABLEHLO_COMPOSITE counts under its composite's
+        name, and the ops of decomposition subgraphs are not counted).
+      quantization: the ``quantization`` of the conversion (None: float32).
     """
 
     composites: Mapping[str, CompositeCount]
     op_counts: Mapping[str, int]
     annotations: bool
     seconds: float
+    fused_op_format: str = "custom"
+    quantization: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -115,8 +147,9 @@ class FusionReport:
         w1 = max(len(r[1]) for r in rows)
         lines = [f"{a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows]
         total = sum(self.op_counts.values())
-        lines.append(f"{total} ops, annotations {'on' if self.annotations else 'off'}, "
-                     f"converted in {self.seconds:.2f} s")
+        quantized = f", {self.quantization} quantization" if self.quantization else ""
+        lines.append(f"{total} ops, annotations {'on' if self.annotations else 'off'}, fused ops as "
+                     f"{self.fused_op_format}{quantized}, converted in {self.seconds:.2f} s")
         return "\n".join(lines)
 
 
@@ -279,6 +312,85 @@ def _traced_in_file(traced: dict[str, collections.Counter], model: Model) -> col
     return total
 
 
+def _op_counts(m: Model) -> collections.Counter:
+    """Op name -> count over the subgraphs that are not decompositions; a STABLEHLO_COMPOSITE counts under
+    its composite's name."""
+    skip = m.decompositions()
+    counts: collections.Counter = collections.Counter()
+    for sg in range(len(m.subgraphs)):
+        if sg not in skip:
+            for i, name in enumerate(m.op_names(sg)):
+                comp = m.composite(sg, i)
+                counts[comp.name if comp is not None else name] += 1
+    return counts
+
+
+def _check_quantization(quantization, representative_dataset) -> None:
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    if quantization == "int8" and representative_dataset is None:
+        raise ValueError("quantization='int8' needs a representative_dataset (a callable returning an iterable "
+                         "of input lists, as tf.lite.TFLiteConverter.representative_dataset)")
+    if quantization != "int8" and representative_dataset is not None:
+        raise ValueError(f"representative_dataset applies to quantization='int8', not to {quantization!r}")
+    if representative_dataset is not None and not callable(representative_dataset):
+        raise TypeError(f"representative_dataset must be a callable returning an iterable of input lists, got "
+                        f"{type(representative_dataset).__name__}")
+
+
+def _refuse_quantization(quantization: str, kind: str, traced: collections.Counter) -> None:
+    """Refuses the quantization modes that leave fused ops half-quantized (module docstring)."""
+    calls = ", ".join(f"{n}: {c}" for n, c in sorted(traced.items()) if c)
+    if not calls:
+        return
+    why = {
+        "int8": "full-integer quantization calibrates by running the model in the TFLite interpreter, which has "
+                "no kernel for a fused custom op (TensorFlow 2.21 fails with 'unresolved custom ops'), and a "
+                "fused op has no int8 form (tflfuse's fused kernels compute in float32)",
+        "dynamic": "dynamic-range quantization makes CONV_2D and FULLY_CONNECTED hybrid ops (int8 weights, "
+                   "activations quantized at run time) but leaves each fused op float32 with float32 weights: "
+                   "a half-quantized file, whose hybrid ops tflfuse has no kernels for",
+    }[quantization]
+    raise ConversionError(
+        f"quantization={quantization!r} does not apply to a {kind} with fused composites ({calls}): {why}. Use "
+        f"quantization='float16' (weights stored as float16, every op float32: LiteRT and tflfuse run it), or "
+        f"convert with annotations=False for a quantized model of builtins only (LiteRT runs it; tflfuse has "
+        f"no int8 kernels)")
+
+
+def _quantize(converter, quantization: str | None, representative_dataset) -> None:
+    import tensorflow as tf
+
+    converter.optimizations = [] if quantization is None else [tf.lite.Optimize.DEFAULT]
+    if quantization == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    elif quantization == "int8":   # full-integer or an error: no op silently left float
+        converter.representative_dataset = representative_dataset
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+
+
+#: Tensor types of a quantized or reduced-precision value, which no fused op reads or writes.
+_QUANTIZED_TYPES = frozenset({"INT8", "UINT8", "INT16", "INT4", "FLOAT16"})
+
+
+def _check_fused_float(m: Model) -> None:
+    """No fused op reads or writes a quantized or float16 tensor (its weights are dequantized before it), or
+    ConversionError."""
+    specs = registry()
+    for sg in range(len(m.subgraphs)):
+        for i, name in enumerate(m.op_names(sg)):
+            comp = m.composite(sg, i)
+            name = comp.name if comp is not None else name
+            if name not in specs:
+                continue
+            bad = [(t, m.tensor_type_name(sg, t)) for t in m.op_inputs(sg, i) + m.op_outputs(sg, i)
+                   if t >= 0 and m.tensor_type_name(sg, t) in _QUANTIZED_TYPES]
+            if bad:
+                raise ConversionError(f"fused op {name!r} (operator {i} of subgraph {sg}) reads or writes "
+                                      f"{', '.join(f'tensor {t} as {ty}' for t, ty in bad)}; fused ops compute "
+                                      f"in float32, so this file would be half-quantized")
+
+
 def _is_keras_model(model) -> bool:
     try:
         import keras
@@ -288,7 +400,8 @@ def _is_keras_model(model) -> bool:
 
 
 def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[str] | None = None,
-            batch_size: int | None = None, check: bool = True) -> ConversionResult:
+            batch_size: int | None = None, check: bool = True, fused_op_format: str = "custom",
+            quantization: str | None = None, representative_dataset=None) -> ConversionResult:
     """Converts a TensorFlow model to .tflite, fusing each annotated composite call into one custom op.
 
     Args:
@@ -303,6 +416,13 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
       signature_keys: the SavedModel signatures to convert (default: all). Only for a SavedModel.
       batch_size: the batch dimension of a Keras model whose batch is unknown (default 1).
       check: raise :class:`FusionError` when an annotated call did not become exactly one fused op.
+      fused_op_format: ``"custom"`` (a custom op named after the composite: tflfuse runs it) or
+        ``"composite"`` (a STABLEHLO_COMPOSITE with a decomposition subgraph: stock LiteRT runs it too);
+        see the module docstring.
+      quantization: None (float32), ``"float16"`` (float16 weights dequantized to float32 before each op,
+        fused ops included), ``"dynamic"`` or ``"int8"`` (TFLite's dynamic-range and full-integer
+        post-training quantization; refused for a model with composites, see the module docstring).
+      representative_dataset: for ``"int8"``: a callable returning an iterable of input lists.
 
     Returns:
       :class:`ConversionResult` with ``.tflite`` (bytes) and ``.report`` (:class:`FusionReport`).
@@ -312,7 +432,11 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
       ValueError: ``annotations=False`` or ``batch_size`` for a model that is not Keras; ``signature_keys``
         not in the SavedModel or given for another kind; a Keras input of unknown shape; a bad ``batch_size``.
       FileNotFoundError: a SavedModel path without ``saved_model.pb``.
-      ConversionError: the .tflite keeps weights in resource variables (VAR_HANDLE/READ_VARIABLE ops).
+      ConversionError: the .tflite keeps weights in resource variables (VAR_HANDLE/READ_VARIABLE ops);
+        ``quantization`` ``"dynamic"`` or ``"int8"`` for a model with composites; a fused op reading or writing
+        anything but float32; with ``fused_op_format="composite"``, a composite whose body cannot be a
+        decomposition (a method needing ``self``, a body that does not trace alone at the op's shapes or
+        does not convert to builtins).
       FusionError: with ``check``, the traced annotated calls and the fused ops in the file differ for
         some composite (its message names each such composite and both counts).
     """
@@ -322,6 +446,9 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
         raise TypeError(f"annotations must be a bool, got {annotations!r}")
     if batch_size is not None and (type(batch_size) is not int or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if fused_op_format not in FUSED_OP_FORMATS:
+        raise ValueError(f"fused_op_format must be one of {FUSED_OP_FORMATS}, got {fused_op_format!r}")
+    _check_quantization(quantization, representative_dataset)
     start = time.perf_counter()
     if _is_keras_model(model):
         if signature_keys is not None:
@@ -367,21 +494,43 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
         keys = ["serving_default"] if len(funcs) == 1 else [f.graph.name for f in funcs]
         traced_by_key = {k: annotated_calls(f.graph.as_graph_def()) for k, f in zip(keys, funcs)}
         converter = _from_functions(funcs)
+    if quantization in ("dynamic", "int8"):
+        every: collections.Counter = collections.Counter()
+        for counts in traced_by_key.values():
+            every.update(counts)
+        _refuse_quantization(quantization, kind, every)
     converter.allow_custom_ops = True
-    converter.optimizations = []
-    tflite = bytes(converter.convert())
+    _quantize(converter, quantization, representative_dataset)
+    try:
+        tflite = bytes(converter.convert())
+    except Exception as e:
+        if quantization != "int8":
+            raise
+        raise ConversionError(f"quantization='int8': the converter could not quantize every op to int8 "
+                              f"({type(e).__name__}: {str(e)[:600]})") from e
     tflite, lowered = apply_lowerings(tflite)  # fused ops that have a TFLite builtin become that builtin
+    if fused_op_format == "composite":
+        from .passes.portable import to_composite_format
+
+        tflite, _ = to_composite_format(tflite)
     seconds = time.perf_counter() - start
 
     m = Model(tflite)
     traced = _traced_in_file(traced_by_key, m)
-    op_counts = collections.Counter(name for sg in range(len(m.subgraphs)) for name in m.op_names(sg))
+    op_counts = _op_counts(m)
+    if fused_op_format == "composite":
+        left = sorted({n for sg in range(len(m.subgraphs)) for n in m.op_names(sg)} & set(traced))
+        if left:
+            raise ConversionError(
+                f"fused_op_format='composite': composite(s) {left} are not defined in this process "
+                f"(tflfuse.annotate.registry() lacks them), so their bodies cannot be converted into "
+                f"decompositions; import the module(s) that define them before converting")
     names = set(traced) | (set(op_counts) & set(registry())) | set(lowered)
     composites = {n: CompositeCount(n, traced.get(n, 0), op_counts.get(n, 0) + lowered.get(n, 0))
                   for n in sorted(names)}
     report = FusionReport(composites=types.MappingProxyType(composites),
                           op_counts=types.MappingProxyType(dict(op_counts)), annotations=annotations,
-                          seconds=seconds)
+                          seconds=seconds, fused_op_format=fused_op_format, quantization=quantization)
     logging.info("converted %s:\n%s", kind, report)
     unfrozen = sorted(set(op_counts) & _VARIABLE_OPS)
     if unfrozen:
@@ -390,6 +539,8 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
             f"converter did not freeze them, and such a .tflite runs nowhere without them. A Keras 3 model "
             f"saved with tf.saved_model.save() does this; save it with model.export(DIR) instead, or pass the "
             f"Keras model itself to convert().")
+    if quantization is not None:
+        _check_fused_float(m)
     if check and not report.ok:
         lines = [f"composite {c.name!r}: {c.traced} annotated call(s) traced, {c.fused} {c.name!r} op(s) in "
                  f"the .tflite" for c in report.mismatches]

@@ -20,7 +20,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from flatbuffers import flexbuffers
 
-__all__ = ["Model", "ModelError", "OpRef", "TENSOR_DTYPES", "builtin_op_name"]
+__all__ = ["CompositeOp", "Model", "ModelError", "OpRef", "TENSOR_DTYPES", "builtin_op_name", "is_builtin_name"]
 
 _FILE_IDENTIFIER = b"TFL3"
 # The largest tensor the runtime accepts, in elements: past this a shape is a corrupt file, not a model.
@@ -62,6 +62,14 @@ def builtin_op_name(code: int) -> str:
     return _BUILTIN_NAMES.get(code, f"BUILTIN_{code}")
 
 
+def is_builtin_name(name: str) -> bool:
+    """Whether ``name`` is a TFLite builtin op's name (``"CONV_2D"``), not a custom op's or composite's."""
+    return name in _BUILTIN_SET
+
+
+_BUILTIN_SET = frozenset(_BUILTIN_NAMES.values())
+
+
 def _text(value) -> str:
     """A name from the file as str; bytes that are not UTF-8 (a corrupt file) show as escapes, not errors."""
     if value is None:
@@ -71,6 +79,29 @@ def _text(value) -> str:
 
 def _snake(name: str) -> str:
     return re.sub(r"([A-Z])", r"_\1", name).lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class CompositeOp:
+    """What a ``STABLEHLO_COMPOSITE`` op carries (``StableHLOCompositeOptions``).
+
+    Attributes:
+      name: the composite's name (a tflfuse composite's name, e.g. ``fused_bottleneck``).
+      decomposition: index of the subgraph that computes the op from builtins.
+      version: the composite's version.
+    """
+
+    name: str
+    decomposition: int
+    version: int
+
+
+def _flexbuffer_map(raw: bytes) -> dict:
+    try:
+        opts = flexbuffers.Loads(raw)
+    except Exception:  # not a flexbuffer: whatever the flexbuffers reader raises on foreign bytes
+        opts = None
+    return opts if isinstance(opts, dict) else {"_raw": raw}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +146,14 @@ class Model:
         """Reads a .tflite file. Raises ``FileNotFoundError`` or :class:`ModelError`."""
         return cls(Path(path).read_bytes())
 
+    def derived(self, tree) -> "Model":
+        """A Model over ``tree`` (an edited copy of :attr:`m`) whose buffers stored after the flatbuffer are
+        read from this model's file, as passes that rewrite a graph at load need."""
+        model = object.__new__(Model)
+        model.m, model._file = tree, self._file
+        model._check_indices()
+        return model
+
     def to_bytes(self) -> bytes:
         """Serializes the (possibly edited) model with the ``TFL3`` identifier."""
         import flatbuffers
@@ -156,6 +195,11 @@ class Model:
                 if not 0 <= op.opcodeIndex < n_codes:
                     raise ModelError(f"subgraph {si} operator {oi} has opcode index {op.opcodeIndex}, "
                                      f"but the model has {n_codes} operator codes")
+                comp = self.composite(si, oi)
+                if comp is not None and not 0 <= comp.decomposition < len(m.subgraphs):
+                    raise ModelError(f"subgraph {si} operator {oi} (STABLEHLO_COMPOSITE {comp.name!r}) has "
+                                     f"decomposition subgraph {comp.decomposition}; the model has "
+                                     f"{len(m.subgraphs)} subgraphs")
                 for i in list(op.inputs if op.inputs is not None else []) + list(
                         op.outputs if op.outputs is not None else []):
                     if not -1 <= i < n_t:
@@ -185,6 +229,18 @@ class Model:
             return _text(cc)
         return builtin_op_name(builtin)
 
+    def composite(self, subgraph: int, index: int) -> CompositeOp | None:
+        """The name, decomposition subgraph and version of a ``STABLEHLO_COMPOSITE`` op; None for other ops."""
+        opts = self.m.subgraphs[subgraph].operators[index].builtinOptions2
+        if not isinstance(opts, schema.StableHLOCompositeOptionsT):
+            return None
+        return CompositeOp(_text(opts.name), int(opts.decompositionSubgraphIndex), int(opts.version))
+
+    def decompositions(self) -> set[int]:
+        """The subgraphs that are some ``STABLEHLO_COMPOSITE`` op's decomposition."""
+        return {c.decomposition for si, sg in enumerate(self.m.subgraphs) for oi in range(len(sg.operators))
+                if (c := self.composite(si, oi)) is not None}
+
     def op_names(self, subgraph: int = 0) -> list[str]:
         return [self.op_name(subgraph, i) for i in range(len(self.m.subgraphs[subgraph].operators or []))]
 
@@ -203,16 +259,16 @@ class Model:
         enums become their names (``"SAME"``, ``"RELU6"``). A custom op's flexbuffer map is decoded as it is
         (:mod:`tflfuse.annotate` turns it back into the attributes the user wrote). Custom options that are
         not a flexbuffer map (MediaPipe's ``Convolution2DTransposeBias`` stores a raw C struct) come back as
-        ``{"_raw": bytes}``, for the op's kernel to decode.
+        ``{"_raw": bytes}``, for the op's kernel to decode. A ``STABLEHLO_COMPOSITE``'s attributes are its
+        ``composite_attributes`` flexbuffer map, decoded the same way (its name and decomposition subgraph:
+        :meth:`composite`).
         """
         op = self.m.subgraphs[subgraph].operators[index]
         if op.customOptions is not None and len(op.customOptions):
-            raw = bytes(bytearray(op.customOptions))
-            try:
-                opts = flexbuffers.Loads(raw)
-            except Exception:  # not a flexbuffer: whatever the flexbuffers reader raises on foreign bytes
-                opts = None
-            return opts if isinstance(opts, dict) else {"_raw": raw}
+            return _flexbuffer_map(bytes(bytearray(op.customOptions)))
+        if isinstance(op.builtinOptions2, schema.StableHLOCompositeOptionsT):
+            raw = op.builtinOptions2.compositeAttributes
+            return _flexbuffer_map(bytes(bytearray(raw))) if raw is not None and len(raw) else {}
         attrs: dict = {}
         for options in (op.builtinOptions, op.builtinOptions2):
             if options is None:

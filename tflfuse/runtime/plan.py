@@ -15,9 +15,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..kernels import kernel_class
+from ..kernels import kernel_class, supported_ops
 from ..kernels.base import Kernel, KernelError, Program, TensorSpec
-from ..model import Model
+from ..model import Model, is_builtin_name
+from ..passes.portable import inline_composites
 from .device import ShaderCompileError
 
 __all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "check_supported", "lower"]
@@ -64,10 +65,30 @@ class LoweredGraph:
 def check_supported(model: Model, subgraph: int | None = None) -> None:
     """Raises :class:`~tflfuse.kernels.UnsupportedOpError` for the first op without a kernel, naming the
     op, its index and subgraph. Touches no GPU."""
-    sgs = range(len(model.subgraphs)) if subgraph is None else [subgraph]
+    if subgraph is None:  # decomposition subgraphs are checked where their composite has no kernel
+        skip = model.decompositions()
+        sgs = [si for si in range(len(model.subgraphs)) if si not in skip]
+    else:
+        sgs = [subgraph]
     for si in sgs:
-        for oi, name in enumerate(model.op_names(si)):
+        _check_ops(model, si, ())
+
+
+def _has_fused_kernel(name: str) -> bool:
+    """Whether a STABLEHLO_COMPOSITE named ``name`` runs as one tflfuse kernel (a non-builtin name with one)."""
+    return not is_builtin_name(name) and name in supported_ops()
+
+
+def _check_ops(model: Model, si: int, chain: tuple[int, ...]) -> None:
+    for oi, name in enumerate(model.op_names(si)):
+        comp = model.composite(si, oi)
+        if comp is None:
             kernel_class(name, where=f"operator {oi} of subgraph {si}")
+        elif not _has_fused_kernel(comp.name):   # runs its decomposition, inlined by lower()
+            if comp.decomposition in chain + (si,):
+                raise KernelError(f"STABLEHLO_COMPOSITE {comp.name!r} (operator {oi} of subgraph {si}): its "
+                                  f"decomposition subgraph {comp.decomposition} contains itself")
+            _check_ops(model, comp.decomposition, chain + (si,))
 
 
 def _runtime_spec(model: Model, sg: int, t: int, shape=None) -> TensorSpec:
@@ -93,6 +114,7 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         constant folded at load past :data:`MAX_FOLDED_ELEMENTS`.
     """
     check_supported(model, subgraph)
+    model = inline_composites(model, subgraph, keep=_has_fused_kernel)  # decompositions without a kernel
     input_shapes = dict(input_shapes or {})
     sg = model.subgraphs[subgraph]
     inputs = [int(i) for i in (sg.inputs if sg.inputs is not None else [])]
@@ -106,6 +128,8 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
     written: set[int] = set()
     for oi in range(len(sg.operators or [])):
         name = model.op_name(subgraph, oi)
+        if name == "STABLEHLO_COMPOSITE":   # kept by inline_composites: it has a fused kernel
+            name = model.composite(subgraph, oi).name
         cls = kernel_class(name)
         where = f"{name} (operator {oi} of subgraph {subgraph})"
         attrs = _op_attrs(model, subgraph, oi, cls, where)
@@ -143,6 +167,8 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
                 in_specs.append(TensorSpec(consts[t].shape, _DTYPE_NAMES.get(consts[t].dtype, str(consts[t].dtype))))
             elif t in specs:
                 in_specs.append(specs[t])
+            elif pos in getattr(cls, "state_inputs", ()) and model.tensor(subgraph, t).isVariable:
+                in_specs.append(None)   # a variable tensor holding a state (an LSTM's): zero at each invoke
             else:
                 raise KernelError(f"{where}: input {pos} (tensor {t}, {model.tensor_name(subgraph, t)!r}) "
                                   f"is read before any op writes it")
