@@ -1,17 +1,24 @@
 """The ``tflfuse`` command (an absl app).
 
     tflfuse demo [--adapter=NAME] [--size=224]
-    tflfuse convert SAVED_MODEL_DIR --output=model.tflite [--noannotations]
+    tflfuse convert SAVED_MODEL_DIR --output=model.tflite [--noannotations] [--fused_op_format=composite]
     tflfuse run MODEL.tflite --input=x.npy [--input=y.npy ...] [--output=out.npz] [--adapter=NAME]
     tflfuse ops MODEL.tflite
     tflfuse shader KEY --shapes="[[1,224,224,3],[32,3,3,3]]" [--attrs="stride_h=2,padding=SAME"] [--json]
     tflfuse shader --list [--json]
     tflfuse shader --model=MODEL.tflite --out=DIR [--target=gpu|cpu]
     tflfuse adapters
+    tflfuse check SOURCE [--expect=NAME=COUNT|NAME>=COUNT ...] [--expectations=FILE.toml] [--allow_op=OP ...]
+        [--samples=3] [--seed=0] [--input=x.npy ...] [--atol=1e-4] [--rtol=1e-3] [--perf] [--perf_slack=0.1]
+        [--report_dir=DIR] [--import_modules=MOD,...]   SOURCE: MODEL.tflite, SAVED_MODEL_DIR, MODEL.keras,
+        module:function or file.py:function (returns a Keras model or concrete functions)
+    tflfuse check --manifest=MODELS.toml [--shard=I/N] [--jobs=N] [--report_dir=DIR]
 
 Exit status: 0 on success; 1 when the work failed (a fusion mismatch, unfrozen weights in convert, an op
 without a kernel in ops); 2 for bad usage or input (a missing or malformed file, a model that cannot run,
 inputs of the wrong shape or dtype, no WebGPU adapter).
+check: 0 every check holds; 1 a check failed (the failing checks and their numbers are the last lines);
+2 bad usage or input (a flag, an expectations file or manifest, a model source that cannot be loaded).
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ flags.DEFINE_string("output", None, "convert: the .tflite to write; run: an .npz
 flags.DEFINE_multi_string("input", [], "run: an .npy file per model input, in input order.")
 flags.DEFINE_string("adapter", None, "Substring of the WebGPU adapter's name to use (default: the best one).")
 flags.DEFINE_bool("annotations", True, "convert: keep tflfuse composite annotations (fuse them).")
+flags.DEFINE_enum("fused_op_format", "custom", ["custom", "composite"],
+                  "convert: fused ops as custom ops (tflfuse only) or STABLEHLO_COMPOSITE with a decomposition "
+                  "(stock LiteRT runs it too).")
 flags.DEFINE_string("shapes", None, "shader: JSON list of input shapes, e.g. [[1,8,8,3],[4,3,3,3]].")
 flags.DEFINE_string("attrs", "", "shader: comma-separated key=value attributes, e.g. padding=SAME,stride_h=2.")
 flags.DEFINE_bool("json", False, "shader: print the whole ShaderInfo as JSON.")
@@ -35,7 +45,22 @@ flags.DEFINE_string("model", None, "shader: write every distinct shader of this 
 flags.DEFINE_string("out", None, "shader --model: folder for the .wgsl files and manifest.json.")
 flags.DEFINE_enum("target", "gpu", ["gpu", "cpu"], "shader: schedules for a GPU or the software adapter.")
 flags.DEFINE_integer("size", 224, "demo: MobileNetV2 input side in pixels.")
-flags.DEFINE_integer("repeats", 5, "demo: timed invokes per model.")
+flags.DEFINE_integer("repeats", 5, "demo, check --perf: timed invokes per model.")
+flags.DEFINE_multi_string("expect", [], "check: NAME=COUNT (exactly) or NAME>=COUNT (at least) fused ops.")
+flags.DEFINE_string("expectations", None, "check: a TOML file of expectations and settings for the model.")
+flags.DEFINE_multi_string("allow_op", [], "check: an op allowed to stay without a tflfuse kernel.")
+flags.DEFINE_integer("samples", 3, "check: seeded random inputs to compare on.", lower_bound=1)
+flags.DEFINE_integer("seed", 0, "check: seed of the random inputs.", lower_bound=0)
+flags.DEFINE_float("atol", 1e-4, "check: absolute tolerance, |got - want| <= atol + rtol * |want|.", lower_bound=0)
+flags.DEFINE_float("rtol", 1e-3, "check: relative tolerance.", lower_bound=0)
+flags.DEFINE_bool("perf", False, "check: also require fused latency no worse than unfused (Keras sources).")
+flags.DEFINE_float("perf_slack", 0.1, "check --perf: fused may take up to (1 + slack) x unfused.", lower_bound=0)
+flags.DEFINE_string("report_dir", None, "check: folder for report.json, junit.xml and summary.md.")
+flags.DEFINE_string("manifest", None, "check: a TOML manifest of models to check in parallel processes.")
+flags.DEFINE_string("shard", None, "check --manifest: I/N, check only shard I (1-based) of N.")
+flags.DEFINE_integer("jobs", None, "check --manifest: parallel processes (default: models, up to the CPUs).",
+                     lower_bound=1)
+flags.DEFINE_list("import_modules", [], "check: modules to import first (a Keras file's custom layers).")
 
 _USAGE = __doc__.split("\n\n")[1]
 
@@ -95,7 +120,7 @@ def cmd_convert(args):
     from .conversion import ConversionError, FusionError, convert
 
     try:
-        result = convert(args[0], annotations=FLAGS.annotations)
+        result = convert(args[0], annotations=FLAGS.annotations, fused_op_format=FLAGS.fused_op_format)
     except FusionError as e:
         print(e.report)
         print(f"error: {e}", file=sys.stderr)
@@ -239,7 +264,51 @@ def cmd_adapters(args):
         print(f"{i['device']}  [{i['adapter_type']}, {i['backend_type']}]")
 
 
-_COMMANDS = {"demo": cmd_demo, "convert": cmd_convert, "run": cmd_run, "ops": cmd_ops,
+#: check's flags that, when given, override an expectations file's or manifest's values.
+_CHECK_OVERRIDES = ("allow_op", "samples", "seed", "input", "atol", "rtol", "perf", "perf_slack", "repeats",
+                    "import_modules", "adapter")
+
+
+def cmd_check(args):
+    from . import check, check_config, check_report
+
+    usage = ("usage: tflfuse check SOURCE [--expect=NAME=COUNT ...] [--expectations=FILE.toml] [--report_dir=DIR]"
+             " | tflfuse check --manifest=MODELS.toml [--shard=I/N] [--jobs=N] [--report_dir=DIR]")
+    if bool(FLAGS.manifest) == bool(args) or len(args) > 1:
+        raise UsageError(usage)
+    if FLAGS.shard and not FLAGS.manifest:
+        raise UsageError("--shard applies to --manifest")
+    names = {"allow_op": "allow_ops", "input": "inputs"}
+    overrides = {names.get(k, k): (tuple(FLAGS[k].value) if isinstance(FLAGS[k].value, list) else FLAGS[k].value)
+                 for k in _CHECK_OVERRIDES if FLAGS[k].present}
+    try:
+        if FLAGS.expect:
+            overrides["expect"] = [check_config.parse_expectation(e) for e in FLAGS.expect]
+        if FLAGS.manifest:
+            if FLAGS.expectations:
+                raise check_config.CheckInputError("--expectations applies to one SOURCE; a manifest names its own")
+            shard = check_config.parse_shard(FLAGS.shard) if FLAGS.shard else None
+            options = check_config.load_manifest(FLAGS.manifest, overrides)
+            if shard:
+                options = check_config.select_shard(options, shard)
+                print(f"shard {shard[0]}/{shard[1]}: {len(options)} model(s): {', '.join(o.name for o in options)}")
+        else:
+            settings = check_config.load_expectations(FLAGS.expectations) if FLAGS.expectations else {}
+            options = [check_config.make_options({**settings, "source": args[0]}, overrides)]
+    except check_config.CheckInputError as e:
+        raise UsageError(str(e)) from None
+    reports = check.check_many(options, jobs=FLAGS.jobs)
+    for line in check_report.text_lines(reports):
+        print(line)
+    if FLAGS.report_dir:
+        written = check_report.write_reports(reports, FLAGS.report_dir, per_model=bool(FLAGS.manifest))
+        print(f"wrote {len(written)} report files to {FLAGS.report_dir} (report.json, junit.xml, summary.md)")
+    for line in check_report.verdict_lines(reports):
+        print(line)
+    return check_report.exit_status(reports)
+
+
+_COMMANDS = {"demo": cmd_demo, "convert": cmd_convert, "run": cmd_run, "ops": cmd_ops, "check": cmd_check,
              "shader": cmd_shader, "adapters": cmd_adapters}
 
 

@@ -34,12 +34,13 @@ def conv_output_size(size: int, kernel: int, stride: int, dilation: int, padding
     raise ValueError(f"padding must be 'SAME' or 'VALID', got {padding!r}")
 
 
-def window_body(g: dict, channels: int, prologue: str, inner: str, result: str) -> str:
+def window_body(g: dict, channels: int, prologue: str, inner: str, result: str, store: str | None = None) -> str:
     """WGSL of a sliding-window op with one invocation per NHWC output element: decodes ``idx`` into ``n``,
     ``oy``, ``ox``, ``co`` (``channels`` per pixel), runs ``prologue``, then ``inner`` for every window tap
     ``(ky, kx)`` whose input pixel ``(iy, ix)`` lies inside the image (taps in the padding are skipped),
-    and stores ``y[idx] = act(result)``. ``g`` holds the geometry of :func:`conv_output_size` (keys N, H,
-    W, OH, OW, SH, SW, DH, DW, PT, PL, KH, KW). Loop iterations: ``KH * (1 + KW)`` plus ``inner``'s own."""
+    and stores ``y[idx] = act(result)`` (or runs the statement ``store`` instead). ``g`` holds the geometry
+    of :func:`conv_output_size` (keys N, H, W, OH, OW, SH, SW, DH, DW, PT, PL, KH, KW). Loop iterations:
+    ``KH * (1 + KW)`` plus ``inner``'s own."""
     return f"""  let co = idx % {channels}u;
   let ox = i32((idx / {channels}u) % {g['OW']}u);
   let oy = i32((idx / {channels * g['OW']}u) % {g['OH']}u);
@@ -54,7 +55,7 @@ def window_body(g: dict, channels: int, prologue: str, inner: str, result: str) 
 {inner}
     }}
   }}
-  y[idx] = act({result});"""
+  {store or f"y[idx] = act({result});"}"""
 
 
 class _Conv(Kernel):

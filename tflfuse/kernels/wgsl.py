@@ -9,7 +9,8 @@ from typing import Sequence
 
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
-__all__ = ["ACTIVATIONS", "activation_fn", "dot", "elementwise_program", "prelude", "linear_main", "fmt_f32"]
+__all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "activation_fn", "activation_uniforms", "dot", "elementwise_program",
+           "prelude", "linear_main", "fmt_f32"]
 
 
 def fmt_f32(x: float) -> str:
@@ -51,7 +52,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 # Activation name (TFLite fused_activation_function names, lower-cased, and the composite names) ->
 # WGSL body of ``fn act(v: f32) -> f32``. Semantics: TFLite's kernels (RELU_N1_TO_1 clamps to [-1, 1],
-# HARD_SWISH is x * relu6(x + 3) / 6, GELU is the exact erf form is not in WGSL: tanh approximation).
+# HARD_SWISH is x * relu6(x + 3) / 6) and Keras' activations for the composite-only names:
+# ``leaky_relu`` (x if x >= 0 else alpha * x) and ``elu`` (x if x > 0 else alpha * (exp(x) - 1)) read
+# ``params.alpha`` (see :func:`activation_uniforms`); ``gelu`` is keras.activations.gelu(approximate=False),
+# 0.5 x erfc(-x / sqrt(2)), through :data:`_ERFC`; ``gelu_tanh`` is gelu(approximate=True).
 ACTIVATIONS = {
     "none": "return v;",
     "linear": "return v;",
@@ -66,19 +70,60 @@ ACTIVATIONS = {
     "logistic": "return 1.0 / (1.0 + exp(-v));",
     "hard_swish": "return v * (clamp(v + 3.0, 0.0, 6.0) / 6.0);",  # no overflow for large v, as in LiteRT
     "sign_bit": "return select(0.0, 1.0, v < 0.0);",
+    "leaky_relu": "return select(v * params.alpha, v, v >= 0.0);",
+    "elu": "return select(params.alpha * (exp(min(v, 0.0)) - 1.0), v, v > 0.0);",
+    "gelu": "return 0.5 * v * erfc_approx(v * -0.70710678118654752);",
+    # the tanh argument is clamped: tanh(+-10) is +-1 in f32, and some tanh implementations give NaN past ~44
+    "gelu_tanh": "return 0.5 * v * (1.0 + tanh(clamp(0.7978845608028654 * (v + 0.044715 * v * v * v), "
+                 "-10.0, 10.0)));",
 }
+
+#: Activations that read the uniform ``params.alpha``, with Keras' default for it
+#: (keras.activations.leaky_relu's negative_slope 0.2, also tf.nn.leaky_relu's; keras.activations.elu's 1.0).
+ACTIVATION_ALPHA = {"leaky_relu": 0.2, "elu": 1.0}
 
 
 _IS_NAN = "fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }\n"
 
+# erfc(z) by the Chebyshev fit of Numerical Recipes (erfcc, 2nd ed. section 6.2): fractional error below
+# 1.2e-7 for every z in exact arithmetic (WGSL has no erf). In float32, the gelu built on it is within
+# 4e-7 absolute (half an ulp of 10) and 3e-6 relative (where |gelu(x)| >= 1e-6) of float64 erf over
+# [-10, 10] on the software adapter, as tf.nn.gelu's own float32 result is (tests/test_composite_conv.py).
+_ERFC = """fn erfc_approx(z: f32) -> f32 {
+  let a = abs(z);
+  let t = 1.0 / (1.0 + 0.5 * a);
+  let r = t * exp(-a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806
+          + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))));
+  return select(r, 2.0 - r, z < 0.0);
+}
+"""
+_HELPERS = {"is_nan(": _IS_NAN, "erfc_approx(": _ERFC}
 
-def activation_fn(name: str | None, fn_name: str = "act") -> str:
-    """``fn act(v: f32) -> f32`` for a TFLite fused activation (``"RELU6"``) or a composite's (``"relu6"``)."""
+
+def activation_fn(name: str | None, fn_name: str = "act", uniform_alpha: bool = False) -> str:
+    """``fn act(v: f32) -> f32`` for a TFLite fused activation (``"RELU6"``) or a composite's (``"relu6"``).
+
+    Activations in :data:`ACTIVATION_ALPHA` read ``params.alpha`` when ``uniform_alpha`` (the program must
+    then declare the uniforms of :func:`activation_uniforms`); otherwise Keras' default alpha is written in.
+    """
     key = (name or "none").lower()
     if key not in ACTIVATIONS:
         raise KernelError(f"unsupported activation {name!r}; supported: {sorted(ACTIVATIONS)}")
-    helper = _IS_NAN if "is_nan(" in ACTIVATIONS[key] else ""
-    return f"{helper}fn {fn_name}(v: f32) -> f32 {{ {ACTIVATIONS[key]} }}\n"
+    body = ACTIVATIONS[key]
+    if key in ACTIVATION_ALPHA and not uniform_alpha:
+        body = body.replace("params.alpha", fmt_f32(ACTIVATION_ALPHA[key]))
+    helpers = "".join(h for call, h in _HELPERS.items() if call in body)
+    return f"{helpers}fn {fn_name}(v: f32) -> f32 {{ {body} }}\n"
+
+
+def activation_uniforms(name: str | None, alpha: float | None = None) -> tuple[Uniform, ...]:
+    """The uniforms an activation's WGSL reads: ``(Uniform("alpha", "f32", alpha),)`` for ``leaky_relu``
+    and ``elu`` (``alpha`` None: Keras' default, :data:`ACTIVATION_ALPHA`), ``()`` for the others.
+    A uniform, so one pipeline serves every alpha."""
+    key = (name or "none").lower()
+    if key not in ACTIVATION_ALPHA:
+        return ()
+    return (Uniform("alpha", "f32", float(ACTIVATION_ALPHA[key] if alpha is None else alpha)),)
 
 
 def elementwise_program(name: str, bindings: tuple[Binding, ...], total: int, body: str,

@@ -1,0 +1,411 @@
+"""The fused conv trio and separable conv: composites -> ONE fused op each -> WebGPU, against TF and Keras.
+
+Two levels, each against an independent reference:
+- kernels (``run_op``): ``fused_conv2d``, ``fused_depthwise_conv2d``, ``fused_separable_conv2d`` and
+  ``fused_matmul`` against ``tf.nn.conv2d`` / ``depthwise_conv2d`` / ``separable_conv2d`` /
+  ``tf.linalg.matmul`` + bias + residual, then ``keras.activations`` (PReLU: ``keras.layers.PReLU``), over
+  edge shapes (stride 2 SAME, VALID, dilation, 1xN and Nx1, odd sizes, channels not divisible by 4,
+  batch > 1, broadcast batches, transposes, an output past 65,535 workgroups) and every activation;
+- models: Keras models of the layers (FusedConv2D, FusedDepthwiseConv2D, FusedSeparableConv2D, FusedDense)
+  converted by ``tflfuse.convert`` (one fused op per call, no other op) and run on ``tflfuse.Interpreter``,
+  against ``keras.layers.Conv2D`` / ``DepthwiseConv2D`` / ``SeparableConv2D`` / ``Dense`` (+ ``Add``,
+  ``PReLU``, ``Activation``) holding the same weights.
+
+Tolerance: float32 sums of at most ~600 products accumulated in another order than TF's differ by a few ulps
+of the largest partial sum (measured: ~5e-6 of outputs of scale ~10), and the activations add WGSL's few-ulp
+exp/tanh error; rtol 1e-4 with atol 1e-4 of the output's scale keeps a 10x margin while any indexing error
+(O(1) wrong) fails. gelu's erf fit is checked separately against float64 erf (see test_gelu_accuracy).
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tflfuse
+from composites.conv import (ACTIVATIONS, FusedConv2D, FusedDense, FusedDepthwiseConv2D, FusedSeparableConv2D,
+                             fused_conv2d, fused_matmul, separable_conv2d)
+from tflfuse.kernels import KernelError, kernel_class
+from tflfuse.kernels.base import MAX_WORKGROUPS_PER_DIM, TensorSpec
+from tflfuse.runtime.plan import run_op
+
+RTOL = 1e-4
+ATOL_SCALE = 1e-4
+ALPHA = {"leaky_relu": 0.15, "elu": 0.7}  # not Keras' defaults, so that the uniform is seen to be read
+
+
+def assert_close(got, ref):
+    ref = np.asarray(ref)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL_SCALE * max(1.0, float(np.abs(ref).max())))
+
+
+def keras_activation(name, alpha=None, slopes=None):
+    """The Keras reference of an activation (PReLU: keras.layers.PReLU holding ``slopes``)."""
+    if name == "prelu":
+        def prelu(z):
+            layer = keras.layers.PReLU()  # alpha [H, W, C] (z.shape[1:]): the slopes broadcast to it
+            layer.build(z.shape)
+            layer.set_weights([np.broadcast_to(slopes, layer.alpha.shape)])
+            return layer(z)
+        return prelu
+    act = {"elu": lambda z: keras.activations.elu(z, alpha=alpha),
+           "leaky_relu": lambda z: keras.activations.leaky_relu(z, negative_slope=alpha),
+           "gelu": lambda z: keras.activations.gelu(z, approximate=False),
+           "gelu_tanh": lambda z: keras.activations.gelu(z, approximate=True)}
+    return act.get(name) or keras.activations.get(name)
+
+
+def epilogue_inputs(rng, out_shape, cout, act, residual):
+    """(optional inputs, attrs, reference epilogue) for the kernels."""
+    bias = rng.standard_normal(cout).astype(np.float32)
+    res = rng.standard_normal(out_shape).astype(np.float32) if residual else None
+    slopes = rng.uniform(-0.5, 0.5, (1, 1, cout) if len(out_shape) == 4 else (cout,)).astype(np.float32) \
+        if act == "prelu" else None
+    attrs = dict(activation=act, alpha=ALPHA.get(act), has_bias=True, has_residual=residual,
+                 has_prelu=act == "prelu")
+    f = keras_activation(act, ALPHA.get(act), slopes)
+
+    def reference(z):
+        z = z + bias + (res if residual else 0)
+        return np.asarray(f(tf.constant(z, tf.float32)))
+    return [a for a in (bias, res, slopes) if a is not None], attrs, reference
+
+
+def scaled(rng, shape, fan_in, gain=3.0):
+    """Weights making outputs of scale ~gain (so that every activation's branches are reached)."""
+    return (rng.standard_normal(shape) * gain / math.sqrt(fan_in)).astype(np.float32)
+
+
+# ---- kernels: edge shapes ----------------------------------------------------------------------------
+CONV_CASES = [  # (N, H, W, Cin, KH, KW, Cout, strides, dilations, padding)
+    (2, 9, 7, 5, 3, 3, 6, (2, 2), (1, 1), "SAME"),     # batch 2, odd sizes, stride 2 SAME, C % 4 != 0
+    (1, 8, 8, 3, 3, 3, 4, (1, 1), (2, 2), "VALID"),    # dilation, VALID
+    (1, 6, 11, 4, 1, 5, 3, (1, 1), (1, 1), "SAME"),    # 1xN
+    (1, 11, 6, 7, 5, 1, 9, (2, 1), (1, 1), "VALID"),   # Nx1, strides differing per axis
+    (3, 5, 5, 2, 2, 2, 5, (2, 2), (1, 1), "SAME"),     # even window SAME (padding after only), batch 3
+    (1, 9, 9, 3, 3, 3, 2, (2, 2), (2, 1), "SAME"),     # strides and dilations together
+    (1, 4, 4, 66, 3, 3, 70, (1, 1), (1, 1), "SAME"),   # long channel dot (unrolled)
+]
+CASE_ACTS = ["relu6", "gelu", "prelu", "leaky_relu", "hard_swish", "elu", "tanh"]  # one per case, rotating
+
+
+def conv_run(device, rng, op, case, act, residual, strategy=None):
+    n, h, w, cin, kh, kw, cout, strides, dil, pad = case
+    x = rng.standard_normal((n, h, w, cin)).astype(np.float32)
+    tf_dil = list(dil)
+    if op == "fused_conv2d":
+        f = scaled(rng, (kh, kw, cin, cout), kh * kw * cin)
+        z = tf.nn.conv2d(x, f, list(strides), pad, dilations=tf_dil).numpy()
+        main = [x, f]
+    elif op == "fused_depthwise_conv2d":
+        mult = cout % 3 + 1
+        f = scaled(rng, (kh, kw, cin, mult), kh * kw)
+        z = tf.nn.depthwise_conv2d(x, f, [1, *strides, 1], pad, dilations=tf_dil).numpy()
+        main = [x, f]
+    else:
+        mult = cout % 2 + 1
+        dwf = scaled(rng, (kh, kw, cin, mult), kh * kw, 1.0)
+        pwf = scaled(rng, (1, 1, cin * mult, cout), cin * mult)
+        z = tf.nn.separable_conv2d(x, dwf, pwf, [1, *strides, 1], pad, dilations=tf_dil).numpy()
+        main = [x, dwf, pwf if cout % 2 else pwf[0, 0]]   # the [Cin * M, Cout] form too
+    extra, attrs, reference = epilogue_inputs(rng, z.shape, z.shape[-1], act, residual)
+    if strategy:
+        attrs["strategy"] = strategy
+    (y,) = run_op(device, op, main + extra, dict(strides=list(strides), dilations=list(dil), padding=pad, **attrs))
+    assert_close(y, reference(z))
+
+
+CONV_OPS = ["fused_conv2d", "fused_depthwise_conv2d", "fused_separable_conv2d"]
+
+
+def _no_stride_dilation(op, case):  # tf.nn.depthwise_conv2d does not define strides with dilations
+    return op == "fused_conv2d" or not (max(case[7]) > 1 and max(case[8]) > 1)
+
+
+# fused_separable_conv2d runs each of its schedules: one tiled dispatch (GPUs) and two staged (software).
+OPS = [("fused_conv2d", None), ("fused_depthwise_conv2d", None), ("fused_separable_conv2d", "tiled"),
+       ("fused_separable_conv2d", "staged")]
+
+
+@pytest.mark.parametrize("op, strategy, case, act", [
+    pytest.param(op, st, c, CASE_ACTS[i % len(CASE_ACTS)], id=f"{op}{'-' + st if st else ''}-"
+                 f"{'x'.join(map(str, c[:7]))}-s{c[7][0]}{c[7][1]}-d{c[8][0]}{c[8][1]}-{c[9]}")
+    for op, st in OPS for i, c in enumerate(CONV_CASES) if _no_stride_dilation(op, c)])
+def test_conv_kernels_edge_shapes(device, rng, op, strategy, case, act):
+    conv_run(device, rng, op, case, act, residual=bool(case[0] % 2), strategy=strategy)
+
+
+@pytest.mark.parametrize("op, strategy", OPS + [("fused_matmul", None)])
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_every_activation_with_residual(device, rng, op, strategy, act):
+    if op == "fused_matmul":
+        matmul_run(device, rng, ((2, 3, 4, 9), (9, 6), False, False), act, residual=True)
+    else:
+        conv_run(device, rng, op, (2, 7, 6, 5, 3, 3, 6, (2, 2), (1, 1), "SAME"), act, residual=True,
+                 strategy=strategy)
+
+
+MATMUL_CASES = [  # (a shape, b shape, transpose_a, transpose_b)
+    ((2, 3, 4, 5), (5, 6), False, False),      # rank-4 a, a Dense kernel b
+    ((2, 1, 4, 5), (3, 5, 6), False, False),   # broadcast batches
+    ((5, 4), (5, 6), True, False),             # transpose_a
+    ((3, 4, 5), (3, 7, 5), False, True),       # transpose_b, batched b
+    ((2, 5, 4), (1, 6, 5), True, True),        # both
+    ((7, 1), (1, 9), False, False),            # K = 1
+    ((3, 130), (130, 5), False, False),        # long K (unrolled dot with a tail)
+]
+
+
+def matmul_run(device, rng, case, act, residual):
+    sa, sb, ta, tb = case
+    a = rng.standard_normal(sa).astype(np.float32)
+    k = sa[-2] if ta else sa[-1]
+    b = scaled(rng, sb, k)
+    z = tf.linalg.matmul(a, b, transpose_a=ta, transpose_b=tb).numpy()
+    extra, attrs, reference = epilogue_inputs(rng, z.shape, z.shape[-1], act, residual)
+    (y,) = run_op(device, "fused_matmul", [a, b] + extra, dict(transpose_a=ta, transpose_b=tb, **attrs))
+    assert_close(y, reference(z))
+
+
+@pytest.mark.parametrize("case", MATMUL_CASES, ids=lambda c: f"{c[0]}x{c[1]}-ta{int(c[2])}-tb{int(c[3])}")
+def test_matmul_kernel_shapes(device, rng, case):
+    matmul_run(device, rng, case, "relu", residual=len(case[0]) > 2)
+
+
+def test_optional_inputs_absent(device, rng):
+    """No bias, a residual broadcast from [1, OW, 1]: inputs are identified by the flags, not by position."""
+    x = rng.standard_normal((2, 6, 5, 3)).astype(np.float32)
+    f = scaled(rng, (3, 3, 3, 4), 27)
+    res = rng.standard_normal((5, 1)).astype(np.float32)
+    (y,) = run_op(device, "fused_conv2d", [x, f, res],
+                  dict(padding="SAME", has_bias=False, has_residual=True, activation="sigmoid"))
+    assert_close(y, tf.sigmoid(tf.nn.conv2d(x, f, 1, "SAME") + res))
+
+
+def test_output_past_65535_workgroups(device, rng):
+    """4.32M outputs: 67,500 workgroups of 64, so the dispatch spills into y and the shader rebuilds idx."""
+    x = rng.standard_normal((1, 600, 600, 3)).astype(np.float32)
+    f = scaled(rng, (1, 1, 3, 12), 3)
+    b = rng.standard_normal(12).astype(np.float32)
+    res = rng.standard_normal((1, 600, 1, 12)).astype(np.float32)
+    slopes = rng.uniform(0, 0.5, 12).astype(np.float32)
+    attrs = dict(has_residual=True, has_prelu=True, activation="prelu")
+    k = kernel_class("fused_conv2d")([TensorSpec(a.shape) for a in (x, f, b, res, slopes)], attrs)
+    (prog,) = k.programs()
+    assert prog.dispatch[0] == MAX_WORKGROUPS_PER_DIM and prog.dispatch[1] > 1
+    (y,) = run_op(device, "fused_conv2d", [x, f, b, res, slopes], attrs)
+    z = tf.nn.conv2d(x, f, 1, "VALID").numpy() + b + res
+    assert_close(y, np.where(z >= 0, z, z * slopes))
+
+
+def test_tiled_separable_past_65535_workgroups(device, rng):
+    """532,900 output pixels in workgroups of 8 pixels: 66,613 workgroups, spilling into y."""
+    x = rng.standard_normal((1, 730, 730, 1)).astype(np.float32)
+    dwf, pwf = scaled(rng, (3, 3, 1, 2), 9), scaled(rng, (1, 1, 2, 3), 2)
+    attrs = dict(padding="SAME", has_bias=False, activation="relu", strategy="tiled")
+    k = kernel_class("fused_separable_conv2d")([TensorSpec(a.shape) for a in (x, dwf, pwf)], attrs)
+    (prog,) = k.programs()
+    assert prog.dispatch[0] == MAX_WORKGROUPS_PER_DIM and prog.dispatch[1] > 1
+    (y,) = run_op(device, "fused_separable_conv2d", [x, dwf, pwf], attrs)
+    assert_close(y, tf.nn.relu(tf.nn.separable_conv2d(x, dwf, pwf, [1, 1, 1, 1], "SAME")))
+
+
+def test_separable_schedule_follows_target():
+    specs = [TensorSpec(s) for s in ((1, 8, 8, 4), (3, 3, 4, 1), (1, 1, 4, 8), (8,))]
+    cls = kernel_class("fused_separable_conv2d")
+    assert len(cls(specs, {"target": "gpu"}).programs()) == 1
+    assert len(cls(specs, {"target": "cpu"}).programs()) == 2
+
+
+def test_gelu_accuracy(device):
+    """gelu's WGSL erf fit against float64 erf: within 1e-6 absolute on [-10, 10] and 1e-5 relative where
+    |gelu(x)| >= 1e-6 (measured 3.9e-7 and 2.6e-6, as tf.nn.gelu's own float32 result). gelu_tanh against
+    its float64 formula: 1e-6 absolute only (measured 6e-7; for x < -2, 1 + tanh(u) cancels in float32 and
+    loses all relative accuracy, in tf.nn.gelu(approximate=True) too)."""
+    v = np.linspace(-10, 10, 40001).astype(np.float32)
+    x64 = v.astype(np.float64)
+    refs = {"gelu": 0.5 * x64 * (1 + np.vectorize(math.erf)(x64 / math.sqrt(2))),
+            "gelu_tanh": 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))}
+    for act, ref in refs.items():
+        (y,) = run_op(device, "fused_matmul", [v[:, None], np.ones((1, 1), np.float32)],
+                      dict(has_bias=False, activation=act))
+        err = np.abs(y[:, 0] - ref)
+        assert err.max() <= 1e-6, (act, err.max())
+        big = np.abs(ref) >= 1e-6
+        if act == "gelu":
+            assert (err[big] / np.abs(ref[big])).max() <= 1e-5
+
+
+@pytest.mark.parametrize("op, specs, attrs, message", [
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 4, 2), (2,)], {}, "Cin 4"),
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,)], {"has_residual": True}, "expects 4 inputs"),
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,), (4, 3, 2)], {"has_residual": True}, "does not broadcast"),
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,)], {"activation": "prelu"}, "has_prelu"),
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,)], {"activation": "swish"}, "unsupported activation"),
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (3,)], {}, "bias must have shape"),
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,)], {"padding": "FULL"}, "padding"),
+    ("fused_depthwise_conv2d", [(1, 5, 5, 3), (3, 3, 2, 2), (6,)], {}, "Cin 3"),
+    ("fused_separable_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (1, 1, 5, 4), (4,)], {}, "pointwise_filter"),
+    ("fused_matmul", [(2, 4, 5), (6, 3), (3,)], {}, "inner dimensions differ"),
+    ("fused_matmul", [(2, 4, 5), (3, 5, 3), (3,)], {}, "do not broadcast"),
+])
+def test_kernels_reject(op, specs, attrs, message):
+    with pytest.raises(KernelError, match=message):
+        kernel_class(op)([TensorSpec(s) for s in specs], attrs).programs()
+
+
+def test_composites_reject_bad_arguments(rng):
+    x, f = np.zeros((1, 5, 5, 3), np.float32), np.zeros((3, 3, 3, 4), np.float32)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        fused_conv2d(x, f, activation="swish")
+    with pytest.raises(ValueError, match="prelu_alpha is given exactly when"):
+        fused_conv2d(x, f, activation="prelu")
+    with pytest.raises(ValueError, match="alpha .* applies to"):
+        fused_conv2d(x, f, activation="relu", alpha=0.1)
+    with pytest.raises(ValueError, match=r"bias must have shape \(4,\)"):
+        fused_conv2d(x, f, np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="residual of shape"):
+        fused_conv2d(x, f, residual=np.zeros((1, 5, 5, 4), np.float32))  # VALID: output is 3x3
+    with pytest.raises(ValueError, match="strides"):
+        fused_conv2d(x, f, strides=0)
+    with pytest.raises(ValueError, match="pointwise_filter"):
+        separable_conv2d(x, f, np.zeros((1, 1, 11, 2), np.float32))
+    with pytest.raises(ValueError, match="inner dimensions"):
+        fused_matmul(np.zeros((2, 3), np.float32), np.zeros((4, 5), np.float32))
+    with pytest.raises(ValueError, match="FusedConv2D: activation"):
+        FusedConv2D(4, 3, activation="swish")
+
+
+# ---- models: convert, one fused op per call, run on WebGPU, against Keras layers -----------------------
+def convert_and_run(device, model, x, op, calls):
+    result = tflfuse.convert(model)
+    report = result.report
+    assert report.ok and report.composites[op].traced == report.composites[op].fused == calls
+    assert report.other_ops == {}, f"stray ops beside the fused ones: {report.other_ops}"
+    assert set(report.op_counts) == {op}
+    interp = tflfuse.Interpreter(model_content=result.tflite, device=device)
+    interp.allocate_tensors()
+    interp.set_tensor(interp.get_input_details()[0]["index"], x)
+    interp.invoke()
+    return interp.get_tensor(interp.get_output_details()[0]["index"])
+
+
+def randomize(layer, rng):
+    """Random bias and PReLU slopes (Keras initializes them to zero)."""
+    weights = layer.get_weights()
+    names = [w.path.split("/")[-1] for w in layer.weights]
+    for i, name in enumerate(names):
+        if name in ("bias", "prelu_alpha"):
+            weights[i] = rng.uniform(-0.5, 0.5, weights[i].shape).astype(np.float32)
+    layer.set_weights(weights)
+    return dict(zip(names, weights))
+
+
+def reference_block(ref_layer, weights, y_in, act, alpha=None, residual=None, keras_weights=()):
+    """``act(ref_layer(y_in) [+ residual])`` from Keras layers holding ``weights``."""
+    z = ref_layer(y_in)
+    ref_layer.set_weights([weights[k] for k in keras_weights] + ([weights["bias"]] if "bias" in weights else []))
+    if residual is not None:
+        z = keras.layers.Add()([z, residual])
+    if act == "prelu":
+        prelu = keras.layers.PReLU(shared_axes=[1, 2] if len(z.shape) == 4 else None)
+        out = prelu(z)
+        prelu.set_weights([np.broadcast_to(weights["prelu_alpha"], prelu.alpha.shape)])
+        return out
+    return keras.layers.Activation(keras_activation(act, alpha))(z)
+
+
+CONV_MODELS = [  # (activation, alpha, strides, padding, dilation, kernel size)
+    ("relu6", None, 2, "same", 1, 3),
+    ("gelu", None, 1, "valid", 2, (3, 2)),
+    ("prelu", None, 1, "same", 1, (1, 5)),
+    ("leaky_relu", 0.3, 2, "valid", 1, (4, 1)),
+]
+
+
+@pytest.mark.parametrize("act, alpha, strides, padding, dilation, ksize", CONV_MODELS, ids=[c[0] for c in CONV_MODELS])
+def test_fused_conv2d_model_matches_keras_conv2d(device, rng, act, alpha, strides, padding, dilation, ksize):
+    inp = keras.Input((11, 10, 3), batch_size=2)
+    first = FusedConv2D(6, ksize, strides=strides, padding=padding, dilation_rate=dilation, activation=act, alpha=alpha)
+    second = FusedConv2D(6, 3, padding="same", activation=act, alpha=alpha)
+    y1 = first(inp)
+    model = keras.Model(inp, second(y1, residual=y1))
+    w1, w2 = randomize(first, rng), randomize(second, rng)
+
+    rin = keras.Input((11, 10, 3), batch_size=2)
+    r1 = reference_block(keras.layers.Conv2D(6, ksize, strides=strides, padding=padding, dilation_rate=dilation),
+                         w1, rin, act, alpha or 0.2, keras_weights=["kernel"])
+    r2 = reference_block(keras.layers.Conv2D(6, 3, padding="same"), w2, r1, act, alpha or 0.2, residual=r1,
+                         keras_weights=["kernel"])
+    reference = keras.Model(rin, r2)
+    x = rng.standard_normal((2, 11, 10, 3)).astype(np.float32)
+    want = np.asarray(reference(x))
+    assert_close(np.asarray(model(x)), want)  # the composite's TF body, as a check of the reference itself
+    assert_close(convert_and_run(device, model, x, "fused_conv2d", 2), want)
+
+
+def test_fused_depthwise_model_matches_keras(device, rng):
+    inp = keras.Input((9, 8, 5), batch_size=2)
+    first = FusedDepthwiseConv2D(3, strides=2, padding="same", depth_multiplier=2, activation="hard_swish")
+    second = FusedDepthwiseConv2D((1, 3), padding="same", activation="elu", use_bias=False)
+    y1 = first(inp)
+    model = keras.Model(inp, second(y1, residual=y1))
+    w1, w2 = randomize(first, rng), randomize(second, rng)
+    rin = keras.Input((9, 8, 5), batch_size=2)
+    r1 = reference_block(keras.layers.DepthwiseConv2D(3, strides=2, padding="same", depth_multiplier=2), w1, rin,
+                         "hard_swish", keras_weights=["depthwise_kernel"])
+    r2 = reference_block(keras.layers.DepthwiseConv2D((1, 3), padding="same", use_bias=False), w2, r1, "elu", 1.0,
+                         residual=r1, keras_weights=["depthwise_kernel"])
+    x = rng.standard_normal((2, 9, 8, 5)).astype(np.float32)
+    want = np.asarray(keras.Model(rin, r2)(x))
+    assert want.shape == (2, 5, 4, 10)
+    assert_close(convert_and_run(device, model, x, "fused_depthwise_conv2d", 2), want)
+
+
+@pytest.mark.parametrize("act", ["elu", "prelu", "gelu_tanh"])
+def test_fused_separable_model_matches_keras(device, rng, act):
+    inp = keras.Input((10, 9, 3), batch_size=2)
+    first = FusedSeparableConv2D(7, 3, strides=2, padding="same", depth_multiplier=2, activation=act)
+    second = FusedSeparableConv2D(7, (3, 1), padding="same", dilation_rate=2, activation=act)
+    y1 = first(inp)
+    model = keras.Model(inp, second(y1, residual=y1))
+    w1, w2 = randomize(first, rng), randomize(second, rng)
+    rin = keras.Input((10, 9, 3), batch_size=2)
+    kw = ["depthwise_kernel", "pointwise_kernel"]
+    r1 = reference_block(keras.layers.SeparableConv2D(7, 3, strides=2, padding="same", depth_multiplier=2), w1,
+                         rin, act, 1.0, keras_weights=kw)
+    r2 = reference_block(keras.layers.SeparableConv2D(7, (3, 1), padding="same", dilation_rate=2), w2, r1, act, 1.0,
+                         residual=r1, keras_weights=kw)
+    x = rng.standard_normal((2, 10, 9, 3)).astype(np.float32)
+    want = np.asarray(keras.Model(rin, r2)(x))
+    assert_close(convert_and_run(device, model, x, "fused_separable_conv2d", 2), want)
+
+
+@pytest.mark.parametrize("act", ["tanh", "prelu", "sigmoid"])
+def test_fused_dense_model_matches_keras_dense(device, rng, act):
+    inp = keras.Input((5, 12), batch_size=3)
+    first, second = FusedDense(10, activation=act), FusedDense(10, activation=act)
+    y1 = first(inp)
+    model = keras.Model(inp, second(y1, residual=y1))
+    w1, w2 = randomize(first, rng), randomize(second, rng)
+    rin = keras.Input((5, 12), batch_size=3)
+    r1 = reference_block(keras.layers.Dense(10), w1, rin, act, keras_weights=["kernel"])
+    r2 = reference_block(keras.layers.Dense(10), w2, r1, act, residual=r1, keras_weights=["kernel"])
+    x = rng.standard_normal((3, 5, 12)).astype(np.float32)
+    want = np.asarray(keras.Model(rin, r2)(x))
+    assert_close(convert_and_run(device, model, x, "fused_matmul", 2), want)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: FusedConv2D(4, 3, strides=2, padding="same", activation="leaky_relu", alpha=0.1),
+    lambda: FusedDepthwiseConv2D(3, depth_multiplier=2, activation="prelu"),
+    lambda: FusedSeparableConv2D(5, (1, 3), dilation_rate=2, activation="gelu"),
+    lambda: FusedDense(3, activation="elu", use_bias=False)])
+def test_layer_config_round_trip(make):
+    layer = make()
+    again = type(layer).from_config(layer.get_config())
+    assert again.get_config() == layer.get_config()

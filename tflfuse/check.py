@@ -1,0 +1,586 @@
+"""``tflfuse check``: proves in CI that a model's composites were fused and that its numerics hold.
+
+One model source (a SavedModel directory, a ``.keras``/``.h5`` file, a Python entry point
+``module:function`` or ``path/file.py:function`` that returns a Keras model or concrete functions, or an
+existing ``.tflite``) is converted when needed (:func:`tflfuse.convert`) and checked:
+
+* ``convert``: the conversion ran (a .tflite keeping resource variables fails it);
+* ``fusion``: every annotated call traced became exactly one fused op (the converter's own bookkeeping);
+* ``expect NAME``: per composite, an exact count or a minimum of fused ops in the file;
+* ``kernels``: every op of the file has a tflfuse kernel (unless allowed);
+* ``parity tflfuse vs tensorflow``: the fused file on WebGPU against TensorFlow on seeded (or given) inputs;
+* ``parity litert vs tensorflow``: the portable file (the fused one when LiteRT runs it, else the unfused
+  conversion of a Keras model) on LiteRT's CPU interpreter against TensorFlow;
+* ``per-op tflfuse vs litert``: the portable file run by both interpreters, every op's output compared
+  (the first op where the two runtimes part is the one to look at);
+* ``perf`` (optional): the fused file's median latency no worse than the unfused file's (times ``1 + slack``).
+
+An element passes when ``|got - want| <= atol + rtol * |want|`` (``numpy.allclose``'s rule, NaN equal to
+NaN). :func:`run_check` returns a :class:`ModelReport`; :func:`check_many` checks several models in
+parallel processes (the ``spawn`` start method; each worker imports tflfuse before TensorFlow).
+:mod:`tflfuse.check_report` writes the JSON, JUnit XML and Markdown reports; :mod:`tflfuse.check_config`
+reads the settings (flags, expectations files, manifests), loads model sources and makes the inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+import warnings
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+from absl import logging
+
+from .check_config import CheckInputError, CheckOptions, Source, _make_feeds, _signatures, load_source
+from .model import Model, ModelError
+
+__all__ = ["Check", "ModelReport", "check_many", "compare", "run_check"]
+
+PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
+
+
+@dataclasses.dataclass
+class Check:
+    """One check's outcome: ``status`` is passed, failed, skipped or error (it could not run)."""
+
+    name: str
+    status: str
+    message: str
+    details: dict = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class ModelReport:
+    """Everything checked for one model.
+
+    Attributes:
+      name, source: the model's name and source as given.
+      kind: ``tflite``, ``keras``, ``saved_model`` or ``functions`` (empty when the source did not load).
+      checks: the :class:`Check` results, in order.
+      composites: one dict per composite (expected or present): ``name``, ``expected``, ``traced`` (None for
+        a .tflite source), ``fused``, ``instances`` (op index, input and output shapes, attributes).
+      op_counts: op name -> count in the fused file.
+      per_op: rows of the per-op error table (see :func:`_per_op_rows`); ``per_op_file`` names the file.
+      parity: rows per comparison and output: ``comparison``, ``output``, ``max_abs``, ``max_rel``,
+        ``tolerance_used`` (max of |error| / (atol + rtol |want|)), ``violations``, ``elements``.
+      input_error: why the model could not be checked at all (bad source or inputs: exit status 2).
+    """
+
+    name: str
+    source: str
+    kind: str = ""
+    atol: float = 0.0
+    rtol: float = 0.0
+    samples: int = 0
+    adapter: str = ""
+    checks: list = dataclasses.field(default_factory=list)
+    composites: list = dataclasses.field(default_factory=list)
+    op_counts: dict = dataclasses.field(default_factory=dict)
+    per_op: list = dataclasses.field(default_factory=list)
+    per_op_file: str = ""
+    parity: list = dataclasses.field(default_factory=list)
+    input_error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.input_error and all(c.status in (PASSED, SKIPPED) for c in self.checks)
+
+    def count(self, status: str) -> int:
+        return sum(c.status == status for c in self.checks)
+
+
+# ---- numerics ------------------------------------------------------------------------------------------
+def compare(got, want, atol: float, rtol: float) -> dict:
+    """Element-wise agreement of two arrays under ``|got - want| <= atol + rtol * |want|`` (NaN == NaN).
+
+    Returns:
+      dict: ``max_abs``, ``max_rel`` (|error| / |want| over nonzero ``want``), ``tolerance_used`` (the largest
+      |error| / (atol + rtol |want|); > 1 fails), ``violations``, ``elements``, ``shape_mismatch`` (str or "").
+    """
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return {"max_abs": float("inf"), "max_rel": float("inf"), "tolerance_used": float("inf"), "violations":
+                int(max(got.size, want.size)), "elements": int(want.size),
+                "shape_mismatch": f"shape {list(got.shape)} against {list(want.shape)}"}
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    with np.errstate(all="ignore"):
+        both_nan = np.isnan(g) & np.isnan(w)
+        diff = np.where(both_nan, 0.0, np.abs(g - w))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        tol = atol + rtol * np.abs(w)
+        used = np.where(diff == 0, 0.0, diff / np.where(tol > 0, tol, np.finfo(np.float64).tiny))
+        rel = np.where(w != 0, diff / np.abs(w), np.where(diff == 0, 0.0, np.inf))
+    return {"max_abs": float(diff.max()) if diff.size else 0.0, "max_rel": float(rel.max()) if rel.size else 0.0,
+            "tolerance_used": float(used.max()) if used.size else 0.0, "violations": int((diff > tol).sum()),
+            "elements": int(w.size), "shape_mismatch": ""}
+
+
+def _merge(a: dict | None, b: dict) -> dict:
+    if a is None:
+        return dict(b)
+    return {"max_abs": max(a["max_abs"], b["max_abs"]), "max_rel": max(a["max_rel"], b["max_rel"]),
+            "tolerance_used": max(a["tolerance_used"], b["tolerance_used"]),
+            "violations": a["violations"] + b["violations"], "elements": a["elements"] + b["elements"],
+            "shape_mismatch": a["shape_mismatch"] or b["shape_mismatch"]}
+
+
+# ---- running -----------------------------------------------------------------------------------------
+def _run_interpreter(interp, model: Model, key, feeds: Mapping[str, np.ndarray]) -> dict:
+    """Runs one signature (or subgraph 0 for key None) on a LiteRT-API interpreter; outputs by name."""
+    if key is not None:
+        return {k: np.asarray(v) for k, v in interp.get_signature_runner(key)(**feeds).items()}
+    sig = _signatures(model)[None]
+    for name, t in sig["inputs"].items():
+        interp.set_tensor(t, feeds[name])
+    interp.invoke()
+    return {name: interp.get_tensor(t) for name, t in sig["outputs"].items()}
+
+
+def _tf_references(src: Source, keys) -> dict[Any, Callable[[dict], dict]]:
+    """Per signature key, a function: {input name: array} -> {output name: array} computed by TensorFlow."""
+    import tensorflow as tf
+
+    if src.kind == "keras":
+        from .conversion import _keras_function
+
+        fns = {"serving_default": _keras_function(src.obj, None)}
+    elif src.kind == "saved_model":
+        loaded = tf.saved_model.load(src.obj)
+        fns = {k: loaded.signatures[k] for k in loaded.signatures.keys()}
+        fns["_loaded"] = loaded  # keeps the variables alive
+    else:
+        fns = dict(zip(["serving_default"] if len(src.obj) == 1 else [f.graph.name for f in src.obj], src.obj))
+
+    def caller(fn):
+        def call(feeds: dict) -> dict:
+            args, kwargs = fn.structured_input_signature
+            if kwargs:
+                out = fn(**{k: tf.constant(feeds[k]) for k in kwargs})
+            else:
+                specs = tf.nest.flatten(args)
+                names = [s.name for s in specs]
+                values = [feeds[n] for n in names] if set(names) <= set(feeds) else list(feeds.values())
+                out = fn(*[tf.constant(v) for v in values])
+            if isinstance(out, Mapping):
+                return {k: np.asarray(v) for k, v in out.items()}
+            return {f"output_{i}": np.asarray(v) for i, v in enumerate(tf.nest.flatten(out))}
+        return call
+
+    refs = {}
+    for key in keys:
+        fn = fns.get(key if key is not None else "serving_default")
+        if fn is None and len([k for k in fns if k != "_loaded"]) == 1:
+            fn = next(v for k, v in fns.items() if k != "_loaded")
+        if fn is None:
+            raise RuntimeError(f"no TensorFlow function for signature {key!r}; TensorFlow has {sorted(fns)}")
+        refs[key] = caller(fn)
+    refs["_keep"] = fns
+    return refs
+
+
+def _pair_outputs(got: dict, want: dict) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    if set(got) == set(want):
+        return [(k, got[k], want[k]) for k in want]
+    if len(got) == len(want):  # names differ (e.g. output_0 against a function's own): the order is the match
+        return [(f"{g} ~ {w}", got[g], want[w]) for g, w in zip(got, want)]
+    raise RuntimeError(f"outputs {sorted(got)} cannot be paired with TensorFlow's {sorted(want)}")
+
+
+# ---- the checker ---------------------------------------------------------------------------------------
+class _Checker:
+    def __init__(self, opts: CheckOptions, device=None):
+        self.opts, self.device = opts, device
+        self.report = ModelReport(opts.name, opts.source, atol=opts.atol, rtol=opts.rtol)
+        self.fused: bytes | None = None
+        self.unfused: bytes | None = None
+        self.conversion = None  # FusionReport of the fused conversion
+
+    def add(self, name, status, message, start=None, **details) -> Check:
+        check = Check(name, status, message, details, time.perf_counter() - start if start else 0.0)
+        self.report.checks.append(check)
+        logging.info("%s: %s %s: %s", self.opts.name, status, name, message)  # the reports carry them
+        return check
+
+    def get_device(self):
+        if self.device is None:
+            from .runtime import Device
+
+            self.device = Device(self.opts.adapter)
+        self.report.adapter = self.device.describe()
+        return self.device
+
+    def run(self) -> ModelReport:
+        from .runtime import NoAdapterError
+
+        start = time.perf_counter()
+        try:
+            src = load_source(self.opts.source, self.opts.import_modules)
+            self.report.kind = src.kind
+            if self.convert(src):
+                self.model = Model(self.fused)
+                self.structure(src)
+                self.numerics(src)
+        except (CheckInputError, ModelError, NoAdapterError) as e:
+            self.report.input_error = str(e)
+            self.add("load", ERROR, str(e))
+        except Exception as e:  # a crash of a step is that check's error, not the tool's
+            logging.warning("%s", traceback.format_exc())
+            self.add("internal", ERROR, f"{type(e).__name__}: {e}")
+        self.report.seconds = time.perf_counter() - start
+        return self.report
+
+    # -- conversion and structure --
+    def convert(self, src: Source) -> bool:
+        if src.kind == "tflite":
+            self.fused = src.obj
+            return True
+        from .conversion import ConversionError, convert
+
+        t0 = time.perf_counter()
+        try:
+            result = convert(src.obj, check=False)
+        except ConversionError as e:
+            self.add("convert", FAILED, str(e), t0)
+            return False
+        except (TypeError, ValueError, FileNotFoundError) as e:
+            raise CheckInputError(f"cannot convert {self.opts.source!r}: {e}") from None
+        except Exception as e:
+            self.add("convert", ERROR, f"the TFLite converter failed: {type(e).__name__}: {e}", t0)
+            return False
+        self.fused, self.conversion = result.tflite, result.report
+        ops = sum(result.report.op_counts.values())
+        kind = {"keras": "Keras model", "saved_model": "SavedModel", "functions": "concrete functions"}[src.kind]
+        self.add("convert", PASSED, f"{kind} converted to {ops} ops ({len(result.tflite)} bytes) "
+                 f"in {result.report.seconds:.1f} s", t0, ops=ops, bytes=len(result.tflite))
+        if src.kind == "keras":
+            try:
+                self.unfused = convert(src.obj, annotations=False, check=False).tflite
+            except Exception as e:  # the unfused baseline is optional: the checks that need it say why
+                logging.warning("unfused conversion failed: %s: %s", type(e).__name__, e)
+        return True
+
+    def structure(self, src: Source) -> None:
+        from .annotate import decode_attrs
+        from .kernels import supported_ops
+
+        m, opts, rep = self.model, self.opts, self.report
+        names = [(sg, i, n) for sg in range(len(m.subgraphs)) for i, n in enumerate(m.op_names(sg))]
+        rep.op_counts = dict(sorted({n: sum(1 for *_, k in names if k == n) for *_, n in names}.items()))
+        composites = set(self.conversion.composites) if self.conversion else set(_custom_ops(m))
+        composites |= {e.composite for e in opts.expectations}
+        expected = {e.composite: e for e in opts.expectations}
+        for name in sorted(composites):
+            instances = []
+            for sg, i, n in names:
+                if n != name:
+                    continue
+                try:
+                    attrs = decode_attrs(m.op_attrs(sg, i))
+                except (ValueError, TypeError):
+                    attrs = {k: v for k, v in m.op_attrs(sg, i).items() if k != "_raw"}
+                instances.append({"subgraph": sg, "op": i, "input": list(m.tensor_shape(sg, m.op_inputs(sg, i)[0])),
+                                  "output": list(m.tensor_shape(sg, m.op_outputs(sg, i)[0])), "attrs": attrs})
+            cc = self.conversion.composites.get(name) if self.conversion else None
+            rep.composites.append({"name": name, "expected": str(expected[name]) if name in expected else None,
+                                   "traced": cc.traced if cc else None,
+                                   "fused": self.conversion.fused(name) if self.conversion else rep.op_counts.get(name, 0),
+                                   "instances": instances})
+        if self.conversion is None:
+            self.add("fusion", SKIPPED, "a .tflite holds no record of the annotated calls; --expect checks its ops")
+        elif self.conversion.ok:
+            fused = ", ".join(f"{c.name} {c.fused}" for c in self.conversion.composites.values()) or "none traced"
+            self.add("fusion", PASSED, f"every annotated call became one fused op ({fused})")
+        else:
+            lost = "; ".join(f"{c.name}: {c.traced} annotated call(s) traced, {c.fused} fused op(s) in the .tflite"
+                             for c in self.conversion.mismatches)
+            self.add("fusion", FAILED, f"annotated calls did not each become one fused op: {lost} (the converter "
+                     f"drops a call whose result is unused and inlines calls it cannot keep)",
+                     mismatches=[dataclasses.asdict(c) for c in self.conversion.mismatches])
+        by_name = {c["name"]: c for c in rep.composites}
+        for e in opts.expectations:
+            row = by_name[e.composite]
+            found, traced = row["fused"], row["traced"]
+            numbers = dict(composite=e.composite, expected=str(e), found=found, traced=traced)
+            if e.holds(found):
+                self.add(f"expect {e.composite}", PASSED, f"{found} {e.composite} op(s), expected {e}", **numbers)
+                continue
+            why = ""
+            if traced is not None and traced == found:
+                why = (f"; only {traced} annotated call(s) were traced: a call ran without its annotation (inside "
+                       f"annotations_disabled, a layer that no longer calls the composite) or is gone")
+            elif traced is not None:
+                why = f"; {traced} annotated call(s) were traced: the converter did not fuse {traced - found}"
+            self.add(f"expect {e.composite}", FAILED, f"{found} {e.composite} op(s) in the .tflite, expected {e}{why}",
+                     **numbers)
+        known = set(supported_ops())
+        missing = {n: c for n, c in rep.op_counts.items() if n not in known}
+        refused = {n: c for n, c in missing.items() if n not in opts.allow_ops}
+        self.runnable = not missing
+        if refused:
+            listing = ", ".join(f"{n} x{c}" for n, c in refused.items())
+            self.add("kernels", FAILED, f"op(s) without a tflfuse kernel: {listing} (allow with --allow_op=NAME)",
+                     missing=refused)
+        else:
+            note = f" ({', '.join(missing)} allowed)" if missing else ""
+            self.add("kernels", PASSED, f"all {sum(rep.op_counts.values())} ops have a tflfuse kernel{note}",
+                     allowed=missing)
+
+    # -- numerics --
+    def numerics(self, src: Source) -> None:
+        from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+        from .runtime import Interpreter
+
+        opts, m = self.opts, self.model
+        feeds = _make_feeds(m, opts)
+        self.report.samples = len(feeds)
+        litert_runs_fused = not _custom_ops(m)
+        portable = self.fused if litert_runs_fused else self.unfused
+        portable_name = "the fused .tflite" if litert_runs_fused else "the unfused conversion"
+        tf_refs = None
+        if src.kind != "tflite":
+            tf_refs = self.step("parity tflfuse vs tensorflow", lambda: _tf_references(src, _signatures(m).keys()))
+            if tf_refs is None:
+                return
+            if self.runnable:
+                self.parity("tflfuse vs tensorflow", lambda: Interpreter(model_content=self.fused, device=self.get_device()),
+                            m, feeds, tf_refs)
+            else:
+                self.add("parity tflfuse vs tensorflow", SKIPPED, "the .tflite has ops without a tflfuse kernel")
+            if portable is not None:
+                pm = Model(portable)
+                self.parity("litert vs tensorflow", lambda: LiteRT(model_content=portable), pm,
+                            _make_feeds(pm, opts) if portable is self.unfused else feeds, tf_refs)
+            else:
+                self.add("parity litert vs tensorflow", SKIPPED, f"LiteRT cannot run custom op(s) "
+                         f"{', '.join(_custom_ops(m))}, and a {src.kind} cannot be converted unfused")
+        elif litert_runs_fused and self.runnable:
+            ref = LiteRT(model_content=self.fused)
+            ref.allocate_tensors()
+            refs = {k: (lambda f, k=k: _run_interpreter(ref, m, k, f)) for k in _signatures(m)}
+            self.parity("tflfuse vs litert", lambda: Interpreter(model_content=self.fused, device=self.get_device()),
+                        m, feeds, refs)
+        else:
+            self.add("parity tflfuse vs litert", SKIPPED, "LiteRT cannot run the file's custom op(s) "
+                     f"{', '.join(_custom_ops(m))}" if not litert_runs_fused else "ops without a tflfuse kernel")
+        if portable is not None and not set(Model(portable).op_names(0)) - _kernel_names():
+            self.per_op(portable, portable_name)
+        else:
+            self.add("per-op tflfuse vs litert", SKIPPED, "no file that both LiteRT and tflfuse run")
+        if opts.perf:
+            self.perf(feeds)
+
+    def step(self, name: str, fn):
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        except Exception as e:
+            logging.warning("%s", traceback.format_exc())
+            self.add(name, ERROR, f"{type(e).__name__}: {e}", t0)
+            return None
+
+    def parity(self, label: str, make, model: Model, feeds: list[dict], refs: dict) -> None:
+        name, t0 = f"parity {label}", time.perf_counter()
+
+        def run():
+            interp = make()
+            interp.allocate_tensors()
+            per_output: dict[str, dict] = {}
+            for sample in feeds:
+                for key, f in sample.items():
+                    got = _run_interpreter(interp, model, key, f)
+                    for out, g, w in _pair_outputs(got, refs[key](f)):
+                        label_out = out if len(sample) == 1 else f"{key}/{out}"
+                        per_output[label_out] = _merge(per_output.get(label_out), compare(g, w, self.opts.atol,
+                                                                                           self.opts.rtol))
+            return per_output
+
+        per_output = self.step(name, run)
+        if per_output is None:
+            return
+        for out, r in per_output.items():
+            self.report.parity.append({"comparison": label, "output": out, **r})
+        worst_out, worst = max(per_output.items(), key=lambda kv: kv[1]["tolerance_used"])
+        numbers = (f"max |error| {worst['max_abs']:.3g}, max rel {worst['max_rel']:.3g}, {worst['tolerance_used']:.3g} "
+                   f"of the tolerance (atol {self.opts.atol:g}, rtol {self.opts.rtol:g}), {len(feeds)} sample(s)")
+        bad = {o: r for o, r in per_output.items() if r["violations"] or r["shape_mismatch"]}
+        if bad:
+            o, r = next(iter(bad.items()))
+            what = r["shape_mismatch"] or f"{r['violations']} of {r['elements']} elements out of tolerance"
+            self.add(name, FAILED, f"output {o!r}: {what}; {numbers}", t0, outputs=per_output)
+        else:
+            self.add(name, PASSED, f"{len(per_output)} output(s) within tolerance; worst {worst_out!r}: {numbers}",
+                     t0, outputs=per_output)
+
+    def per_op(self, portable: bytes, portable_name: str) -> None:
+        name, t0 = "per-op tflfuse vs litert", time.perf_counter()
+        rows = self.step(name, lambda: _per_op_rows(portable, self.get_device(), self.opts))
+        if rows is None:
+            return
+        self.report.per_op, self.report.per_op_file = rows, portable_name
+        bad = [r for r in rows if not r["ok"]]
+        worst = max(rows, key=lambda r: r["tolerance_used"]) if rows else None
+        if bad:
+            r = bad[0]
+            self.add(name, FAILED, f"{len(bad)} of {len(rows)} op outputs of {portable_name} differ; first: op "
+                     f"{r['op_index']} {r['op']} ({r['tensor']}): max |error| {r['max_abs']:.3g}, max rel "
+                     f"{r['max_rel']:.3g} (atol {self.opts.atol:g}, rtol {self.opts.rtol:g})", t0)
+        elif worst:
+            self.add(name, PASSED, f"all {len(rows)} op outputs of {portable_name} agree; worst op {worst['op_index']} "
+                     f"{worst['op']}: max |error| {worst['max_abs']:.3g}, {worst['tolerance_used']:.3g} of the "
+                     f"tolerance", t0)
+
+    def perf(self, feeds: list[dict]) -> None:
+        from .runtime import Interpreter
+
+        name, t0 = "perf", time.perf_counter()
+        if self.unfused is None or not self.runnable:
+            self.add(name, SKIPPED, "needs a Keras model (converted unfused as the baseline) whose ops all have "
+                     "tflfuse kernels")
+            return
+
+        def measure():
+            interps = []
+            for data in (self.fused, self.unfused):
+                interp = Interpreter(model_content=data, device=self.get_device())
+                interp.allocate_tensors()
+                mm = Model(data)
+                key = next(iter(_signatures(mm)))
+                sig = _signatures(mm)[key]
+                for n, t in sig["inputs"].items():
+                    interp.set_tensor(t, feeds[0][next(iter(feeds[0]))][n])
+                interps.append(interp)
+            times = [[], []]
+            for _ in range(2):  # alternate, so that a drift of the machine's load affects both alike
+                for i, interp in enumerate(interps):
+                    times[i].append(interp.time_invoke(self.opts.repeats))
+            return min(times[0]), min(times[1]), interps[0].dispatch_count, interps[1].dispatch_count
+
+        got = self.step(name, measure)
+        if got is None:
+            return
+        fused_s, unfused_s, fd, ud = got
+        limit = unfused_s * (1 + self.opts.perf_slack)
+        numbers = dict(fused_ms=fused_s * 1e3, unfused_ms=unfused_s * 1e3, dispatches_fused=fd,
+                       dispatches_unfused=ud, slack=self.opts.perf_slack, adapter=self.get_device().describe())
+        text = (f"fused {fused_s * 1e3:.2f} ms ({fd} dispatches) against unfused {unfused_s * 1e3:.2f} ms ({ud}); "
+                f"limit {limit * 1e3:.2f} ms (slack {self.opts.perf_slack:.0%}) on {self.get_device().name}")
+        self.add(name, PASSED if fused_s <= limit else FAILED, text, t0, **numbers)
+
+
+def _kernel_names() -> set[str]:
+    from .kernels import supported_ops
+
+    return set(supported_ops())
+
+
+def _custom_ops(model: Model) -> list[str]:
+    from ai_edge_litert import schema_py_generated as schema
+
+    out = []
+    for sg in range(len(model.subgraphs)):
+        for op in model.subgraphs[sg].operators or []:
+            code = model.m.operatorCodes[op.opcodeIndex]
+            if max(int(code.builtinCode), int(code.deprecatedBuiltinCode)) == schema.BuiltinOperator.CUSTOM:
+                name = code.customCode.decode() if isinstance(code.customCode, bytes) else str(code.customCode)
+                if name not in out:
+                    out.append(name)
+    return out
+
+
+def _per_op_rows(data: bytes, device, opts: CheckOptions) -> list[dict]:
+    """Runs ``data`` on tflfuse and LiteRT with every tensor preserved (main subgraph, the first seeded or given
+    sample) and compares each op's outputs in the same file: one row per op output tensor, in op order."""
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    from .runtime import Interpreter
+
+    m = Model(data)
+    sample = _make_feeds(m, dataclasses.replace(opts, samples=1))[0]
+    sig = _signatures(m)
+    key = next(k for k, s in sig.items() if s["subgraph"] == 0) if any(s["subgraph"] == 0 for s in sig.values()) \
+        else next(iter(sig))
+    ours = Interpreter(model_content=data, device=device, experimental_preserve_all_tensors=True)
+    with warnings.catch_warnings():  # LiteRT warns that preserving every tensor is for debugging: it is
+        warnings.simplefilter("ignore", UserWarning)
+        ref = LiteRT(model_content=data, experimental_preserve_all_tensors=True)
+    for interp in (ours, ref):
+        interp.allocate_tensors()
+        for name, t in sig[key]["inputs"].items():
+            interp.set_tensor(t, sample[key][name])
+        interp.invoke()
+    rows = []
+    for i, op in enumerate(m.op_names(0)):
+        for t in m.op_outputs(0, i):
+            row = {"op_index": i, "op": op, "tensor": t, "name": m.tensor_name(0, t)[:80],
+                   "shape": list(m.tensor_shape(0, t))}
+            try:
+                row.update(compare(ours.get_tensor(t), ref.get_tensor(t), opts.atol, opts.rtol))
+            except ValueError as e:  # a tensor one runtime does not keep (e.g. folded at load)
+                row.update(max_abs=0.0, max_rel=0.0, tolerance_used=0.0, violations=0, elements=0,
+                           shape_mismatch="", note=str(e)[:120])
+            row["ok"] = not row["violations"] and not row["shape_mismatch"]
+            rows.append(row)
+    return rows
+
+
+def run_check(opts: CheckOptions, device=None) -> ModelReport:
+    """Checks one model (see the module docstring); never raises for a model's fault.
+
+    Args:
+      opts: :class:`~tflfuse.check_config.CheckOptions`.
+      device: a :class:`tflfuse.Device` to use (default: one on ``opts.adapter``, made when first needed).
+
+    Returns:
+      :class:`ModelReport`; ``report.input_error`` is set when the source or inputs could not be used.
+    """
+    return _Checker(opts, device).run()
+
+
+def _worker(item: tuple[int, CheckOptions]) -> tuple[int, ModelReport]:
+    index, opts = item
+    return index, run_check(opts)
+
+
+def check_many(options: Sequence[CheckOptions], jobs: int | None = None, progress: bool = True,
+               on_done: Callable[[ModelReport], None] | None = None) -> list[ModelReport]:
+    """Checks several models, in ``jobs`` spawned processes (default: one per model up to the CPU count).
+
+    Each worker imports tflfuse (this module) before TensorFlow. A tqdm bar on stderr shows progress when there
+    is more than one model.
+
+    Returns:
+      The :class:`ModelReport` of each option, in the order given.
+    """
+    from tqdm import tqdm
+
+    if jobs is not None and (type(jobs) is not int or jobs < 1):
+        raise ValueError(f"jobs must be a positive int, got {jobs!r}")
+    jobs = jobs or min(len(options), os.cpu_count() or 1)
+    results: list[ModelReport | None] = [None] * len(options)
+    with tqdm(total=len(options), desc="tflfuse check", unit="model", file=sys.stderr,
+              disable=not progress or len(options) <= 1) as bar:
+        def done(i: int, r: ModelReport) -> None:
+            results[i] = r
+            bar.set_postfix_str(f"{r.name}: {'ok' if r.ok else 'FAILED'}")
+            bar.update(1)
+            if on_done:
+                on_done(r)
+
+        if jobs <= 1 or len(options) <= 1:
+            for i, o in enumerate(options):
+                done(i, run_check(o))
+        else:
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # the spawned workers inherit it
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(min(jobs, len(options))) as pool:
+                for i, r in pool.imap_unordered(_worker, list(enumerate(options))):
+                    done(i, r)
+    return results

@@ -1,0 +1,374 @@
+"""The fused convolution ops: ``fused_conv2d``, ``fused_depthwise_conv2d`` and ``fused_separable_conv2d``.
+
+Each computes ``act(conv(x) + bias + residual)`` in one op (TensorFlow.js' fused-conv semantics: the
+residual is added BEFORE the activation), the convolution as TensorFlow's (``tf.nn.conv2d``,
+``tf.nn.depthwise_conv2d``, ``tf.nn.separable_conv2d``), NHWC float32, filters in TensorFlow's / Keras'
+layouts (not TFLite's):
+
+* ``fused_conv2d``: inputs ``x [N, H, W, Cin]``, ``filters [KH, KW, Cin, Cout]`` (HWIO);
+* ``fused_depthwise_conv2d``: ``x``, ``filters [KH, KW, Cin, M]`` -> ``Cout = Cin * M`` (channel
+  ``c * M + m``);
+* ``fused_separable_conv2d``: ``x``, ``depthwise_filter [KH, KW, Cin, M]``, ``pointwise_filter
+  [1, 1, Cin * M, Cout]`` (or ``[Cin * M, Cout]``): the depthwise conv (strides, dilations, padding) then
+  the 1x1 pointwise conv.
+
+then, present as the flags say (the composite sets them; absent inputs are not in the op at all):
+``bias [Cout]`` (``has_bias``), ``residual`` broadcastable to the output (``has_residual``), PReLU slopes
+broadcastable to the output, e.g. ``[Cout]``, ``[1, 1, Cout]`` or ``[OH, OW, Cout]`` (``has_prelu``, with
+``activation="prelu"``). Output ``[N, OH, OW, Cout]``, ``OH`` as TensorFlow computes it for the padding.
+
+Attributes: ``strides`` and ``dilations`` (lists of 2 ints), ``padding`` (``"SAME"``/``"VALID"``),
+``activation`` (one of :data:`FUSED_ACTIVATIONS`), ``alpha`` (float: leaky_relu's negative slope, elu's
+alpha; default Keras'), ``has_bias``, ``has_residual``, ``has_prelu`` (bools).
+
+:class:`FusedEpilogue` (bias, residual, activation) is shared with ``fused_matmul``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..base import Kernel, Program, TensorSpec, linear_dispatch
+from ..conv import conv_output_size, window_body
+from ..elementwise import broadcast_index
+from ..registry import register
+from ..wgsl import activation_fn, activation_uniforms, dot, elementwise_program, prelude
+
+__all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpilogue", "FusedSeparableConv2D"]
+
+#: Activations of the fused ops (Keras' semantics; ``prelu`` takes its slopes from an input tensor).
+FUSED_ACTIVATIONS = ("linear", "relu", "relu6", "elu", "leaky_relu", "prelu", "sigmoid", "tanh", "hard_swish",
+                     "gelu", "gelu_tanh")
+_FLAGS = ("has_bias", "has_residual", "has_prelu")
+_OPTIONAL_NAMES = {"has_bias": "bias", "has_residual": "res", "has_prelu": "slope"}
+
+
+class FusedEpilogue(Kernel):
+    """Base of the fused ops: ``main_inputs`` leading inputs, then the optional bias, residual and PReLU
+    slopes named by the ``has_*`` flags, and the WGSL ``fn epilogue(v, idx, co) -> f32`` that adds the
+    bias (``b[co]``) and residual (broadcast from output index ``idx``) and applies the activation."""
+
+    main_inputs: tuple[str, ...] = ()
+    input_names = ("bias", "residual", "prelu_alpha")  # after main_inputs, each present as its flag says
+    attr_defaults = {"activation": "linear", "alpha": None, "has_bias": True, "has_residual": False,
+                     "has_prelu": False}
+
+    @staticmethod
+    def decode_custom_options(options: dict) -> dict:
+        from ...annotate import decode_attrs
+
+        return decode_attrs(options)
+
+    def check_epilogue(self, out_shape: tuple[int, ...], cout: int) -> None:
+        """Validates the flags against the inputs, their shapes, and the activation; sets ``self.flags``."""
+        self.flags = {f: self.attr(f) for f in _FLAGS}
+        for f, v in self.flags.items():
+            if not isinstance(v, (bool, int, np.bool_)) or int(v) not in (0, 1):
+                raise self.fail(f"attribute {f} must be a bool, got {v!r}")
+            self.flags[f] = bool(v)
+        expected = len(self.main_inputs) + sum(self.flags.values())
+        if len(self.inputs) != expected:
+            raise self.fail(f"expects {expected} inputs ({', '.join(self.main_inputs)} and "
+                            f"{', '.join(f for f, v in self.flags.items() if v) or 'no optional input'}), got "
+                            f"{len(self.inputs)}")
+        self.activation = str(self.attr("activation")).lower()
+        if self.activation not in FUSED_ACTIVATIONS:
+            raise self.fail(f"unsupported activation {self.activation!r}; supported: {list(FUSED_ACTIVATIONS)}")
+        if (self.activation == "prelu") != self.flags["has_prelu"]:
+            raise self.fail(f"activation {self.activation!r} with has_prelu={self.flags['has_prelu']}: the PReLU "
+                            f"slopes are an input exactly when the activation is 'prelu'")
+        alpha = self.attr("alpha")
+        if alpha is not None and not isinstance(alpha, (int, float)):
+            raise self.fail(f"attribute alpha must be a float, got {alpha!r}")
+        self.out_shape, self.cout = tuple(out_shape), cout
+        pos = len(self.main_inputs)
+        self.optional = []  # binding names of the present optional inputs, in order
+        for flag in _FLAGS:
+            if not self.flags[flag]:
+                continue
+            spec = self.expect_rank(pos, *range(0, 7))
+            if flag == "has_bias" and spec.shape != (cout,):
+                raise self.fail(f"bias must have shape [{cout}], got {list(spec.shape)}")
+            if flag != "has_bias":
+                try:
+                    ok = np.broadcast_shapes(out_shape, spec.shape) == tuple(out_shape)
+                except ValueError:
+                    ok = False
+                if not ok:
+                    what = "residual" if flag == "has_residual" else "prelu_alpha"
+                    raise self.fail(f"{what} of shape {list(spec.shape)} does not broadcast to the output "
+                                    f"shape {list(out_shape)}")
+            self.optional.append((_OPTIONAL_NAMES[flag], spec))
+            pos += 1
+
+    def epilogue_names(self) -> list[str]:
+        return [name for name, _ in self.optional]
+
+    def epilogue_fn(self) -> str:
+        """WGSL ``fn epilogue(v: f32, idx: u32, co: u32) -> f32`` (and ``act``)."""
+        lines, terms = [], ["v"]
+        for name, spec in self.optional:
+            if name == "bias":
+                terms.append("bias[co]")
+            elif name == "res":
+                lines.append(broadcast_index(self.out_shape, spec.shape, "ri"))
+                terms.append("res[ri]")
+        if self.activation == "prelu":
+            slope = dict(self.optional)["slope"]
+            lines.append(broadcast_index(self.out_shape, slope.shape, "si"))
+            finish = "  return select(r * slope[si], r, r >= 0.0);"
+            act = ""
+        else:
+            finish = "  return act(r);"
+            act = activation_fn(self.activation, uniform_alpha=True)
+        return (act + "fn epilogue(v: f32, idx: u32, co: u32) -> f32 {\n" + "".join(lines)
+                + f"  let r = {' + '.join(terms)};\n{finish}\n}}\n")
+
+    def epilogue_uniforms(self):
+        return activation_uniforms(self.activation, self.attr("alpha"))
+
+
+class _FusedWindow(FusedEpilogue):
+    """Shared geometry of the fused convolutions (``strides``, ``dilations``, ``padding`` attributes)."""
+
+    attr_defaults = {**FusedEpilogue.attr_defaults, "strides": [1, 1], "dilations": [1, 1], "padding": "VALID"}
+
+    def geometry(self, kh: int, kw: int) -> dict:
+        n, h, w, _ = self.input(0).shape
+        pairs = {}
+        for name in ("strides", "dilations"):
+            v = self.attr(name)
+            v = [v, v] if isinstance(v, int) else list(v)
+            if len(v) != 2 or not all(isinstance(e, (int, np.integer)) and e >= 1 for e in v):
+                raise self.fail(f"{name} must be 2 ints >= 1, got {self.attr(name)!r}")
+            pairs[name] = [int(e) for e in v]
+        (sh, sw), (dh, dw) = pairs["strides"], pairs["dilations"]
+        pad = str(self.attr("padding")).upper()
+        if pad not in ("SAME", "VALID"):
+            raise self.fail(f"padding must be 'SAME' or 'VALID', got {self.attr('padding')!r}")
+        if min(kh, kw) < 1:
+            raise self.fail(f"filter window {kh}x{kw} is empty")
+        oh, pt = conv_output_size(h, kh, sh, dh, pad)
+        ow, pl = conv_output_size(w, kw, sw, dw, pad)
+        return dict(N=n, H=h, W=w, OH=oh, OW=ow, SH=sh, SW=sw, DH=dh, DW=dw, PT=pt, PL=pl, KH=kh, KW=kw)
+
+    def output_specs(self):
+        return (TensorSpec(self.out_shape),)
+
+
+@register("fused_conv2d")
+class FusedConv2D(_FusedWindow):
+    """``act(tf.nn.conv2d(x, filters, strides, padding, dilations) + bias + residual)``: input
+    ``x [N, H, W, Cin]``, ``filters [KH, KW, Cin, Cout]`` (HWIO) -> ``[N, OH, OW, Cout]`` float32. One
+    invocation per output element. Raises :class:`~tflfuse.kernels.KernelError` for filters whose Cin
+    differs from the input's (grouped convolution is not supported), bad strides/dilations/padding, flags
+    that disagree with the inputs, an unknown activation."""
+
+    main_inputs = ("x", "filters")
+    input_names = main_inputs + FusedEpilogue.input_names
+
+    def check(self):
+        x, f = self.expect_rank(0, 4), self.expect_rank(1, 4)
+        kh, kw, fcin, cout = f.shape
+        if fcin != x.shape[3]:
+            raise self.fail(f"filters [KH, KW, Cin, Cout] have Cin {fcin}, the input has {x.shape[3]} channels "
+                            f"(grouped convolution is not supported)")
+        self.g = self.geometry(kh, kw)
+        self.check_epilogue((x.shape[0], self.g["OH"], self.g["OW"], cout), cout)
+
+    def programs(self):
+        g, cin, cout = self.g, self.input(0).shape[3], self.cout
+        inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u;
+      let wb = (u32(ky) * {g['KW']}u + u32(kx)) * {cin * cout}u + co;
+      {dot(cin, 'x[xb + {k}]', f'w[wb + ({{k}}) * {cout}u]', 'acc')}"""
+        body = window_body(g, cout, "  var acc = 0.0;", inner, "acc", store="y[idx] = epilogue(acc, idx, co);")
+        names = ["x", "w"] + self.epilogue_names() + ["y"]
+        trips = g["KH"] * (1 + g["KW"] * (1 + cin // 4))
+        return [elementwise_program(self.key, self.io_bindings(names), int(np.prod(self.out_shape)), body,
+                                    self.epilogue_fn(), self.epilogue_uniforms(), loop_trips=trips)]
+
+
+def _depthwise_body(g: dict, cin: int, mult: int, src: str, store: str) -> str:
+    """Window body of a depthwise conv over ``src`` (NHWC, ``cin`` channels) with filter ``w`` ``[KH, KW,
+    cin * mult]``; ``acc`` holds the sum when ``store`` runs."""
+    cout = cin * mult
+    inner = f"""      acc += {src}[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]
+           * w[(u32(ky) * {g['KW']}u + u32(kx)) * {cout}u + co];"""
+    return window_body(g, cout, f"  let ci = co / {mult}u;\n  var acc = 0.0;", inner, "acc", store=store)
+
+
+@register("fused_depthwise_conv2d")
+class FusedDepthwiseConv2D(_FusedWindow):
+    """``act(tf.nn.depthwise_conv2d(x, filters, strides, padding, dilations) + bias + residual)``: input
+    ``x [N, H, W, Cin]``, ``filters [KH, KW, Cin, M]`` (M the depth multiplier) -> ``[N, OH, OW, Cin * M]``
+    float32, output channel ``c * M + m``. Raises :class:`~tflfuse.kernels.KernelError` for filters whose
+    Cin differs from the input's, bad strides/dilations/padding, flags that disagree with the inputs."""
+
+    main_inputs = ("x", "filters")
+    input_names = main_inputs + FusedEpilogue.input_names
+
+    def check(self):
+        x, f = self.expect_rank(0, 4), self.expect_rank(1, 4)
+        kh, kw, fcin, self.mult = f.shape
+        if fcin != x.shape[3] or self.mult < 1:
+            raise self.fail(f"filters [KH, KW, Cin, M] must have Cin {x.shape[3]} (the input's) and M >= 1, "
+                            f"got {list(f.shape)}")
+        self.g = self.geometry(kh, kw)
+        cout = fcin * self.mult
+        self.check_epilogue((x.shape[0], self.g["OH"], self.g["OW"], cout), cout)
+
+    def programs(self):
+        g = self.g
+        body = _depthwise_body(g, self.input(0).shape[3], self.mult, "x", "y[idx] = epilogue(acc, idx, co);")
+        names = ["x", "w"] + self.epilogue_names() + ["y"]
+        return [elementwise_program(self.key, self.io_bindings(names), int(np.prod(self.out_shape)), body,
+                                    self.epilogue_fn(), self.epilogue_uniforms(), loop_trips=g["KH"] * (1 + g["KW"]))]
+
+
+#: The tiled separable schedule: output pixels per workgroup, threads per pixel, expanded channels per pass.
+_SEP_PIXELS, _SEP_LANES, _SEP_CHUNK = 8, 8, 32
+
+
+@register("fused_separable_conv2d")
+class FusedSeparableConv2D(_FusedWindow):
+    """``act(tf.nn.separable_conv2d(x, depthwise_filter, pointwise_filter, strides, padding, dilations) +
+    bias + residual)``: input ``x [N, H, W, Cin]``, ``depthwise_filter [KH, KW, Cin, M]``,
+    ``pointwise_filter [1, 1, Cin * M, Cout]`` (or ``[Cin * M, Cout]``) -> ``[N, OH, OW, Cout]`` float32.
+
+    Two strategies (the same values), chosen by ``target`` (``"gpu"``: tiled, ``"cpu"``, the software
+    adapter: staged) or forced by ``strategy``:
+
+    * ``tiled``: ONE dispatch. A workgroup owns 8 output pixels and a block of up to 64 output channels; it
+      walks the Cin * M depthwise channels in chunks, writes the chunk's depthwise results for its pixels to
+      workgroup memory, and each invocation accumulates the pointwise products of its channels in
+      registers. The depthwise result never goes to memory (it is recomputed once per channel block).
+    * ``staged``: two dispatches, the depthwise conv into a scratch buffer ``[N, OH, OW, Cin * M]``, then the
+      pointwise conv with bias, residual and activation (cheaper where barriers are costly).
+
+    Raises :class:`~tflfuse.kernels.KernelError` for filters that do not fit the input or each other."""
+
+    main_inputs = ("x", "depthwise_filter", "pointwise_filter")
+    input_names = main_inputs + FusedEpilogue.input_names
+    attr_defaults = {**_FusedWindow.attr_defaults, "target": "gpu"}
+    extra_attrs = ("strategy",)
+
+    def check(self):
+        x, dwf = self.expect_rank(0, 4), self.expect_rank(1, 4)
+        pwf = self.expect_rank(2, 2, 4)
+        kh, kw, fcin, self.mult = dwf.shape
+        if fcin != x.shape[3] or self.mult < 1:
+            raise self.fail(f"depthwise_filter [KH, KW, Cin, M] must have Cin {x.shape[3]} (the input's) and "
+                            f"M >= 1, got {list(dwf.shape)}")
+        self.cmid = fcin * self.mult
+        if pwf.shape[:-2] not in ((), (1, 1)) or pwf.shape[-2] != self.cmid:
+            raise self.fail(f"pointwise_filter must be [1, 1, {self.cmid}, Cout] or [{self.cmid}, Cout] "
+                            f"(Cin * M = {self.cmid}), got {list(pwf.shape)}")
+        self.g = self.geometry(kh, kw)
+        cout = pwf.shape[-1]
+        self.check_epilogue((x.shape[0], self.g["OH"], self.g["OW"], cout), cout)
+        target = str(self.attr("target"))
+        if target not in ("gpu", "cpu"):
+            raise self.fail(f"target must be 'gpu' or 'cpu', got {target!r}")
+        self.strategy = str(self.attrs.get("strategy") or ("tiled" if target == "gpu" else "staged"))
+        if self.strategy not in ("tiled", "staged"):
+            raise self.fail(f"strategy must be 'tiled' or 'staged', got {self.strategy!r}")
+
+    def scratch_sizes(self):
+        g = self.g
+        return (g["N"] * g["OH"] * g["OW"] * self.cmid * 4,) if self.strategy == "staged" else ()
+
+    def programs(self) -> list[Program]:
+        return self._staged() if self.strategy == "staged" else [self._tiled()]
+
+    def _staged(self) -> list[Program]:
+        g, cmid, cout = self.g, self.cmid, self.cout
+        size = self.scratch_sizes()[0]
+        inputs = {n: self.binding(n, "input", i, self.inputs[i]) for i, n in enumerate(["x", "w", "pw"])}
+        dw_binds = (inputs["x"], inputs["w"], self.binding("d", "scratch", 0, size))
+        body = _depthwise_body(g, self.input(0).shape[3], self.mult, "x", "d[idx] = acc;")
+        depthwise = elementwise_program(f"{self.key}_depthwise", dw_binds, size // 4, body,
+                                        loop_trips=g["KH"] * (1 + g["KW"]))
+        opt = [self.binding(n, "input", len(self.main_inputs) + i, s) for i, (n, s) in enumerate(self.optional)]
+        pw_binds = (self.binding("d", "scratch", 0, size, access="read"), inputs["pw"], *opt,
+                    self.binding("y", "output", 0, self.output_specs()[0]))
+        body = f"""  let co = idx % {cout}u;
+  let pix = idx / {cout}u;
+  var acc = 0.0;
+  {dot(cmid, f'd[pix * {cmid}u + {{k}}]', f'pw[({{k}}) * {cout}u + co]', 'acc')}
+  y[idx] = epilogue(acc, idx, co);"""
+        pointwise = elementwise_program(f"{self.key}_pointwise", pw_binds, int(np.prod(self.out_shape)), body,
+                                        self.epilogue_fn(), self.epilogue_uniforms(), loop_trips=cmid // 4)
+        return [depthwise, pointwise]
+
+    def _tiled(self) -> Program:
+        g, cmid, cout, cin, mult = self.g, self.cmid, self.cout, self.input(0).shape[3], self.mult
+        P, L = _SEP_PIXELS, _SEP_LANES
+        threads = P * L
+        block = min(cout, 8 * L)                         # output channels per workgroup
+        nblocks = -(-cout // block)
+        block = -(-cout // nblocks)                      # balanced blocks
+        J = -(-block // L)                               # accumulators per invocation
+        ec = max(d for d in range(1, min(cmid, _SEP_CHUNK) + 1) if cmid % d == 0)  # a chunk divides Cin * M
+        npix = g["N"] * g["OH"] * g["OW"]
+        groups = -(-npix // P) * nblocks
+        binds = self.io_bindings(["x", "w", "pw"] + self.epilogue_names() + ["y"])
+        taps = -(-P * ec // threads) * g["KH"] * (1 + g["KW"])
+        trips = (cmid // ec) * (1 + taps + J * (1 + ec // 4)) + J
+        source = prelude(binds, self.epilogue_uniforms()) + self.epilogue_fn() + f"""
+var<workgroup> dsh: array<f32, {P * ec}>;   // the chunk's depthwise results of the workgroup's pixels
+
+@compute @workgroup_size({threads})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {{
+  let grp = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
+  if (grp >= {groups}u) {{ return; }}
+  let co0 = (grp % {nblocks}u) * {block}u;
+  let co_end = min(co0 + {block}u, {cout}u);
+  let pix0 = (grp / {nblocks}u) * {P}u;
+  let p = lidx / {L}u;
+  let lane = lidx % {L}u;
+  var acc: array<f32, {J}>;
+  for (var c0 = 0u; c0 < {cmid}u; c0 += {ec}u) {{
+    for (var i = lidx; i < {P * ec}u; i += {threads}u) {{
+      let q = pix0 + i / {ec}u;
+      let c = c0 + i % {ec}u;
+      var v = 0.0;
+      if (q < {npix}u) {{
+        let ox = i32(q % {g['OW']}u);
+        let oy = i32((q / {g['OW']}u) % {g['OH']}u);
+        let n = q / {g['OW'] * g['OH']}u;
+        let ci = c / {mult}u;
+        for (var ky = 0; ky < {g['KH']}; ky++) {{
+          let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
+          if (iy < 0 || iy >= {g['H']}) {{ continue; }}
+          for (var kx = 0; kx < {g['KW']}; kx++) {{
+            let ix = ox * {g['SW']} - {g['PL']} + kx * {g['DW']};
+            if (ix < 0 || ix >= {g['W']}) {{ continue; }}
+            v += x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]
+                 * w[(u32(ky) * {g['KW']}u + u32(kx)) * {cmid}u + c];
+          }}
+        }}
+      }}
+      dsh[i] = v;
+    }}
+    workgroupBarrier();
+    for (var j = 0u; j < {J}u; j++) {{
+      let co = min(co0 + lane + {L}u * j, {cout - 1}u);
+      var s = 0.0;
+      {dot(ec, f'dsh[p * {ec}u + {{k}}]', f'pw[(c0 + {{k}}) * {cout}u + co]', 's')}
+      acc[j] += s;
+    }}
+    workgroupBarrier();
+  }}
+  let pix = pix0 + p;
+  if (pix >= {npix}u) {{ return; }}
+  for (var j = 0u; j < {J}u; j++) {{
+    let co = co0 + lane + {L}u * j;
+    if (co >= co_end) {{ break; }}
+    let idx = pix * {cout}u + co;
+    y[idx] = epilogue(acc[j], idx, co);
+  }}
+}}
+"""
+        return Program(self.key, source, (threads, 1, 1), linear_dispatch(groups * threads, threads), binds,
+                       self.epilogue_uniforms(), loop_trips=trips)
