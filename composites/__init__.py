@@ -8,6 +8,7 @@ from .conv import (FusedConv2D, FusedDense, FusedDepthwiseConv2D, FusedSeparable
                    fused_depthwise_conv2d, fused_matmul, separable_conv2d)
 from .bottleneck import InvertedResidual, fold_batch_norm, fused_bottleneck, random_conv_bn
 from .mobilenet_v2 import mobilenet_v2
+from .mobilenet_v3 import mobilenet_v3_small, mobilenet_v3_small_from_keras
 from .pooling import (FusedAveragePooling2D, FusedGlobalAveragePooling2D, FusedGlobalMaxPooling2D, FusedMaxPooling2D,
                       global_pool2d, pool2d)
 from .recurrent import GRU, LSTM, fused_gru, fused_lstm, gru, lstm
@@ -17,4 +18,4 @@ __all__ = ["FusedConv2D", "FusedDense", "FusedDepthwiseConv2D", "FusedSeparableC
            "fused_depthwise_conv2d", "fused_matmul", "separable_conv2d", "Clip", "FusedAveragePooling2D", "FusedGlobalAveragePooling2D", "FusedGlobalMaxPooling2D",
            "FusedMaxPooling2D", "GRU", "HardSwish", "InvertedResidual", "LSTM", "SqueezeExcite", "clip_by_value",
            "fold_batch_norm", "fused_bottleneck", "fused_gru", "fused_lstm", "global_pool2d", "gru", "hard_swish",
-           "lstm", "make_divisible", "mobilenet_v2", "pool2d", "random_conv_bn", "squeeze_excite"]
+           "lstm", "make_divisible", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_small_from_keras", "pool2d", "random_conv_bn", "squeeze_excite"]

@@ -1,22 +1,28 @@
-"""MobileNetV2's inverted-residual bottleneck as one fusable op, ``fused_bottleneck``.
+"""The inverted-residual bottleneck of MobileNetV2 and MobileNetV3 as one fusable op, ``fused_bottleneck``.
 
-The composite's body (BatchNorm folded in, inference only), NHWC float32:
+The composite's body (BatchNorm folded in, inference only), NHWC float32, with ``act`` the block's
+activation (``"relu6"``, ``"relu"`` or ``"hard_swish"``, ``x * relu6(x + 3) / 6``):
 
-1. expand (when ``expansion > 1``): 1x1 conv ``Cin -> Cexp`` + bias, ReLU6;
-2. 3x3 depthwise conv with ``stride``, padding SAME, + bias, ReLU6;
-3. project: 1x1 conv ``Cexp -> Cout`` + bias (linear);
-4. ``+ x`` when ``residual`` (only with stride 1 and ``Cin == Cout``).
+1. expand (when ``expansion > 1``): 1x1 conv ``Cin -> Cexp`` + bias, act;
+2. KxK depthwise conv (``kernel_size`` 3 or 5) with ``stride``, padding SAME, + bias, act;
+3. squeeze-excite (when ``squeeze_excite``): global average pool, 1x1 conv ``Cexp -> Csq`` + bias, ReLU,
+   1x1 conv ``Csq -> Cexp`` + bias, hard_sigmoid (``relu6(x + 3) / 6``), times step 2's output;
+4. project: 1x1 conv ``Cexp -> Cout`` + bias (linear);
+5. ``+ x`` when ``residual`` (only with stride 1 and ``Cin == Cout``).
 
 The fused op ``fused_bottleneck`` in the .tflite:
 
 * inputs, in order: ``x`` [N, H, W, Cin]; when ``expansion > 1``: ``expand_w`` [Cin, Cexp],
-  ``expand_b`` [Cexp]; then ``dw_w`` [3, 3, Cexp] (KH, KW, C), ``dw_b`` [Cexp], ``project_w``
-  [Cexp, Cout], ``project_b`` [Cout] (all float32 constants but ``x``);
+  ``expand_b`` [Cexp]; then ``dw_w`` [K, K, Cexp] (KH, KW, C), ``dw_b`` [Cexp], ``project_w``
+  [Cexp, Cout], ``project_b`` [Cout]; with ``squeeze_excite``: ``se_w1`` [Cexp, Csq], ``se_b1`` [Csq],
+  ``se_w2`` [Csq, Cexp], ``se_b2`` [Cexp] (all float32 constants but ``x``);
 * output: [N, ceil(H / stride), ceil(W / stride), Cout] float32;
 * attributes (:func:`tflfuse.annotate.decode_attrs`): ``expansion`` (int), ``stride`` (int, 1 or 2),
-  ``residual`` (bool), ``activation`` (str, ``"relu6"``).
+  ``residual`` (bool), ``activation`` (str), ``kernel_size`` (int, 3 or 5), ``squeeze_excite`` (bool).
+  A file without ``kernel_size`` / ``squeeze_excite`` (written before they existed) means 3 and False.
 
-``Cexp`` is the depthwise width: ``Cin * expansion`` in MobileNetV2 (the op reads it from the shapes).
+``Cexp`` is the depthwise width, read from the shapes: ``Cin * expansion`` in MobileNetV2; MobileNetV3
+rounds it to a multiple of 8, and ``expansion`` then only says whether the expansion conv exists.
 """
 
 from __future__ import annotations
@@ -29,7 +35,15 @@ from tflfuse.annotate import composite
 
 __all__ = ["InvertedResidual", "fold_batch_norm", "fused_bottleneck", "random_conv_bn"]
 
-ACTIVATIONS = ("relu6",)
+ACTIVATIONS = ("relu6", "relu", "hard_swish")
+KERNEL_SIZES = (3, 5)
+
+
+def _activation(name: str):
+    import tensorflow as tf
+
+    return {"relu6": tf.nn.relu6, "relu": tf.nn.relu,
+            "hard_swish": lambda v: v * (tf.nn.relu6(v + 3.0) / 6.0)}[name]
 
 
 def fold_batch_norm(kernel, bias, gamma, beta, mean, var, eps: float = 1e-3):
@@ -76,46 +90,64 @@ def _shape(name, t, expected):
                          f"{tuple('?' if e is None else e for e in expected)}")
 
 
-@composite("fused_bottleneck", expansion=6, stride=1, residual=False, activation="relu6")
-def fused_bottleneck(x, expand_w, expand_b, dw_w, dw_b, project_w, project_b, *,
-                     expansion, stride, residual, activation):
-    """MobileNetV2 inverted-residual block (BatchNorm folded), fused into one ``fused_bottleneck`` op.
+@composite("fused_bottleneck", expansion=6, stride=1, residual=False, activation="relu6", kernel_size=3,
+           squeeze_excite=False)
+def fused_bottleneck(x, expand_w, expand_b, dw_w, dw_b, project_w, project_b, se_w1=None, se_b1=None,
+                     se_w2=None, se_b2=None, *, expansion, stride, residual, activation, kernel_size,
+                     squeeze_excite):
+    """Inverted-residual block (BatchNorm folded) of MobileNetV2/V3, fused into one ``fused_bottleneck`` op.
+
+    Pass the weights positionally (None for the absent ones): the op's inputs follow the argument order.
 
     Args:
       x: [N, H, W, Cin] float32.
       expand_w: [Cin, Cexp] 1x1 expansion kernel, or None when ``expansion == 1``.
       expand_b: [Cexp] expansion bias, or None when ``expansion == 1``.
-      dw_w: [3, 3, Cexp] depthwise kernel (KH, KW, C).
+      dw_w: [K, K, Cexp] depthwise kernel (KH, KW, C), K = ``kernel_size``.
       dw_b: [Cexp].
       project_w: [Cexp, Cout] 1x1 projection kernel.
       project_b: [Cout].
-      expansion: int >= 1 (attribute); 1 skips the expansion.
+      se_w1, se_b1: [Cexp, Csq] and [Csq], the squeeze-excite's reducing 1x1 conv (with
+        ``squeeze_excite``; else None).
+      se_w2, se_b2: [Csq, Cexp] and [Cexp], its expanding 1x1 conv (with ``squeeze_excite``; else None).
+      expansion: int >= 1 (attribute); 1 skips the expansion (the op reads Cexp from the shapes).
       stride: 1 or 2 (attribute), of the depthwise conv.
       residual: bool (attribute): add ``x`` to the result (needs stride 1 and Cin == Cout).
-      activation: ``"relu6"`` (attribute), after the expansion and the depthwise conv.
+      activation: ``"relu6"``, ``"relu"`` or ``"hard_swish"`` (attribute), after the expansion and the
+        depthwise conv.
+      kernel_size: 3 or 5 (attribute), of the depthwise conv.
+      squeeze_excite: bool (attribute): MobileNetV3's squeeze-excite after the depthwise conv.
 
     Returns:
-      [N, ceil(H / stride), ceil(W / stride), Cout] float32, matching Keras Conv2D 1x1 + BN + ReLU6,
-      DepthwiseConv2D 3x3 (padding "same") + BN + ReLU6, Conv2D 1x1 + BN (+ Add) in inference mode.
+      [N, ceil(H / stride), ceil(W / stride), Cout] float32, matching Keras Conv2D 1x1 + BN + act,
+      DepthwiseConv2D KxK (padding "same") + BN + act, [GlobalAveragePooling2D(keepdims) + Conv2D 1x1 + ReLU
+      + Conv2D 1x1 + hard_sigmoid, Multiply], Conv2D 1x1 + BN (+ Add) in inference mode.
 
     Raises:
-      ValueError: expand weights given with ``expansion == 1`` or missing otherwise, shapes that
-        disagree, a stride other than 1 or 2, ``residual`` with stride 2 or Cin != Cout, an activation
-        other than relu6.
+      ValueError: expand (or squeeze-excite) weights given where the attributes leave them out, or missing
+        where they need them; shapes that disagree; a stride other than 1 or 2; a kernel_size other than 3
+        or 5; ``residual`` with stride 2 or Cin != Cout; an activation not in :data:`ACTIVATIONS`.
     """
     if expansion < 1:
         raise ValueError(f"fused_bottleneck: expansion must be >= 1, got {expansion}")
     if stride not in (1, 2):
         raise ValueError(f"fused_bottleneck: stride must be 1 or 2, got {stride}")
+    if kernel_size not in KERNEL_SIZES:
+        raise ValueError(f"fused_bottleneck: kernel_size must be 3 or 5, got {kernel_size}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"fused_bottleneck: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    se = (se_w1, se_b1, se_w2, se_b2)
+    if any((t is None) == squeeze_excite for t in se):
+        raise ValueError(f"fused_bottleneck: se_w1, se_b1, se_w2 and se_b2 are given exactly when "
+                         f"squeeze_excite is True (squeeze_excite={squeeze_excite}, given: "
+                         f"{[t is not None for t in se]})")
     if (expand_w is None) != (expansion == 1) or (expand_w is None) != (expand_b is None):
         raise ValueError(f"fused_bottleneck: expand_w and expand_b are given exactly when expansion > 1 "
                          f"(expansion={expansion}, expand_w {'None' if expand_w is None else 'given'}, "
                          f"expand_b {'None' if expand_b is None else 'given'})")
     as_f32 = lambda t: None if t is None else tf.convert_to_tensor(t, tf.float32)  # noqa: E731
-    x, expand_w, expand_b, dw_w, dw_b, project_w, project_b = map(
-        as_f32, (x, expand_w, expand_b, dw_w, dw_b, project_w, project_b))
+    x, expand_w, expand_b, dw_w, dw_b, project_w, project_b, se_w1, se_b1, se_w2, se_b2 = map(
+        as_f32, (x, expand_w, expand_b, dw_w, dw_b, project_w, project_b, *se))
     _shape("x", x, (None, None, None, None))
     _shape("project_w", project_w, (None, None))
     cin, cout = x.shape[-1], project_w.shape[-1]
@@ -124,19 +156,30 @@ def fused_bottleneck(x, expand_w, expand_b, dw_w, dw_b, project_w, project_b, *,
         _shape("expand_w", expand_w, (cin, None))
         cexp = expand_w.shape[-1]
         _shape("expand_b", expand_b, (cexp,))
-    _shape("dw_w", dw_w, (3, 3, cexp))
+    _shape("dw_w", dw_w, (kernel_size, kernel_size, cexp))
     _shape("dw_b", dw_b, (cexp,))
     _shape("project_w", project_w, (cexp, cout))
     _shape("project_b", project_b, (cout,))
+    if squeeze_excite:
+        _shape("se_w1", se_w1, (cexp, None))
+        _shape("se_b1", se_b1, (se_w1.shape[-1],))
+        _shape("se_w2", se_w2, (se_w1.shape[-1], cexp))
+        _shape("se_b2", se_b2, (cexp,))
     if residual and (stride != 1 or cin != cout):
         raise ValueError(f"fused_bottleneck: residual needs stride 1 and Cin == Cout, got stride {stride}, "
                          f"Cin {cin}, Cout {cout}")
 
+    act = _activation(activation)
     h = x
     if expand_w is not None:
-        h = tf.nn.relu6(tf.nn.conv2d(h, expand_w[None, None], 1, "VALID") + expand_b)
+        h = act(tf.nn.conv2d(h, expand_w[None, None], 1, "VALID") + expand_b)
     h = tf.nn.depthwise_conv2d(h, dw_w[:, :, :, None], [1, stride, stride, 1], "SAME")
-    h = tf.nn.relu6(h + dw_b)
+    h = act(h + dw_b)
+    if squeeze_excite:
+        s = tf.reduce_mean(h, axis=[1, 2], keepdims=True)
+        s = tf.nn.relu(tf.nn.conv2d(s, se_w1[None, None], 1, "VALID") + se_b1)
+        s = tf.nn.conv2d(s, se_w2[None, None], 1, "VALID") + se_b2
+        h = h * (tf.nn.relu6(s + 3.0) / 6.0)
     h = tf.nn.conv2d(h, project_w[None, None], 1, "VALID") + project_b
     return h + x if residual else h
 
@@ -172,59 +215,90 @@ def _folded(p: dict, eps: float = 1e-3):
 
 @keras.saving.register_keras_serializable(package="tflfuse")
 class InvertedResidual(keras.layers.Layer):
-    """MobileNetV2 inverted-residual block whose call is the ``fused_bottleneck`` composite.
+    """Inverted-residual block (MobileNetV2, MobileNetV3) whose call is the ``fused_bottleneck`` composite.
 
     The layer owns the BatchNorm-folded weights as variables (``expand_kernel`` [Cin, Cexp],
-    ``expand_bias``, ``depthwise_kernel`` [3, 3, Cexp], ``depthwise_bias``, ``project_kernel``
-    [Cexp, Cout], ``project_bias``; no expand weights when ``expansion == 1``), drawn at build time from
-    ``seed`` by :func:`random_conv_bn` (conv + BN statistics, then folded) so a model is reproducible.
+    ``expand_bias``, ``depthwise_kernel`` [K, K, Cexp], ``depthwise_bias``, ``project_kernel``
+    [Cexp, Cout], ``project_bias``; no expand weights when ``expansion == 1``; with ``se_channels``:
+    ``se_reduce_kernel`` [Cexp, Csq], ``se_reduce_bias`` [Csq], ``se_expand_kernel`` [Csq, Cexp],
+    ``se_expand_bias`` [Cexp]), drawn at build time from ``seed`` by :func:`random_conv_bn` (conv + BN
+    statistics, then folded) so a model is reproducible; :meth:`assign_weights` replaces them (e.g. with a
+    trained model's folded weights).
 
     Args:
       filters: Cout.
-      expansion: Cexp = Cin * expansion.
+      expansion: int (MobileNetV2) or float (MobileNetV3's 4.5) >= 1; 1 means no expansion conv.
       stride: 1 or 2.
-      residual: add the input; None means "when stride is 1 and Cin == Cout" (MobileNetV2's rule).
+      residual: add the input; None means "when stride is 1 and Cin == Cout" (MobileNet's rule).
       seed: int seed of the weights.
+      kernel_size: 3 or 5, of the depthwise conv.
+      activation: ``"relu6"``, ``"relu"`` or ``"hard_swish"``.
+      se_channels: Csq of a squeeze-excite after the depthwise conv (MobileNetV3), or None for none.
+      expanded_channels: Cexp; None means ``round(Cin * expansion)`` (MobileNetV3 rounds to a multiple of
+        8 and passes it here).
 
     Input shape [N, H, W, Cin] -> output shape [N, ceil(H / stride), ceil(W / stride), filters].
 
     Raises:
-      ValueError: bad filters/expansion/stride; at build, ``residual=True`` where it cannot apply.
+      ValueError: bad filters/expansion/stride/kernel_size/activation/se_channels/expanded_channels; at
+        build, ``residual=True`` where it cannot apply, or ``expanded_channels`` != Cin with expansion 1.
     """
 
-    def __init__(self, filters: int, expansion: int, stride: int, *, residual: bool | None = None,
-                 seed: int = 0, **kwargs):
+    def __init__(self, filters: int, expansion: int | float, stride: int, *, residual: bool | None = None,
+                 seed: int = 0, kernel_size: int = 3, activation: str = "relu6", se_channels: int | None = None,
+                 expanded_channels: int | None = None, **kwargs):
         super().__init__(**kwargs)
-        for arg, value, ok in (("filters", filters, type(filters) is int and filters > 0),
-                               ("expansion", expansion, type(expansion) is int and expansion > 0),
+        pos = lambda v: type(v) is int and v > 0  # noqa: E731
+        for arg, value, ok in (("filters", filters, pos(filters)),
+                               ("expansion", expansion, type(expansion) in (int, float) and expansion >= 1),
                                ("stride", stride, stride in (1, 2) and type(stride) is int),
-                               ("seed", seed, type(seed) is int and seed >= 0)):
+                               ("seed", seed, type(seed) is int and seed >= 0),
+                               ("kernel_size", kernel_size, kernel_size in KERNEL_SIZES and type(kernel_size) is int),
+                               ("activation", activation, activation in ACTIVATIONS),
+                               ("se_channels", se_channels, se_channels is None or pos(se_channels)),
+                               ("expanded_channels", expanded_channels, expanded_channels is None
+                                or pos(expanded_channels))):
             if not ok:
-                raise ValueError(f"InvertedResidual: {arg}={value!r} is invalid (filters, expansion: "
-                                 f"positive int; stride: 1 or 2; seed: non-negative int)")
+                raise ValueError(f"InvertedResidual: {arg}={value!r} is invalid (filters: positive int; "
+                                 f"expansion: number >= 1; stride: 1 or 2; seed: non-negative int; kernel_size: "
+                                 f"{KERNEL_SIZES}; activation: {ACTIVATIONS}; se_channels, expanded_channels: "
+                                 f"positive int or None)")
         if residual is not None and not isinstance(residual, bool):
             raise ValueError(f"InvertedResidual: residual must be a bool or None, got {residual!r}")
         self.filters, self.expansion, self.stride = filters, expansion, stride
         self.residual_arg, self.seed = residual, seed
+        self.kernel_size, self.activation, self.se_channels = kernel_size, activation, se_channels
+        self.expanded_channels = expanded_channels
         self.residual = False
 
     def build(self, input_shape):
         cin = int(input_shape[-1])
-        cexp = cin * self.expansion
+        expands = self.expansion != 1
+        cexp = self.expanded_channels or (cin * self.expansion if type(self.expansion) is int
+                                          else int(round(cin * self.expansion)))
+        if not expands and cexp != cin:
+            raise ValueError(f"InvertedResidual {self.name}: expansion 1 (no expansion conv) needs "
+                             f"expanded_channels == Cin ({cin}), got {cexp}")
         auto = self.stride == 1 and cin == self.filters
         if self.residual_arg and not auto:
             raise ValueError(f"InvertedResidual {self.name}: residual=True needs stride 1 and Cin == "
                              f"filters, got stride {self.stride}, Cin {cin}, filters {self.filters}")
         self.residual = auto if self.residual_arg is None else self.residual_arg
         rng = np.random.default_rng(self.seed)
+        k = self.kernel_size
         weights = {}
-        if self.expansion > 1:
+        if expands:
             weights["expand"] = _folded(random_conv_bn(rng, (cin, cexp), cin))
-        dw_kernel, dw_bias = _folded(random_conv_bn(rng, (3, 3, cexp), 9))
-        weights["depthwise"] = (dw_kernel, dw_bias)
+        weights["depthwise"] = _folded(random_conv_bn(rng, (k, k, cexp), k * k))
         # The projection is linear: gain 1, and a smaller BN scale when its output adds to the input.
         gamma = (0.3, 0.6) if self.residual else (0.8, 1.2)
         weights["project"] = _folded(random_conv_bn(rng, (cexp, self.filters), cexp, 1.0, gamma))
+        if self.se_channels:  # drawn last: blocks without squeeze-excite keep MobileNetV2's weights
+            csq = self.se_channels
+            weights["se_reduce"] = ((rng.standard_normal((cexp, csq)) * np.sqrt(2.0 / cexp)).astype(np.float32),
+                                    (0.05 * rng.standard_normal(csq)).astype(np.float32))
+            weights["se_expand"] = ((rng.standard_normal((csq, cexp)) / np.sqrt(csq)).astype(np.float32),
+                                    (0.5 * rng.standard_normal(cexp)).astype(np.float32))
         for prefix, (kernel, bias) in weights.items():
             for suffix, value in (("kernel", kernel), ("bias", bias)):
                 var = self.add_weight(name=f"{prefix}_{suffix}", shape=value.shape, initializer="zeros",
@@ -232,12 +306,41 @@ class InvertedResidual(keras.layers.Layer):
                 var.assign(value)
                 setattr(self, f"{prefix}_{suffix}", var)
         self.cexp = cexp
+        self.weight_names = tuple(f"{p}_{s}" for p in weights for s in ("kernel", "bias"))
+
+    def assign_weights(self, weights) -> None:
+        """Replaces the (built) layer's folded weights.
+
+        Args:
+          weights: mapping name -> float32 array, exactly the names of ``self.weight_names`` (e.g.
+            ``"depthwise_kernel"`` [K, K, Cexp]), each of its variable's shape.
+
+        Raises:
+          ValueError: the layer is not built, names missing or unknown, or a shape that differs.
+        """
+        if not self.built:
+            raise ValueError(f"InvertedResidual {self.name}: call the layer (build it) before assign_weights")
+        if set(weights) != set(self.weight_names):
+            raise ValueError(f"InvertedResidual {self.name}: assign_weights needs exactly {list(self.weight_names)}, "
+                             f"got {sorted(weights)}")
+        for name, value in weights.items():
+            var = getattr(self, name)
+            if tuple(np.shape(value)) != tuple(var.shape):
+                raise ValueError(f"InvertedResidual {self.name}: {name} has shape {np.shape(value)}, expected "
+                                 f"{tuple(var.shape)}")
+        for name, value in weights.items():
+            getattr(self, name).assign(np.asarray(value, np.float32))
 
     def call(self, x):
-        expand = (self.expand_kernel, self.expand_bias) if self.expansion > 1 else (None, None)
+        expand = (self.expand_kernel, self.expand_bias) if self.expansion != 1 else (None, None)
+        se = ((self.se_reduce_kernel, self.se_reduce_bias, self.se_expand_kernel, self.se_expand_bias)
+              if self.se_channels else ())
+        # the op's expansion attribute: 1 without the expansion conv, else Cexp / Cin rounded (at least 2)
+        ratio = 1 if self.expansion == 1 else max(2, round(self.cexp / int(x.shape[-1])))
         return fused_bottleneck(x, *expand, self.depthwise_kernel, self.depthwise_bias, self.project_kernel,
-                                self.project_bias, expansion=self.expansion, stride=self.stride,
-                                residual=self.residual, activation="relu6")
+                                self.project_bias, *se, expansion=ratio, stride=self.stride,
+                                residual=self.residual, activation=self.activation, kernel_size=self.kernel_size,
+                                squeeze_excite=bool(self.se_channels))
 
     def compute_output_shape(self, input_shape):
         n, h, w, _ = input_shape
@@ -246,4 +349,6 @@ class InvertedResidual(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "filters": self.filters, "expansion": self.expansion,
-                "stride": self.stride, "residual": self.residual_arg, "seed": self.seed}
+                "stride": self.stride, "residual": self.residual_arg, "seed": self.seed,
+                "kernel_size": self.kernel_size, "activation": self.activation, "se_channels": self.se_channels,
+                "expanded_channels": self.expanded_channels}

@@ -19,16 +19,25 @@ RTOL = 1e-4
 ATOL_SCALE = 1e-4
 
 
-def _weights(rng, cin, t, cout):
+#: Op input order: x, then these weights where present.
+ORDER = ("ew", "eb", "dw", "db", "pw", "pb", "sw1", "sb1", "sw2", "sb2")
+
+
+def _weights(rng, cin, t, cout, k=3, csq=0):
     e = cin * t
     w = {}
     if t > 1:
         w["ew"] = (rng.standard_normal((cin, e)) / np.sqrt(cin)).astype(np.float32)
         w["eb"] = (0.1 * rng.standard_normal(e)).astype(np.float32)
-    w["dw"] = (rng.standard_normal((3, 3, e)) / 3).astype(np.float32)
+    w["dw"] = (rng.standard_normal((k, k, e)) / k).astype(np.float32)
     w["db"] = (0.1 * rng.standard_normal(e)).astype(np.float32)
     w["pw"] = (rng.standard_normal((e, cout)) / np.sqrt(e)).astype(np.float32)
     w["pb"] = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    if csq:
+        w["sw1"] = (rng.standard_normal((e, csq)) * np.sqrt(2 / e)).astype(np.float32)
+        w["sb1"] = (0.1 * rng.standard_normal(csq)).astype(np.float32)
+        w["sw2"] = (rng.standard_normal((csq, e)) * 2 / np.sqrt(csq)).astype(np.float32)
+        w["sb2"] = rng.standard_normal(e).astype(np.float32)
     return w
 
 
@@ -40,6 +49,10 @@ def _tf_reference(x, w, stride, residual, activation):
     if "ew" in w:
         h = act(tf.nn.conv2d(h, w["ew"][None, None], 1, "SAME") + w["eb"])
     h = act(tf.nn.depthwise_conv2d(h, w["dw"][..., None], [1, stride, stride, 1], "SAME") + w["db"])
+    if "sw1" in w:  # squeeze-excite: global average pool, 1x1 conv + ReLU, 1x1 conv + hard_sigmoid, scale
+        s = tf.nn.relu(tf.nn.conv2d(tf.reduce_mean(h, [1, 2], keepdims=True), w["sw1"][None, None], 1, "SAME")
+                       + w["sb1"])
+        h = h * (tf.nn.relu6(tf.nn.conv2d(s, w["sw2"][None, None], 1, "SAME") + w["sb2"] + 3) / 6)
     y = tf.nn.conv2d(h, w["pw"][None, None], 1, "SAME") + w["pb"]
     return (y + x if residual else y).numpy()
 
@@ -119,3 +132,183 @@ def test_gpu_schedule_fills_the_gpu_at_batch_1():
     k = kernel_class("fused_bottleneck")(_specs(cin=160, cout=320, h=7), {"expansion": 6, "target": "gpu"})
     x, y, z = k.programs()[0].dispatch
     assert x * y * z >= 256
+
+
+# MobileNetV3's variants: 5x5 depthwise and squeeze-excite (Csq squeezed channels; 0: none).
+V3_CASES = [
+    # (N, H, W, Cin, expansion, Cout, stride, residual, activation, kernel_size, Csq)
+    (1, 9, 9, 16, 1, 16, 2, False, "relu", 3, 8),         # MobileNetV3Small's first block, odd size
+    (2, 7, 6, 6, 4, 10, 2, False, "hard_swish", 5, 8),    # batch 2, 5x5 stride 2 SAME, odd H
+    (1, 8, 8, 10, 6, 10, 1, True, "hard_swish", 5, 15),   # residual with SE, channels not divisible by 4
+    (1, 11, 5, 5, 3, 7, 1, False, "relu6", 5, 0),         # 5x5 without SE (the tiled GPU strategy)
+    (3, 4, 4, 8, 1, 8, 1, True, "hard_swish", 5, 3),      # expansion 1, residual, batch 3, image < kernel
+    (1, 3, 3, 96, 6, 96, 1, True, "hard_swish", 5, 144),  # MobileNetV3Small's last block at 96x96
+    (1, 57, 57, 4, 1, 4, 1, True, "relu", 3, 5),          # 3,249 pixels pooled (the unrolled loop's tail)
+]
+V3_SCHEDULES = {"cpu": {"target": "cpu"}, "gpu": {"target": "gpu"},
+                "tile2": {"target": "gpu", "tile": 2, "lanes": 4, "out_block": 8}}
+V3_RUNS = [pytest.param(c, s, id="x".join(map(str, c[:4])) + f"-t{c[4]}-o{c[5]}-s{c[6]}" + ("-res" if c[7] else "")
+                        + f"-{c[8]}-k{c[9]}-se{c[10]}-{s}")
+           for c in V3_CASES for s in sorted(V3_SCHEDULES) if not (s == "tile2" and c[10])]
+
+
+@pytest.mark.parametrize("case, schedule", V3_RUNS)
+def test_fused_bottleneck_v3_variants_match_tf(device, case, schedule):
+    n, h, w_, cin, t, cout, stride, residual, activation, k, csq = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
+    w = _weights(rng, cin, t, cout, k, csq)
+    inputs = [x] + [w[name] for name in ORDER if name in w]
+    kernel = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs],
+                                              {"expansion": t, "kernel_size": k, "squeeze_excite": csq > 0,
+                                               **V3_SCHEDULES[schedule]})
+    # squeeze-excite: expand (when present), depthwise, gate, projection on every target
+    if csq:
+        assert len(kernel.programs()) == 3 + (t > 1)
+    (y,) = run_op(device, "fused_bottleneck", inputs,
+                  {"expansion": t, "stride": stride, "residual": residual, "activation": activation,
+                   "kernel_size": k, "squeeze_excite": csq > 0, **V3_SCHEDULES[schedule]})
+    ref = _tf_reference(x, w, stride, residual, activation)
+    assert y.shape == ref.shape == (n, -(-h // stride), -(-w_ // stride), cout)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL_SCALE * float(np.abs(ref).max()))
+
+
+def _se_specs(cin=8, t=6, cout=8, h=8, k=5, csq=12):
+    e = cin * t
+    return _specs(cin, t, cout, h)[:3] + [TensorSpec((k, k, e))] + _specs(cin, t, cout, h)[4:] + [
+        TensorSpec((e, csq)), TensorSpec((csq,)), TensorSpec((csq, e)), TensorSpec((e,))]
+
+
+@pytest.mark.parametrize("attrs, specs, message", [
+    ({"kernel_size": 7}, _se_specs()[:7], "kernel_size must be 3 or 5"),
+    ({"kernel_size": 5}, _specs(), "dw_w must be [5, 5, 48]"),
+    ({"kernel_size": 5}, _se_specs(), "expects 5 inputs"),  # SE weights without squeeze_excite
+    ({"kernel_size": 5, "squeeze_excite": True}, _se_specs()[:7], "expects 9 inputs"),
+    ({"kernel_size": 5, "squeeze_excite": True}, _se_specs()[:-1] + [TensorSpec((12,))], "do not fit 48"),
+    ({"kernel_size": 5, "squeeze_excite": True, "strategy": "tiled"}, _se_specs(), "'staged' with squeeze_excite"),
+    ({"kernel_size": 5, "squeeze_excite": True}, _se_specs(cin=400, t=10, csq=100), "workgroup memory"),
+])
+def test_fused_bottleneck_rejects_bad_v3_shapes_and_attrs(attrs, specs, message):
+    with pytest.raises(KernelError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        kernel_class("fused_bottleneck")(specs, attrs).programs()
+
+
+# ---- every variant as a composite, converted, against Keras layers and LiteRT (unannotated conversion) ------
+ACTIVATIONS = ("relu6", "relu", "hard_swish")
+#: (stride, residual): stride 1 with and without the residual, stride 2 (SAME)
+STRIDES = ((1, True), (1, False), (2, False))
+VARIANTS = [(act, k, se, t, s, res) for act in ACTIVATIONS for k in (3, 5) for se in (False, True) for t in (1, 3)
+            for s, res in STRIDES]
+#: (N, H, W, Cin) of the models -> their variants: every one at batch 2 with odd H, W and 6 channels; at one
+#: image of even sizes (stride 2 SAME pads after only) and 5 channels, each kernel size x squeeze-excite x
+#: expansion x stride/residual once, the activations taking turns (a third of the conversion time).
+VARIANT_INPUTS = {(2, 9, 7, 6): VARIANTS,
+                  (1, 12, 10, 5): [v for i, v in enumerate(VARIANTS) if ACTIVATIONS.index(v[0]) == i // 3 % 3]}
+
+
+def _variant_name(act, k, se, t, s, res):
+    return f"{act}_k{k}{'_se' if se else ''}_t{t}_s{s}{'_res' if res else ''}"
+
+
+def _keras_variant(inp, rng, cin, act, k, se, t, s, res):
+    """The block from Keras layers (Conv2D/DepthwiseConv2D without bias + BatchNormalization + activation,
+    GlobalAveragePooling2D + Conv2D + ReLU + Conv2D + hard_sigmoid + Multiply as keras.applications'
+    MobileNetV3, Add), random weights and BatchNorm statistics; returns the output and the folded weights."""
+    import keras
+
+    from composites.bottleneck import fold_batch_norm
+
+    cexp, cout, csq = cin * t, cin if res else cin + 4, 5
+    act_layer = {"relu6": lambda: keras.layers.ReLU(6.0), "relu": keras.layers.ReLU,
+                 "hard_swish": lambda: keras.layers.Activation("hard_swish")}[act]
+    folded = {}
+
+    def conv_bn(y, name, layer, kernel_shape, to_keras, gain=np.sqrt(2.0)):
+        kernel = (rng.standard_normal(kernel_shape) * gain / np.sqrt(np.prod(kernel_shape[:-1]))).astype(np.float32)
+        c = kernel_shape[-1]
+        bn_p = [rng.uniform(0.5, 1.5, c), rng.normal(0, 0.3, c), rng.normal(0, 0.3, c), rng.uniform(0.5, 1.5, c)]
+        bn = keras.layers.BatchNormalization(epsilon=1e-3)
+        y = bn(layer(y))
+        layer.set_weights([to_keras(kernel)])
+        bn.set_weights([np.asarray(p, np.float32) for p in bn_p])
+        folded[f"{name}_kernel"], folded[f"{name}_bias"] = fold_batch_norm(kernel, None, *bn_p, eps=1e-3)
+        return y
+
+    y = inp
+    if t > 1:
+        y = act_layer()(conv_bn(y, "expand", keras.layers.Conv2D(cexp, 1, use_bias=False), (cin, cexp),
+                                lambda w: w[None, None]))
+    y = act_layer()(conv_bn(y, "depthwise", keras.layers.DepthwiseConv2D(k, s, padding="same", use_bias=False),
+                            (k, k, cexp), lambda w: w[..., None], gain=1.0))
+    if se:
+        reduce, expand = keras.layers.Conv2D(csq, 1), keras.layers.Conv2D(cexp, 1)
+        g = keras.layers.ReLU()(reduce(keras.layers.GlobalAveragePooling2D(keepdims=True)(y)))
+        g = expand(g)
+        g = keras.layers.ReLU(6.0)(g + 3.0) * (1.0 / 6.0)
+        y = keras.layers.Multiply()([y, g])
+        for name, layer, shape in (("se_reduce", reduce, (cexp, csq)), ("se_expand", expand, (csq, cexp))):
+            w = (rng.standard_normal(shape) * 1.5 / np.sqrt(shape[0])).astype(np.float32)
+            b = rng.normal(0, 0.5, shape[1]).astype(np.float32)
+            layer.set_weights([w[None, None], b])
+            folded[f"{name}_kernel"], folded[f"{name}_bias"] = w, b
+    y = conv_bn(y, "project", keras.layers.Conv2D(cout, 1, use_bias=False), (cexp, cout), lambda w: w[None, None],
+                gain=1.0)
+    if res:
+        y = keras.layers.Add()([y, inp])
+    return y, folded, cout
+
+
+@pytest.fixture(scope="module", params=list(VARIANT_INPUTS), ids=lambda s: "x".join(map(str, s)))
+def variant_models(request):
+    """A Keras model of every variant side by side (one output each), the composite model with the same
+    folded weights, and the Keras outputs on seeded inputs."""
+    import keras
+
+    from composites.bottleneck import InvertedResidual
+
+    n, h, w, cin = request.param
+    rng = np.random.default_rng(zlib.crc32(repr(request.param).encode()))
+    inp = keras.Input((h, w, cin), batch_size=n, name="x")
+    outputs, blocks = {}, {}
+    for act, k, se, t, s, res in VARIANT_INPUTS[request.param]:
+        name = _variant_name(act, k, se, t, s, res)
+        y, folded, cout = _keras_variant(inp, rng, cin, act, k, se, t, s, res)
+        outputs[name] = keras.layers.Identity(name=name)(y)
+        block = InvertedResidual(cout, t, s, residual=res, kernel_size=k, activation=act,
+                                 se_channels=5 if se else None, name=name)
+        blocks[name] = block(inp)
+        block.assign_weights(folded)
+    reference = keras.Model(inp, outputs)
+    composite_model = keras.Model(inp, blocks)
+    x = rng.standard_normal((n, h, w, cin)).astype(np.float32)
+    expected = {k: np.asarray(v) for k, v in reference(x, training=False).items()}
+    assert len(expected) == len(VARIANT_INPUTS[request.param])
+    return composite_model, x, expected
+
+
+def _signature_outputs(interp, x):
+    runner = interp.get_signature_runner("serving_default")
+    (name,) = runner.get_input_details()
+    return runner(**{name: x})
+
+
+def test_every_variant_converts_to_one_op_and_matches_keras_and_litert(device, variant_models):
+    import tflfuse
+    from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter
+
+    model, x, expected = variant_models
+    fused = tflfuse.convert(model)
+    assert fused.report.ok and fused.report.fused("fused_bottleneck") == len(expected)
+    assert set(fused.report.other_ops) <= {"IDENTITY"}, fused.report.other_ops  # nothing left outside the ops
+    plain = tflfuse.convert(model, annotations=False)
+    assert plain.report.fused("fused_bottleneck") == 0
+    ours = _signature_outputs(tflfuse.Interpreter(model_content=fused.tflite, device=device), x)
+    lite = _signature_outputs(LiteRTInterpreter(model_content=plain.tflite), x)
+    assert set(ours) == set(lite) == set(expected)
+    for name, want in expected.items():
+        got = ours[name]
+        assert got.shape == lite[name].shape == want.shape and got.dtype == np.float32, name
+        atol = ATOL_SCALE * float(np.abs(want).max())
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=atol, err_msg=f"{name}: tflfuse vs Keras")
+        np.testing.assert_allclose(got, lite[name], rtol=RTOL, atol=atol, err_msg=f"{name}: tflfuse vs LiteRT")

@@ -146,7 +146,7 @@ class TestBottleneckErrors:
 
     def test_bad_activation(self, weights):
         with pytest.raises(ValueError, match="activation"):
-            self.call(weights, activation="relu")
+            self.call(weights, activation="gelu")
 
     def test_bad_stride(self, weights):
         with pytest.raises(ValueError, match="stride must be 1 or 2"):

@@ -1,25 +1,36 @@
-"""fused_bottleneck: the MobileNetV2 inverted-residual block in ONE dispatch.
+"""fused_bottleneck: the inverted-residual block of MobileNetV2 and MobileNetV3 as one op.
 
 Semantics (``composites.bottleneck.fused_bottleneck``, BatchNorm folded): for input ``x [N, H, W, Cin]``
 
     e = act(x @ expand_w + expand_b)                      # 1x1 expand, [N, H, W, Cexp]   (expansion > 1)
-    d = act(depthwise3x3(e, dw_w, stride, SAME) + dw_b)   # [N, OH, OW, Cexp]
+    d = act(depthwiseKxK(e, dw_w, stride, SAME) + dw_b)   # [N, OH, OW, Cexp], K = kernel_size (3 or 5)
+    g = hard_sigmoid(relu(mean_hw(d) @ se_w1 + se_b1) @ se_w2 + se_b2)   # [N, Cexp] (squeeze_excite)
+    d = d * g                                             # (squeeze_excite)
     y = d @ project_w + project_b (+ x when residual)     # 1x1 projection, linear, [N, OH, OW, Cout]
 
-with ``act`` = ReLU6 by default. Op inputs, in order: ``x``; ``expand_w [Cin, Cexp]`` and ``expand_b [Cexp]``
-when expansion > 1; ``dw_w [3, 3, Cexp]``, ``dw_b [Cexp]``, ``project_w [Cexp, Cout]``, ``project_b [Cout]``.
-Attributes: ``expansion`` (int), ``stride`` (1 or 2), ``residual`` (bool), ``activation`` (str).
+with ``act`` one of relu6 (default), relu, hard_swish (``v * relu6(v + 3) / 6``) and ``hard_sigmoid(v) =
+relu6(v + 3) / 6``. Op inputs, in order: ``x``; ``expand_w [Cin, Cexp]`` and ``expand_b [Cexp]`` when
+expansion > 1; ``dw_w [K, K, Cexp]``, ``dw_b [Cexp]``, ``project_w [Cexp, Cout]``, ``project_b [Cout]``; with
+squeeze_excite ``se_w1 [Cexp, Csq]``, ``se_b1 [Csq]``, ``se_w2 [Csq, Cexp]``, ``se_b2 [Cexp]``. Attributes:
+``expansion`` (int), ``stride`` (1 or 2), ``residual`` (bool), ``activation`` (str), ``kernel_size`` (int,
+default 3) and ``squeeze_excite`` (bool, default False): files written before the last two existed read as
+MobileNetV2's block.
 
-Two strategies, chosen by the ``target`` attribute (both compute the same values):
+Without squeeze-excite, two strategies, chosen by the ``target`` attribute (both compute the same values):
 
 * ``tiled`` (GPU): ONE dispatch that never writes the expanded tensor to memory. A workgroup owns a tile of
   output pixels and a block of output channels; it walks the expanded channels in chunks: the chunk's
   expand weights and the 1x1 expansion of the tile's input halo go into workgroup memory, each invocation
-  applies the 3x3 depthwise filter and accumulates the projection in registers. Where the feature map is too
+  applies the KxK depthwise filter and accumulates the projection in registers. Where the feature map is too
   small to fill the GPU, the expanded channels are split between workgroups and a second dispatch sums the
   shares.
 * ``staged`` (the software adapter, whose barriers and workgroup memory are costly): three dispatches
   through scratch buffers (expand, depthwise, projection with bias and residual).
+
+With squeeze-excite the pool needs the whole depthwise output before any projection, so every target runs
+the staged strategy with one more dispatch between the depthwise conv and the projection: one workgroup per
+image averages ``d`` over the pixels, applies both 1x1 convs of the squeeze-excite in workgroup memory and
+writes the gate ``g``; the projection multiplies ``d`` by ``g`` as it reads it.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ __all__ = ["FusedBottleneck"]
 _GPU_WORKGROUPS = 1024
 _MAX_CHUNK = 16      # expanded channels per pass through workgroup memory
 _WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
+_GATE_THREADS = 64   # invocations of the squeeze-excite gate's workgroup (one per image)
 _SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; "strategy" is the one string
 
 
@@ -48,8 +60,10 @@ class FusedBottleneck(Kernel):
 
     extra_attrs = ('strategy', 'tile', 'lanes', 'out_block', 'chunk', 'splits')
 
-    input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b")
-    attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "target": "gpu"}
+    input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b", "se_w1", "se_b1",
+                   "se_w2", "se_b2")
+    attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "target": "gpu",
+                     "kernel_size": 3, "squeeze_excite": False}
 
     @staticmethod
     def decode_custom_options(options: dict) -> dict:
@@ -60,9 +74,16 @@ class FusedBottleneck(Kernel):
     def check(self):
         x = self.expect_rank(0, 4)
         n, h, w, cin = x.shape
-        self.has_expand = len(self.inputs) == 7
-        if len(self.inputs) not in (5, 7):
-            raise self.fail(f"expects 5 inputs (expansion 1) or 7, got {len(self.inputs)}")
+        self.has_se = bool(self.attr("squeeze_excite"))
+        counts = (9, 11) if self.has_se else (5, 7)
+        if len(self.inputs) not in counts:
+            raise self.fail(f"expects {counts[0]} inputs (expansion 1) or {counts[1]} (with the expansion conv) "
+                            f"{'with' if self.has_se else 'without'} squeeze_excite, got {len(self.inputs)}")
+        self.has_expand = len(self.inputs) == counts[1]
+        self.k = int(self.attr("kernel_size"))
+        if self.k not in (3, 5):
+            raise self.fail(f"kernel_size must be 3 or 5, got {self.k}")
+        k = self.k
         off = 2 if self.has_expand else 0
         if self.has_expand:
             ew, eb = self.expect_rank(1, 2).shape, self.expect_rank(2, 1).shape
@@ -73,11 +94,22 @@ class FusedBottleneck(Kernel):
             cexp = cin
         dw, db = self.expect_rank(1 + off, 3).shape, self.expect_rank(2 + off, 1).shape
         pw, pb = self.expect_rank(3 + off, 2).shape, self.expect_rank(4 + off, 1).shape
-        if dw != (3, 3, cexp) or db != (cexp,):
-            raise self.fail(f"dw_w must be [3, 3, {cexp}] and dw_b [{cexp}], got {list(dw)} and {list(db)}")
+        if dw != (k, k, cexp) or db != (cexp,):
+            raise self.fail(f"dw_w must be [{k}, {k}, {cexp}] and dw_b [{cexp}], got {list(dw)} and {list(db)}")
         if pw[0] != cexp or pb != (pw[1],):
             raise self.fail(f"project_w {list(pw)} / project_b {list(pb)} do not fit {cexp} expanded channels")
         self.cin, self.cexp, self.cout = cin, cexp, pw[1]
+        self.csq = 0
+        if self.has_se:
+            w1, b1, w2, b2 = (self.expect_rank(5 + off + i, r).shape for i, r in enumerate((2, 1, 2, 1)))
+            self.csq = w1[1]
+            if w1[0] != cexp or b1 != (self.csq,) or w2 != (self.csq, cexp) or b2 != (cexp,) or not self.csq:
+                raise self.fail(f"squeeze-excite weights se_w1 {list(w1)}, se_b1 {list(b1)}, se_w2 {list(w2)}, "
+                                f"se_b2 {list(b2)} do not fit {cexp} expanded channels (expected [{cexp}, Csq], "
+                                f"[Csq], [Csq, {cexp}], [{cexp}])")
+            if (cexp + self.csq) * 4 > _WG_BYTES:
+                raise self.fail(f"squeeze-excite over {cexp} + {self.csq} channels exceeds {_WG_BYTES} bytes of "
+                                f"workgroup memory")
         self.stride = int(self.attr("stride"))
         if self.stride not in (1, 2):
             raise self.fail(f"stride must be 1 or 2, got {self.stride}")
@@ -86,13 +118,14 @@ class FusedBottleneck(Kernel):
             raise self.fail(f"residual needs stride 1 and Cin == Cout, got stride {self.stride}, "
                             f"Cin {cin}, Cout {self.cout}")
         activation_fn(self.attr("activation"))  # validates the name
-        self.oh, self.pt = conv_output_size(h, 3, self.stride, 1, "SAME")
-        self.ow, self.pl = conv_output_size(w, 3, self.stride, 1, "SAME")
+        self.oh, self.pt = conv_output_size(h, k, self.stride, 1, "SAME")
+        self.ow, self.pl = conv_output_size(w, k, self.stride, 1, "SAME")
         schedule = {**self._schedule(), **{k: int(self.attrs[k]) for k in _SCHEDULE_KEYS if self.attrs.get(k)}}
         self.tile, self.lanes, self.out_block, self.chunk, self.splits = (schedule[k] for k in _SCHEDULE_KEYS)
         self.strategy = str(self.attrs.get("strategy") or schedule["strategy"])
-        if self.strategy not in ("tiled", "staged"):
-            raise self.fail(f"strategy must be 'tiled' or 'staged', got {self.strategy!r}")
+        if self.strategy not in ("tiled", "staged") or (self.has_se and self.strategy != "staged"):
+            raise self.fail(f"strategy must be 'tiled' or 'staged' ('staged' with squeeze_excite), got "
+                            f"{self.strategy!r}")
         if self.tile not in (1, 2, 4, 8) or self.lanes not in (1, 2, 4, 8, 16) or min(
                 self.out_block, self.chunk, self.splits) < 1:
             raise self.fail(f"tile must be 1, 2, 4 or 8, lanes 1..16 (a power of two), out_block, chunk and "
@@ -119,7 +152,7 @@ class FusedBottleneck(Kernel):
         target = str(self.attr("target"))
         if target not in ("gpu", "cpu"):
             raise self.fail(f"target must be 'gpu' or 'cpu', got {target!r}")
-        if target == "cpu":
+        if target == "cpu" or self.has_se:
             return {"strategy": "staged", "tile": 8, "lanes": 4, "out_block": min(self.cout, 128),
                     "chunk": _MAX_CHUNK, "splits": 1}
         options = []
@@ -127,7 +160,8 @@ class FusedBottleneck(Kernel):
             for block in (128, 64, 32, 16):
                 block = min(block, self.cout)
                 groups = n * -(-self.oh // tile) * -(-self.ow // tile) * -(-self.cout // block)
-                recompute = ((tile - 1) * self.stride + 3) ** 2 / (tile * self.stride) ** 2 * -(-self.cout // block)
+                halo = (tile - 1) * self.stride + self.k
+                recompute = halo ** 2 / (tile * self.stride) ** 2 * -(-self.cout // block)
                 options.append((recompute, groups, tile, block))
         enough = [o for o in options if o[1] >= _GPU_WORKGROUPS]
         if enough:
@@ -152,7 +186,7 @@ class FusedBottleneck(Kernel):
 
         The chunk divides Cexp (so every chunk is full), its halo fits in workgroup memory beside the
         depthwise results, and each split is a whole number of chunks."""
-        halo = (self.tile - 1) * self.stride + 3
+        halo = (self.tile - 1) * self.stride + self.k
         staged = self.cin if self.has_expand else 0   # expand weights of a chunk, staged in workgroup memory
         fit = max(1, _WG_BYTES // (4 * (halo * halo + self.tile * self.tile + staged)))
         chunk = max(d for d in range(1, min(self.cexp, self.chunk, fit) + 1) if self.cexp % d == 0)
@@ -173,44 +207,99 @@ class FusedBottleneck(Kernel):
 
     def scratch_sizes(self) -> tuple[int, ...]:
         n, h, w, _ = self.input(0).shape
-        if self.strategy == "staged":  # the expanded tensor (when expanding), then the depthwise output
-            return ((n * h * w * self.cexp * 4,) if self.has_expand else ()) + (n * self.oh * self.ow * self.cexp * 4,)
+        if self.strategy == "staged":  # the expanded tensor (when expanding), the depthwise output, the gate
+            return (((n * h * w * self.cexp * 4,) if self.has_expand else ()) + (n * self.oh * self.ow * self.cexp * 4,)
+                    + ((n * self.cexp * 4,) if self.has_se else ()))
         *_, splits = self._blocking()
         return (splits * self.output_specs()[0].nbytes,) if splits > 1 else ()
 
     def _staged_programs(self) -> list[Program]:
-        """Three dispatches through scratch buffers: 1x1 expand, 3x3 depthwise, 1x1 projection (+ bias and
-        residual). Faster on the software adapter, whose barriers and workgroup memory are costly; still one
-        op of the model, one dispatch fewer than the unfused ops (the residual ADD is folded in)."""
+        """Dispatches through scratch buffers: 1x1 expand, KxK depthwise, (squeeze-excite gate,) 1x1 projection
+        (+ bias and residual). Faster on the software adapter, whose barriers and workgroup memory are costly;
+        still one op of the model, with fewer dispatches than the unfused ops."""
         n, h, w, cin = self.input(0).shape
         cexp, cout = self.cexp, self.cout
-        inputs = {name: self.binding(name, "input", i, self.inputs[i]) for i, name in enumerate(
-            ["x", "ew", "eb", "dw", "db", "pw", "pb"] if self.has_expand else ["x", "dw", "db", "pw", "pb"])}
+        names = (["x", "ew", "eb"] if self.has_expand else ["x"]) + ["dw", "db", "pw", "pb"] + (
+            ["sw1", "sb1", "sw2", "sb2"] if self.has_se else [])
+        inputs = {name: self.binding(name, "input", i, self.inputs[i]) for i, name in enumerate(names)}
         sizes = self.scratch_sizes()
         progs, src = [], inputs["x"]
         if self.has_expand:
             e_out = self.binding("expanded", "scratch", 0, sizes[0])
             body = (f"  let e = idx % {cexp}u;\n  let pix = idx / {cexp}u;\n  var v = eb[e];\n  "
-                    + dot(cin, f"x[pix * {cin}u + {{k}}]", f"ew[({{k}}) * {cexp}u + e]") + "\n  expanded[idx] = act(v);")
+                    + dot(cin, f"x[pix * {cin}u + {{k}}]", f"ew[({{k}}) * {cexp}u + e]")
+                    + "\n  expanded[idx] = act(v);")
             progs.append(elementwise_program(f"{self.key}_expand", (inputs["x"], inputs["ew"], inputs["eb"], e_out),
                                              n * h * w * cexp, body, activation_fn(self.attr("activation")),
                                              loop_trips=cin // 4))
             src = self.binding("x", "scratch", 0, sizes[0], access="read")
-        d_index = len(sizes) - 1
+        d_index = 1 if self.has_expand else 0
         g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1, PT=self.pt,
-                 PL=self.pl, KH=3, KW=3)
+                 PL=self.pl, KH=self.k, KW=self.k)
         dw_binds = (src, dataclasses.replace(inputs["dw"], name="w"), dataclasses.replace(inputs["db"], name="b"),
                     self.binding("y", "scratch", d_index, sizes[d_index]))
         progs.append(depthwise_program(f"{self.key}_depthwise", dw_binds, g, cexp, 1, True, self.attr("activation")))
+        d_read = self.binding("d", "scratch", d_index, sizes[d_index], access="read")
+        gated, gate_binds = "", ()
+        if self.has_se:
+            gate = self.binding("gate", "scratch", d_index + 1, sizes[d_index + 1])
+            progs.append(self._gate_program(d_read, [inputs[k] for k in ("sw1", "sb1", "sw2", "sb2")], gate))
+            gate_binds = (dataclasses.replace(gate, access="read"),)
+            gated = f" * gate[(pix / {self.oh * self.ow}u) * {cexp}u + {{k}}]"
         residual = f" + x[pix * {cin}u + co]" if self.residual else ""
         body = (f"  let co = idx % {cout}u;\n  let pix = idx / {cout}u;\n  var v = pb[co];\n  "
-                + dot(cexp, f"d[pix * {cexp}u + {{k}}]", f"pw[({{k}}) * {cout}u + co]") + f"\n  y[idx] = v{residual};")
-        proj_binds = ((inputs["x"],) if self.residual else ()) + (
-            self.binding("d", "scratch", d_index, sizes[d_index], access="read"), inputs["pw"], inputs["pb"],
-            self.binding("y", "output", 0, self.output_specs()[0]))
+                + dot(cexp, f"d[pix * {cexp}u + {{k}}]{gated}", f"pw[({{k}}) * {cout}u + co]")
+                + f"\n  y[idx] = v{residual};")
+        proj_binds = ((inputs["x"],) if self.residual else ()) + (d_read,) + gate_binds + (
+            inputs["pw"], inputs["pb"], self.binding("y", "output", 0, self.output_specs()[0]))
         progs.append(elementwise_program(f"{self.key}_project", proj_binds, n * self.oh * self.ow * cout, body,
                                          loop_trips=cexp // 4))
         return progs
+
+    def _gate_program(self, d, se_binds, gate) -> Program:
+        """The squeeze-excite gate ``[N, Cexp]``: one workgroup per image averages the depthwise output ``d``
+        over its pixels (invocations stride over the channels, so neighbours read neighbouring floats), then
+        the reduce 1x1 conv + ReLU and the expand 1x1 conv + hard_sigmoid run in workgroup memory. Matches
+        MEAN over H, W, CONV_2D 1x1 + RELU, CONV_2D 1x1, ADD 3, RELU6, MUL 1/6 of the unfused graph."""
+        n = self.input(0).shape[0]
+        cexp, csq, pixels = self.cexp, self.csq, self.oh * self.ow
+        threads = _GATE_THREADS
+        main, tail = pixels - pixels % 4, pixels % 4
+        sums = " + ".join(f"d[base + (p + {u}u) * {cexp}u]" for u in range(4))
+        tails = "".join(f"\n    v += d[base + {main + u}u * {cexp}u];" for u in range(tail))
+        source = prelude((d, *se_binds, gate)) + activation_fn("relu") + f"""
+var<workgroup> pooled: array<f32, {cexp}>;
+var<workgroup> squeezed: array<f32, {csq}>;
+
+@compute @workgroup_size({threads})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32) {{
+  let n = wid.x;
+  for (var c = lidx; c < {cexp}u; c += {threads}u) {{
+    let base = n * {pixels * cexp}u + c;
+    var v = 0.0;
+    for (var p = 0u; p < {main}u; p += 4u) {{ v += {sums or "0.0"}; }}{tails}
+    pooled[c] = v / {pixels}.0;
+  }}
+  workgroupBarrier();
+  for (var j = lidx; j < {csq}u; j += {threads}u) {{
+    var v = sb1[j];
+    {dot(cexp, "pooled[{k}]", f"sw1[({{k}}) * {csq}u + j]")}
+    squeezed[j] = act(v);
+  }}
+  workgroupBarrier();
+  for (var c = lidx; c < {cexp}u; c += {threads}u) {{
+    var v = sb2[c];
+    {dot(csq, "squeezed[{k}]", f"sw2[({{k}}) * {cexp}u + c]")}
+    gate[n * {cexp}u + c] = clamp(v + 3.0, 0.0, 6.0) / 6.0;
+  }}
+}}
+"""
+        per = lambda c: -(-c // threads)  # noqa: E731
+        trips = per(cexp) * (1 + main // 4) + per(csq) * (1 + cexp // 4) + per(cexp) * (1 + csq // 4)
+        if n > MAX_WORKGROUPS_PER_DIM:
+            raise self.fail(f"batch {n} exceeds {MAX_WORKGROUPS_PER_DIM} workgroups of the squeeze-excite pool")
+        return Program(f"{self.key}_gate", source, (threads, 1, 1), (n, 1, 1), (d, *se_binds, gate),
+                       loop_trips=trips)
 
     def programs(self):
         if self.strategy == "staged":
@@ -242,8 +331,9 @@ class FusedBottleneck(Kernel):
         else:
             expand = f"        val = x[((n * {h}u + u32(iy)) * {w}u + u32(ix)) * {cin}u + e];"
             stage, stage_decl = "", ""
-        taps = " + ".join(f"halo[(u32(ly + {ky}) * {hw}u + u32(lx + {kx})) * {ec}u + c] * dw[{ky * 3 + kx}u * {cexp}u + e]"
-                          for ky in range(3) for kx in range(3))
+        K = self.k
+        taps = " + ".join(f"halo[(u32(ly + {ky}) * {hw}u + u32(lx + {kx})) * {ec}u + c]"
+                          f" * dw[{ky * K + kx}u * {cexp}u + e]" for ky in range(K) for kx in range(K))
         residual = f" + x[((n * {h}u + u32(oy)) * {w}u + u32(ox)) * {cin}u + co]" if self.residual else ""
         lanes = self.lanes
         proj = " + ".join(f"dv[p * {ec}u + {c}u] * pw[(e0 + {c}u) * {cout}u + co]" for c in range(ec))
@@ -286,7 +376,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       halo[i] = val;
     }}
     workgroupBarrier();
-    // 3x3 depthwise conv for this pixel, channels lane, lane + {lanes}, ...
+    // {K}x{K} depthwise conv for this pixel, channels lane, lane + {lanes}, ...
     for (var c = lane; c < {ec}u; c += {lanes}u) {{
       let e = e0 + c;
       dv[p * {ec}u + c] = act(db[e] + {taps});
