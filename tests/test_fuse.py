@@ -166,3 +166,196 @@ def test_unfuse_composite_bottleneck_runs_on_litert(rng):
     xs = _inputs(plain, rng)
     for got, ref in zip(_run_litert(back, xs), _run_litert(plain, xs)):
         np.testing.assert_allclose(got, ref, **ACCUMULATION)
+
+
+# ---- conv + [residual] + activation, and depthwise + pointwise --------------------------------------------
+def _prelu():
+    return keras.layers.PReLU(shared_axes=[1, 2])
+
+
+CONV_CASES = {
+    # name: (build, input shape, batch, pattern counts, fused op)
+    "conv_stride2_same_odd_prelu": (lambda x: _prelu()(keras.layers.Conv2D(6, 3, 2, "same")(x)),
+                                    (9, 7, 5), 2, {"conv_activation": 1}, "fused_conv2d"),
+    "conv_residual_relu": (lambda x: keras.layers.ReLU()(keras.layers.Add()([keras.layers.Conv2D(5, 3, padding="same")(x), x])),
+                           (6, 6, 5), 1, {"conv_activation": 1}, "fused_conv2d"),
+    "conv_1x3_hard_swish": (lambda x: keras.layers.Activation("hard_swish")(keras.layers.Conv2D(7, (1, 3))(x)),
+                            (5, 8, 3), 1, {"conv_activation": 1}, "fused_conv2d"),
+    "conv_3x1_dilated_leaky": (lambda x: keras.layers.LeakyReLU(0.3)(keras.layers.Conv2D(4, (3, 1), dilation_rate=2)(x)),
+                               (9, 6, 3), 1, {"conv_activation": 1}, "fused_conv2d"),
+    "conv_tanh": (lambda x: keras.layers.Activation("tanh")(keras.layers.Conv2D(3, 2)(x)),
+                  (5, 5, 2), 1, {"conv_activation": 1}, "fused_conv2d"),
+    "depthwise_multiplier2_sigmoid": (
+        lambda x: keras.layers.Activation("sigmoid")(keras.layers.DepthwiseConv2D(3, 2, "same", depth_multiplier=2)(x)),
+        (7, 9, 3), 1, {"conv_activation": 1}, "fused_depthwise_conv2d"),
+    "separable_residual_relu": (  # BlazeFace's block: depthwise, pointwise, ADD of the input, RELU
+        lambda x: keras.layers.ReLU()(keras.layers.Add()([
+            keras.layers.Conv2D(6, 1)(keras.layers.DepthwiseConv2D(3, padding="same")(x)), x])),
+        (8, 7, 6), 2, {"separable_conv": 1}, "fused_separable_conv2d"),
+    "separable_stride2_elu": (
+        lambda x: keras.layers.ELU()(keras.layers.Conv2D(5, 1)(keras.layers.DepthwiseConv2D(5, 2, "same")(x))),
+        (9, 9, 3), 1, {"separable_conv": 1}, "fused_separable_conv2d"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONV_CASES), ids=list(CONV_CASES))
+def test_conv_patterns(case, device, rng):
+    build, shape, batch, expect, op = CONV_CASES[case]
+    original = _stock(build, shape, batch)
+    fused, report = _check_fused(original, device, rng, expect)
+    names = Model(fused).op_names(0)
+    assert names.count(op) == 1 and not [n for n in names if n not in (op, "DEQUANTIZE")], names
+
+
+# ---- the six real models ----------------------------------------------------------------------------------
+#: Fused kernels sum in their own order (the fused conv's dot product, the separable conv's depthwise result
+#: kept in registers): rounding relative to each output's scale, as tests/test_real_models.py states; 5e-5
+#: of the output's max covers the worst model there (hand_landmark_lite's world landmarks, 7.9e-6).
+REAL_REL = 5e-5
+
+
+@pytest.mark.parametrize("name", sorted(__import__("tflfuse.zoo").zoo.MODELS))
+def test_real_model_fuses_and_round_trips(name, device):
+    from tflfuse import zoo
+
+    original = zoo.fetch(name).read_bytes()
+    fused, report = fuse(original)
+    assert report.dispatches_after < report.dispatches_before, str(report)
+    x = [np.random.default_rng(7).uniform(0, 1, zoo.MODELS[name].input_shape).astype(np.float32)]
+    want = _run_litert(original, x)
+    for got, ref in zip(_run_tflfuse(fused, x, device), want):
+        np.testing.assert_allclose(got, ref, atol=REAL_REL * float(np.abs(ref).max()), rtol=0)
+    back, counts = unfuse(fused)
+    assert sum(counts.values()) == sum(report.patterns.values())
+    # Un-fused, LiteRT runs the same builtins with the same weights, but an op between them may change (a
+    # squeeze-excite's pool comes back as MEAN, a separable conv's depthwise bias is folded into the pointwise
+    # one): sums in another order, 1e-6 of the output's scale. A sigmoid output p of a logit z carries z's
+    # absolute error d as the relative error d (1 - p): selfie_segmentation's mask is a sigmoid of logits
+    # up to |855| whose reordering error reaches ~1e-4 (measured 1.2e-4 relative on p ~ 1e-18), so 1e-3.
+    for got, ref in zip(_run_litert(back, x), want):
+        np.testing.assert_allclose(got, ref, atol=1e-6 * float(np.abs(ref).max()), rtol=1e-3)
+
+
+# ---- elementwise and pooling patterns ---------------------------------------------------------------------
+# TF's converter already folds some patterns itself (x * relu6(x + 3) / 6 into HARD_SWISH, a PAD into a
+# conv's padding, a RELU into a pool's fused activation); files from other converters keep them spelled
+# out. Those files are written here directly on LiteRT's schema (tests/tflite_builder.py).
+from tflite_builder import build, t  # noqa: E402
+
+
+def _f32(*values):
+    return np.asarray(values, np.float32)
+
+
+HARD_SWISH_SPELLINGS = {
+    # x * relu6(x + 3) / 6 as: ADD, RELU6, MUL x, MUL 1/6
+    "add_relu6_mul_mul": ([t((2, 5, 3)), t((1,), data=_f32(3)), t((2, 5, 3)), t((2, 5, 3)), t((2, 5, 3)),
+                           t((1,), data=_f32(1 / 6)), t((2, 5, 3))],
+                          [dict(op="ADD", inputs=[0, 1], outputs=[2]), dict(op="RELU6", inputs=[2], outputs=[3]),
+                           dict(op="MUL", inputs=[0, 3], outputs=[4]), dict(op="MUL", inputs=[4, 5], outputs=[6])]),
+    # ADD with a fused RELU6, DIV by 6, then MUL x
+    "fused_relu6_div_mul": ([t((3, 7)), t((), data=_f32(3)), t((3, 7)), t((), data=_f32(6)), t((3, 7)), t((3, 7))],
+                            [dict(op="ADD", inputs=[1, 0], outputs=[2],
+                                  options=("AddOptions", {"fusedActivationFunction": 3})),
+                             dict(op="DIV", inputs=[2, 3], outputs=[4]), dict(op="MUL", inputs=[4, 0], outputs=[5])]),
+}
+
+
+@pytest.mark.parametrize("case", list(HARD_SWISH_SPELLINGS), ids=list(HARD_SWISH_SPELLINGS))
+def test_hard_swish_pattern(case, device, rng):
+    tensors, ops = HARD_SWISH_SPELLINGS[case]
+    original = build(tensors, ops, [0], [len(tensors) - 1])
+    fused, _ = _check_fused(original, device, rng, {"hard_swish": 1}, tol=dict(atol=1e-6, rtol=1e-6))
+    assert Model(fused).op_names(0) == ["HARD_SWISH"]
+
+
+def test_hard_swish_pattern_needs_the_constants(rng):
+    # ADD 2 instead of 3: another function, left alone.
+    tensors, ops = HARD_SWISH_SPELLINGS["add_relu6_mul_mul"]
+    tensors = list(tensors)
+    tensors[1] = t((1,), data=_f32(2))
+    original = build(tensors, ops, [0], [6])
+    assert fuse(original)[1].patterns["hard_swish"] == 0
+
+
+def test_clip_pattern(device, rng):
+    # tf.clip_by_value(x, -2, 5): the converter writes MAXIMUM then MINIMUM.
+    import tensorflow as tf
+
+    cf = tf.function(lambda x: tf.clip_by_value(x, -2.0, 5.0),
+                     input_signature=[tf.TensorSpec((2, 9, 5))]).get_concrete_function()
+    original = tflfuse.convert([cf]).tflite
+    fused, _ = _check_fused(original, device, rng, {"clip": 1}, tol=dict(atol=0, rtol=0))
+    m = Model(fused)
+    assert m.op_names(0) == ["fused_clip"]
+    assert tflfuse.annotate.decode_attrs(m.op_attrs(0, 0)) == {"clip_min": -2.0, "clip_max": 5.0}
+
+
+def test_clip_to_relu_n1_to_1_is_a_builtin(device, rng):
+    original = build([t((4, 6)), t((), data=_f32(1)), t((4, 6)), t((), data=_f32(-1)), t((4, 6))],
+                     [dict(op="MINIMUM", inputs=[0, 1], outputs=[2]), dict(op="MAXIMUM", inputs=[2, 3], outputs=[4])],
+                     [0], [4])
+    fused, _ = _check_fused(original, device, rng, {"clip": 1}, tol=dict(atol=0, rtol=0))
+    assert Model(fused).op_names(0) == ["RELU_N1_TO_1"]
+
+
+def test_pool_sigmoid_pattern(device, rng):
+    import tensorflow as tf
+
+    cf = tf.function(lambda x: tf.nn.sigmoid(tf.nn.max_pool2d(x, 3, 2, "SAME")),
+                     input_signature=[tf.TensorSpec((2, 9, 7, 5))]).get_concrete_function()
+    fused, _ = _check_fused(tflfuse.convert([cf]).tflite, device, rng, {"pool_activation": 1})
+    assert Model(fused).op_names(0) == ["fused_pool2d"]
+
+
+def test_pool_relu6_folds_into_the_builtin(device, rng):
+    pool = ("Pool2DOptions", {"padding": 0, "strideH": 2, "strideW": 2, "filterHeight": 3, "filterWidth": 3})
+    original = build([t((1, 7, 9, 3)), t((1, 4, 5, 3)), t((1, 4, 5, 3))],
+                     [dict(op="AVERAGE_POOL_2D", inputs=[0], outputs=[1], options=pool),
+                      dict(op="RELU6", inputs=[1], outputs=[2])], [0], [2])
+    fused, _ = _check_fused(original, device, rng, {"pool_activation": 1})
+    m = Model(fused)
+    assert m.op_names(0) == ["AVERAGE_POOL_2D"] and m.op_attrs(0, 0)["fused_activation_function"] == "RELU6"
+
+
+PAD_CASES = {
+    # (input shape, pads of H and W, kernel, stride, op, fused?)
+    "3x3_stride1": ((1, 6, 7, 4), [[1, 1], [1, 1]], 3, 1, "CONV_2D", True),
+    "3x3_stride2_odd_split": ((1, 8, 8, 4), [[0, 1], [0, 1]], 3, 2, "CONV_2D", True),
+    "depthwise_5x5": ((2, 7, 5, 4), [[2, 2], [2, 2]], 5, 1, "DEPTHWISE_CONV_2D", True),
+    "not_same_like": ((1, 6, 6, 4), [[2, 0], [1, 1]], 3, 1, "CONV_2D", False),
+}
+
+
+@pytest.mark.parametrize("case", list(PAD_CASES), ids=list(PAD_CASES))
+def test_pad_conv_pattern(case, device, rng):
+    shape, hw_pads, k, s, op, fusable = PAD_CASES[case]
+    n, h, w, c = shape
+    pads = np.asarray([[0, 0], *hw_pads, [0, 0]], np.int32)
+    ph, pw = h + sum(hw_pads[0]), w + sum(hw_pads[1])
+    oh, ow = (ph - k) // s + 1, (pw - k) // s + 1
+    cout = c if op == "DEPTHWISE_CONV_2D" else 3
+    filt = (rng.standard_normal((1, k, k, c) if op == "DEPTHWISE_CONV_2D" else (cout, k, k, c)) / k).astype(np.float32)
+    kind = "DepthwiseConv2DOptions" if op == "DEPTHWISE_CONV_2D" else "Conv2DOptions"
+    opts = {"padding": 1, "strideH": s, "strideW": s, **({"depthMultiplier": 1} if op == "DEPTHWISE_CONV_2D" else {})}
+    original = build([t(shape), t((4, 2), type="INT32", data=pads), t((n, ph, pw, c)), t(filt.shape, data=filt),
+                      t((cout,), data=np.zeros(cout, np.float32)), t((n, oh, ow, cout))],
+                     [dict(op="PAD", inputs=[0, 1], outputs=[2]),
+                      dict(op=op, inputs=[2, 3, 4], outputs=[5], options=(kind, opts))], [0], [5])
+    if not fusable:
+        assert fuse(original)[1].patterns["pad_conv"] == 0
+        return
+    fused, _ = _check_fused(original, device, rng, {"pad_conv": 1})
+    m = Model(fused)
+    assert m.op_names(0) == [op] and m.op_attrs(0, 0)["padding"] == "SAME"
+
+
+def test_squeeze_excite_pattern(device, rng):
+    def build_se(x):
+        s = keras.layers.GlobalAveragePooling2D(keepdims=True)(x)
+        s = keras.layers.Conv2D(3, 1, activation="relu")(s)
+        s = keras.layers.Conv2D(10, 1, activation="sigmoid")(s)
+        return keras.layers.Multiply()([x, s])
+
+    fused, _ = _check_fused(_stock(build_se, (9, 7, 10), batch=2), device, rng, {"squeeze_excite": 1})
+    assert [n for n in Model(fused).op_names(0) if n != "DEQUANTIZE"] == ["fused_squeeze_excite"]

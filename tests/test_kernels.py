@@ -341,7 +341,17 @@ UNARY = {
     "TANH": (tf.math.tanh, TRANSCENDENTAL),
     "HARD_SWISH": (lambda x: x * tf.nn.relu6(x + 3.0) / 6.0, ELEMENTWISE),
     "LEAKY_RELU": (lambda x: tf.nn.leaky_relu(x, 0.3), ELEMENTWISE),
+    "ELU": (tf.nn.elu, TRANSCENDENTAL),
+    # erf through a fit with relative error <= 1.2e-7 plus exp's few ULP: within TRANSCENDENTAL's 1e-5
+    "GELU": (lambda x: tf.nn.gelu(x, approximate=False), TRANSCENDENTAL),
 }
+
+
+def test_gelu_tanh_approximation(device, rng):
+    # The tanh form (GeluOptions.approximate): 1e-6 absolute; below x = -2 both lose relative accuracy to
+    # float32 cancellation in 1 + tanh(.), so only the absolute bound is meaningful there.
+    check_op(lambda x: tf.nn.gelu(x, approximate=True), [(3, 77)], device=device, rng=rng, expect_ops=["GELU"],
+             make_input=_activation_input, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (1001,)], ids=["rank4", "odd_1d"])

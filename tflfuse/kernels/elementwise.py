@@ -13,7 +13,7 @@ from .base import Kernel, TensorSpec, Uniform
 from .registry import register
 from .wgsl import ACTIVATIONS, activation_fn, elementwise_program
 
-__all__ = ["Binary", "LeakyRelu", "Prelu", "Unary", "broadcast_index"]
+__all__ = ["Binary", "Gelu", "LeakyRelu", "Prelu", "Unary", "broadcast_index"]
 
 
 def broadcast_index(out_shape: tuple[int, ...], in_shape: tuple[int, ...], name: str) -> str:
@@ -74,7 +74,7 @@ class Binary(Kernel):
 
 _UNARY = {
     "RELU": "relu", "RELU6": "relu6", "RELU_N1_TO_1": "relu_n1_to_1", "RELU_0_TO_1": "relu_0_to_1",
-    "LOGISTIC": "logistic", "TANH": "tanh", "HARD_SWISH": "hard_swish",
+    "LOGISTIC": "logistic", "TANH": "tanh", "HARD_SWISH": "hard_swish", "ELU": "elu",   # TFLite's ELU: alpha 1
 }
 
 
@@ -94,6 +94,19 @@ class Unary(Kernel):
         assert _UNARY[self.key] in ACTIVATIONS
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), self.inputs[0].size,
                                     "  y[idx] = act(x[idx]);", activation_fn(_UNARY[self.key]))]
+
+
+@register("GELU")
+class Gelu(Unary):
+    """GELU: ``0.5 x (1 + erf(x / sqrt(2)))``, or with ``approximate`` the tanh form (TFLite's GELU, as
+    ``tf.nn.gelu``). WGSL has no erf: see :data:`tflfuse.kernels.wgsl.ACTIVATIONS` for the fit's accuracy."""
+
+    attr_defaults = {"approximate": False}
+
+    def programs(self):
+        act = "gelu_tanh" if self.attr("approximate") else "gelu"
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), self.inputs[0].size,
+                                    "  y[idx] = act(x[idx]);", activation_fn(act))]
 
 
 @register("LEAKY_RELU")

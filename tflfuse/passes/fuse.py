@@ -132,8 +132,342 @@ def _bottleneck(g: Graph, oi: int):
     return chain, [x] + weights, out, "fused_bottleneck", attrs
 
 
+#: Activation ops after a conv, as the fused conv ops name them (LiteRT's semantics: HARD_SWISH is
+#: x * relu6(x + 3) / 6, LEAKY_RELU's ``alpha``, PRELU's constant slopes, ELU with alpha 1).
+_ACT_OPS = {"RELU": "relu", "RELU6": "relu6", "LOGISTIC": "sigmoid", "TANH": "tanh", "HARD_SWISH": "hard_swish",
+            "LEAKY_RELU": "leaky_relu", "PRELU": "prelu", "ELU": "elu"}
+
+
+def _epilogue(g: Graph, last: int, out: int, chain: list[int]) -> dict | None:
+    """After a conv whose own fused activation is NONE: an optional ADD of a runtime residual (its fused
+    activation, or an activation op after it) or an activation op alone. Extends ``chain``; returns the
+    fused op's epilogue (inputs and attributes) or None when nothing follows."""
+    found: dict = {"residual": None, "activation": "linear", "alpha": None, "prelu": None}
+    nxt = g.sole_reader(out)
+    if nxt is not None and g.op_name(nxt) == "ADD":
+        a, ins = g.attrs(nxt), g.inputs(nxt)
+        other = [t for t in ins if t != out]
+        act = a.get("fused_activation_function", "NONE")
+        if len(ins) == 2 and len(other) == 1 and g.is_runtime(other[0]) and act in ("NONE", "RELU", "RELU6") and \
+                g.shapes.get(other[0]) == g.shapes.get(out):
+            chain.append(nxt)
+            found["residual"], out = other[0], g.outputs_of(nxt)[0]
+            if act != "NONE":
+                found["activation"] = _ACT_OPS[act]
+                found["out"] = out
+                return found
+            nxt = g.sole_reader(out)
+    if nxt is not None and g.op_name(nxt) in _ACT_OPS:
+        name, ins = g.op_name(nxt), g.inputs(nxt)
+        ok = True
+        if name == "PRELU":
+            slopes = g.const(ins[1])
+            ok = slopes is not None and slopes.ndim <= 3 and slopes.shape[-1:] in ((1,), g.shapes[out][-1:])
+            found["prelu"] = slopes
+        elif name == "LEAKY_RELU":
+            found["alpha"] = float(g.attrs(nxt).get("alpha", 0.2))
+        elif name == "ELU":
+            found["alpha"] = 1.0
+        if ok:
+            chain.append(nxt)
+            found["activation"], out = _ACT_OPS[name], g.outputs_of(nxt)[0]
+    if len(chain) == 1:
+        return None
+    found["out"] = out
+    return found
+
+
+def _conv_geometry(a: dict) -> dict:
+    return {"strides": [int(a.get("stride_h", 1)), int(a.get("stride_w", 1))],
+            "dilations": [int(a.get("dilation_h_factor", 1)), int(a.get("dilation_w_factor", 1))],
+            "padding": str(a.get("padding", "VALID"))}
+
+
+def _fused_conv_op(g: Graph, chain: list[int], x: int, weights: list, bias, geometry: dict, op_name: str):
+    tail = _epilogue(g, chain[-1], g.outputs_of(chain[-1])[0], chain)
+    if tail is None or not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])):
+        return None
+    inputs = [x, *weights, bias]
+    if tail["residual"] is not None:
+        inputs.append(tail["residual"])
+    if tail["prelu"] is not None:
+        inputs.append(tail["prelu"])
+    attrs = {**geometry, "activation": tail["activation"], "has_bias": True,
+             "has_residual": tail["residual"] is not None, "has_prelu": tail["prelu"] is not None}
+    if tail["alpha"] is not None:
+        attrs["alpha"] = tail["alpha"]
+    return chain, inputs, tail["out"], op_name, attrs
+
+
+def _bias(g: Graph, ins: list[int], channels: int) -> np.ndarray | None:
+    if len(ins) > 2 and ins[2] >= 0:
+        return g.const(ins[2])
+    return np.zeros(channels, np.float32)
+
+
+def _conv_act(g: Graph, oi: int):
+    """CONV_2D / DEPTHWISE_CONV_2D (no fused activation) -> [ADD residual] -> [activation op]."""
+    name = g.op_name(oi)
+    if name not in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        return None
+    a, ins = g.attrs(oi), g.inputs(oi)
+    w = g.const(ins[1])
+    if a.get("fused_activation_function", "NONE") != "NONE" or w is None or w.ndim != 4 or \
+            not g.is_runtime(ins[0]):
+        return None
+    cin = g.shapes[ins[0]][-1]
+    if name == "CONV_2D":
+        if w.shape[3] != cin:  # grouped convolution
+            return None
+        weights, op_name, cout = [w.transpose(1, 2, 3, 0)], "fused_conv2d", w.shape[0]
+    else:
+        if w.shape[0] != 1 or w.shape[3] % cin:
+            return None
+        weights, op_name, cout = [w[0].reshape(w.shape[1], w.shape[2], cin, w.shape[3] // cin)], \
+            "fused_depthwise_conv2d", w.shape[3]
+    bias = _bias(g, ins, cout)
+    if bias is None:
+        return None
+    return _fused_conv_op(g, [oi], ins[0], weights, bias, _conv_geometry(a), op_name)
+
+
+def _separable(g: Graph, oi: int):
+    """DEPTHWISE_CONV_2D (no bias or a zero one, no activation) -> CONV_2D 1x1 (no activation) -> [ADD
+    residual] -> [activation op]: ``fused_separable_conv2d``."""
+    if g.op_name(oi) != "DEPTHWISE_CONV_2D":
+        return None
+    a, ins = g.attrs(oi), g.inputs(oi)
+    k = g.const(ins[1])
+    if a.get("fused_activation_function", "NONE") != "NONE" or k is None or k.ndim != 4 or k.shape[0] != 1 or \
+            not g.is_runtime(ins[0]):
+        return None
+    cin = g.shapes[ins[0]][-1]
+    if k.shape[3] % cin:
+        return None
+    dw_b = _bias(g, ins, k.shape[3])
+    pw = g.sole_reader(g.outputs_of(oi)[0])
+    if dw_b is None or pw is None:
+        return None
+    proj = _conv_1x1(g, pw, {"NONE"})
+    if proj is None:
+        return None
+    # The depthwise bias passes through the pointwise conv: b_pw' = b_pw + b_dw @ W_pw.
+    bias = (proj["b"].astype(np.float64) + dw_b.astype(np.float64) @ proj["w"].astype(np.float64)).astype(np.float32)
+    dw_w = k[0].reshape(k.shape[1], k.shape[2], cin, k.shape[3] // cin)
+    found = _fused_conv_op(g, [oi, pw], ins[0], [dw_w, proj["w"][None, None]], bias, _conv_geometry(a),
+                           "fused_separable_conv2d")
+    if found is None:  # a depthwise + pointwise pair alone still saves a dispatch
+        if not g.private(g.outputs_of(oi)[0], pw):
+            return None
+        found = ([oi, pw], [ins[0], dw_w, proj["w"][None, None], bias], proj["out"], "fused_separable_conv2d",
+                 {**_conv_geometry(a), "activation": "linear", "has_bias": True, "has_residual": False,
+                  "has_prelu": False})
+    return found
+
+
+def _scalar(g: Graph, t: int) -> float | None:
+    """The value of a constant holding one number (any shape of size 1), else None."""
+    v = g.const(t)
+    return float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
+
+
+def _other(g: Graph, oi: int, t: int) -> int | None:
+    """The input of binary op ``oi`` that is not ``t``."""
+    ins = g.inputs(oi)
+    if len(ins) != 2 or t not in ins or ins[0] == ins[1]:
+        return None
+    return ins[1] if ins[0] == t else ins[0]
+
+
+def _hard_swish(g: Graph, oi: int):
+    """x * relu6(x + 3) / 6 spelled out: ADD(x, 3) with RELU6 (fused, or a RELU6 op) then, in either order,
+    MUL by x and MUL by 1/6 (or DIV by 6): the builtin HARD_SWISH."""
+    if g.op_name(oi) != "ADD" or g.attrs(oi).get("fused_activation_function", "NONE") not in ("NONE", "RELU6"):
+        return None
+    ins = g.inputs(oi)
+    x = next((t for t in ins if g.is_runtime(t)), None)
+    if x is None or _scalar(g, _other(g, oi, x) or -1) != 3.0:
+        return None
+    chain, t = [oi], g.outputs_of(oi)[0]
+    if g.attrs(oi).get("fused_activation_function", "NONE") == "NONE":
+        nxt = g.sole_reader(t)
+        if nxt is None or g.op_name(nxt) != "RELU6":
+            return None
+        chain.append(nxt)
+        t = g.outputs_of(nxt)[0]
+    seen_x = seen_scale = False
+    for _ in range(2):
+        nxt = g.sole_reader(t)
+        if nxt is None or g.attrs(nxt).get("fused_activation_function", "NONE") != "NONE":
+            return None
+        other, name = _other(g, nxt, t), g.op_name(nxt)
+        if name == "MUL" and other == x and not seen_x:
+            seen_x = True
+        elif not seen_scale and other is not None and (
+                (name == "MUL" and np.isclose(_scalar(g, other) or 0.0, 1 / 6, rtol=1e-6, atol=0)) or
+                (name == "DIV" and g.inputs(nxt)[0] == t and _scalar(g, other) == 6.0)):
+            seen_scale = True
+        else:
+            return None
+        chain.append(nxt)
+        t = g.outputs_of(nxt)[0]
+    if not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])):
+        return None
+    return chain, [x], t, "HARD_SWISH", None
+
+
+_CLIP_BUILTINS = {(0.0, 6.0): "RELU6", (-1.0, 1.0): "RELU_N1_TO_1", (0.0, 1.0): "RELU_0_TO_1"}
+
+
+def _clip(g: Graph, oi: int):
+    """MINIMUM(x, hi) then MAXIMUM(., lo) (or MAXIMUM then MINIMUM) with scalar constants, lo <= hi: a
+    RELU6 / RELU_N1_TO_1 / RELU_0_TO_1 where the bounds match one, else ``fused_clip``."""
+    first = g.op_name(oi)
+    if first not in ("MINIMUM", "MAXIMUM"):
+        return None
+    x = next((t for t in g.inputs(oi) if g.is_runtime(t)), None)
+    c1 = _scalar(g, _other(g, oi, x) or -1) if x is not None else None
+    nxt = g.sole_reader(g.outputs_of(oi)[0])
+    if c1 is None or nxt is None or g.op_name(nxt) != ({"MINIMUM": "MAXIMUM", "MAXIMUM": "MINIMUM"}[first]):
+        return None
+    c2 = _scalar(g, _other(g, nxt, g.outputs_of(oi)[0]) or -1)
+    if c2 is None:
+        return None
+    lo, hi = (c2, c1) if first == "MINIMUM" else (c1, c2)
+    if lo > hi or g.shapes.get(x) != g.shapes.get(g.outputs_of(nxt)[0]):
+        return None
+    out = g.outputs_of(nxt)[0]
+    builtin = _CLIP_BUILTINS.get((lo, hi))
+    if builtin:
+        return [oi, nxt], [x], out, builtin, None
+    return [oi, nxt], [x], out, "fused_clip", {"clip_min": lo, "clip_max": hi}
+
+
+_POOL_ACTS = {"LOGISTIC": "sigmoid", "TANH": "tanh", "HARD_SWISH": "hard_swish"}
+_POOL_FOLDS = {"RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
+
+
+def _pool_act(g: Graph, oi: int):
+    """MAX_POOL_2D / AVERAGE_POOL_2D (no fused activation) then an activation op: RELU, RELU6 and
+    RELU_N1_TO_1 fold into the pool's own fused activation (a builtin still); LOGISTIC, TANH and
+    HARD_SWISH make ``fused_pool2d``."""
+    name = g.op_name(oi)
+    if name not in ("MAX_POOL_2D", "AVERAGE_POOL_2D"):
+        return None
+    a = g.attrs(oi)
+    nxt = g.sole_reader(g.outputs_of(oi)[0])
+    if a.get("fused_activation_function", "NONE") != "NONE" or nxt is None or \
+            g.op_name(nxt) not in {**_POOL_ACTS, **_POOL_FOLDS}:
+        return None
+    x, out, act = g.inputs(oi)[0], g.outputs_of(nxt)[0], g.op_name(nxt)
+    if act in _POOL_FOLDS:
+        options = {"padding": 0 if a.get("padding") == "SAME" else 1, "strideH": int(a.get("stride_h", 1)),
+                   "strideW": int(a.get("stride_w", 1)), "filterHeight": int(a["filter_height"]),
+                   "filterWidth": int(a["filter_width"]), "fusedActivationFunction": _POOL_FOLDS[act]}
+        return [oi, nxt], [x], out, name, ("Pool2DOptions", options)
+    return [oi, nxt], [x], out, "fused_pool2d", {
+        "pooling": "max" if name == "MAX_POOL_2D" else "avg",
+        "pool_size": [int(a["filter_height"]), int(a["filter_width"])],
+        "strides": [int(a.get("stride_h", 1)), int(a.get("stride_w", 1))],
+        "padding": str(a.get("padding", "VALID")).lower(), "activation": _POOL_ACTS[act]}
+
+
+def _pad_conv(g: Graph, oi: int):
+    """PAD (zeros, H and W only) then a VALID CONV_2D / DEPTHWISE_CONV_2D whose padding is exactly what SAME
+    would add (TensorFlow's split: the odd pixel at the bottom/right): the conv with SAME padding."""
+    if g.op_name(oi) not in ("PAD", "PADV2"):
+        return None
+    ins = g.inputs(oi)
+    pads = g.const(ins[1]) if len(ins) > 1 else None
+    if g.op_name(oi) == "PADV2" and (len(ins) < 3 or _scalar(g, ins[2]) != 0.0):
+        return None
+    conv = g.sole_reader(g.outputs_of(oi)[0])
+    if pads is None or pads.shape != (4, 2) or pads[0].any() or pads[3].any() or conv is None or \
+            g.op_name(conv) not in ("CONV_2D", "DEPTHWISE_CONV_2D") or g.inputs(conv)[0] != g.outputs_of(oi)[0]:
+        return None
+    a = g.attrs(conv)
+    w = g.const(g.inputs(conv)[1])
+    if a.get("padding") != "VALID" or w is None or w.ndim != 4:
+        return None
+    _, h, wd, _ = g.shapes[ins[0]]
+    for axis, size, k, s, d in ((1, h, w.shape[1], a.get("stride_h", 1), a.get("dilation_h_factor", 1)),
+                                (2, wd, w.shape[2], a.get("stride_w", 1), a.get("dilation_w_factor", 1))):
+        out = -(-size // s)
+        total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
+        if list(pads[axis]) != [total // 2, total - total // 2]:
+            return None
+    name = g.op_name(conv)
+    kind = "Conv2DOptions" if name == "CONV_2D" else "DepthwiseConv2DOptions"
+    options = {"padding": 0, "strideH": int(a.get("stride_h", 1)), "strideW": int(a.get("stride_w", 1)),
+               "dilationHFactor": int(a.get("dilation_h_factor", 1)),
+               "dilationWFactor": int(a.get("dilation_w_factor", 1)),
+               "fusedActivationFunction": _FOLD_CODES[a.get("fused_activation_function", "NONE")]}
+    if name == "DEPTHWISE_CONV_2D":
+        options["depthMultiplier"] = int(a.get("depth_multiplier", 1))
+    return [oi, conv], [ins[0], *g.inputs(conv)[1:]], g.outputs_of(conv)[0], name, (kind, options)
+
+
+_FOLD_CODES = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3, "TANH": 4, "SIGN_BIT": 5}
+
+
+def _squeeze_excite(g: Graph, oi: int):
+    """Global AVERAGE_POOL_2D (or MEAN over H, W with keep_dims) of x -> CONV_2D 1x1 + RELU (fused or an
+    op) -> CONV_2D 1x1 -> LOGISTIC -> MUL with x: ``fused_squeeze_excite`` (gate sigmoid)."""
+    name = g.op_name(oi)
+    x = g.inputs(oi)[0] if g.inputs(oi) else -1
+    if not g.is_runtime(x) or len(g.shapes.get(x, ())) != 4:
+        return None
+    n, h, w, c = g.shapes[x]
+    if name == "AVERAGE_POOL_2D":
+        a = g.attrs(oi)
+        if (a.get("filter_height"), a.get("filter_width")) != (h, w) or a.get("padding") != "VALID" or \
+                a.get("fused_activation_function", "NONE") != "NONE":
+            return None
+    elif name == "MEAN":
+        if not g.attrs(oi).get("keep_dims") or sorted(int(v) % 4 for v in np.ravel(g.const(g.inputs(oi)[1]))) != [1, 2]:
+            return None
+    else:
+        return None
+    chain = [oi]
+    c1 = g.sole_reader(g.outputs_of(oi)[0])
+    first = _conv_1x1(g, c1, {"RELU", "NONE"}) if c1 is not None else None
+    if first is None:
+        return None
+    chain.append(c1)
+    t = first["out"]
+    if first["act"] == "NONE":
+        r = g.sole_reader(t)
+        if r is None or g.op_name(r) != "RELU":
+            return None
+        chain.append(r)
+        t = g.outputs_of(r)[0]
+    c2 = g.sole_reader(t)
+    second = _conv_1x1(g, c2, {"NONE"}) if c2 is not None else None
+    if second is None:
+        return None
+    chain.append(c2)
+    sig = g.sole_reader(second["out"])
+    if sig is None or g.op_name(sig) != "LOGISTIC":
+        return None
+    chain.append(sig)
+    mul = g.sole_reader(g.outputs_of(sig)[0])
+    if mul is None or g.op_name(mul) != "MUL" or _other(g, mul, g.outputs_of(sig)[0]) != x or \
+            g.attrs(mul).get("fused_activation_function", "NONE") != "NONE":
+        return None
+    chain.append(mul)
+    if not all(g.private(g.outputs_of(a)[0], b) for a, b in zip(chain, chain[1:])):
+        return None
+    return chain, [x, first["w"], first["b"], second["w"], second["b"]], g.outputs_of(mul)[0], \
+        "fused_squeeze_excite", {"activation": "relu", "gate": "sigmoid"}
+
+
 #: name -> matcher(graph, op index) -> (ops, inputs (tensor index or constant array), output, op name, attrs)
-PATTERNS: dict[str, Callable] = {"bottleneck": _bottleneck}
+#: where ``attrs`` is a fused op's attributes (a dict), or ``(options table, fields)`` for a builtin, or None.
+PATTERNS: dict[str, Callable] = {
+    "bottleneck": _bottleneck, "squeeze_excite": _squeeze_excite, "pad_conv": _pad_conv,
+    "separable_conv": _separable, "conv_activation": _conv_act, "hard_swish": _hard_swish, "clip": _clip,
+    "pool_activation": _pool_act,
+}
 
 
 def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gpu") -> tuple[bytes, FuseReport]:
@@ -178,7 +512,11 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
                         t, dequantize = g.add_weight(t, f"{g.model.tensor_name(sg, out)}/{op_name}_w{i}")
                         new_ops += dequantize
                     tensors.append(int(t))
-                g.replace(chain, [*new_ops, g.custom_op(op_name, tensors, [out], attrs)])
+                if op_name.isupper():   # a builtin (HARD_SWISH, RELU6, a conv with its padding folded in)
+                    op = g.builtin_op(op_name, tensors, [out], attrs)
+                else:
+                    op = g.custom_op(op_name, tensors, [out], attrs)
+                g.replace(chain, [*new_ops, op])
                 counts[name] += 1
                 break
         g.commit()

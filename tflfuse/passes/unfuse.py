@@ -126,6 +126,230 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
     return b.ops
 
 
+#: fused-op activation -> (builtin activation op, its options) for the activations no conv option holds.
+_ACT_OPS = {"sigmoid": ("LOGISTIC", None), "tanh": ("TANH", None), "hard_swish": ("HARD_SWISH", None),
+            "elu": ("ELU", None), "gelu": ("GELU", ("GeluOptions", {"approximate": False})),
+            "gelu_tanh": ("GELU", ("GeluOptions", {"approximate": True}))}
+
+
+def _epilogue(b: Builder, g: Graph, attrs: dict, y_shape, extra: list[int], out: int, conv) -> None:
+    """Emits ``conv(fused_activation)`` then the residual ADD and the activation of a fused conv op, in the
+    order the fused op applies them (bias, residual, activation), writing ``out``."""
+    act = str(attrs.get("activation", "linear")).lower()
+    residual = extra.pop(0) if attrs.get("has_residual") else None
+    slopes = extra.pop(0) if attrs.get("has_prelu") else None
+    foldable = act in ("linear", "relu", "relu6")
+    code = _ACT_CODES[{"linear": "NONE", "relu": "RELU", "relu6": "RELU6"}.get(act, "NONE")]
+    if residual is None and foldable:
+        conv(code, out)
+        return
+    y = conv(0, None)
+    if residual is not None:
+        last = foldable
+        y = b.op("ADD", [y, residual], y_shape, ("AddOptions", {"fusedActivationFunction": code if last else 0}),
+                 out=out if last else None)
+        if last:
+            return
+    if act == "prelu":
+        b.op("PRELU", [y, slopes], out=out)
+    elif act == "leaky_relu":
+        alpha = attrs.get("alpha")
+        b.op("LEAKY_RELU", [y], options=("LeakyReluOptions", {"alpha": 0.2 if alpha is None else float(alpha)}),
+             out=out)
+    elif act == "elu" and attrs.get("alpha") not in (None, 1.0):
+        raise ValueError(f"elu with alpha {attrs.get('alpha')} has no TFLite builtin (ELU's alpha is 1)")
+    else:
+        name, options = _ACT_OPS[act]
+        b.op(name, [y], options=options, out=out)
+
+
+def _geometry_options(kind: str, attrs: dict, code: int, **more) -> tuple[str, dict]:
+    (sh, sw), (dh, dw) = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    padding = 0 if str(attrs.get("padding", "VALID")).upper() == "SAME" else 1
+    return kind, {"padding": padding, "strideH": int(sh), "strideW": int(sw), "dilationHFactor": int(dh),
+                  "dilationWFactor": int(dw), "fusedActivationFunction": code, **more}
+
+
+def _weights(g: Graph, oi: int, ins: list[int], count: int) -> list[np.ndarray]:
+    vals = [g.const(t) for t in ins[1:1 + count]]
+    if any(v is None for v in vals):
+        raise ValueError(f"{g.op_name(oi)} (operator {oi}): weights must be constants to unfuse")
+    return vals
+
+
+@expansion("fused_conv2d")
+def _conv2d(g: Graph, oi: int, attrs: dict) -> list:
+    ins, (out,) = g.inputs(oi), g.outputs_of(oi)
+    b = Builder(g, oi)
+    (w,) = _weights(g, oi, ins, 1)
+    extra = ins[2:]
+    bias = extra.pop(0) if attrs.get("has_bias", True) else -1
+    shape = g.shapes[out]
+    filt = b.weight(w.transpose(3, 0, 1, 2))   # HWIO -> OHWI
+    _epilogue(b, g, attrs, shape, extra, out, lambda code, o: b.op(
+        "CONV_2D", [ins[0], filt, bias], shape, _geometry_options("Conv2DOptions", attrs, code), out=o))
+    return b.ops
+
+
+@expansion("fused_depthwise_conv2d")
+def _depthwise(g: Graph, oi: int, attrs: dict) -> list:
+    ins, (out,) = g.inputs(oi), g.outputs_of(oi)
+    b = Builder(g, oi)
+    (w,) = _weights(g, oi, ins, 1)
+    extra = ins[2:]
+    bias = extra.pop(0) if attrs.get("has_bias", True) else -1
+    shape = g.shapes[out]
+    kh, kw, cin, m = w.shape
+    filt = b.weight(w.reshape(1, kh, kw, cin * m))
+    _epilogue(b, g, attrs, shape, extra, out, lambda code, o: b.op(
+        "DEPTHWISE_CONV_2D", [ins[0], filt, bias], shape,
+        _geometry_options("DepthwiseConv2DOptions", attrs, code, depthMultiplier=int(m)), out=o))
+    return b.ops
+
+
+@expansion("fused_separable_conv2d")
+def _separable(g: Graph, oi: int, attrs: dict) -> list:
+    ins, (out,) = g.inputs(oi), g.outputs_of(oi)
+    b = Builder(g, oi)
+    dw, pw = _weights(g, oi, ins, 2)
+    extra = ins[3:]
+    bias = extra.pop(0) if attrs.get("has_bias", True) else -1
+    shape = g.shapes[out]
+    kh, kw, cin, m = dw.shape
+    pw = pw.reshape(cin * m, -1)
+    zero = b.weight(np.zeros(cin * m, np.float32))   # LiteRT's DEPTHWISE_CONV_2D needs a bias tensor
+    d = b.op("DEPTHWISE_CONV_2D", [ins[0], b.weight(dw.reshape(1, kh, kw, cin * m)), zero],
+             (*shape[:3], cin * m), _geometry_options("DepthwiseConv2DOptions", attrs, 0, depthMultiplier=int(m)))
+    filt = b.weight(pw.T[:, None, None, :])
+    _epilogue(b, g, attrs, shape, extra, out, lambda code, o: b.op(
+        "CONV_2D", [d, filt, bias], shape, ("Conv2DOptions", {"padding": 1, "strideH": 1, "strideW": 1,
+                                                             "fusedActivationFunction": code}), out=o))
+    return b.ops
+
+
+def _act_after(b: Builder, x: int, shape, activation: str, out=None) -> int:
+    """``activation`` as its own op after ``x`` (a copy through RESHAPE for linear where ``out`` is fixed)."""
+    act = activation.lower()
+    if act in ("linear", "none"):
+        if out is None:
+            return x
+        return b.op("RESHAPE", [x, b.weight_i32(list(shape))], shape, ("ReshapeOptions", {"newShape": list(shape)}),
+                    out=out)
+    name = {"relu": "RELU", "relu6": "RELU6", "relu_n1_to_1": "RELU_N1_TO_1", "relu_0_to_1": "RELU_0_TO_1",
+            "sigmoid": "LOGISTIC", "logistic": "LOGISTIC", "tanh": "TANH", "hard_swish": "HARD_SWISH",
+            "elu": "ELU"}.get(act)
+    if name is None:
+        if act in _ACT_OPS:
+            name, options = _ACT_OPS[act]
+            return b.op(name, [x], shape, options, out=out)
+        raise ValueError(f"activation {activation!r} has no TFLite builtin to unfuse into")
+    return b.op(name, [x], shape, out=out)
+
+
+@expansion("fused_hard_swish")
+def _hard_swish(g: Graph, oi: int, attrs: dict) -> list:
+    b = Builder(g, oi)
+    b.op("HARD_SWISH", [g.inputs(oi)[0]], out=g.outputs_of(oi)[0])
+    return b.ops
+
+
+@expansion("fused_clip")
+def _clip(g: Graph, oi: int, attrs: dict) -> list:
+    """MINIMUM then MAXIMUM with scalar constants (tf.clip_by_value's own ops; NaN passes both, as in TF)."""
+    b, (out,) = Builder(g, oi), g.outputs_of(oi)
+    shape = g.shapes[out]
+    lo, hi = float(attrs.get("clip_min", 0.0)), float(attrs.get("clip_max", 6.0))
+    y = b.op("MINIMUM", [g.inputs(oi)[0], b.weight(np.float32([hi]))], shape)
+    b.op("MAXIMUM", [y, b.weight(np.float32([lo]))], shape, out=out)
+    return b.ops
+
+
+@expansion("fused_pool2d")
+def _pool(g: Graph, oi: int, attrs: dict) -> list:
+    b, (out,) = Builder(g, oi), g.outputs_of(oi)
+    shape = g.shapes[out]
+    act = str(attrs.get("activation", "linear")).lower()
+    fold = {"linear": 0, "relu": 1, "relu_n1_to_1": 2, "relu6": 3}.get(act)
+    (fh, fw), (sh, sw) = attrs.get("pool_size", [2, 2]), attrs.get("strides", [2, 2])
+    options = ("Pool2DOptions", {"padding": 0 if str(attrs.get("padding", "valid")).upper() == "SAME" else 1,
+                                 "strideH": int(sh), "strideW": int(sw), "filterHeight": int(fh),
+                                 "filterWidth": int(fw), "fusedActivationFunction": fold or 0})
+    name = "MAX_POOL_2D" if attrs.get("pooling", "max") == "max" else "AVERAGE_POOL_2D"
+    y = b.op(name, [g.inputs(oi)[0]], shape, options, out=out if fold is not None else None)
+    if fold is None:
+        _act_after(b, y, shape, act, out=out)
+    return b.ops
+
+
+@expansion("fused_global_pool2d")
+def _global_pool(g: Graph, oi: int, attrs: dict) -> list:
+    b, (out,) = Builder(g, oi), g.outputs_of(oi)
+    shape = g.shapes[out]
+    name = "MEAN" if attrs.get("pooling", "avg") == "avg" else "REDUCE_MAX"
+    act = str(attrs.get("activation", "linear"))
+    linear = act.lower() in ("linear", "none")
+    y = b.op(name, [g.inputs(oi)[0], b.weight_i32([1, 2])], shape,
+             ("ReducerOptions", {"keepDims": bool(attrs.get("keepdims", False))}), out=out if linear else None)
+    if not linear:
+        _act_after(b, y, shape, act, out=out)
+    return b.ops
+
+
+@expansion("fused_squeeze_excite")
+def _squeeze_excite(g: Graph, oi: int, attrs: dict) -> list:
+    ins, (out,) = g.inputs(oi), g.outputs_of(oi)
+    b = Builder(g, oi)
+    n, h, w, c = g.shapes[ins[0]]
+    w1, b1, w2, b2 = _weights(g, oi, ins, 4)
+    w1, w2 = w1.reshape(w1.shape[-2:]), w2.reshape(w2.shape[-2:])
+    s = b.op("MEAN", [ins[0], b.weight_i32([1, 2])], (n, 1, 1, c), ("ReducerOptions", {"keepDims": True}))
+    act = str(attrs.get("activation", "relu")).lower()
+    s = b.conv_1x1(s, w1, b1, (n, 1, 1, w1.shape[1]), act if act in _ACTS else "linear")
+    if act not in _ACTS:
+        s = _act_after(b, s, (n, 1, 1, w1.shape[1]), act)
+    gate = str(attrs.get("gate", "sigmoid")).lower()
+    if gate == "sigmoid":
+        s = b.conv_1x1(s, w2, b2, (n, 1, 1, c), "sigmoid")
+    elif gate == "hard_sigmoid":                      # relu6(v + 3) / 6
+        s = b.conv_1x1(s, w2, b2 + 3.0, (n, 1, 1, c), "relu6")
+        s = b.op("MUL", [s, b.weight(np.float32([1 / 6]))], (n, 1, 1, c), ("MulOptions", {"fusedActivationFunction": 0}))
+    elif gate == "hard_sigmoid_keras2":               # clip(0.2 v + 0.5, 0, 1)
+        s = b.conv_1x1(s, w2 * 0.2, b2 * 0.2 + 0.5, (n, 1, 1, c))
+        s = b.op("RELU_0_TO_1", [s], (n, 1, 1, c))
+    else:
+        raise ValueError(f"fused_squeeze_excite (operator {oi}): gate {gate!r} has no builtin expansion")
+    b.op("MUL", [ins[0], s], options=("MulOptions", {"fusedActivationFunction": 0}), out=out)
+    return b.ops
+
+
+@expansion("fused_matmul")
+def _matmul(g: Graph, oi: int, attrs: dict) -> list:
+    """BATCH_MATMUL (FULLY_CONNECTED for a constant [K, N] right operand without transposes) then the
+    epilogue (bias through ADD, residual, activation)."""
+    ins, (out,) = g.inputs(oi), g.outputs_of(oi)
+    b = Builder(g, oi)
+    shape = g.shapes[out]
+    extra = ins[2:]
+    bias = extra.pop(0) if attrs.get("has_bias", True) else -1
+    rhs = g.const(ins[1])
+    ta, tb = bool(attrs.get("transpose_a", False)), bool(attrs.get("transpose_b", False))
+
+    def matmul(code, o):
+        if rhs is not None and rhs.ndim == 2 and not ta:
+            weights = rhs if tb else rhs.T                 # FULLY_CONNECTED's filter is [N, K]
+            return b.op("FULLY_CONNECTED", [ins[0], b.weight(weights), bias], shape,
+                        ("FullyConnectedOptions", {"fusedActivationFunction": code, "keepNumDims": True}), out=o)
+        y = b.op("BATCH_MATMUL", [ins[0], ins[1]], shape if bias == -1 else None,
+                 ("BatchMatMulOptions", {"adjX": ta, "adjY": tb}), out=o if bias == -1 and code == 0 else None)
+        if bias == -1 and code == 0:
+            return y
+        args = [y, bias] if bias != -1 else [y, b.weight(np.zeros(shape[-1], np.float32))]
+        return b.op("ADD", args, shape, ("AddOptions", {"fusedActivationFunction": code}), out=o)
+
+    _epilogue(b, g, attrs, shape, list(extra), out, matmul)
+    return b.ops
+
+
 def unfuse(tflite: bytes) -> tuple[bytes, dict]:
     """Expands every tflfuse fused op of a .tflite into TFLite builtins.
 
