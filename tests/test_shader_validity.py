@@ -28,6 +28,17 @@ def _bottleneck(n, h, w, cin, t, cout):
 # Edge shapes beyond test_shader's one case per key: odd sizes, stride 2 with SAME, 1xN and Nx1 filters,
 # dilation, channel counts not divisible by 4, batch > 1, and a dispatch past 65,535 workgroups.
 EXTRA = [
+    ("fused_lstm", [(3, 7, 5), (5, 24), (6, 24), (24,), (3, 6), (3, 6)],
+     {"return_sequences": True, "return_state": True, "initial_state": True}),
+    ("fused_lstm", [(2, 7, 5), (5, 24), (6, 24), (24,)], {"go_backwards": True, "strategy": "stepwise"}),
+    ("fused_gru", [(3, 7, 5), (5, 18), (6, 18), (2, 18)], {"return_sequences": True}),
+    ("fused_gru", [(1, 7, 5), (5, 18), (6, 18), (18,), (1, 6)],
+     {"reset_after": False, "initial_state": True, "return_state": True, "return_sequences": True,
+      "strategy": "stepwise"}),
+    ("UNIDIRECTIONAL_SEQUENCE_LSTM", [(2, 7, 5)] + [(6, 5)] * 4 + [(6, 6)] * 4 + [None] * 3 + [(6,)] * 4 + [None] * 8,
+     {}),
+    ("ELU", [(3, 5)], {}),
+    ("GELU", [(3, 5)], {"approximate": False}),
     ("CONV_2D", [(2, 9, 11, 5), (7, 1, 3, 5), (7,)], {"padding": "SAME", "stride_h": 2, "stride_w": 2}),
     ("CONV_2D", [(1, 10, 9, 3), (4, 3, 1, 3), None], {"padding": "VALID", "dilation_h_factor": 2,
                                                       "fused_activation_function": "RELU"}),
