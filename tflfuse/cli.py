@@ -7,6 +7,8 @@
     tflfuse shader KEY --shapes="[[1,224,224,3],[32,3,3,3]]" [--attrs="stride_h=2,padding=SAME"] [--json]
     tflfuse shader --list [--json]
     tflfuse shader --model=MODEL.tflite --out=DIR [--target=gpu|cpu]
+    tflfuse fuse IN.tflite --output=OUT.tflite [--patterns=bottleneck,separable_conv,...] [--target=gpu|cpu]
+    tflfuse unfuse IN.tflite --output=OUT.tflite
     tflfuse adapters
     tflfuse check SOURCE [--expect=NAME=COUNT|NAME>=COUNT ...] [--expectations=FILE.toml] [--allow_op=OP ...]
         [--samples=3] [--seed=0] [--input=x.npy ...] [--atol=1e-4] [--rtol=1e-3] [--perf] [--perf_slack=0.1]
@@ -30,7 +32,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("output", None, "convert: the .tflite to write; run: an .npz for the outputs.")
+flags.DEFINE_string("output", None, "convert, fuse, unfuse: the .tflite to write; run: an .npz for the outputs.")
 flags.DEFINE_multi_string("input", [], "run: an .npy file per model input, in input order.")
 flags.DEFINE_string("adapter", None, "Substring of the WebGPU adapter's name to use (default: the best one).")
 flags.DEFINE_bool("annotations", True, "convert: keep tflfuse composite annotations (fuse them).")
@@ -43,7 +45,9 @@ flags.DEFINE_bool("json", False, "shader: print the whole ShaderInfo as JSON.")
 flags.DEFINE_bool("list", False, "shader: list every kernel key with its inputs and attributes.")
 flags.DEFINE_string("model", None, "shader: write every distinct shader of this .tflite (with --out).")
 flags.DEFINE_string("out", None, "shader --model: folder for the .wgsl files and manifest.json.")
-flags.DEFINE_enum("target", "gpu", ["gpu", "cpu"], "shader: schedules for a GPU or the software adapter.")
+flags.DEFINE_enum("target", "gpu", ["gpu", "cpu"],
+                  "shader, fuse: schedules (and dispatch counts) for a GPU or the software adapter.")
+flags.DEFINE_list("patterns", [], "fuse: the patterns to apply (default: all of tflfuse.passes.fuse.PATTERNS).")
 flags.DEFINE_integer("size", 224, "demo: MobileNetV2 input side in pixels.")
 flags.DEFINE_integer("repeats", 5, "demo, check --perf: timed invokes per model.")
 flags.DEFINE_multi_string("expect", [], "check: NAME=COUNT (exactly) or NAME>=COUNT (at least) fused ops.")
@@ -134,6 +138,43 @@ def cmd_convert(args):
         f.write(result.tflite)
     print(result.report)
     print(f"wrote {FLAGS.output} ({len(result.tflite)} bytes)")
+
+
+def _read_tflite(args, usage: str) -> bytes:
+    if len(args) != 1 or not FLAGS.output:
+        raise UsageError(usage)
+    with open(args[0], "rb") as f:
+        return f.read()
+
+
+def cmd_fuse(args):
+    from .passes.fuse import fuse
+
+    data = _read_tflite(args, "usage: tflfuse fuse IN.tflite --output=OUT.tflite [--patterns=a,b]")
+    try:
+        fused, report = fuse(data, patterns=FLAGS.patterns or None, target=FLAGS.target)
+    except ValueError as e:   # an unknown pattern name
+        if "pattern" in str(e):
+            raise UsageError(str(e)) from None
+        raise
+    with open(FLAGS.output, "wb") as f:
+        f.write(fused)
+    print(report)
+    print(f"wrote {FLAGS.output} ({len(fused)} bytes)")
+
+
+def cmd_unfuse(args):
+    from .passes.unfuse import unfuse
+
+    data = _read_tflite(args, "usage: tflfuse unfuse IN.tflite --output=OUT.tflite")
+    plain, counts = unfuse(data)
+    with open(FLAGS.output, "wb") as f:
+        f.write(plain)
+    for name, count in sorted(counts.items()):
+        print(f"{name}: {count} expanded into builtins")
+    if not counts:
+        print("no tflfuse fused op: the file is unchanged")
+    print(f"wrote {FLAGS.output} ({len(plain)} bytes)")
 
 
 def _load_model(path: str):
@@ -309,7 +350,7 @@ def cmd_check(args):
 
 
 _COMMANDS = {"demo": cmd_demo, "convert": cmd_convert, "run": cmd_run, "ops": cmd_ops, "check": cmd_check,
-             "shader": cmd_shader, "adapters": cmd_adapters}
+             "fuse": cmd_fuse, "unfuse": cmd_unfuse, "shader": cmd_shader, "adapters": cmd_adapters}
 
 
 def main(argv):

@@ -33,8 +33,8 @@ _ACT = {"NONE": "linear", "RELU": "relu", "RELU6": "relu6"}
 
 @dataclasses.dataclass(frozen=True)
 class FuseReport:
-    """What :func:`fuse` rewrote: per pattern the number of rewrites, and the subgraph's op and dispatch
-    counts before and after (dispatches as planned for ``target``)."""
+    """What :func:`fuse` rewrote: per pattern the number of rewrites, and the op counts (without the
+    DEQUANTIZE of weights, folded at load) and dispatch counts (as planned for ``target``) before and after."""
 
     patterns: dict
     ops_before: int
@@ -48,6 +48,12 @@ class FuseReport:
         lines.append(f"ops {self.ops_before} -> {self.ops_after}, dispatches {self.dispatches_before} -> "
                      f"{self.dispatches_after} (planned for target {self.target!r})")
         return "\n".join(lines)
+
+
+def _op_count(model: Model) -> int:
+    """Ops of every subgraph, less the DEQUANTIZE/DENSIFY of weights (folded at load, no dispatch)."""
+    return sum(1 for sg in range(len(model.m.subgraphs)) for n in model.op_names(sg)
+               if n not in ("DEQUANTIZE", "DENSIFY"))
 
 
 def dispatch_count(model: Model, subgraph: int = 0, target: str = "gpu") -> int:
@@ -493,7 +499,7 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
     if unknown:
         raise ValueError(f"unknown pattern(s) {unknown}; known: {list(PATTERNS)}")
     model = Model(tflite)
-    ops_before = sum(len(sg.operators or []) for sg in model.m.subgraphs)
+    ops_before = _op_count(model)
     before = sum(dispatch_count(model, sg, target) for sg in range(len(model.m.subgraphs)))
     counts: collections.Counter = collections.Counter()
     for sg in range(len(model.m.subgraphs)):
@@ -525,7 +531,7 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
     result = model.to_bytes() if counts else tflite
     fused = Model(result)
     report = FuseReport(patterns={n: counts.get(n, 0) for n in names}, ops_before=ops_before,
-                        ops_after=sum(len(sg.operators or []) for sg in fused.m.subgraphs),
+                        ops_after=_op_count(fused),
                         dispatches_before=before,
                         dispatches_after=sum(dispatch_count(fused, sg, target) for sg in range(len(fused.m.subgraphs))),
                         target=target)

@@ -16,19 +16,25 @@ Op inputs: ``x``, ``w1`` ([C, Cr], or a 1x1 conv kernel [1, 1, C, Cr]), ``b1 [Cr
   ``keras.activations.hard_sigmoid`` (``relu6(v + 3) / 6``) is the same function up to one rounding;
 * ``"hard_sigmoid_keras2"``: ``clip(0.2 v + 0.5, 0, 1)``, the hard sigmoid of Keras 2 / ``tf.keras.backend``.
 
-Dispatches: the mean as a two-pass parallel reduction (:func:`~tflfuse.kernels.fused.pool.reduce_hw_programs`),
-the two small fully-connected layers (one invocation per output, unrolled dot products), and the scaling (one
-invocation per element of ``y``), through scratch buffers.
+Dispatches: two where one workgroup per image holds the C + Cr channels in workgroup memory: the gate (the
+workgroup's invocations share the pixels of each block of channels, reduce them in workgroup memory, then run
+both fully-connected layers) and the scaling (one invocation per element of ``y``). Otherwise four or five: the
+mean as a two-pass parallel reduction (:func:`~tflfuse.kernels.fused.pool.reduce_hw_programs`), the two
+fully-connected layers (one invocation per output), and the scaling, through scratch buffers.
 """
 
 from __future__ import annotations
 
-from ..base import Kernel, TensorSpec
+from ..base import MAX_WORKGROUPS_PER_DIM, Kernel, Program, TensorSpec
 from ..registry import register
-from ..wgsl import ACTIVATIONS, activation_fn, dot, elementwise_program, fmt_f32
+from ..wgsl import ACTIVATIONS, activation_fn, dot, elementwise_program, fmt_f32, prelude
 from .pool import reduce_hw_chunks, reduce_hw_programs
 
 __all__ = ["FusedSqueezeExcite", "GATES"]
+
+_GATE_WG = 256          # invocations of the gate's workgroup (one workgroup per image)
+_WG_BYTES = 16384       # WebGPU's default maxComputeWorkgroupStorageSize
+_GATE_MAX_TRIPS = 16384  # loop iterations per invocation of the gate, well inside the software adapter's cap
 
 _NAN = "(bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u"
 #: gate name -> WGSL body of ``fn gate(v: f32) -> f32`` (NaN stays NaN, as in TensorFlow).
@@ -82,14 +88,87 @@ class FusedSqueezeExcite(Kernel):
         return (TensorSpec(self.input(0).shape),)
 
     def scratch_sizes(self):
-        """Bytes of: the mean ``[N, C]``, the hidden layer ``[N, Cr]``, the gate ``[N, C]`` and (where the
-        reduction takes two passes) its partial sums."""
+        """Bytes of the gate ``[N, C]`` (two dispatches); or, stepwise, of the mean ``[N, C]``, the hidden layer
+        ``[N, Cr]``, the gate ``[N, C]`` and (where the reduction takes two passes) its partial sums."""
         n, h, w, c = self.input(0).shape
+        if self._two_dispatches():
+            return (n * c * 4,)
         _, chunks = reduce_hw_chunks(h * w)
         sizes = (n * c * 4, n * self.cr * 4, n * c * 4)
         return sizes + ((n * chunks * c * 4,) if chunks > 1 else ())
 
     def programs(self):
+        return self._gate_and_scale() if self._two_dispatches() else self._stepwise()
+
+    def _two_dispatches(self) -> bool:
+        """Whether one workgroup per image holds the channels and loops within bounds."""
+        n, _, _, c = self.input(0).shape
+        return (c + self.cr + _GATE_WG) * 4 <= _WG_BYTES and n <= MAX_WORKGROUPS_PER_DIM and \
+            self._gate_trips() <= _GATE_MAX_TRIPS
+
+    def _gate_trips(self) -> int:
+        n, h, w, c = self.input(0).shape
+        cb = min(c, _GATE_WG)
+        lanes = _GATE_WG // cb
+        per = lambda k: -(-k // _GATE_WG)  # noqa: E731
+        return -(-c // cb) * (-(-h * w // lanes) + lanes) + per(self.cr) * (1 + c // 4) + per(c) * (1 + self.cr // 4)
+
+    def _gate_and_scale(self):
+        """Two dispatches: one workgroup per image computes the gate ``[N, C]`` (the mean over the pixels,
+        the two fully-connected layers in workgroup memory), then one invocation per element scales ``x``."""
+        n, h, w, c = self.input(0).shape
+        cr, pixels = self.cr, h * w
+        cb = min(c, _GATE_WG)           # channels per pass of the mean
+        lanes = _GATE_WG // cb          # invocations sharing one channel's pixels
+        x, w1, b1, w2, b2, y = self.io_bindings(["x", "w1", "b1", "w2", "b2", "y"])
+        g_w = self.binding("g", "scratch", 0, n * c * 4)
+        g_r = self.binding("g", "scratch", 0, n * c * 4, access="read")
+        source = prelude((x, w1, b1, w2, b2, g_w)) + activation_fn(self.activation) + \
+            f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n" + f"""
+var<workgroup> part: array<f32, {_GATE_WG}>;
+var<workgroup> pooled: array<f32, {c}>;
+var<workgroup> squeezed: array<f32, {cr}>;
+
+@compute @workgroup_size({_GATE_WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+  let n = wid.x;
+  let cl = lid % {cb}u;
+  let lane = lid / {cb}u;
+  for (var c0 = 0u; c0 < {c}u; c0 += {cb}u) {{
+    var v = 0.0;
+    if (c0 + cl < {c}u && lane < {lanes}u) {{
+      for (var p = lane; p < {pixels}u; p += {lanes}u) {{ v += x[(n * {pixels}u + p) * {c}u + c0 + cl]; }}
+    }}
+    part[lid] = v;
+    workgroupBarrier();
+    if (lane == 0u && c0 + cl < {c}u) {{
+      var t = 0.0;
+      for (var k = 0u; k < {lanes}u; k++) {{ t += part[k * {cb}u + cl]; }}
+      pooled[c0 + cl] = t / {fmt_f32(float(max(pixels, 1)))};
+    }}
+    workgroupBarrier();
+  }}
+  for (var j = lid; j < {cr}u; j += {_GATE_WG}u) {{
+    var v = b1[j];
+    {dot(c, "pooled[{k}]", f"w1[({{k}}) * {cr}u + j]")}
+    squeezed[j] = act(v);
+  }}
+  workgroupBarrier();
+  for (var ch = lid; ch < {c}u; ch += {_GATE_WG}u) {{
+    var v = b2[ch];
+    {dot(cr, "squeezed[{k}]", f"w2[({{k}}) * {c}u + ch]")}
+    g[n * {c}u + ch] = gate(v);
+  }}
+}}
+"""
+        gate = Program(f"{self.key}_gate", source, (_GATE_WG, 1, 1), (n, 1, 1), (x, w1, b1, w2, b2, g_w),
+                       loop_trips=self._gate_trips())
+        scale = f"  y[idx] = x[idx] * g[(idx / {pixels * c}u) * {c}u + idx % {c}u];"
+        return [gate, elementwise_program(f"{self.key}_scale", (x, g_r, y), n * pixels * c, scale)]
+
+    def _stepwise(self):
+        """Where one workgroup per image cannot hold the channels (or would loop too long): the mean as a
+        two-pass parallel reduction, each fully-connected layer, and the scaling, through scratch buffers."""
         n, h, w, c = self.input(0).shape
         cr = self.cr
         x, w1, b1, w2, b2, y = self.io_bindings(["x", "w1", "b1", "w2", "b2", "y"])
