@@ -31,6 +31,8 @@ flags.DEFINE_integer("repeats", 10, "Timed runs per schedule.")
 flags.DEFINE_list("tiles", ["1", "2", "4", "8"], "Tile sides to try.")
 flags.DEFINE_list("blocks", ["16", "32", "64", "128"], "Output blocks to try.")
 flags.DEFINE_list("chunks", ["8", "16", "32", "64"], "Expanded-channel chunks to try.")
+flags.DEFINE_string("model", None, "Sweep the fused_bottleneck ops of this .tflite (e.g. from tflfuse fuse) "
+                    "instead of MobileNetV2's blocks.")
 
 # MobileNetV2 (224x224, alpha 1): (input side, Cin, expansion, Cout, stride), one row per distinct shape.
 BLOCKS = [(112, 32, 1, 16, 1), (112, 16, 6, 24, 2), (56, 24, 6, 24, 1), (56, 24, 6, 32, 2), (28, 32, 6, 32, 1),
@@ -51,20 +53,42 @@ def _plan(device, ops, arrays, runtime):
     return plan
 
 
-def sweep_block(device, n, h, cin, t, cout, s, rng):
-    e = cin * t
+def model_blocks(path: str) -> list[tuple[int, int, int, int, int, int]]:
+    """(input side, Cin, Cexp, Cout, stride, has_expand) of each distinct fused_bottleneck (3x3, no
+    squeeze-excite) of a .tflite."""
+    from tflfuse.annotate import decode_attrs
+
+    m = tflfuse.Model.from_path(path)
+    found = []
+    for i, name in enumerate(m.op_names(0)):
+        if name != "fused_bottleneck":
+            continue
+        a = decode_attrs(m.op_attrs(0, i))
+        if a.get("squeeze_excite") or a.get("kernel_size", 3) != 3:
+            continue
+        ins = m.op_inputs(0, i)
+        _, h, w, cin = m.tensor_shape(0, ins[0])
+        pw = m.tensor_shape(0, ins[-2])
+        key = (h, cin, pw[0], pw[1], int(a["stride"]), len(ins) == 7)
+        if h == w and key not in found:
+            found.append(key)
+    return found
+
+
+def sweep_block(device, n, h, cin, e, cout, s, rng, expand=True):
+    t = max(2, e // cin) if expand else 1
     x = rng.standard_normal((n, h, h, cin)).astype(np.float32)
     w = {"ew": rng.standard_normal((cin, e)).astype(np.float32) / np.sqrt(cin), "eb": np.zeros(e, np.float32),
          "dw": rng.standard_normal((3, 3, e)).astype(np.float32) / 3, "db": np.zeros(e, np.float32),
          "pw": rng.standard_normal((e, cout)).astype(np.float32) / np.sqrt(e), "pb": np.zeros(cout, np.float32)}
-    keys = (["ew", "eb"] if t > 1 else []) + ["dw", "db", "pw", "pb"]
+    keys = (["ew", "eb"] if expand else []) + ["dw", "db", "pw", "pb"]
     # unfused reference: CONV_2D (OHWI), DEPTHWISE_CONV_2D, CONV_2D
     arrays = {0: x, 10: w["ew"].T.reshape(e, 1, 1, cin).copy(), 11: w["eb"], 12: w["dw"].reshape(1, 3, 3, e),
               13: w["db"], 14: w["pw"].T.reshape(cout, 1, 1, e).copy(), 15: w["pb"]}
     conv = kernel_class("CONV_2D")
     dwk = kernel_class("DEPTHWISE_CONV_2D")
     ops, cur, shape = [], 0, x.shape
-    if t > 1:
+    if expand:
         k1 = conv([TensorSpec(shape), TensorSpec(arrays[10].shape), TensorSpec((e,))],
                   {"padding": "SAME", "fused_activation_function": "RELU6"})
         ops.append(("CONV_2D", k1, [0, 10, 11], 1))
@@ -74,7 +98,7 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
     ops.append(("DEPTHWISE_CONV_2D", k2, [cur, 12, 13], 2))
     k3 = conv([k2.output_specs()[0], TensorSpec(arrays[14].shape), TensorSpec((cout,))], {"padding": "SAME"})
     ops.append(("CONV_2D", k3, [2, 14, 15], 3))
-    if t == 1:
+    if not expand:
         del arrays[10], arrays[11]
     plan = _plan(device, ops, arrays, 0)
     plan.run()
@@ -83,6 +107,9 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
     rows = []
     fused_in = [x] + [w[k] for k in keys]
     specs = [TensorSpec(a.shape) for a in fused_in]
+    staged = kernel_class("fused_bottleneck")(specs, {"expansion": t, "stride": s, "strategy": "staged"})
+    sp = _plan(device, [("fused_bottleneck", staged, list(range(len(fused_in))), 99)], dict(enumerate(fused_in)), 0)
+    staged_us = sum(r["us"] for r in profile_plan(sp, FLAGS.repeats))
     for tile, block, chunk in itertools.product(*(map(int, v) for v in (FLAGS.tiles, FLAGS.blocks, FLAGS.chunks))):
         attrs = {"expansion": t, "stride": s, "tile": tile, "out_block": block, "chunk": chunk}
         try:
@@ -99,8 +126,9 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
                      "workgroups": int(np.prod(k.programs()[0].dispatch)), "us": us, "max_abs_err": err})
     default = kernel_class("fused_bottleneck")(specs, {"expansion": t, "stride": s, "target": "gpu"})
     dp = _plan(device, [("fused_bottleneck", default, list(range(len(fused_in))), 99)], dict(enumerate(fused_in)), 0)
-    default_us = profile_plan(dp, FLAGS.repeats)[0]["us"]
-    return {"block": [n, h, cin, t, cout, s], "unfused_us": unfused_us, "default_us": default_us,
+    default_us = sum(r["us"] for r in profile_plan(dp, FLAGS.repeats))
+    return {"block": [n, h, cin, e, cout, s], "unfused_us": unfused_us, "default_us": default_us,
+            "staged_us": staged_us,
             "default": [default.tile, default.out_block, default._blocking()[1]], "schedules": rows}
 
 
@@ -110,12 +138,14 @@ def main(argv):
     rng = np.random.default_rng(0)
     results = []
     for n in map(int, FLAGS.batches):
-        for (h, cin, t, cout, s) in BLOCKS:
-            r = sweep_block(device, n, h, cin, t, cout, s, rng)
+        blocks = model_blocks(FLAGS.model) if FLAGS.model else [(h, c, c * t, o, s, t > 1) for h, c, t, o, s in BLOCKS]
+        for (h, cin, e, cout, s, expand) in blocks:
+            r = sweep_block(device, n, h, cin, e, cout, s, rng, expand)
             ok = [q for q in r["schedules"] if "us" in q]
             best = min(ok, key=lambda q: q["us"]) if ok else None
             bad = [q for q in ok if q["max_abs_err"] > 1e-3]
-            print(f"N{n} {h}x{h} {cin}->{cin * t}->{cout} s{s}: unfused {r['unfused_us']:.0f} us, default "
+            print(f"N{n} {h}x{h} {cin}->{e}->{cout} s{s}: unfused {r['unfused_us']:.0f} us, staged "
+                  f"{r['staged_us']:.0f} us, default "
                   f"{r['default']} {r['default_us']:.0f} us, best {best and (best['tile'], best['out_block'], best['chunk'])} "
                   f"{best and best['us']:.0f} us; {len(bad)} schedules off", flush=True)
             results.append(r)
