@@ -462,3 +462,34 @@ def test_transpose_conv_rejects_a_mismatched_output_shape():
                            {"output_shape": [1, 10, 14, 4], "stride_h": 2, "stride_w": 2})
     with pytest.raises(KernelError, match="TRANSPOSE_CONV.*channels"):
         tflfuse.get_shader("TRANSPOSE_CONV", [None, (5, 3, 3, 2), (1, 5, 7, 3)], {"output_shape": [1, 5, 7, 5]})
+
+
+# ---- constant weights re-laid out at load --------------------------------------------------------------
+def test_constant_filters_are_relaid_out_at_load(rng):
+    # A constant CONV_2D filter becomes HWIO and a constant FULLY_CONNECTED matrix [Cin, Cout] when planned
+    # (neighbouring invocations then read neighbouring weights); one filter read by two convs is re-laid out
+    # once; a filter that is a runtime input keeps TFLite's OHWI. Values: tests of CONV_2D/FULLY_CONNECTED here
+    # and in test_kernels.py run through the same planner against LiteRT.
+    from tflfuse.model import Model
+    from tflfuse.runtime.plan import lower
+
+    w = rng.standard_normal((3, 3, 4, 6)).astype(np.float32)
+    fc = rng.standard_normal((6, 5)).astype(np.float32)
+
+    @tf.function(input_signature=[tf.TensorSpec((1, 8, 8, 4)), tf.TensorSpec((3, 3, 4, 6))])
+    def f(x, k):
+        a = tf.nn.conv2d(x, w, 1, "SAME")
+        b = tf.nn.conv2d(x, w, 2, "SAME")
+        c = tf.nn.conv2d(x, k, 1, "SAME")
+        return (tf.reduce_mean(a, [1, 2]) + tf.reduce_mean(c, [1, 2])) @ fc + tf.reduce_mean(b, [1, 2]) @ fc
+
+    model = Model(tflfuse.convert([f.get_concrete_function()]).tflite)
+    g = lower(model, 0)
+    convs = [op for op in g.ops if op.name == "CONV_2D"]
+    layouts = sorted(op.kernel.attr("filter_layout") for op in convs)
+    assert layouts == ["HWIO", "HWIO", "OHWI"], layouts
+    relaid = {op.inputs[1] for op in convs if op.kernel.attr("filter_layout") == "HWIO"}
+    assert len(relaid) == 1 and all(t >= len(model.subgraphs[0].tensors) for t in relaid)
+    np.testing.assert_array_equal(g.consts[relaid.pop()], w)      # TF's HWIO == TFLite's OHWI re-laid out
+    fcs = [op for op in g.ops if op.name == "FULLY_CONNECTED"]
+    assert fcs and all(op.kernel.attr("weights_layout") == "IO" for op in fcs)

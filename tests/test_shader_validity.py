@@ -45,6 +45,9 @@ EXTRA = [
     ("DEPTHWISE_CONV_2D", [(2, 9, 9, 5), (1, 3, 3, 5), (5,)], {"padding": "SAME", "stride_h": 2, "stride_w": 2,
                                                                "fused_activation_function": "RELU6"}),
     ("FULLY_CONNECTED", [(3, 7), (5, 7), None], {}),
+    ("FULLY_CONNECTED", [(3, 7), (7, 5), (5,)], {"weights_layout": "IO"}),
+    ("CONV_2D", [(2, 9, 11, 5), (3, 1, 5, 7), (7,)], {"padding": "SAME", "stride_h": 2, "filter_layout": "HWIO"}),
+    ("CONV_2D", [(1, 6, 6, 4), (3, 3, 2, 6), None], {"padding": "VALID", "filter_layout": "HWIO"}),  # 2 groups
     ("MAX_POOL_2D", [(2, 9, 7, 5)], {"filter_height": 2, "filter_width": 3, "padding": "SAME", "stride_h": 2,
                                      "stride_w": 2}),
     ("AVERAGE_POOL_2D", [(1, 9, 9, 3)], {"filter_height": 3, "filter_width": 3, "padding": "SAME", "stride_h": 2,

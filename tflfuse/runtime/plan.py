@@ -126,6 +126,8 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         specs[t] = _runtime_spec(model, subgraph, t, input_shapes.get(t))
     ops: list[LoweredOp] = []
     written: set[int] = set()
+    relaid: dict[tuple[int, str], int] = {}     # (tensor, layout) -> the re-laid-out constant's id
+    extra_names: dict[int, str] = {}
     for oi in range(len(sg.operators or [])):
         name = model.op_name(subgraph, oi)
         if name == "STABLEHLO_COMPOSITE":   # kept by inline_composites: it has a fused kernel
@@ -164,6 +166,17 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
             elif t in consts:
                 if pos in getattr(cls, "constant_attrs", {}):  # also read at plan time (GATHER's range check)
                     attrs[cls.constant_attrs[pos]] = consts[t]
+                relayout = getattr(cls, "relayout", {}).get(pos)
+                if relayout is not None and relayout[0] not in attrs:   # a weight re-laid out at load
+                    attr, value, transform = relayout
+                    key = (t, value)
+                    if key not in relaid:   # a new tensor id, past the file's, shared by the ops reading it
+                        relaid[key] = len(sg.tensors) + len(relaid)
+                        consts[relaid[key]] = np.ascontiguousarray(transform(consts[t]))
+                        extra_names[relaid[key]] = f"{model.tensor_name(subgraph, t)} ({value})"
+                    attrs[attr] = value
+                    in_ids = [relaid[key] if i == pos else u for i, u in enumerate(in_ids)]
+                    t = relaid[key]
                 in_specs.append(TensorSpec(consts[t].shape, _DTYPE_NAMES.get(consts[t].dtype, str(consts[t].dtype))))
             elif t in specs:
                 in_specs.append(specs[t])
@@ -211,7 +224,7 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
             if data is None:
                 raise KernelError(f"subgraph {subgraph} output tensor {t} is never written")
             consts[t] = data
-    names = {t: model.tensor_name(subgraph, t) for t in (*specs, *consts)}
+    names = {t: extra_names.get(t) or model.tensor_name(subgraph, t) for t in (*specs, *consts)}
     return LoweredGraph(subgraph, ops, specs, consts, inputs, outputs, aliases, names)
 
 
