@@ -236,7 +236,11 @@ def test_bad_files_and_sources_exit_2(models_py, tmp_path):
     (tmp_path / "broken.toml").write_text("samples = [\n")
     (tmp_path / "m.toml").write_text('[[model]]\nsource = "a.tflite"\n[[model]]\nsource = "b/a.tflite"\n')
     (tmp_path / "junk.tflite").write_bytes(b"not a model")
+    (tmp_path / "escape.toml").write_text('[[model]]\nname = "../out"\nsource = "a.tflite"\n')
+    (tmp_path / "exits.py").write_text("import sys\n\ndef model():\n    sys.exit(0)\n")
     cases = [
+        ((f"--manifest={tmp_path / 'escape.toml'}",), "a name without path separators"),
+        ((f"{tmp_path / 'exits.py'}:model",), "raised SystemExit"),
         ((f"--expectations={tmp_path / 'bad.toml'}", "x.tflite"), "unknown key(s) ['tolerance']"),
         ((f"--expectations={tmp_path / 'broken.toml'}", "x.tflite"), "is not valid TOML"),
         ((f"--manifest={tmp_path / 'm.toml'}",), "model name(s) ['a'] repeat"),

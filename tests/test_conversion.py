@@ -212,3 +212,23 @@ def test_batch_size_after_an_export_of_the_same_architecture(tmp_path):
     result = convert(model, batch_size=2)
     graph = lower(Model(result.tflite))   # raises KernelError on a declared/inferred shape mismatch
     assert graph.specs[graph.outputs[0]].shape[0] == 2
+
+
+def test_outputs_of_one_layer_are_all_kept():
+    # Keras names every output of one layer after it (['lstm', 'lstm', 'lstm']); each must stay an output,
+    # in Keras' order, with values matching Keras.
+    import composites
+    import tflfuse
+
+    x = keras.Input((4, 5), batch_size=2)
+    seq, h, c = composites.LSTM(3, return_sequences=True, return_state=True)(x)
+    d = keras.layers.Dense(2)
+    model = keras.Model(x, [seq, h, c, d(h), d(c)])
+    tflite = convert(model).tflite
+    sig = Model(tflite).signature_defs()["serving_default"]
+    names = ["lstm", "lstm_1", "lstm_2", "dense", "dense_1"]       # Keras' order
+    assert sorted(sig["outputs"]) == sorted(names), sig["outputs"]
+    xs = np.random.default_rng(0).standard_normal((2, 4, 5)).astype(np.float32)
+    got = tflfuse.Interpreter(model_content=tflite).get_signature_runner()(**{next(iter(sig["inputs"])): xs})
+    for name, want in zip(names, model(xs)):
+        np.testing.assert_allclose(got[name], np.asarray(want), atol=1e-5, rtol=1e-5)  # 4 recurrent steps, O(1)

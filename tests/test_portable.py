@@ -194,3 +194,37 @@ def test_decomposition_that_contains_itself_is_refused(converted, device):
     it = tflfuse.Interpreter(model_content=m.to_bytes(), device=device)
     with pytest.raises(tflfuse.kernels.KernelError, match="'portable_test_scaled_tanh'.*contains itself"):
         it.allocate_tensors()
+
+
+def _conv_cases():
+    import composites
+
+    return {
+        "conv_bias_relu": (lambda: composites.FusedConv2D(4, 3, padding="same", activation="relu"), (6, 6, 3)),
+        "depthwise_bias": (lambda: composites.FusedDepthwiseConv2D(3, strides=2), (7, 7, 3)),
+        "dense_bias": (lambda: composites.FusedDense(3, activation="tanh"), (5,)),
+        "separable_prelu": (lambda: composites.FusedSeparableConv2D(3, 3, activation="prelu"), (6, 6, 3)),
+        "conv_no_bias": (lambda: composites.FusedConv2D(2, 1, use_bias=False), (4, 4, 3)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_conv_cases()), ids=list(_conv_cases()))
+def test_conv_composites_in_composite_form(case, device):
+    # The fused conv composites take optional bias / residual / PReLU slopes; their has_* attributes tell
+    # which inputs the op carries, so the decomposition is traced with the right ones.
+    make, shape = _conv_cases()[case]
+    x = keras.Input(shape, batch_size=2)
+    model = keras.Model(x, make()(x))
+    result = tflfuse.convert(model, fused_op_format="composite")
+    xs = np.random.default_rng(1).standard_normal((2, *shape)).astype(np.float32)
+    want = np.asarray(model(xs))
+    lite = LiteRT(model_content=result.tflite)
+    lite.allocate_tensors()
+    lite.set_tensor(lite.get_input_details()[0]["index"], xs)
+    lite.invoke()
+    np.testing.assert_allclose(lite.get_tensor(lite.get_output_details()[0]["index"]), want, **ACCUMULATION)
+    ours = tflfuse.Interpreter(model_content=result.tflite, device=device)
+    ours.allocate_tensors()
+    ours.set_tensor(ours.get_input_details()[0]["index"], xs)
+    ours.invoke()
+    np.testing.assert_allclose(ours.get_tensor(ours.get_output_details()[0]["index"]), want, **ACCUMULATION)

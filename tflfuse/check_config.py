@@ -132,6 +132,8 @@ def _typed(key: str, value: Any, where: str):
     if key in ("name", "source", "expectations"):
         if not isinstance(value, str) or not value:
             raise bad("a non-empty string")
+        if key == "name" and (value in (".", "..") or any(c in value for c in "/\\") or value.startswith(".")):
+            raise bad("a name without path separators (it names the model's report folder)")
     elif key in ("samples", "repeats"):
         if type(value) is not int or value < 1:
             raise bad("a positive integer")
@@ -360,13 +362,13 @@ def load_source(source: str, import_modules: Sequence[str] = ()) -> Source:
             fn = getattr(_import_entry_module(module), fname)
         except CheckInputError:
             raise
-        except Exception as e:
+        except (Exception, SystemExit) as e:   # a module that calls sys.exit() on import checks nothing
             raise CheckInputError(f"entry point {source!r}: {type(e).__name__}: {e}") from None
         if not callable(fn):
             raise CheckInputError(f"entry point {source!r}: {fname} is not callable")
         try:
             obj = fn()
-        except Exception as e:
+        except (Exception, SystemExit) as e:   # sys.exit() in the entry point must not pass as "no failures"
             raise CheckInputError(f"entry point {source!r} raised {type(e).__name__}: {e}") from None
         return _entry_result(source, obj)
     raise CheckInputError(f"model source {source!r} is none of: a .tflite file, a SavedModel directory, a .keras "

@@ -167,7 +167,11 @@ def cmd_unfuse(args):
     from .passes.unfuse import unfuse
 
     data = _read_tflite(args, "usage: tflfuse unfuse IN.tflite --output=OUT.tflite")
-    plain, counts = unfuse(data)
+    try:
+        plain, counts = unfuse(data)
+    except ValueError as e:   # a fused op with no builtin expansion: the work failed, the file is fine
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     with open(FLAGS.output, "wb") as f:
         f.write(plain)
     for name, count in sorted(counts.items()):

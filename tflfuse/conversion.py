@@ -263,7 +263,7 @@ def _keras_function(model, batch_size: int | None):
                              f"{unknown[0]}; build the model with a static input shape "
                              f"(keras.Input(shape=...))")
         specs.append(tf.TensorSpec(shape, t.dtype, name=name))
-    output_names = list(getattr(model, "output_names", None) or [])
+    output_names = _unique(list(getattr(model, "output_names", None) or []))
 
     def serve(*xs):
         y = model(tf.nest.pack_sequence_as(structure, list(xs)), training=False)
@@ -275,6 +275,25 @@ def _keras_function(model, batch_size: int | None):
 
     serve.__name__ = "serving_default"
     return tf.function(serve, input_signature=specs, autograph=False).get_concrete_function()
+
+
+def _unique(names: list[str]) -> list[str]:
+    """Keras names every output of one layer after the layer (an LSTM's sequence and states are all
+    ``"lstm"``): repeats get ``_1``, ``_2``... so that no output is lost in the signature's dict."""
+    seen: collections.Counter = collections.Counter(names)
+    count: collections.Counter = collections.Counter()
+    out = []
+    for name in names:
+        if seen[name] > 1:
+            while True:
+                count[name] += 1
+                candidate = name if count[name] == 1 else f"{name}_{count[name] - 1}"
+                if candidate not in seen or candidate == name:
+                    break
+            out.append(candidate)
+        else:
+            out.append(name)
+    return out
 
 
 def _from_functions(funcs: Sequence[Any]):

@@ -111,9 +111,10 @@ class Gelu(Unary):
 
 @register("LEAKY_RELU")
 class LeakyRelu(Unary):
-    """LEAKY_RELU: ``x if x >= 0 else alpha * x``. ``alpha`` is a uniform, so one pipeline serves every alpha."""
+    """LEAKY_RELU: ``x if x >= 0 else alpha * x``. ``alpha`` is a uniform, so one pipeline serves every alpha;
+    an op without options has alpha 0, the schema's default (as LiteRT reads it)."""
 
-    attr_defaults = {"alpha": 0.2}
+    attr_defaults = {"alpha": 0.0}
 
     def programs(self):
         uniforms = (Uniform("alpha", "f32", float(self.attr("alpha"))),)

@@ -22,6 +22,7 @@ import dataclasses
 from typing import Callable, Sequence
 
 import numpy as np
+from absl import logging
 
 from ..model import Model
 from .graph import Graph, drop_unused_buffers
@@ -73,6 +74,7 @@ def _conv_1x1(g: Graph, oi: int, act: set[str]) -> dict | None:
     ins = g.inputs(oi)
     w = g.const(ins[1])
     if w is None or w.ndim != 4 or w.shape[1:3] != (1, 1) or a.get("stride_h", 1) != 1 or \
+            w.shape[3] != g.shapes.get(ins[0], (0,))[-1] or \
             a.get("stride_w", 1) != 1 or a.get("fused_activation_function", "NONE") not in act:
         return None
     b = g.const(ins[2]) if len(ins) > 2 and ins[2] >= 0 else np.zeros(w.shape[0], np.float32)
@@ -169,9 +171,10 @@ def _epilogue(g: Graph, last: int, out: int, chain: list[int]) -> dict | None:
         if name == "PRELU":
             slopes = g.const(ins[1])
             ok = slopes is not None and slopes.ndim <= 3 and slopes.shape[-1:] in ((1,), g.shapes[out][-1:])
-            found["prelu"] = slopes
+            if ok:
+                found["prelu"] = slopes
         elif name == "LEAKY_RELU":
-            found["alpha"] = float(g.attrs(nxt).get("alpha", 0.2))
+            found["alpha"] = float(g.attrs(nxt).get("alpha", 0.0))   # the schema's default, as LiteRT
         elif name == "ELU":
             found["alpha"] = 1.0
         if ok:
@@ -317,7 +320,8 @@ def _hard_swish(g: Graph, oi: int):
             return None
         chain.append(nxt)
         t = g.outputs_of(nxt)[0]
-    if not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])):
+    if not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])) or \
+            g.shapes.get(x) != g.shapes.get(t):   # a constant that broadcasts x to a larger shape
         return None
     return chain, [x], t, "HARD_SWISH", None
 
@@ -340,7 +344,7 @@ def _clip(g: Graph, oi: int):
     if c2 is None:
         return None
     lo, hi = (c2, c1) if first == "MINIMUM" else (c1, c2)
-    if lo > hi or g.shapes.get(x) != g.shapes.get(g.outputs_of(nxt)[0]):
+    if not lo <= hi or g.shapes.get(x) != g.shapes.get(g.outputs_of(nxt)[0]):   # NaN bounds fail too
         return None
     out = g.outputs_of(nxt)[0]
     builtin = _CLIP_BUILTINS.get((lo, hi))
@@ -476,6 +480,24 @@ PATTERNS: dict[str, Callable] = {
 }
 
 
+def _kernel_accepts(g: Graph, inputs: list, out: int, op_name: str, attrs) -> bool:
+    """Whether the fused op's kernel takes these inputs and attributes and gives the chain's output shape (a
+    pattern that matched what its kernel cannot compute is left alone, not rewritten)."""
+    if op_name.isupper():   # builtins the patterns make keep their input's shape or a conv's geometry
+        return True
+    from ..kernels import KernelError, kernel_class
+    from ..kernels.base import TensorSpec
+
+    specs = [TensorSpec(np.shape(t) if not isinstance(t, (int, np.integer)) else g.shapes[int(t)])
+             for t in inputs]
+    try:
+        kernel = kernel_class(op_name)(specs, attrs)
+        return kernel.output_specs()[0].shape == tuple(g.shapes[out])
+    except KernelError as e:
+        logging.debug("pattern for %s left alone: %s", op_name, e)
+        return False
+
+
 def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gpu") -> tuple[bytes, FuseReport]:
     """Rewrites known patterns of a .tflite into tflfuse's fused ops (see the module doc).
 
@@ -509,7 +531,7 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
                 continue
             for name in names:
                 found = PATTERNS[name](g, oi)
-                if found is None or not g.free(*found[0]):
+                if found is None or not g.free(*found[0]) or not _kernel_accepts(g, *found[1:]):
                     continue
                 chain, inputs, out, op_name, attrs = found
                 tensors, new_ops = [], []

@@ -86,6 +86,21 @@ def _placements(spec, n_inputs: int) -> list[list[tuple[int, ...] | None]]:
     return levels
 
 
+def _presence_flags(spec, attrs: Mapping[str, Any]) -> dict[int, bool]:
+    """Positional parameter index -> whether it was given, where a boolean attribute ``has_<name>`` (or
+    ``has_<first word of name>``: ``has_prelu`` for ``prelu_alpha``) records it, as the fused conv
+    composites do."""
+    params = [p for p in inspect.signature(spec.function).parameters.values() if p.name not in spec.call_attrs
+              and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    flags = {}
+    for i, p in enumerate(params):
+        for key in (f"has_{p.name}", f"has_{p.name.split('_')[0]}"):
+            if isinstance(attrs.get(key), bool):
+                flags[i] = attrs[key]
+                break
+    return flags
+
+
 def _body_function(function, nones: tuple[int, ...] | None, kwargs: Mapping[str, Any]):
     """``f(*tensors) -> {"output_i": tensor}`` calling ``function`` with ``None`` at positions ``nones``."""
     import tensorflow as tf
@@ -131,8 +146,12 @@ def _trace_body(spec, attrs: Mapping[str, Any], inputs: Sequence[tuple], outputs
     specs = [tf.TensorSpec(shape, tf.as_dtype(np.dtype(dtype)), name=f"input_{i}")
              for i, (shape, dtype) in enumerate(inputs)]
     found, errors, tried = [], [], 0
+    flags = _presence_flags(spec, attrs)
     for level in _placements(spec, len(inputs)):
         for nones in level:
+            absent = set(range(len(inputs), len(inputs) + 64)) if nones is None else set(nones)
+            if any((i in absent) == present for i, present in flags.items()):
+                continue   # a has_<param> attribute says otherwise
             tried += 1
             if tried > _MAX_PLACEMENTS:
                 raise _error(f"{_where(spec)}: more than {_MAX_PLACEMENTS} ways to fit the op's {len(inputs)} "

@@ -17,9 +17,14 @@ import numpy as np
 from ..model import Model
 from .graph import Graph, drop_unused_buffers
 
-__all__ = ["expansion", "expansions", "unfuse"]
+__all__ = ["UnfuseError", "expansion", "expansions", "unfuse"]
 
 _EXPANSIONS: dict[str, Callable] = {}
+
+
+class UnfuseError(ValueError):
+    """A fused op has no expansion into builtins (``fused_lstm`` and ``fused_gru``: convert the model with
+    ``annotations=False`` for a builtin-only file), or attributes no builtin expresses (ELU's alpha)."""
 
 #: fused activation name -> (TFLite fused_activation_function, extra op after it or None)
 _ACTS = {"linear": ("NONE", None), "none": ("NONE", None), "relu": ("RELU", None), "relu6": ("RELU6", None),
@@ -157,7 +162,7 @@ def _epilogue(b: Builder, g: Graph, attrs: dict, y_shape, extra: list[int], out:
         b.op("LEAKY_RELU", [y], options=("LeakyReluOptions", {"alpha": 0.2 if alpha is None else float(alpha)}),
              out=out)
     elif act == "elu" and attrs.get("alpha") not in (None, 1.0):
-        raise ValueError(f"elu with alpha {attrs.get('alpha')} has no TFLite builtin (ELU's alpha is 1)")
+        raise UnfuseError(f"elu with alpha {attrs.get('alpha')} has no TFLite builtin (ELU's alpha is 1)")
     else:
         name, options = _ACT_OPS[act]
         b.op(name, [y], options=options, out=out)
@@ -183,8 +188,8 @@ def _conv2d(g: Graph, oi: int, attrs: dict) -> list:
     b = Builder(g, oi)
     (w,) = _weights(g, oi, ins, 1)
     extra = ins[2:]
-    bias = extra.pop(0) if attrs.get("has_bias", True) else -1
-    shape = g.shapes[out]
+    shape = g.shapes[out]   # LiteRT's CONV_2D and DEPTHWISE_CONV_2D need a bias tensor: zeros where absent
+    bias = extra.pop(0) if attrs.get("has_bias", True) else b.weight(np.zeros(shape[-1], np.float32))
     filt = b.weight(w.transpose(3, 0, 1, 2))   # HWIO -> OHWI
     _epilogue(b, g, attrs, shape, extra, out, lambda code, o: b.op(
         "CONV_2D", [ins[0], filt, bias], shape, _geometry_options("Conv2DOptions", attrs, code), out=o))
@@ -197,8 +202,8 @@ def _depthwise(g: Graph, oi: int, attrs: dict) -> list:
     b = Builder(g, oi)
     (w,) = _weights(g, oi, ins, 1)
     extra = ins[2:]
-    bias = extra.pop(0) if attrs.get("has_bias", True) else -1
-    shape = g.shapes[out]
+    shape = g.shapes[out]   # LiteRT's CONV_2D and DEPTHWISE_CONV_2D need a bias tensor: zeros where absent
+    bias = extra.pop(0) if attrs.get("has_bias", True) else b.weight(np.zeros(shape[-1], np.float32))
     kh, kw, cin, m = w.shape
     filt = b.weight(w.reshape(1, kh, kw, cin * m))
     _epilogue(b, g, attrs, shape, extra, out, lambda code, o: b.op(
@@ -213,8 +218,8 @@ def _separable(g: Graph, oi: int, attrs: dict) -> list:
     b = Builder(g, oi)
     dw, pw = _weights(g, oi, ins, 2)
     extra = ins[3:]
-    bias = extra.pop(0) if attrs.get("has_bias", True) else -1
-    shape = g.shapes[out]
+    shape = g.shapes[out]   # LiteRT's CONV_2D and DEPTHWISE_CONV_2D need a bias tensor: zeros where absent
+    bias = extra.pop(0) if attrs.get("has_bias", True) else b.weight(np.zeros(shape[-1], np.float32))
     kh, kw, cin, m = dw.shape
     pw = pw.reshape(cin * m, -1)
     zero = b.weight(np.zeros(cin * m, np.float32))   # LiteRT's DEPTHWISE_CONV_2D needs a bias tensor
@@ -242,7 +247,7 @@ def _act_after(b: Builder, x: int, shape, activation: str, out=None) -> int:
         if act in _ACT_OPS:
             name, options = _ACT_OPS[act]
             return b.op(name, [x], shape, options, out=out)
-        raise ValueError(f"activation {activation!r} has no TFLite builtin to unfuse into")
+        raise UnfuseError(f"activation {activation!r} has no TFLite builtin to unfuse into")
     return b.op(name, [x], shape, out=out)
 
 
@@ -317,7 +322,7 @@ def _squeeze_excite(g: Graph, oi: int, attrs: dict) -> list:
         s = b.conv_1x1(s, w2 * 0.2, b2 * 0.2 + 0.5, (n, 1, 1, c))
         s = b.op("RELU_0_TO_1", [s], (n, 1, 1, c))
     else:
-        raise ValueError(f"fused_squeeze_excite (operator {oi}): gate {gate!r} has no builtin expansion")
+        raise UnfuseError(f"fused_squeeze_excite (operator {oi}): gate {gate!r} has no builtin expansion")
     b.op("MUL", [ins[0], s], options=("MulOptions", {"fusedActivationFunction": 0}), out=out)
     return b.ops
 
@@ -362,6 +367,7 @@ def unfuse(tflite: bytes) -> tuple[bytes, dict]:
 
     Raises:
       tflfuse.ModelError: a malformed file.
+      UnfuseError: a fused op with no expansion (fused_lstm, fused_gru), or attributes no builtin expresses.
       ValueError: a fused op whose weights are not constants.
       tflfuse.kernels.UnsupportedOpError / KernelError: the file does not plan on tflfuse.
     """
@@ -369,13 +375,21 @@ def unfuse(tflite: bytes) -> tuple[bytes, dict]:
     counts: collections.Counter = collections.Counter()
     for sg in range(len(model.m.subgraphs)):
         names = model.op_names(sg)
+        stuck = sorted({n for n in names if n.startswith("fused_") and n not in _EXPANSIONS})
+        if stuck:
+            raise UnfuseError(f"subgraph {sg} has fused op(s) {stuck} with no expansion into builtins (a "
+                              f"recurrent op runs over time steps, which builtins express only as a loop); "
+                              f"convert the model with annotations=False for a file that stock LiteRT runs")
         if not any(n in _EXPANSIONS for n in names):
             continue
         g = Graph(model, sg)
         for oi, name in enumerate(names):
             if name in _EXPANSIONS:
                 kernel_attrs = _decoded_attrs(model, sg, oi, name)
-                g.replace([oi], _EXPANSIONS[name](g, oi, kernel_attrs))
+                try:
+                    g.replace([oi], _EXPANSIONS[name](g, oi, kernel_attrs))
+                except UnfuseError as e:
+                    raise UnfuseError(f"{name} (operator {oi} of subgraph {sg}): {e}") from None
                 counts[name] += 1
         g.commit()
     if not counts:

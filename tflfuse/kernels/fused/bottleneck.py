@@ -16,16 +16,18 @@ squeeze_excite ``se_w1 [Cexp, Csq]``, ``se_b1 [Csq]``, ``se_w2 [Csq, Cexp]``, ``
 default 3) and ``squeeze_excite`` (bool, default False): files written before the last two existed read as
 MobileNetV2's block.
 
-Without squeeze-excite, two strategies, chosen by the ``target`` attribute (both compute the same values):
+Without squeeze-excite, two strategies, chosen from the ``target`` attribute and the shapes (both compute
+the same values; see :meth:`FusedBottleneck._schedule`):
 
-* ``tiled`` (GPU): ONE dispatch that never writes the expanded tensor to memory. A workgroup owns a tile of
+* ``tiled`` (a GPU at batch 1, blocks without expansion or with up to 64 expanded channels): ONE dispatch that never writes the expanded tensor to memory. A workgroup owns a tile of
   output pixels and a block of output channels; it walks the expanded channels in chunks: the chunk's
   expand weights and the 1x1 expansion of the tile's input halo go into workgroup memory, each invocation
   applies the KxK depthwise filter and accumulates the projection in registers. Where the feature map is too
   small to fill the GPU, the expanded channels are split between workgroups and a second dispatch sums the
   shares.
-* ``staged`` (the software adapter, whose barriers and workgroup memory are costly): three dispatches
-  through scratch buffers (expand, depthwise, projection with bias and residual).
+* ``staged`` (the software adapter, whose barriers and workgroup memory are costly, and the other GPU
+  cases): three dispatches through scratch buffers (expand, depthwise, projection with bias and residual),
+  whose 1x1 convs read the weights as ``[Cin, Cout]``, neighbouring invocations neighbouring weights.
 
 With squeeze-excite the pool needs the whole depthwise output before any projection, so every target runs
 the staged strategy with one more dispatch between the depthwise conv and the projection: one workgroup per
@@ -47,6 +49,7 @@ __all__ = ["FusedBottleneck"]
 #: Workgroups a GPU needs in flight to be busy (an H200 has 132 SMs); tiles shrink until a dispatch has this many.
 _GPU_WORKGROUPS = 1024
 _MAX_CHUNK = 16      # expanded channels per pass through workgroup memory
+_TILED_MAX_CEXP = 64  # on a GPU at batch 1, the tiled strategy for expansions up to this width (see _schedule)
 _WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
 _GATE_THREADS = 64   # invocations of the squeeze-excite gate's workgroup (one per image)
 _SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; "strategy" is the one string
@@ -140,7 +143,8 @@ class FusedBottleneck(Kernel):
 
         ``"cpu"`` (the software adapter: a few cores, barriers are costly): the staged strategy (and, if
         ``strategy="tiled"`` is asked for, 8x8 tiles, 4 lanes, blocks of up to 128 output channels).
-        ``"gpu"``: the tiled strategy with the largest tile and output block whose dispatch has
+        ``"gpu"``: the staged strategy past batch 1 and for expansions wider than 64 channels; otherwise
+        the tiled strategy with the largest tile and output block whose dispatch has
         :data:`_GPU_WORKGROUPS` workgroups (a smaller tile or block recomputes more of the expansion). Where
         even the smallest leave the GPU idle (late, small feature maps at batch 1), the expanded channels are
         split between workgroups: each adds its share of the projection into a scratch buffer and a second
@@ -152,7 +156,12 @@ class FusedBottleneck(Kernel):
         target = str(self.attr("target"))
         if target not in ("gpu", "cpu"):
             raise self.fail(f"target must be 'gpu' or 'cpu', got {target!r}")
-        if target == "cpu" or self.has_se:
+        # On the H200 (benchmarks/RESULTS.md, sweep_bottleneck.py) the staged kernels beat the tiled one on
+        # every block with a wide expansion, and on all blocks past batch 1: MobileNetV2's blocks took 0.78 ms
+        # staged against 1.38 ms tiled at batch 1, and 5.0 against 19.1 ms at batch 32. The tiled kernel
+        # recomputes the expansion on each tile's halo, which only pays where the expansion is narrow.
+        narrow = not self.has_expand or self.cexp <= _TILED_MAX_CEXP
+        if target == "cpu" or self.has_se or n > 1 or not narrow:
             return {"strategy": "staged", "tile": 8, "lanes": 4, "out_block": min(self.cout, 128),
                     "chunk": _MAX_CHUNK, "splits": 1}
         options = []
