@@ -36,8 +36,10 @@ echo "== installing tflfuse and its dependencies into .venv"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test]"
 
-export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/xdg-runtime-$(id -u)}
-mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+if [[ -z "${XDG_RUNTIME_DIR:-}" ]]; then   # only a folder of our own is created (and made private)
+  export XDG_RUNTIME_DIR=/tmp/xdg-runtime-$(id -u)
+  mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+fi
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 if [ "$what" = demo ]; then
   exec .venv/bin/tflfuse demo

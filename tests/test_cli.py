@@ -115,6 +115,20 @@ def test_convert_an_exported_saved_model(small_mobilenet, tmp_path):
     assert (tmp_path / "m.tflite").stat().st_size > 0
 
 
+def test_convert_composite_format_imports_the_composites(small_mobilenet, tmp_path):
+    # The composite format traces each composite's body: the CLI process must import the module defining it.
+    small_mobilenet.export(str(tmp_path / "sm"))
+    out = tmp_path / "m.tflite"
+    r = tflfuse("convert", tmp_path / "sm", f"--output={out}", "--fused_op_format=composite")
+    assert r.returncode == 1 and "--import_modules" in r.stderr, r.stderr
+    r = tflfuse("convert", tmp_path / "sm", f"--output={out}", "--fused_op_format=composite",
+                "--import_modules=composites")
+    assert r.returncode == 0, r.stderr
+    from tflfuse.model import Model
+
+    assert Model(out.read_bytes()).op_names(0).count("STABLEHLO_COMPOSITE") == 17
+
+
 def test_convert_refuses_unfrozen_weights(small_mobilenet, tmp_path):
     import tensorflow as tf
 

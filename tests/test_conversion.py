@@ -221,8 +221,8 @@ def test_outputs_of_one_layer_are_all_kept():
     import tflfuse
 
     x = keras.Input((4, 5), batch_size=2)
-    seq, h, c = composites.LSTM(3, return_sequences=True, return_state=True)(x)
-    d = keras.layers.Dense(2)
+    seq, h, c = composites.LSTM(3, return_sequences=True, return_state=True, name="lstm")(x)
+    d = keras.layers.Dense(2, name="dense")
     model = keras.Model(x, [seq, h, c, d(h), d(c)])
     tflite = convert(model).tflite
     sig = Model(tflite).signature_defs()["serving_default"]

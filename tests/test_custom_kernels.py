@@ -36,6 +36,14 @@ def _restore_kernel_registry():
     registry._KERNELS.update(saved)
 
 
+def test_examples_import_tflfuse_before_tensorflow():
+    # Run here, the examples find tflfuse already imported; a user's fresh process needs it first, or
+    # TensorFlow's LLVM clashes with the software adapter's (the README's import-order note).
+    for name, code in _BLOCK.findall(DOC.read_text()):
+        imports = [line for line in code.splitlines() if line.startswith(("import ", "from "))]
+        assert imports and imports[0].startswith("import tflfuse"), (name, imports[:3])
+
+
 @pytest.fixture(scope="module")
 def examples():
     """Each example of the guide, executed once (it registers kernels), by name -> its namespace."""

@@ -417,11 +417,36 @@ def test_unfuse_convs_without_bias(layer, rng):
     np.testing.assert_allclose(_run_litert(back, xs)[0], np.asarray(model(xs[0])), **ACCUMULATION)
 
 
-def test_unfuse_refuses_recurrent_ops_by_name():
-    import composites
-    from tflfuse.passes.unfuse import UnfuseError
+RNN_CASES = {
+    "lstm_state": ("LSTM", dict(return_state=True), False),
+    "lstm_backwards_sequence_state": ("LSTM", dict(return_sequences=True, return_state=True, go_backwards=True), False),
+    "lstm_relu_hard_sigmoid_initial_state": ("LSTM", dict(activation="relu", recurrent_activation="hard_sigmoid"),
+                                             True),
+    "gru": ("GRU", dict(), False),
+    "gru_reset_before_sequence_state": ("GRU", dict(reset_after=False, return_sequences=True, return_state=True),
+                                        False),
+    "gru_backwards_no_bias_initial_state": ("GRU", dict(go_backwards=True, use_bias=False), True),
+}
 
-    x = keras.Input((5, 3), batch_size=1)
-    model = keras.Model(x, composites.GRU(4)(x))
-    with pytest.raises(UnfuseError, match=r"fused_gru.*annotations=False"):
-        unfuse(tflfuse.convert(model).tflite)
+
+@pytest.mark.parametrize("case", list(RNN_CASES), ids=list(RNN_CASES))
+def test_unfuse_recurrent_ops_unrolled(case, rng):
+    # fused_lstm / fused_gru forms LiteRT has no builtin for are unrolled over the time steps into builtins;
+    # LiteRT runs the file and matches Keras (7 steps of O(1) sums: 1e-5).
+    import composites
+
+    kind, kw, init = RNN_CASES[case]
+    layer = getattr(composites, kind)(5, **kw)
+    x = keras.Input((7, 3), batch_size=2)
+    states = [keras.Input((5,), batch_size=2) for _ in range(2 if kind == "LSTM" else 1)] if init else []
+    ys = layer(x, initial_state=states) if init else layer(x)
+    ys = ys if isinstance(ys, (list, tuple)) else [ys]
+    model = keras.Model([x, *states], {f"out{i}": y for i, y in enumerate(ys)})
+    back, counts = unfuse(tflfuse.convert(model).tflite)
+    assert counts == {f"fused_{kind.lower()}": 1}
+    runner = LiteRT(model_content=back).get_signature_runner()
+    feeds = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in [x, *states]}
+    got = runner(**feeds)
+    want = model([feeds[t.name] for t in [x, *states]])
+    for name in want:
+        np.testing.assert_allclose(got[name], np.asarray(want[name]), atol=1e-5, rtol=1e-5)

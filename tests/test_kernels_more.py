@@ -466,7 +466,7 @@ def test_transpose_conv_rejects_a_mismatched_output_shape():
 
 # ---- constant weights re-laid out at load --------------------------------------------------------------
 def test_constant_filters_are_relaid_out_at_load(rng):
-    # A constant CONV_2D filter becomes HWIO and a constant FULLY_CONNECTED matrix [Cin, Cout] when planned
+    # For a GPU, a constant CONV_2D filter becomes HWIO and a constant FULLY_CONNECTED matrix [Cin, Cout]
     # (neighbouring invocations then read neighbouring weights); one filter read by two convs is re-laid out
     # once; a filter that is a runtime input keeps TFLite's OHWI. Values: tests of CONV_2D/FULLY_CONNECTED here
     # and in test_kernels.py run through the same planner against LiteRT.
@@ -484,7 +484,9 @@ def test_constant_filters_are_relaid_out_at_load(rng):
         return (tf.reduce_mean(a, [1, 2]) + tf.reduce_mean(c, [1, 2])) @ fc + tf.reduce_mean(b, [1, 2]) @ fc
 
     model = Model(tflfuse.convert([f.get_concrete_function()]).tflite)
-    g = lower(model, 0)
+    assert all(op.kernel.attr("filter_layout") == "OHWI" for op in lower(model, 0, target="cpu").ops
+               if op.name == "CONV_2D")   # the software adapter reads OHWI faster
+    g = lower(model, 0, target="gpu")
     convs = [op for op in g.ops if op.name == "CONV_2D"]
     layouts = sorted(op.kernel.attr("filter_layout") for op in convs)
     assert layouts == ["HWIO", "HWIO", "OHWI"], layouts
@@ -493,3 +495,28 @@ def test_constant_filters_are_relaid_out_at_load(rng):
     np.testing.assert_array_equal(g.consts[relaid.pop()], w)      # TF's HWIO == TFLite's OHWI re-laid out
     fcs = [op for op in g.ops if op.name == "FULLY_CONNECTED"]
     assert fcs and all(op.kernel.attr("weights_layout") == "IO" for op in fcs)
+
+
+@pytest.mark.parametrize("shape, filt, stride, groups", [((2, 9, 7, 5), (3, 3, 5, 6), 2, 1),
+                                                         ((1, 6, 6, 4), (1, 3, 2, 6), 1, 2)],
+                         ids=["stride2_same_odd", "1x3_grouped"])
+def test_conv_2d_hwio_layout(shape, filt, stride, groups, device, rng):
+    # The layout a GPU plan uses, run here on this adapter: against tf.nn.conv2d (HWIO is TF's own layout).
+    from conftest import ACCUMULATION
+    from tflfuse.runtime.plan import run_op
+
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = (rng.standard_normal(filt) / np.sqrt(np.prod(filt[:3]))).astype(np.float32)
+    attrs = {"padding": "SAME", "stride_h": stride, "stride_w": stride, "filter_layout": "HWIO"}
+    (y,) = run_op(device, "CONV_2D", [x, w], attrs)
+    np.testing.assert_allclose(y, tf.nn.conv2d(x, w, stride, "SAME").numpy(), **ACCUMULATION)
+
+
+def test_fully_connected_io_layout(device, rng):
+    from conftest import ACCUMULATION
+    from tflfuse.runtime.plan import run_op
+
+    x = rng.standard_normal((3, 37)).astype(np.float32)
+    w = (rng.standard_normal((37, 10)) / np.sqrt(37)).astype(np.float32)
+    (y,) = run_op(device, "FULLY_CONNECTED", [x, w], {"weights_layout": "IO"})
+    np.testing.assert_allclose(y, (x.astype(np.float64) @ w).astype(np.float32), **ACCUMULATION)

@@ -2,6 +2,7 @@
 
     tflfuse demo [--adapter=NAME] [--size=224]
     tflfuse convert SAVED_MODEL_DIR --output=model.tflite [--noannotations] [--fused_op_format=composite]
+        [--import_modules=composites]
     tflfuse run MODEL.tflite --input=x.npy [--input=y.npy ...] [--output=out.npz] [--adapter=NAME]
     tflfuse ops MODEL.tflite
     tflfuse shader KEY --shapes="[[1,224,224,3],[32,3,3,3]]" [--attrs="stride_h=2,padding=SAME"] [--json]
@@ -64,7 +65,8 @@ flags.DEFINE_string("manifest", None, "check: a TOML manifest of models to check
 flags.DEFINE_string("shard", None, "check --manifest: I/N, check only shard I (1-based) of N.")
 flags.DEFINE_integer("jobs", None, "check --manifest: parallel processes (default: models, up to the CPUs).",
                      lower_bound=1)
-flags.DEFINE_list("import_modules", [], "check: modules to import first (a Keras file's custom layers).")
+flags.DEFINE_list("import_modules", [], "check, convert: modules to import first (a Keras file's custom layers; "
+                  "the composites a --fused_op_format=composite conversion traces, e.g. composites).")
 
 _USAGE = __doc__.split("\n\n")[1]
 
@@ -121,8 +123,15 @@ def cmd_demo(args):
 def cmd_convert(args):
     if len(args) != 1 or not FLAGS.output:
         raise UsageError("usage: tflfuse convert SAVED_MODEL_DIR --output=model.tflite")
+    import importlib
+
     from .conversion import ConversionError, FusionError, convert
 
+    for name in FLAGS.import_modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise UsageError(f"--import_modules: cannot import {name!r}: {e}") from None
     try:
         result = convert(args[0], annotations=FLAGS.annotations, fused_op_format=FLAGS.fused_op_format)
     except FusionError as e:

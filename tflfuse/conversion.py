@@ -543,7 +543,8 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
             raise ConversionError(
                 f"fused_op_format='composite': composite(s) {left} are not defined in this process "
                 f"(tflfuse.annotate.registry() lacks them), so their bodies cannot be converted into "
-                f"decompositions; import the module(s) that define them before converting")
+                f"decompositions; import the module(s) that define them before converting (the CLI: "
+                f"--import_modules=MODULE)")
     names = set(traced) | (set(op_counts) & set(registry())) | set(lowered)
     composites = {n: CompositeCount(n, traced.get(n, 0), op_counts.get(n, 0) + lowered.get(n, 0))
                   for n in sorted(names)}

@@ -23,8 +23,8 @@ _EXPANSIONS: dict[str, Callable] = {}
 
 
 class UnfuseError(ValueError):
-    """A fused op has no expansion into builtins (``fused_lstm`` and ``fused_gru``: convert the model with
-    ``annotations=False`` for a builtin-only file), or attributes no builtin expresses (ELU's alpha)."""
+    """A fused op has no expansion into builtins (a user's own composite), or attributes no builtin
+    expresses (ELU's alpha); convert the model with ``annotations=False`` for a builtin-only file."""
 
 #: fused activation name -> (TFLite fused_activation_function, extra op after it or None)
 _ACTS = {"linear": ("NONE", None), "none": ("NONE", None), "relu": ("RELU", None), "relu6": ("RELU6", None),
@@ -355,6 +355,125 @@ def _matmul(g: Graph, oi: int, attrs: dict) -> list:
     return b.ops
 
 
+# ---- recurrent ops, unrolled over their time steps -------------------------------------------------------
+def _rnn_act(b: Builder, x: int, shape, name: str) -> int:
+    """A Keras recurrent activation as builtins (hard_sigmoid is Keras 3's relu6(v + 3) / 6)."""
+    name = name.lower()
+    if name == "linear":
+        return x
+    if name == "hard_sigmoid":
+        y = b.op("ADD", [x, b.weight(np.float32([3.0]))], shape, ("AddOptions", {"fusedActivationFunction": 3}))
+        return b.op("MUL", [y, b.weight(np.float32([1 / 6]))], shape, ("MulOptions", {"fusedActivationFunction": 0}))
+    op = {"tanh": "TANH", "sigmoid": "LOGISTIC", "relu": "RELU"}.get(name)
+    if op is None:
+        raise UnfuseError(f"recurrent activation {name!r} has no builtin expansion")
+    return b.op(op, [x], shape)
+
+
+def _rnn_gates(b: Builder, z: int, n: int, u: int, gates: int) -> list[int]:
+    """SPLIT of ``[N, G*U]`` into G tensors ``[N, U]``."""
+    outs = [b.tensor((n, u)) for _ in range(gates)]
+    b.ops.append(b.g.builtin_op("SPLIT", [b.weight_i32([1]), z], outs, ("SplitOptions", {"numSplits": gates})))
+    return outs
+
+
+def _rnn_expansion(g: Graph, oi: int, attrs: dict, cell: str) -> list:
+    """The recurrence of :mod:`tflfuse.kernels.fused.recurrent` unrolled: per step a STRIDED_SLICE of x, two
+    FULLY_CONNECTED (input and recurrent projections), the gates through SPLIT and activations, and the state
+    update; the sequence output is a PACK of the steps' h."""
+    ins, outs = g.inputs(oi), g.outputs_of(oi)
+    b = Builder(g, oi)
+    n, t_steps, f = g.shapes[ins[0]]
+    kernel, rec = g.const(ins[1]), g.const(ins[2])
+    if kernel is None or rec is None:
+        raise UnfuseError("the kernel and recurrent_kernel must be constants")
+    gates = 4 if cell == "lstm" else 3
+    u = rec.shape[0]
+    pos = 3
+    bias = None
+    if attrs.get("use_bias", True):
+        bias = g.const(ins[pos])
+        pos += 1
+    act, ract = str(attrs.get("activation", "tanh")), str(attrs.get("recurrent_activation", "sigmoid"))
+    fc = ("FullyConnectedOptions", {"fusedActivationFunction": 0})
+    add = ("AddOptions", {"fusedActivationFunction": 0})
+    mul = ("MulOptions", {"fusedActivationFunction": 0})
+    if attrs.get("initial_state"):
+        h, c = ins[pos], (ins[pos + 1] if cell == "lstm" else None)
+    else:
+        h = b.weight(np.zeros((n, u), np.float32))
+        c = b.weight(np.zeros((n, u), np.float32)) if cell == "lstm" else None
+    reset_after = cell == "gru" and bool(attrs.get("reset_after", True))
+    if bias is None:
+        in_bias, rec_bias = np.zeros(gates * u, np.float32), None
+    elif reset_after:
+        in_bias, rec_bias = bias[0], bias[1]
+    else:
+        in_bias, rec_bias = bias.reshape(-1), None
+    w_in, b_in = b.weight(kernel.T), b.weight(in_bias)           # FULLY_CONNECTED weights are [out, in]
+    w_rec = b.weight(rec.T)
+    b_rec = b.weight(rec_bias) if rec_bias is not None else -1
+    if cell == "gru" and not reset_after:
+        w_rec_zr, w_rec_h = b.weight(rec[:, :2 * u].T), b.weight(rec[:, 2 * u:].T)
+    order = range(t_steps - 1, -1, -1) if attrs.get("go_backwards") else range(t_steps)
+    hs = []
+    for step in order:
+        x_t = b.op("STRIDED_SLICE", [ins[0], b.weight_i32([0, step, 0]), b.weight_i32([n, step + 1, f]),
+                                     b.weight_i32([1, 1, 1])], (n, f),
+                   ("StridedSliceOptions", {"shrinkAxisMask": 2}))
+        xp = b.op("FULLY_CONNECTED", [x_t, w_in, b_in], (n, gates * u), fc)
+        if cell == "lstm":
+            z = b.op("ADD", [xp, b.op("FULLY_CONNECTED", [h, w_rec, -1], (n, 4 * u), fc)], (n, 4 * u), add)
+            i, fg, cc, o = _rnn_gates(b, z, n, u, 4)
+            i, fg, o = (_rnn_act(b, v, (n, u), ract) for v in (i, fg, o))
+            c = b.op("ADD", [b.op("MUL", [fg, c], (n, u), mul),
+                             b.op("MUL", [i, _rnn_act(b, cc, (n, u), act)], (n, u), mul)], (n, u), add)
+            h = b.op("MUL", [o, _rnn_act(b, c, (n, u), act)], (n, u), mul)
+        else:
+            xz, xr, xh = _rnn_gates(b, xp, n, u, 3)
+            if reset_after:
+                hz, hr, hh = _rnn_gates(b, b.op("FULLY_CONNECTED", [h, w_rec, b_rec], (n, 3 * u), fc), n, u, 3)
+            else:
+                hz, hr = _rnn_gates(b, b.op("FULLY_CONNECTED", [h, w_rec_zr, -1], (n, 2 * u), fc), n, u, 2)
+            zg = _rnn_act(b, b.op("ADD", [xz, hz], (n, u), add), (n, u), ract)
+            rg = _rnn_act(b, b.op("ADD", [xr, hr], (n, u), add), (n, u), ract)
+            if reset_after:
+                cand = b.op("ADD", [xh, b.op("MUL", [rg, hh], (n, u), mul)], (n, u), add)
+            else:
+                rh = b.op("MUL", [rg, h], (n, u), mul)
+                cand = b.op("ADD", [xh, b.op("FULLY_CONNECTED", [rh, w_rec_h, -1], (n, u), fc)], (n, u), add)
+            cand = _rnn_act(b, cand, (n, u), act)
+            # h = z * h + (1 - z) * cand = cand + z * (h - cand)
+            h = b.op("ADD", [cand, b.op("MUL", [zg, b.op("SUB", [h, cand], (n, u), ("SubOptions", {
+                "fusedActivationFunction": 0}))], (n, u), mul)], (n, u), add)
+        hs.append(h)
+    results = []
+    if attrs.get("return_sequences"):
+        results.append(("PACK", hs, ("PackOptions", {"valuesCount": len(hs), "axis": 1})))
+        if attrs.get("return_state"):
+            results.append(("h", h, None))
+    else:
+        results.append(("h", h, None))
+    if attrs.get("return_state") and cell == "lstm":
+        results.append(("c", c, None))
+    for out, (kind, value, options) in zip(outs, results):
+        if kind == "PACK":
+            b.op("PACK", value, options=options, out=out)
+        else:   # the last state written to the op's output tensor (RESHAPE to its own shape: a copy)
+            b.op("RESHAPE", [value, b.weight_i32([n, u])], options=("ReshapeOptions", {"newShape": [n, u]}), out=out)
+    return b.ops
+
+
+@expansion("fused_lstm")
+def _lstm(g: Graph, oi: int, attrs: dict) -> list:
+    return _rnn_expansion(g, oi, attrs, "lstm")
+
+
+@expansion("fused_gru")
+def _gru(g: Graph, oi: int, attrs: dict) -> list:
+    return _rnn_expansion(g, oi, attrs, "gru")
+
+
 def unfuse(tflite: bytes) -> tuple[bytes, dict]:
     """Expands every tflfuse fused op of a .tflite into TFLite builtins.
 
@@ -367,7 +486,7 @@ def unfuse(tflite: bytes) -> tuple[bytes, dict]:
 
     Raises:
       tflfuse.ModelError: a malformed file.
-      UnfuseError: a fused op with no expansion (fused_lstm, fused_gru), or attributes no builtin expresses.
+      UnfuseError: a fused op with no expansion, or attributes no builtin expresses.
       ValueError: a fused op whose weights are not constants.
       tflfuse.kernels.UnsupportedOpError / KernelError: the file does not plan on tflfuse.
     """
@@ -377,9 +496,8 @@ def unfuse(tflite: bytes) -> tuple[bytes, dict]:
         names = model.op_names(sg)
         stuck = sorted({n for n in names if n.startswith("fused_") and n not in _EXPANSIONS})
         if stuck:
-            raise UnfuseError(f"subgraph {sg} has fused op(s) {stuck} with no expansion into builtins (a "
-                              f"recurrent op runs over time steps, which builtins express only as a loop); "
-                              f"convert the model with annotations=False for a file that stock LiteRT runs")
+            raise UnfuseError(f"subgraph {sg} has fused op(s) {stuck} with no expansion into builtins; convert "
+                              f"the model with annotations=False for a file that stock LiteRT runs")
         if not any(n in _EXPANSIONS for n in names):
             continue
         g = Graph(model, sg)

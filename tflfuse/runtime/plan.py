@@ -166,7 +166,7 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
             elif t in consts:
                 if pos in getattr(cls, "constant_attrs", {}):  # also read at plan time (GATHER's range check)
                     attrs[cls.constant_attrs[pos]] = consts[t]
-                relayout = getattr(cls, "relayout", {}).get(pos)
+                relayout = getattr(cls, "relayout", {}).get(pos) if target == "gpu" else None
                 if relayout is not None and relayout[0] not in attrs:   # a weight re-laid out at load
                     attr, value, transform = relayout
                     key = (t, value)
