@@ -16,7 +16,7 @@ import numpy as np
 
 from .bottleneck import InvertedResidual, fold_batch_norm, random_conv_bn
 
-__all__ = ["BLOCKS", "make_divisible", "mobilenet_v2"]
+__all__ = ["BLOCKS", "check_model_args", "make_divisible", "mobilenet_v2"]
 
 #: (expansion t, output channels c, repeats n, first stride s) of MobileNetV2's 7 bottleneck stages.
 BLOCKS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
@@ -38,6 +38,20 @@ def _conv(name: str, rng, kernel_size: int, cin: int, filters: int, stride: int 
     layer.build((None, None, None, cin))
     layer.set_weights([kernel, bias])
     return layer
+
+
+def check_model_args(input_shape, alpha, classes, seed) -> None:
+    """Raises ValueError naming the argument: ``input_shape`` not (H, W, C) of positive ints, ``alpha`` not
+    > 0, ``classes`` not a positive int, ``seed`` not a non-negative int."""
+    if not (isinstance(input_shape, (tuple, list)) and len(input_shape) == 3
+            and all(type(d) is int and d > 0 for d in input_shape)):
+        raise ValueError(f"input_shape must be (H, W, C) of positive ints, got {input_shape!r}")
+    if not (isinstance(alpha, (int, float)) and alpha > 0):
+        raise ValueError(f"alpha must be > 0, got {alpha!r}")
+    if not (type(classes) is int and classes > 0):
+        raise ValueError(f"classes must be a positive int, got {classes!r}")
+    if not (type(seed) is int and seed >= 0):
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
 
 
 def mobilenet_v2(input_shape=(224, 224, 3), alpha: float = 1.0, classes: int = 1000, seed: int = 0,
@@ -70,15 +84,7 @@ def mobilenet_v2(input_shape=(224, 224, 3), alpha: float = 1.0, classes: int = 1
     Raises:
       ValueError: a non-positive alpha, classes or seed < 0, or an input_shape that is not 3 positive ints.
     """
-    if not (isinstance(input_shape, (tuple, list)) and len(input_shape) == 3
-            and all(type(d) is int and d > 0 for d in input_shape)):
-        raise ValueError(f"input_shape must be (H, W, C) of positive ints, got {input_shape!r}")
-    if not (isinstance(alpha, (int, float)) and alpha > 0):
-        raise ValueError(f"alpha must be > 0, got {alpha!r}")
-    if not (type(classes) is int and classes > 0):
-        raise ValueError(f"classes must be a positive int, got {classes!r}")
-    if not (type(seed) is int and seed >= 0):
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    check_model_args(input_shape, alpha, classes, seed)
     rng = np.random.default_rng(seed)
     block_seeds = rng.integers(0, 2 ** 31, size=17)
     inputs = keras.Input(shape=tuple(input_shape), batch_size=batch_size, name="image", dtype="float32")

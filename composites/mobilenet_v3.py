@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 from .bottleneck import InvertedResidual, fold_batch_norm, random_conv_bn
-from .mobilenet_v2 import make_divisible
+from .mobilenet_v2 import check_model_args, make_divisible
 
 __all__ = ["SMALL_BLOCKS", "mobilenet_v3_small", "mobilenet_v3_small_from_keras"]
 
@@ -103,17 +103,9 @@ def _assemble(input_shape, batch_size, plan: dict, weights: dict, *, rescale, he
 
 
 def _check_args(input_shape, alpha, classes, seed) -> None:
-    if not (isinstance(input_shape, (tuple, list)) and len(input_shape) == 3
-            and all(type(d) is int and d > 0 for d in input_shape)):
-        raise ValueError(f"input_shape must be (H, W, C) of positive ints, got {input_shape!r}")
+    check_model_args(input_shape, alpha, classes, seed)
     if min(input_shape[:2]) < 32:
         raise ValueError(f"input_shape must be at least 32x32 (as keras.applications), got {input_shape!r}")
-    if not (isinstance(alpha, (int, float)) and alpha > 0):
-        raise ValueError(f"alpha must be > 0, got {alpha!r}")
-    if not (type(classes) is int and classes > 0):
-        raise ValueError(f"classes must be a positive int, got {classes!r}")
-    if not (type(seed) is int and seed >= 0):
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
 
 
 def mobilenet_v3_small(input_shape=(224, 224, 3), alpha: float = 1.0, classes: int = 1000, seed: int = 0,

@@ -182,14 +182,21 @@ def _weights(g: Graph, oi: int, ins: list[int], count: int) -> list[np.ndarray]:
     return vals
 
 
-@expansion("fused_conv2d")
-def _conv2d(g: Graph, oi: int, attrs: dict) -> list:
+def _conv_parts(g: Graph, oi: int, attrs: dict, n_weights: int):
+    """``(inputs, output, builder, weights, epilogue inputs, output shape, bias tensor)`` of a fused conv;
+    LiteRT's CONV_2D and DEPTHWISE_CONV_2D need a bias tensor, so an absent one becomes zeros."""
     ins, (out,) = g.inputs(oi), g.outputs_of(oi)
     b = Builder(g, oi)
-    (w,) = _weights(g, oi, ins, 1)
-    extra = ins[2:]
-    shape = g.shapes[out]   # LiteRT's CONV_2D and DEPTHWISE_CONV_2D need a bias tensor: zeros where absent
+    weights = _weights(g, oi, ins, n_weights)
+    extra = ins[1 + n_weights:]
+    shape = g.shapes[out]
     bias = extra.pop(0) if attrs.get("has_bias", True) else b.weight(np.zeros(shape[-1], np.float32))
+    return ins, out, b, weights, extra, shape, bias
+
+
+@expansion("fused_conv2d")
+def _conv2d(g: Graph, oi: int, attrs: dict) -> list:
+    ins, out, b, (w,), extra, shape, bias = _conv_parts(g, oi, attrs, 1)
     filt = b.weight(w.transpose(3, 0, 1, 2))   # HWIO -> OHWI
     _epilogue(b, g, attrs, shape, extra, out, lambda code, o: b.op(
         "CONV_2D", [ins[0], filt, bias], shape, _geometry_options("Conv2DOptions", attrs, code), out=o))
@@ -198,12 +205,7 @@ def _conv2d(g: Graph, oi: int, attrs: dict) -> list:
 
 @expansion("fused_depthwise_conv2d")
 def _depthwise(g: Graph, oi: int, attrs: dict) -> list:
-    ins, (out,) = g.inputs(oi), g.outputs_of(oi)
-    b = Builder(g, oi)
-    (w,) = _weights(g, oi, ins, 1)
-    extra = ins[2:]
-    shape = g.shapes[out]   # LiteRT's CONV_2D and DEPTHWISE_CONV_2D need a bias tensor: zeros where absent
-    bias = extra.pop(0) if attrs.get("has_bias", True) else b.weight(np.zeros(shape[-1], np.float32))
+    ins, out, b, (w,), extra, shape, bias = _conv_parts(g, oi, attrs, 1)
     kh, kw, cin, m = w.shape
     filt = b.weight(w.reshape(1, kh, kw, cin * m))
     _epilogue(b, g, attrs, shape, extra, out, lambda code, o: b.op(
@@ -214,12 +216,7 @@ def _depthwise(g: Graph, oi: int, attrs: dict) -> list:
 
 @expansion("fused_separable_conv2d")
 def _separable(g: Graph, oi: int, attrs: dict) -> list:
-    ins, (out,) = g.inputs(oi), g.outputs_of(oi)
-    b = Builder(g, oi)
-    dw, pw = _weights(g, oi, ins, 2)
-    extra = ins[3:]
-    shape = g.shapes[out]   # LiteRT's CONV_2D and DEPTHWISE_CONV_2D need a bias tensor: zeros where absent
-    bias = extra.pop(0) if attrs.get("has_bias", True) else b.weight(np.zeros(shape[-1], np.float32))
+    ins, out, b, (dw, pw), extra, shape, bias = _conv_parts(g, oi, attrs, 2)
     kh, kw, cin, m = dw.shape
     pw = pw.reshape(cin * m, -1)
     zero = b.weight(np.zeros(cin * m, np.float32))   # LiteRT's DEPTHWISE_CONV_2D needs a bias tensor
