@@ -3,16 +3,30 @@
 
 A pattern is rewritten only where it is safe by construction: every intermediate tensor of the chain is read
 by the next op of the chain alone and is not a subgraph output; weights are constants (after load-time
-folding of DEQUANTIZE); shapes, strides, padding and activations are checked against what the fused kernel
-computes. The chain's last output tensor is kept (same index, name and signature entry); the tensors
-between are dropped with their ops. Weights are re-laid out for the fused op (a CONV_2D filter
-``[O, 1, 1, I]`` becomes ``[I, O]``) as new float32 constants.
+folding of DEQUANTIZE); shapes, strides, padding and activations are checked, and the fused op's kernel is
+built on the chain's shapes before anything is rewritten (a chain it would refuse, or whose output shape it
+would not reproduce, is left alone). The chain's last output tensor is kept (same index, name and signature
+entry); the tensors between are dropped with their ops. Weights are re-laid out for the fused op (a CONV_2D
+filter ``[O, 1, 1, I]`` becomes ``[I, O]``) as new constants, float16 behind a DEQUANTIZE where that is
+lossless (weights the file held as float16), float32 otherwise.
 
-Patterns (``PATTERNS``, tried in this order at every op):
+Patterns (:data:`PATTERNS`, tried in this order at every op):
 
 * ``bottleneck``: CONV_2D 1x1 (act A) -> DEPTHWISE_CONV_2D KxK, K 3 or 5, stride 1 or 2, SAME (act A) ->
   CONV_2D 1x1 (no act) [-> ADD of the block's input] with A = RELU6 or RELU; also without the first conv
-  (expansion 1). Becomes ``fused_bottleneck``.
+  (expansion 1): ``fused_bottleneck``.
+* ``squeeze_excite``: global AVERAGE_POOL_2D (or MEAN over H, W) -> CONV_2D 1x1 + RELU -> CONV_2D 1x1 ->
+  LOGISTIC -> MUL with the input: ``fused_squeeze_excite``.
+* ``pad_conv``: PAD of zeros exactly as SAME would pad, then a VALID CONV_2D / DEPTHWISE_CONV_2D: the conv
+  with SAME padding (a builtin still).
+* ``separable_conv``: DEPTHWISE_CONV_2D -> CONV_2D 1x1 [-> ADD residual] [-> activation op]:
+  ``fused_separable_conv2d``.
+* ``conv_activation``: CONV_2D / DEPTHWISE_CONV_2D -> [ADD residual] -> [an activation op TFLite cannot fold:
+  PRELU, HARD_SWISH, LOGISTIC, TANH, LEAKY_RELU, ELU, RELU]: ``fused_conv2d`` / ``fused_depthwise_conv2d``.
+* ``hard_swish``: x * relu6(x + 3) / 6 spelled out: the builtin HARD_SWISH.
+* ``clip``: MINIMUM + MAXIMUM with scalar constants: RELU6 / RELU_N1_TO_1 / RELU_0_TO_1, else ``fused_clip``.
+* ``pool_activation``: MAX_POOL_2D / AVERAGE_POOL_2D then RELU / RELU6 / RELU_N1_TO_1 (folded into the pool)
+  or LOGISTIC / TANH / HARD_SWISH (``fused_pool2d``).
 """
 
 from __future__ import annotations
