@@ -205,7 +205,7 @@ SES = [  # (input shape, Cr, activation, gate, weight form)
     ((3, 23, 19, 6), 2, "relu6", "hard_sigmoid_keras2", "conv"),  # 437 pixels: two-pass mean
     ((2, 1, 1, 5), 1, "relu", "hard_sigmoid", "dense"),
     ((1, 3, 2, 3900), 20, "relu", "sigmoid", "dense"),  # C + Cr past one workgroup's memory: stepwise
-    ((2, 130, 129, 3), 2, "relu", "sigmoid", "conv"),    # 16,770 pixels shared by 85 lanes per channel
+    ((2, 130, 129, 3), 2, "relu", "sigmoid", "conv"),    # 16,770 pixels: partial sums of 1,049 chunks first
 ]
 
 

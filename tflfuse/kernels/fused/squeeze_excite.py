@@ -16,14 +16,18 @@ Op inputs: ``x``, ``w1`` ([C, Cr], or a 1x1 conv kernel [1, 1, C, Cr]), ``b1 [Cr
   ``keras.activations.hard_sigmoid`` (``relu6(v + 3) / 6``) is the same function up to one rounding;
 * ``"hard_sigmoid_keras2"``: ``clip(0.2 v + 0.5, 0, 1)``, the hard sigmoid of Keras 2 / ``tf.keras.backend``.
 
-Dispatches: two where one workgroup per image holds the C + Cr channels in workgroup memory: the gate (the
-workgroup's invocations share the pixels of each block of channels, reduce them in workgroup memory, then run
-both fully-connected layers) and the scaling (one invocation per element of ``y``). Otherwise four or five: the
+Dispatches: where one workgroup per image holds the C + Cr channels in workgroup memory, past 32 pixels a
+partial sum of each chunk of 16 pixels per channel (many invocations, so one workgroup does not walk every
+pixel), then the gate (the workgroup's invocations share the rows of each block of channels, reduce them in
+workgroup memory, then run both fully-connected layers) and the scaling (one invocation per element of
+``y``): two or three. Otherwise four or five: the
 mean as a two-pass parallel reduction (:func:`~tflfuse.kernels.fused.pool.reduce_hw_programs`), the two
 fully-connected layers (one invocation per output), and the scaling, through scratch buffers.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from ..base import MAX_WORKGROUPS_PER_DIM, Kernel, Program, TensorSpec
 from ..registry import register
@@ -33,6 +37,7 @@ from .pool import reduce_hw_chunks, reduce_hw_programs
 __all__ = ["FusedSqueezeExcite", "GATES"]
 
 _GATE_WG = 256          # invocations of the gate's workgroup (one workgroup per image)
+_CHUNK = 16             # pixels per partial sum before the gate (past 32 pixels)
 _WG_BYTES = 16384       # WebGPU's default maxComputeWorkgroupStorageSize
 _GATE_MAX_TRIPS = 16384  # loop iterations per invocation of the gate, well inside the software adapter's cap
 
@@ -92,7 +97,8 @@ class FusedSqueezeExcite(Kernel):
         ``[N, Cr]``, the gate ``[N, C]`` and (where the reduction takes two passes) its partial sums."""
         n, h, w, c = self.input(0).shape
         if self._two_dispatches():
-            return (n * c * 4,)
+            rows = self._rows()
+            return (n * c * 4,) + ((n * rows * c * 4,) if rows != h * w else ())
         _, chunks = reduce_hw_chunks(h * w)
         sizes = (n * c * 4, n * self.cr * 4, n * c * 4)
         return sizes + ((n * chunks * c * 4,) if chunks > 1 else ())
@@ -106,24 +112,44 @@ class FusedSqueezeExcite(Kernel):
         return (c + self.cr + _GATE_WG) * 4 <= _WG_BYTES and n <= MAX_WORKGROUPS_PER_DIM and \
             self._gate_trips() <= _GATE_MAX_TRIPS
 
+    def _rows(self) -> int:
+        """Rows the gate's workgroup reduces per channel: the pixels, or past :data:`_CHUNK` * 2 pixels the
+        partial sums of chunks of :data:`_CHUNK` pixels (one workgroup per image then reads few values)."""
+        _, h, w, _ = self.input(0).shape
+        return h * w if h * w <= 2 * _CHUNK else -(-h * w // _CHUNK)
+
     def _gate_trips(self) -> int:
         n, h, w, c = self.input(0).shape
         cb = min(c, _GATE_WG)
         lanes = _GATE_WG // cb
         per = lambda k: -(-k // _GATE_WG)  # noqa: E731
-        return -(-c // cb) * (-(-h * w // lanes) + lanes) + per(self.cr) * (1 + c // 4) + per(c) * (1 + self.cr // 4)
+        return -(-c // cb) * (-(-self._rows() // lanes) + lanes) + per(self.cr) * (1 + c // 4) + \
+            per(c) * (1 + self.cr // 4)
 
     def _gate_and_scale(self):
-        """Two dispatches: one workgroup per image computes the gate ``[N, C]`` (the mean over the pixels,
-        the two fully-connected layers in workgroup memory), then one invocation per element scales ``x``."""
+        """Two or three dispatches: (past 32 pixels, partial sums over chunks of pixels,) one workgroup per
+        image computing the gate ``[N, C]`` (the mean, the two fully-connected layers in workgroup memory),
+        then one invocation per element scaling ``x``."""
         n, h, w, c = self.input(0).shape
-        cr, pixels = self.cr, h * w
+        cr, pixels, rows = self.cr, h * w, self._rows()
         cb = min(c, _GATE_WG)           # channels per pass of the mean
-        lanes = _GATE_WG // cb          # invocations sharing one channel's pixels
+        lanes = _GATE_WG // cb          # invocations sharing one channel's rows
         x, w1, b1, w2, b2, y = self.io_bindings(["x", "w1", "b1", "w2", "b2", "y"])
         g_w = self.binding("g", "scratch", 0, n * c * 4)
         g_r = self.binding("g", "scratch", 0, n * c * 4, access="read")
-        source = prelude((x, w1, b1, w2, b2, g_w)) + activation_fn(self.activation) + \
+        progs, src = [], x
+        if rows != pixels:   # partial sums over chunks of pixels, one invocation per (image, chunk, channel)
+            size = n * rows * c * 4
+            body = f"""  let ch = idx % {c}u;
+  let k = (idx / {c}u) % {rows}u;
+  let img = idx / {c * rows}u;
+  var v = 0.0;
+  for (var p = k * {_CHUNK}u; p < min((k + 1u) * {_CHUNK}u, {pixels}u); p++) {{ v += x[(img * {pixels}u + p) * {c}u + ch]; }}
+  s[idx] = v;"""
+            progs.append(elementwise_program(f"{self.key}_partial", (x, self.binding("s", "scratch", 1, size)),
+                                             n * rows * c, body, loop_trips=_CHUNK))
+            src = dataclasses.replace(self.binding("s", "scratch", 1, size, access="read"), name="x")
+        source = prelude((src, w1, b1, w2, b2, g_w)) + activation_fn(self.activation) + \
             f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n" + f"""
 var<workgroup> part: array<f32, {_GATE_WG}>;
 var<workgroup> pooled: array<f32, {c}>;
@@ -137,7 +163,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var c0 = 0u; c0 < {c}u; c0 += {cb}u) {{
     var v = 0.0;
     if (c0 + cl < {c}u && lane < {lanes}u) {{
-      for (var p = lane; p < {pixels}u; p += {lanes}u) {{ v += x[(n * {pixels}u + p) * {c}u + c0 + cl]; }}
+      for (var p = lane; p < {rows}u; p += {lanes}u) {{ v += x[(n * {rows}u + p) * {c}u + c0 + cl]; }}
     }}
     part[lid] = v;
     workgroupBarrier();
@@ -161,10 +187,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }}
 }}
 """
-        gate = Program(f"{self.key}_gate", source, (_GATE_WG, 1, 1), (n, 1, 1), (x, w1, b1, w2, b2, g_w),
-                       loop_trips=self._gate_trips())
+        progs.append(Program(f"{self.key}_gate", source, (_GATE_WG, 1, 1), (n, 1, 1), (src, w1, b1, w2, b2, g_w),
+                             loop_trips=self._gate_trips()))
         scale = f"  y[idx] = x[idx] * g[(idx / {pixels * c}u) * {c}u + idx % {c}u];"
-        return [gate, elementwise_program(f"{self.key}_scale", (x, g_r, y), n * pixels * c, scale)]
+        return progs + [elementwise_program(f"{self.key}_scale", (x, g_r, y), n * pixels * c, scale)]
 
     def _stepwise(self):
         """Where one workgroup per image cannot hold the channels (or would loop too long): the mean as a
