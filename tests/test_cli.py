@@ -166,4 +166,8 @@ def test_shader_model_writes_distinct_shaders_and_a_manifest(face_model, tmp_pat
     d = conv["dispatches"][0]
     assert "@compute" in (tmp_path / d["shader"]).read_text()
     assert [b["tensor"] for b in d["bindings"] if b["role"] == "output"] == conv["outputs"]
+    # every binding is a tensor of the file, in the file's layout (no weights re-laid out for a GPU plan)
+    n_tensors = len(Model.from_path(face_model).subgraphs[0].tensors)
+    assert all(b["tensor"] < n_tensors for op in manifest["ops"] for x in op["dispatches"] for b in x["bindings"]
+               if b.get("tensor") is not None)
     assert tflfuse("shader", f"--model={face_model}").returncode == 2   # --out is needed

@@ -160,7 +160,7 @@ def model_shaders(model, target: str = "gpu") -> tuple[dict[str, str], dict]:
         model = Model.from_path(model)
     elif not isinstance(model, Model):
         model = Model(model)
-    graph = lower(model, 0, target=target)
+    graph = lower(model, 0, target=target, relayout=False)   # shaders read the file's tensors as they are
     files: dict[str, str] = {}
     ops = []
     for op in graph.ops:

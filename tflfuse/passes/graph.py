@@ -45,7 +45,7 @@ class Graph:
 
         self.model, self.index = model, subgraph
         self.sg = model.m.subgraphs[subgraph]
-        lowered = lower(model, subgraph)
+        lowered = lower(model, subgraph, relayout=False)   # the file's own tensors and layouts
         self.values: dict[int, np.ndarray] = dict(lowered.consts)
         self.shapes: dict[int, tuple[int, ...]] = {t: s.shape for t, s in lowered.specs.items()}
         self.shapes.update({t: tuple(np.shape(v)) for t, v in self.values.items()})

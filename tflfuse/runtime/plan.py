@@ -100,13 +100,16 @@ def _runtime_spec(model: Model, sg: int, t: int, shape=None) -> TensorSpec:
 
 
 def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[int]] | None = None,
-          target: str = "gpu") -> LoweredGraph:
+          target: str = "gpu", relayout: bool = True) -> LoweredGraph:
     """Kernel lookup, shape inference and load-time folding for one subgraph. No GPU work.
 
     Args:
       input_shapes: tensor index -> shape, for inputs resized with ``resize_tensor_input``.
       target: ``"gpu"`` or ``"cpu"`` (the software adapter): passed to kernels that tune their schedule
         (workgroup shape, blocking) by it; the values computed do not depend on it.
+      relayout: for ``"gpu"``, give kernels with a ``relayout`` (CONV_2D, FULLY_CONNECTED) their constant
+        weights re-laid out, as new constants with ids past the file's tensors. False keeps every op reading
+        the file's own tensors in the file's layouts (graph passes, shader manifests).
     Raises:
       UnsupportedOpError: an op has no kernel (named with its index and subgraph).
       KernelError: an op's shapes or attributes are not supported, or disagree with the file; a graph that is
@@ -166,9 +169,9 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
             elif t in consts:
                 if pos in getattr(cls, "constant_attrs", {}):  # also read at plan time (GATHER's range check)
                     attrs[cls.constant_attrs[pos]] = consts[t]
-                relayout = getattr(cls, "relayout", {}).get(pos) if target == "gpu" else None
-                if relayout is not None and relayout[0] not in attrs:   # a weight re-laid out at load
-                    attr, value, transform = relayout
+                layout = getattr(cls, "relayout", {}).get(pos) if target == "gpu" and relayout else None
+                if layout is not None and layout[0] not in attrs:   # a weight re-laid out at load
+                    attr, value, transform = layout
                     key = (t, value)
                     if key not in relaid:   # a new tensor id, past the file's, shared by the ops reading it
                         relaid[key] = len(sg.tensors) + len(relaid)
