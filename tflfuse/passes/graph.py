@@ -18,7 +18,8 @@ from ..model import Model
 
 __all__ = ["Graph", "Replacement", "drop_unused_buffers"]
 
-_TENSOR_TYPES = {np.dtype(np.float32): schema.TensorType.FLOAT32, np.dtype(np.int32): schema.TensorType.INT32}
+_TENSOR_TYPES = {np.dtype(np.float32): schema.TensorType.FLOAT32, np.dtype(np.int32): schema.TensorType.INT32,
+                 np.dtype(np.float16): schema.TensorType.FLOAT16}
 
 
 class Replacement:
@@ -97,7 +98,7 @@ class Graph:
 
     # ---- adding ----------------------------------------------------------------------------------
     def add_tensor(self, shape: Sequence[int], name: str, data: np.ndarray | None = None) -> int:
-        """A new float32 (or int32, from ``data``) tensor; with ``data`` a constant. Returns its index."""
+        """A new float32 (or int32 / float16, from ``data``) tensor; with ``data`` a constant. Returns its index."""
         t = schema.TensorT()
         t.shape = [int(d) for d in shape]
         dtype = np.dtype(np.float32) if data is None else np.asarray(data).dtype
@@ -133,15 +134,7 @@ class Graph:
         half = data.astype(np.float16)
         if data.size < 16 or not np.array_equal(half.astype(np.float32), data):
             return self.add_const(data, name), []
-        t = schema.TensorT()
-        t.shape, t.type, t.name = list(half.shape), schema.TensorType.FLOAT16, f"{name}/fp16".encode()
-        b = schema.BufferT()
-        b.data = np.frombuffer(np.ascontiguousarray(half).tobytes(), np.uint8).copy()
-        self.model.m.buffers.append(b)
-        t.buffer = len(self.model.m.buffers) - 1
-        self.sg.tensors.append(t)
-        stored = len(self.sg.tensors) - 1
-        self.shapes[stored] = half.shape
+        stored = self.add_tensor(half.shape, f"{name}/fp16", half)
         out = self.add_tensor(half.shape, name)
         self.values[out] = data
         return out, [self.builtin_op("DEQUANTIZE", [stored], [out])]
