@@ -39,7 +39,7 @@ import numpy as np
 from absl import logging
 
 from ..model import Model
-from .graph import Graph, drop_unused_buffers
+from .graph import Graph, dispatches, drop_unused_buffers
 
 __all__ = ["FuseReport", "PATTERNS", "fuse", "dispatch_count"]
 
@@ -75,8 +75,7 @@ def dispatch_count(model: Model, subgraph: int = 0, target: str = "gpu") -> int:
     """Dispatches one invoke of ``subgraph`` runs, as planned for ``target`` (no GPU needed)."""
     from ..runtime.plan import lower
 
-    lowered = lower(model, subgraph, target=target)
-    return sum(0 if op.kernel.view else len(op.kernel.programs()) for op in lowered.ops)
+    return dispatches(lower(model, subgraph, target=target))
 
 
 # ---- the patterns ------------------------------------------------------------------------------------
@@ -536,10 +535,11 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
         raise ValueError(f"unknown pattern(s) {unknown}; known: {list(PATTERNS)}")
     model = Model(tflite)
     ops_before = _op_count(model)
-    before = sum(dispatch_count(model, sg, target) for sg in range(len(model.m.subgraphs)))
+    before = 0
     counts: collections.Counter = collections.Counter()
     for sg in range(len(model.m.subgraphs)):
-        g = Graph(model, sg)
+        g = Graph(model, sg, target)
+        before += g.dispatches
         for oi in range(len(g.sg.operators or [])):
             if not g.free(oi):
                 continue

@@ -8,6 +8,7 @@ Edits are queued and applied by :meth:`Graph.commit`, which keeps the operators 
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -16,7 +17,7 @@ from flatbuffers import flexbuffers
 
 from ..model import Model
 
-__all__ = ["Graph", "Replacement", "drop_unused_buffers"]
+__all__ = ["Graph", "Replacement", "dispatches", "drop_unused_buffers"]
 
 _TENSOR_TYPES = {np.dtype(np.float32): schema.TensorType.FLOAT32, np.dtype(np.int32): schema.TensorType.INT32,
                  np.dtype(np.float16): schema.TensorType.FLOAT16}
@@ -41,12 +42,13 @@ class Graph:
         shapes that disagree); passes rewrite only graphs that tflfuse can run.
     """
 
-    def __init__(self, model: Model, subgraph: int = 0):
+    def __init__(self, model: Model, subgraph: int = 0, target: str = "gpu"):
         from ..runtime.plan import lower
 
         self.model, self.index = model, subgraph
         self.sg = model.m.subgraphs[subgraph]
-        lowered = lower(model, subgraph, relayout=False)   # the file's own tensors and layouts
+        lowered = lower(model, subgraph, target=target, relayout=False)   # the file's own tensors and layouts
+        self._lowered = lowered
         self.values: dict[int, np.ndarray] = dict(lowered.consts)
         self.shapes: dict[int, tuple[int, ...]] = {t: s.shape for t, s in lowered.specs.items()}
         self.shapes.update({t: tuple(np.shape(v)) for t, v in self.values.items()})
@@ -63,6 +65,11 @@ class Graph:
         self._claimed: set[int] = set()
 
     # ---- reading ---------------------------------------------------------------------------------
+    @functools.cached_property
+    def dispatches(self) -> int:
+        """Dispatches of the subgraph as it was opened (planned for ``target``), before any edit."""
+        return dispatches(self._lowered)
+
     def op_name(self, oi: int) -> str:
         return self.model.op_name(self.index, oi)
 
@@ -227,6 +234,11 @@ class Graph:
                 break
             ops = keep
         self.sg.operators = ops
+
+
+def dispatches(lowered) -> int:
+    """Dispatches one invoke of a :class:`~tflfuse.runtime.plan.LoweredGraph` runs (no GPU needed)."""
+    return sum(0 if op.kernel.view else len(op.kernel.programs()) for op in lowered.ops)
 
 
 def _builtin_code(model: Model, op) -> int:
