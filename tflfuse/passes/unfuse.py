@@ -27,9 +27,14 @@ class UnfuseError(ValueError):
     expresses (ELU's alpha); convert the model with ``annotations=False`` for a builtin-only file."""
 
 #: fused activation name -> (TFLite fused_activation_function, extra op after it or None)
-_ACTS = {"linear": ("NONE", None), "none": ("NONE", None), "relu": ("RELU", None), "relu6": ("RELU6", None),
-         "hard_swish": ("NONE", "HARD_SWISH"), "sigmoid": ("NONE", "LOGISTIC"), "tanh": ("NONE", "TANH")}
-_ACT_CODES = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3, "TANH": 4}
+#: activation -> the fusedActivationFunction code of a conv or ADD that applies it
+_FUSED_CODES = {"linear": 0, "none": 0, "relu": 1, "relu_n1_to_1": 2, "relu6": 3}
+#: activation -> (builtin op, its options) applying it on its own
+_ACT_BUILTINS = {"relu": ("RELU", None), "relu6": ("RELU6", None), "relu_n1_to_1": ("RELU_N1_TO_1", None),
+                 "relu_0_to_1": ("RELU_0_TO_1", None), "sigmoid": ("LOGISTIC", None), "logistic": ("LOGISTIC", None),
+                 "tanh": ("TANH", None), "hard_swish": ("HARD_SWISH", None), "elu": ("ELU", None),
+                 "gelu": ("GELU", ("GeluOptions", {"approximate": False})),
+                 "gelu_tanh": ("GELU", ("GeluOptions", {"approximate": True}))}
 
 
 def expansion(name: str):
@@ -77,13 +82,12 @@ class Builder:
 
     def conv_1x1(self, x: int, w_io, b, shape_out, activation="linear", out=None) -> int:
         """CONV_2D 1x1 with ``w_io`` [I, O] and bias [O]; a non-foldable activation becomes its own op."""
-        fused, extra = _ACTS[activation.lower()]
+        code = _FUSED_CODES.get(activation.lower())
         w = np.asarray(w_io, np.float32).T[:, None, None, :]
-        conv_out = out if extra is None else None
         y = self.op("CONV_2D", [x, self.weight(w), self.weight(b)], shape_out,
                     ("Conv2DOptions", {"padding": 0, "strideW": 1, "strideH": 1,
-                                       "fusedActivationFunction": _ACT_CODES[fused]}), out=conv_out)
-        return y if extra is None else self.op(extra, [y], shape_out, out=out)
+                                       "fusedActivationFunction": code or 0}), out=out if code is not None else None)
+        return y if code is not None else _act_after(self, y, shape_out, activation, out=out)
 
 
 @expansion("fused_bottleneck")
@@ -107,13 +111,13 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
         e, cexp = x, cin
     dw, db, pw, pb, *sev = vals
     oh, ow = -(-h // stride), -(-w // stride)
-    fused, extra = _ACTS[act.lower()]
+    code = _FUSED_CODES.get(act.lower())
     d = b.op("DEPTHWISE_CONV_2D", [e, b.weight(dw[None]), b.weight(db)], (n, oh, ow, cexp),
              ("DepthwiseConv2DOptions", {"padding": 0, "strideW": stride, "strideH": stride, "depthMultiplier": 1,
                                          "dilationWFactor": 1, "dilationHFactor": 1,
-                                         "fusedActivationFunction": _ACT_CODES[fused]}))
-    if extra is not None:
-        d = b.op(extra, [d], (n, oh, ow, cexp))
+                                         "fusedActivationFunction": code or 0}))
+    if code is None:
+        d = _act_after(b, d, (n, oh, ow, cexp), act)
     if se:
         w1, b1, w2, b2 = sev
         s = b.op("MEAN", [d, b.weight_i32([1, 2])], (n, 1, 1, cexp), ("ReducerOptions", {"keepDims": True}))
@@ -131,20 +135,14 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
     return b.ops
 
 
-#: fused-op activation -> (builtin activation op, its options) for the activations no conv option holds.
-_ACT_OPS = {"sigmoid": ("LOGISTIC", None), "tanh": ("TANH", None), "hard_swish": ("HARD_SWISH", None),
-            "elu": ("ELU", None), "gelu": ("GELU", ("GeluOptions", {"approximate": False})),
-            "gelu_tanh": ("GELU", ("GeluOptions", {"approximate": True}))}
-
-
 def _epilogue(b: Builder, g: Graph, attrs: dict, y_shape, extra: list[int], out: int, conv) -> None:
     """Emits ``conv(fused_activation)`` then the residual ADD and the activation of a fused conv op, in the
     order the fused op applies them (bias, residual, activation), writing ``out``."""
     act = str(attrs.get("activation", "linear")).lower()
     residual = extra.pop(0) if attrs.get("has_residual") else None
     slopes = extra.pop(0) if attrs.get("has_prelu") else None
-    foldable = act in ("linear", "relu", "relu6")
-    code = _ACT_CODES[{"linear": "NONE", "relu": "RELU", "relu6": "RELU6"}.get(act, "NONE")]
+    foldable = act in _FUSED_CODES
+    code = _FUSED_CODES.get(act, 0)
     if residual is None and foldable:
         conv(code, out)
         return
@@ -164,8 +162,7 @@ def _epilogue(b: Builder, g: Graph, attrs: dict, y_shape, extra: list[int], out:
     elif act == "elu" and attrs.get("alpha") not in (None, 1.0):
         raise UnfuseError(f"elu with alpha {attrs.get('alpha')} has no TFLite builtin (ELU's alpha is 1)")
     else:
-        name, options = _ACT_OPS[act]
-        b.op(name, [y], options=options, out=out)
+        _act_after(b, y, y_shape, act, out=out)
 
 
 def _geometry_options(kind: str, attrs: dict, code: int, **more) -> tuple[str, dict]:
@@ -237,15 +234,10 @@ def _act_after(b: Builder, x: int, shape, activation: str, out=None) -> int:
             return x
         return b.op("RESHAPE", [x, b.weight_i32(list(shape))], shape, ("ReshapeOptions", {"newShape": list(shape)}),
                     out=out)
-    name = {"relu": "RELU", "relu6": "RELU6", "relu_n1_to_1": "RELU_N1_TO_1", "relu_0_to_1": "RELU_0_TO_1",
-            "sigmoid": "LOGISTIC", "logistic": "LOGISTIC", "tanh": "TANH", "hard_swish": "HARD_SWISH",
-            "elu": "ELU"}.get(act)
-    if name is None:
-        if act in _ACT_OPS:
-            name, options = _ACT_OPS[act]
-            return b.op(name, [x], shape, options, out=out)
+    if act not in _ACT_BUILTINS:
         raise UnfuseError(f"activation {activation!r} has no TFLite builtin to unfuse into")
-    return b.op(name, [x], shape, out=out)
+    name, options = _ACT_BUILTINS[act]
+    return b.op(name, [x], shape, options, out=out)
 
 
 @expansion("fused_hard_swish")
@@ -306,9 +298,7 @@ def _squeeze_excite(g: Graph, oi: int, attrs: dict) -> list:
     w1, w2 = w1.reshape(w1.shape[-2:]), w2.reshape(w2.shape[-2:])
     s = b.op("MEAN", [ins[0], b.weight_i32([1, 2])], (n, 1, 1, c), ("ReducerOptions", {"keepDims": True}))
     act = str(attrs.get("activation", "relu")).lower()
-    s = b.conv_1x1(s, w1, b1, (n, 1, 1, w1.shape[1]), act if act in _ACTS else "linear")
-    if act not in _ACTS:
-        s = _act_after(b, s, (n, 1, 1, w1.shape[1]), act)
+    s = b.conv_1x1(s, w1, b1, (n, 1, 1, w1.shape[1]), act)
     gate = str(attrs.get("gate", "sigmoid")).lower()
     if gate == "sigmoid":
         s = b.conv_1x1(s, w2, b2, (n, 1, 1, c), "sigmoid")
@@ -356,15 +346,10 @@ def _matmul(g: Graph, oi: int, attrs: dict) -> list:
 def _rnn_act(b: Builder, x: int, shape, name: str) -> int:
     """A Keras recurrent activation as builtins (hard_sigmoid is Keras 3's relu6(v + 3) / 6)."""
     name = name.lower()
-    if name == "linear":
-        return x
     if name == "hard_sigmoid":
         y = b.op("ADD", [x, b.weight(np.float32([3.0]))], shape, ("AddOptions", {"fusedActivationFunction": 3}))
         return b.op("MUL", [y, b.weight(np.float32([1 / 6]))], shape, ("MulOptions", {"fusedActivationFunction": 0}))
-    op = {"tanh": "TANH", "sigmoid": "LOGISTIC", "relu": "RELU"}.get(name)
-    if op is None:
-        raise UnfuseError(f"recurrent activation {name!r} has no builtin expansion")
-    return b.op(op, [x], shape)
+    return _act_after(b, x, shape, name)
 
 
 def _rnn_gates(b: Builder, z: int, n: int, u: int, gates: int) -> list[int]:
