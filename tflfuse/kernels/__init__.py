@@ -5,8 +5,8 @@
 
 from . import conv, data, elementwise, pool, resize, shape_ops, transpose_conv  # noqa: F401  (registers the kernels)
 from . import fused  # noqa: F401  (each module of fused/ registers its kernels)
-from .base import Kernel, KernelError, Program, TensorSpec
+from .base import CompositeKernel, Kernel, KernelError, Program, TensorSpec
 from .registry import UnsupportedOpError, kernel_class, register, supported_ops
 
-__all__ = ["Kernel", "KernelError", "Program", "TensorSpec", "UnsupportedOpError", "kernel_class",
+__all__ = ["CompositeKernel", "Kernel", "KernelError", "Program", "TensorSpec", "UnsupportedOpError", "kernel_class",
            "register", "supported_ops"]

@@ -18,7 +18,7 @@ import struct
 from typing import ClassVar, Mapping, Sequence
 
 __all__ = [
-    "Binding", "Kernel", "KernelError", "Program", "TensorSpec", "Uniform", "linear_dispatch",
+    "Binding", "CompositeKernel", "Kernel", "KernelError", "Program", "TensorSpec", "Uniform", "linear_dispatch",
     "MAX_WORKGROUPS_PER_DIM",
 ]
 
@@ -237,3 +237,15 @@ class Kernel:
         binds = [self.binding(n, "input", i, self.inputs[i]) for n, i in zip(names, present)]
         binds += [self.binding(n, "output", i, s) for i, (n, s) in enumerate(zip(names[len(present):], outs))]
         return tuple(binds)
+
+
+class CompositeKernel(Kernel):
+    """Base of the kernels of composite ops (``tflfuse.composite``, pattern fusion): the op's custom options
+    are the flexbuffer map :func:`tflfuse.annotate.encode_attrs` wrote, decoded back to the attributes the
+    composite was given (:func:`tflfuse.annotate.decode_attrs`)."""
+
+    @staticmethod
+    def decode_custom_options(options: dict) -> dict:
+        from ..annotate import decode_attrs
+
+        return decode_attrs(options)

@@ -21,7 +21,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .base import Binding, Kernel, KernelError, Program, TensorSpec, Uniform
+from .base import Binding, CompositeKernel, Kernel, KernelError, Program, TensorSpec, Uniform
 from .elementwise import broadcast_index
 from .registry import kernel_class, register, supported_ops
 from .wgsl import elementwise_program
@@ -38,11 +38,6 @@ def _check_new_key(name) -> None:
         raise ValueError(f"a kernel for {name!r} is already registered ({kernel_class(name).__name__}); one op "
                          f"name has one kernel: name the composite and its kernel differently")
 
-
-def _decode(options: dict) -> dict:
-    from ..annotate import decode_attrs
-
-    return decode_attrs(options)
 
 
 # ---- elementwise ---------------------------------------------------------------------------------------
@@ -73,10 +68,9 @@ def register_elementwise(name: str, expression: str, *, inputs: int = 1, uniform
     if not isinstance(expression, str) or not expression.strip():
         raise ValueError(f"expression must be a non-empty WGSL expression, got {expression!r}")
 
-    class ElementwiseKernel(Kernel):
+    class ElementwiseKernel(CompositeKernel):
         input_names = tuple(f"x{i}" for i in range(inputs))
         required_attrs = uniforms
-        decode_custom_options = staticmethod(_decode)
 
         def check(self):
             if len(self.inputs) != inputs:
@@ -184,11 +178,10 @@ class Chain:
         return values[0] if len(values) == 1 else tuple(values)
 
 
-class ComposedKernel(Kernel):
+class ComposedKernel(CompositeKernel):
     """Base of the kernels :func:`register_composition` makes; ``build`` is set per subclass."""
 
     build: Callable = None  # type: ignore[assignment]
-    decode_custom_options = staticmethod(_decode)
 
     def check(self):
         attrs = {**self.attr_defaults, **self.attrs}

@@ -99,7 +99,7 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
     se = bool(attrs.get("squeeze_excite", False))
     has_expand = len(ins) == (11 if se else 7)
     act = str(attrs.get("activation", "relu6"))
-    stride, k = int(attrs.get("stride", 1)), int(attrs.get("kernel_size", 3))
+    stride = int(attrs.get("stride", 1))
     vals = [g.const(t) for t in ins[1:]]
     if any(v is None for v in vals):
         raise ValueError(f"fused_bottleneck (operator {oi}): weights must be constants to unfuse")

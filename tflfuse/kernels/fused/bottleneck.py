@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..base import MAX_WORKGROUPS_PER_DIM, Kernel, Program, TensorSpec
+from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
 from ..wgsl import activation_fn, dot, elementwise_program, prelude
@@ -56,7 +56,7 @@ _SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; 
 
 
 @register("fused_bottleneck")
-class FusedBottleneck(Kernel):
+class FusedBottleneck(CompositeKernel):
     """Input ``x [N, H, W, Cin]`` float32 and the folded weights (see module doc) -> ``[N, OH, OW, Cout]``,
     ``OH = ceil(H / stride)``. Raises :class:`~tflfuse.kernels.KernelError` for weights whose shapes
     disagree, a stride other than 1 or 2, or a residual on a block whose input and output differ."""
@@ -67,12 +67,6 @@ class FusedBottleneck(Kernel):
                    "se_w2", "se_b2")
     attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "target": "gpu",
                      "kernel_size": 3, "squeeze_excite": False}
-
-    @staticmethod
-    def decode_custom_options(options: dict) -> dict:
-        from ...annotate import decode_attrs
-
-        return decode_attrs(options)
 
     def check(self):
         x = self.expect_rank(0, 4)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import Kernel, Program, TensorSpec, linear_dispatch
+from ..base import CompositeKernel, Program, TensorSpec, linear_dispatch
 from ..conv import conv_output_size, window_body
 from ..elementwise import broadcast_index
 from ..registry import register
@@ -43,7 +43,7 @@ _FLAGS = ("has_bias", "has_residual", "has_prelu")
 _OPTIONAL_NAMES = {"has_bias": "bias", "has_residual": "res", "has_prelu": "slope"}
 
 
-class FusedEpilogue(Kernel):
+class FusedEpilogue(CompositeKernel):
     """Base of the fused ops: ``main_inputs`` leading inputs, then the optional bias, residual and PReLU
     slopes named by the ``has_*`` flags, and the WGSL ``fn epilogue(v, idx, co) -> f32`` that adds the
     bias (``b[co]``) and residual (broadcast from output index ``idx``) and applies the activation."""
@@ -52,12 +52,6 @@ class FusedEpilogue(Kernel):
     input_names = ("bias", "residual", "prelu_alpha")  # after main_inputs, each present as its flag says
     attr_defaults = {"activation": "linear", "alpha": None, "has_bias": True, "has_residual": False,
                      "has_prelu": False}
-
-    @staticmethod
-    def decode_custom_options(options: dict) -> dict:
-        from ...annotate import decode_attrs
-
-        return decode_attrs(options)
 
     def check_epilogue(self, out_shape: tuple[int, ...], cout: int) -> None:
         """Validates the flags against the inputs, their shapes, and the activation; sets ``self.flags``."""

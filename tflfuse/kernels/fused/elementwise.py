@@ -15,21 +15,15 @@ from __future__ import annotations
 
 import math
 
-from ..base import Kernel, TensorSpec, Uniform
+from ..base import CompositeKernel, TensorSpec, Uniform
 from ..registry import register
 from ..wgsl import activation_fn, elementwise_program
 
 __all__ = ["FusedClip", "FusedHardSwish"]
 
 
-class _Elementwise(Kernel):
+class _Elementwise(CompositeKernel):
     input_names = ("x",)
-
-    @staticmethod
-    def decode_custom_options(options: dict) -> dict:
-        from ...annotate import decode_attrs
-
-        return decode_attrs(options)
 
     def check(self):
         self.expect_rank(0, *range(0, 7))

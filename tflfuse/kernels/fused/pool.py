@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from ..base import Binding, Kernel, Program, TensorSpec
+from ..base import Binding, CompositeKernel, Program, TensorSpec
 from ..conv import conv_output_size, window_body
 from ..registry import register
 from ..wgsl import ACTIVATIONS, activation_fn, elementwise_program, fmt_f32
@@ -80,14 +80,8 @@ def reduce_hw_programs(name: str, x: Binding, out: Binding, partial: Binding | N
             elementwise_program(name, (part_r, out), n * c, body2, helpers, loop_trips=chunks)]
 
 
-class _PoolBase(Kernel):
+class _PoolBase(CompositeKernel):
     input_names = ("x",)
-
-    @staticmethod
-    def decode_custom_options(options: dict) -> dict:
-        from ...annotate import decode_attrs
-
-        return decode_attrs(options)
 
     def _check_common(self):
         x = self.expect_rank(0, 4)

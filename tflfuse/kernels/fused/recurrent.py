@@ -44,7 +44,8 @@ The ``strategy`` attribute (``auto``, ``single``, ``stepwise``) overrides the ch
 
 from __future__ import annotations
 
-from ..base import MAX_WORKGROUPS_PER_DIM, Binding, Kernel, Program, TensorSpec, Uniform, linear_dispatch
+from ..base import (MAX_WORKGROUPS_PER_DIM, Binding, CompositeKernel, Kernel, Program, TensorSpec, Uniform,
+                    linear_dispatch)
 from ..registry import register
 from ..wgsl import activation_fn, elementwise_program, fmt_f32, linear_main, prelude
 
@@ -376,16 +377,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return pre + (self._single() if self.strategy == "single" else self._stepwise())
 
 
-class _FusedBase(_Recurrent):
+class _FusedBase(CompositeKernel, _Recurrent):
     """The custom ops made by the composites: Keras-layout weights, attributes from the composite."""
 
     extra_attrs = ("strategy",)
-
-    @staticmethod
-    def decode_custom_options(options: dict) -> dict:
-        from ...annotate import decode_attrs
-
-        return decode_attrs(options)
 
     def check(self):
         x = self.expect_rank(0, 3)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..base import MAX_WORKGROUPS_PER_DIM, Kernel, Program, TensorSpec
+from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec
 from ..registry import register
 from ..wgsl import ACTIVATIONS, activation_fn, dot, elementwise_program, fmt_f32, prelude
 from .pool import reduce_hw_chunks, reduce_hw_programs
@@ -51,19 +51,13 @@ GATES = {
 
 
 @register("fused_squeeze_excite")
-class FusedSqueezeExcite(Kernel):
+class FusedSqueezeExcite(CompositeKernel):
     """``x [N, H, W, C]`` float32 and the two layers' weights -> ``x * gate(act(mean(x) @ w1 + b1) @ w2 + b2)``,
     ``[N, H, W, C]``. Raises :class:`~tflfuse.kernels.KernelError` for weights whose shapes disagree with C,
     an unknown activation or gate."""
 
     input_names = ("x", "w1", "b1", "w2", "b2")
     attr_defaults = {"activation": "relu", "gate": "sigmoid"}
-
-    @staticmethod
-    def decode_custom_options(options: dict) -> dict:
-        from ...annotate import decode_attrs
-
-        return decode_attrs(options)
 
     def _matrix(self, i: int, name: str) -> tuple[int, int]:
         shape = self.expect_rank(i, 2, 4).shape
