@@ -205,6 +205,15 @@ class Kernel:
             return self.attr_defaults[name]
         raise self.fail(f"missing attribute {name!r}")
 
+    def target(self) -> str:
+        """The ``target`` attribute, ``"gpu"`` or ``"cpu"`` (the software adapter), that the planner sets for
+        kernels listing it in ``attr_defaults``: which schedule to emit; every schedule computes the same
+        values. Raises :class:`KernelError` for another value."""
+        target = str(self.attr("target"))
+        if target not in ("gpu", "cpu"):
+            raise self.fail(f"target must be 'gpu' or 'cpu', got {target!r}")
+        return target
+
     def input(self, i: int) -> TensorSpec:
         if i >= len(self.inputs) or self.inputs[i] is None:
             raise self.fail(f"input {i} is missing")

@@ -8,15 +8,14 @@ strides, dilation and the fused activation follow TFLite's reference kernels
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .base import Kernel, Program, TensorSpec
 from .registry import register
-from .wgsl import activation_fn, dot, elementwise_program
+from .wgsl import activation_fn, dot, elementwise_program, reduction_program, split_lanes
 
-__all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "conv_output_size", "depthwise_program", "window_body"]
+__all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "SUM_STORED_LATER", "conv_output_size", "depthwise_program",
+           "window_body", "window_lanes"]
 
 
 def conv_output_size(size: int, kernel: int, stride: int, dilation: int, padding: str) -> tuple[int, int]:
@@ -93,6 +92,20 @@ class _Conv(Kernel):
         return ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
 
 
+def window_lanes(outputs: int, g: dict, channels: int, target: str) -> int:
+    """:func:`~tflfuse.kernels.wgsl.split_lanes` for a convolution whose window taps each add a dot product
+    over ``channels`` input channels: at most ``channels / 4`` lanes, so that every lane takes at least one
+    unrolled group of each tap's channels."""
+    lanes = split_lanes(outputs, g["KH"] * g["KW"] * channels, target, min_groups=1)
+    while lanes > 1 and lanes * 4 > channels:
+        lanes //= 2
+    return lanes
+
+
+#: ``store`` of :func:`window_body` where a :func:`~tflfuse.kernels.wgsl.reduction_program` stores the sum.
+SUM_STORED_LATER = "// the sum is stored once the lanes' shares meet"
+
+
 def _hwio(filt):
     return filt.transpose(1, 2, 3, 0)
 
@@ -108,7 +121,7 @@ class Conv2D(_Conv):
     with OHWI reads. The software adapter keeps OHWI, where each invocation's contiguous reads are faster
     (its demo took twice as long with HWIO)."""
 
-    attr_defaults = {**_Conv.attr_defaults, "filter_layout": "OHWI"}
+    attr_defaults = {**_Conv.attr_defaults, "filter_layout": "OHWI", "target": "gpu"}
     #: input index -> (attribute, value, transform): how the planner re-lays out a constant input
     relayout = {1: ("filter_layout", "HWIO", _hwio)}
 
@@ -140,14 +153,17 @@ class Conv2D(_Conv):
         else:
             weight = "w[wb + {k}]"
             wb = f"((co * {g['KH']}u + u32(ky)) * {g['KW']}u + u32(kx)) * {fcin}u"
+        total = g["N"] * g["OH"] * g["OW"] * self.cout
+        lanes = window_lanes(total, g, fcin, self.target())
         inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + c0;
       let wb = {wb};
-      {dot(fcin, 'x[xb + {k}]', weight, 'acc')}"""
-        body = window_body(g, self.cout, f"  let c0 = (co / {cpg}u) * {fcin}u;\n  var acc = {bias};", inner, "acc")
-        total = g["N"] * g["OH"] * g["OW"] * self.cout
-        trips = g["KH"] * (1 + g["KW"] * (1 + fcin // 4))
-        return [elementwise_program(self.key, self.io_bindings(self._names()), total, body,
-                                    activation_fn(self.attr("fused_activation_function")), loop_trips=trips)]
+      {dot(fcin, 'x[xb + {k}]', weight, 'acc', lanes=lanes)}"""
+        body = window_body(g, self.cout, f"  let c0 = (co / {cpg}u) * {fcin}u;\n  var acc = 0.0;", inner, "acc",
+                           store=SUM_STORED_LATER)
+        trips = g["KH"] * (1 + g["KW"] * (1 + fcin // 4 // lanes))
+        return [reduction_program(self.key, self.io_bindings(self._names()), total, body,
+                                  f"y[idx] = act(acc + {bias});", activation_fn(self.attr("fused_activation_function")),
+                                  lanes=lanes, loop_trips=trips)]
 
 
 @register("DEPTHWISE_CONV_2D")
@@ -192,7 +208,8 @@ class FullyConnected(Kernel):
 
     optional_inputs = frozenset({2})
     input_names = ("input", "weights", "bias")
-    attr_defaults = {"fused_activation_function": "NONE", "keep_num_dims": False, "weights_layout": "OI"}
+    attr_defaults = {"fused_activation_function": "NONE", "keep_num_dims": False, "weights_layout": "OI",
+                     "target": "gpu"}
     #: a constant ``[Cout, Cin]`` matrix is transposed at load, so neighbouring invocations read neighbouring
     #: weights (``weights_layout="IO"``); see :class:`Conv2D`.
     relayout = {1: ("weights_layout", "IO", np.transpose)}
@@ -221,12 +238,13 @@ class FullyConnected(Kernel):
     def programs(self):
         bias = "b[co]" if self.has_input(2) else "0.0"
         weight = f"w[co * {self.cin}u + {{k}}]" if self.layout == "OI" else f"w[({{k}}) * {self.cout}u + co]"
+        total = self.rows * self.cout
+        lanes = split_lanes(total, self.cin, self.target())
         body = f"""  let co = idx % {self.cout}u;
   let r = idx / {self.cout}u;
-  var acc = {bias};
-  {dot(self.cin, f'x[r * {self.cin}u + {{k}}]', weight, 'acc')}
-  y[idx] = act(acc);"""
+  var acc = 0.0;
+  {dot(self.cin, f'x[r * {self.cin}u + {{k}}]', weight, 'acc', lanes=lanes)}"""
         names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
-        return [elementwise_program(self.key, self.io_bindings(names), math.prod((self.rows, self.cout)), body,
-                                    activation_fn(self.attr("fused_activation_function")),
-                                    loop_trips=self.cin // 4)]
+        return [reduction_program(self.key, self.io_bindings(names), total, body, f"y[idx] = act(acc + {bias});",
+                                  activation_fn(self.attr("fused_activation_function")), lanes=lanes,
+                                  loop_trips=-(-self.cin // (4 * lanes)))]

@@ -13,7 +13,7 @@ import math
 from .base import Kernel, Program, TensorSpec, Uniform, linear_dispatch
 from .conv import conv_output_size, window_body
 from .registry import register
-from .wgsl import activation_fn, elementwise_program, fmt_f32, prelude
+from .wgsl import activation_fn, elementwise_program, fmt_f32, prelude, reduction_program, split_lanes
 
 __all__ = ["Pool2D", "Mean", "Softmax", "reduce_program"]
 
@@ -140,7 +140,7 @@ class Mean(Kernel):
 
     static_inputs = {1: "axis"}
     input_names = ("input", "axis")
-    attr_defaults = {"keep_dims": False}
+    attr_defaults = {"keep_dims": False, "target": "gpu"}
 
     def check(self):
         x = self.expect_rank(0, *range(1, 7))
@@ -185,11 +185,13 @@ class Mean(Kernel):
             return [reduce_program(self.key, self.io_bindings(["x", "y"]), total, body,
                                    f"var<workgroup> part: array<f32, {_REDUCE_WG}>;\n",
                                    loop_trips=-(-count // _REDUCE_WG))]
+        lanes = split_lanes(total, count, self.target(), unroll=1)   # few outputs: lanes share each sum
+        start, step = ("0u", 1) if lanes == 1 else ("lane", lanes)
         body = f"""  let base = {base};
   var acc = 0.0;
-  for (var r = 0u; r < {count}u; r++) {{ acc += x[base + {offset}]; }}
-  y[idx] = acc / {divisor};"""
-        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), total, body, loop_trips=count)]
+  for (var r = {start}; r < {count}u; r += {step}u) {{ acc += x[base + {offset}]; }}"""
+        return [reduction_program(self.key, self.io_bindings(["x", "y"]), total, body, f"y[idx] = acc / {divisor};",
+                                  lanes=lanes, loop_trips=-(-count // lanes))]
 
 
 @register("SOFTMAX")

@@ -10,7 +10,7 @@ from typing import Sequence
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
 __all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "activation_fn", "activation_uniforms", "dot", "elementwise_program",
-           "prelude", "linear_main", "fmt_f32"]
+           "prelude", "linear_main", "fmt_f32", "reduction_program", "split_lanes"]
 
 
 def fmt_f32(x: float) -> str:
@@ -135,18 +135,102 @@ def elementwise_program(name: str, bindings: tuple[Binding, ...], total: int, bo
                    loop_trips=loop_trips)
 
 
-def dot(n: int, a: str, b: str, acc: str = "v", unroll: int = 4) -> str:
+def dot(n: int, a: str, b: str, acc: str = "v", unroll: int = 4, lanes: int = 1) -> str:
     """WGSL statements adding ``sum_k a(k) * b(k)`` for ``k < n`` to the variable ``acc``, unrolled.
 
     ``a`` and ``b`` are format strings over ``{k}`` (a u32 expression). Unrolling keeps the number of loop
     iterations per invocation low: the software adapter (llvmpipe) silently stops all the loops of an
     invocation after 65,535 iterations in all (see ``Program.loop_trips``). Iterations: ``n // unroll``.
+
+    With ``lanes`` > 1 (inside a :func:`reduction_program`), the invocation of lane ``lane`` adds only its
+    share: the unrolled groups ``lane``, ``lane + lanes``, ... (and lane 0 the tail); iterations
+    ``ceil(n / (unroll * lanes))``.
     """
     main, tail = n - n % unroll, n % unroll
     lines = []
     if main:
         terms = " + ".join(f"{a.format(k=f'k + {u}u')} * {b.format(k=f'k + {u}u')}" for u in range(unroll))
-        lines.append(f"for (var k = 0u; k < {main}u; k += {unroll}u) {{ {acc} += {terms}; }}")
-    for u in range(tail):
-        lines.append(f"{acc} += {a.format(k=f'{main + u}u')} * {b.format(k=f'{main + u}u')};")
-    return "\n".join(lines)
+        start = "0u" if lanes == 1 else f"lane * {unroll}u"
+        lines.append(f"for (var k = {start}; k < {main}u; k += {unroll * lanes}u) {{ {acc} += {terms}; }}")
+    tail_lines = [f"{acc} += {a.format(k=f'{main + u}u')} * {b.format(k=f'{main + u}u')};" for u in range(tail)]
+    if tail_lines and lanes > 1:
+        tail_lines = [f"if (lane == 0u) {{ {' '.join(tail_lines)} }}"]
+    return "\n".join(lines + tail_lines)
+
+
+#: Invocations per workgroup of a :func:`reduction_program`.
+REDUCTION_WORKGROUP = 256
+#: :func:`split_lanes` stops splitting once this many invocations are in flight (about what an NVIDIA
+#: H200's 132 SMs hold at once, 2,048 each: more lanes then only add workgroup-memory traffic).
+_SPLIT_TARGET = 1 << 18
+
+
+def split_lanes(outputs: int, terms: int, target: str = "gpu", unroll: int = 4, min_groups: int = 2) -> int:
+    """Lanes (invocations) per output element for a dot product of ``terms`` terms per output, as
+    :func:`reduction_program` runs it: 1 (one invocation per output) on the software adapter
+    (``target="cpu"``: a few cores, costly barriers) or where ``outputs`` already fill the GPU; otherwise the
+    largest power of two up to 256 that keeps ``outputs * lanes`` within :data:`_SPLIT_TARGET` and every lane
+    at least ``min_groups`` unrolled groups of the ``terms``.
+
+    A small layer at batch 1 (a FULLY_CONNECTED of 63 outputs over 672 inputs, a 1x1 projection of a 7x7
+    feature map) otherwise leaves the GPU idle while a few invocations walk long dot products: on an NVIDIA
+    H200 such dispatches took 25-40 microseconds each, mostly the latency of one serial chain of loads.
+    """
+    lanes = 1
+    if target != "gpu":
+        return lanes
+    while (lanes < REDUCTION_WORKGROUP and outputs * lanes * 2 <= _SPLIT_TARGET
+           and terms // (unroll * lanes * 2) >= min_groups):
+        lanes *= 2
+    return lanes
+
+
+def reduction_program(name: str, bindings: tuple[Binding, ...], total: int, body: str, store: str,
+                      helpers: str = "", uniforms: tuple[Uniform, ...] = (), lanes: int = 1, acc: str = "acc",
+                      loop_trips: int = 0) -> Program:
+    """A program whose ``total`` output elements are each a sum that ``lanes`` invocations share.
+
+    ``body`` decodes ``idx`` (the output element), declares ``var {acc} = 0.0`` and adds this invocation's
+    share to it (its dots written with ``dot(..., lanes=lanes)``, which read ``lane``); ``store`` then writes
+    output ``idx`` from ``acc``, the whole sum (bias and epilogue belong in ``store``, not in the share).
+
+    ``lanes`` 1: :func:`elementwise_program` (one invocation per output, ``body`` then ``store``). Otherwise
+    workgroups of :data:`REDUCTION_WORKGROUP` invocations hold ``256 / lanes`` outputs each (neighbouring
+    invocations take neighbouring outputs, so that their weight reads coalesce); the shares meet in workgroup
+    memory by a tree of ``log2(lanes)`` steps, and lane 0 runs ``store``. The sum's order differs from the
+    serial one by rounding only. Raises :class:`KernelError` for ``lanes`` not a power of two up to 256.
+    """
+    if lanes == 1:
+        return elementwise_program(name, bindings, total, f"{body}\n  {store}", helpers, uniforms,
+                                   loop_trips=loop_trips)
+    wg = REDUCTION_WORKGROUP
+    if lanes > wg or lanes & (lanes - 1):
+        raise KernelError(f"{name}: lanes must be a power of two up to {wg}, got {lanes}")
+    per = wg // lanes
+    tree, step = [], lanes // 2
+    while step:
+        tree.append(f"  if (lane < {step}u) {{ shares[lidx] += shares[lidx + {step * per}u]; }}\n"
+                    f"  workgroupBarrier();")
+        step //= 2
+    tree_src = "\n".join(tree)
+    source = prelude(bindings, uniforms) + helpers + f"""
+var<workgroup> shares: array<f32, {wg}>;
+
+@compute @workgroup_size({wg})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {{
+  let lane = lidx / {per}u;
+  let out = ((wid.z * nwg.y + wid.y) * nwg.x + wid.x) * {per}u + lidx % {per}u;
+  let idx = min(out, {max(total, 1) - 1}u);   // every invocation reaches the barriers
+{body}
+  shares[lidx] = {acc};
+  workgroupBarrier();
+{tree_src}
+  if (lane == 0u && out < {total}u) {{
+    let {acc} = shares[lidx];
+    {store}
+  }}
+}}
+"""
+    return Program(name, source, (wg, 1, 1), linear_dispatch(total * lanes, wg), bindings, uniforms,
+                   loop_trips=loop_trips + lanes.bit_length())

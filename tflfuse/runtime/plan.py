@@ -377,6 +377,16 @@ class ExecutionPlan:
                         f"input shapes {[list(s.shape) if s else None for s in op.kernel.inputs]}): {e}") from e
                 self.steps.append((prog, pipeline, self._bind_group(op, prog, scratch)))
                 self.step_ops.append(op)
+        self._record = _pass_recorder(self.steps)
+        # Outputs up to _STAGING_LIMIT bytes are copied to mappable buffers by each run's own command buffer,
+        # so that get_tensor() maps them instead of recording and submitting a copy of its own.
+        wgpu = device._wgpu
+        self._staging = {t: device.device.create_buffer(size=graph.specs[t].nbytes, label=f"read-back {t}",
+                                                        usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+                         for t in dict.fromkeys(graph.outputs)
+                         if t in graph.specs and 0 < graph.specs[t].nbytes <= _STAGING_LIMIT}
+        self._staged: set[int] = set()   # outputs whose read-back buffer holds the last run's values
+        self._next = None   # the next run's command buffer, recorded ahead, and loss_reports() before it
 
     # ---- buffers ---------------------------------------------------------------------------------
     def _alloc(self) -> None:
@@ -479,26 +489,41 @@ class ExecutionPlan:
 
     def write(self, tensor: int, value: np.ndarray) -> None:
         data = np.ascontiguousarray(value).tobytes()
+        self._staged.discard(tensor)   # a passthrough output's staged copy is now stale
         if data:  # wgpu refuses an empty write; an empty tensor has nothing to upload
             with self.device.guard("set_tensor()"):
                 self.device.device.queue.write_buffer(self.buffers[tensor], 0, data)
 
+    def _encode(self):
+        """One command buffer: every dispatch in one compute pass, then the outputs' copies to their
+        read-back buffers."""
+        encoder = self.device.device.create_command_encoder()
+        cpass = encoder.begin_compute_pass()
+        self._record(cpass)
+        cpass.end()
+        for tensor, staging in self._staging.items():
+            encoder.copy_buffer_to_buffer(self.buffers[tensor], 0, staging, 0, self.graph.specs[tensor].nbytes)
+        return encoder.finish()
+
     def run(self) -> None:
-        """Records every dispatch into one compute pass of one command encoder and submits it.
+        """Submits one command buffer with every dispatch, then records the next invoke's command buffer
+        while the GPU runs this one (WebGPU command buffers are single-use; the queue's buffer writes still
+        land before the submit that follows them).
 
         Raises:
           DeviceLostError: the device is lost (now or before).
         """
-        dev = self.device.device
         with self.device.guard("invoke()"):
-            encoder = dev.create_command_encoder()
-            cpass = encoder.begin_compute_pass()
-            for prog, pipeline, bind_group in self.steps:
-                cpass.set_pipeline(pipeline)
-                cpass.set_bind_group(0, bind_group)
-                cpass.dispatch_workgroups(*prog.dispatch)
-            cpass.end()
-            dev.queue.submit([encoder.finish()])
+            command_buffer, losses = self._next if self._next is not None else (None, 0)
+            self._next = None
+            if command_buffer is None or losses != self.device.loss_reports():
+                # Nothing recorded ahead, or a device was lost since: record now, which raises on a lost
+                # device (wgpu-native aborts the process on submitting a buffer recorded before the loss).
+                command_buffer = self._encode()
+            self.device.device.queue.submit([command_buffer])
+            self._staged = set(self._staging)
+            losses = self.device.loss_reports()   # before recording: a loss while recording shows as a change
+            self._next = (self._encode(), losses)
 
     def read(self, tensor: int) -> np.ndarray:
         if tensor in self.graph.consts:
@@ -508,7 +533,15 @@ class ExecutionPlan:
         if spec.size == 0:
             return np.zeros(spec.shape, dtype)
         with self.device.guard("get_tensor()"):
-            raw = self.device.device.queue.read_buffer(self.buffers[tensor], 0, spec.nbytes)
+            if tensor in self._staged:   # an output copied by the last run's own command buffer
+                staging = self._staging[tensor]
+                staging.map_sync(self.device._wgpu.MapMode.READ)
+                try:
+                    raw = staging.read_mapped(0, spec.nbytes)
+                finally:
+                    staging.unmap()
+            else:
+                raw = self.device.device.queue.read_buffer(self.buffers[tensor], 0, spec.nbytes)
         return np.frombuffer(raw, dtype=dtype).reshape(spec.shape).copy()
 
     def time_run(self, repeats: int = 10) -> float:
@@ -523,6 +556,49 @@ class ExecutionPlan:
             self.read(first)
             times.append(time.perf_counter() - t0)
         return float(np.median(times))
+
+
+_STAGING_LIMIT = 64 << 20
+
+
+def _pass_recorder(steps: Sequence[tuple[Program, object, object]]):
+    """A function that records every step (set pipeline, set bind group, dispatch) into a compute pass.
+
+    With wgpu's wgpu-native backend it calls the three C entry points directly on the objects' handles:
+    the Python wrappers' per-call error capture and argument conversion cost more than wgpu-native's own
+    recording (about 250 of 740 microseconds for 53 dispatches on the H200's host). Errors still surface:
+    wgpu-native validates a pass when the encoder finishes, which goes through the Python API. Any other
+    backend records through the Python API.
+    """
+    try:
+        from wgpu.backends.wgpu_native import _api
+
+        native = all(isinstance(p, _api.GPUComputePipeline) and isinstance(b, _api.GPUBindGroup)
+                     for _, p, b in steps)
+        lib, null = _api.lib, _api.ffi.NULL
+    except (ImportError, AttributeError):
+        native = False
+    if not native:
+        def record(cpass) -> None:
+            for prog, pipeline, bind_group in steps:
+                cpass.set_pipeline(pipeline)
+                cpass.set_bind_group(0, bind_group)
+                cpass.dispatch_workgroups(*prog.dispatch)
+        return record
+
+    set_pipeline = lib.wgpuComputePassEncoderSetPipeline
+    set_bind_group = lib.wgpuComputePassEncoderSetBindGroup
+    dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
+    handles = [(p._internal, b._internal, *(tuple(prog.dispatch) + (1, 1))[:3]) for prog, p, b in steps]
+
+    def record(cpass) -> None:
+        h = cpass._internal
+        for pipeline, bind_group, x, y, z in handles:
+            set_pipeline(h, pipeline)
+            set_bind_group(h, 0, bind_group, 0, null)
+            dispatch(h, x, y, z)
+    record.objects = steps   # the handles stay valid while the wrappers live
+    return record
 
 
 def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping | None = None,
@@ -568,6 +644,31 @@ def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping
         plan.write(i, np.ascontiguousarray(inputs[i]))
     plan.run()
     return [plan.read(t) for t in out_ids]
+
+
+def gpu_time_plan(plan: ExecutionPlan, repeats: int = 20) -> float:
+    """Median GPU microseconds of the plan's dispatches recorded as :meth:`ExecutionPlan.run` records them
+    (one compute pass), from timestamp queries at the pass's start and end: the GPU's share of an invoke,
+    without the CPU's recording, submit and read-back. Raises ``RuntimeError`` where the device has no
+    ``timestamp-query`` feature."""
+    dev = plan.device
+    if "timestamp-query" not in dev.features:
+        raise RuntimeError(f"the adapter {dev.name} has no timestamp-query feature")
+    wgpu = dev._wgpu
+    qs = dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
+    resolve = dev.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    samples = []
+    for _ in range(repeats + 1):   # the first is a warm-up
+        encoder = dev.device.create_command_encoder()
+        cpass = encoder.begin_compute_pass(timestamp_writes={
+            "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+        plan._record(cpass)
+        cpass.end()
+        encoder.resolve_query_set(qs, 0, 2, resolve, 0)
+        dev.device.queue.submit([encoder.finish()])
+        ticks = np.frombuffer(dev.device.queue.read_buffer(resolve, 0, 16), np.uint64).astype(np.float64)
+        samples.append((ticks[1] - ticks[0]) / 1e3)   # WebGPU timestamps are nanoseconds
+    return float(np.median(samples[1:]))
 
 
 def profile_plan(plan: ExecutionPlan, repeats: int = 5) -> list[dict]:

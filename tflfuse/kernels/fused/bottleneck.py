@@ -42,7 +42,7 @@ import dataclasses
 from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
-from ..wgsl import activation_fn, dot, elementwise_program, prelude
+from ..wgsl import activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes
 
 __all__ = ["FusedBottleneck"]
 
@@ -147,9 +147,7 @@ class FusedBottleneck(CompositeKernel):
         attributes ``strategy``, ``tile``, ``lanes``, ``out_block``, ``chunk`` and ``splits`` override it.
         """
         n = self.input(0).shape[0]
-        target = str(self.attr("target"))
-        if target not in ("gpu", "cpu"):
-            raise self.fail(f"target must be 'gpu' or 'cpu', got {target!r}")
+        target = self.target()
         # On the H200 (benchmarks/RESULTS.md, sweep_bottleneck.py) the staged kernels beat the tiled one on
         # every block with a wide expansion, and on all blocks past batch 1: MobileNetV2's blocks took 0.78 ms
         # staged against 1.38 ms tiled at batch 1, and 5.0 against 19.1 ms at batch 32. The tiled kernel
@@ -229,12 +227,13 @@ class FusedBottleneck(CompositeKernel):
         progs, src = [], inputs["x"]
         if self.has_expand:
             e_out = self.binding("expanded", "scratch", 0, sizes[0])
-            body = (f"  let e = idx % {cexp}u;\n  let pix = idx / {cexp}u;\n  var v = eb[e];\n  "
-                    + dot(cin, f"x[pix * {cin}u + {{k}}]", f"ew[({{k}}) * {cexp}u + e]")
-                    + "\n  expanded[idx] = act(v);")
-            progs.append(elementwise_program(f"{self.key}_expand", (inputs["x"], inputs["ew"], inputs["eb"], e_out),
-                                             n * h * w * cexp, body, activation_fn(self.attr("activation")),
-                                             loop_trips=cin // 4))
+            lanes = split_lanes(n * h * w * cexp, cin, self.target())
+            body = (f"  let e = idx % {cexp}u;\n  let pix = idx / {cexp}u;\n  var v = 0.0;\n  "
+                    + dot(cin, f"x[pix * {cin}u + {{k}}]", f"ew[({{k}}) * {cexp}u + e]", lanes=lanes))
+            progs.append(reduction_program(f"{self.key}_expand", (inputs["x"], inputs["ew"], inputs["eb"], e_out),
+                                           n * h * w * cexp, body, "expanded[idx] = act(v + eb[e]);",
+                                           activation_fn(self.attr("activation")), lanes=lanes, acc="v",
+                                           loop_trips=-(-cin // (4 * lanes))))
             src = self.binding("x", "scratch", 0, sizes[0], access="read")
         d_index = 1 if self.has_expand else 0
         g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1, PT=self.pt,
@@ -250,13 +249,15 @@ class FusedBottleneck(CompositeKernel):
             gate_binds = (dataclasses.replace(gate, access="read"),)
             gated = f" * gate[(pix / {self.oh * self.ow}u) * {cexp}u + {{k}}]"
         residual = f" + x[pix * {cin}u + co]" if self.residual else ""
-        body = (f"  let co = idx % {cout}u;\n  let pix = idx / {cout}u;\n  var v = pb[co];\n  "
-                + dot(cexp, f"d[pix * {cexp}u + {{k}}]{gated}", f"pw[({{k}}) * {cout}u + co]")
-                + f"\n  y[idx] = v{residual};")
+        total = n * self.oh * self.ow * cout
+        lanes = split_lanes(total, cexp, self.target())
+        body = (f"  let co = idx % {cout}u;\n  let pix = idx / {cout}u;\n  var v = 0.0;\n  "
+                + dot(cexp, f"d[pix * {cexp}u + {{k}}]{gated}", f"pw[({{k}}) * {cout}u + co]", lanes=lanes))
         proj_binds = ((inputs["x"],) if self.residual else ()) + (d_read,) + gate_binds + (
             inputs["pw"], inputs["pb"], self.binding("y", "output", 0, self.output_specs()[0]))
-        progs.append(elementwise_program(f"{self.key}_project", proj_binds, n * self.oh * self.ow * cout, body,
-                                         loop_trips=cexp // 4))
+        progs.append(reduction_program(f"{self.key}_project", proj_binds, total, body,
+                                       f"y[idx] = v + pb[co]{residual};", lanes=lanes, acc="v",
+                                       loop_trips=-(-cexp // (4 * lanes))))
         return progs
 
     def _gate_program(self, d, se_binds, gate) -> Program:

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import CompositeKernel, Program, TensorSpec, linear_dispatch
-from ..conv import conv_output_size, window_body
+from ..base import CompositeKernel, Program, TensorSpec
+from ..conv import SUM_STORED_LATER, conv_output_size, window_body, window_lanes
 from ..elementwise import broadcast_index
 from ..registry import register
-from ..wgsl import activation_fn, activation_uniforms, dot, elementwise_program, prelude
+from ..wgsl import activation_fn, activation_uniforms, dot, elementwise_program, reduction_program, split_lanes
 
 __all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpilogue", "FusedSeparableConv2D"]
 
@@ -51,7 +51,7 @@ class FusedEpilogue(CompositeKernel):
     main_inputs: tuple[str, ...] = ()
     input_names = ("bias", "residual", "prelu_alpha")  # after main_inputs, each present as its flag says
     attr_defaults = {"activation": "linear", "alpha": None, "has_bias": True, "has_residual": False,
-                     "has_prelu": False}
+                     "has_prelu": False, "target": "gpu"}
 
     def check_epilogue(self, out_shape: tuple[int, ...], cout: int) -> None:
         """Validates the flags against the inputs, their shapes, and the activation; sets ``self.flags``."""
@@ -172,14 +172,16 @@ class FusedConv2D(_FusedWindow):
 
     def programs(self):
         g, cin, cout = self.g, self.input(0).shape[3], self.cout
+        total = int(np.prod(self.out_shape))
+        lanes = window_lanes(total, g, cin, self.target())
         inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u;
       let wb = (u32(ky) * {g['KW']}u + u32(kx)) * {cin * cout}u + co;
-      {dot(cin, 'x[xb + {k}]', f'w[wb + ({{k}}) * {cout}u]', 'acc')}"""
-        body = window_body(g, cout, "  var acc = 0.0;", inner, "acc", store="y[idx] = epilogue(acc, idx, co);")
+      {dot(cin, 'x[xb + {k}]', f'w[wb + ({{k}}) * {cout}u]', 'acc', lanes=lanes)}"""
+        body = window_body(g, cout, "  var acc = 0.0;", inner, "acc", store=SUM_STORED_LATER)
         names = ["x", "w"] + self.epilogue_names() + ["y"]
-        trips = g["KH"] * (1 + g["KW"] * (1 + cin // 4))
-        return [elementwise_program(self.key, self.io_bindings(names), int(np.prod(self.out_shape)), body,
-                                    self.epilogue_fn(), self.epilogue_uniforms(), loop_trips=trips)]
+        trips = g["KH"] * (1 + g["KW"] * (1 + cin // 4 // lanes))
+        return [reduction_program(self.key, self.io_bindings(names), total, body, "y[idx] = epilogue(acc, idx, co);",
+                                  self.epilogue_fn(), self.epilogue_uniforms(), lanes=lanes, loop_trips=trips)]
 
 
 def _depthwise_body(g: dict, cin: int, mult: int, src: str, store: str) -> str:
@@ -219,34 +221,23 @@ class FusedDepthwiseConv2D(_FusedWindow):
                                     self.epilogue_fn(), self.epilogue_uniforms(), loop_trips=g["KH"] * (1 + g["KW"]))]
 
 
-#: The tiled separable schedule: output pixels per workgroup, threads per pixel, expanded channels per pass.
-_SEP_PIXELS, _SEP_LANES, _SEP_CHUNK = 8, 8, 32
-
-
 @register("fused_separable_conv2d")
 class FusedSeparableConv2D(_FusedWindow):
     """``act(tf.nn.separable_conv2d(x, depthwise_filter, pointwise_filter, strides, padding, dilations) +
     bias + residual)``: input ``x [N, H, W, Cin]``, ``depthwise_filter [KH, KW, Cin, M]``,
     ``pointwise_filter [1, 1, Cin * M, Cout]`` (or ``[Cin * M, Cout]``) -> ``[N, OH, OW, Cout]`` float32.
 
-    Two strategies (the same values); ``staged`` unless ``strategy`` says otherwise. On an NVIDIA H200 the
-    tiled form took 2.0 ms for face_landmark's 20 separable convs where the two staged dispatches take about
-    0.47 ms (the depthwise recomputed per channel block, behind a barrier per chunk, costs more than the
-    memory round trip it saves), so it is kept for study, not chosen:
-
-    * ``tiled``: ONE dispatch. A workgroup owns 8 output pixels and a block of up to 64 output channels; it
-      walks the Cin * M depthwise channels in chunks, writes the chunk's depthwise results for its pixels to
-      workgroup memory, and each invocation accumulates the pointwise products of its channels in
-      registers. The depthwise result never goes to memory (it is recomputed once per channel block).
-    * ``staged``: two dispatches, the depthwise conv into a scratch buffer ``[N, OH, OW, Cin * M]``, then the
-      pointwise conv with bias, residual and activation (cheaper where barriers are costly).
+    Two dispatches: the depthwise conv into a scratch buffer ``[N, OH, OW, Cin * M]``, then the pointwise
+    conv with bias, residual and activation (lanes of a workgroup share each output's sum where the outputs
+    are few: :func:`~tflfuse.kernels.wgsl.split_lanes`). On an NVIDIA H200 both one-dispatch forms measured
+    slower: a tiled kernel that kept the depthwise results in workgroup memory (2.0 ms for face_landmark's 20
+    separable convs against 0.47 ms), and one that recomputed each depthwise value per output channel (35
+    against 13 microseconds for iris_landmark's [1, 16, 16, 64] -> 128 blocks).
 
     Raises :class:`~tflfuse.kernels.KernelError` for filters that do not fit the input or each other."""
 
     main_inputs = ("x", "depthwise_filter", "pointwise_filter")
     input_names = main_inputs + FusedEpilogue.input_names
-    attr_defaults = {**_FusedWindow.attr_defaults, "target": "gpu"}
-    extra_attrs = ("strategy",)
 
     def check(self):
         x, dwf = self.expect_rank(0, 4), self.expect_rank(1, 4)
@@ -262,21 +253,13 @@ class FusedSeparableConv2D(_FusedWindow):
         self.g = self.geometry(kh, kw)
         cout = pwf.shape[-1]
         self.check_epilogue((x.shape[0], self.g["OH"], self.g["OW"], cout), cout)
-        target = str(self.attr("target"))
-        if target not in ("gpu", "cpu"):
-            raise self.fail(f"target must be 'gpu' or 'cpu', got {target!r}")
-        self.strategy = str(self.attrs.get("strategy") or "staged")
-        if self.strategy not in ("tiled", "staged"):
-            raise self.fail(f"strategy must be 'tiled' or 'staged', got {self.strategy!r}")
+        self.target()
 
     def scratch_sizes(self):
         g = self.g
-        return (g["N"] * g["OH"] * g["OW"] * self.cmid * 4,) if self.strategy == "staged" else ()
+        return (g["N"] * g["OH"] * g["OW"] * self.cmid * 4,)
 
     def programs(self) -> list[Program]:
-        return self._staged() if self.strategy == "staged" else [self._tiled()]
-
-    def _staged(self) -> list[Program]:
         g, cmid, cout = self.g, self.cmid, self.cout
         size = self.scratch_sizes()[0]
         inputs = {n: self.binding(n, "input", i, self.inputs[i]) for i, n in enumerate(["x", "w", "pw"])}
@@ -287,84 +270,14 @@ class FusedSeparableConv2D(_FusedWindow):
         opt = [self.binding(n, "input", len(self.main_inputs) + i, s) for i, (n, s) in enumerate(self.optional)]
         pw_binds = (self.binding("d", "scratch", 0, size, access="read"), inputs["pw"], *opt,
                     self.binding("y", "output", 0, self.output_specs()[0]))
+        total = int(np.prod(self.out_shape))
+        lanes = split_lanes(total, cmid, self.target())
         body = f"""  let co = idx % {cout}u;
   let pix = idx / {cout}u;
   var acc = 0.0;
-  {dot(cmid, f'd[pix * {cmid}u + {{k}}]', f'pw[({{k}}) * {cout}u + co]', 'acc')}
-  y[idx] = epilogue(acc, idx, co);"""
-        pointwise = elementwise_program(f"{self.key}_pointwise", pw_binds, int(np.prod(self.out_shape)), body,
-                                        self.epilogue_fn(), self.epilogue_uniforms(), loop_trips=cmid // 4)
+  {dot(cmid, f'd[pix * {cmid}u + {{k}}]', f'pw[({{k}}) * {cout}u + co]', 'acc', lanes=lanes)}"""
+        pointwise = reduction_program(f"{self.key}_pointwise", pw_binds, total, body,
+                                      "y[idx] = epilogue(acc, idx, co);", self.epilogue_fn(), self.epilogue_uniforms(),
+                                      lanes=lanes, loop_trips=-(-cmid // (4 * lanes)))
         return [depthwise, pointwise]
 
-    def _tiled(self) -> Program:
-        g, cmid, cout, cin, mult = self.g, self.cmid, self.cout, self.input(0).shape[3], self.mult
-        P, L = _SEP_PIXELS, _SEP_LANES
-        threads = P * L
-        block = min(cout, 8 * L)                         # output channels per workgroup
-        nblocks = -(-cout // block)
-        block = -(-cout // nblocks)                      # balanced blocks
-        J = -(-block // L)                               # accumulators per invocation
-        ec = max(d for d in range(1, min(cmid, _SEP_CHUNK) + 1) if cmid % d == 0)  # a chunk divides Cin * M
-        npix = g["N"] * g["OH"] * g["OW"]
-        groups = -(-npix // P) * nblocks
-        binds = self.io_bindings(["x", "w", "pw"] + self.epilogue_names() + ["y"])
-        taps = -(-P * ec // threads) * g["KH"] * (1 + g["KW"])
-        trips = (cmid // ec) * (1 + taps + J * (1 + ec // 4)) + J
-        source = prelude(binds, self.epilogue_uniforms()) + self.epilogue_fn() + f"""
-var<workgroup> dsh: array<f32, {P * ec}>;   // the chunk's depthwise results of the workgroup's pixels
-
-@compute @workgroup_size({threads})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lidx: u32) {{
-  let grp = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
-  if (grp >= {groups}u) {{ return; }}
-  let co0 = (grp % {nblocks}u) * {block}u;
-  let co_end = min(co0 + {block}u, {cout}u);
-  let pix0 = (grp / {nblocks}u) * {P}u;
-  let p = lidx / {L}u;
-  let lane = lidx % {L}u;
-  var acc: array<f32, {J}>;
-  for (var c0 = 0u; c0 < {cmid}u; c0 += {ec}u) {{
-    for (var i = lidx; i < {P * ec}u; i += {threads}u) {{
-      let q = pix0 + i / {ec}u;
-      let c = c0 + i % {ec}u;
-      var v = 0.0;
-      if (q < {npix}u) {{
-        let ox = i32(q % {g['OW']}u);
-        let oy = i32((q / {g['OW']}u) % {g['OH']}u);
-        let n = q / {g['OW'] * g['OH']}u;
-        let ci = c / {mult}u;
-        for (var ky = 0; ky < {g['KH']}; ky++) {{
-          let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
-          if (iy < 0 || iy >= {g['H']}) {{ continue; }}
-          for (var kx = 0; kx < {g['KW']}; kx++) {{
-            let ix = ox * {g['SW']} - {g['PL']} + kx * {g['DW']};
-            if (ix < 0 || ix >= {g['W']}) {{ continue; }}
-            v += x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]
-                 * w[(u32(ky) * {g['KW']}u + u32(kx)) * {cmid}u + c];
-          }}
-        }}
-      }}
-      dsh[i] = v;
-    }}
-    workgroupBarrier();
-    for (var j = 0u; j < {J}u; j++) {{
-      let co = min(co0 + lane + {L}u * j, {cout - 1}u);
-      var s = 0.0;
-      {dot(ec, f'dsh[p * {ec}u + {{k}}]', f'pw[(c0 + {{k}}) * {cout}u + co]', 's')}
-      acc[j] += s;
-    }}
-    workgroupBarrier();
-  }}
-  let pix = pix0 + p;
-  if (pix >= {npix}u) {{ return; }}
-  for (var j = 0u; j < {J}u; j++) {{
-    let co = co0 + lane + {L}u * j;
-    if (co >= co_end) {{ break; }}
-    let idx = pix * {cout}u + co;
-    y[idx] = epilogue(acc[j], idx, co);
-  }}
-}}
-"""
-        return Program(self.key, source, (threads, 1, 1), linear_dispatch(groups * threads, threads), binds,
-                       self.epilogue_uniforms(), loop_trips=trips)

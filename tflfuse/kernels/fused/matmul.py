@@ -15,7 +15,7 @@ import numpy as np
 from ..base import TensorSpec
 from ..elementwise import broadcast_index
 from ..registry import register
-from ..wgsl import dot, elementwise_program
+from ..wgsl import dot, reduction_program, split_lanes
 from .conv import FusedEpilogue
 
 __all__ = ["FusedMatMul"]
@@ -24,7 +24,8 @@ __all__ = ["FusedMatMul"]
 @register("fused_matmul")
 class FusedMatMul(FusedEpilogue):
     """``act(tf.linalg.matmul(a, b, transpose_a, transpose_b) + bias + residual)``, float32, one invocation
-    per output element. Raises :class:`~tflfuse.kernels.KernelError` for operands of rank < 2, inner
+    per output element (or several sharing each sum where the outputs are few: see
+    :func:`~tflfuse.kernels.wgsl.split_lanes`). Raises :class:`~tflfuse.kernels.KernelError` for operands of rank < 2, inner
     dimensions that differ, batch dimensions that do not broadcast, flags that disagree with the inputs."""
 
     main_inputs = ("a", "b")
@@ -56,6 +57,8 @@ class FusedMatMul(FusedEpilogue):
         for name, shape in (("a", a), ("b", b)):
             helpers += (f"fn {name}_batch(idx: u32) -> u32 {{\n{broadcast_index(self.batch, shape[:-2], 'i')}"
                         f"  return i;\n}}\n")
+        total = int(np.prod(self.out_shape))
+        lanes = split_lanes(total, k, self.target())
         a_el = f"a[ab + ({{k}}) * {m}u + m]" if self.ta else f"a[ab + m * {k}u + {{k}}]"
         b_el = f"b[bb + n * {k}u + {{k}}]" if self.tb else f"b[bb + ({{k}}) * {n}u + n]"
         body = f"""  let n = idx % {n}u;
@@ -64,8 +67,8 @@ class FusedMatMul(FusedEpilogue):
   let ab = a_batch(bt) * {m * k}u;
   let bb = b_batch(bt) * {k * n}u;
   var acc = 0.0;
-  {dot(k, a_el, b_el, 'acc')}
-  y[idx] = epilogue(acc, idx, n);"""
+  {dot(k, a_el, b_el, 'acc', lanes=lanes)}"""
         names = ["a", "b"] + self.epilogue_names() + ["y"]
-        return [elementwise_program(self.key, self.io_bindings(names), int(np.prod(self.out_shape)), body,
-                                    helpers + self.epilogue_fn(), self.epilogue_uniforms(), loop_trips=k // 4)]
+        return [reduction_program(self.key, self.io_bindings(names), total, body, "y[idx] = epilogue(acc, idx, n);",
+                                  helpers + self.epilogue_fn(), self.epilogue_uniforms(), lanes=lanes,
+                                  loop_trips=-(-k // (4 * lanes)))]
