@@ -1,10 +1,11 @@
 """Side-by-side latency of .tflite models: tflfuse on WebGPU (fused and unfused), LiteRT's CPU interpreter and
 LiteRT's WebGPU accelerator.
 
-Two steps, so that the timing machine needs no TensorFlow:
+Three steps, so that the timing machine needs neither TensorFlow nor matplotlib:
 
     python benchmarks/run.py --prepare=.bench          # here: convert MobileNetV2 fused/unfused, fetch models
-    python benchmarks/run.py --models=.bench --out=benchmarks/RESULTS.md [--adapter=NAME]
+    python benchmarks/run.py --models=.bench --out=benchmarks/RESULTS.md --json_out=results.json [--adapter=NAME]
+    python benchmarks/run.py --plot=results.json --png=benchmarks/RESULTS.png     # here (pip install .[bench])
 
 Every model's outputs are checked against LiteRT's CPU interpreter before timing. Latency is the median of
 ``--repeats`` invokes after ``--warmup`` (wall clock, each with the read-back of the first output, which
@@ -37,6 +38,10 @@ flags.DEFINE_integer("repeats", 50, "Timed invokes per model.")
 flags.DEFINE_integer("warmup", 5, "Untimed invokes first.")
 flags.DEFINE_bool("litert_gpu", True, "Also time LiteRT's WebGPU accelerator (CompiledModel, GPU) at batch 1.")
 flags.DEFINE_list("batches", ["1", "32"], "Batch sizes to time MobileNetV2 at (inputs resized from batch 1).")
+flags.DEFINE_integer("rounds", 5, "A fused model, its unfused twin and LiteRT WebGPU on the twin are timed in this "
+                     "many alternating rounds (repeats / rounds invokes each), so that drift hits all three.")
+flags.DEFINE_string("plot", None, "Only draw the plot: read this --json_out file and write --png (needs matplotlib).")
+flags.DEFINE_string("png", "benchmarks/RESULTS.png", "Plot to write with --plot.")
 
 
 def prepare(folder: Path) -> None:
@@ -69,6 +74,22 @@ def _median_ms(fn, repeats: int, warmup: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return float(np.median(times) * 1e3)
+
+
+def _interleaved_ms(fns: dict, repeats: int, warmup: int, rounds: int) -> dict:
+    """Median ms of each function, timed in ``rounds`` alternating rounds of ``repeats / rounds`` calls."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {k: [] for k in fns}
+    per = max(1, repeats // rounds)
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            for _ in range(per):
+                t0 = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v) * 1e3) for k, v in times.items()}
 
 
 def _inputs(details, rng):
@@ -111,8 +132,27 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
     except Exception as e:  # a fused custom op has no LiteRT kernel: compare with its unfused twin instead
         row["litert_note"] = f"LiteRT CPU cannot run it ({type(e).__name__})"
     row["tflfuse_ms"] = _median_ms(run_gpu, repeats, warmup)
+    if "timestamp-query" in device.features:
+        from tflfuse.runtime.plan import gpu_time_plan
+
+        row["gpu_one_pass_ms"] = gpu_time_plan(gpu._plan(0), repeats=max(10, repeats // 5)) / 1e3
     fused_ops = [n for n in gpu.model.op_names(0) if n.startswith("fused_")]
-    if fused_ops:
+    twin = path.with_name(path.name.replace("_fused", "_unfused"))
+    if fused_ops and twin.exists():
+        # The fused file against its twin on tflfuse and on LiteRT WebGPU, in alternating rounds.
+        un = tflfuse.Interpreter(model_path=twin, device=device)
+        _allocate(un, batch)
+        for d, x in zip(un.get_input_details(), xs):
+            un.set_tensor(d["index"], x)
+        un_out = un.get_output_details()[0]["index"]
+        fns = {"tflfuse_ms": run_gpu, "unfused_ms": lambda: (un.invoke(), un.get_tensor(un_out))}
+        if FLAGS.litert_gpu and batch == 1:
+            try:
+                fns["litert_gpu_ms"] = _litert_gpu_runner(twin, un, xs)[1]
+            except Exception as e:  # no WebGPU adapter for LiteRT, or an op its accelerator lacks
+                row["litert_gpu_note"] = f"LiteRT WebGPU: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        row.update(_interleaved_ms(fns, repeats, warmup, FLAGS.rounds))
+    elif fused_ops:
         row["litert_gpu_note"] = "LiteRT cannot run tflfuse's fused ops"
     elif FLAGS.litert_gpu:
         try:
@@ -133,10 +173,17 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
 def _time_litert_gpu(path: Path, ours, xs, batch: int, repeats: int, warmup: int) -> tuple[np.ndarray, float]:
     """LiteRT's WebGPU accelerator (``CompiledModel`` with ``HardwareAccelerator.GPU``) on the same inputs:
     returns its first output (the one tflfuse reads) and its median ms per run, each with a read-back."""
-    from ai_edge_litert.compiled_model import CompiledModel, HardwareAccelerator
-
     if batch != 1:
         raise ValueError("timed at batch 1 only")
+    first, run = _litert_gpu_runner(path, ours, xs)
+    return first, _median_ms(run, repeats, warmup)
+
+
+def _litert_gpu_runner(path: Path, ours, xs):
+    """(first output, a function running once with the read-back of that output) for LiteRT's WebGPU
+    accelerator on ``path`` with tflfuse interpreter ``ours``' inputs ``xs``."""
+    from ai_edge_litert.compiled_model import CompiledModel, HardwareAccelerator
+
     cm = CompiledModel.from_file(str(path), hardware_accel=HardwareAccelerator.GPU)
     if not cm.is_fully_accelerated():
         raise RuntimeError("not every op runs on LiteRT's GPU accelerator")
@@ -162,8 +209,7 @@ def _time_litert_gpu(path: Path, ours, xs, batch: int, repeats: int, warmup: int
         cm.run_by_index(0, ins, outs)
         return outs[k].read(size, np.float32)
 
-    result = run().reshape(first["shape"])
-    return result, _median_ms(run, repeats, warmup)
+    return run().reshape(first["shape"]), run
 
 
 def write_table(rows: list[dict], device, out: Path) -> None:
@@ -183,15 +229,20 @@ def write_table(rows: list[dict], device, out: Path) -> None:
         "LiteRT WebGPU is LiteRT's CompiledModel with HardwareAccelerator.GPU on the same inputs, timed at batch 1 "
         "with the read-back of the same output; its output is checked against tflfuse's (last column).",
         "",
-        "| model | batch | ops | dispatches | tflfuse ms | LiteRT CPU ms | LiteRT WebGPU ms | tflfuse / LiteRT WebGPU "
-        "| fused speed-up (unfused ms / fused ms) | max abs err | LiteRT WebGPU vs tflfuse |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "A fused model's row is timed in alternating rounds with its unfused twin on tflfuse and with LiteRT "
+        "WebGPU on the twin (the file LiteRT can run); its ratios come from those rounds. GPU ms is the GPU's "
+        "share of one invoke: the timestamps at the start and end of its one compute pass.",
+        "",
+        "| model | batch | ops | dispatches | tflfuse ms | GPU ms | LiteRT CPU ms | LiteRT WebGPU ms | "
+        "tflfuse / LiteRT WebGPU | fused speed-up (unfused ms / fused ms) | max abs err | LiteRT WebGPU vs tflfuse |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     ratios = []
     for r in rows:
         twin = by_name.get((r["model"].replace("_fused", "_unfused"), r["batch"])) \
             if r["model"].endswith("_fused") else None
-        ratio = f"{twin['tflfuse_ms'] / r['tflfuse_ms']:.2f}x" if twin else ""
+        unfused_ms = r.get("unfused_ms") or (twin or {}).get("tflfuse_ms")
+        ratio = f"{unfused_ms / r['tflfuse_ms']:.2f}x" if unfused_ms else ""
         err = r.get("max_abs_err_vs_litert", r.get("max_abs_err_vs_unfused"))
         # LiteRT cannot run a fused file: its WebGPU time is the original's (the unfused twin)
         lgpu = r.get("litert_gpu_ms") or (twin or {}).get("litert_gpu_ms")
@@ -200,7 +251,7 @@ def write_table(rows: list[dict], device, out: Path) -> None:
         gerr = r.get("max_abs_err_litert_gpu_vs_tflfuse")
         vs_gpu = f"{r['tflfuse_ms'] / lgpu:.2f}x" if lgpu else ""
         lines.append(f"| {r['model']} | {r['batch']} | {r['ops']} | {r['dispatches']} | {r['tflfuse_ms']:.2f} | "
-                     f"{r.get('litert_cpu_ms', float('nan')):.2f} | "
+                     f"{r.get('gpu_one_pass_ms', float('nan')):.2f} | {r.get('litert_cpu_ms', float('nan')):.2f} | "
                      f"{f'{lgpu:.2f}' if lgpu else r.get('litert_gpu_note', '')[:60]} | "
                      f"{vs_gpu} | {ratio} | "
                      f"{'' if err is None else f'{err:.2e}'} | {'' if gerr is None else f'{gerr:.2e}'} |")
@@ -220,7 +271,38 @@ def write_table(rows: list[dict], device, out: Path) -> None:
     print("\n".join(lines))
 
 
+def write_plot(rows: list[dict], png: Path) -> None:
+    """A bar chart of each model's latency at batch 1: tflfuse fused, tflfuse unfused and LiteRT WebGPU
+    (from the fused rows' alternating rounds), milliseconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fused = [r for r in rows if r["model"].endswith("_fused") and r["batch"] == 1 and "unfused_ms" in r]
+    if not fused:
+        raise ValueError("no fused rows with alternating-round times to plot")
+    names = [r["model"][: -len("_fused")] for r in fused]
+    series = [("tflfuse fused", "tflfuse_ms"), ("tflfuse unfused", "unfused_ms"), ("LiteRT WebGPU", "litert_gpu_ms")]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(series)
+    for i, (label, key) in enumerate(series):
+        ax.bar([j + i * width for j in range(len(fused))], [r.get(key, float("nan")) for r in fused], width,
+               label=label)
+    ax.set_xticks([j + width for j in range(len(fused))], names, rotation=20, ha="right")
+    ax.set_ylabel("ms per invoke (median, with read-back)")
+    ax.set_title("Latency at batch 1 (lower is better)")
+    ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
 def main(argv):
+    if FLAGS.plot:
+        write_plot(json.loads(Path(FLAGS.plot).read_text()), Path(FLAGS.png))
+        return 0
     if FLAGS.prepare:
         prepare(Path(FLAGS.prepare))
         return 0
