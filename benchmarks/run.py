@@ -163,11 +163,40 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
     if "timestamp-query" in device.features:
         from tflfuse.runtime.plan import profile_plan
 
+        plan = gpu._plan(0)
         per_kind: dict[str, float] = {}
-        for d in profile_plan(gpu._plan(0), repeats=max(3, repeats // 10)):
+        per_op: dict[int, float] = {}
+        for d in profile_plan(plan, repeats=max(3, repeats // 10)):
             per_kind[d["op"]] = per_kind.get(d["op"], 0.0) + d["us"]
+            per_op[d["index"]] = per_op.get(d["index"], 0.0) + d["us"]
         row["gpu_us_by_op"] = {k: round(v, 1) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])}
+        blocks = [op for op in plan.graph.ops if op.name == "fused_bottleneck" and op.index in per_op]
+        if blocks:   # the bytes each block must move (inputs, weights, output) per second of its GPU time
+            moved = sum(_op_bytes(plan.graph, op) for op in blocks)
+            row["bottleneck_gb_per_s"] = moved / sum(per_op[op.index] for op in blocks) / 1e3
     return row
+
+
+def _op_bytes(graph, op) -> int:
+    """Bytes an op must read and write at least: its inputs (runtime tensors and weights) and outputs."""
+    size = 0
+    for t in [t for t in op.inputs if t >= 0] + op.outputs:
+        size += graph.specs[t].nbytes if t in graph.specs else graph.consts[t].nbytes if t in graph.consts else 0
+    return size
+
+
+def copy_bandwidth_gb_per_s(device, mib: int = 256) -> float:
+    """GB/s of tflfuse's RELU over ``mib`` MiB of float32 (at most the device's storage binding limit; one
+    read and one write of each value), GPU time from timestamps: the memory-bandwidth yardstick for
+    :func:`time_model`'s bottleneck figure."""
+    from tflfuse.kernels import kernel_class
+    from tflfuse.kernels.base import TensorSpec
+    from tflfuse.runtime.plan import ExecutionPlan, LoweredGraph, LoweredOp, gpu_time_plan
+
+    spec = TensorSpec((min(mib << 20, device.max_storage_binding) // 4,))
+    op = LoweredOp(0, "RELU", kernel_class("RELU")([spec], {}), [0], [1])
+    plan = ExecutionPlan(LoweredGraph(0, [op], {0: spec, 1: spec}, {}, [0], [1], {}), device)
+    return 2 * spec.nbytes / gpu_time_plan(plan, repeats=20) / 1e3
 
 
 def _time_litert_gpu(path: Path, ours, xs, batch: int, repeats: int, warmup: int) -> tuple[np.ndarray, float]:
@@ -212,7 +241,7 @@ def _litert_gpu_runner(path: Path, ours, xs):
     return run().reshape(first["shape"]), run
 
 
-def write_table(rows: list[dict], device, out: Path) -> None:
+def write_table(rows: list[dict], device, out: Path, copy_gbps: float | None = None) -> None:
     import wgpu
 
     by_name = {(r["model"], r["batch"]): r for r in rows}
@@ -259,6 +288,13 @@ def write_table(rows: list[dict], device, out: Path) -> None:
         geo = float(np.exp(np.mean(np.log(ratios))))
         lines += ["", f"Real models: tflfuse's latency (after tflfuse.fuse) / LiteRT WebGPU's (on the original "
                       f"file), geometric mean over {len(ratios)} models: {geo:.2f}x (below 1: tflfuse is faster)."]
+    bandwidth = [r for r in rows if r.get("bottleneck_gb_per_s")]
+    if bandwidth and copy_gbps:
+        lines += ["", f"Memory bandwidth: tflfuse's RELU over 256 MiB (or the binding limit) moves {copy_gbps:.0f} GB/s (GPU time). The fused "
+                      f"bottleneck blocks move the bytes they must (inputs, weights, output) at:", ""]
+        for r in bandwidth:
+            lines.append(f"- {r['model']} batch {r['batch']}: {r['bottleneck_gb_per_s']:.0f} GB/s, "
+                         f"{100 * r['bottleneck_gb_per_s'] / copy_gbps:.0f}% of that")
     profiled = [r for r in rows if r.get("gpu_us_by_op")]
     if profiled:
         lines += ["", "GPU time per op kind (microseconds, timestamp queries, one compute pass per dispatch):", "",
@@ -337,7 +373,8 @@ def main(argv):
                 it.invoke()
                 res.append(it.get_tensor(it.get_output_details()[0]["index"]))
             r["max_abs_err_vs_unfused"] = float(np.abs(res[0] - res[1]).max())
-    write_table(rows, device, Path(FLAGS.out))
+    copy_gbps = copy_bandwidth_gb_per_s(device) if "timestamp-query" in device.features else None
+    write_table(rows, device, Path(FLAGS.out), copy_gbps)
     if FLAGS.json_out:
         Path(FLAGS.json_out).write_text(json.dumps(rows, indent=1))
     return 0

@@ -203,6 +203,21 @@ def test_output_past_65535_workgroups(device, rng):
     assert_close(y, np.where(z >= 0, z, z * slopes))
 
 
+def test_separable_schedule():
+    """One dispatch on a GPU for a small layer; two on the software adapter, for a layer whose pointwise
+    product is tiled, and where one pixel's Cin * M depthwise values overflow workgroup memory."""
+    cls = kernel_class("fused_separable_conv2d")
+
+    def dispatches(x, dw, pw, target):
+        specs = [TensorSpec(s) for s in (x, dw, pw, (pw[-1],))]
+        return len(cls(specs, {"target": target}).programs())
+
+    assert dispatches((1, 16, 16, 64), (3, 3, 64, 1), (1, 1, 64, 128), "gpu") == 1
+    assert dispatches((1, 16, 16, 64), (3, 3, 64, 1), (1, 1, 64, 128), "cpu") == 2
+    assert dispatches((8, 64, 64, 32), (3, 3, 32, 1), (1, 1, 32, 64), "gpu") == 2
+    assert dispatches((1, 2, 2, 2100), (3, 3, 2100, 2), (1, 1, 4200, 8), "gpu") == 2
+
+
 def test_gelu_accuracy(device):
     """gelu's WGSL erf fit against float64 erf: within 1e-6 absolute on [-10, 10] and 1e-5 relative where
     |gelu(x)| >= 1e-6 (measured 3.9e-7 and 2.6e-6, as tf.nn.gelu's own float32 result). gelu_tanh against

@@ -50,6 +50,39 @@ def _litert(model: bytes, xs) -> list[np.ndarray]:
 
 # ---- a lost device ----------------------------------------------------------------------------------------
 
+_LOST_QUIETLY = """
+import logging, sys
+import numpy as np
+import tflfuse
+import wgpu   # before the logging set-up: wgpu installs its own logger class
+from tflfuse.runtime import DeviceLostError
+{quiet}
+interp = tflfuse.Interpreter(model_path=sys.argv[1], device=tflfuse.Device())
+interp.allocate_tensors()
+interp.set_tensor(0, np.ones({shape}, np.float32))
+interp.invoke()   # records the next invoke's command buffer ahead
+interp.device.device.destroy()
+try:
+    interp.invoke()
+except DeviceLostError as e:
+    print("DeviceLostError", e)
+"""
+
+
+@pytest.mark.parametrize("quiet", ['logging.getLogger("wgpu").setLevel(logging.CRITICAL)',
+                                   "logging.disable(logging.ERROR)"])
+def test_lost_device_with_wgpu_logging_silenced(model, tmp_path, quiet):
+    """The command buffer recorded ahead is never submitted after a loss, whatever the logging set-up
+    (wgpu-native aborts the process on such a submit); in a subprocess, so that an abort fails the test."""
+    import subprocess
+    import sys
+
+    (tmp_path / "m.tflite").write_bytes(model)
+    proc = subprocess.run([sys.executable, "-c", _LOST_QUIETLY.format(quiet=quiet, shape=_X),
+                           str(tmp_path / "m.tflite")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "DeviceLostError invoke(): the WebGPU device" in proc.stdout
+
 def test_lost_device_raises_on_the_next_call(model, rng):
     device = tflfuse.Device()   # its own: destroyed below
     interp = tflfuse.Interpreter(model_content=model, device=device)

@@ -256,6 +256,10 @@ def test_converts_to_one_op(device, rng, kind, n, t, f, u, init, kwargs, op):
         litert.reset_all_variables()
         for k, v in run_signature(litert, inputs).items():
             np.testing.assert_allclose(v, expected[k], **RECURRENT)
+        # The same call sequence on tflfuse (its reset is a no-op: no state outlives an invoke).
+        interp.reset_all_variables()
+        for k, v in run_signature(interp, inputs).items():
+            np.testing.assert_array_equal(v, got[k])
 
 
 def test_unused_outputs_are_not_in_the_op(rng):

@@ -1,7 +1,7 @@
 """The ``tflfuse`` command (an absl app).
 
     tflfuse demo [--adapter=NAME] [--size=224]
-    tflfuse convert SAVED_MODEL_DIR --output=model.tflite [--noannotations] [--fused_op_format=composite]
+    tflfuse convert SAVED_MODEL_DIR --output=model.tflite [--fused_op_format=composite]
         [--import_modules=composites]
     tflfuse run MODEL.tflite --input=x.npy [--input=y.npy ...] [--output=out.npz] [--adapter=NAME]
     tflfuse ops MODEL.tflite
@@ -36,7 +36,6 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("output", None, "convert, fuse, unfuse: the .tflite to write; run: an .npz for the outputs.")
 flags.DEFINE_multi_string("input", [], "run: an .npy file per model input, in input order.")
 flags.DEFINE_string("adapter", None, "Substring of the WebGPU adapter's name to use (default: the best one).")
-flags.DEFINE_bool("annotations", True, "convert: keep tflfuse composite annotations (fuse them).")
 flags.DEFINE_enum("fused_op_format", "custom", ["custom", "composite"],
                   "convert: fused ops as custom ops (tflfuse only) or STABLEHLO_COMPOSITE with a decomposition "
                   "(stock LiteRT runs it too).")
@@ -133,7 +132,7 @@ def cmd_convert(args):
         except ImportError as e:
             raise UsageError(f"--import_modules: cannot import {name!r}: {e}") from None
     try:
-        result = convert(args[0], annotations=FLAGS.annotations, fused_op_format=FLAGS.fused_op_format)
+        result = convert(args[0], fused_op_format=FLAGS.fused_op_format)
     except FusionError as e:
         print(e.report)
         print(f"error: {e}", file=sys.stderr)
@@ -141,7 +140,7 @@ def cmd_convert(args):
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except (TypeError, ValueError) as e:  # e.g. --noannotations on a SavedModel, which is already traced
+    except (TypeError, ValueError) as e:  # e.g. a directory that is not a SavedModel
         raise UsageError(str(e)) from None
     with open(FLAGS.output, "wb") as f:
         f.write(result.tflite)

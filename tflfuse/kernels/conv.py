@@ -12,10 +12,11 @@ import numpy as np
 
 from .base import Kernel, Program, TensorSpec
 from .registry import register
-from .wgsl import activation_fn, dot, elementwise_program, reduction_program, split_lanes
+from .wgsl import (activation_fn, dot, elementwise_program, reduction_program, split_lanes, tiled_matmul_program,
+                   use_tiled_matmul)
 
 __all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "SUM_STORED_LATER", "conv_output_size", "depthwise_program",
-           "window_body", "window_lanes"]
+           "is_pointwise", "window_body", "window_lanes", "window_taps"]
 
 
 def conv_output_size(size: int, kernel: int, stride: int, dilation: int, padding: str) -> tuple[int, int]:
@@ -47,16 +48,24 @@ def window_body(g: dict, channels: int, prologue: str, inner: str, result: str, 
   let oy = i32((idx / {channels * g['OW']}u) % {g['OH']}u);
   let n = idx / {channels * g['OW'] * g['OH']}u;
 {prologue}
-  for (var ky = 0; ky < {g['KH']}; ky++) {{
-    let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
-    if (iy < 0 || iy >= {g['H']}) {{ continue; }}
-    for (var kx = 0; kx < {g['KW']}; kx++) {{
-      let ix = ox * {g['SW']} - {g['PL']} + kx * {g['DW']};
-      if (ix < 0 || ix >= {g['W']}) {{ continue; }}
-{inner}
-    }}
-  }}
+{window_taps(g, inner)}
   {store or f"y[idx] = act({result});"}"""
+
+
+def window_taps(g: dict, inner: str, indent: str = "  ") -> str:
+    """WGSL loops that run ``inner`` for every window tap ``(ky, kx)`` of the output pixel ``(oy, ox)``
+    (i32 names) whose input pixel ``(iy, ix)`` lies inside the image; taps in the padding are skipped. ``g``
+    as in :func:`window_body`; ``indent`` prefixes the loops' lines (``inner`` keeps its own)."""
+    loops = f"""for (var ky = 0; ky < {g['KH']}; ky++) {{
+  let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
+  if (iy < 0 || iy >= {g['H']}) {{ continue; }}
+  for (var kx = 0; kx < {g['KW']}; kx++) {{
+    let ix = ox * {g['SW']} - {g['PL']} + kx * {g['DW']};
+    if (ix < 0 || ix >= {g['W']}) {{ continue; }}
+INNER
+  }}
+}}"""
+    return "\n".join(inner if line == "INNER" else indent + line for line in loops.split("\n"))
 
 
 class _Conv(Kernel):
@@ -90,6 +99,12 @@ class _Conv(Kernel):
 
     def _names(self):
         return ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
+
+
+def is_pointwise(g: dict) -> bool:
+    """Whether a convolution of geometry ``g`` (:func:`window_body`) is a matrix product per pixel: a 1x1
+    window, stride 1, no padding (its input pixels are its output pixels)."""
+    return g["KH"] == g["KW"] == g["SH"] == g["SW"] == 1 and g["PT"] == g["PL"] == 0
 
 
 def window_lanes(outputs: int, g: dict, channels: int, target: str) -> int:
@@ -154,6 +169,13 @@ class Conv2D(_Conv):
             weight = "w[wb + {k}]"
             wb = f"((co * {g['KH']}u + u32(ky)) * {g['KW']}u + u32(kx)) * {fcin}u"
         total = g["N"] * g["OH"] * g["OW"] * self.cout
+        act = activation_fn(self.attr("fused_activation_function"))
+        rows = g["N"] * g["OH"] * g["OW"]
+        if (self.layout == "HWIO" and self.groups == 1 and is_pointwise(g)
+                and use_tiled_matmul(rows, cin, self.cout, self.target())):
+            return [tiled_matmul_program(self.key, self.io_bindings(self._names()), rows, cin, self.cout,
+                                         f"x[r * {cin}u + k]", f"w[k * {self.cout}u + c]",
+                                         f"let co = col;\n          y[idx] = act(acc + {bias});", act)]
         lanes = window_lanes(total, g, fcin, self.target())
         inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + c0;
       let wb = {wb};
@@ -162,8 +184,7 @@ class Conv2D(_Conv):
                            store=SUM_STORED_LATER)
         trips = g["KH"] * (1 + g["KW"] * (1 + fcin // 4 // lanes))
         return [reduction_program(self.key, self.io_bindings(self._names()), total, body,
-                                  f"y[idx] = act(acc + {bias});", activation_fn(self.attr("fused_activation_function")),
-                                  lanes=lanes, loop_trips=trips)]
+                                  f"y[idx] = act(acc + {bias});", act, lanes=lanes, loop_trips=trips)]
 
 
 @register("DEPTHWISE_CONV_2D")
@@ -239,12 +260,16 @@ class FullyConnected(Kernel):
         bias = "b[co]" if self.has_input(2) else "0.0"
         weight = f"w[co * {self.cin}u + {{k}}]" if self.layout == "OI" else f"w[({{k}}) * {self.cout}u + co]"
         total = self.rows * self.cout
+        names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
+        act = activation_fn(self.attr("fused_activation_function"))
+        if self.layout == "IO" and use_tiled_matmul(self.rows, self.cin, self.cout, self.target()):
+            return [tiled_matmul_program(self.key, self.io_bindings(names), self.rows, self.cin, self.cout,
+                                         f"x[r * {self.cin}u + k]", f"w[k * {self.cout}u + c]",
+                                         f"let co = col;\n          y[idx] = act(acc + {bias});", act)]
         lanes = split_lanes(total, self.cin, self.target())
         body = f"""  let co = idx % {self.cout}u;
   let r = idx / {self.cout}u;
   var acc = 0.0;
   {dot(self.cin, f'x[r * {self.cin}u + {{k}}]', weight, 'acc', lanes=lanes)}"""
-        names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
         return [reduction_program(self.key, self.io_bindings(names), total, body, f"y[idx] = act(acc + {bias});",
-                                  activation_fn(self.attr("fused_activation_function")), lanes=lanes,
-                                  loop_trips=-(-self.cin // (4 * lanes)))]
+                                  act, lanes=lanes, loop_trips=-(-self.cin // (4 * lanes)))]

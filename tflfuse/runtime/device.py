@@ -7,7 +7,6 @@ nothing here is a module-level global.
 from __future__ import annotations
 
 import contextlib
-import logging as logging_std
 import os
 import threading
 
@@ -44,26 +43,6 @@ def _says_lost(error: BaseException) -> bool:
     """Whether a wgpu error reports a lost device (wgpu-native: "Parent device is lost", "Device lost")."""
     text = str(error).lower()
     return "device is lost" in text or "device lost" in text or "device was lost" in text
-
-
-class _LossLog(logging_std.Filter):
-    """Counts the device-lost reports that wgpu logs from wgpu-native's device-lost callback (the callback
-    fires synchronously inside ``destroy()``, and from the poll thread on a driver loss). wgpu-native aborts
-    the process when a command buffer recorded before a loss is submitted after it, so a plan drops its
-    command buffer recorded ahead whenever this count moves."""
-
-    count = 0
-
-    def filter(self, record) -> bool:
-        if "device lost" in str(record.msg).lower() or "device was lost" in str(record.msg).lower():
-            _LossLog.count += 1
-        return True
-
-
-def _watch_losses() -> None:
-    log = logging_std.getLogger("wgpu")
-    if not any(isinstance(f, _LossLog) for f in log.filters):
-        log.addFilter(_LossLog())
 
 
 def _default_runtime_dir() -> None:
@@ -122,7 +101,6 @@ class Device:
         import wgpu
 
         self._wgpu = wgpu
-        _watch_losses()
         _primary_backends_only()
         want = adapter if adapter is not None else os.environ.get("TFLFUSE_ADAPTER") or None
         try:
@@ -197,12 +175,14 @@ class Device:
         """E.g. ``"llvmpipe (LLVM 15.0.6, 256 bits) [CPU, Vulkan]"``."""
         return f"{self.name} [{self.info.get('adapter_type')}, {self.info.get('backend_type')}]"
 
-    def loss_reports(self) -> int:
-        """How many device losses (of any device) wgpu has reported so far in this process, after a device
-        call that lets wgpu-native report a loss of this device (its device-lost callback runs inside calls
-        on the device, such as creating a command encoder)."""
-        self.device.create_command_encoder()
-        return _LossLog.count
+    def check_alive(self) -> None:
+        """Raises (a wgpu error that :meth:`guard` turns into :class:`DeviceLostError`) if the device is lost.
+
+        wgpu-native aborts the process when a command buffer recorded before a loss is submitted after it,
+        so a plan calls this before submitting the command buffer it recorded ahead. Creating an empty bind
+        group layout is the cheapest device call found that raises on a lost device (about 14 microseconds
+        on a 2-core CPU), whatever the logging configuration."""
+        self.device.create_bind_group_layout(entries=[])
 
     @contextlib.contextmanager
     def guard(self, what: str):

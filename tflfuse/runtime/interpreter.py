@@ -20,7 +20,8 @@ class Interpreter:
 
     Every op of the model must have a tflfuse kernel; this is checked when the interpreter is made,
     before any GPU work. Pipelines, bind groups and buffers are built once by :meth:`allocate_tensors`;
-    :meth:`invoke` only uploads inputs, records the dispatches into one command encoder and submits it.
+    :meth:`invoke` submits one command buffer with every dispatch (recorded during the invoke before) and
+    records the next one while the GPU runs.
 
     Args:
       model_path: path of a .tflite file.
@@ -202,8 +203,13 @@ class Interpreter:
             plan.write(tensor_index, value)
             self._inputs_set[subgraph_index].add(tensor_index)
 
+    def reset_all_variables(self) -> None:
+        """LiteRT's call to reset variable tensors (a builtin LSTM's state, for one): a no-op here, since a
+        tflfuse invoke keeps no state from the invoke before (recurrent ops start from zeros, as Keras'
+        layers do)."""
+
     def invoke(self, subgraph_index: int = 0) -> None:
-        """Runs the subgraph: every dispatch in one command encoder, one submit.
+        """Runs the subgraph: one submit of every dispatch and of the outputs' copies to read-back buffers.
 
         Thread safety: each call is whole (a lock), but the inputs are shared state: threads that share one
         Interpreter hold their own lock around set_tensor/invoke/get_tensor, or each use an Interpreter of

@@ -333,7 +333,7 @@ def _stored_values(model: Model, sg: int, t: int) -> np.ndarray | None:
 
 class ExecutionPlan:
     """GPU resources for a lowered graph: weight buffers, reused activation buffers, pipelines and bind
-    groups, all made once; :meth:`run` records every dispatch into one command encoder.
+    groups, all made once; :meth:`run` submits every dispatch in one command buffer.
 
     Raises:
       KernelError: a tensor is larger than the device's max storage binding.
@@ -378,15 +378,22 @@ class ExecutionPlan:
                 self.steps.append((prog, pipeline, self._bind_group(op, prog, scratch)))
                 self.step_ops.append(op)
         self._record = _pass_recorder(self.steps)
-        # Outputs up to _STAGING_LIMIT bytes are copied to mappable buffers by each run's own command buffer,
-        # so that get_tensor() maps them instead of recording and submitting a copy of its own.
+        # Outputs (the smallest first, up to _STAGING_LIMIT bytes in all) are copied to mappable buffers by each
+        # run's own command buffer, so that get_tensor() maps them instead of recording and submitting a copy.
         wgpu = device._wgpu
-        self._staging = {t: device.device.create_buffer(size=graph.specs[t].nbytes, label=f"read-back {t}",
-                                                        usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-                         for t in dict.fromkeys(graph.outputs)
-                         if t in graph.specs and 0 < graph.specs[t].nbytes <= _STAGING_LIMIT}
+        self._staging = {}
+        staged_bytes = 0
+        for t in sorted(dict.fromkeys(t for t in graph.outputs if t in graph.specs and graph.specs[t].nbytes),
+                        key=lambda t: graph.specs[t].nbytes):
+            nbytes = graph.specs[t].nbytes
+            if staged_bytes + nbytes > _STAGING_LIMIT:
+                break
+            self._staging[t] = device.device.create_buffer(
+                size=nbytes, label=f"read-back {t}", usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            staged_bytes += nbytes
+        self.activation_bytes += staged_bytes
         self._staged: set[int] = set()   # outputs whose read-back buffer holds the last run's values
-        self._next = None   # the next run's command buffer, recorded ahead, and loss_reports() before it
+        self._next = None   # the next run's command buffer, recorded ahead
 
     # ---- buffers ---------------------------------------------------------------------------------
     def _alloc(self) -> None:
@@ -476,7 +483,8 @@ class ExecutionPlan:
     def memory_report(self) -> dict:
         """Bytes of GPU memory the plan holds, beside what one buffer per tensor would take.
 
-        ``activations``: the reused buffers (inputs, outputs, intermediates, scratch); ``constants``: weights;
+        ``activations``: the reused buffers (inputs, outputs, intermediates, scratch) and the outputs'
+        read-back buffers; ``constants``: weights;
         ``all_tensors``: the sum of every runtime tensor's size (what no reuse would allocate).
         """
         return {"activations": self.activation_bytes, "constants": self.constant_bytes,
@@ -514,16 +522,14 @@ class ExecutionPlan:
           DeviceLostError: the device is lost (now or before).
         """
         with self.device.guard("invoke()"):
-            command_buffer, losses = self._next if self._next is not None else (None, 0)
-            self._next = None
-            if command_buffer is None or losses != self.device.loss_reports():
-                # Nothing recorded ahead, or a device was lost since: record now, which raises on a lost
-                # device (wgpu-native aborts the process on submitting a buffer recorded before the loss).
+            command_buffer, self._next = self._next, None
+            if command_buffer is None:
                 command_buffer = self._encode()
+            else:
+                self.device.check_alive()   # a buffer recorded before a loss must never be submitted
             self.device.device.queue.submit([command_buffer])
             self._staged = set(self._staging)
-            losses = self.device.loss_reports()   # before recording: a loss while recording shows as a change
-            self._next = (self._encode(), losses)
+            self._next = self._encode()
 
     def read(self, tensor: int) -> np.ndarray:
         if tensor in self.graph.consts:

@@ -42,7 +42,8 @@ import dataclasses
 from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
-from ..wgsl import activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes
+from ..wgsl import (activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes,
+                    tiled_matmul_program, use_tiled_matmul)
 
 __all__ = ["FusedBottleneck"]
 
@@ -227,13 +228,19 @@ class FusedBottleneck(CompositeKernel):
         progs, src = [], inputs["x"]
         if self.has_expand:
             e_out = self.binding("expanded", "scratch", 0, sizes[0])
-            lanes = split_lanes(n * h * w * cexp, cin, self.target())
-            body = (f"  let e = idx % {cexp}u;\n  let pix = idx / {cexp}u;\n  var v = 0.0;\n  "
-                    + dot(cin, f"x[pix * {cin}u + {{k}}]", f"ew[({{k}}) * {cexp}u + e]", lanes=lanes))
-            progs.append(reduction_program(f"{self.key}_expand", (inputs["x"], inputs["ew"], inputs["eb"], e_out),
-                                           n * h * w * cexp, body, "expanded[idx] = act(v + eb[e]);",
-                                           activation_fn(self.attr("activation")), lanes=lanes, acc="v",
-                                           loop_trips=-(-cin // (4 * lanes))))
+            e_binds = (inputs["x"], inputs["ew"], inputs["eb"], e_out)
+            act = activation_fn(self.attr("activation"))
+            if use_tiled_matmul(n * h * w, cin, cexp, self.target()):
+                progs.append(tiled_matmul_program(f"{self.key}_expand", e_binds, n * h * w, cin, cexp,
+                                                  f"x[r * {cin}u + k]", f"ew[k * {cexp}u + c]",
+                                                  "expanded[idx] = act(acc + eb[col]);", act))
+            else:
+                lanes = split_lanes(n * h * w * cexp, cin, self.target())
+                body = (f"  let e = idx % {cexp}u;\n  let pix = idx / {cexp}u;\n  var v = 0.0;\n  "
+                        + dot(cin, f"x[pix * {cin}u + {{k}}]", f"ew[({{k}}) * {cexp}u + e]", lanes=lanes))
+                progs.append(reduction_program(f"{self.key}_expand", e_binds, n * h * w * cexp, body,
+                                               "expanded[idx] = act(v + eb[e]);", act, lanes=lanes, acc="v",
+                                               loop_trips=-(-cin // (4 * lanes))))
             src = self.binding("x", "scratch", 0, sizes[0], access="read")
         d_index = 1 if self.has_expand else 0
         g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1, PT=self.pt,
@@ -250,11 +257,16 @@ class FusedBottleneck(CompositeKernel):
             gated = f" * gate[(pix / {self.oh * self.ow}u) * {cexp}u + {{k}}]"
         residual = f" + x[pix * {cin}u + co]" if self.residual else ""
         total = n * self.oh * self.ow * cout
+        proj_binds = ((inputs["x"],) if self.residual else ()) + (d_read,) + gate_binds + (
+            inputs["pw"], inputs["pb"], self.binding("y", "output", 0, self.output_specs()[0]))
+        if not self.has_se and use_tiled_matmul(total // cout, cexp, cout, self.target()):
+            progs.append(tiled_matmul_program(
+                f"{self.key}_project", proj_binds, total // cout, cexp, cout, f"d[r * {cexp}u + k]",
+                f"pw[k * {cout}u + c]", f"let co = col;\n          let pix = row;\n          y[idx] = acc + pb[co]{residual};"))
+            return progs
         lanes = split_lanes(total, cexp, self.target())
         body = (f"  let co = idx % {cout}u;\n  let pix = idx / {cout}u;\n  var v = 0.0;\n  "
                 + dot(cexp, f"d[pix * {cexp}u + {{k}}]{gated}", f"pw[({{k}}) * {cout}u + co]", lanes=lanes))
-        proj_binds = ((inputs["x"],) if self.residual else ()) + (d_read,) + gate_binds + (
-            inputs["pw"], inputs["pb"], self.binding("y", "output", 0, self.output_specs()[0]))
         progs.append(reduction_program(f"{self.key}_project", proj_binds, total, body,
                                        f"y[idx] = v + pb[co]{residual};", lanes=lanes, acc="v",
                                        loop_trips=-(-cexp // (4 * lanes))))

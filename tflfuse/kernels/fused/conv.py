@@ -28,13 +28,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import CompositeKernel, Program, TensorSpec
-from ..conv import SUM_STORED_LATER, conv_output_size, window_body, window_lanes
+from ..base import CompositeKernel, Program, TensorSpec, linear_dispatch
+from ..conv import SUM_STORED_LATER, conv_output_size, is_pointwise, window_body, window_lanes, window_taps
 from ..elementwise import broadcast_index
 from ..registry import register
-from ..wgsl import activation_fn, activation_uniforms, dot, elementwise_program, reduction_program, split_lanes
+from ..wgsl import (activation_fn, activation_uniforms, dot, elementwise_program, prelude, reduction_program,
+                    split_lanes, tiled_matmul_program, use_tiled_matmul)
 
 __all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpilogue", "FusedSeparableConv2D"]
+
+#: Workgroup memory (floats) of the one-dispatch separable schedule: 16 KiB, WebGPU's default limit.
+_SEP_SHARED_FLOATS = 4096
 
 #: Activations of the fused ops (Keras' semantics; ``prelu`` takes its slopes from an input tensor).
 FUSED_ACTIVATIONS = ("linear", "relu", "relu6", "elu", "leaky_relu", "prelu", "sigmoid", "tanh", "hard_swish",
@@ -173,12 +177,17 @@ class FusedConv2D(_FusedWindow):
     def programs(self):
         g, cin, cout = self.g, self.input(0).shape[3], self.cout
         total = int(np.prod(self.out_shape))
+        names = ["x", "w"] + self.epilogue_names() + ["y"]
+        rows = total // cout
+        if is_pointwise(g) and use_tiled_matmul(rows, cin, cout, self.target()):
+            return [tiled_matmul_program(self.key, self.io_bindings(names), rows, cin, cout, f"x[r * {cin}u + k]",
+                                         f"w[k * {cout}u + c]", "y[idx] = epilogue(acc, idx, col);",
+                                         self.epilogue_fn(), self.epilogue_uniforms())]
         lanes = window_lanes(total, g, cin, self.target())
         inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u;
       let wb = (u32(ky) * {g['KW']}u + u32(kx)) * {cin * cout}u + co;
       {dot(cin, 'x[xb + {k}]', f'w[wb + ({{k}}) * {cout}u]', 'acc', lanes=lanes)}"""
         body = window_body(g, cout, "  var acc = 0.0;", inner, "acc", store=SUM_STORED_LATER)
-        names = ["x", "w"] + self.epilogue_names() + ["y"]
         trips = g["KH"] * (1 + g["KW"] * (1 + cin // 4 // lanes))
         return [reduction_program(self.key, self.io_bindings(names), total, body, "y[idx] = epilogue(acc, idx, co);",
                                   self.epilogue_fn(), self.epilogue_uniforms(), lanes=lanes, loop_trips=trips)]
@@ -227,12 +236,18 @@ class FusedSeparableConv2D(_FusedWindow):
     bias + residual)``: input ``x [N, H, W, Cin]``, ``depthwise_filter [KH, KW, Cin, M]``,
     ``pointwise_filter [1, 1, Cin * M, Cout]`` (or ``[Cin * M, Cout]``) -> ``[N, OH, OW, Cout]`` float32.
 
-    Two dispatches: the depthwise conv into a scratch buffer ``[N, OH, OW, Cin * M]``, then the pointwise
-    conv with bias, residual and activation (lanes of a workgroup share each output's sum where the outputs
-    are few: :func:`~tflfuse.kernels.wgsl.split_lanes`). On an NVIDIA H200 both one-dispatch forms measured
-    slower: a tiled kernel that kept the depthwise results in workgroup memory (2.0 ms for face_landmark's 20
-    separable convs against 0.47 ms), and one that recomputed each depthwise value per output channel (35
-    against 13 microseconds for iris_landmark's [1, 16, 16, 64] -> 128 blocks).
+    Two schedules, the same values:
+
+    * one dispatch (GPUs, small layers: :meth:`_pixel_block`): a workgroup computes the depthwise values of
+      a block of output pixels into workgroup memory, then those pixels' outputs from them;
+    * two dispatches (the software adapter, large layers): the depthwise conv into a scratch buffer
+      ``[N, OH, OW, Cin * M]``, then the pointwise conv with bias, residual and activation (tiled in
+      workgroup memory where it is large, :func:`~tflfuse.kernels.wgsl.use_tiled_matmul`).
+
+    On an NVIDIA H200 two other one-dispatch forms measured slower than two dispatches: a tiled kernel that
+    recomputed the depthwise values per block of 64 output channels, behind a barrier per chunk of 32 (2.0
+    ms for face_landmark's 20 separable convs against 0.47 ms), and one that recomputed each depthwise value
+    per output channel (35 against 13 microseconds for iris_landmark's [1, 16, 16, 64] -> 128 blocks).
 
     Raises :class:`~tflfuse.kernels.KernelError` for filters that do not fit the input or each other."""
 
@@ -256,10 +271,32 @@ class FusedSeparableConv2D(_FusedWindow):
         self.target()
 
     def scratch_sizes(self):
+        if self._pixel_block():
+            return ()
         g = self.g
         return (g["N"] * g["OH"] * g["OW"] * self.cmid * 4,)
 
+    def _pixel_block(self) -> int:
+        """Output pixels per workgroup of the one-dispatch schedule, or 0 for the two-dispatch one.
+
+        On a GPU, where the pointwise product is too small to tile (:func:`use_tiled_matmul`) and a few
+        pixels' Cin * M depthwise values fit in workgroup memory, one dispatch computes them there and then
+        the pixels' outputs from them: small layers at batch 1 are bound by each dispatch's fixed cost (on an
+        NVIDIA H200 about 4 microseconds of GPU time and as much CPU time to record). The block is the
+        fewest pixels (a power of two up to 64) that give the workgroup's 256 invocations a value each.
+        """
+        rows = int(np.prod(self.out_shape)) // self.cout
+        if self.target() != "gpu" or use_tiled_matmul(rows, self.cmid, self.cout, "gpu") \
+                or self.cmid > _SEP_SHARED_FLOATS:
+            return 0
+        block = 1
+        while block < 64 and block * min(self.cmid, self.cout) < 256 and 2 * block * self.cmid <= _SEP_SHARED_FLOATS:
+            block *= 2
+        return block
+
     def programs(self) -> list[Program]:
+        if self._pixel_block():
+            return [self._one_dispatch()]
         g, cmid, cout = self.g, self.cmid, self.cout
         size = self.scratch_sizes()[0]
         inputs = {n: self.binding(n, "input", i, self.inputs[i]) for i, n in enumerate(["x", "w", "pw"])}
@@ -271,6 +308,11 @@ class FusedSeparableConv2D(_FusedWindow):
         pw_binds = (self.binding("d", "scratch", 0, size, access="read"), inputs["pw"], *opt,
                     self.binding("y", "output", 0, self.output_specs()[0]))
         total = int(np.prod(self.out_shape))
+        if use_tiled_matmul(total // cout, cmid, cout, self.target()):
+            return [depthwise, tiled_matmul_program(
+                f"{self.key}_pointwise", pw_binds, total // cout, cmid, cout, f"d[r * {cmid}u + k]",
+                f"pw[k * {cout}u + c]", "y[idx] = epilogue(acc, idx, col);", self.epilogue_fn(),
+                self.epilogue_uniforms())]
         lanes = split_lanes(total, cmid, self.target())
         body = f"""  let co = idx % {cout}u;
   let pix = idx / {cout}u;
@@ -280,4 +322,51 @@ class FusedSeparableConv2D(_FusedWindow):
                                       "y[idx] = epilogue(acc, idx, co);", self.epilogue_fn(), self.epilogue_uniforms(),
                                       lanes=lanes, loop_trips=-(-cmid // (4 * lanes)))
         return [depthwise, pointwise]
+
+    def _one_dispatch(self) -> Program:
+        g, cmid, cout, cin, mult = self.g, self.cmid, self.cout, self.input(0).shape[3], self.mult
+        block = self._pixel_block()
+        npix = g["N"] * g["OH"] * g["OW"]
+        groups = -(-npix // block)
+        binds = self.io_bindings(["x", "w", "pw"] + self.epilogue_names() + ["y"])
+        trips = -(-block * cmid // 256) * (1 + g["KH"] * (1 + g["KW"])) + -(-block * cout // 256) * (1 + cmid // 4)
+        taps = window_taps(g, f"""          v += x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]
+               * w[(u32(ky) * {g['KW']}u + u32(kx)) * {cmid}u + c];""", indent="      ")
+        source = prelude(binds, self.epilogue_uniforms()) + self.epilogue_fn() + f"""
+var<workgroup> dsh: array<f32, {block * cmid}>;   // the depthwise values of the workgroup's pixels
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {{
+  let grp = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
+  if (grp >= {groups}u) {{ return; }}   // a whole workgroup: the barrier stays uniform
+  let pix0 = grp * {block}u;
+  for (var i = lidx; i < {block * cmid}u; i += 256u) {{
+    let q = pix0 + i / {cmid}u;
+    let c = i % {cmid}u;
+    var v = 0.0;
+    if (q < {npix}u) {{
+      let ox = i32(q % {g['OW']}u);
+      let oy = i32((q / {g['OW']}u) % {g['OH']}u);
+      let n = q / {g['OW'] * g['OH']}u;
+      let ci = c / {mult}u;
+{taps}
+    }}
+    dsh[i] = v;
+  }}
+  workgroupBarrier();
+  for (var i = lidx; i < {block * cout}u; i += 256u) {{
+    let q = pix0 + i / {cout}u;
+    if (q >= {npix}u) {{ break; }}
+    let co = i % {cout}u;
+    let base = (i / {cout}u) * {cmid}u;
+    var acc = 0.0;
+    {dot(cmid, 'dsh[base + {k}]', f'pw[({{k}}) * {cout}u + co]', 'acc')}
+    let idx = q * {cout}u + co;
+    y[idx] = epilogue(acc, idx, co);
+  }}
+}}
+"""
+        return Program(f"{self.key}", source, (256, 1, 1), linear_dispatch(groups * 256, 256), binds,
+                       self.epilogue_uniforms(), loop_trips=trips)
 
