@@ -116,8 +116,8 @@ def test_fused_matmul(device, rng):
 
 
 def test_fused_bottleneck_staged(device, rng):
-    """Batch 2 on a 7x7 map runs staged on the GPU: the 1x1 expand (16 -> 96) and the projection
-    (96 -> 16, with the residual) split their sums."""
+    """Batch 2 on a 7x7 map runs staged on the GPU: the 1x1 expand (16 -> 96) and the projection (96 -> 16,
+    with the residual) split their sums."""
     from test_bottleneck import ORDER, _tf_reference, _weights
 
     x = rng.standard_normal((2, 7, 7, 16)).astype(np.float32)
@@ -126,5 +126,18 @@ def test_fused_bottleneck_staged(device, rng):
     arrays = [x] + [w[k] for k in ORDER if k in w]
     attrs = dict(expansion=6, stride=1, residual=True)
     lanes = _lanes("fused_bottleneck", arrays, {**attrs, "target": "gpu"})
-    assert lanes[0] > 1 and lanes[-1] > 1, lanes    # expand and project
+    assert lanes[0] > 1 and lanes[-1] > 1, lanes
+    _both_targets(device, "fused_bottleneck", arrays, attrs, want)
+
+
+def test_fused_bottleneck_squeeze_excite_projection(device, rng):
+    """With squeeze-excite the projection is its own dispatch (the gate needs the whole depthwise output
+    first): it splits its gated sums over the 96 expanded channels."""
+    from test_bottleneck import ORDER, _tf_reference, _weights
+
+    x = rng.standard_normal((2, 7, 7, 16)).astype(np.float32)
+    w = _weights(rng, 16, 6, 16, csq=8)
+    want = _tf_reference(x, w, 1, True, "relu6")
+    arrays = [x] + [w[k] for k in ORDER if k in w]
+    attrs = dict(expansion=6, stride=1, residual=True, squeeze_excite=True)
     _both_targets(device, "fused_bottleneck", arrays, attrs, want, split_program=-1)
