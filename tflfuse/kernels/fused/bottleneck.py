@@ -262,7 +262,8 @@ class FusedBottleneck(CompositeKernel):
         if not self.has_se and use_tiled_matmul(total // cout, cexp, cout, self.target()):
             progs.append(tiled_matmul_program(
                 f"{self.key}_project", proj_binds, total // cout, cexp, cout, f"d[r * {cexp}u + k]",
-                f"pw[k * {cout}u + c]", f"let co = col;\n          let pix = row;\n          y[idx] = acc + pb[co]{residual};"))
+                f"pw[k * {cout}u + c]",
+                f"let co = col;\n          let pix = row;\n          y[idx] = acc + pb[co]{residual};"))
             return progs
         lanes = split_lanes(total, cexp, self.target())
         body = (f"  let co = idx % {cout}u;\n  let pix = idx / {cout}u;\n  var v = 0.0;\n  "

@@ -25,8 +25,9 @@ __all__ = ["FusedMatMul"]
 class FusedMatMul(FusedEpilogue):
     """``act(tf.linalg.matmul(a, b, transpose_a, transpose_b) + bias + residual)``, float32, one invocation
     per output element (or several sharing each sum where the outputs are few: see
-    :func:`~tflfuse.kernels.wgsl.split_lanes`). Raises :class:`~tflfuse.kernels.KernelError` for operands of rank < 2, inner
-    dimensions that differ, batch dimensions that do not broadcast, flags that disagree with the inputs."""
+    :func:`~tflfuse.kernels.wgsl.split_lanes`). Raises :class:`~tflfuse.kernels.KernelError` for operands of
+    rank < 2, inner dimensions that differ, batch dimensions that do not broadcast, flags that disagree with
+    the inputs."""
 
     main_inputs = ("a", "b")
     input_names = main_inputs + FusedEpilogue.input_names
