@@ -317,7 +317,6 @@ class FusedSeparableConv2D(_FusedWindow):
             "y[idx] = epilogue(acc, idx, co);", self.epilogue_fn(), self.epilogue_uniforms())
 
 
-
 def pixel_block(rows: int, cmid: int, cout: int, target: str) -> int:
     """Output pixels per workgroup of a :func:`depthwise_pointwise_program`, or 0 where two dispatches (a
     depthwise conv into a scratch buffer, then the 1x1 conv) serve better.
@@ -326,9 +325,10 @@ def pixel_block(rows: int, cmid: int, cout: int, target: str) -> int:
     (:func:`~tflfuse.kernels.wgsl.use_tiled_matmul`) and a pixel's ``cmid`` depthwise values fit in
     workgroup memory, one dispatch computes a block of pixels' depthwise values there and then the block's
     outputs from them: small layers at batch 1 are bound by each dispatch's fixed cost (on an NVIDIA H200
-    about 4 microseconds of GPU time and as much CPU time to record; MediaPipe's face and iris models ran
-    12-16% faster in one dispatch, though each took 10-15% more GPU time). The block is the fewest pixels
-    (a power of two up to 64) that give the workgroup's 256 invocations a value each.
+    about 4 microseconds of GPU time and as much CPU time to record: in one run MediaPipe's face detector,
+    iris and palm models took 11-17% less time per invoke this way, face_landmark 10% more, each with
+    10-15% more GPU time). The block is the fewest pixels (a power of two up to 64) that give the
+    workgroup's 256 invocations a value each.
     """
     if target != "gpu" or use_tiled_matmul(rows, cmid, cout, "gpu") or cmid > _SEP_SHARED_FLOATS:
         return 0
