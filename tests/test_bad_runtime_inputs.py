@@ -126,6 +126,7 @@ _NAN_CASES = {
     **{op: (unary(op, _SHAPE), 1, TRANSCENDENTAL) for op in ("LOGISTIC", "TANH")},
     **{op: (unary(op, _SHAPE), 1, ELEMENTWISE) for op in ("RELU", "RELU6", "RELU_N1_TO_1", "HARD_SWISH")},
     "LEAKY_RELU": (unary("LEAKY_RELU", _SHAPE, ("LeakyReluOptions", {"alpha": 0.2})), 1, ELEMENTWISE),
+    "ELU": (unary("ELU", _SHAPE), 1, TRANSCENDENTAL),
     "SOFTMAX": (unary("SOFTMAX", _SHAPE, ("SoftmaxOptions", {"beta": 1.0})), 1, TRANSCENDENTAL),
     "SOFTMAX_of_a_row": (unary("SOFTMAX", (3, 4), ("SoftmaxOptions", {"beta": 1.0})), 1, TRANSCENDENTAL),
     "MEAN": (_mean_model(), 1, ELEMENTWISE),

@@ -216,6 +216,20 @@ def test_separable_schedule():
     assert dispatches((1, 16, 16, 64), (3, 3, 64, 1), (1, 1, 64, 128), "cpu") == 2
     assert dispatches((8, 64, 64, 32), (3, 3, 32, 1), (1, 1, 32, 64), "gpu") == 2
     assert dispatches((1, 2, 2, 2100), (3, 3, 2100, 2), (1, 1, 4200, 8), "gpu") == 2
+    # few pixels, wide channels: each invocation would sum 4 x 1024 terms alone in one dispatch
+    assert dispatches((1, 7, 7, 1024), (3, 3, 1024, 1), (1, 1, 1024, 1024), "gpu") == 2
+
+
+@pytest.mark.parametrize("target", ["gpu", "cpu"])
+def test_zero_output_channels(device, rng, target):
+    """Filters with no output channels give an empty output of the right shape (as CONV_2D does)."""
+    x = rng.standard_normal((1, 4, 4, 3)).astype(np.float32)
+    dwf, pwf = scaled(rng, (3, 3, 3, 1), 9), np.zeros((1, 1, 3, 0), np.float32)
+    (y,) = run_op(device, "fused_separable_conv2d", [x, dwf, pwf], dict(padding="SAME", has_bias=False, target=target))
+    assert y.shape == (1, 4, 4, 0)
+    (y,) = run_op(device, "fused_conv2d", [x, np.zeros((3, 3, 3, 0), np.float32)],
+                  dict(padding="SAME", has_bias=False, target=target))
+    assert y.shape == (1, 4, 4, 0)
 
 
 def test_gelu_accuracy(device):

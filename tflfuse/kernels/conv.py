@@ -182,7 +182,7 @@ class Conv2D(_Conv):
       {dot(fcin, 'x[xb + {k}]', weight, 'acc', lanes=lanes)}"""
         body = window_body(g, self.cout, f"  let c0 = (co / {cpg}u) * {fcin}u;\n  var acc = 0.0;", inner, "acc",
                            store=SUM_STORED_LATER)
-        trips = g["KH"] * (1 + g["KW"] * (1 + fcin // 4 // lanes))
+        trips = g["KH"] * (1 + g["KW"] * (1 + -(-(fcin // 4) // lanes)))
         return [reduction_program(self.key, self.io_bindings(self._names()), total, body,
                                   f"y[idx] = act(acc + {bias});", act, lanes=lanes, loop_trips=trips)]
 
@@ -272,4 +272,4 @@ class FullyConnected(Kernel):
   var acc = 0.0;
   {dot(self.cin, f'x[r * {self.cin}u + {{k}}]', weight, 'acc', lanes=lanes)}"""
         return [reduction_program(self.key, self.io_bindings(names), total, body, f"y[idx] = act(acc + {bias});",
-                                  act, lanes=lanes, loop_trips=-(-self.cin // (4 * lanes)))]
+                                  act, lanes=lanes, loop_trips=-(-(self.cin // 4) // lanes))]

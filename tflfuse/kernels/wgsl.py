@@ -72,7 +72,7 @@ ACTIVATIONS = {
     "hard_swish": "return v * (clamp(v + 3.0, 0.0, 6.0) / 6.0);",  # no overflow for large v, as in LiteRT
     "sign_bit": "return select(0.0, 1.0, v < 0.0);",
     "leaky_relu": "return select(v * params.alpha, v, v >= 0.0);",
-    "elu": "return select(params.alpha * (exp(min(v, 0.0)) - 1.0), v, v > 0.0);",
+    "elu": "return select(params.alpha * (exp(min(v, 0.0)) - 1.0), v, v > 0.0 || is_nan(v));",
     "gelu": "return 0.5 * v * erfc_approx(v * -0.70710678118654752);",
     # the tanh argument is clamped: tanh(+-10) is +-1 in f32, and some tanh implementations give NaN past ~44
     "gelu_tanh": "return 0.5 * v * (1.0 + tanh(clamp(0.7978845608028654 * (v + 0.044715 * v * v * v), "

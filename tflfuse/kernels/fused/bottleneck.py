@@ -240,7 +240,7 @@ class FusedBottleneck(CompositeKernel):
                         + dot(cin, f"x[pix * {cin}u + {{k}}]", f"ew[({{k}}) * {cexp}u + e]", lanes=lanes))
                 progs.append(reduction_program(f"{self.key}_expand", e_binds, n * h * w * cexp, body,
                                                "expanded[idx] = act(v + eb[e]);", act, lanes=lanes, acc="v",
-                                               loop_trips=-(-cin // (4 * lanes))))
+                                               loop_trips=-(-(cin // 4) // lanes)))
             src = self.binding("x", "scratch", 0, sizes[0], access="read")
         d_index = 1 if self.has_expand else 0
         g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1, PT=self.pt,
@@ -270,7 +270,7 @@ class FusedBottleneck(CompositeKernel):
                 + dot(cexp, f"d[pix * {cexp}u + {{k}}]{gated}", f"pw[({{k}}) * {cout}u + co]", lanes=lanes))
         progs.append(reduction_program(f"{self.key}_project", proj_binds, total, body,
                                        f"y[idx] = v + pb[co]{residual};", lanes=lanes, acc="v",
-                                       loop_trips=-(-cexp // (4 * lanes))))
+                                       loop_trips=-(-(cexp // 4) // lanes)))
         return progs
 
     def _gate_program(self, d, se_binds, gate) -> Program:

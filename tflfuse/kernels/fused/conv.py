@@ -40,6 +40,9 @@ __all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpi
 
 #: Workgroup memory (floats) of the one-dispatch separable schedule: 16 KiB, WebGPU's default limit.
 _SEP_SHARED_FLOATS = 4096
+#: Most 1x1 terms one invocation of the one-dispatch separable schedule may sum alone (MediaPipe's separable
+#: convs, measured faster in one dispatch, need 128-256).
+_PIXEL_BLOCK_MAX_TERMS = 512
 
 #: Activations of the fused ops (Keras' semantics; ``prelu`` takes its slopes from an input tensor).
 FUSED_ACTIVATIONS = ("linear", "relu", "relu6", "elu", "leaky_relu", "prelu", "sigmoid", "tanh", "hard_swish",
@@ -179,7 +182,7 @@ class FusedConv2D(_FusedWindow):
         g, cin, cout = self.g, self.input(0).shape[3], self.cout
         total = int(np.prod(self.out_shape))
         names = ["x", "w"] + self.epilogue_names() + ["y"]
-        rows = total // cout
+        rows = g["N"] * g["OH"] * g["OW"]
         if is_pointwise(g) and use_tiled_matmul(rows, cin, cout, self.target()):
             return [tiled_matmul_program(self.key, self.io_bindings(names), rows, cin, cout, f"x[r * {cin}u + k]",
                                          f"w[k * {cout}u + c]", "y[idx] = epilogue(acc, idx, col);",
@@ -189,7 +192,7 @@ class FusedConv2D(_FusedWindow):
       let wb = (u32(ky) * {g['KW']}u + u32(kx)) * {cin * cout}u + co;
       {dot(cin, 'x[xb + {k}]', f'w[wb + ({{k}}) * {cout}u]', 'acc', lanes=lanes)}"""
         body = window_body(g, cout, "  var acc = 0.0;", inner, "acc", store=SUM_STORED_LATER)
-        trips = g["KH"] * (1 + g["KW"] * (1 + cin // 4 // lanes))
+        trips = g["KH"] * (1 + g["KW"] * (1 + -(-(cin // 4) // lanes)))
         return [reduction_program(self.key, self.io_bindings(names), total, body, "y[idx] = epilogue(acc, idx, co);",
                                   self.epilogue_fn(), self.epilogue_uniforms(), lanes=lanes, loop_trips=trips)]
 
@@ -279,7 +282,8 @@ class FusedSeparableConv2D(_FusedWindow):
 
     def _pixel_block(self) -> int:
         """Output pixels per workgroup of the one-dispatch schedule (:func:`pixel_block`), or 0."""
-        return pixel_block(int(np.prod(self.out_shape)) // self.cout, self.cmid, self.cout, self.target())
+        g = self.g
+        return pixel_block(g["N"] * g["OH"] * g["OW"], self.cmid, self.cout, self.target())
 
     def programs(self) -> list[Program]:
         if self._pixel_block():
@@ -295,9 +299,10 @@ class FusedSeparableConv2D(_FusedWindow):
         pw_binds = (self.binding("d", "scratch", 0, size, access="read"), inputs["pw"], *opt,
                     self.binding("y", "output", 0, self.output_specs()[0]))
         total = int(np.prod(self.out_shape))
-        if use_tiled_matmul(total // cout, cmid, cout, self.target()):
+        rows = g["N"] * g["OH"] * g["OW"]
+        if use_tiled_matmul(rows, cmid, cout, self.target()):
             return [depthwise, tiled_matmul_program(
-                f"{self.key}_pointwise", pw_binds, total // cout, cmid, cout, f"d[r * {cmid}u + k]",
+                f"{self.key}_pointwise", pw_binds, rows, cmid, cout, f"d[r * {cmid}u + k]",
                 f"pw[k * {cout}u + c]", "y[idx] = epilogue(acc, idx, col);", self.epilogue_fn(),
                 self.epilogue_uniforms())]
         lanes = split_lanes(total, cmid, self.target())
@@ -307,7 +312,7 @@ class FusedSeparableConv2D(_FusedWindow):
   {dot(cmid, f'd[pix * {cmid}u + {{k}}]', f'pw[({{k}}) * {cout}u + co]', 'acc', lanes=lanes)}"""
         pointwise = reduction_program(f"{self.key}_pointwise", pw_binds, total, body,
                                       "y[idx] = epilogue(acc, idx, co);", self.epilogue_fn(), self.epilogue_uniforms(),
-                                      lanes=lanes, loop_trips=-(-cmid // (4 * lanes)))
+                                      lanes=lanes, loop_trips=-(-(cmid // 4) // lanes))
         return [depthwise, pointwise]
 
     def _one_dispatch(self) -> Program:
@@ -330,11 +335,16 @@ def pixel_block(rows: int, cmid: int, cout: int, target: str) -> int:
     10-15% more GPU time). The block is the fewest pixels (a power of two up to 64) that give the
     workgroup's 256 invocations a value each.
     """
-    if target != "gpu" or use_tiled_matmul(rows, cmid, cout, "gpu") or cmid > _SEP_SHARED_FLOATS:
+    if (target != "gpu" or not rows or not cout or use_tiled_matmul(rows, cmid, cout, "gpu")
+            or cmid > _SEP_SHARED_FLOATS):
         return 0
     block = 1
     while block < 64 and block * min(cmid, cout) < 256 and 2 * block * cmid <= _SEP_SHARED_FLOATS:
         block *= 2
+    # Each invocation computes ceil(block * cout / 256) outputs of cmid terms alone: past a few hundred
+    # terms (few pixels, wide channels) the two dispatches, whose 1x1 conv splits long sums, serve better.
+    if -(-block * cout // 256) * cmid > _PIXEL_BLOCK_MAX_TERMS:
+        return 0
     return block
 
 

@@ -72,4 +72,4 @@ class FusedMatMul(FusedEpilogue):
         names = ["a", "b"] + self.epilogue_names() + ["y"]
         return [reduction_program(self.key, self.io_bindings(names), total, body, "y[idx] = epilogue(acc, idx, n);",
                                   helpers + self.epilogue_fn(), self.epilogue_uniforms(), lanes=lanes,
-                                  loop_trips=-(-k // (4 * lanes)))]
+                                  loop_trips=-(-(k // 4) // lanes))]
