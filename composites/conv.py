@@ -391,6 +391,13 @@ class _FusedWindowLayer(_FusedLayer):
     def _window_kwargs(self) -> dict:
         return dict(strides=list(self.strides), padding=self.padding, dilations=list(self.dilation_rate))
 
+    def _input_channels(self, input_shape) -> int:
+        """C of a build's ``[N, H, W, C]`` input; ValueError naming the layer for any other shape."""
+        if len(input_shape) != 4 or input_shape[-1] is None:
+            raise ValueError(f"{type(self).__name__} {self.name}: input must be [N, H, W, C] with C known, "
+                             f"got {input_shape}")
+        return int(input_shape[-1])
+
     def _out_shape(self, input_shape, cout):
         return _window_out(type(self).__name__, tuple(input_shape), *self.kernel_size, self.strides,
                            self.dilation_rate, self.padding.upper(), cout)
@@ -430,9 +437,8 @@ class FusedConv2D(_FusedWindowLayer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
 
     def build(self, input_shape):
-        if len(input_shape) != 4 or input_shape[-1] is None:
-            raise ValueError(f"FusedConv2D {self.name}: input must be [N, H, W, C] with C known, got {input_shape}")
-        self.kernel = self.add_weight(name="kernel", shape=(*self.kernel_size, int(input_shape[-1]), self.filters),
+        cin = self._input_channels(input_shape)
+        self.kernel = self.add_weight(name="kernel", shape=(*self.kernel_size, cin, self.filters),
                                       initializer=self.kernel_initializer)
         self._build_epilogue(self.filters, (1, 1, self.filters))
 
@@ -471,10 +477,7 @@ class FusedDepthwiseConv2D(_FusedWindowLayer):
         self.depthwise_initializer = keras.initializers.get(depthwise_initializer)
 
     def build(self, input_shape):
-        if len(input_shape) != 4 or input_shape[-1] is None:
-            raise ValueError(f"FusedDepthwiseConv2D {self.name}: input must be [N, H, W, C] with C known, "
-                             f"got {input_shape}")
-        cin = int(input_shape[-1])
+        cin = self._input_channels(input_shape)
         self.depthwise_kernel = self.add_weight(name="depthwise_kernel",
                                                 shape=(*self.kernel_size, cin, self.depth_multiplier),
                                                 initializer=self.depthwise_initializer)
@@ -518,12 +521,10 @@ class FusedSeparableConv2D(_FusedWindowLayer):
         self.pointwise_initializer = keras.initializers.get(pointwise_initializer)
 
     def build(self, input_shape):
-        if len(input_shape) != 4 or input_shape[-1] is None:
-            raise ValueError(f"FusedSeparableConv2D {self.name}: input must be [N, H, W, C] with C known, "
-                             f"got {input_shape}")
-        cmid = int(input_shape[-1]) * self.depth_multiplier
+        cin = self._input_channels(input_shape)
+        cmid = cin * self.depth_multiplier
         self.depthwise_kernel = self.add_weight(
-            name="depthwise_kernel", shape=(*self.kernel_size, int(input_shape[-1]), self.depth_multiplier),
+            name="depthwise_kernel", shape=(*self.kernel_size, cin, self.depth_multiplier),
             initializer=self.depthwise_initializer)
         self.pointwise_kernel = self.add_weight(name="pointwise_kernel", shape=(1, 1, cmid, self.filters),
                                                 initializer=self.pointwise_initializer)
