@@ -190,8 +190,8 @@ def copy_bandwidth_gb_per_s(device, mib: int = 512, repeats: int = 20) -> float:
     one write of each byte), GPU time from timestamps at the start and end of its compute pass, median of
     ``repeats``: the memory-bandwidth yardstick for :func:`time_model`'s bottleneck figure."""
     from tflfuse.kernels.base import Binding, Program, linear_dispatch
+    from tflfuse.runtime.plan import pass_gpu_us
 
-    wgpu = device._wgpu
     nbytes = min(mib << 20, device.max_storage_binding) // 16 * 16
     vec4s = nbytes // 16
     binds = (Binding("x", ("input", 0), "read", "vec4<f32>", nbytes),
@@ -211,22 +211,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     group = device.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
         {"binding": 0, "resource": {"buffer": x, "offset": 0, "size": nbytes}},
         {"binding": 1, "resource": {"buffer": y, "offset": 0, "size": nbytes}}])
-    qs = device.device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
-    resolve = device.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    times = []
-    for _ in range(repeats + 1):
-        encoder = device.device.create_command_encoder()
-        cpass = encoder.begin_compute_pass(timestamp_writes={
-            "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+
+    def record(cpass) -> None:
         cpass.set_pipeline(pipeline)
         cpass.set_bind_group(0, group)
         cpass.dispatch_workgroups(*prog.dispatch)
-        cpass.end()
-        encoder.resolve_query_set(qs, 0, 2, resolve, 0)
-        device.device.queue.submit([encoder.finish()])
-        ticks = np.frombuffer(device.device.queue.read_buffer(resolve, 0, 16), np.uint64)
-        times.append(float(ticks[1] - ticks[0]))   # nanoseconds
-    return 2 * nbytes / float(np.median(times[1:]))
+
+    return 2 * nbytes / pass_gpu_us(device, record, repeats) / 1e3
 
 
 def _time_litert_gpu(path: Path, ours, xs, batch: int, repeats: int, warmup: int) -> tuple[np.ndarray, float]:

@@ -657,22 +657,28 @@ def gpu_time_plan(plan: ExecutionPlan, repeats: int = 20) -> float:
     (one compute pass), from timestamp queries at the pass's start and end: the GPU's share of an invoke,
     without the CPU's recording, submit and read-back. Raises ``RuntimeError`` where the device has no
     ``timestamp-query`` feature."""
-    dev = plan.device
-    if "timestamp-query" not in dev.features:
-        raise RuntimeError(f"the adapter {dev.name} has no timestamp-query feature")
-    wgpu = dev._wgpu
-    qs = dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
-    resolve = dev.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    return pass_gpu_us(plan.device, plan._record, repeats)
+
+
+def pass_gpu_us(device, record, repeats: int = 20) -> float:
+    """Median GPU microseconds of one compute pass whose commands ``record(cpass)`` writes, from timestamp
+    queries at the pass's start and end (``repeats`` submits after one warm-up). Raises ``RuntimeError``
+    where the device has no ``timestamp-query`` feature."""
+    if "timestamp-query" not in device.features:
+        raise RuntimeError(f"the adapter {device.name} has no timestamp-query feature")
+    wgpu = device._wgpu
+    qs = device.device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
+    resolve = device.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
     samples = []
     for _ in range(repeats + 1):   # the first is a warm-up
-        encoder = dev.device.create_command_encoder()
+        encoder = device.device.create_command_encoder()
         cpass = encoder.begin_compute_pass(timestamp_writes={
             "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
-        plan._record(cpass)
+        record(cpass)
         cpass.end()
         encoder.resolve_query_set(qs, 0, 2, resolve, 0)
-        dev.device.queue.submit([encoder.finish()])
-        ticks = np.frombuffer(dev.device.queue.read_buffer(resolve, 0, 16), np.uint64).astype(np.float64)
+        device.device.queue.submit([encoder.finish()])
+        ticks = np.frombuffer(device.device.queue.read_buffer(resolve, 0, 16), np.uint64).astype(np.float64)
         samples.append((ticks[1] - ticks[0]) / 1e3)   # WebGPU timestamps are nanoseconds
     return float(np.median(samples[1:]))
 
