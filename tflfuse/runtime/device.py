@@ -12,7 +12,7 @@ import threading
 
 from absl import logging
 
-from .._tfload import tensorflow_symbols_global
+from .._tfload import isolate_vulkan_drivers
 from ..kernels.base import Program
 
 __all__ = ["Device", "DeviceLostError", "NoAdapterError", "ShaderCompileError"]
@@ -75,6 +75,21 @@ def _primary_backends_only() -> None:
         logging.debug("tflfuse: could not limit wgpu to its primary backends: %s", e)
 
 
+def prepare_wgpu() -> None:
+    """Everything done once before wgpu first lists adapters: ``XDG_RUNTIME_DIR``, Mesa's drivers kept from
+    TensorFlow's LLVM symbols (``tflfuse/_tfload.py``), and the primary backends only.
+
+    Raises:
+      NoAdapterError: a Mesa Vulkan driver could not be opened.
+    """
+    _default_runtime_dir()
+    try:
+        isolate_vulkan_drivers()
+    except OSError as e:
+        raise NoAdapterError(f"a Vulkan driver could not be opened ({e}). {_INSTALL_HINT}") from e
+    _primary_backends_only()
+
+
 def _info(adapter) -> dict:
     return dict(adapter.info)
 
@@ -91,17 +106,10 @@ class Device:
     """
 
     def __init__(self, adapter: str | None = None):
-        if tensorflow_symbols_global():  # checked before any driver loads: loading one would crash at exit
-            raise NoAdapterError(
-                "TensorFlow was imported before tflfuse, with its LLVM symbols exported process-wide; Mesa's "
-                "Vulkan drivers (the software adapter llvmpipe among them) crash against them. Import tflfuse "
-                "before TensorFlow (tflfuse then has TensorFlow load its libraries with RTLD_LOCAL), or run "
-                "TensorFlow in another process.")
-        _default_runtime_dir()
+        prepare_wgpu()
         import wgpu
 
         self._wgpu = wgpu
-        _primary_backends_only()
         want = adapter if adapter is not None else os.environ.get("TFLFUSE_ADAPTER") or None
         try:
             adapters = list(wgpu.gpu.enumerate_adapters_sync())
