@@ -21,20 +21,21 @@ if command -v dpkg >/dev/null 2>&1 && ! dpkg -s mesa-vulkan-drivers >/dev/null 2
   fi
 fi
 
-py=""
-for c in python3.11 python3 python; do
-  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+py=""   # TensorFlow 2.21's wheels exist for CPython 3.11, 3.12 and 3.13
+for c in python3 python3.11 python3.12 python3.13 python; do
+  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; then
     py=$c; break
   fi
 done
-if [ -z "$py" ]; then echo "tflfuse needs Python 3.11 (TensorFlow 2.21 wheels)." >&2; exit 1; fi
+if [ -z "$py" ]; then echo "tflfuse needs Python 3.11, 3.12 or 3.13 (TensorFlow 2.21's wheels)." >&2; exit 1; fi
 if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv with $($py --version)"
   "$py" -m venv .venv
 fi
 echo "== installing tflfuse and its dependencies into .venv"
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]"
+# PYTHONWARNINGS: setuptools warns about editable installs in general, which says nothing about this one.
+PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -e ".[test]"
 
 if [[ -z "${XDG_RUNTIME_DIR:-}" ]]; then   # only a folder of our own is created (and made private)
   export XDG_RUNTIME_DIR=/tmp/xdg-runtime-$(id -u)
