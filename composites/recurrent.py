@@ -24,7 +24,9 @@ The fused ops in the .tflite:
 
 * inputs, in order: ``x`` [N, T, F]; ``kernel``; ``recurrent_kernel``; ``bias`` (when ``use_bias``);
   then, when ``initial_state``: ``h0`` [N, U] and (LSTM) ``c0`` [N, U];
-* outputs, only those asked for (an output not asked for is never computed into memory): ``y``
+* outputs, only those asked for (an output not asked for is never computed into memory; :func:`tflfuse.convert`
+  turns ``return_state`` / ``return_sequences`` off where the model reads none of them,
+  :mod:`tflfuse.passes.prune`): ``y``
   ([N, T, U] with ``return_sequences``, in processing order, else the last ``h`` [N, U]); with
   ``return_state``, the last ``h`` [N, U] (only with ``return_sequences``: otherwise it is ``y``) and
   (LSTM) the last ``c`` [N, U];

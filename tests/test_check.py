@@ -153,8 +153,12 @@ def test_tflite_sources_and_a_tolerance_too_tight(models_py, tmp_path):
     checks = {c.name: c for c in r.checks}
     assert r.ok and checks["expect fused_bottleneck"].details["found"] == 17
     assert checks["fusion"].status == "skipped" and "no record" in checks["fusion"].message
-    assert checks["parity tflfuse vs litert"].status == "skipped" and "fused_bottleneck" in \
-        checks["parity tflfuse vs litert"].message   # LiteRT has no kernel for the custom op
+    # LiteRT has no kernel for the custom op: it runs the file tflfuse.unfuse expands into builtins instead.
+    parity = checks["parity tflfuse vs litert"]
+    assert parity.status == "passed" and "(LiteRT on the .tflite unfused by tflfuse.unfuse)" in parity.message
+    assert parity.details["outputs"] and all(o["elements"] > 0 for o in parity.details["outputs"].values())
+    assert checks["per-op tflfuse vs litert"].status == "passed" and "numerics" not in checks
+    assert r.per_op_file == "the .tflite unfused by tflfuse.unfuse" and len(r.per_op) > 17
     # The unfused file runs on LiteRT: with no tolerance at all, float32 sums in another order disagree, and
     # the failure names the first op where the two runtimes part, with its numbers.
     r = run_check(CheckOptions("unfused", str(unfused), samples=1, atol=0.0, rtol=0.0,
@@ -214,6 +218,62 @@ def test_manifest_runs_models_in_parallel_processes(models_py, tmp_path):
     suites = JUNIT.to_dict(str(tmp_path / "reports" / "junit.xml"))["testsuite"]
     assert [(s["@name"], s["@failures"]) for s in suites] == [("good", 0), ("lost", 1)]
     assert "| lost | ❌ | expect fused_bottleneck |" in (tmp_path / "reports" / "summary.md").read_text()
+
+
+#: A kernel module for the custom op ``test_check_double`` (docs/custom_kernels.md's way 2).
+KERNEL_MODULE = """from tflfuse.kernels.compose import register_elementwise
+
+register_elementwise("test_check_double", "2.0 * x")
+"""
+
+
+def _custom_op_tflite(path: Path) -> Path:
+    """x [2, 3] -> test_check_double (a custom op written as a tflfuse composite) -> RELU: a .tflite that LiteRT
+    cannot run, that tflfuse.unfuse cannot expand, and that holds no TensorFlow model to compare with."""
+    from flatbuffers import flexbuffers
+    from tflite_builder import build, t
+
+    from tflfuse.annotate import encode_attrs
+
+    custom = flexbuffers.Dumps(encode_attrs({}))
+    path.write_bytes(build([t((2, 3)), t((2, 3)), t((2, 3))],
+                           [dict(op="test_check_double", inputs=[0], outputs=[1], custom=custom),
+                            dict(op="RELU", inputs=[1], outputs=[2])], [0], [2]))
+    return path
+
+
+def test_a_check_that_compared_no_numbers_fails_unless_allowed(tmp_path):
+    model = _custom_op_tflite(tmp_path / "m.tflite")
+    # No tflfuse kernel (allowed) and no LiteRT kernel: every numeric check is skipped, and that fails.
+    code, out, err = check_cli(model, "--allow_op=test_check_double", f"--report_dir={tmp_path / 'r1'}")
+    assert code == 1, out + err
+    last = out.splitlines()[-2:]
+    assert last[0].startswith("FAIL m: numerics: no numeric check ran, so nothing compared the model's numbers: "
+                              "parity tflfuse vs litert: ops without a tflfuse kernel; per-op tflfuse vs litert: "), last
+    assert "--allow_no_numerics" in last[0]
+    assert last[1].startswith("tflfuse check FAILED: 1 model(s), 5 checks, 1 passed, 1 failed, 0 errors, 3 skipped")
+    checks = checks_of(validate_reports(tmp_path / "r1"))
+    assert [(k, c["status"]) for k, c in checks.items()] == [
+        ("fusion", "skipped"), ("kernels", "passed"), ("parity tflfuse vs litert", "skipped"),
+        ("per-op tflfuse vs litert", "skipped"), ("numerics", "failed")]
+    # With the user's kernel tflfuse runs the file, but nothing can give the numbers to compare with (a real
+    # process: the kernel module is registered there, not in this one).
+    (tmp_path / "check_kernels.py").write_text(KERNEL_MODULE)
+    r = subprocess.run([*TFLFUSE, "check", "m.tflite", "--import_modules=check_kernels", "--samples=1"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    last = r.stdout.splitlines()[-2:]
+    assert last[0].startswith("FAIL m: numerics: no numeric check ran"), last
+    assert "tflfuse.unfuse cannot expand test_check_double into builtins" in last[0]
+    assert "  PASS  kernels" in r.stdout
+    # Opted out: the other checks pass the model, and the last lines still say that no number was compared.
+    r = subprocess.run([*TFLFUSE, "check", "m.tflite", "--import_modules=check_kernels", "--allow_no_numerics",
+                        "--samples=1"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    last = r.stdout.splitlines()[-2:]
+    assert last[0].startswith("SKIP m: numerics: no numeric check ran (allowed by allow_no_numerics): "), last
+    assert last[1].startswith("tflfuse check passed: 1 model(s), 5 checks, 1 passed, 0 failed, 0 errors, "
+                              "4 skipped (exit 0)"), last
 
 
 # ---- usage and input errors: exit 2 -------------------------------------------------------------------------
@@ -299,7 +359,9 @@ def test_expectations_manifest_and_shards(tmp_path):
     assert (one.name, one.source, one.samples, one.atol, one.seed) == ("one", str(tmp_path / "one.tflite"), 2, 1.0, 9)
     assert (two.source, two.samples) == ("pkg.mod:build", 5)
     assert set(two.expectations) == {Expectation("a", 4), Expectation("b", 2, at_least=True)}
-    for bad in ('[expect]\na = "many"\n', "samples = 0\n", 'name = "x"\n'):
+    (tmp_path / "n.toml").write_text("allow_no_numerics = true\n")
+    assert load_expectations(tmp_path / "n.toml") == {"allow_no_numerics": True}
+    for bad in ('[expect]\na = "many"\n', "samples = 0\n", 'name = "x"\n', "allow_no_numerics = 1\n"):
         (tmp_path / "bad.toml").write_text(bad)
         with pytest.raises(CheckInputError):
             load_expectations(tmp_path / "bad.toml")

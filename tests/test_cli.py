@@ -1,6 +1,9 @@
 """The ``tflfuse`` command: each subcommand's output and exit status (0 ok, 1 failed, 2 bad usage or input)."""
 
+import functools
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -27,9 +30,45 @@ def test_no_command_prints_usage_and_exits_2():
     assert "tflfuse run MODEL.tflite" in r.stderr
 
 
-def test_help_lists_the_commands_and_flags():
-    r = tflfuse("--help")   # absl's --help exits 1, as every absl app (TensorFlow's tools among them) does
-    assert "tflfuse shader KEY" in r.stdout and "--adapter" in r.stdout
+def _help_blocks(text: str) -> dict[str, list[str]]:
+    """``tflfuse --help``'s flag blocks: command -> the flag names listed under ``tflfuse COMMAND flags:``."""
+    blocks, current = {}, None
+    for line in text.splitlines():
+        if line.startswith("tflfuse ") and line.endswith(" flags:"):
+            current = blocks.setdefault(line.split()[1], [])
+        elif current is not None and line.startswith("  --"):
+            current.append(line.split(":")[0].strip()[2:])
+        elif not line.startswith("      "):
+            current = None
+    return blocks
+
+
+def test_help_lists_each_commands_flags_and_exits_0():
+    from tflfuse import cli
+
+    r = tflfuse("--help")
+    assert r.returncode == 0, r.stderr
+    assert "tflfuse shader KEY" in r.stdout and "Exit status:" in r.stdout
+    blocks = _help_blocks(r.stdout)
+    assert set(blocks) == set(cli._COMMANDS) - {"adapters"}   # adapters takes no flag
+    assert "tflfuse adapters: no flags" in r.stdout
+    # Every tflfuse flag is listed under exactly the commands it applies to; absl's own stay behind --helpfull.
+    ours = {f.name for f in cli.FLAGS.get_flags_for_module("tflfuse.cli")}
+    assert {n for names in blocks.values() for n in names} == ours
+    for command, names in blocks.items():
+        assert set(names) == {n for n, (cmds, _) in cli._FLAG_COMMANDS.items() if command in cmds}, command
+    assert blocks["unfuse"] == ["output", "keep_custom_ops", "import_modules"]
+    assert "patterns" in blocks["fuse"] and "patterns" not in blocks["run"]
+    for command in ("convert", "run", "ops", "shader", "fuse", "unfuse", "check"):
+        assert "import_modules" in blocks[command], command
+    assert "--verbosity" not in r.stdout and "--helpfull" in r.stdout
+    # One command's help: its synopsis and its flags only.
+    r = tflfuse("run", "--help")
+    assert r.returncode == 0, r.stderr
+    assert list(_help_blocks(r.stdout)) == ["run"] and "tflfuse run MODEL.tflite" in r.stdout
+    assert "tflfuse shader KEY" not in r.stdout
+    # absl's full listing is still there.
+    assert "--verbosity" in tflfuse("--helpfull").stdout
 
 
 def test_ops_lists_every_op_of_a_supported_model(face_model):
@@ -115,6 +154,28 @@ def test_convert_an_exported_saved_model(small_mobilenet, tmp_path):
     assert (tmp_path / "m.tflite").stat().st_size > 0
 
 
+#: Lines TensorFlow's and LiteRT's C++ write to stderr: absl-style (I0000 ..., W0000 ...), the CPU-feature
+#: banner, and LiteRT's ``INFO: Created TensorFlow Lite XNNPACK delegate``.
+_NATIVE_LOG = re.compile(r"^([IWE]\d{4} |INFO: |WARNING: All log messages|To enable the following instructions)", re.M)
+
+
+def test_convert_and_check_are_quiet_unless_asked(small_mobilenet, tmp_path):
+    small_mobilenet.export(str(tmp_path / "sm"))
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}   # a user's shell
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=600, env=env)
+    r = run([*TFLFUSE, "convert", tmp_path / "sm", f"--output={tmp_path / 'm.tflite'}"])
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    r = run([*TFLFUSE, "check", tmp_path / "sm", "--expect=fused_bottleneck=17", "--samples=1"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not _NATIVE_LOG.search(r.stderr) and not _NATIVE_LOG.search(r.stdout), r.stderr
+    # --verbosity=0 (absl's INFO) brings TensorFlow's INFO lines back, and so does the user's own setting.
+    r = run([*TFLFUSE, "convert", tmp_path / "sm", f"--output={tmp_path / 'm.tflite'}", "--verbosity=0"])
+    assert r.returncode == 0 and "Reading SavedModel" in r.stderr, r.stderr
+    r = run([*TFLFUSE, "convert", tmp_path / "sm", f"--output={tmp_path / 'm.tflite'}"],
+            env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert r.returncode == 0 and "Reading SavedModel" in r.stderr, r.stderr
+
+
 def test_convert_composite_format_imports_the_composites(small_mobilenet, tmp_path):
     # The composite format traces each composite's body: the CLI process must import the module defining it.
     small_mobilenet.export(str(tmp_path / "sm"))
@@ -171,3 +232,120 @@ def test_shader_model_writes_distinct_shaders_and_a_manifest(face_model, tmp_pat
     assert all(b["tensor"] < n_tensors for op in manifest["ops"] for x in op["dispatches"] for b in x["bindings"]
                if b.get("tensor") is not None)
     assert tflfuse("shader", f"--model={face_model}").returncode == 2   # --out is needed
+
+
+# ---- a user's kernels, from the command line -------------------------------------------------------------
+#: A module that registers a kernel for the custom op ``test_cli_double`` (docs/custom_kernels.md's way 2).
+KERNEL_MODULE = """from tflfuse.kernels.compose import register_elementwise
+
+register_elementwise("test_cli_double", "2.0 * x")
+"""
+
+
+def _custom_op_model(ops) -> bytes:
+    """A chain of [2, 3] float32 ops, ``ops`` (op names, custom ones written as tflfuse composites would) in
+    order, then MINIMUM(., 1.5) and MAXIMUM(., -1) (a clip that ``fuse`` turns into fused_clip)."""
+    from flatbuffers import flexbuffers
+    from tflite_builder import build, t
+
+    from tflfuse.annotate import encode_attrs
+
+    custom = flexbuffers.Dumps(encode_attrs({}))
+    n = len(ops)
+    tensors = [t((2, 3)) for _ in range(n + 2)] + [t((), data=np.float32(1.5)), t((), data=np.float32(-1.0))]
+    chain = [dict(op=name, inputs=[i], outputs=[i + 1], custom=custom) for i, name in enumerate(ops)]
+    chain += [dict(op="MINIMUM", inputs=[n, n + 2], outputs=[n + 1]),
+              dict(op="MAXIMUM", inputs=[n + 1, n + 3], outputs=[len(tensors)])]
+    return build(tensors + [t((2, 3))], chain, [0], [len(tensors)])
+
+
+@pytest.fixture(scope="module")
+def user_kernel(tmp_path_factory):
+    """A folder holding ``cli_kernels.py`` (run the CLI there), a model with the custom op, and an input."""
+    folder = tmp_path_factory.mktemp("user_kernel")
+    (folder / "cli_kernels.py").write_text(KERNEL_MODULE)
+    (folder / "m.tflite").write_bytes(_custom_op_model(["test_cli_double"]))
+    np.save(folder / "x.npy", np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3))
+    return folder
+
+
+def test_import_modules_gives_ops_run_shader_and_fuse_a_users_kernel(user_kernel):
+    d, use = user_kernel, "--import_modules=cli_kernels"
+    r = tflfuse("ops", "m.tflite", cwd=d)
+    assert r.returncode == 1 and "test_cli_double              NO KERNEL" in r.stdout, r.stdout + r.stderr
+    r = tflfuse("ops", "m.tflite", use, cwd=d)
+    assert r.returncode == 0 and "every op has a kernel" in r.stdout, r.stdout + r.stderr
+    assert "test_cli_double              supported" in r.stdout
+
+    r = tflfuse("run", "m.tflite", "--input=x.npy", cwd=d)
+    assert r.returncode == 2 and "'test_cli_double' at operator 0 of subgraph 0" in r.stderr, r.stderr
+    r = tflfuse("run", "m.tflite", "--input=x.npy", "--output=out.npz", use, cwd=d)
+    assert r.returncode == 0, r.stderr
+    x = np.load(d / "x.npy")
+    (got,) = np.load(d / "out.npz").values()
+    np.testing.assert_array_equal(got, np.clip(2 * x, -1.0, 1.5))   # 2x, min and max are exact in float32
+
+    r = tflfuse("shader", "test_cli_double", "--shapes=[[2,3]]", use, cwd=d)
+    assert r.returncode == 0 and "@compute" in r.stdout and "2.0 * " in r.stdout, r.stderr
+    r = tflfuse("shader", "--model=m.tflite", "--out=shaders", use, cwd=d)
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((d / "shaders" / "manifest.json").read_text())
+    assert [op["op"] for op in manifest["ops"]] == ["test_cli_double", "MINIMUM", "MAXIMUM"]
+    assert (d / "shaders" / manifest["ops"][0]["dispatches"][0]["shader"]).read_text().count("@compute") == 1
+
+    r = tflfuse("fuse", "m.tflite", "--output=fused.tflite", use, cwd=d)   # fuse plans the model: the kernel
+    assert r.returncode == 0 and "clip: 1 fused" in r.stdout, r.stderr
+    from tflfuse.model import Model
+
+    assert Model((d / "fused.tflite").read_bytes()).op_names(0) == ["test_cli_double", "fused_clip"]
+
+    r = tflfuse("ops", "m.tflite", "--import_modules=no_such_module_xyz", cwd=d)
+    assert r.returncode == 2 and "--import_modules: cannot import 'no_such_module_xyz'" in r.stderr, r.stderr
+
+
+def test_missing_kernels_are_all_named_at_once_with_what_to_do(tmp_path):
+    from tflfuse import Interpreter
+    from tflfuse.kernels import KernelError, UnsupportedOpError
+
+    model = _custom_op_model(["op_a", "op_b", "op_a"])
+    with pytest.raises(UnsupportedOpError) as err:
+        Interpreter(model_content=model)   # refused at construction, before any GPU work
+    assert err.value.ops == (("op_a", 0, 0), ("op_b", 0, 1), ("op_a", 0, 2))
+    assert isinstance(err.value, KernelError)
+    msg = str(err.value)
+    assert "3 op(s) of the model have no tflfuse kernel: 'op_a' at operators 0, 2 of subgraph 0; 'op_b' at " \
+           "operator 1 of subgraph 0." in msg
+    assert "docs/custom_kernels.md" in msg and "--import_modules" in msg and "`tflfuse ops MODEL`" in msg
+    assert "CONV_2D" not in msg   # no list of every supported op
+    (tmp_path / "m.tflite").write_bytes(model)
+    np.save(tmp_path / "x.npy", np.zeros((2, 3), np.float32))
+    r = tflfuse("run", tmp_path / "m.tflite", f"--input={tmp_path / 'x.npy'}")
+    assert r.returncode == 2 and r.stderr.startswith("error: 3 op(s)") and r.stderr.count("\n") == 1, r.stderr
+    assert "'op_b' at operator 1 of subgraph 0" in r.stderr
+
+
+def test_unfuse_names_the_custom_ops_it_cannot_expand_and_writes_nothing(user_kernel, face_model):
+    from tflfuse.model import Model
+    from tflfuse.passes.unfuse import UnfuseError, unexpandable_ops, unfuse
+
+    d = user_kernel
+    r = tflfuse("fuse", "m.tflite", "--output=f.tflite", "--import_modules=cli_kernels", cwd=d)
+    assert r.returncode == 0, r.stderr
+    fused = (d / "f.tflite").read_bytes()
+    r = tflfuse("unfuse", "f.tflite", "--output=u.tflite", cwd=d)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "'test_cli_double' at operator 0 of subgraph 0" in r.stderr and "--keep_custom_ops" in r.stderr
+    assert "annotations=False" in r.stderr and not (d / "u.tflite").exists()
+    with pytest.raises(UnfuseError, match="'test_cli_double' at operator 0 of subgraph 0") as err:
+        unfuse(fused)
+    assert err.value.ops == (("test_cli_double", 0, 0),) and unexpandable_ops(fused) == [("test_cli_double", 0, 0)]
+    # Kept on request: the fused op is expanded, the custom op stays (its kernel plans the file).
+    r = tflfuse("unfuse", "f.tflite", "--output=u.tflite", "--keep_custom_ops", "--import_modules=cli_kernels",
+                cwd=d)
+    assert r.returncode == 0, r.stderr
+    assert "fused_clip: 1 expanded into builtins" in r.stdout
+    assert "test_cli_double (operator 0 of subgraph 0): kept as a custom op" in r.stdout
+    assert Model((d / "u.tflite").read_bytes()).op_names(0) == ["test_cli_double", "MINIMUM", "MAXIMUM"]
+    # Custom ops LiteRT runs itself (MediaPipe's transposed conv) and files without custom ops are no problem.
+    assert unexpandable_ops(zoo.fetch("selfie_segmentation").read_bytes()) == []
+    assert unexpandable_ops(face_model.read_bytes()) == []

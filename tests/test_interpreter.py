@@ -325,7 +325,8 @@ def test_unsupported_op_is_named_at_construction(no_gpu):
     with pytest.raises(UnsupportedOpError) as err:
         tflfuse.Interpreter(model_content=model)  # no device given, none made: the constructor refuses
     msg = str(err.value)
-    assert "'CUMSUM'" in msg and "operator 1 of subgraph 0" in msg and "CONV_2D" in msg
+    assert "'CUMSUM' at operator 1 of subgraph 0" in msg and "docs/custom_kernels.md" in msg
+    assert err.value.ops == (("CUMSUM", 0, 1),)
 
 
 def test_unsupported_op_in_second_subgraph(tmp_path, no_gpu):

@@ -13,7 +13,13 @@ existing ``.tflite``) is converted when needed (:func:`tflfuse.convert`) and che
   conversion of a Keras model) on LiteRT's CPU interpreter against TensorFlow;
 * ``per-op tflfuse vs litert``: the portable file run by both interpreters, every op's output compared
   (the first op where the two runtimes part is the one to look at);
-* ``perf`` (optional): the fused file's median latency no worse than the unfused file's (times ``1 + slack``).
+* ``perf`` (optional): the fused file's median latency no worse than the unfused file's (times ``1 + slack``);
+* ``numerics``: added (failed) only when none of the parity and per-op checks could run, so that a model
+  whose numbers nothing compared does not pass; with ``allow_no_numerics`` it is skipped instead.
+
+A ``.tflite`` source with tflfuse's fused ops (which LiteRT cannot run) is compared against LiteRT on the
+file :func:`tflfuse.unfuse` expands into builtins; one with custom ops of the user's own that unfuse cannot
+expand has no reference to compare with.
 
 An element passes when ``|got - want| <= atol + rtol * |want|`` (``numpy.allclose``'s rule, NaN equal to
 NaN). :func:`run_check` returns a :class:`ModelReport`; :func:`check_many` checks several models in
@@ -25,6 +31,7 @@ reads the settings (flags, expectations files, manifests), loads model sources a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import multiprocessing
 import os
 import sys
@@ -36,12 +43,16 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from absl import logging
 
+from ._litert import cpu_interpreter
 from .check_config import CheckInputError, CheckOptions, Source, _make_feeds, _signatures, load_source
 from .model import Model, ModelError
 
 __all__ = ["Check", "ModelReport", "check_many", "compare", "run_check"]
 
 PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
+#: The check added when no numeric check (a name starting with one of ``_NUMERIC_PREFIXES``) ran.
+NO_NUMERICS = "numerics"
+_NUMERIC_PREFIXES = ("parity ", "per-op ")
 
 
 @dataclasses.dataclass
@@ -227,6 +238,7 @@ class _Checker:
                 self.model = Model(self.fused)
                 self.structure(src)
                 self.numerics(src)
+                self.require_numerics()
         except (CheckInputError, ModelError, NoAdapterError) as e:
             self.report.input_error = str(e)
             self.add("load", ERROR, str(e))
@@ -334,8 +346,6 @@ class _Checker:
 
     # -- numerics --
     def numerics(self, src: Source) -> None:
-        from ai_edge_litert.interpreter import Interpreter as LiteRT
-
         from .runtime import Interpreter
 
         opts, m = self.opts, self.model
@@ -345,6 +355,10 @@ class _Checker:
         portable = self.fused if litert_runs_fused else self.unfused
         portable_name = ("the .tflite" if src.kind == "tflite" else "the fused .tflite") if litert_runs_fused \
             else "the unfused conversion"
+        no_portable = "no file that both LiteRT and tflfuse run"
+        if portable is None and src.kind == "tflite":
+            portable, no_portable = self.unfuse_tflite()
+            portable_name = "the .tflite" if portable is self.fused else "the .tflite unfused by tflfuse.unfuse"
         tf_refs = None
         if src.kind != "tflite":
             tf_refs = self.step("parity tflfuse vs tensorflow", lambda: _tf_references(src, _signatures(m).keys()))
@@ -357,26 +371,70 @@ class _Checker:
                 self.add("parity tflfuse vs tensorflow", SKIPPED, "the .tflite has ops without a tflfuse kernel")
             if portable is not None:
                 pm = Model(portable)
-                self.parity("litert vs tensorflow", lambda: LiteRT(model_content=portable), pm,
+                self.parity("litert vs tensorflow", lambda: cpu_interpreter(model_content=portable), pm,
                             _make_feeds(pm, opts) if portable is self.unfused else feeds, tf_refs)
             else:
                 self.add("parity litert vs tensorflow", SKIPPED, f"LiteRT cannot run custom op(s) "
                          f"{', '.join(_custom_ops(m))}, and a {src.kind} cannot be converted unfused")
-        elif litert_runs_fused and self.runnable:
-            ref = LiteRT(model_content=self.fused)
-            ref.allocate_tensors()
-            refs = {k: (lambda f, k=k: _run_interpreter(ref, m, k, f)) for k in _signatures(m)}
+        elif portable is not None and self.runnable:
+            pm = Model(portable)
+
+            @functools.cache
+            def litert():
+                return cpu_interpreter(model_content=portable)
+
+            refs = {k: (lambda f, k=k: _run_interpreter(litert(), pm, k, f)) for k in _signatures(m)}
             self.parity("tflfuse vs litert", lambda: Interpreter(model_content=self.fused, device=self.get_device()),
-                        m, feeds, refs)
+                        m, feeds, refs, note="" if portable is self.fused else f" (LiteRT on {portable_name})")
         else:
-            self.add("parity tflfuse vs litert", SKIPPED, "LiteRT cannot run the file's custom op(s) "
-                     f"{', '.join(_custom_ops(m))}" if not litert_runs_fused else "ops without a tflfuse kernel")
+            self.add("parity tflfuse vs litert", SKIPPED, "ops without a tflfuse kernel" if not self.runnable
+                     else no_portable)
         if portable is not None and not set(Model(portable).op_names(0)) - _kernel_names():
             self.per_op(portable, portable_name)
         else:
-            self.add("per-op tflfuse vs litert", SKIPPED, "no file that both LiteRT and tflfuse run")
+            self.add("per-op tflfuse vs litert", SKIPPED, no_portable if portable is None
+                     else f"{portable_name} has ops without a tflfuse kernel")
         if opts.perf:
             self.perf(feeds)
+
+    def unfuse_tflite(self) -> tuple[bytes | None, str]:
+        """A .tflite source with custom ops: the file :func:`tflfuse.unfuse` expands into builtins (LiteRT's
+        reference), or None and why there is none."""
+        from .passes.unfuse import UnfuseError, unfuse
+
+        custom = ", ".join(_custom_ops(self.model))
+        if not self.runnable:
+            return None, f"LiteRT cannot run the file's custom op(s) {custom}, and tflfuse has no kernel for some ops"
+        try:
+            plain, _ = unfuse(self.fused)
+        except UnfuseError as e:
+            stuck = ", ".join(sorted({name for name, _, _ in e.ops})) or custom
+            return None, (f"LiteRT cannot run the file's custom op(s) {custom}, and tflfuse.unfuse cannot expand "
+                          f"{stuck} into builtins (a composite of your own)")
+        except Exception as e:   # the unfused reference is optional: the checks that need it say why
+            logging.warning("%s", traceback.format_exc())
+            return None, (f"LiteRT cannot run the file's custom op(s) {custom}, and tflfuse.unfuse failed: "
+                          f"{type(e).__name__}: {e}")
+        return plain, ""
+
+    def require_numerics(self) -> None:
+        """Adds the ``numerics`` check when no parity or per-op check ran (all skipped): failed, or skipped
+        with ``allow_no_numerics``, naming why each was skipped."""
+        numeric = [c for c in self.report.checks if c.name.startswith(_NUMERIC_PREFIXES)]
+        if any(c.status != SKIPPED for c in numeric):
+            return
+        by_reason: dict[str, list[str]] = {}   # checks skipped for the same reason are named together
+        for c in numeric:
+            by_reason.setdefault(c.message, []).append(c.name)
+        why = "; ".join(f"{' and '.join(names)}: {reason}" for reason, names in by_reason.items()) \
+            or "no comparison applies"
+        if self.opts.allow_no_numerics:
+            self.add(NO_NUMERICS, SKIPPED, f"no numeric check ran (allowed by allow_no_numerics): {why}")
+        else:
+            self.add(NO_NUMERICS, FAILED, f"no numeric check ran, so nothing compared the model's numbers: {why}. "
+                     f"Check the model's source (SavedModel, Keras file or module:function) to compare with "
+                     f"TensorFlow, or pass --allow_no_numerics (allow_no_numerics = true) to pass on the other "
+                     f"checks alone")
 
     def step(self, name: str, fn):
         t0 = time.perf_counter()
@@ -387,7 +445,7 @@ class _Checker:
             self.add(name, ERROR, f"{type(e).__name__}: {e}", t0)
             return None
 
-    def parity(self, label: str, make, model: Model, feeds: list[dict], refs: dict) -> None:
+    def parity(self, label: str, make, model: Model, feeds: list[dict], refs: dict, note: str = "") -> None:
         name, t0 = f"parity {label}", time.perf_counter()
 
         def run():
@@ -415,10 +473,10 @@ class _Checker:
         if bad:
             o, r = next(iter(bad.items()))
             what = r["shape_mismatch"] or f"{r['violations']} of {r['elements']} elements out of tolerance"
-            self.add(name, FAILED, f"output {o!r}: {what}; {numbers}", t0, outputs=per_output)
+            self.add(name, FAILED, f"output {o!r}: {what}; {numbers}{note}", t0, outputs=per_output)
         else:
-            self.add(name, PASSED, f"{len(per_output)} output(s) within tolerance; worst {worst_out!r}: {numbers}",
-                     t0, outputs=per_output)
+            self.add(name, PASSED, f"{len(per_output)} output(s) within tolerance; worst {worst_out!r}: "
+                     f"{numbers}{note}", t0, outputs=per_output)
 
     def per_op(self, portable: bytes, portable_name: str) -> None:
         name, t0 = "per-op tflfuse vs litert", time.perf_counter()
@@ -499,8 +557,6 @@ def _custom_ops(model: Model) -> list[str]:
 def _per_op_rows(data: bytes, device, opts: CheckOptions) -> list[dict]:
     """Runs ``data`` on tflfuse and LiteRT with every tensor preserved (main subgraph, the first seeded or given
     sample) and compares each op's outputs in the same file: one row per op output tensor, in op order."""
-    from ai_edge_litert.interpreter import Interpreter as LiteRT
-
     from .runtime import Interpreter
 
     m = Model(data)
@@ -511,7 +567,7 @@ def _per_op_rows(data: bytes, device, opts: CheckOptions) -> list[dict]:
     ours = Interpreter(model_content=data, device=device, experimental_preserve_all_tensors=True)
     with warnings.catch_warnings():  # LiteRT warns that preserving every tensor is for debugging: it is
         warnings.simplefilter("ignore", UserWarning)
-        ref = LiteRT(model_content=data, experimental_preserve_all_tensors=True)
+        ref = cpu_interpreter(model_content=data, experimental_preserve_all_tensors=True)
     for interp in (ours, ref):
         interp.allocate_tensors()
         for name, t in sig[key]["inputs"].items():

@@ -6,6 +6,7 @@ An expectations file (``--expectations=FILE.toml``) holds the settings of one mo
     atol = 1e-4
     rtol = 1e-3
     allow_ops = []              # ops allowed to stay without a tflfuse kernel
+    allow_no_numerics = false   # true: pass on the other checks when no numeric check can run
     [expect]
     fused_bottleneck = 17       # exactly 17
     # fused_lstm = { min = 1 }  # at least 1
@@ -22,8 +23,8 @@ both)::
     expectations = "expectations.toml"
 
 Keys: ``name``, ``source``, ``expectations``, ``expect``, ``allow_ops``, ``samples``, ``seed``, ``inputs``
-(.npy files), ``atol``, ``rtol``, ``perf``, ``perf_slack``, ``repeats``, ``import_modules``. Anything else
-is refused with :class:`CheckInputError` naming the key and the file.
+(.npy files), ``atol``, ``rtol``, ``perf``, ``perf_slack``, ``repeats``, ``import_modules``,
+``allow_no_numerics``. Anything else is refused with :class:`CheckInputError` naming the key and the file.
 """
 
 from __future__ import annotations
@@ -89,11 +90,12 @@ class CheckOptions:
     repeats: int = 5
     adapter: str | None = None
     import_modules: tuple[str, ...] = ()
+    allow_no_numerics: bool = False
 
 
 _EXPECT_RE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(>=|=)\s*(\d+)\s*\Z")
 _KEYS = {"name", "source", "expectations", "expect", "allow_ops", "samples", "seed", "inputs", "atol", "rtol",
-         "perf", "perf_slack", "repeats", "import_modules"}
+         "perf", "perf_slack", "repeats", "import_modules", "allow_no_numerics"}
 
 
 def parse_expectation(text: str) -> Expectation:
@@ -144,7 +146,7 @@ def _typed(key: str, value: Any, where: str):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
             raise bad("a non-negative number")
         value = float(value)
-    elif key == "perf":
+    elif key in ("perf", "allow_no_numerics"):
         if not isinstance(value, bool):
             raise bad("true or false")
     elif key in ("allow_ops", "inputs", "import_modules"):
@@ -331,11 +333,12 @@ def load_source(source: str, import_modules: Sequence[str] = ()) -> Source:
       CheckInputError: a missing file, a source of none of these kinds, an import or the function failing,
         a function returning something else.
     """
-    for name in import_modules:
-        try:
-            importlib.import_module(name)
-        except Exception as e:
-            raise CheckInputError(f"import_modules: cannot import {name!r}: {type(e).__name__}: {e}") from None
+    from .kernels.registry import import_modules as import_all
+
+    try:
+        import_all(import_modules)
+    except ImportError as e:
+        raise CheckInputError(f"import_modules: {e}") from None
     path = Path(source)
     if path.suffix == ".tflite":
         if not path.is_file():

@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Sequence
 
-from .check import ERROR, FAILED, PASSED, SKIPPED, ModelReport
+from .check import ERROR, FAILED, NO_NUMERICS, PASSED, SKIPPED, ModelReport
 
 __all__ = ["exit_status", "text_lines", "to_json", "to_junit", "to_markdown", "verdict_lines", "write_reports"]
 
@@ -197,9 +197,10 @@ def text_lines(reports: Sequence[ModelReport]) -> list[str]:
 
 
 def verdict_lines(reports: Sequence[ModelReport]) -> list[str]:
-    """The last lines of the output: every failing check with its numbers, then the verdict and exit status."""
+    """The last lines of the output: every failing check with its numbers (and a model on which no numeric
+    check ran, even where allowed), then the verdict and exit status."""
     lines = [f"{_MARK[c.status]} {r.name}: {c.name}: {c.message}" for r in reports for c in r.checks
-             if c.status in (FAILED, ERROR)]
+             if c.status in (FAILED, ERROR) or c.name == NO_NUMERICS]
     t = _totals(reports)
     status = exit_status(reports)
     word = {0: "passed", 1: "FAILED", 2: "BAD INPUT"}[status]

@@ -9,63 +9,96 @@
     tflfuse shader --list [--json]
     tflfuse shader --model=MODEL.tflite --out=DIR [--target=gpu|cpu]
     tflfuse fuse IN.tflite --output=OUT.tflite [--patterns=bottleneck,separable_conv,...] [--target=gpu|cpu]
-    tflfuse unfuse IN.tflite --output=OUT.tflite
+    tflfuse unfuse IN.tflite --output=OUT.tflite [--keep_custom_ops]
     tflfuse adapters
     tflfuse check SOURCE [--expect=NAME=COUNT|NAME>=COUNT ...] [--expectations=FILE.toml] [--allow_op=OP ...]
         [--samples=3] [--seed=0] [--input=x.npy ...] [--atol=1e-4] [--rtol=1e-3] [--perf] [--perf_slack=0.1]
-        [--report_dir=DIR] [--import_modules=MOD,...]   SOURCE: MODEL.tflite, SAVED_MODEL_DIR, MODEL.keras,
+        [--report_dir=DIR] [--allow_no_numerics]   SOURCE: MODEL.tflite, SAVED_MODEL_DIR, MODEL.keras,
         module:function or file.py:function (returns a Keras model or concrete functions)
     tflfuse check --manifest=MODELS.toml [--shard=I/N] [--jobs=N] [--report_dir=DIR]
+    convert, run, ops, shader, fuse, unfuse, check: [--import_modules=MOD,...] imports the modules that register
+        your kernels (docs/custom_kernels.md), composites or Keras layers first.
+    tflfuse --help: each command's flags; tflfuse COMMAND --help: that command's; --helpfull: absl's too.
 
 Exit status: 0 on success; 1 when the work failed (a fusion mismatch, unfrozen weights in convert, an op
-without a kernel in ops); 2 for bad usage or input (a missing or malformed file, a model that cannot run,
-inputs of the wrong shape or dtype, no WebGPU adapter).
-check: 0 every check holds; 1 a check failed (the failing checks and their numbers are the last lines);
-2 bad usage or input (a flag, an expectations file or manifest, a model source that cannot be loaded).
+without a kernel in ops, custom ops that unfuse cannot expand); 2 for bad usage or input (a missing or malformed
+file, a model that cannot run, inputs of the wrong shape or dtype, no WebGPU adapter).
+check: 0 every check holds; 1 a check failed, or no numeric check could run (the failing checks and their
+numbers are the last lines); 2 bad usage or input (a flag, an expectations file or manifest, a model source
+that cannot be loaded).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("output", None, "convert, fuse, unfuse: the .tflite to write; run: an .npz for the outputs.")
-flags.DEFINE_multi_string("input", [], "run: an .npy file per model input, in input order.")
-flags.DEFINE_string("adapter", None, "Substring of the WebGPU adapter's name to use (default: the best one).")
-flags.DEFINE_enum("fused_op_format", "custom", ["custom", "composite"],
-                  "convert: fused ops as custom ops (tflfuse only) or STABLEHLO_COMPOSITE with a decomposition "
-                  "(stock LiteRT runs it too).")
-flags.DEFINE_string("shapes", None, "shader: JSON list of input shapes, e.g. [[1,8,8,3],[4,3,3,3]].")
-flags.DEFINE_string("attrs", "", "shader: comma-separated key=value attributes, e.g. padding=SAME,stride_h=2.")
-flags.DEFINE_bool("json", False, "shader: print the whole ShaderInfo as JSON.")
-flags.DEFINE_bool("list", False, "shader: list every kernel key with its inputs and attributes.")
-flags.DEFINE_string("model", None, "shader: write every distinct shader of this .tflite (with --out).")
-flags.DEFINE_string("out", None, "shader --model: folder for the .wgsl files and manifest.json.")
-flags.DEFINE_enum("target", "gpu", ["gpu", "cpu"],
-                  "shader, fuse: schedules (and dispatch counts) for a GPU or the software adapter.")
-flags.DEFINE_list("patterns", [], "fuse: the patterns to apply (default: all of tflfuse.passes.fuse.PATTERNS).")
-flags.DEFINE_integer("size", 224, "demo: MobileNetV2 input side in pixels.")
-flags.DEFINE_integer("repeats", 5, "demo, check --perf: timed invokes per model.")
-flags.DEFINE_multi_string("expect", [], "check: NAME=COUNT (exactly) or NAME>=COUNT (at least) fused ops.")
-flags.DEFINE_string("expectations", None, "check: a TOML file of expectations and settings for the model.")
-flags.DEFINE_multi_string("allow_op", [], "check: an op allowed to stay without a tflfuse kernel.")
-flags.DEFINE_integer("samples", 3, "check: seeded random inputs to compare on.", lower_bound=1)
-flags.DEFINE_integer("seed", 0, "check: seed of the random inputs.", lower_bound=0)
-flags.DEFINE_float("atol", 1e-4, "check: absolute tolerance, |got - want| <= atol + rtol * |want|.", lower_bound=0)
-flags.DEFINE_float("rtol", 1e-3, "check: relative tolerance.", lower_bound=0)
-flags.DEFINE_bool("perf", False, "check: also require fused latency no worse than unfused (Keras sources).")
-flags.DEFINE_float("perf_slack", 0.1, "check --perf: fused may take up to (1 + slack) x unfused.", lower_bound=0)
-flags.DEFINE_string("report_dir", None, "check: folder for report.json, junit.xml and summary.md.")
-flags.DEFINE_string("manifest", None, "check: a TOML manifest of models to check in parallel processes.")
-flags.DEFINE_string("shard", None, "check --manifest: I/N, check only shard I (1-based) of N.")
-flags.DEFINE_integer("jobs", None, "check --manifest: parallel processes (default: models, up to the CPUs).",
-                     lower_bound=1)
-flags.DEFINE_list("import_modules", [], "check, convert: modules to import first (a Keras file's custom layers; "
-                  "the composites a --fused_op_format=composite conversion traces, e.g. composites).")
+
+#: flag name -> (the commands it applies to, its help): ``tflfuse --help`` groups the flags by command from this.
+_FLAG_COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {}
+
+
+def _flag(define, name: str, default, help_text: str, commands: str, **kwargs) -> None:
+    """Defines an absl flag (``define``: ``flags.DEFINE_string``...) and records the commands it applies to."""
+    _FLAG_COMMANDS[name] = (tuple(commands.split()), help_text)
+    define(name, default, help=help_text, **kwargs)
+
+
+_flag(flags.DEFINE_string, "output", None, "convert, fuse, unfuse: the .tflite to write; run: an .npz for the "
+      "outputs.", "convert fuse unfuse run")
+_flag(flags.DEFINE_multi_string, "input", [], "run, check: an .npy file per model input, in input order.",
+      "run check")
+_flag(flags.DEFINE_string, "adapter", None, "Substring of the WebGPU adapter's name to use (default: the best one).",
+      "demo run check")
+_flag(flags.DEFINE_enum, "fused_op_format", "custom", "convert: fused ops as custom ops (tflfuse only) or "
+      "STABLEHLO_COMPOSITE with a decomposition (stock LiteRT runs it too).", "convert",
+      enum_values=["custom", "composite"])
+_flag(flags.DEFINE_string, "shapes", None, "shader: JSON list of input shapes, e.g. [[1,8,8,3],[4,3,3,3]].", "shader")
+_flag(flags.DEFINE_string, "attrs", "", "shader: comma-separated key=value attributes, e.g. padding=SAME,stride_h=2.",
+      "shader")
+_flag(flags.DEFINE_bool, "json", False, "shader: print the whole ShaderInfo as JSON.", "shader")
+_flag(flags.DEFINE_bool, "list", False, "shader: list every kernel key with its inputs and attributes.", "shader")
+_flag(flags.DEFINE_string, "model", None, "shader: write every distinct shader of this .tflite (with --out).",
+      "shader")
+_flag(flags.DEFINE_string, "out", None, "shader --model: folder for the .wgsl files and manifest.json.", "shader")
+_flag(flags.DEFINE_enum, "target", "gpu", "shader, fuse: schedules (and dispatch counts) for a GPU or the software "
+      "adapter.", "shader fuse", enum_values=["gpu", "cpu"])
+_flag(flags.DEFINE_list, "patterns", [], "fuse: the patterns to apply (default: all of tflfuse.passes.fuse.PATTERNS).",
+      "fuse")
+_flag(flags.DEFINE_bool, "keep_custom_ops", False, "unfuse: keep custom ops that have no expansion into builtins "
+      "(a composite of your own) instead of failing, for a runtime that has their kernels.", "unfuse")
+_flag(flags.DEFINE_integer, "size", 224, "demo: MobileNetV2 input side in pixels.", "demo")
+_flag(flags.DEFINE_integer, "repeats", 5, "demo, check --perf: timed invokes per model.", "demo check")
+_flag(flags.DEFINE_multi_string, "expect", [], "check: NAME=COUNT (exactly) or NAME>=COUNT (at least) fused ops.",
+      "check")
+_flag(flags.DEFINE_string, "expectations", None, "check: a TOML file of expectations and settings for the model.",
+      "check")
+_flag(flags.DEFINE_multi_string, "allow_op", [], "check: an op allowed to stay without a tflfuse kernel.", "check")
+_flag(flags.DEFINE_integer, "samples", 3, "check: seeded random inputs to compare on.", "check", lower_bound=1)
+_flag(flags.DEFINE_integer, "seed", 0, "check: seed of the random inputs.", "check", lower_bound=0)
+_flag(flags.DEFINE_float, "atol", 1e-4, "check: absolute tolerance, |got - want| <= atol + rtol * |want|.", "check",
+      lower_bound=0)
+_flag(flags.DEFINE_float, "rtol", 1e-3, "check: relative tolerance.", "check", lower_bound=0)
+_flag(flags.DEFINE_bool, "perf", False, "check: also require fused latency no worse than unfused (Keras sources).",
+      "check")
+_flag(flags.DEFINE_float, "perf_slack", 0.1, "check --perf: fused may take up to (1 + slack) x unfused.", "check",
+      lower_bound=0)
+_flag(flags.DEFINE_bool, "allow_no_numerics", False, "check: pass a model on which no numeric check can run (a "
+      ".tflite with custom ops that LiteRT cannot run and unfuse cannot expand) on its other checks alone.", "check")
+_flag(flags.DEFINE_string, "report_dir", None, "check: folder for report.json, junit.xml and summary.md.", "check")
+_flag(flags.DEFINE_string, "manifest", None, "check: a TOML manifest of models to check in parallel processes.",
+      "check")
+_flag(flags.DEFINE_string, "shard", None, "check --manifest: I/N, check only shard I (1-based) of N.", "check")
+_flag(flags.DEFINE_integer, "jobs", None, "check --manifest: parallel processes (default: models, up to the CPUs).",
+      "check", lower_bound=1)
+_flag(flags.DEFINE_list, "import_modules", [], "Modules to import first, for what they register: your kernels "
+      "(docs/custom_kernels.md), composites, a Keras file's custom layers (e.g. composites,my_kernels; the "
+      "current folder is searched).", "convert run ops shader fuse unfuse check")
 
 _USAGE = __doc__.split("\n\n")[1]
 
@@ -119,18 +152,25 @@ def cmd_demo(args):
     run_demo(adapter=FLAGS.adapter, size=FLAGS.size, repeats=FLAGS.repeats)
 
 
+def _import_modules() -> None:
+    """Imports the modules of ``--import_modules`` (what registers the user's kernels, composites, layers).
+
+    Raises:
+      UsageError: a module cannot be imported (the message names it and the error).
+    """
+    from .kernels.registry import import_modules
+
+    try:
+        import_modules(FLAGS.import_modules)
+    except ImportError as e:
+        raise UsageError(f"--import_modules: {e}") from None
+
+
 def cmd_convert(args):
     if len(args) != 1 or not FLAGS.output:
         raise UsageError("usage: tflfuse convert SAVED_MODEL_DIR --output=model.tflite")
-    import importlib
-
     from .conversion import ConversionError, FusionError, convert
 
-    for name in FLAGS.import_modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            raise UsageError(f"--import_modules: cannot import {name!r}: {e}") from None
     try:
         result = convert(args[0], fused_op_format=FLAGS.fused_op_format)
     except FusionError as e:
@@ -172,18 +212,24 @@ def cmd_fuse(args):
 
 
 def cmd_unfuse(args):
-    from .passes.unfuse import unfuse
+    from .kernels import KernelError
+    from .model import ModelError
+    from .passes.unfuse import unexpandable_ops, unfuse
 
-    data = _read_tflite(args, "usage: tflfuse unfuse IN.tflite --output=OUT.tflite")
+    data = _read_tflite(args, "usage: tflfuse unfuse IN.tflite --output=OUT.tflite [--keep_custom_ops]")
     try:
-        plain, counts = unfuse(data)
-    except ValueError as e:   # a fused op with no builtin expansion: the work failed, the file is fine
+        plain, counts = unfuse(data, keep_custom_ops=FLAGS.keep_custom_ops)
+    except (KernelError, ModelError):   # a malformed file, or one that does not plan on tflfuse: exit 2
+        raise
+    except ValueError as e:   # ops with no builtin expansion: the work failed, the file is fine; nothing written
         print(f"error: {e}", file=sys.stderr)
         return 1
     with open(FLAGS.output, "wb") as f:
         f.write(plain)
     for name, count in sorted(counts.items()):
         print(f"{name}: {count} expanded into builtins")
+    for name, sg, oi in unexpandable_ops(plain):   # only with --keep_custom_ops
+        print(f"{name} (operator {oi} of subgraph {sg}): kept as a custom op; LiteRT needs its kernel")
     if not counts:
         print("no tflfuse fused op: the file is unchanged")
     print(f"wrote {FLAGS.output} ({len(plain)} bytes)")
@@ -306,12 +352,11 @@ def cmd_shader(args):
 
 
 def cmd_adapters(args):
+    from .runtime.device import prepare_wgpu
+
+    prepare_wgpu()
     import wgpu
 
-    from .runtime.device import _default_runtime_dir, _primary_backends_only
-
-    _default_runtime_dir()
-    _primary_backends_only()
     for a in wgpu.gpu.enumerate_adapters_sync():
         i = a.info
         print(f"{i['device']}  [{i['adapter_type']}, {i['backend_type']}]")
@@ -319,7 +364,7 @@ def cmd_adapters(args):
 
 #: check's flags that, when given, override an expectations file's or manifest's values.
 _CHECK_OVERRIDES = ("allow_op", "samples", "seed", "input", "atol", "rtol", "perf", "perf_slack", "repeats",
-                    "import_modules", "adapter")
+                    "import_modules", "adapter", "allow_no_numerics")
 
 
 def cmd_check(args):
@@ -365,9 +410,20 @@ _COMMANDS = {"demo": cmd_demo, "convert": cmd_convert, "run": cmd_run, "ops": cm
              "fuse": cmd_fuse, "unfuse": cmd_unfuse, "shader": cmd_shader, "adapters": cmd_adapters}
 
 
+def _quiet_tensorflow() -> None:
+    """Sets ``TF_CPP_MIN_LOG_LEVEL`` (unless the user set it) before anything loads TensorFlow: its C++ logs
+    (the CPU-feature banner, the converter's and the SavedModel loader's INFO and WARNING lines) follow
+    ``--verbosity`` (absl's levels: 0 INFO, -1 WARNING, -2 ERROR), and are errors only by default."""
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        return
+    level = FLAGS["verbosity"].value if FLAGS["verbosity"].present else -2
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = str(min(3, max(0, -level)))
+
+
 def main(argv):
     if not FLAGS["verbosity"].present:  # absl logs INFO by default; the commands print what matters
         absl_logging.set_verbosity(absl_logging.WARNING)
+    _quiet_tensorflow()
     if len(argv) < 2 or argv[1] not in _COMMANDS:
         if len(argv) >= 2:
             print(f"error: unknown command {argv[1]!r}; the commands are {', '.join(_COMMANDS)}", file=sys.stderr)
@@ -378,6 +434,9 @@ def main(argv):
     from .runtime import NoAdapterError
 
     try:
+        # check imports them in each model's process (with a manifest's own), where its report records a failure
+        if argv[1] in _FLAG_COMMANDS["import_modules"][0] and argv[1] != "check":
+            _import_modules()
         return _COMMANDS[argv[1]](argv[2:]) or 0
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -387,8 +446,64 @@ def main(argv):
         return 2
 
 
+_HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "-helpshort")
+
+
+def _synopsis(command: str | None) -> str:
+    """The usage block of the module docstring, or only ``command``'s lines of it (with their continuations)."""
+    if command is None:
+        return _USAGE
+    lines, keep = [], False
+    for line in _USAGE.splitlines():
+        if not line.startswith("        "):   # a new entry: keep it if it is this command's
+            keep = line.strip().startswith(f"tflfuse {command} ") or line.strip() == f"tflfuse {command}"
+        if keep:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def help_text(command: str | None = None) -> str:
+    """The text of ``tflfuse --help`` or ``tflfuse COMMAND --help``. absl's own flags stay behind ``--helpfull``.
+
+    Args:
+      command: None for the whole usage and every command's flags, grouped per command; a command name for its
+        synopsis and flags only.
+    Returns:
+      The text, ending with the exit statuses.
+    """
+    import textwrap
+
+    out = [_synopsis(command), ""]
+    for cmd in [command] if command else list(_COMMANDS):
+        names = [n for n, (cmds, _) in _FLAG_COMMANDS.items() if cmd in cmds]
+        out.append(f"tflfuse {cmd} flags:" if names else f"tflfuse {cmd}: no flags")
+        for name in names:
+            flag, text = FLAGS[name], _FLAG_COMMANDS[name][1]
+            notes = []
+            if isinstance(flag, flags.MultiFlag):
+                notes.append("repeatable")
+            if getattr(flag.parser, "enum_values", None):
+                notes.append("one of " + "|".join(flag.parser.enum_values))
+            default = flag.default
+            if isinstance(default, list):
+                default = ",".join(map(str, default))
+            if default not in (None, "") and default is not False:
+                notes.append(f"default {default}")
+            out += textwrap.wrap(f"--{name}: {text}" + (f" ({'; '.join(notes)})" if notes else ""), 112,
+                                 initial_indent="  ", subsequent_indent="      ")
+        out.append("")
+    out.append(__doc__.split("\n\n")[2].strip())
+    return "\n".join(out)
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, with a bad flag reported in one line and exit status 2 (absl's own: 1)."""
+    """absl's flag parsing, with a bad flag reported in one line and exit status 2 (absl's own: 1).
+    ``--help`` (``-h``) prints :func:`help_text` to stdout and exits 0."""
+    args = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+    if any(a in _HELP_FLAGS for a in args):
+        command = next((a for a in args if a in _COMMANDS), None)
+        print(help_text(command))
+        sys.exit(0)
     try:
         return FLAGS(argv)
     except flags.Error as e:

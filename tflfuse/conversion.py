@@ -16,6 +16,15 @@ Two forms of fused op (``fused_op_format``):
   :func:`tflfuse.passes.portable.to_composite_format`). Stock LiteRT runs the decomposition; tflfuse runs
   its fused kernel.
 
+Outputs of a fused op that no op and no signature output reads are pruned after the converter
+(:mod:`tflfuse.passes.prune`): ``fused_lstm`` / ``fused_gru`` get ``return_sequences`` / ``return_state``
+off where the sequence / the states are unused (so an LSTM whose states are unused can become the builtin
+UNIDIRECTIONAL_SEQUENCE_LSTM); any other unused output becomes tensor index -1 (the schema's omitted
+optional tensor) in the custom form, which tflfuse computes into a buffer of its own. The composite form
+keeps those (an LSTM's ``h`` when only ``c`` is read; a user composite's unused output) as tensors nothing
+reads: LiteRT 2.3's STABLEHLO_COMPOSITE kernel binds every op output to the decomposition's, and crashes on
+an absent one.
+
 Quantization (``quantization``), as TensorFlow 2.21's converter does it for a model with composites:
 
 * ``"float16"``: weights stored as float16, each followed by a DEQUANTIZE to float32, the fused op's
@@ -47,6 +56,7 @@ from absl import logging
 from .annotate import FUSABLE_KEY, annotations_disabled, registry
 from .model import Model
 from .passes import apply_lowerings
+from .passes.prune import prune_unused_outputs
 
 __all__ = ["CompositeCount", "ConversionError", "ConversionResult", "FUSED_OP_FORMATS", "FusionError",
            "FusionReport", "QUANTIZATIONS", "convert"]
@@ -527,6 +537,10 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
             raise
         raise ConversionError(f"quantization='int8': the converter could not quantize every op to int8 "
                               f"({type(e).__name__}: {str(e)[:600]})") from e
+    # Outputs of fused ops that nothing reads: dropped through the attributes (an LSTM's unused states), else
+    # made absent (-1) in the custom form; LiteRT's STABLEHLO_COMPOSITE kernel needs every output (module doc).
+    tflite, _ = prune_unused_outputs(tflite, set(registry()) | {n for c in traced_by_key.values() for n in c},
+                                     absent=fused_op_format == "custom")
     tflite, lowered = apply_lowerings(tflite)  # fused ops that have a TFLite builtin become that builtin
     if fused_op_format == "composite":
         from .passes.portable import to_composite_format

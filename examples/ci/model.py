@@ -1,11 +1,8 @@
 """Example model entry points for ``tflfuse check`` (``examples/ci/model.py:mobilenet_v2``).
 
 An entry point is a function without arguments that returns a Keras model (or concrete functions); CI calls
-it, converts the model and checks the result. ``import tflfuse`` comes before anything that loads
-TensorFlow (Keras included), as everywhere in tflfuse.
+it, converts the model and checks the result.
 """
-
-import tflfuse  # noqa: F401,I001  (before TensorFlow: see README "TensorFlow and the software adapter")
 
 import composites
 

@@ -1,6 +1,7 @@
 """Graph rewrites on a :class:`tflfuse.model.Model` (no TensorFlow needed): :mod:`.fuse` (pattern fusion of
 any .tflite), :mod:`.unfuse` (fused ops back into builtins), :mod:`.portable` (fused ops as
-STABLEHLO_COMPOSITE), on the editing helpers of :mod:`.graph`; and the lowerings below.
+STABLEHLO_COMPOSITE), :mod:`.prune` (unused outputs of fused ops), on the editing helpers of :mod:`.graph`; and
+the lowerings below.
 
 Lowerings: a composite whose fused custom op has an equivalent TFLite builtin (``fused_lstm`` ->
 UNIDIRECTIONAL_SEQUENCE_LSTM) registers a function that rewrites one such op in place, so stock LiteRT

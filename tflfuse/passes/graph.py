@@ -56,7 +56,8 @@ class Graph:
         self.consumers: dict[int, list[int]] = collections.defaultdict(list)
         for oi, op in enumerate(self.sg.operators or []):
             for t in op.outputs if op.outputs is not None else []:
-                self.producer[int(t)] = oi
+                if t >= 0:   # -1: an absent output
+                    self.producer[int(t)] = oi
             for t in op.inputs if op.inputs is not None else []:
                 if t >= 0:
                     self.consumers[int(t)].append(oi)

@@ -288,7 +288,8 @@ def to_composite_format(tflite: bytes) -> tuple[bytes, collections.Counter]:
 
     Raises:
       ConversionError: a composite's function is a method (needs ``self``), cannot be traced standalone at the
-        op's input shapes, fits the op's inputs in more than one way, or does not convert to builtins alone.
+        op's input shapes, fits the op's inputs in more than one way, or does not convert to builtins alone;
+        an op with an absent input or output (-1).
     """
     from ..annotate import decode_attrs, registry
     from ..model import Model
@@ -309,6 +310,11 @@ def to_composite_format(tflite: bytes) -> tuple[bytes, collections.Counter]:
         outs = [(model.tensor_shape(sg, t), model.tensor_dtype(sg, t)) for t in model.op_outputs(sg, i)]
         if any(t < 0 for t in model.op_inputs(sg, i)):
             raise _error(f"composite {name!r} (operator {i} of subgraph {sg}) has an absent input")
+        if any(t < 0 for t in model.op_outputs(sg, i)):   # LiteRT 2.3 crashes binding it to the decomposition's
+            raise _error(f"composite {name!r} (operator {i} of subgraph {sg}) has an absent output (-1), which "
+                         f"a STABLEHLO_COMPOSITE cannot have: LiteRT binds every output of the op to one of its "
+                         f"decomposition; tflfuse.convert(..., fused_op_format='composite') keeps such outputs as "
+                         f"tensors")
         raw = bytes(bytearray(op.customOptions)) if op.customOptions is not None else b""
         key = (name, raw, tuple((s, d.str) for s, d in ins), tuple((s, d.str) for s, d in outs))
         if key not in shared:
@@ -397,7 +403,7 @@ def _inline_one(tree, sg, op, opts, error) -> list:
         raise error(f"{where}: a decomposition output is not computed by its ops (an input or a constant); "
                     f"tflfuse cannot inline it")
     mapping = dict(zip(d_in, op_in))
-    mapping.update(zip(d_out, op_out))
+    mapping.update((d, o) for d, o in zip(d_out, op_out) if o >= 0)   # an absent output: a tensor of its own
 
     def tensor(t: int) -> int:
         if t < 0:

@@ -14,17 +14,34 @@ from typing import Callable
 
 import numpy as np
 
-from ..model import Model
+from ..model import Model, is_builtin_name
 from .graph import Graph, drop_unused_buffers
 
-__all__ = ["UnfuseError", "expansion", "expansions", "unfuse"]
+__all__ = ["LITERT_CUSTOM_OPS", "UnfuseError", "expansion", "expansions", "unexpandable_ops", "unfuse"]
 
 _EXPANSIONS: dict[str, Callable] = {}
 
 
 class UnfuseError(ValueError):
-    """A fused op has no expansion into builtins (a user's own composite), or attributes no builtin
-    expresses (ELU's alpha); convert the model with ``annotations=False`` for a builtin-only file."""
+    """Ops :func:`unfuse` cannot turn into builtins: custom ops with no expansion (a user's own composite)
+    that stock LiteRT cannot run, or a fused op with attributes no builtin expresses (ELU's alpha).
+
+    Attributes:
+      ops: ``(op name, subgraph, operator index)`` of each op it could not expand, in file order.
+    """
+
+    def __init__(self, message: str, ops=()):
+        super().__init__(message)
+        self.ops = tuple(ops)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.ops)
+
+
+#: Custom ops that stock LiteRT's Python interpreter runs itself (its builtin op resolver registers them:
+#: MediaPipe's, TFLite's detection post-processing and audio ops), so :func:`unfuse` leaves them as they are.
+LITERT_CUSTOM_OPS = frozenset({"AudioSpectrogram", "Convolution2DTransposeBias", "MaxPoolingWithArgmax2D",
+                               "MaxUnpooling2D", "Mfcc", "NumericVerify", "TFLite_Detection_PostProcess"})
 
 #: fused activation name -> (TFLite fused_activation_function, extra op after it or None)
 #: activation -> the fusedActivationFunction code of a conv or ADD that applies it
@@ -58,7 +75,7 @@ class Builder:
 
     def __init__(self, g: Graph, oi: int):
         self.g, self.ops = g, []
-        self.prefix = g.model.tensor_name(g.index, g.outputs_of(oi)[0])
+        self.prefix = g.model.tensor_name(g.index, max(g.outputs_of(oi)))   # an output the file has (not -1)
         self._n = 0
 
     def tensor(self, shape) -> int:
@@ -439,6 +456,8 @@ def _rnn_expansion(g: Graph, oi: int, attrs: dict, cell: str) -> list:
     if attrs.get("return_state") and cell == "lstm":
         results.append(("c", c, None))
     for out, (kind, value, options) in zip(outs, results):
+        if out < 0:   # an absent output (tflfuse.passes.prune): nothing reads it
+            continue
         if kind == "PACK":
             b.op("PACK", value, options=options, out=out)
         else:   # the last state written to the op's output tensor (RESHAPE to its own shape: a copy)
@@ -456,11 +475,31 @@ def _gru(g: Graph, oi: int, attrs: dict) -> list:
     return _rnn_expansion(g, oi, attrs, "gru")
 
 
-def unfuse(tflite: bytes) -> tuple[bytes, dict]:
-    """Expands every tflfuse fused op of a .tflite into TFLite builtins.
+def unexpandable_ops(tflite: bytes | Model) -> list[tuple[str, int, int]]:
+    """The ops of a .tflite that :func:`unfuse` leaves as custom ops stock LiteRT cannot run: custom ops with
+    no expansion into builtins (a user's own composite, ``rms_norm``) and not in :data:`LITERT_CUSTOM_OPS`.
+
+    Args:
+      tflite: the .tflite bytes or a :class:`~tflfuse.model.Model`.
+    Returns:
+      ``(op name, subgraph, operator index)`` per such op, in file order (empty: LiteRT runs the unfused file).
+    Raises:
+      tflfuse.ModelError: a malformed file.
+    """
+    model = tflite if isinstance(tflite, Model) else Model(tflite)
+    return [(name, sg, oi) for sg in range(len(model.m.subgraphs)) for oi, name in enumerate(model.op_names(sg))
+            if not is_builtin_name(name) and name not in _EXPANSIONS and name not in LITERT_CUSTOM_OPS]
+
+
+def unfuse(tflite: bytes, keep_custom_ops: bool = False) -> tuple[bytes, dict]:
+    """Expands every tflfuse fused op of a .tflite into TFLite builtins, so that stock LiteRT runs the file.
 
     Args:
       tflite: the .tflite bytes (from :func:`tflfuse.convert`, :func:`tflfuse.passes.fuse.fuse`, ...).
+      keep_custom_ops: False (default): refuse a file with custom ops that have no expansion and that LiteRT
+        cannot run (:func:`unexpandable_ops`: a user's own composite), since LiteRT would refuse the result.
+        True: expand the rest and keep those ops as they are, for a runtime that has their kernels (LiteRT
+        with a custom op resolver); list them with :func:`unexpandable_ops`.
 
     Returns:
       ``(tflite, counts)``: the rewritten file (unchanged if it had no fused op) and, per fused op name, how
@@ -468,18 +507,30 @@ def unfuse(tflite: bytes) -> tuple[bytes, dict]:
 
     Raises:
       tflfuse.ModelError: a malformed file.
-      UnfuseError: a fused op with no expansion, or attributes no builtin expresses.
+      UnfuseError: custom ops with no expansion (unless ``keep_custom_ops``), all named in one message with
+        their operator index and subgraph (``.ops`` holds them); a fused op with attributes no builtin
+        expresses.
       ValueError: a fused op whose weights are not constants.
-      tflfuse.kernels.UnsupportedOpError / KernelError: the file does not plan on tflfuse.
+      tflfuse.kernels.UnsupportedOpError / KernelError: the file does not plan on tflfuse (a subgraph with an
+        op to expand is planned to read its shapes and constants; a kept custom op needs its kernel registered).
+
+    >>> plain, counts = tflfuse.unfuse(tflfuse.convert(model).tflite)   # doctest: +SKIP
+    >>> counts                                                          # doctest: +SKIP
+    {'fused_bottleneck': 17}
     """
     model = Model(tflite)
+    stuck = unexpandable_ops(model)
+    if stuck and not keep_custom_ops:
+        where = ", ".join(f"{name!r} at operator {oi} of subgraph {sg}" for name, sg, oi in stuck)
+        raise UnfuseError(f"{len(stuck)} custom op(s) have no expansion into builtins and stock LiteRT cannot run "
+                          f"them: {where}. A composite of your own stays a custom op: convert the model with "
+                          f"annotations=False (or fused_op_format='composite', which carries each composite's "
+                          f"decomposition) for a file that stock LiteRT runs, or keep them with "
+                          f"keep_custom_ops=True (CLI --keep_custom_ops) for a runtime that has their kernels",
+                          stuck)
     counts: collections.Counter = collections.Counter()
     for sg in range(len(model.m.subgraphs)):
         names = model.op_names(sg)
-        stuck = sorted({n for n in names if n.startswith("fused_") and n not in _EXPANSIONS})
-        if stuck:
-            raise UnfuseError(f"subgraph {sg} has fused op(s) {stuck} with no expansion into builtins; convert "
-                              f"the model with annotations=False for a file that stock LiteRT runs")
         if not any(n in _EXPANSIONS for n in names):
             continue
         g = Graph(model, sg)
@@ -489,7 +540,7 @@ def unfuse(tflite: bytes) -> tuple[bytes, dict]:
                 try:
                     g.replace([oi], _EXPANSIONS[name](g, oi, kernel_attrs))
                 except UnfuseError as e:
-                    raise UnfuseError(f"{name} (operator {oi} of subgraph {sg}): {e}") from None
+                    raise UnfuseError(f"{name} (operator {oi} of subgraph {sg}): {e}", [(name, sg, oi)]) from None
                 counts[name] += 1
         g.commit()
     if not counts:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import time
 from typing import Mapping, Sequence
@@ -17,6 +18,7 @@ import numpy as np
 
 from ..kernels import kernel_class, supported_ops
 from ..kernels.base import Kernel, KernelError, Program, TensorSpec
+from ..kernels.registry import missing_kernels_error
 from ..model import Model, is_builtin_name
 from ..passes.portable import inline_composites
 from .device import ShaderCompileError
@@ -63,15 +65,25 @@ class LoweredGraph:
 
 
 def check_supported(model: Model, subgraph: int | None = None) -> None:
-    """Raises :class:`~tflfuse.kernels.UnsupportedOpError` for the first op without a kernel, naming the
-    op, its index and subgraph. Touches no GPU."""
+    """Checks that every op has a kernel (of ``subgraph``, or of every subgraph but the decompositions of
+    composites that run as one kernel). Touches no GPU.
+
+    Raises:
+      UnsupportedOpError: naming EVERY op without a kernel at once, each with its operator index and
+        subgraph (``.ops`` holds them), and how to give an op a kernel (see
+        :func:`tflfuse.kernels.registry.missing_kernels_error`).
+      KernelError: a composite whose decomposition subgraph contains itself.
+    """
     if subgraph is None:  # decomposition subgraphs are checked where their composite has no kernel
         skip = model.decompositions()
         sgs = [si for si in range(len(model.subgraphs)) if si not in skip]
     else:
         sgs = [subgraph]
+    missing: dict[tuple[str, int, int], None] = {}   # ordered, once each (decompositions may be shared)
     for si in sgs:
-        _check_ops(model, si, ())
+        _check_ops(model, si, (), missing)
+    if missing:
+        raise missing_kernels_error(list(missing))
 
 
 def _has_fused_kernel(name: str) -> bool:
@@ -79,16 +91,20 @@ def _has_fused_kernel(name: str) -> bool:
     return not is_builtin_name(name) and name in supported_ops()
 
 
-def _check_ops(model: Model, si: int, chain: tuple[int, ...]) -> None:
+def _check_ops(model: Model, si: int, chain: tuple[int, ...], missing: dict) -> None:
+    """Adds ``(name, subgraph, index)`` to ``missing`` for each op of subgraph ``si`` (and of the
+    decompositions it runs) without a kernel."""
+    known = set(supported_ops())
     for oi, name in enumerate(model.op_names(si)):
         comp = model.composite(si, oi)
         if comp is None:
-            kernel_class(name, where=f"operator {oi} of subgraph {si}")
+            if name not in known:
+                missing[(name, si, oi)] = None
         elif not _has_fused_kernel(comp.name):   # runs its decomposition, inlined by lower()
             if comp.decomposition in chain + (si,):
                 raise KernelError(f"STABLEHLO_COMPOSITE {comp.name!r} (operator {oi} of subgraph {si}): its "
                                   f"decomposition subgraph {comp.decomposition} contains itself")
-            _check_ops(model, comp.decomposition, chain + (si,))
+            _check_ops(model, comp.decomposition, chain + (si,), missing)
 
 
 def _runtime_spec(model: Model, sg: int, t: int, shape=None) -> TensorSpec:
@@ -110,6 +126,9 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
       relayout: for ``"gpu"``, give kernels with a ``relayout`` (CONV_2D, FULLY_CONNECTED) their constant
         weights re-laid out, as new constants with ids past the file's tensors. False keeps every op reading
         the file's own tensors in the file's layouts (graph passes, shader manifests).
+
+    An absent op output (tensor index -1: nothing reads it, :mod:`tflfuse.passes.prune`) gets a tensor of its
+    own, with an id past the file's; the kernel writes it there and its buffer is reused at once.
     Raises:
       UnsupportedOpError: an op has no kernel (named with its index and subgraph).
       KernelError: an op's shapes or attributes are not supported, or disagree with the file; a graph that is
@@ -131,6 +150,8 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
     written: set[int] = set()
     relaid: dict[tuple[int, str], int] = {}     # (tensor, layout) -> the re-laid-out constant's id
     extra_names: dict[int, str] = {}
+    n_file = len(sg.tensors)
+    fresh = itertools.count(n_file)   # ids past the file's tensors: re-laid-out constants, absent outputs
     for oi in range(len(sg.operators or [])):
         name = model.op_name(subgraph, oi)
         if name == "STABLEHLO_COMPOSITE":   # kept by inline_composites: it has a fused kernel
@@ -142,6 +163,10 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
             attrs.setdefault("target", target)
         in_ids = model.op_inputs(subgraph, oi)
         out_ids = model.op_outputs(subgraph, oi)
+        for k, t in enumerate(out_ids):   # absent (-1, nothing reads it): computed into a tensor of its own
+            if t < 0:
+                out_ids[k] = next(fresh)
+                extra_names[out_ids[k]] = f"output {k} of {where}, absent in the file"
         _check_op_tensors(cls, where, in_ids, out_ids)
         for t in out_ids:  # each tensor is written once (buffer lifetimes and views rely on it)
             if t in specs or t in consts:
@@ -174,7 +199,7 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
                     attr, value, transform = layout
                     key = (t, value)
                     if key not in relaid:   # a new tensor id, past the file's, shared by the ops reading it
-                        relaid[key] = len(sg.tensors) + len(relaid)
+                        relaid[key] = next(fresh)
                         consts[relaid[key]] = np.ascontiguousarray(transform(consts[t]))
                         extra_names[relaid[key]] = f"{model.tensor_name(subgraph, t)} ({value})"
                     attrs[attr] = value
@@ -199,7 +224,7 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
             with _located(where):
                 values = kernel.fold([consts.get(t) for t in runtime_in])
             for t, value in zip(out_ids, values):
-                declared = model.tensor_shape(subgraph, t)
+                declared = model.tensor_shape(subgraph, t) if t < n_file else ()
                 if not input_shapes and declared and tuple(declared) != np.shape(value):
                     raise KernelError(f"{where}: output tensor {t} is declared {list(declared)} but folding the "
                                       f"op's constant inputs gives {list(np.shape(value))}")
@@ -210,7 +235,7 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         if len(out_specs) != len(out_ids):
             raise KernelError(f"{where}: the file lists {len(out_ids)} outputs, the op has {len(out_specs)}")
         for t, s in zip(out_ids, out_specs):
-            declared = model.tensor_shape(subgraph, t)
+            declared = model.tensor_shape(subgraph, t) if t < n_file else ()
             if not input_shapes and declared and tuple(declared) != s.shape:
                 raise KernelError(f"{where}: output tensor {t} is declared {list(declared)} but the op's "
                                   f"inputs and attributes give {list(s.shape)}")
@@ -278,8 +303,6 @@ def _check_op_tensors(cls: type[Kernel], where: str, in_ids: list[int], out_ids:
     if names and not any(n.endswith("...") for n in names) and len(in_ids) > len(names):
         raise KernelError(f"{where}: the op has {len(in_ids)} inputs; it takes at most {len(names)} "
                           f"({', '.join(names)})")
-    if any(t < 0 for t in out_ids):
-        raise KernelError(f"{where}: an output is absent (tensor index -1): {out_ids}")
     if len(set(out_ids)) != len(out_ids):
         raise KernelError(f"{where}: the op lists an output tensor twice: {out_ids}")
     both = sorted(set(t for t in in_ids if t >= 0) & set(out_ids))
