@@ -1,12 +1,14 @@
 """Shared test set-up: import order, seeding, the WebGPU device fixture and the tolerances.
 
 ``import tflfuse`` comes first: it makes a later ``import tensorflow`` load TensorFlow's libraries with
-RTLD_LOCAL, without which the software adapter (llvmpipe) crashes compiling shaders (tflfuse/_tfload.py).
+RTLD_LOCAL (tflfuse/_tfload.py), the order most of the suite runs in; test_import_order.py runs the other.
 """
 
 import tflfuse  # noqa: I001  (must precede every import that can load TensorFlow)
 
 import os
+import random
+import sys
 
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")     # wgpu/Vulkan loaders warn (or fail) without it
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -47,6 +49,20 @@ FP16_WEIGHTS = dict(atol=3e-3, rtol=3e-3)
 def rng() -> np.random.Generator:
     """A NumPy generator seeded with :data:`SEED`."""
     return np.random.default_rng(SEED)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_global_generators():
+    """Python's, NumPy's global and, once loaded, Keras' and TensorFlow's generators seeded with :data:`SEED`
+    before every test: a Keras layer built without a seed (its kernel_initializer draws from Keras' global
+    generator) gets the same weights in every run, whatever ran before it. Module-scoped fixtures are set up
+    before this one, so those that build unseeded layers call ``keras.utils.set_random_seed`` themselves."""
+    random.seed(SEED)
+    np.random.seed(SEED)
+    if "keras" in sys.modules:      # not imported here: tests that never load TensorFlow stay without it
+        sys.modules["keras"].utils.set_random_seed(SEED)
+    elif "tensorflow" in sys.modules:
+        sys.modules["tensorflow"].random.set_seed(SEED)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 
 Two levels, each against an independent reference:
 - kernels (``run_op``): ``fused_conv2d``, ``fused_depthwise_conv2d``, ``fused_separable_conv2d`` and
-  ``fused_matmul`` against ``tf.nn.conv2d`` / ``depthwise_conv2d`` / ``separable_conv2d`` /
+  ``fused_matmul`` against float64 NumPy convolutions (tests/npref.py, themselves checked against
+  ``tf.nn.conv2d`` / ``depthwise_conv2d`` / ``separable_conv2d``, since TF's CPU kernels differ by machine) /
   ``tf.linalg.matmul`` + bias + residual, then ``keras.activations`` (PReLU: ``keras.layers.PReLU``), over
   edge shapes (stride 2 SAME, VALID, dilation, 1xN and Nx1, odd sizes, channels not divisible by 4,
   batch > 1, broadcast batches, transposes, an output past 65,535 workgroups) and every activation;
@@ -30,6 +31,9 @@ from composites.conv import (ACTIVATIONS, FusedConv2D, FusedDense, FusedDepthwis
 from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import MAX_WORKGROUPS_PER_DIM, TensorSpec
 from tflfuse.runtime.plan import run_op
+
+import npref
+from conftest import ACCUMULATION
 
 RTOL = 1e-4
 ATOL_SCALE = 1e-4
@@ -96,21 +100,22 @@ CASE_ACTS = ["relu6", "gelu", "prelu", "leaky_relu", "hard_swish", "elu", "tanh"
 def conv_run(device, rng, op, case, act, residual, target=None):
     n, h, w, cin, kh, kw, cout, strides, dil, pad = case
     x = rng.standard_normal((n, h, w, cin)).astype(np.float32)
-    tf_dil = list(dil)
+    # The float64 NumPy references (tests/npref.py), not TF's CPU kernels: TF's choice of kernel depends on
+    # the machine, and its Eigen DepthwiseConv2dNative refuses strides that differ per axis (s21 here).
     if op == "fused_conv2d":
         f = scaled(rng, (kh, kw, cin, cout), kh * kw * cin)
-        z = tf.nn.conv2d(x, f, list(strides), pad, dilations=tf_dil).numpy()
+        z = npref.conv2d(x, f, strides, pad, dil)
         main = [x, f]
     elif op == "fused_depthwise_conv2d":
         mult = cout % 3 + 1
         f = scaled(rng, (kh, kw, cin, mult), kh * kw)
-        z = tf.nn.depthwise_conv2d(x, f, [1, *strides, 1], pad, dilations=tf_dil).numpy()
+        z = npref.depthwise_conv2d(x, f, strides, pad, dil)
         main = [x, f]
     else:
         mult = cout % 2 + 1
         dwf = scaled(rng, (kh, kw, cin, mult), kh * kw, 1.0)
         pwf = scaled(rng, (1, 1, cin * mult, cout), cin * mult)
-        z = tf.nn.separable_conv2d(x, dwf, pwf, [1, *strides, 1], pad, dilations=tf_dil).numpy()
+        z = npref.separable_conv2d(x, dwf, pwf, strides, pad, dil)
         main = [x, dwf, pwf if cout % 2 else pwf[0, 0]]   # the [Cin * M, Cout] form too
     extra, attrs, reference = epilogue_inputs(rng, z.shape, z.shape[-1], act, residual)
     if target:
@@ -138,6 +143,39 @@ OPS = [("fused_conv2d", "gpu"), ("fused_conv2d", "cpu"), ("fused_depthwise_conv2
     for op, st in OPS for i, c in enumerate(CONV_CASES) if _no_stride_dilation(op, c)])
 def test_conv_kernels_edge_shapes(device, rng, op, target, case, act):
     conv_run(device, rng, op, case, act, residual=bool(case[0] % 2), target=target)
+
+
+def _tf_grouped(x, f, strides, pad, dil):
+    """Depthwise conv as one tf.nn.conv2d per input channel (output channel c * M + m), which TF computes
+    for any strides on every machine, unlike its DepthwiseConv2dNative."""
+    return tf.concat([tf.nn.conv2d(x[..., c:c + 1], f[:, :, c:c + 1, :], list(strides), pad, dilations=list(dil))
+                      for c in range(x.shape[-1])], axis=-1).numpy()
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{'x'.join(map(str, c[:7]))}-s{c[7][0]}{c[7][1]}-"
+                         f"d{c[8][0]}{c[8][1]}-{c[9]}")
+def test_numpy_conv_reference_matches_tf(rng, case):
+    """tests/npref.py against TensorFlow on every CONV_CASES case, in formulations TF computes everywhere:
+    tf.nn.conv2d; depthwise and separable as one tf.nn.conv2d per channel (any strides), and as TF's own
+    depthwise_conv2d / separable_conv2d where the strides are equal and do not meet a dilation. Tolerance:
+    float32 TF sums of <= 594 unit-scale products against float64, ACCUMULATION (conftest.py)."""
+    n, h, w, cin, kh, kw, cout, strides, dil, pad = case
+    x = rng.standard_normal((n, h, w, cin)).astype(np.float32)
+    f = scaled(rng, (kh, kw, cin, cout), kh * kw * cin)
+    dwf = scaled(rng, (kh, kw, cin, 2), kh * kw)
+    pwf = scaled(rng, (1, 1, cin * 2, cout), cin * 2)
+    pairs = [(npref.conv2d(x, f, strides, pad, dil), tf.nn.conv2d(x, f, list(strides), pad, dilations=list(dil)))]
+    dw = npref.depthwise_conv2d(x, dwf, strides, pad, dil)
+    grouped = _tf_grouped(x, dwf, strides, pad, dil)
+    pairs += [(dw, grouped), (npref.separable_conv2d(x, dwf, pwf, strides, pad, dil),
+                              tf.nn.conv2d(grouped, pwf, 1, "VALID"))]
+    if strides[0] == strides[1] and _no_stride_dilation("fused_depthwise_conv2d", case):
+        pairs += [(dw, tf.nn.depthwise_conv2d(x, dwf, [1, *strides, 1], pad, dilations=list(dil))),
+                  (npref.separable_conv2d(x, dwf, pwf, strides, pad, dil),
+                   tf.nn.separable_conv2d(x, dwf, pwf, [1, *strides, 1], pad, dilations=list(dil)))]
+    for ref, want in pairs:
+        assert ref.dtype == np.float64
+        np.testing.assert_allclose(ref, np.asarray(want), **ACCUMULATION)
 
 
 @pytest.mark.parametrize("op, target", OPS + [("fused_matmul", None)])

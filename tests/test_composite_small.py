@@ -22,7 +22,7 @@ from composites.activations import Clip, HardSwish, clip_by_value
 from composites.pooling import (FusedAveragePooling2D, FusedGlobalAveragePooling2D, FusedGlobalMaxPooling2D,
                                 FusedMaxPooling2D, pool2d)
 from composites.squeeze_excite import SqueezeExcite, make_divisible
-from conftest import ACCUMULATION, ELEMENTWISE, EXACT, TRANSCENDENTAL
+from conftest import ACCUMULATION, ELEMENTWISE, EXACT, SEED, TRANSCENDENTAL
 from tflfuse.kernels import kernel_class
 from tflfuse.kernels.base import TensorSpec
 from tflfuse.runtime.plan import run_op
@@ -232,6 +232,7 @@ def test_squeeze_excite_matches_keras_layers(device, rng, shape, cr, activation,
 
 @pytest.fixture(scope="module")
 def mobilenet_v3():
+    keras.utils.set_random_seed(SEED)   # weights=None: the initializers' draws, the same in every run
     return keras.applications.MobileNetV3Small(input_shape=(64, 64, 3), weights=None, include_top=False)
 
 

@@ -10,6 +10,8 @@ Tolerances:
   Sums over up to 1,152 products in another order: atol 1e-5 of each output's scale, rtol 1e-4.
 """
 
+import math
+
 import numpy as np
 import pytest
 
@@ -115,7 +117,13 @@ def test_per_dispatch_gpu_times_cover_every_dispatch(device, face_model):
     interp = tflfuse.Interpreter(model_path=face_model, device=device)
     interp.allocate_tensors()
     interp.set_tensor(interp.get_input_details()[0]["index"], zoo.sample_photo((128, 128)))
+    if "timestamp-query" not in device.features:   # an adapter without timestamps: refused, naming the feature
+        with pytest.raises(RuntimeError, match="no timestamp-query feature"):
+            profile_plan(interp._plan(0), repeats=1)
+        return
     rows = profile_plan(interp._plan(0), repeats=1)
     assert len(rows) == interp.dispatch_count
-    assert all(r["us"] > 0 for r in rows)
+    # Durations, not their size: WebGPU lets an adapter quantize timestamps, so a short dispatch may read 0 us
+    # (no assertion on timing here; performance is measured in benchmarks/).
+    assert all(isinstance(r["us"], float) and math.isfinite(r["us"]) and r["us"] >= 0 for r in rows), rows
     assert {r["op"] for r in rows} <= set(interp.model.op_names(0))
