@@ -71,3 +71,79 @@ def test_import_order_runs_a_model(device, first):
         assert any("libvulkan_lvp" in p for p in r["deepbind"]), r
     if first == "tflfuse":
         assert r["deepbind"] == [], r
+
+
+#: TensorFlow first, then MediaPipe's face detector on WebGPU against LiteRT's CPU interpreter.
+_FACE = """
+import json, sys
+import tensorflow as tf
+if sys.argv[1] == "wgpu-first":   # the application lists adapters itself before tflfuse can step in
+    import wgpu
+    wgpu.gpu.enumerate_adapters_sync()
+import numpy as np
+import tflfuse
+from tflfuse import zoo
+from ai_edge_litert.interpreter import Interpreter as LiteRT
+path = str(zoo.fetch("face_detection_short_range"))
+x = np.random.default_rng(0).uniform(-1, 1, (1, 128, 128, 3)).astype(np.float32)
+try:
+    outs = []
+    for interp in (tflfuse.Interpreter(model_path=path, adapter="llvmpipe"), LiteRT(model_path=path)):
+        interp.allocate_tensors()
+        interp.set_tensor(interp.get_input_details()[0]["index"], x)
+        interp.invoke()
+        outs.append([interp.get_tensor(d["index"]) for d in interp.get_output_details()])
+    print(json.dumps({"ratio": max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(*outs))}))
+except tflfuse.NoAdapterError as e:
+    print(json.dumps({"error": str(e)}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def lvp_manifest(device) -> Path:
+    from tflfuse._tfload import _manifest_dirs
+
+    found = [m for d in _manifest_dirs() for m in sorted(Path(d).glob("*.json")) if "libvulkan_lvp" in m.read_text()]
+    if not found:
+        pytest.skip("Mesa's software driver (llvmpipe, mesa-vulkan-drivers) is not installed")
+    return found[0]
+
+
+def _face(tmp_path, mode: str, **env) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", **env}
+    proc = subprocess.run([sys.executable, "-c", _FACE, mode], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"exit {proc.returncode}, no result:\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1])
+
+
+def _manifest(path: Path, library: str) -> Path:
+    path.write_text(json.dumps({"file_format_version": "1.0.0", "ICD": {"library_path": library,
+                                                                          "api_version": "1.1.0"}}))
+    return path
+
+
+def test_tensorflow_first_passes_over_drivers_it_cannot_open(tmp_path, lvp_manifest):
+    # A "Mesa" driver that is no library at all (as another architecture's is to this process) listed first:
+    # the loader passes over it, and so must tflfuse. Each output within 1e-5 of its scale (test_real_models).
+    fake = tmp_path / "libvulkan_fake.so"
+    fake.write_text("not an ELF file")
+    listed = f"{_manifest(tmp_path / 'fake.json', str(fake))}:{lvp_manifest}"
+    r = _face(tmp_path, "tensorflow-first", VK_ICD_FILENAMES=listed)
+    assert r.get("ratio", 1.0) <= 1e-5, r
+
+
+def test_tensorflow_first_reads_the_added_driver_files(tmp_path, lvp_manifest):
+    # The standard folders hold no driver; VK_ADD_DRIVER_FILES names llvmpipe's manifest.
+    (tmp_path / "empty" / "vulkan" / "icd.d").mkdir(parents=True)
+    r = _face(tmp_path, "tensorflow-first", XDG_DATA_DIRS=str(tmp_path / "empty"),
+              XDG_CONFIG_DIRS=str(tmp_path / "empty"), VK_ADD_DRIVER_FILES=str(lvp_manifest))
+    assert r.get("ratio", 1.0) <= 1e-5, r
+
+
+def test_adapters_listed_by_wgpu_before_tflfuse_get_a_clear_error(tmp_path, lvp_manifest):
+    # Mesa's drivers were opened against TensorFlow's LLVM before tflfuse could step in: the first shader
+    # would crash the process; tflfuse says so and what to do instead.
+    r = _face(tmp_path, "wgpu-first")
+    assert "before using wgpu yourself" in r.get("error", ""), r

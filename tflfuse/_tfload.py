@@ -26,7 +26,8 @@ import types
 
 from absl import logging
 
-__all__ = ["isolate_vulkan_drivers", "prefer_local_symbols", "tensorflow_symbols_global", "vulkan_driver_files"]
+__all__ = ["DRIVER_FILE_VARIABLES", "DriversBoundError", "isolate_vulkan_drivers", "prefer_local_symbols",
+           "tensorflow_symbols_global", "vulkan_driver_files"]
 
 _FLAGS_MODULE = "tensorflow.python.pywrap_dlopen_global_flags"
 
@@ -56,17 +57,27 @@ def _manifest_dirs() -> list[str]:
     return [os.path.join(r, "vulkan", "icd.d") for r in roots if r]
 
 
+#: The loader's variables naming driver manifests (files or folders, ':'-separated): the first two replace the
+#: standard folders, the third adds to whatever is searched.
+DRIVER_FILE_VARIABLES = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES", "VK_ADD_DRIVER_FILES")
+
+
+def _manifests(entries: str) -> list[str]:
+    found = []
+    for entry in filter(None, entries.split(":")):
+        found += sorted(glob.glob(os.path.join(entry, "*.json"))) if os.path.isdir(entry) else [entry]
+    return found
+
+
 def vulkan_driver_files() -> list[str]:
-    """The driver libraries that the Vulkan loader would open, from its manifests (``VK_DRIVER_FILES`` or
-    ``VK_ICD_FILENAMES`` where set, else the standard folders). Paths relative to a manifest are resolved
-    against its folder; a bare file name is returned as it is, for ``dlopen``'s own search."""
+    """The driver libraries that the Vulkan loader would open, from its manifests: ``VK_DRIVER_FILES`` or
+    ``VK_ICD_FILENAMES`` where set, else the standard folders, then ``VK_ADD_DRIVER_FILES``. Paths relative
+    to a manifest are resolved against its folder; a bare file name is returned as it is, for ``dlopen``'s
+    own search. A manifest that cannot be read is passed over, as the loader does."""
     given = os.environ.get("VK_DRIVER_FILES") or os.environ.get("VK_ICD_FILENAMES")
-    if given:
-        manifests = []
-        for entry in filter(None, given.split(":")):
-            manifests += sorted(glob.glob(os.path.join(entry, "*.json"))) if os.path.isdir(entry) else [entry]
-    else:
-        manifests = [m for d in _manifest_dirs() for m in sorted(glob.glob(os.path.join(d, "*.json")))]
+    manifests = (_manifests(given) if given else
+                 [m for d in _manifest_dirs() for m in sorted(glob.glob(os.path.join(d, "*.json")))])
+    manifests += _manifests(os.environ.get("VK_ADD_DRIVER_FILES") or "")
     libraries = []
     for manifest in manifests:
         try:
@@ -74,6 +85,8 @@ def vulkan_driver_files() -> list[str]:
                 path = json.load(f)["ICD"]["library_path"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             logging.debug("tflfuse: skipping Vulkan manifest %s: %s", manifest, e)
+            continue
+        if not isinstance(path, str):
             continue
         if "/" in path and not os.path.isabs(path):
             path = os.path.join(os.path.dirname(manifest), path)
@@ -85,27 +98,56 @@ def vulkan_driver_files() -> list[str]:
 _isolated: list[str] = []
 
 
+def _mapped_llvm() -> list[str]:
+    """Files named ``libLLVM*`` mapped into this process (Linux's /proc/self/maps; empty elsewhere)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            fields = [line.split(None, 5) for line in f]
+    except OSError:
+        return []
+    paths = {f[5].strip() for f in fields if len(f) == 6}
+    return sorted(p for p in paths if os.path.basename(p).startswith("libLLVM"))
+
+
+class DriversBoundError(RuntimeError):
+    """Mesa's LLVM was loaded after TensorFlow's, by something else than tflfuse, before tflfuse could keep
+    the two apart: the software adapter would crash the process."""
+
+
 def isolate_vulkan_drivers() -> list[str]:
     """Opens Mesa's Vulkan drivers with ``RTLD_DEEPBIND`` when TensorFlow's symbols are process-wide.
 
     Call it before wgpu first lists adapters (the Vulkan loader opens the drivers then). It does nothing when
     TensorFlow is absent or loaded with ``RTLD_LOCAL`` (DEEPBIND would needlessly keep a driver from
     symbols an application interposes on purpose, such as another malloc). Mesa's drivers are the manifests'
-    libraries named ``libvulkan_*``; other vendors' drivers do not link LLVM and are left to the loader.
+    libraries named ``libvulkan_*``; other vendors' drivers do not link LLVM and are left to the loader. A
+    driver that cannot be opened (another architecture's, a broken file) is passed over, as the loader
+    passes over it.
 
     Returns:
       The driver libraries opened with ``RTLD_DEEPBIND`` by this or an earlier call.
     Raises:
-      OSError: a Mesa driver listed by a manifest exists but cannot be opened (the loader could not either).
+      DriversBoundError: Mesa's ``libLLVM`` is already in the process although tflfuse opened no driver:
+        something (wgpu used directly, another library) listed Vulkan adapters after TensorFlow was imported,
+        and the first shader llvmpipe compiles would crash. The message says what to do.
     """
     if not tensorflow_symbols_global() or not hasattr(os, "RTLD_DEEPBIND"):
         return list(_isolated)
+    if not _isolated and _mapped_llvm():
+        raise DriversBoundError(
+            f"Mesa's LLVM ({', '.join(_mapped_llvm())}) was loaded after TensorFlow's LLVM symbols were made "
+            f"process-wide, before tflfuse could open Mesa's Vulkan drivers apart from them (wgpu listed "
+            f"adapters before tflfuse made a Device?); the software adapter would crash compiling a shader. "
+            f"Make the tflfuse Device (or Interpreter) before using wgpu yourself, or import tflfuse before "
+            f"TensorFlow.")
     for path in vulkan_driver_files():
         if not os.path.basename(path).startswith("libvulkan_") or path in _isolated:
             continue
-        if os.path.isabs(path) and not os.path.exists(path):  # a stale manifest: the loader skips it too
+        try:
+            ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
+        except OSError as e:   # another architecture's driver, a missing or broken file: the loader skips it too
+            logging.debug("tflfuse: not opening Vulkan driver %s: %s", path, e)
             continue
-        ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
         _isolated.append(path)
         logging.debug("tflfuse: opened %s with RTLD_DEEPBIND (TensorFlow's LLVM symbols are global)", path)
     return list(_isolated)

@@ -12,7 +12,7 @@ import threading
 
 from absl import logging
 
-from .._tfload import isolate_vulkan_drivers
+from .._tfload import DRIVER_FILE_VARIABLES, DriversBoundError, isolate_vulkan_drivers
 from ..kernels.base import Program
 
 __all__ = ["Device", "DeviceLostError", "NoAdapterError", "ShaderCompileError"]
@@ -23,6 +23,13 @@ _BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 1, "OpenGL": 2}
 _INSTALL_HINT = (
     "Install a Vulkan driver: on Debian/Ubuntu `apt-get install mesa-vulkan-drivers` gives the software "
     "adapter (llvmpipe) on a machine without a GPU; with an NVIDIA/AMD/Intel GPU install its Vulkan driver.")
+
+
+def _install_hint() -> str:
+    """What to install, and the loader's variables that set its driver search where they are set."""
+    given = ", ".join(f"{v}={os.environ[v]!r}" for v in DRIVER_FILE_VARIABLES if os.environ.get(v))
+    return _INSTALL_HINT + (f" The Vulkan loader's driver search is set by {given}: check that they name the "
+                            f"manifests of installed drivers." if given else "")
 
 
 class NoAdapterError(RuntimeError):
@@ -80,13 +87,14 @@ def prepare_wgpu() -> None:
     TensorFlow's LLVM symbols (``tflfuse/_tfload.py``), and the primary backends only.
 
     Raises:
-      NoAdapterError: a Mesa Vulkan driver could not be opened.
+      NoAdapterError: Mesa's drivers were loaded against TensorFlow's LLVM before tflfuse could keep them
+        apart (the message says what to do).
     """
     _default_runtime_dir()
     try:
         isolate_vulkan_drivers()
-    except OSError as e:
-        raise NoAdapterError(f"a Vulkan driver could not be opened ({e}). {_INSTALL_HINT}") from e
+    except DriversBoundError as e:
+        raise NoAdapterError(str(e)) from e
     _primary_backends_only()
 
 
@@ -114,7 +122,7 @@ class Device:
         try:
             adapters = list(wgpu.gpu.enumerate_adapters_sync())
         except Exception as e:  # wgpu-native raises plain Exceptions when no backend loads
-            raise NoAdapterError(f"WebGPU adapters could not be listed ({e}). {_INSTALL_HINT}") from e
+            raise NoAdapterError(f"WebGPU adapters could not be listed ({e}). {_install_hint()}") from e
         if want:
             names = [_info(a).get("device", "") for a in adapters]
             adapters = [a for a, name in zip(adapters, names) if str(want).lower() in name.lower()]
@@ -123,7 +131,7 @@ class Device:
                 raise NoAdapterError(f"no WebGPU adapter matches {want!r} ({where}); the adapters here "
                                      f"are: {', '.join(repr(n) for n in names) or 'none'}")
         if not adapters:
-            raise NoAdapterError(f"no WebGPU adapter found. {_INSTALL_HINT}")
+            raise NoAdapterError(f"no WebGPU adapter found. {_install_hint()}")
         adapters.sort(key=lambda a: (_ADAPTER_RANK.get(_info(a).get("adapter_type"), 3),
                                      _BACKEND_RANK.get(_info(a).get("backend_type"), 3)))
         self.adapter = adapters[0]
