@@ -41,7 +41,6 @@ if [[ -z "${XDG_RUNTIME_DIR:-}" ]]; then   # only a folder of our own is created
   export XDG_RUNTIME_DIR=/tmp/xdg-runtime-$(id -u)
   mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 fi
-export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 if [ "$what" = demo ]; then
   exec .venv/bin/tflfuse demo
 else
