@@ -17,9 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = (REPO / "bootstrap.sh").read_text()
 
 
-def _choose(tmp_path, interpreters: dict[str, str]) -> subprocess.CompletedProcess:
-    """Runs bootstrap.sh's Python choice with only ``interpreters`` (name -> a Python printing its version)
-    on PATH; prints the chosen command."""
+def _choose(tmp_path, interpreters: dict[str, tuple]) -> subprocess.CompletedProcess:
+    """Runs bootstrap.sh's Python choice with only ``interpreters`` on PATH (name -> the version that
+    stand-in reports as ``sys.version_info``); it prints the chosen command."""
     block = re.search(r'^py="".*?^if \[ -z "\$py" \].*?$', SCRIPT, re.S | re.M).group(0)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
