@@ -15,7 +15,7 @@ from ai_edge_litert.interpreter import Interpreter as LiteRT
 
 import tflfuse
 from composites.bottleneck import InvertedResidual
-from conftest import ACCUMULATION
+from conftest import ACCUMULATION, ELEMENTWISE, TRANSCENDENTAL
 from tflfuse.annotate import composite, decode_attrs
 from tflfuse.conversion import ConversionError
 
@@ -228,3 +228,121 @@ def test_conv_composites_in_composite_form(case, device):
     ours.set_tensor(ours.get_input_details()[0]["index"], xs)
     ours.invoke()
     np.testing.assert_allclose(ours.get_tensor(ours.get_output_details()[0]["index"]), want, **ACCUMULATION)
+
+
+# ---- decomposition outputs that are not tensors of their own ------------------------------------------
+@composite("portable_test_repeated_output", k=1)
+def repeated_output(x, w, *, k):
+    """Returns one tensor twice: the converter lists it twice among the decomposition's outputs."""
+    a = tf.nn.relu(x * w)
+    return a, a, tf.tanh(x)
+
+
+@composite("portable_test_passed_input", k=1)
+def passed_input(x, w, *, k):
+    """Returns its input as it is: the decomposition's output would be its input tensor."""
+    return x, x * w
+
+
+@composite("portable_test_constant_output", k=1)
+def constant_output(x, w, *, k):
+    """Returns a constant: the decomposition's output would be a constant tensor."""
+    return x * w, tf.constant(np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5)
+
+
+class Weighted(keras.layers.Layer):
+    """Calls a ``(x, w, *, k)`` composite with a per-channel weight."""
+
+    def __init__(self, fn, **kwargs):
+        super().__init__(**kwargs)
+        self.fn = fn
+
+    def build(self, shape):
+        self.w = self.add_weight(name="w", shape=(int(shape[-1]),),
+                                 initializer=keras.initializers.RandomNormal(seed=5))
+
+    def call(self, x):
+        return self.fn(x, self.w, k=1)
+
+
+def _signature_outputs(runner, x):
+    (name,), = [list(runner.get_input_details())]
+    return runner(**{name: x})
+
+
+@pytest.mark.parametrize("fn,name", [(repeated_output, "portable_test_repeated_output"),
+                                     (passed_input, "portable_test_passed_input"),
+                                     (constant_output, "portable_test_constant_output")],
+                         ids=["repeated", "passed_input", "constant"])
+def test_each_decomposition_output_is_a_tensor_of_its_own(fn, name, device, rng):
+    # LiteRT gave NaN / 1.7e28 / zeros, changing from run to run, for a decomposition listing one tensor as
+    # two outputs, and tflfuse could not inline any of the three. The model returns the composite's outputs
+    # (raw<i>) and each through a different builtin (out<i>), so that they stay apart.
+    # Tolerances: MUL, RELU, the scalings by 2 and 4 and the copies are correctly rounded or exact in float32
+    # on all three runtimes, so ELEMENTWISE (a few ULP, conftest) is margin; tanh is TRANSCENDENTAL (TF, LiteRT
+    # and WGSL each approximate it within ULPs of their own).
+    x_in = keras.Input((4, 6), batch_size=1)
+    outs = Weighted(fn)(x_in)
+    ys = [outs[0] * 2.0, outs[1] * 4.0, *([outs[2] - 0.25] if len(outs) > 2 else [])]
+    model = keras.Model(x_in, {**{f"out{i}": y for i, y in enumerate(ys)},
+                               **{f"raw{i}": y for i, y in enumerate(outs)}})
+    x = rng.standard_normal((1, 4, 6)).astype(np.float32)
+    want = {k: np.asarray(v) for k, v in model(x).items()}
+    result = tflfuse.convert(model, fused_op_format="composite")
+    assert result.report.ok and result.report.fused(name) == 1
+
+    tols = [ELEMENTWISE, ELEMENTWISE, TRANSCENDENTAL]
+    for runtime in ("litert", "tflfuse"):
+        for _ in range(3):   # LiteRT's wrong values changed from run to run
+            runner = (LiteRT(model_content=result.tflite) if runtime == "litert"
+                      else tflfuse.Interpreter(model_content=result.tflite, device=device)).get_signature_runner()
+            got = _signature_outputs(runner, x)
+            assert sorted(got) == sorted(want)
+            for k, w in want.items():
+                y = got[k]
+                assert y.shape == w.shape and y.dtype == w.dtype, (runtime, k)
+                np.testing.assert_allclose(y, w, **tols[int(k[-1])], err_msg=f"{runtime} {k}")
+            if fn is repeated_output:   # the two outputs of one tensor: the same values (x2 and x4 are exact)
+                np.testing.assert_array_equal(got["raw0"], got["raw1"])
+                np.testing.assert_array_equal(got["out0"] * 2.0, got["out1"])
+
+    m = result.model()   # each output: a tensor of its own that an op writes (a RESHAPE copy)
+    (comp,) = [m.composite(0, i) for i, n in enumerate(m.op_names(0)) if n == "STABLEHLO_COMPOSITE"]
+    dec = m.subgraphs[comp.decomposition]
+    outputs = [int(t) for t in dec.outputs]
+    written = {int(t) for op in dec.operators for t in op.outputs}
+    assert len(set(outputs)) == len(outputs) and set(outputs) <= written
+    assert not set(outputs) & {int(t) for t in dec.inputs}
+    assert "RESHAPE" in m.op_names(comp.decomposition)
+
+
+def test_decomposition_listing_one_tensor_twice_is_refused_by_name(device):
+    # A file written before each output got a tensor of its own: tflfuse would leave one op output unwritten.
+    x_in = keras.Input((4, 6), batch_size=1)
+    outs = Weighted(repeated_output)(x_in)
+    model = keras.Model(x_in, [outs[0] * 2.0, outs[1] * 4.0, outs[2]])
+    m = tflfuse.convert(model, fused_op_format="composite").model()
+    (comp,) = [m.composite(0, i) for i, n in enumerate(m.op_names(0)) if n == "STABLEHLO_COMPOSITE"]
+    dec = m.subgraphs[comp.decomposition]
+    dec.outputs = [dec.outputs[0], dec.outputs[0], dec.outputs[2]]
+    it = tflfuse.Interpreter(model_content=m.to_bytes(), device=device)
+    with pytest.raises(tflfuse.model.ModelError,
+                       match=r"'portable_test_repeated_output'.*lists tensor\(s\) \[\d+\] as more than one output"):
+        it.allocate_tensors()
+
+
+def test_output_copy_with_two_unknown_dimensions_is_refused():
+    from ai_edge_litert import schema_py_generated as schema
+
+    from tflfuse.passes.portable import _distinct_outputs
+
+    m, sg, t = schema.ModelT(), schema.SubGraphT(), schema.TensorT()
+    m.buffers, m.operatorCodes = [schema.BufferT()], []
+    t.shape, t.shapeSignature, t.type, t.buffer, t.name = [1, 1, 3], [-1, -1, 3], schema.TensorType.FLOAT32, 0, b"x"
+    sg.tensors, sg.inputs, sg.outputs, sg.operators = [t], [0], [0], []
+    with pytest.raises(ConversionError, match=r"'c': decomposition output 0 \(tensor 0\).*an input.*\[-1, -1, 3\]"):
+        _distinct_outputs(m, sg, "c")
+    t.shapeSignature = [-1, 1, 3]   # one unknown dimension: RESHAPE restates it
+    _distinct_outputs(m, sg, "c")
+    assert sg.outputs == [2] and sg.operators[0].inputs == [0, 1] and sg.operators[0].builtinOptions.newShape == \
+        [-1, 1, 3] and m.buffers[1].data.view(np.int32).tolist() == [-1, 1, 3]

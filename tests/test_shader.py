@@ -200,3 +200,153 @@ def test_unknown_attributes_and_missing_inputs_say_what_is_expected():
         tflfuse.get_shader("CONV_2D", [(1, 8, 8, 3)], {})
     with pytest.raises(KernelError, match="missing attribute 'filter_height'"):
         tflfuse.get_shader("MAX_POOL_2D", [(1, 8, 8, 3)], {"filter_width": 2})
+
+
+# ---- model_shaders on a file with several signatures --------------------------------------------------
+def _three_signature_file() -> bytes:
+    """Three signatures, one subgraph each, of different ops: what ``tflfuse shader --model`` must cover."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(3)
+    module = tf.Module()
+    module.w = tf.Variable(rng.standard_normal((5, 3)).astype(np.float32))
+    module.b = tf.Variable(rng.standard_normal(3).astype(np.float32))
+    module.s = tf.Variable(rng.uniform(0.5, 1.5, 5).astype(np.float32))
+    spec = tf.TensorSpec([2, 5], tf.float32, name="x")
+
+    def affine(x):
+        return {"y": tf.tanh(tf.matmul(x, module.w) + module.b)}
+
+    def scaled(x):
+        return {"y": tf.nn.relu6(x * module.s), "z": tf.math.sigmoid(x)}
+
+    def pooled(x):
+        return {"y": tf.reduce_mean(tf.reshape(x, [2, 5, 1, 1]), axis=[1, 2])}
+
+    concrete = [tf.function(f).get_concrete_function(spec) for f in (affine, scaled, pooled)]
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(concrete, module)
+    return bytes(converter.convert())
+
+
+def _run_manifest(dev, files, manifest, model, sub, x):
+    """Runs one subgraph of a manifest from its data alone (as another runtime would): one buffer per tensor
+    (a view shares its base's), constants uploaded from the file, the ops' dispatches in order."""
+    import math
+
+    import wgpu
+
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+    si, specs = sub["subgraph"], sub["tensors"]
+
+    def root(t):
+        while str(t) in sub["aliases"]:
+            t = sub["aliases"][str(t)]
+        return t
+
+    buffers = {}
+
+    def buffer(t, size):
+        t = root(t)
+        if t not in buffers:
+            n = max(16, -(-size // 16) * 16)
+            data = x if t in sub["inputs"] else (model.tensor_data(si, t) if t in sub["constants"] else None)
+            buffers[t] = dev.create_buffer(size=n, usage=usage) if data is None else dev.create_buffer_with_data(
+                data=np.ascontiguousarray(data).tobytes().ljust(n, b"\0"), usage=usage)
+        return buffers[t]
+
+    encoder = dev.create_command_encoder()
+    for op in (o for o in manifest["ops"] if o["subgraph"] == si):
+        scratch = {}
+        for d in op["dispatches"]:
+            entries = []
+            for b in d["bindings"]:
+                buf = (buffer(b["tensor"], b["size"]) if "tensor" in b else
+                       scratch.setdefault(b["scratch"], dev.create_buffer(size=max(16, b["size"]), usage=usage)))
+                entries.append({"binding": b["binding"], "resource": {"buffer": buf, "offset": 0, "size": b["size"]}})
+            if d["uniforms"]:
+                fmt = {"f32": "<f4", "i32": "<i4", "u32": "<u4"}
+                data = b"".join(np.array(u["value"], fmt[u["type"]]).tobytes() for u in d["uniforms"])
+                ubuf = dev.create_buffer_with_data(data=data.ljust(-(-len(data) // 16) * 16, b"\0"),
+                                                   usage=wgpu.BufferUsage.UNIFORM)
+                entries.append({"binding": len(d["bindings"]), "resource": {"buffer": ubuf, "offset": 0,
+                                                                           "size": ubuf.size}})
+            module = dev.create_shader_module(code=files[d["shader"]])
+            pipeline = dev.create_compute_pipeline(layout="auto", compute={"module": module,
+                                                                           "entry_point": d["entry_point"]})
+            cpass = encoder.begin_compute_pass()
+            cpass.set_pipeline(pipeline)
+            cpass.set_bind_group(0, dev.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries))
+            cpass.dispatch_workgroups(*d["dispatch"])
+            cpass.end()
+    dev.queue.submit([encoder.finish()])
+    out = {}
+    for t in sub["outputs"]:
+        shape = specs[str(t)]["shape"]
+        raw = dev.queue.read_buffer(buffers[root(t)], 0, max(4, 4 * math.prod(shape)))
+        out[t] = np.frombuffer(raw, np.float32)[:math.prod(shape)].reshape(shape)
+    return out
+
+
+def test_model_shaders_cover_every_signature(device):
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    from tflfuse.shader import model_shaders
+
+    tflite = _three_signature_file()
+    lite = LiteRT(model_content=tflite)
+    assert sorted(lite.get_signature_list()) == ["affine", "pooled", "scaled"]
+    model = tflfuse.Model(tflite)
+    sigs = model.signature_defs()
+    assert sorted(s["subgraph"] for s in sigs.values()) == [0, 1, 2]
+    files, manifest = model_shaders(tflite)
+    by_subgraph = {s["subgraph"]: s for s in manifest["subgraphs"]}
+    assert sorted(by_subgraph) == [0, 1, 2]
+    for key, sig in sigs.items():
+        si = sig["subgraph"]
+        assert by_subgraph[si]["signatures"] == [key]
+        ops = [o for o in manifest["ops"] if o["subgraph"] == si]
+        assert ops and all(o["signatures"] == [key] for o in ops)
+        assert [o["op"] for o in ops] == model.op_names(si)   # every op of that subgraph, in order
+    assert {d["shader"] for o in manifest["ops"] for d in o["dispatches"]} == set(files)
+    # the top level still describes subgraph 0, as for a file of one subgraph
+    assert {k: manifest[k] for k in ("inputs", "outputs", "tensors", "aliases", "constants")} == \
+        {k: by_subgraph[0][k] for k in ("inputs", "outputs", "tensors", "aliases", "constants")}
+    json.dumps(manifest)
+
+    # The manifest runs each signature: against LiteRT's signature runner on the same file.
+    # Tolerance: FULLY_CONNECTED sums 5 products (order may differ), TANH / LOGISTIC approximate within
+    # ULPs (TRANSCENDENTAL in conftest: 1e-6 absolute, 1e-5 relative); 1e-5 both ways covers them.
+    x = np.random.default_rng(4).standard_normal((2, 5)).astype(np.float32)
+    for key, sig in sigs.items():
+        want = lite.get_signature_runner(key)(x=x)
+        got = _run_manifest(device.device, files, manifest, model, by_subgraph[sig["subgraph"]], x)
+        assert sorted(want) == sorted(sig["outputs"])
+        for name, t in sig["outputs"].items():
+            np.testing.assert_allclose(got[t], want[name], atol=1e-5, rtol=1e-5, err_msg=f"{key}:{name}")
+
+
+def test_model_shaders_of_a_file_without_signatures_cover_subgraph_0():
+    from tflfuse.shader import model_shaders
+
+    model = tflfuse.Model(_three_signature_file())
+    model.m.signatureDefs = []
+    _, manifest = model_shaders(model.to_bytes())
+    assert [s["subgraph"] for s in manifest["subgraphs"]] == [0]
+    assert manifest["subgraphs"][0]["signatures"] == []
+    assert [o["op"] for o in manifest["ops"]] == model.op_names(0) and {o["subgraph"] for o in manifest["ops"]} == {0}
+
+
+def test_shader_command_counts_the_ops_of_every_signature(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "three.tflite"
+    path.write_bytes(_three_signature_file())
+    model = tflfuse.Model.from_path(path)
+    n_ops = sum(len(model.op_names(s)) for s in range(3))
+    r = subprocess.run([sys.executable, "-m", "tflfuse.cli", "shader", f"--model={path}", f"--out={tmp_path / 'out'}"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f" for {n_ops} ops " in r.stdout, r.stdout
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert sorted(sig for s in manifest["subgraphs"] for sig in s["signatures"]) == ["affine", "pooled", "scaled"]

@@ -139,15 +139,26 @@ def catalog() -> list[dict]:
 def model_shaders(model, target: str = "gpu") -> tuple[dict[str, str], dict]:
     """The distinct shaders of a .tflite model and a manifest mapping each op to them. No GPU.
 
+    Every subgraph that :class:`tflfuse.Interpreter` runs is covered: subgraph 0 and the subgraph of each
+    signature (a file with several signatures has one subgraph per signature). Subgraphs that are only called
+    by ops (``STABLEHLO_COMPOSITE`` decompositions, which are inlined where the composite has no kernel) are
+    not entries of their own.
+
     Args:
       model: a :class:`tflfuse.model.Model`, the bytes of a .tflite, or its path.
       target: ``"gpu"`` or ``"cpu"`` (the software adapter's schedules).
     Returns:
       ``(files, manifest)``: ``files`` maps a file name (``"CONV_2D_3f2a9c1e.wgsl"``, named by op and a digest
-      of the source) to WGSL text; ``manifest`` holds ``ops``, one entry per op of subgraph 0 with its index,
-      name, the model tensors it reads and writes, and its ``dispatches`` in order, each with the shader file,
-      entry point, workgroup size, dispatch size, bindings (each naming the model tensor it binds: ``tensor``
-      for an input or output, or a scratch buffer of ``size`` bytes) and uniforms.
+      of the source; ops of any subgraph share a file) to WGSL text. ``manifest`` holds ``ops``, one entry per
+      op of every covered subgraph in subgraph order, each with ``subgraph`` and ``signatures`` (the keys of
+      the signatures that run that subgraph; empty for a subgraph 0 that no signature names), its ``index``
+      in that subgraph, name, the tensors of that subgraph it reads and writes, and its ``dispatches`` in
+      order, each with the shader file, entry point, workgroup size, dispatch size, bindings (each naming the
+      tensor it binds: ``tensor`` for an input or output, or a scratch buffer of ``size`` bytes) and uniforms;
+      ``subgraphs``, one entry per covered subgraph (``subgraph``, ``signatures``, ``inputs``, ``outputs``,
+      ``tensors``: index -> shape and dtype, ``aliases``, ``constants``); and, for readers of one subgraph,
+      ``inputs``, ``outputs``, ``tensors``, ``aliases`` and ``constants`` of subgraph 0 at the top level.
+      Tensor indices are those of the op's own subgraph.
     Raises:
       ModelError, UnsupportedOpError, KernelError: as :class:`tflfuse.Interpreter` would.
     """
@@ -160,36 +171,47 @@ def model_shaders(model, target: str = "gpu") -> tuple[dict[str, str], dict]:
         model = Model.from_path(model)
     elif not isinstance(model, Model):
         model = Model(model)
-    graph = lower(model, 0, target=target, relayout=False)   # shaders read the file's tensors as they are
+    signatures: dict[int, list[str]] = {0: []}
+    for key, sig in model.signature_defs().items():
+        signatures.setdefault(sig["subgraph"], []).append(key)
     files: dict[str, str] = {}
-    ops = []
-    for op in graph.ops:
-        dispatches = []
-        for prog in op.kernel.programs():
-            fname = f"{op.name}_{prog.cache_key[:8]}.wgsl"
-            files[fname] = prog.source
-            binds = []
-            for i, b in enumerate(prog.bindings):
-                kind, k = b.role
-                entry = {"binding": i, "name": b.name, "access": b.access, "type": b.elem_type, "size": b.size,
-                         "role": kind}
-                if kind in ("input", "output"):
-                    entry["tensor"] = (op.inputs if kind == "input" else op.outputs)[k]
-                else:
-                    entry["scratch"] = k
-                binds.append(entry)
-            dispatches.append({"shader": fname, "entry_point": prog.entry_point,
-                               "workgroup_size": list(prog.workgroup_size), "dispatch": list(prog.dispatch),
-                               "bindings": binds,
-                               "uniforms": [{"name": u.name, "type": u.type, "value": u.value, "offset": 4 * j}
-                                            for j, u in enumerate(prog.uniforms)]})
-        ops.append({"index": op.index, "op": op.name, "inputs": op.inputs, "outputs": op.outputs,
-                    "view": op.kernel.view, "dispatches": dispatches})
-    manifest = {"target": target, "inputs": graph.inputs, "outputs": graph.outputs,
-                "tensors": {str(t): {"shape": list(s.shape), "dtype": s.dtype} for t, s in sorted(graph.specs.items())},
-                "aliases": {str(k): v for k, v in graph.aliases.items()},
-                "constants": sorted(graph.consts), "ops": ops}
+    ops, subgraphs = [], []
+    for si in sorted(signatures):
+        graph = lower(model, si, target=target, relayout=False)   # shaders read the file's tensors as they are
+        for op in graph.ops:
+            ops.append({"subgraph": si, "signatures": signatures[si], **_op_entry(op, files)})
+        subgraphs.append({
+            "subgraph": si, "signatures": signatures[si], "inputs": graph.inputs, "outputs": graph.outputs,
+            "tensors": {str(t): {"shape": list(s.shape), "dtype": s.dtype} for t, s in sorted(graph.specs.items())},
+            "aliases": {str(k): v for k, v in graph.aliases.items()}, "constants": sorted(graph.consts)})
+    first = {k: v for k, v in subgraphs[0].items() if k not in ("subgraph", "signatures")}
+    manifest = {"target": target, **first, "ops": ops, "subgraphs": subgraphs}
     return files, manifest
+
+
+def _op_entry(op, files: dict[str, str]) -> dict:
+    """One lowered op's manifest entry; adds its shaders to ``files``."""
+    dispatches = []
+    for prog in op.kernel.programs():
+        fname = f"{op.name}_{prog.cache_key[:8]}.wgsl"
+        files[fname] = prog.source
+        binds = []
+        for i, b in enumerate(prog.bindings):
+            kind, k = b.role
+            entry = {"binding": i, "name": b.name, "access": b.access, "type": b.elem_type, "size": b.size,
+                     "role": kind}
+            if kind in ("input", "output"):
+                entry["tensor"] = (op.inputs if kind == "input" else op.outputs)[k]
+            else:
+                entry["scratch"] = k
+            binds.append(entry)
+        dispatches.append({"shader": fname, "entry_point": prog.entry_point,
+                           "workgroup_size": list(prog.workgroup_size), "dispatch": list(prog.dispatch),
+                           "bindings": binds,
+                           "uniforms": [{"name": u.name, "type": u.type, "value": u.value, "offset": 4 * j}
+                                        for j, u in enumerate(prog.uniforms)]})
+    return {"index": op.index, "op": op.name, "inputs": op.inputs, "outputs": op.outputs,
+            "view": op.kernel.view, "dispatches": dispatches}
 
 
 def run_shader(device, info: ShaderInfo, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:

@@ -8,7 +8,9 @@ of a file whose name is a registered :func:`tflfuse.composite` this way:
 * the decomposition is the composite's body alone (``registry()[name].function`` with the op's attributes),
   traced inside :func:`tflfuse.annotate.annotations_disabled` with every op input (the weights included) as
   an input of its own, at the op's input shapes and dtypes, and converted by the TFLite converter (builtins
-  only); its subgraph, tensors, buffers and operator codes are spliced into the file;
+  only); its subgraph, tensors, buffers and operator codes are spliced into the file; an output of it that is
+  not a tensor of its own written by one of its ops (a tensor returned twice, an input returned as it is, a
+  constant) gets a copy through a RESHAPE to its own shape, which LiteRT and tflfuse run exactly;
 * the op keeps its inputs (the weights stay constants of the calling subgraph) and outputs;
   ``StableHLOCompositeOptions`` hold ``name`` (the composite's name), ``decomposition_subgraph_index``,
   ``composite_attributes`` (the custom op's flexbuffer map unchanged, :func:`tflfuse.annotate.decode_attrs`
@@ -249,7 +251,63 @@ def _splice(model, body_bytes: bytes, name: str, n_inputs: int, n_outputs: int) 
     sg = m.subgraphs[first]
     sg.inputs = [main["inputs"][f"input_{i}"] for i in range(n_inputs)]
     sg.outputs = [main["outputs"][f"output_{i}"] for i in range(n_outputs)]
+    _distinct_outputs(m, sg, name)
     return first
+
+
+def _distinct_outputs(m, sg, name: str) -> None:
+    """Gives each output of decomposition ``sg`` a tensor of its own that one of its ops writes.
+
+    The converter makes a body's ``return a, a`` one tensor listed twice, an input returned as it is the input
+    tensor, and a constant result a constant tensor. LiteRT 2.3's STABLEHLO_COMPOSITE gives wrong and
+    run-to-run varying values for an output listed twice, and tflfuse inlines only outputs that an op writes,
+    so each such output becomes a RESHAPE of the tensor to its own shape: a copy, exact for every dtype on
+    both runtimes. The first listing of a tensor that an op writes stays as it is.
+
+    Raises:
+      ConversionError: such an output has more than one unknown dimension (-1 in its shape signature), which
+        no RESHAPE can restate.
+    """
+    written = {int(t) for op in sg.operators or [] for t in (op.outputs if op.outputs is not None else [])}
+    inputs = {int(t) for t in sg.inputs}
+    kept: set[int] = set()
+    outputs = []
+    for j, t in enumerate(int(t) for t in sg.outputs):
+        if t in written and t not in inputs and t not in kept:
+            kept.add(t)
+            outputs.append(t)
+            continue
+        source = sg.tensors[t]
+        shape = [int(d) for d in (source.shape if source.shape is not None else [])]
+        signature = [int(d) for d in source.shapeSignature] if source.shapeSignature is not None else shape
+        if signature.count(-1) > 1:
+            raise _error(f"composite {name!r}: decomposition output {j} (tensor {t}) needs a copy of its own (it is "
+                         f"{'an input' if t in inputs else 'another output' if t in kept else 'a constant'}), "
+                         f"but its shape {signature} has more than one unknown dimension, which a RESHAPE cannot "
+                         f"restate; return a computed tensor from the composite's body instead")
+        buf = schema.BufferT()
+        buf.data = np.frombuffer(np.asarray(signature, np.int32).tobytes(), np.uint8).copy()
+        m.buffers.append(buf)
+        target = schema.TensorT()
+        target.shape, target.type, target.buffer = np.asarray([len(signature)], np.int32), schema.TensorType.INT32, \
+            len(m.buffers) - 1
+        target.name = f"{name}_decomposition/output_{j}/shape".encode()
+        copy_t = copy.copy(source)
+        copy_t.buffer, copy_t.isVariable, copy_t.sparsity = 0, False, None
+        copy_t.name = f"{name}_decomposition/output_{j}".encode()
+        sg.tensors += [target, copy_t]
+        code = schema.OperatorCodeT()
+        code.deprecatedBuiltinCode = code.builtinCode = schema.BuiltinOperator.RESHAPE
+        code.version = 1
+        op = schema.OperatorT()
+        op.opcodeIndex = _opcode_index(m, code)
+        op.inputs, op.outputs = [t, len(sg.tensors) - 2], [len(sg.tensors) - 1]
+        op.builtinOptionsType = schema.BuiltinOptions.ReshapeOptions
+        op.builtinOptions = schema.ReshapeOptionsT()
+        op.builtinOptions.newShape = list(signature)
+        sg.operators = list(sg.operators or []) + [op]
+        outputs.append(len(sg.tensors) - 1)
+    sg.outputs = outputs
 
 
 def _composite_code():
@@ -289,7 +347,8 @@ def to_composite_format(tflite: bytes) -> tuple[bytes, collections.Counter]:
     Raises:
       ConversionError: a composite's function is a method (needs ``self``), cannot be traced standalone at the
         op's input shapes, fits the op's inputs in more than one way, or does not convert to builtins alone;
-        an op with an absent input or output (-1).
+        an op with an absent input or output (-1); a decomposition output that needs a copy but has more than
+        one unknown dimension.
     """
     from ..annotate import decode_attrs, registry
     from ..model import Model
@@ -353,7 +412,8 @@ def inline_composites(model, subgraph: int, keep: Callable[[str], bool]):
 
     Raises:
       ModelError: a decomposition nested deeper than :data:`MAX_INLINE_DEPTH` (or recursive), with a number of
-        inputs or outputs other than the op's, or whose output is not computed by one of its ops.
+        inputs or outputs other than the op's, whose output is not computed by one of its ops, or that lists
+        one tensor as several outputs (files :func:`to_composite_format` writes have neither).
     """
     from ..model import ModelError
 
@@ -402,6 +462,11 @@ def _inline_one(tree, sg, op, opts, error) -> list:
     if any(t not in written or t in d_in for t in d_out):
         raise error(f"{where}: a decomposition output is not computed by its ops (an input or a constant); "
                     f"tflfuse cannot inline it")
+    if len(set(d_out)) != len(d_out):
+        raise error(f"{where}: its decomposition lists tensor(s) "
+                    f"{sorted({t for t in d_out if d_out.count(t) > 1})} as more than one output, so tflfuse "
+                    f"cannot inline it (nor does LiteRT run it right); tflfuse.convert gives each output a tensor "
+                    f"of its own: convert the model again")
     mapping = dict(zip(d_in, op_in))
     mapping.update((d, o) for d, o in zip(d_out, op_out) if o >= 0)   # an absent output: a tensor of its own
 
