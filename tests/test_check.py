@@ -276,6 +276,88 @@ def test_a_check_that_compared_no_numbers_fails_unless_allowed(tmp_path):
                               "4 skipped (exit 0)"), last
 
 
+# ---- composite-format files: checked as the interpreter runs them ------------------------------------------
+def _custom_opcode(model_t, subgraph: int, index: int, name: str) -> None:
+    """Makes operator ``index`` of ``subgraph`` the custom op ``name`` (a new operator code: others keep theirs)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    code = schema.OperatorCodeT()
+    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+    code.customCode = name.encode()
+    model_t.operatorCodes.append(code)
+    model_t.subgraphs[subgraph].operators[index].opcodeIndex = len(model_t.operatorCodes) - 1
+
+
+@pytest.fixture(scope="module")
+def composite_file(tmp_path_factory) -> Path:
+    """Two fused_bottleneck blocks converted with fused_op_format="composite" (STABLEHLO_COMPOSITE ops, each with
+    a decomposition subgraph that stock LiteRT runs)."""
+    import keras
+
+    from composites.bottleneck import InvertedResidual
+
+    x = keras.Input((8, 8, 4), batch_size=1)
+    y = InvertedResidual(8, 1, 2, seed=2)(InvertedResidual(4, 6, 1, seed=1)(x))
+    path = tmp_path_factory.mktemp("composite") / "two_blocks.tflite"
+    path.write_bytes(tflfuse.convert(keras.Model(x, y), fused_op_format="composite").tflite)
+    return path
+
+
+def test_composite_format_tflite_is_checked_as_the_interpreter_runs_it(composite_file, tmp_path):
+    from tflfuse.check import op_support
+    from tflfuse.kernels import UnsupportedOpError
+
+    m = Model(composite_file.read_bytes())
+    assert m.op_names(0) == ["STABLEHLO_COMPOSITE"] * 2 and len(m.subgraphs) == 3
+    code, out, err = check_cli(composite_file, "--expect=fused_bottleneck=2", "--samples=1",
+                               f"--report_dir={tmp_path / 'r'}")
+    assert code == 0, out + err
+    model = validate_reports(tmp_path / "r")["models"][0]
+    checks = checks_of(validate_reports(tmp_path / "r"))
+    assert {k: c["status"] for k, c in checks.items()} == {
+        "fusion": "skipped", "expect fused_bottleneck": "passed", "kernels": "passed",
+        "parity tflfuse vs litert": "passed", "per-op tflfuse vs litert": "passed"}
+    # The decompositions' ops are not the model's: counted neither as ops nor against the kernels.
+    assert model["op_counts"] == {"fused_bottleneck": 2}
+    assert checks["kernels"]["message"] == "all 2 ops have a tflfuse kernel"
+    (comp,) = model["composites"]
+    assert comp["name"] == "fused_bottleneck" and comp["fused"] == 2 and len(comp["instances"]) == 2
+    assert comp["instances"][1]["attrs"]["expansion"] == 1
+    assert [row["op"] for row in model["per_op"]] == ["fused_bottleneck"] * 2
+
+    # A composite without a kernel of its name runs its decomposition (on tflfuse and on LiteRT alike).
+    dec = m.composite(0, 0).decomposition
+    m.m.subgraphs[0].operators[0].builtinOptions2.name = b"test_check_no_kernel"
+    renamed = tmp_path / "renamed.tflite"
+    renamed.write_bytes(m.to_bytes())
+    code, out, err = check_cli(renamed, "--samples=1")
+    assert code == 0, out + err
+    assert "PASS  kernels                   all 2 ops have a tflfuse kernel (1 composite(s) run their " \
+           "decomposition op by op)" in out, out
+    assert "PASS  parity tflfuse vs litert" in out and "PASS  per-op tflfuse vs litert" in out
+    # ...so an op of that decomposition without a kernel is named, with its subgraph and index, as the
+    # interpreter names it; the same op in a decomposition that no composite runs is no one's concern.
+    _custom_opcode(m.m, dec, 1, "test_check_missing_op")
+    missing = tmp_path / "missing.tflite"
+    missing.write_bytes(m.to_bytes())
+    with pytest.raises(UnsupportedOpError) as e:
+        tflfuse.Interpreter(model_content=missing.read_bytes())
+    assert e.value.ops == (("test_check_missing_op", dec, 1),)
+    assert [(r.name, r.subgraph, r.index) for r in op_support(Model(missing.read_bytes())) if r.runs == "missing"] \
+        == list(e.value.ops)
+    code, out, err = check_cli(missing, "--samples=1")
+    assert code == 1, out + err
+    assert f"FAIL  kernels                   op(s) without a tflfuse kernel: test_check_missing_op x1 (operator 1 " \
+           f"of subgraph {dec}). Register a kernel" in out, out
+    assert "--allow_op=NAME" in out
+    unneeded = Model(composite_file.read_bytes())
+    _custom_opcode(unneeded.m, dec, 1, "test_check_missing_op")
+    rows = op_support(Model(unneeded.to_bytes()))
+    assert [r.runs for r in rows if r.subgraph == 0] == ["fused kernel"] * 2
+    assert [r.runs for r in rows if (r.subgraph, r.index) == (dec, 1)] == ["not needed"]
+    assert tflfuse.Interpreter(model_content=unneeded.to_bytes()) is not None   # plans: the op never runs
+
+
 # ---- usage and input errors: exit 2 -------------------------------------------------------------------------
 @pytest.mark.parametrize("args, message", [
     ((), "usage: tflfuse check SOURCE"),
@@ -298,6 +380,7 @@ def test_bad_files_and_sources_exit_2(models_py, tmp_path):
     (tmp_path / "junk.tflite").write_bytes(b"not a model")
     (tmp_path / "escape.toml").write_text('[[model]]\nname = "../out"\nsource = "a.tflite"\n')
     (tmp_path / "exits.py").write_text("import sys\n\ndef model():\n    sys.exit(0)\n")
+    (tmp_path / "folder.tflite").mkdir()
     cases = [
         ((f"--manifest={tmp_path / 'escape.toml'}",), "a name without path separators"),
         ((f"{tmp_path / 'exits.py'}:model",), "raised SystemExit"),
@@ -306,6 +389,7 @@ def test_bad_files_and_sources_exit_2(models_py, tmp_path):
         ((f"--manifest={tmp_path / 'm.toml'}",), "model name(s) ['a'] repeat"),
         ((f"--manifest={tmp_path / 'm.toml'}", "--shard=3/2"), "write I/N with 1 <= I <= N"),
         ((tmp_path / "missing.tflite",), "no such .tflite file"),
+        ((tmp_path / "folder.tflite",), "is a directory without saved_model.pb, not a .tflite file"),
         ((tmp_path / "junk.tflite",), "not a .tflite model"),
         ((tmp_path,), "without saved_model.pb"),
         (("no_such_module_xyz:f",), "No module named 'no_such_module_xyz'"),
@@ -321,6 +405,44 @@ def test_bad_files_and_sources_exit_2(models_py, tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
 
 
+def test_malformed_tflite_files_are_bad_input_and_never_crash_the_checker(tmp_path):
+    from tflite_builder import build, t
+
+    from tflfuse import zoo
+    from tflfuse.check_config import _signatures
+    from tflfuse.check_litert import LiteRTCrash, run_litert
+
+    # No outputs: nothing to run or compare.
+    (tmp_path / "no_outputs.tflite").write_bytes(build([t((2, 3)), t((2, 3))],
+                                                       [dict(op="RELU", inputs=[0], outputs=[1])], [0], []))
+    code, out, err = check_cli(tmp_path / "no_outputs.tflite")
+    assert code == 2, out + err
+    assert "ERROR no_outputs: load: the .tflite's subgraph 0 has no outputs, so there is nothing to run or " \
+           "compare" in out and "internal" not in out
+    # A required input of -1: LiteRT's allocate_tensors reads past its arrays (in this process, a segmentation
+    # fault); in its child process the crash is reported, with the op that tflfuse's lowering names.
+    m = Model(zoo.fetch("face_detection_short_range").read_bytes())
+    m.m.subgraphs[0].operators[3].inputs = np.array([-1])
+    bad = m.to_bytes()
+    with pytest.raises(LiteRTCrash, match="^LiteRT's CPU interpreter was killed by SIGSEGV in allocate_tensors$"):
+        run_litert(bad, [{"kind": "signatures", "signatures": _signatures(Model(bad)), "feeds": []}])
+    (tmp_path / "neg_input.tflite").write_bytes(bad)
+    code, out, err = check_cli(tmp_path / "neg_input.tflite", "--samples=1")
+    assert code == 2, out + err
+    assert out.splitlines()[-2] == (
+        "ERROR neg_input: load: the .tflite looks malformed: RELU (operator 3 of subgraph 0): input 0 is absent "
+        "but required; LiteRT's CPU interpreter was killed by SIGSEGV in allocate_tensors. Fix or re-export the file "
+        "(tflfuse check on the model's source converts it afresh)")
+    assert out.splitlines()[-1].startswith("tflfuse check BAD INPUT") and out.splitlines()[-1].endswith("(exit 2)")
+    # The same fault in a small file, where LiteRT may refuse it rather than crash: bad input either way.
+    (tmp_path / "small.tflite").write_bytes(build(
+        [t((2, 3)), t((2, 3)), t((2, 3))],
+        [dict(op="RELU", inputs=[0], outputs=[1]), dict(op="RELU", inputs=[-1], outputs=[2])], [0], [2]))
+    code, out, err = check_cli(tmp_path / "small.tflite", "--samples=1")
+    assert code == 2, out + err
+    assert "looks malformed: RELU (operator 1 of subgraph 0): input 0 is absent but required; LiteRT" in out
+
+
 # ---- the parts ------------------------------------------------------------------------------------------------
 def test_compare_counts_what_numpy_isclose_refuses(rng):
     want = rng.standard_normal(1000).astype(np.float32)
@@ -333,6 +455,11 @@ def test_compare_counts_what_numpy_isclose_refuses(rng):
     assert r["tolerance_used"] > 1
     assert compare(want, want, 0.0, 0.0)["violations"] == 0
     assert compare(got[:3], want[:4], 1, 1)["shape_mismatch"] == "shape [3] against [4]"
+    # max_rel: the largest error over the largest |want|, finite where a reference element is 0.
+    r = compare(np.float32([1e-3, 2.0, -4.0005]), np.float32([0.0, 2.0, -4.0]), atol=1e-4, rtol=1e-3)
+    assert r["max_rel"] == pytest.approx(1e-3 / 4.0, rel=1e-3) and r["violations"] == 1
+    assert compare(np.zeros(3), np.zeros(3), 0, 0)["max_rel"] == 0.0
+    assert compare(np.ones(3), np.zeros(3), 0, 0)["max_rel"] == float("inf")   # any error against all zeros
 
 
 def test_expectations_manifest_and_shards(tmp_path):

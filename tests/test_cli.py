@@ -67,8 +67,22 @@ def test_help_lists_each_commands_flags_and_exits_0():
     assert r.returncode == 0, r.stderr
     assert list(_help_blocks(r.stdout)) == ["run"] and "tflfuse run MODEL.tflite" in r.stdout
     assert "tflfuse shader KEY" not in r.stdout
-    # absl's full listing is still there.
-    assert "--verbosity" in tflfuse("--helpfull").stdout
+    # absl's full listing is still there, and its XML; both are help, exit 0.
+    r = tflfuse("--helpfull")
+    assert r.returncode == 0 and "--verbosity" in r.stdout and "tflfuse run MODEL.tflite" in r.stdout, r.stderr
+    r = tflfuse("--helpxml")
+    assert r.returncode == 0 and r.stdout.startswith("<?xml") and "<name>import_modules</name>" in r.stdout
+    r = tflfuse("--adapter", "llvmpipe", "run", "--help")   # a flag's value is not taken for the command
+    assert r.returncode == 0 and list(_help_blocks(r.stdout)) == ["run"], r.stderr
+
+
+@pytest.mark.parametrize("args", [("frobnicate", "--help"), ("--help", "frobnicate"), ("frobnicate", "--helpfull"),
+                                  ("frobnicate", "--helpxml"), ("frobnicate",)])
+def test_an_unknown_command_is_named_even_with_help(args):
+    r = tflfuse(*args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("error: unknown command 'frobnicate'; the commands are demo, convert, run, ops")
+    assert "Exit status" not in r.stdout
 
 
 def test_ops_lists_every_op_of_a_supported_model(face_model):
@@ -188,6 +202,49 @@ def test_convert_composite_format_imports_the_composites(small_mobilenet, tmp_pa
     from tflfuse.model import Model
 
     assert Model(out.read_bytes()).op_names(0).count("STABLEHLO_COMPOSITE") == 17
+    # The documented pipeline goes on: ops and check run the composite file (its fused kernels by name).
+    r = tflfuse("ops", out)
+    assert r.returncode == 0 and r.stdout.endswith("every op has a kernel\n"), r.stdout + r.stderr
+    assert r.stdout.count("STABLEHLO_COMPOSITE fused_bottleneck supported: its fused kernel") == 17, r.stdout
+    r = tflfuse("check", out, "--expect=fused_bottleneck=17", "--samples=1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for line in ("PASS  expect fused_bottleneck", "PASS  kernels", "PASS  parity tflfuse vs litert",
+                 "PASS  per-op tflfuse vs litert"):
+        assert line in r.stdout, r.stdout
+
+    # ops says how each composite runs: a name without a kernel runs its decomposition, whose ops then need
+    # kernels; a decomposition that no composite runs needs none.
+    from ai_edge_litert import schema_py_generated as schema
+
+    def custom_op(model_t, sg, oi, name):
+        code = schema.OperatorCodeT()
+        code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+        code.customCode = name.encode()
+        model_t.operatorCodes.append(code)
+        model_t.subgraphs[sg].operators[oi].opcodeIndex = len(model_t.operatorCodes) - 1
+
+    m = Model(out.read_bytes())
+    decs = [m.composite(0, i).decomposition if m.composite(0, i) else None for i in range(len(m.op_names(0)))]
+    first = next(i for i, d in enumerate(decs) if d is not None)
+    dec = decs[first]
+    other = next(d for d in decs if d is not None and d != dec)
+    custom_op(m.m, other, 0, "test_cli_unneeded_op")
+    (tmp_path / "unneeded.tflite").write_bytes(m.to_bytes())
+    r = tflfuse("ops", tmp_path / "unneeded.tflite")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"subgraph {other} op    0  test_cli_unneeded_op         no kernel, not needed: this decomposition's " \
+           f"composites run their fused kernels" in r.stdout, r.stdout
+    assert "every op that runs has a kernel (1 op(s) of decompositions that no composite runs have none)" in r.stdout
+    m.m.subgraphs[0].operators[first].builtinOptions2.name = b"test_cli_no_kernel"
+    custom_op(m.m, dec, 0, "test_cli_missing_op")
+    (tmp_path / "missing.tflite").write_bytes(m.to_bytes())
+    r = tflfuse("ops", tmp_path / "missing.tflite")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"subgraph 0 op {first:4d}  STABLEHLO_COMPOSITE test_cli_no_kernel supported: its decomposition " \
+           f"(subgraph {dec}) op by op" in r.stdout, r.stdout
+    assert f"subgraph {dec} op    0  test_cli_missing_op          NO KERNEL" in r.stdout
+    assert r.stdout.splitlines()[-1].startswith("1 op(s) without a kernel: register one for an op of your own "
+                                                "(docs/custom_kernels.md)")
 
 
 def test_convert_refuses_unfrozen_weights(small_mobilenet, tmp_path):
@@ -301,6 +358,34 @@ def test_import_modules_gives_ops_run_shader_and_fuse_a_users_kernel(user_kernel
 
     r = tflfuse("ops", "m.tflite", "--import_modules=no_such_module_xyz", cwd=d)
     assert r.returncode == 2 and "--import_modules: cannot import 'no_such_module_xyz'" in r.stderr, r.stderr
+    assert "(give a module name, e.g. pkg.mod for pkg/mod.py, importable from the current folder or " \
+           "PYTHONPATH)" in r.stderr
+
+
+def test_import_modules_names_what_cannot_be_imported_and_skips_empty_names(face_model, tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text("")
+    (tmp_path / "exits_on_import.py").write_text("import sys\n\nsys.exit(3)\n")
+    (tmp_path / "needs_dep.py").write_text("import no_such_dependency_xyz  # noqa: F401\n")
+    for value in (",,", ",pkg.mod,"):
+        r = tflfuse("ops", face_model, f"--import_modules={value}", cwd=tmp_path)
+        assert r.returncode == 0 and "every op has a kernel" in r.stdout, (value, r.stderr)
+    r = tflfuse("ops", face_model, "--import_modules=pkg/mod.py", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr == ("error: --import_modules: cannot import 'pkg/mod.py': a file path, not a module name; give "
+                        "a module name ('pkg.mod' for this file), importable from the current folder or PYTHONPATH\n")
+    r = tflfuse("ops", face_model, "--import_modules=needs_dep", cwd=tmp_path)   # the module is there: no hint
+    assert r.returncode == 2 and "No module named 'no_such_dependency_xyz'" in r.stderr, r.stderr
+    assert "give a module name" not in r.stderr
+    # A module that calls sys.exit() while imported: an import error naming it, not a silent exit 3.
+    r = tflfuse("ops", face_model, "--import_modules=exits_on_import", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr == "error: --import_modules: cannot import 'exits_on_import': it called sys.exit(3) while " \
+                       "being imported\n"
+    r = tflfuse("check", face_model, "--import_modules=exits_on_import", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cannot import 'exits_on_import': it called sys.exit(3) while being imported" in r.stdout
 
 
 def test_missing_kernels_are_all_named_at_once_with_what_to_do(tmp_path):

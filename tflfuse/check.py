@@ -7,7 +7,9 @@ existing ``.tflite``) is converted when needed (:func:`tflfuse.convert`) and che
 * ``convert``: the conversion ran (a .tflite keeping resource variables fails it);
 * ``fusion``: every annotated call traced became exactly one fused op (the converter's own bookkeeping);
 * ``expect NAME``: per composite, an exact count or a minimum of fused ops in the file;
-* ``kernels``: every op of the file has a tflfuse kernel (unless allowed);
+* ``kernels``: every op the file runs has a tflfuse kernel (unless allowed), by the interpreter's own rule
+  (:func:`op_support`): a ``STABLEHLO_COMPOSITE`` runs its fused kernel by name or its decomposition inlined,
+  so a decomposition's ops count only where it runs;
 * ``parity tflfuse vs tensorflow``: the fused file on WebGPU against TensorFlow on seeded (or given) inputs;
 * ``parity litert vs tensorflow``: the portable file (the fused one when LiteRT runs it, else the unfused
   conversion of a Keras model) on LiteRT's CPU interpreter against TensorFlow;
@@ -21,9 +23,14 @@ A ``.tflite`` source with tflfuse's fused ops (which LiteRT cannot run) is compa
 file :func:`tflfuse.unfuse` expands into builtins; one with custom ops of the user's own that unfuse cannot
 expand has no reference to compare with.
 
+LiteRT runs in a child process (:mod:`tflfuse.check_litert`): a malformed .tflite that crashes it is reported as
+bad input (exit status 2), with what tflfuse's own lowering finds wrong, instead of ending the checker; so is
+one that LiteRT refuses where tflfuse's lowering names a fault too.
+
 An element passes when ``|got - want| <= atol + rtol * |want|`` (``numpy.allclose``'s rule, NaN equal to
-NaN). :func:`run_check` returns a :class:`ModelReport`; :func:`check_many` checks several models in
-parallel processes (the ``spawn`` start method; each worker imports tflfuse before TensorFlow).
+NaN); ``max rel`` is the largest |error| relative to the largest |want| of the output.
+:func:`run_check` returns a :class:`ModelReport`; :func:`check_many` checks several models in parallel
+processes (the ``spawn`` start method; each worker imports tflfuse before TensorFlow).
 :mod:`tflfuse.check_report` writes the JSON, JUnit XML and Markdown reports; :mod:`tflfuse.check_config`
 reads the settings (flags, expectations files, manifests), loads model sources and makes the inputs.
 """
@@ -31,23 +38,21 @@ reads the settings (flags, expectations files, manifests), loads model sources a
 from __future__ import annotations
 
 import dataclasses
-import functools
 import multiprocessing
 import os
 import sys
 import time
 import traceback
-import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from absl import logging
 
-from ._litert import cpu_interpreter
 from .check_config import CheckInputError, CheckOptions, Source, _make_feeds, _signatures, load_source
+from .check_litert import LiteRTCrash, LiteRTError, run_litert, run_signature
 from .model import Model, ModelError
 
-__all__ = ["Check", "ModelReport", "check_many", "compare", "run_check"]
+__all__ = ["Check", "ModelReport", "OpSupport", "check_many", "compare", "op_support", "run_check"]
 
 PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
 #: The check added when no numeric check (a name starting with one of ``_NUMERIC_PREFIXES``) ran.
@@ -76,10 +81,12 @@ class ModelReport:
       checks: the :class:`Check` results, in order.
       composites: one dict per composite (expected or present): ``name``, ``expected``, ``traced`` (None for
         a .tflite source), ``fused``, ``instances`` (op index, input and output shapes, attributes).
-      op_counts: op name -> count in the fused file.
+      op_counts: op name -> count in the fused file, of the ops outside decomposition subgraphs (a
+        ``STABLEHLO_COMPOSITE`` under its composite's name).
       per_op: rows of the per-op error table (see :func:`_per_op_rows`); ``per_op_file`` names the file.
-      parity: rows per comparison and output: ``comparison``, ``output``, ``max_abs``, ``max_rel``,
-        ``tolerance_used`` (max of |error| / (atol + rtol |want|)), ``violations``, ``elements``.
+      parity: rows per comparison and output: ``comparison``, ``output``, ``max_abs``, ``max_rel`` (``max_abs``
+        over the largest |want|, see :func:`compare`), ``tolerance_used`` (max of |error| / (atol + rtol
+        |want|)), ``violations``, ``elements``.
       input_error: why the model could not be checked at all (bad source or inputs: exit status 2).
     """
 
@@ -112,8 +119,10 @@ def compare(got, want, atol: float, rtol: float) -> dict:
     """Element-wise agreement of two arrays under ``|got - want| <= atol + rtol * |want|`` (NaN == NaN).
 
     Returns:
-      dict: ``max_abs``, ``max_rel`` (|error| / |want| over nonzero ``want``), ``tolerance_used`` (the largest
-      |error| / (atol + rtol |want|); > 1 fails), ``violations``, ``elements``, ``shape_mismatch`` (str or "").
+      dict: ``max_abs``, ``max_rel`` (``max_abs`` relative to the reference's scale, the largest finite |want|:
+      an element whose reference is 0 does not make it infinite; 0 when nothing differs, inf only when the
+      reference is all zeros and something differs), ``tolerance_used`` (the largest |error| / (atol + rtol
+      |want|); > 1 fails), ``violations``, ``elements``, ``shape_mismatch`` (str or "").
     """
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
@@ -127,10 +136,12 @@ def compare(got, want, atol: float, rtol: float) -> dict:
         diff = np.where(np.isnan(diff), np.inf, diff)
         tol = atol + rtol * np.abs(w)
         used = np.where(diff == 0, 0.0, diff / np.where(tol > 0, tol, np.finfo(np.float64).tiny))
-        rel = np.where(w != 0, diff / np.abs(w), np.where(diff == 0, 0.0, np.inf))
-    return {"max_abs": float(diff.max()) if diff.size else 0.0, "max_rel": float(rel.max()) if rel.size else 0.0,
-            "tolerance_used": float(used.max()) if used.size else 0.0, "violations": int((diff > tol).sum()),
-            "elements": int(w.size), "shape_mismatch": ""}
+    max_abs = float(diff.max()) if diff.size else 0.0
+    finite = np.abs(w[np.isfinite(w)])
+    scale = float(finite.max()) if finite.size else 0.0
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+    return {"max_abs": max_abs, "max_rel": max_rel, "tolerance_used": float(used.max()) if used.size else 0.0,
+            "violations": int((diff > tol).sum()), "elements": int(w.size), "shape_mismatch": ""}
 
 
 def _merge(a: dict | None, b: dict) -> dict:
@@ -143,19 +154,9 @@ def _merge(a: dict | None, b: dict) -> dict:
 
 
 # ---- running -----------------------------------------------------------------------------------------
-def _run_interpreter(interp, model: Model, key, feeds: Mapping[str, np.ndarray]) -> dict:
-    """Runs one signature (or subgraph 0 for key None) on a LiteRT-API interpreter; outputs by name."""
-    if key is not None:
-        return {k: np.asarray(v) for k, v in interp.get_signature_runner(key)(**feeds).items()}
-    sig = _signatures(model)[None]
-    for name, t in sig["inputs"].items():
-        interp.set_tensor(t, feeds[name])
-    interp.invoke()
-    return {name: interp.get_tensor(t) for name, t in sig["outputs"].items()}
-
-
 def _tf_references(src: Source, keys) -> dict[Any, Callable[[dict], dict]]:
-    """Per signature key, a function: {input name: array} -> {output name: array} computed by TensorFlow."""
+    """Per signature key, a function: (sample index, {input name: array}) -> {output name: array} computed by
+    TensorFlow."""
     import tensorflow as tf
 
     if src.kind == "keras":
@@ -170,7 +171,7 @@ def _tf_references(src: Source, keys) -> dict[Any, Callable[[dict], dict]]:
         fns = dict(zip(["serving_default"] if len(src.obj) == 1 else [f.graph.name for f in src.obj], src.obj))
 
     def caller(fn):
-        def call(feeds: dict) -> dict:
+        def call(_sample: int, feeds: dict) -> dict:
             args, kwargs = fn.structured_input_signature
             if kwargs:
                 out = fn(**{k: tf.constant(feeds[k]) for k in kwargs})
@@ -208,6 +209,7 @@ def _pair_outputs(got: dict, want: dict) -> list[tuple[str, np.ndarray, np.ndarr
 class _Checker:
     def __init__(self, opts: CheckOptions, device=None):
         self.opts, self.device = opts, device
+        self.litert_data, self.litert_jobs, self.litert_results = None, {}, None   # see numerics() and litert()
         self.report = ModelReport(opts.name, opts.source, atol=opts.atol, rtol=opts.rtol)
         self.fused: bytes | None = None
         self.unfused: bytes | None = None
@@ -236,6 +238,7 @@ class _Checker:
             self.report.kind = src.kind
             if self.convert(src):
                 self.model = Model(self.fused)
+                _require_outputs(self.model)
                 self.structure(src)
                 self.numerics(src)
                 self.require_numerics()
@@ -280,12 +283,18 @@ class _Checker:
 
     def structure(self, src: Source) -> None:
         from .annotate import decode_attrs
-        from .kernels import supported_ops
+        from .kernels import KernelError
 
         m, opts, rep = self.model, self.opts, self.report
-        names = [(sg, i, n) for sg in range(len(m.subgraphs)) for i, n in enumerate(m.op_names(sg))]
+        try:
+            support = op_support(m)
+        except KernelError as e:   # a composite whose decomposition contains itself: a malformed file
+            raise CheckInputError(f"the .tflite cannot run: {e}") from None
+        # the ops that run in their own right: a composite counts once, by its name; its decomposition's ops not
+        names = [(r.subgraph, r.index, r.composite or r.name) for r in support if not r.in_decomposition]
         rep.op_counts = dict(sorted({n: sum(1 for *_, k in names if k == n) for *_, n in names}.items()))
-        composites = set(self.conversion.composites) if self.conversion else set(_custom_ops(m))
+        composites = set(self.conversion.composites) if self.conversion else \
+            set(_custom_ops(m)) | {r.composite for r in support if r.composite and not r.in_decomposition}
         composites |= {e.composite for e in opts.expectations}
         expected = {e.composite: e for e in opts.expectations}
         for name in sorted(composites):
@@ -331,23 +340,38 @@ class _Checker:
                 why = f"; {traced} annotated call(s) were traced: the converter did not fuse {traced - found}"
             self.add(f"expect {e.composite}", FAILED, f"{found} {e.composite} op(s) in the .tflite, expected {e}{why}",
                      **numbers)
-        known = set(supported_ops())
-        missing = {n: c for n, c in rep.op_counts.items() if n not in known}
-        refused = {n: c for n, c in missing.items() if n not in opts.allow_ops}
+        self.kernels_check(support)
+
+    def kernels_check(self, support: list[OpSupport]) -> None:
+        """The ``kernels`` check: every op the model needs has a kernel (:func:`op_support`), or is allowed."""
+        where: dict[str, dict[int, list[int]]] = {}   # op name -> subgraph -> operator indices, of the missing
+        for r in support:
+            if r.runs == "missing":
+                where.setdefault(r.name, {}).setdefault(r.subgraph, []).append(r.index)
+        missing = {n: sum(map(len, sgs.values())) for n, sgs in where.items()}
+        refused = {n: c for n, c in missing.items() if n not in self.opts.allow_ops}
         self.runnable = not missing
         if refused:
-            listing = ", ".join(f"{n} x{c}" for n, c in refused.items())
-            self.add("kernels", FAILED, f"op(s) without a tflfuse kernel: {listing} (allow with --allow_op=NAME)",
-                     missing=refused)
-        else:
-            note = f" ({', '.join(missing)} allowed)" if missing else ""
-            self.add("kernels", PASSED, f"all {sum(rep.op_counts.values())} ops have a tflfuse kernel{note}",
-                     allowed=missing)
+            def at(idx: list[int]) -> str:   # operators 3, 7, 9 (the first 8 of them)
+                return f"operator{'s' if len(idx) > 1 else ''} {', '.join(map(str, idx[:8]))}" + \
+                    (", ..." if len(idx) > 8 else "")
+
+            listing = "; ".join(f"{n} x{missing[n]} (" + ", ".join(f"{at(idx)} of subgraph {sg}"
+                                                                    for sg, idx in where[n].items()) + ")"
+                                for n in refused)
+            self.add("kernels", FAILED, f"op(s) without a tflfuse kernel: {listing}. Register a kernel for an op of "
+                     f"your own (docs/custom_kernels.md; --import_modules=MODULE), or allow it with "
+                     f"--allow_op=NAME", missing=refused)
+            return
+        top = [r for r in support if not r.in_decomposition]
+        by_decomposition = sum(r.runs == "decomposition" for r in top)
+        notes = [f"{by_decomposition} composite(s) run their decomposition op by op"] if by_decomposition else []
+        notes += [f"{', '.join(missing)} allowed"] if missing else []
+        note = f" ({'; '.join(notes)})" if notes else ""
+        self.add("kernels", PASSED, f"all {len(top)} ops have a tflfuse kernel{note}", allowed=missing)
 
     # -- numerics --
     def numerics(self, src: Source) -> None:
-        from .runtime import Interpreter
-
         opts, m = self.opts, self.model
         feeds = _make_feeds(m, opts)
         self.report.samples = len(feeds)
@@ -359,43 +383,89 @@ class _Checker:
         if portable is None and src.kind == "tflite":
             portable, no_portable = self.unfuse_tflite()
             portable_name = "the .tflite" if portable is self.fused else "the .tflite unfused by tflfuse.unfuse"
-        tf_refs = None
+        pm = Model(portable) if portable is not None else None
+        per_op = pm is not None and (self.runnable if portable is self.fused else _runnable(portable))
+        # LiteRT's runs, all in one child process (check_litert: a crash on a malformed file cannot end this one)
+        jobs = {}
+        if pm is not None and (src.kind != "tflite" or self.runnable):
+            jobs["outputs"] = {"kind": "signatures", "signatures": _signatures(pm),
+                               "feeds": _make_feeds(pm, opts) if portable is self.unfused else feeds}
+        if per_op:
+            key, sample = _per_op_input(pm, opts)
+            jobs["tensors"] = {"kind": "tensors", "signatures": _signatures(pm), "key": key, "feed": sample,
+                               "tensors": [t for _, _, t in _per_op_tensors(pm)]}
+        self.litert_data, self.litert_jobs, self.litert_results = portable, jobs, None
+        if src.kind == "tflite" and jobs:   # the user's file: bad input (exit 2) when LiteRT crashes on it, or
+            try:                             # refuses it and tflfuse's own checks name a fault too
+                self.litert("outputs" if "outputs" in jobs else "tensors")
+            except (LiteRTCrash, LiteRTError) as e:
+                found = _diagnose(portable)
+                if isinstance(e, LiteRTCrash) or found:
+                    litert = str(e) if isinstance(e, LiteRTCrash) else f"LiteRT refuses it too ({e})"
+                    why = f"{found}; {litert}" if found else f"{litert} (tflfuse's own checks name no fault)"
+                    raise CheckInputError(f"{portable_name} looks malformed: {why}. Fix or re-export the file "
+                                          f"(tflfuse check on the model's source converts it afresh)") from None
+        tflfuse_run = self.tflfuse_runner(self.fused, m)
         if src.kind != "tflite":
             tf_refs = self.step("parity tflfuse vs tensorflow", lambda: _tf_references(src, _signatures(m).keys()))
             if tf_refs is None:
                 return
             if self.runnable:
-                self.parity("tflfuse vs tensorflow", lambda: Interpreter(model_content=self.fused, device=self.get_device()),
-                            m, feeds, tf_refs)
+                self.parity("tflfuse vs tensorflow", tflfuse_run, feeds, tf_refs)
             else:
                 self.add("parity tflfuse vs tensorflow", SKIPPED, "the .tflite has ops without a tflfuse kernel")
-            if portable is not None:
-                pm = Model(portable)
-                self.parity("litert vs tensorflow", lambda: cpu_interpreter(model_content=portable), pm,
-                            _make_feeds(pm, opts) if portable is self.unfused else feeds, tf_refs)
+            if pm is not None:
+                self.parity("litert vs tensorflow", lambda: lambda i, key, f: self.litert("outputs")[i][key],
+                            jobs["outputs"]["feeds"], tf_refs)
             else:
                 self.add("parity litert vs tensorflow", SKIPPED, f"LiteRT cannot run custom op(s) "
                          f"{', '.join(_custom_ops(m))}, and a {src.kind} cannot be converted unfused")
-        elif portable is not None and self.runnable:
-            pm = Model(portable)
-
-            @functools.cache
-            def litert():
-                return cpu_interpreter(model_content=portable)
-
-            refs = {k: (lambda f, k=k: _run_interpreter(litert(), pm, k, f)) for k in _signatures(m)}
-            self.parity("tflfuse vs litert", lambda: Interpreter(model_content=self.fused, device=self.get_device()),
-                        m, feeds, refs, note="" if portable is self.fused else f" (LiteRT on {portable_name})")
+        elif pm is not None and self.runnable:
+            refs = {k: (lambda i, f, k=k: self.litert("outputs")[i][k]) for k in _signatures(m)}
+            self.parity("tflfuse vs litert", tflfuse_run, feeds, refs,
+                        note="" if portable is self.fused else f" (LiteRT on {portable_name})")
         else:
             self.add("parity tflfuse vs litert", SKIPPED, "ops without a tflfuse kernel" if not self.runnable
                      else no_portable)
-        if portable is not None and not set(Model(portable).op_names(0)) - _kernel_names():
+        if per_op:
             self.per_op(portable, portable_name)
         else:
-            self.add("per-op tflfuse vs litert", SKIPPED, no_portable if portable is None
+            self.add("per-op tflfuse vs litert", SKIPPED, no_portable if pm is None
                      else f"{portable_name} has ops without a tflfuse kernel")
         if opts.perf:
             self.perf(feeds)
+
+    def tflfuse_runner(self, data: bytes, model: Model):
+        """A function making (on first use) a runner of ``data`` on tflfuse: ``(sample, key, feeds) -> outputs``."""
+        def make():
+            from .runtime import Interpreter
+
+            interp = Interpreter(model_content=data, device=self.get_device())
+            interp.allocate_tensors()
+            sigs = _signatures(model)
+            return lambda i, key, f: run_signature(interp, sigs, key, f)
+        return make
+
+    def litert(self, job: str):
+        """The result of LiteRT's job ``job`` (of ``self.litert_jobs``, all run in one child process the first
+        time one is asked for).
+
+        Raises:
+          LiteRTCrash: LiteRT's process crashed; LiteRTError: LiteRT raised on this job.
+        """
+        if self.litert_results is None:
+            names = list(self.litert_jobs)
+            try:
+                done = run_litert(self.litert_data, [self.litert_jobs[n] for n in names])
+                self.litert_results = dict(zip(names, done))
+            except LiteRTCrash as e:
+                self.litert_results = e
+        if isinstance(self.litert_results, LiteRTCrash):
+            raise self.litert_results
+        got = self.litert_results[job]
+        if "error" in got:
+            raise LiteRTError(got["error"])
+        return got["result"]
 
     def unfuse_tflite(self) -> tuple[bytes | None, str]:
         """A .tflite source with custom ops: the file :func:`tflfuse.unfuse` expands into builtins (LiteRT's
@@ -445,17 +515,18 @@ class _Checker:
             self.add(name, ERROR, f"{type(e).__name__}: {e}", t0)
             return None
 
-    def parity(self, label: str, make, model: Model, feeds: list[dict], refs: dict, note: str = "") -> None:
+    def parity(self, label: str, make: Callable, feeds: list[dict], refs: dict, note: str = "") -> None:
+        """One ``parity`` check: ``make()`` gives a runner ``(sample index, key, feeds) -> outputs``; ``refs[key]``
+        is ``(sample index, feeds) -> outputs`` of the reference."""
         name, t0 = f"parity {label}", time.perf_counter()
 
         def run():
-            interp = make()
-            interp.allocate_tensors()
+            runner = make()
             per_output: dict[str, dict] = {}
-            for sample in feeds:
+            for i, sample in enumerate(feeds):
                 for key, f in sample.items():
-                    got = _run_interpreter(interp, model, key, f)
-                    for out, g, w in _pair_outputs(got, refs[key](f)):
+                    got = runner(i, key, f)
+                    for out, g, w in _pair_outputs(got, refs[key](i, f)):
                         label_out = out if len(sample) == 1 else f"{key}/{out}"
                         per_output[label_out] = _merge(per_output.get(label_out), compare(g, w, self.opts.atol,
                                                                                            self.opts.rtol))
@@ -480,8 +551,11 @@ class _Checker:
 
     def per_op(self, portable: bytes, portable_name: str) -> None:
         name, t0 = "per-op tflfuse vs litert", time.perf_counter()
-        rows = self.step(name, lambda: _per_op_rows(portable, self.get_device(), self.opts))
+        rows = self.step(name, lambda: _per_op_rows(portable, self.get_device(), self.opts, self.litert("tensors")))
         if rows is None:
+            return
+        if not rows:
+            self.add(name, SKIPPED, f"no op of {portable_name} computes from its inputs", t0)
             return
         self.report.per_op, self.report.per_op_file = rows, portable_name
         bad = [r for r in rows if not r["ok"]]
@@ -534,10 +608,87 @@ class _Checker:
         self.add(name, PASSED if fused_s <= limit else FAILED, text, t0, **numbers)
 
 
-def _kernel_names() -> set[str]:
-    from .kernels import supported_ops
+@dataclasses.dataclass(frozen=True)
+class OpSupport:
+    """How tflfuse runs one op of a .tflite (a row of :func:`op_support`).
 
-    return set(supported_ops())
+    Attributes:
+      subgraph, index: where the op is.
+      name: the op's name in the file (``STABLEHLO_COMPOSITE`` for a composite, which ``composite`` names).
+      composite: a ``STABLEHLO_COMPOSITE``'s name (``fused_lstm``), "" for other ops.
+      runs: ``"kernel"`` (the op has a kernel), ``"fused kernel"`` (a composite that runs as one kernel, looked
+        up by its name), ``"decomposition"`` (a composite whose decomposition subgraph runs inlined, op by op),
+        ``"missing"`` (no kernel, and running the model needs one) or ``"not needed"`` (no kernel, in a
+        decomposition subgraph that no composite runs: its composites run fused kernels).
+      decomposition: a composite's decomposition subgraph, -1 for other ops.
+      in_decomposition: the op is in some composite's decomposition subgraph.
+    """
+
+    subgraph: int
+    index: int
+    name: str
+    composite: str
+    runs: str
+    decomposition: int = -1
+    in_decomposition: bool = False
+
+    @property
+    def display_name(self) -> str:
+        """The op's name, a composite's by its own name: ``STABLEHLO_COMPOSITE fused_lstm``."""
+        return f"{self.name} {self.composite}" if self.composite else self.name
+
+
+def op_support(model: Model) -> list[OpSupport]:
+    """Every op of ``model`` (each subgraph, in file order) and how tflfuse runs it: the runtime's own answer
+    (:func:`tflfuse.runtime.plan.check_supported`, what :class:`tflfuse.Interpreter` refuses), so that ``tflfuse
+    ops``, check's ``kernels`` check and the interpreter agree. No GPU is touched.
+
+    Returns:
+      One :class:`OpSupport` per op; the model runs when none has ``runs == "missing"``.
+    Raises:
+      KernelError: a composite whose decomposition subgraph contains itself.
+    """
+    from .kernels import UnsupportedOpError, supported_ops
+    from .runtime.plan import _has_fused_kernel, check_supported
+
+    try:
+        check_supported(model)
+        missing: set[tuple[int, int]] = set()
+    except UnsupportedOpError as e:
+        missing = {(sg, oi) for _, sg, oi in e.ops}
+    known, decompositions = set(supported_ops()), model.decompositions()
+    rows = []
+    for si in range(len(model.subgraphs)):
+        for oi, name in enumerate(model.op_names(si)):
+            comp = model.composite(si, oi)
+            if (si, oi) in missing:
+                runs = "missing"
+            elif comp is not None:
+                runs = "fused kernel" if _has_fused_kernel(comp.name) else "decomposition"
+            else:
+                runs = "kernel" if name in known else "not needed"
+            rows.append(OpSupport(si, oi, name, comp.name if comp else "", runs,
+                                  comp.decomposition if comp else -1, si in decompositions))
+    return rows
+
+
+def _runnable(data: bytes) -> bool:
+    """Whether tflfuse runs every op that the .tflite ``data`` needs (:func:`op_support`)."""
+    from .kernels import KernelError
+
+    try:
+        return all(r.runs != "missing" for r in op_support(Model(data)))
+    except (KernelError, ModelError):   # a file tflfuse cannot plan is not runnable
+        return False
+
+
+def _require_outputs(model: Model) -> None:
+    """Raises :class:`CheckInputError` when a signature (or subgraph 0, without signatures) has no output."""
+    for key, sig in _signatures(model).items():
+        if not sig["outputs"]:
+            where = f"signature {key!r} (subgraph {sig['subgraph']})" if key is not None else "subgraph 0"
+            raise CheckInputError(f"the .tflite's {where} has no outputs, so there is nothing to run or compare; "
+                                  f"export the model with its outputs")
 
 
 def _custom_ops(model: Model) -> list[str]:
@@ -554,26 +705,18 @@ def _custom_ops(model: Model) -> list[str]:
     return out
 
 
-def _per_op_rows(data: bytes, device, opts: CheckOptions) -> list[dict]:
-    """Runs ``data`` on tflfuse and LiteRT with every tensor preserved (main subgraph, the first seeded or given
-    sample) and compares each op's outputs in the same file: one row per op output tensor, in op order."""
-    from .runtime import Interpreter
-
-    m = Model(data)
-    sample = _make_feeds(m, dataclasses.replace(opts, samples=1))[0]
+def _per_op_input(m: Model, opts: CheckOptions) -> tuple[Any, dict]:
+    """The signature key (subgraph 0's where one runs it) and the first seeded or given sample of the per-op
+    comparison."""
     sig = _signatures(m)
-    key = next(k for k, s in sig.items() if s["subgraph"] == 0) if any(s["subgraph"] == 0 for s in sig.values()) \
-        else next(iter(sig))
-    ours = Interpreter(model_content=data, device=device, experimental_preserve_all_tensors=True)
-    with warnings.catch_warnings():  # LiteRT warns that preserving every tensor is for debugging: it is
-        warnings.simplefilter("ignore", UserWarning)
-        ref = cpu_interpreter(model_content=data, experimental_preserve_all_tensors=True)
-    for interp in (ours, ref):
-        interp.allocate_tensors()
-        for name, t in sig[key]["inputs"].items():
-            interp.set_tensor(t, sample[key][name])
-        interp.invoke()
-    rows = []
+    key = next((k for k, s in sig.items() if s["subgraph"] == 0), next(iter(sig)))
+    return key, _make_feeds(m, dataclasses.replace(opts, samples=1))[0][key]
+
+
+def _per_op_tensors(m: Model) -> list[tuple[int, str, int]]:
+    """``(op index, op name, output tensor)`` of subgraph 0's ops that compute from the inputs (a composite is
+    named by its composite's name), in op order."""
+    out = []
     constant = {t for t in range(len(m.subgraphs[0].tensors or [])) if m.tensor_data(0, t) is not None}
     for i, op in enumerate(m.op_names(0)):
         if all(t < 0 or t in constant for t in m.op_inputs(0, i)):
@@ -581,17 +724,56 @@ def _per_op_rows(data: bytes, device, opts: CheckOptions) -> list[dict]:
             # need not keep it (XNNPACK reads the packed weights), so there is nothing runtime to compare
             constant.update(m.op_outputs(0, i))
             continue
-        for t in m.op_outputs(0, i):
-            row = {"op_index": i, "op": op, "tensor": t, "name": m.tensor_name(0, t)[:80],
-                   "shape": list(m.tensor_shape(0, t))}
-            try:
-                row.update(compare(ours.get_tensor(t), ref.get_tensor(t), opts.atol, opts.rtol))
-            except ValueError as e:  # a tensor one runtime does not keep (e.g. folded at load)
-                row.update(max_abs=0.0, max_rel=0.0, tolerance_used=0.0, violations=0, elements=0,
-                           shape_mismatch="", note=str(e)[:120])
-            row["ok"] = not row["violations"] and not row["shape_mismatch"]
-            rows.append(row)
+        comp = m.composite(0, i)
+        out += [(i, comp.name if comp else op, t) for t in m.op_outputs(0, i) if t >= 0]
+    return out
+
+
+def _per_op_rows(data: bytes, device, opts: CheckOptions, reference: Mapping[int, Any]) -> list[dict]:
+    """Runs ``data`` on tflfuse with every tensor preserved (:func:`_per_op_input`'s sample) and compares each
+    op's outputs with ``reference`` (LiteRT's tensors of the same run, :mod:`tflfuse.check_litert`; the error
+    text for a tensor it does not keep): one row per op output tensor of subgraph 0, in op order."""
+    from .runtime import Interpreter
+
+    m = Model(data)
+    key, sample = _per_op_input(m, opts)
+    ours = Interpreter(model_content=data, device=device, experimental_preserve_all_tensors=True)
+    ours.allocate_tensors()
+    run_signature(ours, _signatures(m), key, sample)
+    rows = []
+    for i, op, t in _per_op_tensors(m):
+        row = {"op_index": i, "op": op, "tensor": t, "name": m.tensor_name(0, t)[:80],
+               "shape": list(m.tensor_shape(0, t))}
+        try:
+            want = reference[t]
+            if isinstance(want, str):
+                raise ValueError(want)
+            row.update(compare(ours.get_tensor(t), want, opts.atol, opts.rtol))
+        except ValueError as e:  # a tensor one runtime does not keep (e.g. folded at load)
+            row.update(max_abs=0.0, max_rel=0.0, tolerance_used=0.0, violations=0, elements=0,
+                       shape_mismatch="", note=str(e)[:120])
+        row["ok"] = not row["violations"] and not row["shape_mismatch"]
+        rows.append(row)
     return rows
+
+
+def _diagnose(data: bytes) -> str:
+    """What tflfuse's own checks (:func:`tflfuse.runtime.plan.lower` of each signature's subgraph, no GPU) find
+    wrong with ``data``; "" when they find nothing (or only ops without a kernel)."""
+    from .kernels import KernelError, UnsupportedOpError
+    from .runtime.plan import lower
+
+    try:
+        m = Model(data)
+        for sg in sorted({s["subgraph"] for s in _signatures(m).values()}):
+            lower(m, sg, relayout=False)
+    except UnsupportedOpError:
+        return ""
+    except (KernelError, ModelError) as e:
+        return str(e)
+    except Exception as e:   # noqa: BLE001  (a diagnosis only: a fault tflfuse trips on is one too)
+        return f"{type(e).__name__}: {e}"
+    return ""
 
 
 def run_check(opts: CheckOptions, device=None) -> ModelReport:

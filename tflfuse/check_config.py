@@ -340,13 +340,17 @@ def load_source(source: str, import_modules: Sequence[str] = ()) -> Source:
     except ImportError as e:
         raise CheckInputError(f"import_modules: {e}") from None
     path = Path(source)
-    if path.suffix == ".tflite":
+    if path.suffix == ".tflite" and not path.is_dir():
         if not path.is_file():
             raise CheckInputError(f"model source {source!r}: no such .tflite file")
-        return Source("tflite", path.read_bytes())
+        try:
+            return Source("tflite", path.read_bytes())
+        except OSError as e:
+            raise CheckInputError(f"model source {source!r}: cannot read it: {e}") from None
     if path.is_dir():
         if not (path / "saved_model.pb").is_file():
-            raise CheckInputError(f"model source {source!r} is a directory without saved_model.pb, not a SavedModel")
+            what = "not a .tflite file" if path.suffix == ".tflite" else "not a SavedModel"
+            raise CheckInputError(f"model source {source!r} is a directory without saved_model.pb, {what}")
         return Source("saved_model", str(path))
     if path.suffix in (".keras", ".h5"):
         if not path.is_file():

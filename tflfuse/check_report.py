@@ -173,7 +173,8 @@ def _model_markdown(r: ModelReport) -> list[str]:
                 "out of tolerance |", "| --- | --- | --- | --- | --- | --- |"]
         out += [f"| {p['comparison']} | {_md_escape(p['output'])} | {_g(p['max_abs'])} | {_g(p['max_rel'])} | "
                 f"{_g(p['tolerance_used'])} | {p['violations']} of {p['elements']} |" for p in r.parity]
-        out.append("")
+        out += ["", "max rel error: the max abs error over the largest reference value (in magnitude) of the "
+                "output; tolerance used: the largest error over its tolerance, atol + rtol × reference.", ""]
     if r.per_op:
         bad = sum(not row["ok"] for row in r.per_op)
         out += [f"### Per-op errors: {r.per_op_file}, tflfuse vs LiteRT ({bad} of {len(r.per_op)} out of tolerance)",

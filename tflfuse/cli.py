@@ -4,7 +4,7 @@
     tflfuse convert SAVED_MODEL_DIR --output=model.tflite [--fused_op_format=composite]
         [--import_modules=composites]
     tflfuse run MODEL.tflite --input=x.npy [--input=y.npy ...] [--output=out.npz] [--adapter=NAME]
-    tflfuse ops MODEL.tflite
+    tflfuse ops MODEL.tflite   (each op and how tflfuse runs it)
     tflfuse shader KEY --shapes="[[1,224,224,3],[32,3,3,3]]" [--attrs="stride_h=2,padding=SAME"] [--json]
     tflfuse shader --list [--json]
     tflfuse shader --model=MODEL.tflite --out=DIR [--target=gpu|cpu]
@@ -18,14 +18,16 @@
     tflfuse check --manifest=MODELS.toml [--shard=I/N] [--jobs=N] [--report_dir=DIR]
     convert, run, ops, shader, fuse, unfuse, check: [--import_modules=MOD,...] imports the modules that register
         your kernels (docs/custom_kernels.md), composites or Keras layers first.
-    tflfuse --help: each command's flags; tflfuse COMMAND --help: that command's; --helpfull: absl's too.
+    tflfuse --help: each command's flags; tflfuse COMMAND --help: that command's; --helpfull: absl's too;
+        --helpxml: every flag as XML.
 
-Exit status: 0 on success; 1 when the work failed (a fusion mismatch, unfrozen weights in convert, an op
-without a kernel in ops, custom ops that unfuse cannot expand); 2 for bad usage or input (a missing or malformed
-file, a model that cannot run, inputs of the wrong shape or dtype, no WebGPU adapter).
+Exit status: 0 on success; 1 when the work failed (a fusion mismatch, unfrozen weights in convert, an op the
+model needs without a kernel in ops, custom ops that unfuse cannot expand); 2 for bad usage or input (an unknown
+command, a missing or malformed file, a model that cannot run, inputs of the wrong shape or dtype, a module of
+--import_modules that cannot be imported, no WebGPU adapter).
 check: 0 every check holds; 1 a check failed, or no numeric check could run (the failing checks and their
 numbers are the last lines); 2 bad usage or input (a flag, an expectations file or manifest, a model source
-that cannot be loaded).
+that cannot be loaded, a .tflite that LiteRT crashes on or that has no outputs).
 """
 
 from __future__ import annotations
@@ -97,8 +99,8 @@ _flag(flags.DEFINE_string, "shard", None, "check --manifest: I/N, check only sha
 _flag(flags.DEFINE_integer, "jobs", None, "check --manifest: parallel processes (default: models, up to the CPUs).",
       "check", lower_bound=1)
 _flag(flags.DEFINE_list, "import_modules", [], "Modules to import first, for what they register: your kernels "
-      "(docs/custom_kernels.md), composites, a Keras file's custom layers (e.g. composites,my_kernels; the "
-      "current folder is searched).", "convert run ops shader fuse unfuse check")
+      "(docs/custom_kernels.md), composites, a Keras file's custom layers (module names such as composites,"
+      "my_pkg.kernels, not file paths; the current folder is searched).", "convert run ops shader fuse unfuse check")
 
 _USAGE = __doc__.split("\n\n")[1]
 
@@ -242,18 +244,31 @@ def _load_model(path: str):
 
 
 def cmd_ops(args):
+    """Lists every op and how tflfuse runs it (:func:`tflfuse.check.op_support`, the interpreter's own rule):
+    exit status 1 when an op that the model needs has no kernel."""
     if len(args) != 1:
         raise UsageError("usage: tflfuse ops MODEL.tflite")
-    from .kernels import supported_ops
+    from .check import op_support
+    from .kernels.registry import CUSTOM_KERNELS_DOC
 
-    model, known = _load_model(args[0]), set(supported_ops())
-    missing = 0
-    for si in range(len(model.subgraphs)):
-        for oi, name in enumerate(model.op_names(si)):
-            ok = name in known
-            missing += not ok
-            print(f"subgraph {si} op {oi:4d}  {name:<28} {'supported' if ok else 'NO KERNEL'}")
-    print(f"{missing} op(s) without a kernel" if missing else "every op has a kernel")
+    rows = op_support(_load_model(args[0]))
+    how = {"kernel": lambda r: "supported",
+           "fused kernel": lambda r: "supported: its fused kernel",
+           "decomposition": lambda r: f"supported: its decomposition (subgraph {r.decomposition}) op by op",
+           "missing": lambda r: "NO KERNEL",
+           "not needed": lambda r: "no kernel, not needed: this decomposition's composites run their fused kernels"}
+    for r in rows:
+        print(f"subgraph {r.subgraph} op {r.index:4d}  {r.display_name:<28} {how[r.runs](r)}")
+    missing = sum(r.runs == "missing" for r in rows)
+    unneeded = sum(r.runs == "not needed" for r in rows)
+    if missing:
+        print(f"{missing} op(s) without a kernel: register one for an op of your own ({CUSTOM_KERNELS_DOC}) and "
+              f"import its module with --import_modules=MODULE")
+    elif unneeded:
+        print(f"every op that runs has a kernel ({unneeded} op(s) of decompositions that no composite runs have "
+              f"none)")
+    else:
+        print("every op has a kernel")
     return 1 if missing else 0
 
 
@@ -447,6 +462,23 @@ def main(argv):
 
 
 _HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "-helpshort")
+_FULL_HELP_FLAGS = ("--helpfull", "-helpfull")
+_XML_HELP_FLAGS = ("--helpxml", "-helpxml")
+
+
+def _command_of(args: list[str]) -> str | None:
+    """The first positional argument (the command) of ``args``, skipping flags and the values of flags given as
+    ``--flag VALUE``; None when there is none."""
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a.startswith("-") and len(a) > 1:
+            name = a.lstrip("-")
+            skip = "=" not in name and name in FLAGS and not FLAGS[name].boolean
+        else:
+            return a
+    return None
 
 
 def _synopsis(command: str | None) -> str:
@@ -498,11 +530,25 @@ def help_text(command: str | None = None) -> str:
 
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, with a bad flag reported in one line and exit status 2 (absl's own: 1).
-    ``--help`` (``-h``) prints :func:`help_text` to stdout and exits 0."""
+
+    ``--help`` (``-h``) prints :func:`help_text` to stdout, ``--helpfull`` that and every flag absl knows
+    (its own included), ``--helpxml`` absl's XML listing; each exits 0. An unknown command with any of them is
+    an error naming it (exit 2).
+    """
     args = argv[1:argv.index("--")] if "--" in argv else argv[1:]
-    if any(a in _HELP_FLAGS for a in args):
-        command = next((a for a in args if a in _COMMANDS), None)
-        print(help_text(command))
+    asked = [a for a in args if a in _HELP_FLAGS + _FULL_HELP_FLAGS + _XML_HELP_FLAGS]
+    if asked:
+        command = _command_of(args)
+        if command is not None and command not in _COMMANDS:
+            print(f"error: unknown command {command!r}; the commands are {', '.join(_COMMANDS)} (see tflfuse "
+                  f"--help)", file=sys.stderr)
+            sys.exit(2)
+        if asked[0] in _XML_HELP_FLAGS:
+            FLAGS.write_help_in_xml_format(sys.stdout)
+        else:
+            print(help_text(command))
+            if asked[0] in _FULL_HELP_FLAGS:
+                print(f"\nEvery flag, absl's own included:\n{FLAGS.get_help()}")
         sys.exit(0)
     try:
         return FLAGS(argv)

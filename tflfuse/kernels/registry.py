@@ -87,18 +87,39 @@ def import_modules(names: Sequence[str]) -> None:
     searched too (as ``python -m`` does), so a ``my_kernels.py`` in the folder a command runs in is found.
 
     Args:
-      names: module names (``"composites"``, ``"my_project.kernels"``); empty imports nothing.
+      names: module names (``"composites"``, ``"my_project.kernels"``); empty names (``--import_modules=a,,b``)
+        are skipped, and an empty list imports nothing.
     Raises:
-      ImportError: a module cannot be imported, or raised while it ran; the message names the module and the
-        error (``cannot import 'my_kernels': ModuleNotFoundError: No module named 'my_kernels'``).
+      ImportError: a module cannot be imported, raised while it ran, or called ``sys.exit()`` while it ran; the
+        message names the module and the error (``cannot import 'my_kernels': ModuleNotFoundError: No module
+        named 'my_kernels'``), and for a name that is a file path (``pkg/mod.py``) or a module that is not found,
+        how to name one.
     """
+    names = [n.strip() for n in names if n and n.strip()]
     if names and os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
+    hint = ("give a module name, e.g. pkg.mod for pkg/mod.py, importable from the current folder or "
+            "PYTHONPATH")
     for name in names:
+        if "/" in name or "\\" in name or name.endswith(".py"):
+            path = name.removesuffix(".py").replace("\\", "/")
+            if os.path.isabs(path):   # 'mod' with its folder on PYTHONPATH
+                how = f"{os.path.basename(path)!r} with {os.path.dirname(path)!r} on PYTHONPATH"
+            else:                     # pkg/mod.py from the current folder: 'pkg.mod'
+                how = f"{'.'.join(p for p in path.split('/') if p not in ('', '.'))!r} for this file"
+            raise ImportError(f"cannot import {name!r}: a file path, not a module name; give a module name "
+                              f"({how}), importable from the current folder or PYTHONPATH")
         try:
             importlib.import_module(name)
+        except ModuleNotFoundError as e:   # the module itself (not one it imports) is not found: how to name it
+            own = e.name is not None and (name == e.name or name.startswith(e.name + "."))
+            raise ImportError(f"cannot import {name!r}: {type(e).__name__}: {e}{f' ({hint})' if own else ''}") \
+                from e
         except Exception as e:   # a module raising while it registers (a name registered twice) is named too
             raise ImportError(f"cannot import {name!r}: {type(e).__name__}: {e}") from e
+        except SystemExit as e:   # sys.exit() in a module must not end the command as if it had run
+            raise ImportError(f"cannot import {name!r}: it called sys.exit({e.code!r}) while being imported") \
+                from None
 
 
 def supported_ops() -> list[str]:
