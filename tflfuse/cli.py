@@ -244,11 +244,11 @@ def _load_model(path: str):
 
 
 def cmd_ops(args):
-    """Lists every op and how tflfuse runs it (:func:`tflfuse.check.op_support`, the interpreter's own rule):
+    """Lists every op and how tflfuse runs it (:func:`tflfuse.runtime.support.op_support`, the interpreter's own rule):
     exit status 1 when an op that the model needs has no kernel."""
     if len(args) != 1:
         raise UsageError("usage: tflfuse ops MODEL.tflite")
-    from .check import op_support
+    from .runtime.support import op_support
     from .kernels.registry import CUSTOM_KERNELS_DOC
 
     rows = op_support(_load_model(args[0]))
