@@ -111,7 +111,9 @@ def test_run_matches_litert_and_saves_outputs(face_model, tmp_path):
 
 
 @pytest.mark.parametrize("make_input, message", [
-    (lambda p: np.save(p, np.zeros((1, 64, 64, 3), np.float32)), "has shape [1, 128, 128, 3], got [1, 64, 64, 3]"),
+    (lambda p: np.save(p, np.zeros((1, 64, 64, 3), np.float32)), "has shape [1, 64, 64, 3]; the model's input "
+     "'input' takes [1, 128, 128, 3]"),
+    (lambda p: p.write_text("not numpy"), "not a .npy file"),
     (lambda p: np.save(p, np.zeros((1, 128, 128, 3), np.float64)), "expects float32, got float64"),
 ])
 def test_run_refuses_bad_inputs_in_one_line(face_model, tmp_path, make_input, message):
@@ -120,6 +122,38 @@ def test_run_refuses_bad_inputs_in_one_line(face_model, tmp_path, make_input, me
     assert r.returncode == 2
     assert message in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_run_resizes_open_dimensions_and_names_the_fixed_ones(tmp_path):
+    # A stock conversion keeps the batch open (shape signature [-1, 4]): run takes any batch, as LiteRT's
+    # resize_tensor_input does, and refuses a size the model fixes, naming what it takes.
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    (tmp_path / "m.tflite").write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+    x = np.random.default_rng(0).uniform(-1, 1, (3, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = tflfuse("run", tmp_path / "m.tflite", f"--input={tmp_path / 'x.npy'}", f"--output={tmp_path / 'o.npz'}")
+    assert r.returncode == 0, r.stderr
+    (got,) = np.load(tmp_path / "o.npz").values()
+    # 4-term dot products: ELEMENTWISE-scale rounding (conftest), 1e-6 absolute on unit-scale values.
+    np.testing.assert_allclose(got, np.asarray(model(x)), atol=1e-6, rtol=1e-5)
+    np.save(tmp_path / "x.npy", x[:, :3])
+    r = tflfuse("run", tmp_path / "m.tflite", f"--input={tmp_path / 'x.npy'}")
+    assert r.returncode == 2 and "takes [1, 4] (its shape signature [-1, 4]" in r.stderr, r.stderr
+    assert "resize_tensor_input" not in r.stderr
+
+
+def test_ops_into_a_closed_pipe_stops_quietly(face_model):
+    # `tflfuse ops MODEL | head -1`: the reader leaves early; no error line, and SIGPIPE's status (141) where the
+    # pipe closed before the listing ended (0 where it all fit in the pipe's buffer first).
+    r = subprocess.run(["bash", "-c", f"set -o pipefail; {' '.join(map(str, TFLFUSE))} ops {face_model} | head -1; "
+                        "echo status=${PIPESTATUS[0]}"], capture_output=True, text=True, timeout=300)
+    assert r.stdout.splitlines()[0].startswith("subgraph 0 op    0"), r.stdout
+    assert r.stdout.splitlines()[-1] in ("status=141", "status=0"), r.stdout + r.stderr
+    assert r.stderr == "", r.stderr
 
 
 def test_run_without_inputs_names_the_inputs_plainly(face_model):

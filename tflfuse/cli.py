@@ -1,6 +1,6 @@
 """The ``tflfuse`` command (an absl app).
 
-    tflfuse demo [--adapter=NAME] [--size=224]
+    tflfuse demo [--adapter=NAME] [--size=224] [--repeats=5]
     tflfuse convert SAVED_MODEL_DIR --output=model.tflite [--fused_op_format=composite]
         [--import_modules=composites]
     tflfuse run MODEL.tflite --input=x.npy [--input=y.npy ...] [--output=out.npz] [--adapter=NAME]
@@ -286,9 +286,24 @@ def cmd_run(args):
         raise UsageError(f"the model has {len(details)} input(s) "
                          f"({', '.join(d['name'] + str([int(v) for v in d['shape']]) for d in details)}); "
                          f"got {len(FLAGS.input)} --input")
+    arrays = []
     for d, path in zip(details, FLAGS.input):
         try:
-            interp.set_tensor(d["index"], np.load(path))
+            x = np.load(path)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--input={path}: not a .npy file: {e}") from None
+        shape, signature = [int(v) for v in d["shape"]], [int(v) for v in d["shape_signature"]]
+        if list(x.shape) != shape:   # resized where the model leaves the dimension open (-1), as LiteRT's API does
+            if len(x.shape) != len(signature) or any(s not in (-1, v) for s, v in zip(signature, x.shape)):
+                open_dims = f" (its shape signature {signature}: a -1 may take any size)" if -1 in signature else ""
+                raise UsageError(f"--input={path}: has shape {list(x.shape)}; the model's input {d['name']!r} "
+                                 f"takes {shape}{open_dims}")
+            interp.resize_tensor_input(d["index"], list(x.shape))
+        arrays.append((d, path, x))
+    interp.allocate_tensors()
+    for d, path, x in arrays:
+        try:
+            interp.set_tensor(d["index"], x)
         except (TypeError, ValueError) as e:
             raise UsageError(f"--input={path}: {e}") from None
     interp.invoke()
@@ -435,6 +450,17 @@ def _quiet_tensorflow() -> None:
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = str(min(3, max(0, -level)))
 
 
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``tflfuse ops MODEL | head``): no traceback, no error line, and the
+    exit status of a process that SIGPIPE ends (128 + 13), as other Unix tools give."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())   # Python's final flush of stdout then goes nowhere
+    except (OSError, ValueError):
+        pass
+    return 141
+
+
 def main(argv):
     if not FLAGS["verbosity"].present:  # absl logs INFO by default; the commands print what matters
         absl_logging.set_verbosity(absl_logging.WARNING)
@@ -452,7 +478,11 @@ def main(argv):
         # check imports them in each model's process (with a manifest's own), where its report records a failure
         if argv[1] in _FLAG_COMMANDS["import_modules"][0] and argv[1] != "check":
             _import_modules()
-        return _COMMANDS[argv[1]](argv[2:]) or 0
+        status = _COMMANDS[argv[1]](argv[2:]) or 0
+        sys.stdout.flush()   # a reader gone shows here, not at the interpreter's exit
+        return status
+    except BrokenPipeError:   # before OSError, of which it is one: the reader stopped reading, nothing failed
+        return _stdout_closed()
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -505,7 +535,7 @@ def help_text(command: str | None = None) -> str:
     """
     import textwrap
 
-    out = [_synopsis(command), ""]
+    out = ["usage:", _synopsis(command), ""]
     for cmd in [command] if command else list(_COMMANDS):
         names = [n for n, (cmds, _) in _FLAG_COMMANDS.items() if cmd in cmds]
         out.append(f"tflfuse {cmd} flags:" if names else f"tflfuse {cmd}: no flags")
