@@ -1,5 +1,6 @@
-"""Side-by-side latency of .tflite models: tflfuse on WebGPU (fused and unfused), LiteRT's CPU interpreter and
-LiteRT's WebGPU accelerator.
+"""Side-by-side latency and throughput of .tflite models: tflfuse on WebGPU (fused and unfused), LiteRT's CPU
+interpreter, LiteRT's WebGPU accelerator and, for MobileNetV2, PyTorch + cuDNN; with the device's measured
+peaks (copy bandwidth, f32 and f16 FMA rate) and each op kind's GPU time against its roofline.
 
 Three steps, so that the timing machine needs neither TensorFlow nor matplotlib:
 
@@ -7,17 +8,25 @@ Three steps, so that the timing machine needs neither TensorFlow nor matplotlib:
     python benchmarks/run.py --models=.bench --out=benchmarks/RESULTS.md --json_out=results.json [--adapter=NAME]
     python benchmarks/run.py --plot=results.json --png=benchmarks/RESULTS.png     # here (pip install .[bench])
 
+``--prepare`` writes the real models as published only (37 MB with MobileNetV2's pair, to fit the GPU
+machine's carry beside LiteRT's wheel); the timing run makes their fused twins with :func:`tflfuse.fuse`
+(``--fused_files`` writes them at prepare time instead, 23 MB more).
+
 Every model's outputs are checked against LiteRT's CPU interpreter before timing. Latency is the median of
 ``--repeats`` invokes after ``--warmup`` (wall clock, each with the read-back of the first output, which
-waits for the GPU). The table records the device, driver, versions and date.
+waits for the GPU); throughput is the median over ``--throughput_repeats`` samples of ``--throughput_n``
+invokes back to back with one read-back at the end, per invoke. A model's runtimes are timed in alternating
+rounds, so that drift hits all. The table records the device, driver, versions and date.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import math
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,26 +37,50 @@ from absl import app, flags  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peaks import measure_peaks  # noqa: E402
+from roofline import op_bytes, op_flops, roofline_by_kind, roofline_percent  # noqa: E402
+
 FLAGS = flags.FLAGS
-flags.DEFINE_string("prepare", None, "Write the benchmark models into this folder (needs TensorFlow).")
-flags.DEFINE_string("models", None, "Folder of .tflite models to time (from --prepare).")
-flags.DEFINE_string("out", "benchmarks/RESULTS.md", "Markdown table to write.")
-flags.DEFINE_string("json_out", None, "Also write the raw results as JSON here.")
-flags.DEFINE_string("adapter", None, "WebGPU adapter name substring.")
-flags.DEFINE_integer("repeats", 50, "Timed invokes per model.")
-flags.DEFINE_integer("warmup", 5, "Untimed invokes first.")
-flags.DEFINE_bool("litert_gpu", True, "Also time LiteRT's WebGPU accelerator (CompiledModel, GPU) at batch 1.")
-flags.DEFINE_list("batches", ["1", "32"], "Batch sizes to time MobileNetV2 at (inputs resized from batch 1).")
-flags.DEFINE_integer("rounds", 5, "A fused model, its unfused twin and LiteRT WebGPU on the twin are timed in this "
-                     "many alternating rounds (repeats / rounds invokes each), so that drift hits all three.")
-flags.DEFINE_string("plot", None, "Only draw the plot: read this --json_out file and write --png (needs matplotlib).")
-flags.DEFINE_string("png", "benchmarks/RESULTS.png", "Plot to write with --plot.")
 
 
-def prepare(folder: Path) -> None:
-    """Writes the benchmark's model pairs: MobileNetV2 from composites converted with and without annotations
-    (float16 weights, to keep the folder small enough to carry to the GPU machine), and each real model as
-    published (``_unfused``) and after :func:`tflfuse.fuse` (``_fused``)."""
+def _define_flags() -> None:
+    """The command line's flags: defined only when this file runs as a script, so that tests can import its
+    functions beside other modules' flags (``tflfuse.cli`` defines ``--repeats`` and ``--out`` too)."""
+    flags.DEFINE_string("prepare", None, "Write the benchmark models into this folder (needs TensorFlow).")
+    flags.DEFINE_bool("fused_files", False, "With --prepare, also write each real model's fused file "
+                      "(NAME_fused.tflite). Without them the timing run makes them at load with tflfuse.fuse "
+                      "(no TensorFlow needed), and the folder to carry is about 23 MB smaller.")
+    flags.DEFINE_string("models", None, "Folder of .tflite models to time (from --prepare).")
+    flags.DEFINE_list("select", ["*"], "Only the models of --models whose file stem matches one of these globs "
+                      "(e.g. 'mobilenet*,hand_*'), to split a run across calls.")
+    flags.DEFINE_string("out", "benchmarks/RESULTS.md", "Markdown table to write.")
+    flags.DEFINE_string("json_out", None, "Also write the raw results as JSON here.")
+    flags.DEFINE_string("adapter", None, "WebGPU adapter name substring.")
+    flags.DEFINE_integer("repeats", 50, "Timed invokes per model (latency).")
+    flags.DEFINE_integer("warmup", 5, "Untimed invokes first.")
+    flags.DEFINE_integer("throughput_n", 100, "Invokes back to back per throughput sample (one read-back); 0: "
+                         "latency only.")
+    flags.DEFINE_integer("throughput_repeats", 10, "Throughput samples per runtime and model (spread over the "
+                         "rounds).")
+    flags.DEFINE_bool("litert_gpu", True, "Also time LiteRT's WebGPU accelerator (CompiledModel, GPU) at batch 1.")
+    flags.DEFINE_bool("torch", True, "Also time PyTorch + cuDNN (torchvision's mobilenet_v2, eager and CUDA "
+                      "graph) beside MobileNetV2, where torch, torchvision and CUDA are present.")
+    flags.DEFINE_bool("peaks", True, "Measure the device's copy bandwidth and f32/f16 FMA rate (timestamp "
+                      "queries) for the header and the roofline.")
+    flags.DEFINE_list("batches", ["1", "32"], "Batch sizes to time MobileNetV2 at (inputs resized from batch 1).")
+    flags.DEFINE_integer("rounds", 5, "A model's runtimes (a fused model, its unfused twin, LiteRT WebGPU on the "
+                         "twin, PyTorch) are timed in this many alternating rounds, so that drift hits all.")
+    flags.DEFINE_string("plot", None, "Only draw the plot: read this --json_out file and write --png (needs "
+                        "matplotlib).")
+    flags.DEFINE_string("png", "benchmarks/RESULTS.png", "Plot to write with --plot.")
+
+
+def prepare(folder: Path, fused_files: bool = False) -> None:
+    """Writes the benchmark's models: MobileNetV2 from composites converted with and without annotations
+    (float16 weights, to keep the folder small enough to carry to the GPU machine), and each real model of
+    :data:`tflfuse.zoo.BENCHMARK_MODELS` as published (``_unfused``) and, with ``fused_files``, after
+    :func:`tflfuse.fuse` (``_fused``; else :func:`_with_fused_twins` makes it when the models are timed)."""
     import composites
     from tflfuse import zoo
 
@@ -57,14 +90,37 @@ def prepare(folder: Path) -> None:
         result = tflfuse.convert(model, annotations=annotate, quantization="float16")
         (folder / f"mobilenet_v2_{tag}.tflite").write_bytes(result.tflite)
         print(f"mobilenet_v2 {tag}: {sum(result.report.op_counts.values())} ops")
-    for name in zoo.MODELS:
+    for name in zoo.BENCHMARK_MODELS:
         original = zoo.fetch(name).read_bytes()
-        fused, report = tflfuse.fuse(original)
         (folder / f"{name}_unfused.tflite").write_bytes(original)
-        (folder / f"{name}_fused.tflite").write_bytes(fused)
-        print(f"{name}: {report}")
+        if fused_files:
+            fused, report = tflfuse.fuse(original)
+            (folder / f"{name}_fused.tflite").write_bytes(fused)
+            print(f"{name}: {report}")
+        else:   # an earlier --fused_files run's file would be timed instead of today's tflfuse.fuse
+            (folder / f"{name}_fused.tflite").unlink(missing_ok=True)
+    total = sum(p.stat().st_size for p in folder.glob("*.tflite"))
+    print(f"{folder}: {total / 1e6:.1f} MB in {len(list(folder.glob('*.tflite')))} files")
 
 
+def _with_fused_twins(folder: Path, work: Path) -> tuple[Path, list[str]]:
+    """``folder`` itself where every ``NAME_unfused.tflite`` has its ``NAME_fused.tflite``; else ``work`` holding
+    links to ``folder``'s models and each missing fused file, made by :func:`tflfuse.fuse` from its twin.
+    Returns the folder to time and the names of the models fused here."""
+    missing = [p for p in sorted(folder.glob("*_unfused.tflite"))
+               if not p.with_name(p.name.replace("_unfused", "_fused")).exists()]
+    if not missing:
+        return folder, []
+    for p in folder.glob("*.tflite"):
+        (work / p.name).symlink_to(p.resolve())
+    for p in missing:
+        fused, report = tflfuse.fuse(p.read_bytes())
+        (work / p.name.replace("_unfused", "_fused")).write_bytes(fused)
+        print(f"{p.stem}: fused at load: {str(report).splitlines()[-1]}", flush=True)
+    return work, [p.stem[: -len("_unfused")] for p in missing]
+
+
+# ---- timing --------------------------------------------------------------------------------------
 def _median_ms(fn, repeats: int, warmup: int) -> float:
     for _ in range(warmup):
         fn()
@@ -76,20 +132,29 @@ def _median_ms(fn, repeats: int, warmup: int) -> float:
     return float(np.median(times) * 1e3)
 
 
-def _interleaved_ms(fns: dict, repeats: int, warmup: int, rounds: int) -> dict:
-    """Median ms of each function, timed in ``rounds`` alternating rounds of ``repeats / rounds`` calls."""
-    for fn in fns.values():
-        for _ in range(warmup):
+def _interleaved_ms(fns: dict, warmup: int, rounds: int) -> dict:
+    """Median ms per invoke of each entry ``name -> (fn, invokes per call, calls per round)``, timed in
+    ``rounds`` alternating rounds after ``warmup`` untimed calls of each latency entry (one of each
+    throughput entry, whose one call already runs many invokes)."""
+    for fn, n, _ in fns.values():
+        for _ in range(warmup if n == 1 else 1):
             fn()
     times = {k: [] for k in fns}
-    per = max(1, repeats // rounds)
     for _ in range(rounds):
-        for k, fn in fns.items():
-            for _ in range(per):
+        for k, (fn, n, calls) in fns.items():
+            for _ in range(calls):
                 t0 = time.perf_counter()
                 fn()
-                times[k].append(time.perf_counter() - t0)
+                times[k].append((time.perf_counter() - t0) / n)
     return {k: float(np.median(v) * 1e3) for k, v in times.items()}
+
+
+def _timed(fns: dict, name: str, latency, throughput) -> None:
+    """Adds ``{name}_ms`` (each call one invoke with its read-back) and ``{name}_thr_ms`` (each call
+    ``--throughput_n`` invokes and one read-back) to the entries of :func:`_interleaved_ms`."""
+    fns[f"{name}_ms"] = (latency, 1, max(1, FLAGS.repeats // FLAGS.rounds))
+    if FLAGS.throughput_n > 0:
+        fns[f"{name}_thr_ms"] = (throughput, FLAGS.throughput_n, max(1, FLAGS.throughput_repeats // FLAGS.rounds))
 
 
 def _inputs(details, rng):
@@ -103,7 +168,35 @@ def _allocate(interp, batch: int):
     interp.allocate_tensors()
 
 
+def _tflfuse_runners(interp, out: int, n: int):
+    """(latency, throughput) functions: one invoke with the read-back of tensor ``out``; ``n`` invokes
+    (each one submit of ExecutionPlan.run(), nothing read) then one read-back."""
+
+    def latency():
+        interp.invoke()
+        return interp.get_tensor(out)
+
+    def throughput():
+        for _ in range(n):
+            interp.invoke()
+        return interp.get_tensor(out)
+
+    return latency, throughput
+
+
+def _interpreter(path: Path, device, batch: int, xs):
+    it = tflfuse.Interpreter(model_path=path, device=device)
+    _allocate(it, batch)
+    for d, x in zip(it.get_input_details(), xs):
+        it.set_tensor(d["index"], x)
+    return it
+
+
 def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) -> dict:
+    """One model at one batch size on every runtime: its output checked against LiteRT CPU, LiteRT CPU's
+    latency, tflfuse's one-pass GPU time, the alternating rounds of latency and throughput (tflfuse; a fused
+    file's unfused twin; LiteRT WebGPU on the file it can run; PyTorch beside MobileNetV2), then the GPU time
+    of each op (timestamp queries) with its bytes and FLOPs. Returns the row (a dict) for :func:`write_table`."""
     from ai_edge_litert.interpreter import Interpreter as LiteRT
 
     rng = np.random.default_rng(0)
@@ -113,10 +206,7 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
     for d, x in zip(gpu.get_input_details(), xs):
         gpu.set_tensor(d["index"], x)
     out0 = gpu.get_output_details()[0]["index"]
-
-    def run_gpu():
-        gpu.invoke()
-        return gpu.get_tensor(out0)
+    run_gpu, run_gpu_n = _tflfuse_runners(gpu, out0, FLAGS.throughput_n)
 
     row = {"model": path.stem, "batch": batch, "dispatches": gpu.dispatch_count, "ops": len(gpu.model.op_names(0))}
     got = run_gpu()
@@ -131,110 +221,79 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
         row["litert_cpu_ms"] = _median_ms(cpu.invoke, max(5, repeats // 5), 2)
     except Exception as e:  # a fused custom op has no LiteRT kernel: compare with its unfused twin instead
         row["litert_note"] = f"LiteRT CPU cannot run it ({type(e).__name__})"
-    row["tflfuse_ms"] = _median_ms(run_gpu, repeats, warmup)
     if "timestamp-query" in device.features:
-        from tflfuse.runtime.plan import gpu_time_plan
+        from tflfuse.runtime.plan import SUSTAINED_REPS, gpu_time_plan
 
-        row["gpu_one_pass_ms"] = gpu_time_plan(gpu._plan(0), repeats=max(10, repeats // 5)) / 1e3
+        passes = 2 if device.is_software else max(10, repeats // 5)   # a software pass takes seconds
+        row["gpu_one_pass_ms"] = gpu_time_plan(gpu._plan(0), repeats=passes,
+                                               reps=1 if device.is_software else SUSTAINED_REPS) / 1e3
+    fns: dict = {}
+    _timed(fns, "tflfuse", run_gpu, run_gpu_n)
     fused_ops = [n for n in gpu.model.op_names(0) if n.startswith("fused_")]
     twin = path.with_name(path.name.replace("_fused", "_unfused"))
+    litert_file, litert_ref = path, gpu    # the file LiteRT WebGPU runs, and the interpreter with its inputs
     if fused_ops and twin.exists():
-        # The fused file against its twin on tflfuse and on LiteRT WebGPU, in alternating rounds.
-        un = tflfuse.Interpreter(model_path=twin, device=device)
-        _allocate(un, batch)
-        for d, x in zip(un.get_input_details(), xs):
-            un.set_tensor(d["index"], x)
-        un_out = un.get_output_details()[0]["index"]
-        fns = {"tflfuse_ms": run_gpu, "unfused_ms": lambda: (un.invoke(), un.get_tensor(un_out))}
-        if FLAGS.litert_gpu and batch == 1:
-            try:
-                fns["litert_gpu_ms"] = _litert_gpu_runner(twin, un, xs)[1]
-            except Exception as e:  # no WebGPU adapter for LiteRT, or an op its accelerator lacks
-                row["litert_gpu_note"] = f"LiteRT WebGPU: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-        row.update(_interleaved_ms(fns, repeats, warmup, FLAGS.rounds))
+        # The fused file against its twin on tflfuse and on LiteRT WebGPU (and PyTorch), in alternating rounds.
+        un = _interpreter(twin, device, batch, xs)
+        _timed(fns, "unfused", *_tflfuse_runners(un, un.get_output_details()[0]["index"], FLAGS.throughput_n))
+        litert_file, litert_ref = twin, un
     elif fused_ops:
+        litert_file = None
         row["litert_gpu_note"] = "LiteRT cannot run tflfuse's fused ops"
-    elif FLAGS.litert_gpu:
+    if litert_file is not None and FLAGS.litert_gpu:
         try:
-            want_gpu, row["litert_gpu_ms"] = _time_litert_gpu(path, gpu, xs, batch, repeats, warmup)
-            row["max_abs_err_litert_gpu_vs_tflfuse"] = float(np.abs(want_gpu - got).max())
+            if batch != 1:
+                raise ValueError("timed at batch 1 only")
+            first, run, run_n = _litert_gpu_runner(litert_file, litert_ref, xs, FLAGS.throughput_n)
+            _timed(fns, "litert_gpu", run, run_n)
+            if litert_file == path:
+                row["max_abs_err_litert_gpu_vs_tflfuse"] = float(np.abs(first - got).max())
         except Exception as e:  # no WebGPU adapter for LiteRT, or an op its accelerator lacks
             row["litert_gpu_note"] = f"LiteRT WebGPU: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    if fused_ops and path.stem.startswith("mobilenet_v2") and FLAGS.torch:
+        try:
+            runners, row["torch_info"] = _torch_runners(batch, FLAGS.throughput_n)
+            for name, (lat, thr) in runners.items():
+                _timed(fns, name, lat, thr)
+        except Exception as e:  # no torch, torchvision or CUDA here
+            row["torch_note"] = f"PyTorch skipped: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    row.update(_interleaved_ms(fns, warmup, FLAGS.rounds))
     if "timestamp-query" in device.features:
-        from tflfuse.runtime.plan import profile_plan
+        from tflfuse.runtime.plan import SUSTAINED_REPS, profile_plan
 
         plan = gpu._plan(0)
         per_kind: dict[str, float] = {}
         per_op: dict[int, float] = {}
-        for d in profile_plan(plan, repeats=max(3, repeats // 10)):
+        for d in profile_plan(plan, repeats=1 if device.is_software else max(3, repeats // 10),
+                              reps=1 if device.is_software else SUSTAINED_REPS):
             per_kind[d["op"]] = per_kind.get(d["op"], 0.0) + d["us"]
             per_op[d["index"]] = per_op.get(d["index"], 0.0) + d["us"]
         row["gpu_us_by_op"] = {k: round(v, 1) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])}
+        # Each profiled op's kind, GPU us, bytes and FLOPs: write_table sets them against the measured peaks.
+        row["op_costs"] = [[op.name, round(per_op[op.index], 2), op_bytes(plan.graph, op), op_flops(plan.graph, op)]
+                           for op in plan.graph.ops if op.index in per_op]
         blocks = [op for op in plan.graph.ops if op.name == "fused_bottleneck" and op.index in per_op]
         if blocks:   # the bytes each block must move (inputs, weights, output) per second of its GPU time
-            moved = sum(_op_bytes(plan.graph, op) for op in blocks)
+            moved = sum(op_bytes(plan.graph, op) for op in blocks)
             row["bottleneck_gb_per_s"] = moved / sum(per_op[op.index] for op in blocks) / 1e3
     return row
 
 
-def _op_bytes(graph, op) -> int:
-    """Bytes an op must read and write at least: its inputs (runtime tensors and weights) and outputs."""
-    size = 0
-    for t in [t for t in op.inputs if t >= 0] + op.outputs:
-        size += graph.specs[t].nbytes if t in graph.specs else graph.consts[t].nbytes if t in graph.consts else 0
-    return size
+def _litert_gpu_runner(path: Path, ours, xs, n: int = 100):
+    """(first output, latency function, throughput function) for LiteRT's WebGPU accelerator on ``path`` with
+    tflfuse interpreter ``ours``' inputs ``xs``: the latency function runs once and reads that output back;
+    the throughput function calls ``run_by_index`` ``n`` times back to back, then reads it back once.
 
-
-def copy_bandwidth_gb_per_s(device, mib: int = 512, repeats: int = 20) -> float:
-    """GB/s of a vec4 copy kernel over ``mib`` MiB (at most the device's storage binding limit; one read and
-    one write of each byte), GPU time from timestamps at the start and end of its compute pass, median of
-    ``repeats``: the memory-bandwidth yardstick for :func:`time_model`'s bottleneck figure."""
-    from tflfuse.kernels.base import Binding, Program, linear_dispatch
-    from tflfuse.runtime.plan import pass_gpu_us
-
-    nbytes = min(mib << 20, device.max_storage_binding) // 16 * 16
-    vec4s = nbytes // 16
-    binds = (Binding("x", ("input", 0), "read", "vec4<f32>", nbytes),
-             Binding("y", ("output", 0), "read_write", "vec4<f32>", nbytes))
-    source = f"""@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read_write> y: array<vec4<f32>>;
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lidx: u32) {{
-  let i = ((wid.z * nwg.y + wid.y) * nwg.x + wid.x) * 256u + lidx;
-  if (i < {vec4s}u) {{ y[i] = x[i]; }}
-}}
-"""
-    prog = Program("copy", source, (256, 1, 1), linear_dispatch(vec4s, 256), binds)
-    pipeline = device.pipeline(prog)
-    x, y = device.create_buffer(nbytes), device.create_buffer(nbytes)
-    group = device.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
-        {"binding": 0, "resource": {"buffer": x, "offset": 0, "size": nbytes}},
-        {"binding": 1, "resource": {"buffer": y, "offset": 0, "size": nbytes}}])
-
-    def record(cpass) -> None:
-        cpass.set_pipeline(pipeline)
-        cpass.set_bind_group(0, group)
-        cpass.dispatch_workgroups(*prog.dispatch)
-
-    return 2 * nbytes / pass_gpu_us(device, record, repeats) / 1e3
-
-
-def _time_litert_gpu(path: Path, ours, xs, batch: int, repeats: int, warmup: int) -> tuple[np.ndarray, float]:
-    """LiteRT's WebGPU accelerator (``CompiledModel`` with ``HardwareAccelerator.GPU``) on the same inputs:
-    returns its first output (the one tflfuse reads) and its median ms per run, each with a read-back."""
-    if batch != 1:
-        raise ValueError("timed at batch 1 only")
-    first, run = _litert_gpu_runner(path, ours, xs)
-    return first, _median_ms(run, repeats, warmup)
-
-
-def _litert_gpu_runner(path: Path, ours, xs):
-    """(first output, a function running once with the read-back of that output) for LiteRT's WebGPU
-    accelerator on ``path`` with tflfuse interpreter ``ours``' inputs ``xs``."""
+    LiteRT's Python ``CompiledModel`` has no asynchronous run (no events, no run_async): whether each
+    ``run_by_index`` waits for the GPU is LiteRT's own choice. On the H200 (LiteRT 2.3) it does not: 100 runs
+    then one read take 0.2-0.8 ms per run against 0.9-1.4 ms for a run with its read."""
     from ai_edge_litert.compiled_model import CompiledModel, HardwareAccelerator
 
-    cm = CompiledModel.from_file(str(path), hardware_accel=HardwareAccelerator.GPU)
+    try:
+        cm = CompiledModel.from_file(str(path), hardware_accel=HardwareAccelerator.GPU)
+    except RuntimeError as e:   # its message holds only source locations; the reason is in LiteRT's log
+        raise RuntimeError("CompiledModel.from_file failed: no WebGPU adapter for LiteRT (it finds none on the "
+                           "software adapter) or an op off its GPU path; LiteRT's log says which") from e
     if not cm.is_fully_accelerated():
         raise RuntimeError("not every op runs on LiteRT's GPU accelerator")
     sig = cm.get_signature_by_index(0)
@@ -252,86 +311,274 @@ def _litert_gpu_runner(path: Path, ours, xs):
     if sigs:
         out_names += [k for k, d in ours.get_signature_runner(sig["key"]).get_output_details().items()
                       if d["index"] == first["index"]]
-    k = next(i for i, n in enumerate(sig["outputs"]) if n in out_names)
+    k = next(i for i, name in enumerate(sig["outputs"]) if name in out_names)
     size = int(np.prod(first["shape"]))
 
     def run():
         cm.run_by_index(0, ins, outs)
         return outs[k].read(size, np.float32)
 
-    return run().reshape(first["shape"]), run
+    def run_n():
+        for _ in range(n):
+            cm.run_by_index(0, ins, outs)
+        return outs[k].read(size, np.float32)
+
+    return run().reshape(first["shape"]), run, run_n
 
 
-def write_table(rows: list[dict], device, out: Path, copy_gbps: float | None = None) -> None:
+def _torch_runners(batch: int, n: int):
+    """PyTorch + cuDNN on torchvision's ``mobilenet_v2(weights=None)`` (fp32, eval, CUDA,
+    ``cudnn.benchmark``): ``({"torch_eager": (latency, throughput), "torch_graph": (...)}, description)``.
+    Latency: one forward, ``torch.cuda.synchronize()`` and the copy of the output to the host; throughput:
+    ``n`` forwards, one synchronize, one copy. ``torch_graph`` replays a CUDA graph captured after warm-up.
+
+    Raises:
+      ImportError: torch or torchvision is not installed. RuntimeError: PyTorch finds no CUDA device.
+    """
+    import torch
+    import torchvision
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("PyTorch finds no CUDA device")
+    torch.backends.cudnn.benchmark = True
+    model = torchvision.models.mobilenet_v2(weights=None).eval().cuda()
+    x = torch.rand(batch, 3, 224, 224, device="cuda") * 2 - 1
+    sync = torch.cuda.synchronize
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):   # warm-up (and cuDNN's autotuning) off the capture
+            for _ in range(5):
+                model(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y_graph = model(x)
+    sync()
+
+    def eager():
+        with torch.no_grad():
+            y = model(x)
+        sync()
+        return y.cpu()
+
+    def eager_n():
+        with torch.no_grad():
+            for _ in range(n):
+                y = model(x)
+        sync()
+        return y.cpu()
+
+    def replay():
+        graph.replay()
+        sync()
+        return y_graph.cpu()
+
+    def replay_n():
+        for _ in range(n):
+            graph.replay()
+        sync()
+        return y_graph.cpu()
+
+    info = (f"PyTorch {torch.__version__}, torchvision {torchvision.__version__}, cuDNN "
+            f"{torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}, cudnn.benchmark=True, "
+            f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32} (PyTorch's default)")
+    return {"torch_eager": (eager, eager_n), "torch_graph": (replay, replay_n)}, info
+
+
+# ---- the report ----------------------------------------------------------------------------------
+def _ms(v) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a and b else ""
+
+
+def _pct(p: float) -> str:
+    return f"{p:.0f}%" if p >= 10 else f"{p:.2g}%" if p >= 0.01 else "<0.01%"
+
+
+def _geomean(values) -> float:
+    return float(np.exp(np.mean(np.log(values))))
+
+
+def run_meta(device, peaks: dict | None) -> dict:
+    """What write_table's header records about the run: device, driver, versions, date, method, peaks."""
     import wgpu
 
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "adapter": device.describe(), "driver": device.info.get("description", ""),
+            "versions": f"tflfuse {tflfuse.__version__}, wgpu {wgpu.__version__}, numpy {np.__version__}, "
+                        f"Python {platform.python_version()}, {platform.platform()}",
+            "repeats": FLAGS.repeats, "warmup": FLAGS.warmup, "rounds": FLAGS.rounds,
+            "throughput_n": FLAGS.throughput_n, "throughput_repeats": FLAGS.throughput_repeats,
+            "peaks": peaks or {}}
+
+
+def _num(v: float) -> str:
+    """3 significant digits, without an exponent for the numbers of this report."""
+    return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def _peaks_line(peaks: dict) -> str:
+    if not peaks:
+        return "- measured peaks: not measured (no timestamp-query, or --nopeaks); no roofline"
+    f16 = (f"f16 FMA {_num(peaks['f16_tflops'])} TFLOP/s" if "f16_tflops" in peaks else "f16 FMA not measured")
+    note = f" ({peaks['f16_note']})" if peaks.get("f16_note") else ""
+    return (f"- measured peaks (GPU time from timestamp queries, this run): copy {_num(peaks['copy_gb_per_s'])} "
+            f"GB/s (a vec4 copy, read + write); f32 FMA {_num(peaks['f32_tflops'])} TFLOP/s; {f16}{note}. FMA "
+            f"kernel: 8 independent vec4 fma chains per invocation, 256 invocations per workgroup.")
+
+
+def write_table(rows: list[dict], meta: dict, out: Path) -> None:
+    """Writes the Markdown report of ``rows`` (from :func:`time_model`) with ``meta`` (:func:`run_meta`)
+    to ``out`` and prints it."""
     by_name = {(r["model"], r["batch"]): r for r in rows}
+    peaks = meta.get("peaks") or {}
+    torch_info = next((r["torch_info"] for r in rows if r.get("torch_info")), None)
     lines = [
         "# Benchmark results", "",
-        f"- date: {datetime.date.today().isoformat()}",
-        f"- adapter: {device.describe()}; driver: {device.info.get('description', '')}",
-        f"- versions: tflfuse {tflfuse.__version__}, wgpu {wgpu.__version__}, numpy {np.__version__}, "
-        f"Python {platform.python_version()}, {platform.platform()}",
-        f"- method: median wall-clock ms of {FLAGS.repeats} invokes after {FLAGS.warmup} warm-ups, each with "
-        "the read-back of the first output; outputs checked against LiteRT's CPU interpreter (or, for a "
-        "fused model, which LiteRT cannot run, against its unfused twin) before timing.",
+        f"- date: {meta['date']}",
+        f"- adapter: {meta['adapter']}; driver: {meta['driver']}",
+        f"- versions: {meta['versions']}" + (f"; {torch_info}" if torch_info else ""),
+        _peaks_line(peaks),
+        f"- method: latency is the median wall-clock ms of {meta['repeats']} invokes after {meta['warmup']} "
+        f"warm-up invokes, each with the read-back of the first output; throughput (thr.) is the median of "
+        f"{meta['throughput_repeats']} samples of {meta['throughput_n']} invokes back to back with one read-back "
+        f"at the end, per invoke. A model's runtimes are timed in {meta['rounds']} alternating rounds, so that "
+        "drift hits all. Outputs are checked against LiteRT's CPU interpreter (or, for a fused model, which "
+        "LiteRT cannot run, against its unfused twin) before timing.",
         "",
-        "LiteRT WebGPU is LiteRT's CompiledModel with HardwareAccelerator.GPU on the same inputs, timed at batch 1 "
-        "with the read-back of the same output; its output is checked against tflfuse's (last column).",
+        "tflfuse's throughput: invoke() (one submit of ExecutionPlan.run(), the next command buffer recorded "
+        "while the GPU runs) N times, then one read-back. LiteRT WebGPU is LiteRT's CompiledModel with "
+        "HardwareAccelerator.GPU on the same inputs, at batch 1, reading back the same output; its Python API "
+        "has only run_by_index (no async run, no events), so its throughput is N run_by_index calls back to "
+        "back, then one read (throughput well under latency shows that run_by_index returns before the GPU "
+        "finishes and the read waits). Its output is checked against tflfuse's (last column).",
         "",
+        *([f"Fused here at load with tflfuse.fuse (from the published file): {', '.join(meta['fused_at_load'])}.",
+           ""] if meta.get("fused_at_load") else []),
         "A fused model's row is timed in alternating rounds with its unfused twin on tflfuse and with LiteRT "
         "WebGPU on the twin (the file LiteRT can run); its ratios come from those rounds. GPU ms is the GPU's "
-        "share of one invoke: the timestamps at the start and end of its one compute pass.",
+        "share of one invoke: timestamps at the start and end of one compute pass holding 20 invokes' "
+        "dispatches back to back, per invoke (so that the GPU's clocks are those of sustained work; the "
+        "per-op times below are taken the same way, 20 runs of each dispatch per pass).",
         "",
-        "| model | batch | ops | dispatches | tflfuse ms | GPU ms | LiteRT CPU ms | LiteRT WebGPU ms | "
-        "tflfuse / LiteRT WebGPU | fused speed-up (unfused ms / fused ms) | max abs err | LiteRT WebGPU vs tflfuse |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | batch | ops | dispatches | tflfuse ms | tflfuse thr. ms | GPU ms | LiteRT CPU ms | "
+        "LiteRT WebGPU ms | LiteRT WebGPU thr. ms | tflfuse / LiteRT WebGPU (latency, thr.) | "
+        "fused speed-up (unfused / fused: latency, thr.) | max abs err | LiteRT WebGPU vs tflfuse |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    ratios = []
+    ratios, thr_ratios = [], []
     for r in rows:
         twin = by_name.get((r["model"].replace("_fused", "_unfused"), r["batch"])) \
             if r["model"].endswith("_fused") else None
-        unfused_ms = r.get("unfused_ms") or (twin or {}).get("tflfuse_ms")
-        ratio = f"{unfused_ms / r['tflfuse_ms']:.2f}x" if unfused_ms else ""
+        unfused = r.get("unfused_ms") or (twin or {}).get("tflfuse_ms")
+        unfused_thr = r.get("unfused_thr_ms") or (twin or {}).get("tflfuse_thr_ms")
         err = r.get("max_abs_err_vs_litert", r.get("max_abs_err_vs_unfused"))
         # LiteRT cannot run a fused file: its WebGPU time is the original's (the unfused twin)
         lgpu = r.get("litert_gpu_ms") or (twin or {}).get("litert_gpu_ms")
-        if lgpu and r["model"].endswith("_fused") and not r["model"].startswith("mobilenet"):
-            ratios.append(r["tflfuse_ms"] / lgpu)
+        lgpu_thr = r.get("litert_gpu_thr_ms") or (twin or {}).get("litert_gpu_thr_ms")
+        if r["model"].endswith("_fused") and not r["model"].startswith("mobilenet"):
+            if lgpu:
+                ratios.append(r["tflfuse_ms"] / lgpu)
+            if lgpu_thr and r.get("tflfuse_thr_ms"):
+                thr_ratios.append(r["tflfuse_thr_ms"] / lgpu_thr)
         gerr = r.get("max_abs_err_litert_gpu_vs_tflfuse")
-        vs_gpu = f"{r['tflfuse_ms'] / lgpu:.2f}x" if lgpu else ""
-        lines.append(f"| {r['model']} | {r['batch']} | {r['ops']} | {r['dispatches']} | {r['tflfuse_ms']:.2f} | "
-                     f"{r.get('gpu_one_pass_ms', float('nan')):.2f} | {r.get('litert_cpu_ms', float('nan')):.2f} | "
-                     f"{f'{lgpu:.2f}' if lgpu else r.get('litert_gpu_note', '')[:60]} | "
-                     f"{vs_gpu} | {ratio} | "
+        vs_gpu = ", ".join(x for x in (_ratio(r["tflfuse_ms"], lgpu), _ratio(r.get("tflfuse_thr_ms"), lgpu_thr)) if x)
+        speed = ", ".join(x for x in (_ratio(unfused, r["tflfuse_ms"]), _ratio(unfused_thr, r.get("tflfuse_thr_ms")))
+                          if x)
+        lines.append(f"| {r['model']} | {r['batch']} | {r['ops']} | {r['dispatches']} | {_ms(r['tflfuse_ms'])} | "
+                     f"{_ms(r.get('tflfuse_thr_ms'))} | {_ms(r.get('gpu_one_pass_ms'))} | "
+                     f"{_ms(r.get('litert_cpu_ms'))} | "
+                     f"{_ms(lgpu) if lgpu else r.get('litert_gpu_note', '')[:60]} | {_ms(lgpu_thr)} | "
+                     f"{vs_gpu} | {speed} | "
                      f"{'' if err is None else f'{err:.2e}'} | {'' if gerr is None else f'{gerr:.2e}'} |")
     if ratios:
-        geo = float(np.exp(np.mean(np.log(ratios))))
-        lines += ["", f"Real models: tflfuse's latency (after tflfuse.fuse) / LiteRT WebGPU's (on the original "
-                      f"file), geometric mean over {len(ratios)} models: {geo:.2f}x (below 1: tflfuse is faster)."]
+        lines += ["", f"Real models: tflfuse (after tflfuse.fuse) / LiteRT WebGPU (on the original file), geometric "
+                      f"mean over {len(ratios)} models: latency {_geomean(ratios):.2f}x"
+                      + (f", throughput {_geomean(thr_ratios):.2f}x" if thr_ratios else "")
+                      + " (below 1: tflfuse is faster)."]
+    lines += _torch_lines(rows)
     bandwidth = [r for r in rows if r.get("bottleneck_gb_per_s")]
-    if bandwidth and copy_gbps:
-        lines += ["", f"Memory bandwidth: a vec4 copy of 512 MiB (or the binding limit) moves {copy_gbps:.0f} GB/s "
-                      "(GPU time). The fused bottleneck blocks move the bytes they must (inputs, weights, output) at:",
-                  ""]
+    if bandwidth and peaks.get("copy_gb_per_s"):
+        copy = peaks["copy_gb_per_s"]
+        lines += ["", f"Memory bandwidth: the vec4 copy moves {_num(copy)} GB/s (GPU time). The fused bottleneck "
+                      "blocks move the bytes they must (inputs, weights, output) at:", ""]
         for r in bandwidth:
-            lines.append(f"- {r['model']} batch {r['batch']}: {r['bottleneck_gb_per_s']:.0f} GB/s, "
-                         f"{100 * r['bottleneck_gb_per_s'] / copy_gbps:.0f}% of that")
-    profiled = [r for r in rows if r.get("gpu_us_by_op")]
-    if profiled:
-        lines += ["", "GPU time per op kind (microseconds, timestamp queries, one compute pass per dispatch):", "",
-                  "| model | batch | GPU total us | by op kind |", "|---|---:|---:|---|"]
-        for r in profiled:
-            kinds = ", ".join(f"{k} {v:.0f}" for k, v in r["gpu_us_by_op"].items())
-            lines.append(f"| {r['model']} | {r['batch']} | {sum(r['gpu_us_by_op'].values()):.0f} | {kinds} |")
+            lines.append(f"- {r['model']} batch {r['batch']}: {_num(r['bottleneck_gb_per_s'])} GB/s, "
+                         f"{100 * r['bottleneck_gb_per_s'] / copy:.0f}% of that")
+    lines += _gpu_time_lines(rows, peaks)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
+def _torch_lines(rows: list[dict]) -> list[str]:
+    """The MobileNetV2 table: tflfuse fused and unfused beside PyTorch + cuDNN (eager, CUDA graph)."""
+    mobile = [r for r in rows if r["model"] == "mobilenet_v2_fused" and ("torch_note" in r or "torch_eager_ms" in r)]
+    if not mobile:
+        return []
+    lines = ["", "MobileNetV2 beside PyTorch + cuDNN (torchvision's mobilenet_v2, weights=None, fp32, eval, CUDA, "
+                 "cudnn.benchmark; its own random weights, so timing only): latency is one forward, "
+                 "torch.cuda.synchronize() and the output's copy to the host; throughput N forwards, one "
+                 "synchronize, one copy. The CUDA graph is captured after warm-up and replayed. Timed in the "
+                 "same alternating rounds as tflfuse.", "",
+             "| batch | tflfuse fused ms | thr. | tflfuse unfused ms | thr. | PyTorch eager ms | thr. | "
+             "PyTorch CUDA graph ms | thr. | tflfuse fused / CUDA graph (latency, thr.) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in mobile:
+        ours = f"| {r['batch']} | {_ms(r['tflfuse_ms'])} | {_ms(r.get('tflfuse_thr_ms'))} | " \
+               f"{_ms(r.get('unfused_ms'))} | {_ms(r.get('unfused_thr_ms'))} | "
+        if "torch_note" in r:
+            lines.append(ours + f"{r['torch_note']} | | | | |")
+            continue
+        vs = ", ".join(x for x in (_ratio(r["tflfuse_ms"], r.get("torch_graph_ms")),
+                                   _ratio(r.get("tflfuse_thr_ms"), r.get("torch_graph_thr_ms"))) if x)
+        lines.append(ours + f"{_ms(r.get('torch_eager_ms'))} | {_ms(r.get('torch_eager_thr_ms'))} | "
+                     f"{_ms(r.get('torch_graph_ms'))} | {_ms(r.get('torch_graph_thr_ms'))} | {vs} |")
+    return lines
+
+
+def _gpu_time_lines(rows: list[dict], peaks: dict) -> list[str]:
+    """The GPU time per op kind, each kind's and the whole model's share of its roofline."""
+    profiled = [r for r in rows if r.get("gpu_us_by_op")]
+    if not profiled:
+        return []
+    roof = bool(peaks.get("copy_gb_per_s") and peaks.get("f32_tflops"))
+    lines = ["", "GPU time per op kind (microseconds, timestamp queries, one compute pass per dispatch)."]
+    if roof:
+        gbps, tflops = _num(peaks["copy_gb_per_s"]), _num(peaks["f32_tflops"])
+        lines += [f"Roofline: an op's bound is max(its bytes (inputs, weights, outputs) / {gbps} GB/s, its FLOPs / "
+                  f"{tflops} TFLOP/s f32 FMA), summed per kind; % of roofline = "
+                  "bound / measured GPU time (100% = at the bound). FLOPs: 2 x MACs for convolutions, "
+                  "FULLY_CONNECTED and the fused ops, 1 per element for elementwise ops, reductions and pools, "
+                  "none for data movement. The model's % sets its one-pass GPU time against the sum of its ops' "
+                  "bounds."]
+    lines += ["", "| model | batch | GPU total us | one-pass GPU us | roofline us | % of roofline (model) | "
+                  "by op kind (us) | % of roofline by op kind |", "|---|---:|---:|---:|---:|---:|---|---|"]
+    for r in profiled:
+        kinds = ", ".join(f"{k} {v:.0f}" for k, v in r["gpu_us_by_op"].items())
+        one_pass = r.get("gpu_one_pass_ms")
+        bound = percent = by_kind = ""
+        if roof and r.get("op_costs"):
+            costs = roofline_by_kind(r["op_costs"], peaks["copy_gb_per_s"], peaks["f32_tflops"])
+            model = costs.pop("(model)")
+            bound = f"{model['bound_us']:.0f}"
+            if one_pass:
+                percent = _pct(roofline_percent(one_pass * 1e3, model['bound_us']))
+            by_kind = ", ".join(f"{k} {_pct(c['percent'])}" for k, c in costs.items())
+        lines.append(f"| {r['model']} | {r['batch']} | {sum(r['gpu_us_by_op'].values()):.0f} | "
+                     f"{'' if not one_pass else f'{one_pass * 1e3:.0f}'} | {bound} | {percent} | {kinds} | "
+                     f"{by_kind} |")
+    return lines
+
+
 def write_plot(rows: list[dict], png: Path) -> None:
-    """A bar chart of each model's latency at batch 1: tflfuse fused, tflfuse unfused and LiteRT WebGPU
-    (from the fused rows' alternating rounds), milliseconds."""
+    """Two bar charts of each model at batch 1, milliseconds per invoke: latency and throughput of tflfuse
+    fused, tflfuse unfused and LiteRT WebGPU (from the fused rows' alternating rounds), and PyTorch's CUDA
+    graph where it was timed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -341,53 +588,34 @@ def write_plot(rows: list[dict], png: Path) -> None:
     if not fused:
         raise ValueError("no fused rows with alternating-round times to plot")
     names = [r["model"][: -len("_fused")] for r in fused]
-    series = [("tflfuse fused", "tflfuse_ms"), ("tflfuse unfused", "unfused_ms"), ("LiteRT WebGPU", "litert_gpu_ms")]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    series = [("tflfuse fused", "tflfuse"), ("tflfuse unfused", "unfused"), ("LiteRT WebGPU", "litert_gpu")]
+    if any("torch_graph_ms" in r for r in fused):
+        series.append(("PyTorch CUDA graph", "torch_graph"))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8), sharey=False)
     width = 0.8 / len(series)
-    for i, (label, key) in enumerate(series):
-        ax.bar([j + i * width for j in range(len(fused))], [r.get(key, float("nan")) for r in fused], width,
-               label=label)
-    ax.set_xticks([j + width for j in range(len(fused))], names, rotation=20, ha="right")
-    ax.set_ylabel("ms per invoke (median, with read-back)")
-    ax.set_title("Latency at batch 1 (lower is better)")
-    ax.legend()
+    for ax, (suffix, title) in zip(axes, (("_ms", "Latency (each invoke read back)"),
+                                          ("_thr_ms", "Throughput (invokes back to back, one read-back)"))):
+        for i, (label, key) in enumerate(series):
+            ax.bar([j + i * width for j in range(len(fused))], [r.get(key + suffix, float("nan")) for r in fused],
+                   width, label=label)
+        ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(fused))], names, rotation=30,
+                      ha="right")
+        ax.set_ylabel("ms per invoke (median)")
+        ax.set_title(f"{title}, batch 1 (lower is better)", fontsize=10)
+    axes[0].legend()
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120)
     plt.close(fig)
 
 
-def main(argv):
-    if FLAGS.plot:
-        write_plot(json.loads(Path(FLAGS.plot).read_text()), Path(FLAGS.png))
-        return 0
-    if FLAGS.prepare:
-        prepare(Path(FLAGS.prepare))
-        return 0
-    if not FLAGS.models:
-        print("give --prepare=DIR or --models=DIR", file=sys.stderr)
-        return 2
-    device = tflfuse.Device(FLAGS.adapter)
-    print(f"adapter: {device.describe()}", flush=True)
-    rows = []
-    outputs = {}
-    for path in sorted(Path(FLAGS.models).glob("*.tflite")):
-        outputs[path.stem] = path
-        for batch in (map(int, FLAGS.batches) if path.stem.startswith("mobilenet") else [1]):
-            try:
-                row = time_model(path, device, FLAGS.repeats, FLAGS.warmup, batch)
-            except (ValueError, RuntimeError) as e:
-                print(f"{path.stem} batch {batch}: {type(e).__name__}: {e}", flush=True)
-                continue
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    # fused models: check against the unfused twin's output on the same input
+def _check_against_twins(rows: list[dict], files: dict, device) -> None:
+    """Fused models: the max abs difference of the first output from the unfused twin's on the same input."""
     for r in rows:
-        if r["model"].endswith("_fused") and r["model"].replace("_fused", "_unfused") in outputs:
-            rng = np.random.default_rng(0)
+        if r["model"].endswith("_fused") and r["model"].replace("_fused", "_unfused") in files:
             res = []
             for name in (r["model"], r["model"].replace("_fused", "_unfused")):
-                it = tflfuse.Interpreter(model_path=outputs[name], device=device)
+                it = tflfuse.Interpreter(model_path=files[name], device=device)
                 _allocate(it, r["batch"])
                 rng = np.random.default_rng(0)
                 for d, x in zip(it.get_input_details(), _inputs(it.get_input_details(), rng)):
@@ -395,12 +623,61 @@ def main(argv):
                 it.invoke()
                 res.append(it.get_tensor(it.get_output_details()[0]["index"]))
             r["max_abs_err_vs_unfused"] = float(np.abs(res[0] - res[1]).max())
-    copy_gbps = copy_bandwidth_gb_per_s(device) if "timestamp-query" in device.features else None
-    write_table(rows, device, Path(FLAGS.out), copy_gbps)
+
+
+def main(argv):
+    if FLAGS.plot:
+        data = json.loads(Path(FLAGS.plot).read_text())
+        write_plot(data["rows"] if isinstance(data, dict) else data, Path(FLAGS.png))
+        return 0
+    if FLAGS.prepare:
+        prepare(Path(FLAGS.prepare), FLAGS.fused_files)
+        return 0
+    if not FLAGS.models:
+        print("give --prepare=DIR or --models=DIR", file=sys.stderr)
+        return 2
+    device = tflfuse.Device(FLAGS.adapter)
+    print(f"adapter: {device.describe()}", flush=True)
+    peaks = None
+    if FLAGS.peaks and "timestamp-query" in device.features:
+        peaks = measure_peaks(device)
+        print(f"peaks: {json.dumps(peaks)}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="tflfuse-bench-") as work:
+        folder, fused_here = _with_fused_twins(Path(FLAGS.models), Path(work))
+        rows = _time_all(folder, device)
+    meta = run_meta(device, peaks)
+    meta["fused_at_load"] = fused_here
+    write_table(rows, meta, Path(FLAGS.out))
     if FLAGS.json_out:
-        Path(FLAGS.json_out).write_text(json.dumps(rows, indent=1))
+        Path(FLAGS.json_out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
 
 
+def _time_all(folder: Path, device) -> list[dict]:
+    """:func:`time_model` on each model of ``folder`` that ``--select`` picks (MobileNetV2 at each of
+    ``--batches``), then the fused models' check against their twins."""
+    rows = []
+    files = {}
+    start = time.perf_counter()
+    for path in sorted(folder.glob("*.tflite")):
+        files[path.stem] = path
+        if not any(path.match(f"{glob}.tflite") for glob in FLAGS.select):
+            continue
+        for batch in (map(int, FLAGS.batches) if path.stem.startswith("mobilenet") else [1]):
+            t0 = time.perf_counter()
+            try:
+                row = time_model(path, device, FLAGS.repeats, FLAGS.warmup, batch)
+            except (ValueError, RuntimeError) as e:
+                print(f"{path.stem} batch {batch}: {type(e).__name__}: {e}", flush=True)
+                continue
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "op_costs"}), flush=True)
+            print(f"{path.stem} batch {batch}: {time.perf_counter() - t0:.1f} s", flush=True)
+    _check_against_twins(rows, files, device)
+    print(f"timed in {time.perf_counter() - start:.0f} s", flush=True)
+    return rows
+
+
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
@@ -22,7 +23,9 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.kernels import KernelError, kernel_class  # noqa: E402
 from tflfuse.kernels.base import TensorSpec  # noqa: E402
-from tflfuse.runtime.plan import ExecutionPlan, LoweredGraph, LoweredOp, profile_plan  # noqa: E402
+from tflfuse.runtime.plan import profile_plan  # noqa: E402
+
+from chain import BLOCKS, chain_plan as _plan  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
@@ -33,25 +36,6 @@ flags.DEFINE_list("blocks", ["16", "32", "64", "128"], "Output blocks to try.")
 flags.DEFINE_list("chunks", ["8", "16", "32", "64"], "Expanded-channel chunks to try.")
 flags.DEFINE_string("model", None, "Sweep the fused_bottleneck ops of this .tflite (e.g. from tflfuse fuse) "
                     "instead of MobileNetV2's blocks.")
-
-# MobileNetV2 (224x224, alpha 1): (input side, Cin, expansion, Cout, stride), one row per distinct shape.
-BLOCKS = [(112, 32, 1, 16, 1), (112, 16, 6, 24, 2), (56, 24, 6, 24, 1), (56, 24, 6, 32, 2), (28, 32, 6, 32, 1),
-          (28, 32, 6, 64, 2), (14, 64, 6, 64, 1), (14, 64, 6, 96, 1), (14, 96, 6, 96, 1), (14, 96, 6, 160, 2),
-          (7, 160, 6, 160, 1), (7, 160, 6, 320, 1)]
-
-
-def _plan(device, ops, arrays, runtime):
-    """A plan of chained single ops: ops = [(key, kernel, input ids, output id)]."""
-    specs = {runtime: TensorSpec(arrays[runtime].shape)}
-    lowered = []
-    for i, (key, kernel, ins, out) in enumerate(ops):
-        specs[out] = kernel.output_specs()[0]
-        lowered.append(LoweredOp(i, key, kernel, ins, [out]))
-    consts = {t: a for t, a in arrays.items() if t != runtime}
-    plan = ExecutionPlan(LoweredGraph(0, lowered, specs, consts, [runtime], [ops[-1][3]], {}), device)
-    plan.write(runtime, arrays[runtime])
-    return plan
-
 
 def model_blocks(path: str) -> list[tuple[int, int, int, int, int, int]]:
     """(input side, Cin, Cexp, Cout, stride, has_expand) of each distinct fused_bottleneck (3x3, no

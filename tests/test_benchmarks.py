@@ -1,9 +1,17 @@
-"""benchmarks/run.py's plot step (``--plot``), run as a user runs it: a subprocess on a results JSON."""
+"""benchmarks/run.py: its plot step (``--plot``), run as a user runs it (a subprocess on a results JSON), and
+its pure functions (FLOP counting, the roofline, the report), imported."""
 
+import importlib.util
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tflfuse.kernels.base import TensorSpec
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -11,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _row(model, fused_ms, unfused_ms, litert_ms):
     return {"model": model, "batch": 1, "ops": 10, "dispatches": 5, "tflfuse_ms": fused_ms,
-            "unfused_ms": unfused_ms, "litert_gpu_ms": litert_ms}
+            "unfused_ms": unfused_ms, "litert_gpu_ms": litert_ms, "tflfuse_thr_ms": fused_ms / 2,
+            "unfused_thr_ms": unfused_ms / 2}
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -30,3 +39,157 @@ def test_plot_refuses_results_without_fused_rows(tmp_path):
                            f"--png={tmp_path / 'p.png'}"], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "no fused rows" in proc.stderr
     assert not (tmp_path / "p.png").exists()
+
+
+# ---- the pure functions: FLOP counting, the roofline, the report ----------------------------------------
+@pytest.fixture(scope="module")
+def bench():
+    """benchmarks/run.py as a module (it defines its flags only when run as a script)."""
+    spec = importlib.util.spec_from_file_location("benchmarks_run", ROOT / "benchmarks" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _op(name, inputs, runtime=(), **shapes):
+    """A one-op graph: tensors 0.. in ``shapes`` order (``t0=(...)``); those in ``runtime`` (and the last,
+    the output) are runtime tensors, the rest constants."""
+    specs, consts = {}, {}
+    keys = sorted(shapes, key=lambda k: int(k[1:]))
+    for k in keys:
+        t = int(k[1:])
+        if t in runtime or k == keys[-1]:
+            specs[t] = TensorSpec(shapes[k])
+        else:
+            consts[t] = np.zeros(shapes[k], np.float32)
+    graph = types.SimpleNamespace(specs=specs, consts=consts)
+    return graph, types.SimpleNamespace(name=name, inputs=list(inputs), outputs=[int(keys[-1][1:])])
+
+
+class TestOpFlops:
+    def test_conv_2d_whatever_the_filter_layout(self, bench):
+        # 1x8x8x3 -> 4 channels, 3x3, SAME: 64 pixels x 4 outputs x 27 MACs, 2 FLOPs each
+        for filt in ((4, 3, 3, 3), (3, 3, 3, 4)):   # OHWI as in the file, HWIO as re-laid out for a GPU
+            g, op = _op("CONV_2D", [0, 1, -1], runtime=(0,), t0=(1, 8, 8, 3), t1=filt, t2=(1, 8, 8, 4))
+            assert bench.op_flops(g, op) == 2 * 64 * 4 * 27 == 13824
+        g, op = _op("CONV_2D", [0, 1, 2], runtime=(0,), t0=(1, 8, 8, 3), t1=(4, 3, 3, 3), t2=(4,), t3=(1, 4, 4, 4))
+        assert bench.op_flops(g, op) == 2 * 16 * 4 * 27   # stride 2, with a bias
+
+    def test_depthwise_fully_connected_and_fused_convs(self, bench):
+        g, op = _op("DEPTHWISE_CONV_2D", [0, 1, 2], runtime=(0,), t0=(1, 8, 8, 4), t1=(1, 3, 3, 4), t2=(4,),
+                    t3=(1, 8, 8, 4))
+        assert bench.op_flops(g, op) == 2 * 64 * 4 * 9
+        g, op = _op("FULLY_CONNECTED", [0, 1, -1], runtime=(0,), t0=(2, 16), t1=(10, 16), t2=(2, 10))
+        assert bench.op_flops(g, op) == 2 * 2 * 10 * 16
+        g, op = _op("fused_conv2d", [0, 1, 2], runtime=(0,), t0=(1, 8, 8, 3), t1=(3, 3, 3, 4), t2=(4,),
+                    t3=(1, 8, 8, 4))
+        assert bench.op_flops(g, op) == 13824
+        g, op = _op("fused_depthwise_conv2d", [0, 1], runtime=(0,), t0=(1, 8, 8, 4), t1=(3, 3, 4, 2),
+                    t2=(1, 8, 8, 8))   # depth multiplier 2
+        assert bench.op_flops(g, op) == 2 * 64 * 8 * 9
+        # depthwise 3x3 over 4 channels, then 1x1 to 6, per output pixel
+        g, op = _op("fused_separable_conv2d", [0, 1, 2], runtime=(0,), t0=(1, 8, 8, 4), t1=(3, 3, 4, 1),
+                    t2=(1, 1, 4, 6), t3=(1, 8, 8, 6))
+        assert bench.op_flops(g, op) == 2 * 64 * (4 * 9 + 4 * 6)
+
+    def test_bottleneck(self, bench):
+        # x [1, 8, 8, 4], expansion to 24, 3x3 depthwise stride 2, projection to 8
+        shapes = dict(t0=(1, 8, 8, 4), t1=(4, 24), t2=(24,), t3=(3, 3, 24), t4=(24,), t5=(24, 8), t6=(8,))
+        g, op = _op("fused_bottleneck", range(7), runtime=(0,), **shapes, t7=(1, 4, 4, 8))
+        expand, depthwise, project = 64 * 4 * 24, 16 * 24 * 9, 16 * 24 * 8
+        assert bench.op_flops(g, op) == 2 * (expand + depthwise + project) == 25344
+        # with squeeze-excite (24 -> 6 -> 24): two layers for the image, the pool and the scaling
+        g, op = _op("fused_bottleneck", range(11), runtime=(0,), **shapes, t7=(24, 6), t8=(6,), t9=(6, 24),
+                    t10=(24,), t11=(1, 4, 4, 8))
+        assert bench.op_flops(g, op) == 25344 + 2 * (144 + 144) + 2 * 16 * 24
+        # no expansion: depthwise and projection only
+        g, op = _op("fused_bottleneck", range(5), runtime=(0,), t0=(1, 8, 8, 24), t1=(3, 3, 24), t2=(24,),
+                    t3=(24, 8), t4=(8,), t5=(1, 8, 8, 8))
+        assert bench.op_flops(g, op) == 2 * (64 * 24 * 9 + 64 * 24 * 8)
+
+    def test_elementwise_reductions_data_movement_and_fallback(self, bench):
+        g, op = _op("ADD", [0, 1], runtime=(0, 1), t0=(1, 8, 8, 4), t1=(1, 8, 8, 4), t2=(1, 8, 8, 4))
+        assert bench.op_flops(g, op) == 256
+        g, op = _op("MEAN", [0, 1], runtime=(0,), t0=(1, 8, 8, 4), t1=(2,), t2=(1, 4))
+        assert bench.op_flops(g, op) == 256
+        g, op = _op("RESHAPE", [0, 1], runtime=(0,), t0=(1, 8, 8, 4), t1=(2,), t2=(1, 256))
+        assert bench.op_flops(g, op) == 0
+        g, op = _op("SOME_NEW_OP", [0], runtime=(0,), t0=(3, 5), t1=(5, 3))
+        assert bench.op_flops(g, op) == 15
+
+    @pytest.mark.parametrize("name", ["face_detection_short_range", "hand_landmark_lite", "selfie_segmentation"])
+    def test_fusion_keeps_a_real_models_conv_flops(self, bench, name):
+        """Lowered as for a GPU (re-laid-out weights) and fused, a MediaPipe model's convolution FLOPs stay the
+        same: the fused ops' count is the sum of the convolutions they replace (a squeeze-excite's with its
+        pool, MEAN or AVERAGE_POOL_2D, and scaling, MUL)."""
+        import tflfuse
+        from tflfuse import zoo
+        from tflfuse.runtime.plan import lower
+
+        names = set(sys.modules['roofline']._MACS) | {"fused_bottleneck", "fused_squeeze_excite", "MEAN", "AVERAGE_POOL_2D", "MUL"}
+
+        def conv_flops(data):
+            graph = lower(tflfuse.Model(data), 0, target="gpu")
+            return sum(bench.op_flops(graph, op) for op in graph.ops if op.name in names)
+
+        data = zoo.fetch(name).read_bytes()
+        unfused = conv_flops(data)
+        assert unfused > 1e6
+        assert conv_flops(tflfuse.fuse(data)[0]) == unfused
+
+
+class TestRoofline:
+    def test_bound_is_the_slower_of_memory_and_arithmetic(self, bench):
+        assert sys.modules['roofline'].roofline_us(1e6, 1e9, 1000.0, 10.0) == pytest.approx(100.0)    # FLOP-bound: 1e9 / 1e13 s
+        assert sys.modules['roofline'].roofline_us(1e9, 1e6, 1000.0, 10.0) == pytest.approx(1000.0)   # memory-bound: 1e9 / 1e12 s
+
+    def test_percent(self, bench):
+        assert sys.modules['roofline'].roofline_percent(200.0, 100.0) == pytest.approx(50.0)
+        assert sys.modules['roofline'].roofline_percent(100.0, 100.0) == pytest.approx(100.0)
+        assert np.isnan(sys.modules['roofline'].roofline_percent(0.0, 1.0))
+
+    def test_by_kind_sums_each_ops_bound(self, bench):
+        costs = [["CONV_2D", 10.0, 1e6, 1e9], ["CONV_2D", 30.0, 2e6, 0], ["ADD", 5.0, 1e6, 1e3]]
+        kinds = bench.roofline_by_kind(costs, 1000.0, 10.0)
+        assert list(kinds) == ["(model)", "CONV_2D", "ADD"]
+        assert kinds["CONV_2D"]["bound_us"] == pytest.approx(100.0 + 2.0)
+        assert kinds["CONV_2D"]["percent"] == pytest.approx(100 * 102 / 40)
+        assert kinds["ADD"]["percent"] == pytest.approx(100 * 1.0 / 5.0)
+        assert kinds["(model)"]["us"] == pytest.approx(45.0)
+        assert kinds["(model)"]["bound_us"] == pytest.approx(103.0)
+
+
+def test_fma_source_has_the_asked_chains(bench):
+    import peaks   # benchmarks/peaks.py, on the path once run.py is imported
+
+    src = peaks.fma_source("f16", 16, accumulators=8, unroll=4)
+    assert src.startswith("enable f16;") and "vec4<f16>" in src
+    assert src.count("= fma(") == 8 * 4 and "k < 4u" in src
+    assert "enable f16" not in peaks.fma_source("f32", 16)
+    with pytest.raises(ValueError, match="dtype"):
+        peaks.fma_source("f64", 16)
+
+
+def test_table_renders_skipped_peers_and_the_roofline(bench, tmp_path):
+    costs = [["fused_bottleneck", 400.0, 4_000_000, 500_000_000], ["CONV_2D", 30.0, 1_000_000, 20_000_000]]
+    rows = [
+        {"model": "mobilenet_v2_fused", "batch": 1, "ops": 60, "dispatches": 54, "tflfuse_ms": 0.6,
+         "tflfuse_thr_ms": 0.4, "unfused_ms": 0.7, "unfused_thr_ms": 0.5, "gpu_one_pass_ms": 0.37,
+         "litert_gpu_ms": 1.0, "litert_gpu_thr_ms": 0.5, "torch_note": "PyTorch skipped: ImportError: no torch",
+         "gpu_us_by_op": {"fused_bottleneck": 400.0, "CONV_2D": 30.0}, "op_costs": costs},
+        {"model": "mobilenet_v2_unfused", "batch": 1, "ops": 70, "dispatches": 65, "tflfuse_ms": 0.7,
+         "litert_gpu_note": "LiteRT WebGPU: RuntimeError: no adapter", "max_abs_err_vs_litert": 1e-6},
+    ]
+    meta = {"date": "2026-12-01 13:00 UTC", "adapter": "Test GPU [DiscreteGPU, Vulkan]", "driver": "1.0",
+            "versions": "tflfuse 0", "repeats": 10, "warmup": 2, "rounds": 2, "throughput_n": 100,
+            "throughput_repeats": 4,
+            "peaks": {"copy_gb_per_s": 1000.0, "f32_tflops": 10.0, "f16_note": "the adapter has no shader-f16"}}
+    out = tmp_path / "r.md"
+    bench.write_table(rows, meta, out)
+    text = out.read_text()
+    assert "copy 1000 GB/s" in text and "f32 FMA 10 TFLOP/s" in text and "no shader-f16" in text
+    assert "| 1 | 0.60 | 0.40 | 0.70 | 0.50 | PyTorch skipped: ImportError: no torch |" in text
+    assert "LiteRT WebGPU: RuntimeError: no adapter" in text
+    # bound: bottleneck max(4 us, 50 us), CONV_2D max(1 us, 2 us); the model: 52 us against 370 us
+    assert "| mobilenet_v2_fused | 1 | 430 | 370 | 52 | 14% |" in text
+    assert "fused_bottleneck 12%, CONV_2D 6.7%" in text

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tflfuse.kernels import kernel_class
 from tflfuse.kernels.base import TensorSpec
-from tflfuse.kernels.wgsl import use_tiled_matmul
+from tflfuse.kernels.gemm import TILES, use_tiled_matmul
 from tflfuse.runtime.plan import run_op
 
 from conftest import ACCUMULATION
@@ -98,3 +98,33 @@ def test_fused_bottleneck_expand_and_project(device, rng):
     attrs = dict(expansion=6, stride=1, residual=False)
     assert _tiled("fused_bottleneck", arrays, {**attrs, "target": "gpu"}) == [True, False, True]
     _both_targets(device, "fused_bottleneck", arrays, attrs, want)
+
+
+def test_every_tile(device, rng):
+    """Each tile of TILES on a product that leaves partial tiles on every side (rows 1000, depth 37 (not a
+    multiple of 4 or of any slice), 150 columns) and a product of whole tiles (512 x 64 x 256)."""
+    for rows, depth, cols in ((1000, 37, 150), (512, 64, 256)):
+        x, w = rng.standard_normal((rows, depth)).astype(np.float32), _w(rng, (depth, cols), depth)
+        b = rng.standard_normal(cols).astype(np.float32)
+        want = tf.nn.relu(tf.linalg.matmul(x, w) + b).numpy()
+        for name in TILES:
+            (y,) = run_op(device, "FULLY_CONNECTED", [x, w, b], {"weights_layout": "IO", "target": "gpu",
+                                                                  "matmul_tile": name,
+                                                                  "fused_activation_function": "RELU"})
+            np.testing.assert_allclose(y, want, **ACCUMULATION, err_msg=f"tile {name}, {rows}x{depth}x{cols}")
+
+
+def test_tile_choice():
+    """matmul_tile's model against what the H200 sweep measured (benchmarks/sweep_matmul.py)."""
+    from tflfuse.kernels.gemm import matmul_tile
+
+    def groups(t, rows, cols):
+        return -(-rows // t.tm) * -(-cols // t.tn)
+    # few output tiles (MobileNetV2's 7x7 blocks at batch 32): 128 x 128 tiles left SMs idle (181 us against
+    # 60 us for 64 x 64): the choice keeps at least as many workgroups as SMs
+    assert groups(matmul_tile(1568, 960, 160), 1568, 160) >= 64
+    # a large product: the register block is at least 8 x 4 outputs (4 x 4 measured slower there)
+    large = matmul_tile(100352, 24, 144)
+    assert large.rm * large.rn >= 32
+    # 16 columns: no tile wider than 32 columns (the rest would be padding)
+    assert matmul_tile(401408, 32, 16).tn == 32

@@ -3,8 +3,8 @@
 The models are MediaPipe's own files with their real weights. They are not committed to this repository:
 :func:`fetch` downloads the PyPI wheel ``mediapipe==0.10.14`` (its CPython 3.11 manylinux x86_64 build, a
 zip file, whatever the platform running this), extracts only the ``mediapipe/modules/**.tflite`` files listed
-in :data:`MODELS`, checks each against its recorded SHA-256 and keeps them in a cache directory. MediaPipe
-itself is never installed or imported.
+in :data:`MODELS` (or :data:`BENCHMARK_MODELS`), checks each against its recorded SHA-256 and keeps them in a
+cache directory. MediaPipe itself is never installed or imported.
 
 :func:`sample_photo` gives a real photo (``skimage.data.astronaut()`` has a face, ``chelsea()`` a cat) at a
 model's input size, scaled to [-1, 1].
@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 from absl import logging
 
-__all__ = ["MODELS", "ZooModel", "fetch", "default_cache_dir", "sample_photo", "WHEEL_REQUIREMENT"]
+__all__ = ["MODELS", "BENCHMARK_MODELS", "ZooModel", "fetch", "default_cache_dir", "sample_photo",
+           "WHEEL_REQUIREMENT"]
 
 #: The one package release the models come from. Changing it means re-recording every SHA-256 below.
 WHEEL_REQUIREMENT = "mediapipe==0.10.14"
@@ -95,6 +96,28 @@ MODELS: dict[str, ZooModel] = _zoo(
              "1055cb9d4a9ca8b8c688902a3a5194311138ba256bcc94e336d8373a5f30c814"),
 )
 
+#: :data:`MODELS` and five more of the same wheel: the 11 of its 14 models that LiteRT's WebGPU accelerator runs
+#: fully, which ``benchmarks/run.py`` times (face_detection_full_range_sparse and pose_detection use DENSIFY,
+#: off LiteRT's GPU path; face_landmark_with_attention has MediaPipe's own custom ops). The tests iterate over
+#: :data:`MODELS` only; :func:`fetch` knows both.
+BENCHMARK_MODELS: dict[str, ZooModel] = {**MODELS, **_zoo(
+    ZooModel("hand_landmark_full",
+             "mediapipe/modules/hand_landmark/hand_landmark_full.tflite", (1, 224, 224, 3),
+             "11c272b891e1a99ab034208e23937a8008388cf11ed2a9d776ed3d01d0ba00e3"),
+    ZooModel("hand_recrop",
+             "mediapipe/modules/holistic_landmark/hand_recrop.tflite", (1, 256, 256, 3),
+             "67d996ce96f9d36fe17d2693022c6da93168026ab2f028f9e2365398d8ac7d5d"),
+    ZooModel("palm_detection_full",
+             "mediapipe/modules/palm_detection/palm_detection_full.tflite", (1, 192, 192, 3),
+             "1b14e9422c6ad006cde6581a46c8b90dd573c07ab7f3934b5589e7cea3f89a54"),
+    ZooModel("pose_landmark_full",
+             "mediapipe/modules/pose_landmark/pose_landmark_full.tflite", (1, 256, 256, 3),
+             "e9a5c5cb17f736fafd4c2ec1da3b3d331d6edbe8a0d32395855aeb2cdfd64b9f"),
+    ZooModel("selfie_segmentation_landscape",
+             "mediapipe/modules/selfie_segmentation/selfie_segmentation_landscape.tflite", (1, 144, 256, 3),
+             "a77d03f4659b9f6b6c1f5106947bf40e99d7655094b6527f214ea7d451106edd"),
+)}
+
 
 def default_cache_dir() -> Path:
     """The directory :func:`fetch` keeps models in when given none.
@@ -111,9 +134,9 @@ def _lookup(name: str) -> ZooModel:
     if not isinstance(name, str):
         raise TypeError(f"name must be a str such as 'face_detection_short_range', got {type(name).__name__}")
     key = name[: -len(".tflite")] if name.endswith(".tflite") else name
-    if key not in MODELS:
-        raise ValueError(f"name={name!r} is not a known model; known: {', '.join(sorted(MODELS))}")
-    return MODELS[key]
+    if key not in BENCHMARK_MODELS:
+        raise ValueError(f"name={name!r} is not a known model; known: {', '.join(sorted(BENCHMARK_MODELS))}")
+    return BENCHMARK_MODELS[key]
 
 
 def _pip_command(dest: Path) -> list[str]:
@@ -195,11 +218,13 @@ def fetch(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
 
     The first call downloads the ``mediapipe==0.10.14`` wheel once (about 36 MB) with
     ``python -m pip download`` into a temporary directory, extracts every model of :data:`MODELS` that the
-    cache lacks (each checked against its SHA-256, each written atomically) and deletes the wheel. Later
-    calls find the file in the cache and touch neither pip nor the network.
+    cache lacks (of :data:`BENCHMARK_MODELS` when ``name`` is one of the benchmark's extra models; each
+    checked against its SHA-256, each written atomically) and deletes the wheel. Later calls find the file in
+    the cache and touch neither pip nor the network.
 
     Args:
-        name: a key of :data:`MODELS`, with or without ``.tflite``, e.g. ``"face_detection_short_range"``.
+        name: a key of :data:`BENCHMARK_MODELS` (which holds :data:`MODELS`), with or without ``.tflite``,
+            e.g. ``"face_detection_short_range"``.
         cache_dir: the directory to keep the .tflite files in; default :func:`default_cache_dir`
             (``$TFLFUSE_CACHE`` or ``~/.cache/tflfuse/models``). Created if missing.
 
@@ -223,7 +248,8 @@ def fetch(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
         logging.debug("Zoo model %s found in cache %s", model.name, cache)
         return path
     cache.mkdir(parents=True, exist_ok=True)
-    missing = [m for m in MODELS.values() if not (cache / m.filename).is_file()]
+    pool = MODELS if model.name in MODELS else BENCHMARK_MODELS
+    missing = [m for m in pool.values() if not (cache / m.filename).is_file()]
     with tempfile.TemporaryDirectory(prefix="tflfuse-wheel-") as tmp:
         wheel = _download_wheel(Path(tmp))
         _extract(wheel, cache, missing)

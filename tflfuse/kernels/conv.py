@@ -12,8 +12,8 @@ import numpy as np
 
 from .base import Kernel, Program, TensorSpec
 from .registry import register
-from .wgsl import (activation_fn, dot, elementwise_program, reduction_program, split_lanes, tiled_matmul_program,
-                   use_tiled_matmul)
+from .gemm import tiled_matmul_program, use_tiled_matmul
+from .wgsl import activation_fn, dot, elementwise_program, reduction_program, split_lanes
 
 __all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "SUM_STORED_LATER", "conv_output_size", "depthwise_program",
            "is_pointwise", "window_body", "window_lanes", "window_taps"]
@@ -234,6 +234,8 @@ class FullyConnected(Kernel):
     #: a constant ``[Cout, Cin]`` matrix is transposed at load, so neighbouring invocations read neighbouring
     #: weights (``weights_layout="IO"``); see :class:`Conv2D`.
     relayout = {1: ("weights_layout", "IO", np.transpose)}
+    #: ``matmul_tile``: a key of :data:`tflfuse.kernels.gemm.TILES` for the tiled product (tuning only).
+    extra_attrs = ("matmul_tile",)
 
     def check(self):
         x, wt = self.expect_rank(0, *range(1, 7)), self.expect_rank(1, 2)
@@ -265,7 +267,8 @@ class FullyConnected(Kernel):
         if self.layout == "IO" and use_tiled_matmul(self.rows, self.cin, self.cout, self.target()):
             return [tiled_matmul_program(self.key, self.io_bindings(names), self.rows, self.cin, self.cout,
                                          f"x[r * {self.cin}u + k]", f"w[k * {self.cout}u + c]",
-                                         f"let co = col;\n          y[idx] = act(acc + {bias});", act)]
+                                         f"let co = col;\n          y[idx] = act(acc + {bias});", act,
+                                         tile=self.attrs.get("matmul_tile") or None)]
         lanes = split_lanes(total, self.cin, self.target())
         body = f"""  let co = idx % {self.cout}u;
   let r = idx / {self.cout}u;

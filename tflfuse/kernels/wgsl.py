@@ -10,8 +10,7 @@ from typing import Sequence
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
 __all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "activation_fn", "activation_uniforms", "dot", "elementwise_program",
-           "prelude", "linear_main", "fmt_f32", "reduction_program", "split_lanes", "tiled_matmul_program",
-           "use_tiled_matmul"]
+           "prelude", "linear_main", "fmt_f32", "reduction_program", "split_lanes"]
 
 
 def fmt_f32(x: float) -> str:
@@ -235,101 +234,3 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
     return Program(name, source, (wg, 1, 1), linear_dispatch(total * lanes, wg), bindings, uniforms,
                    loop_trips=loop_trips + lanes.bit_length())
-
-
-#: Tile of a :func:`tiled_matmul_program`: output rows x columns per workgroup, and depth staged per step.
-_TILE_M, _TILE_N, _TILE_K = 64, 64, 16
-#: Outputs from which a GPU's matrix products (1x1 convolutions, FULLY_CONNECTED) run tiled: below, the GPU
-#: holds every output's invocation at once and the per-output form (with :func:`split_lanes`) is quicker.
-_TILED_MIN_OUTPUTS = 1 << 17
-
-
-def use_tiled_matmul(rows: int, depth: int, cols: int, target: str) -> bool:
-    """Whether a product ``[rows, depth] x [depth, cols]`` runs as a :func:`tiled_matmul_program`: on a GPU
-    (``target="gpu"``), with at least :data:`_TILED_MIN_OUTPUTS` outputs and a depth of at least one tile."""
-    return target == "gpu" and rows * cols >= _TILED_MIN_OUTPUTS and depth >= _TILE_K
-
-
-def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int, a: str,
-                         b: str, store: str, helpers: str = "", uniforms: tuple[Uniform, ...] = ()) -> Program:
-    """``C = A @ B`` with ``A [rows, depth]`` and ``B [depth, cols]``, tiled for a GPU.
-
-    Each workgroup of 256 invocations computes a 64 x 64 tile of ``C``: it stages 16-deep slices of ``A``
-    and ``B`` in workgroup memory (each value read from memory once per tile, not once per output), and each
-    invocation accumulates a 4 x 4 block of the tile in registers from vec4 reads. ``a`` is a WGSL
-    expression of ``A[r, k]`` over the u32 names ``r`` and ``k``; ``b`` of ``B[k, c]`` over ``k`` and ``c``
-    (both read only in range). ``store`` runs once per output with ``row``, ``col``, ``idx = row * cols +
-    col`` and ``acc`` (the sum). Sums run in another order than a serial loop's (rounding only).
-    """
-    tm, tn, tk = _TILE_M, _TILE_N, _TILE_K
-    col_tiles = -(-cols // tn)
-    tiles = -(-rows // tm) * col_tiles
-    stores = []
-    for i in range(4):
-        stores.append(f"""  {{
-    let row = r0 + ty * 4u + {i}u;
-    if (row < {rows}u) {{
-      for (var j = 0u; j < 4u; j++) {{
-        let col = c0 + tx * 4u + j;
-        if (col < {cols}u) {{
-          let acc = acc{i}[j];
-          let idx = row * {cols}u + col;
-          {store}
-        }}
-      }}
-    }}
-  }}""")
-    source = prelude(bindings, uniforms) + helpers + f"""
-fn a_at(r: u32, k: u32) -> f32 {{
-  if (r < {rows}u && k < {depth}u) {{ return {a}; }}
-  return 0.0;
-}}
-
-fn b_at(k: u32, c: u32) -> f32 {{
-  if (k < {depth}u && c < {cols}u) {{ return {b}; }}
-  return 0.0;
-}}
-
-var<workgroup> ta: array<vec4<f32>, {tk * tm // 4}>;   // the A slice, [k][row / 4]
-var<workgroup> tb: array<vec4<f32>, {tk * tn // 4}>;   // the B slice, [k][col / 4]
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lidx: u32) {{
-  let tile = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
-  if (tile >= {tiles}u) {{ return; }}   // a whole workgroup: the barriers stay uniform
-  let r0 = (tile / {col_tiles}u) * {tm}u;
-  let c0 = (tile % {col_tiles}u) * {tn}u;
-  let tx = lidx % 16u;
-  let ty = lidx / 16u;
-  let lr = lidx / 4u;          // A: row lr, depth lk..lk+3 (contiguous in A's rows)
-  let lk = (lidx % 4u) * 4u;
-  let bk = lidx / 16u;         // B: depth bk, columns bc..bc+3 (contiguous in B's rows)
-  let bc = (lidx % 16u) * 4u;
-  var acc0 = vec4<f32>(0.0);
-  var acc1 = vec4<f32>(0.0);
-  var acc2 = vec4<f32>(0.0);
-  var acc3 = vec4<f32>(0.0);
-  for (var k0 = 0u; k0 < {depth}u; k0 += {tk}u) {{
-    for (var i = 0u; i < 4u; i++) {{
-      ta[(lk + i) * {tm // 4}u + lr / 4u][lr % 4u] = a_at(r0 + lr, k0 + lk + i);
-    }}
-    tb[bk * {tn // 4}u + bc / 4u] = vec4<f32>(b_at(k0 + bk, c0 + bc), b_at(k0 + bk, c0 + bc + 1u),
-                                              b_at(k0 + bk, c0 + bc + 2u), b_at(k0 + bk, c0 + bc + 3u));
-    workgroupBarrier();
-    for (var k = 0u; k < {tk}u; k++) {{
-      let av = ta[k * {tm // 4}u + ty];
-      let bv = tb[k * {tn // 4}u + tx];
-      acc0 += av.x * bv;
-      acc1 += av.y * bv;
-      acc2 += av.z * bv;
-      acc3 += av.w * bv;
-    }}
-    workgroupBarrier();
-  }}
-{chr(10).join(stores)}
-}}
-"""
-    steps = -(-depth // tk)
-    return Program(name, source, (256, 1, 1), linear_dispatch(tiles * 256, 256), bindings, uniforms,
-                   loop_trips=steps * (1 + 4 + tk) + 16)

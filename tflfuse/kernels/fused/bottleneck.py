@@ -42,8 +42,8 @@ import dataclasses
 from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
-from ..wgsl import (activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes,
-                    tiled_matmul_program, use_tiled_matmul)
+from ..gemm import tiled_matmul_program, use_tiled_matmul
+from ..wgsl import activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes
 
 __all__ = ["FusedBottleneck"]
 

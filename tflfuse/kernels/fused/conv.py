@@ -32,8 +32,9 @@ from ..base import CompositeKernel, Program, TensorSpec, linear_dispatch
 from ..conv import SUM_STORED_LATER, conv_output_size, is_pointwise, window_body, window_lanes, window_taps
 from ..elementwise import broadcast_index
 from ..registry import register
+from ..gemm import tiled_matmul_program, use_tiled_matmul
 from ..wgsl import (activation_fn, activation_uniforms, dot, elementwise_program, prelude, reduction_program,
-                    split_lanes, tiled_matmul_program, use_tiled_matmul)
+                    split_lanes)
 
 __all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpilogue", "FusedSeparableConv2D",
            "depthwise_pointwise_program", "pixel_block"]

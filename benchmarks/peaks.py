@@ -1,0 +1,134 @@
+"""The device's measured peaks, the yardsticks of the benchmarks' rooflines: the copy bandwidth and the FMA
+rate of an FMA-bound WGSL kernel (f32, and f16 where the device has ``shader-f16``), GPU time from timestamp
+queries (``tflfuse.runtime.plan.pass_gpu_us``). No flags: imported by the benchmark scripts."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+__all__ = ["copy_bandwidth_gb_per_s", "fma_source", "fma_tflops", "measure_peaks", "recorder"]
+
+
+def recorder(device, prog, buffers):
+    """A ``record(cpass)`` function dispatching ``prog`` (a tflfuse Program) once over ``buffers``, bound in
+    order as its bindings 0, 1, ..."""
+    pipeline = device.pipeline(prog)
+    group = device.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
+        {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)])
+
+    def record(cpass) -> None:
+        cpass.set_pipeline(pipeline)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(*prog.dispatch)
+    return record
+
+
+def copy_bandwidth_gb_per_s(device, mib: int = 512, repeats: int = 20) -> float:
+    """GB/s of a vec4 copy kernel over ``mib`` MiB (at most the device's storage binding limit; one read and
+    one write of each byte), GPU time from timestamps at the start and end of its compute pass, median of
+    ``repeats``: the memory-bandwidth yardstick of the roofline."""
+    from tflfuse.kernels.base import Binding, Program, linear_dispatch
+    from tflfuse.runtime.plan import pass_gpu_us
+
+    nbytes = min(mib << 20, device.max_storage_binding) // 16 * 16
+    vec4s = nbytes // 16
+    binds = (Binding("x", ("input", 0), "read", "vec4<f32>", nbytes),
+             Binding("y", ("output", 0), "read_write", "vec4<f32>", nbytes))
+    source = f"""@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> y: array<vec4<f32>>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {{
+  let i = ((wid.z * nwg.y + wid.y) * nwg.x + wid.x) * 256u + lidx;
+  if (i < {vec4s}u) {{ y[i] = x[i]; }}
+}}
+"""
+    prog = Program("copy", source, (256, 1, 1), linear_dispatch(vec4s, 256), binds)
+    pipeline = device.pipeline(prog)
+    x, y = device.create_buffer(nbytes), device.create_buffer(nbytes)
+    group = device.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
+        {"binding": 0, "resource": {"buffer": x, "offset": 0, "size": nbytes}},
+        {"binding": 1, "resource": {"buffer": y, "offset": 0, "size": nbytes}}])
+
+    def record(cpass) -> None:
+        cpass.set_pipeline(pipeline)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(*prog.dispatch)
+
+    return 2 * nbytes / pass_gpu_us(device, record, repeats) / 1e3
+
+
+def fma_source(dtype: str, iterations: int, accumulators: int = 8, unroll: int = 4) -> str:
+    """WGSL of the FMA-rate kernel: each invocation runs ``accumulators`` independent ``vec4<dtype>`` chains
+    ``a = fma(a, m, c)`` for ``iterations`` steps (``unroll`` per loop trip), ``m`` and ``c`` read from a
+    buffer so nothing folds, and writes their sum. 8 FLOPs per vec4 FMA (4 lanes, multiply and add)."""
+    if dtype not in ("f32", "f16"):
+        raise ValueError(f"dtype must be 'f32' or 'f16', got {dtype!r}")
+    if iterations % unroll:
+        raise ValueError(f"iterations ({iterations}) must be a multiple of unroll ({unroll})")
+    t = f"vec4<{dtype}>"
+    init = "\n".join(f"  var a{j} = {t}(p[2] + vec4<f32>(f32(i & 255u) * 1e-4 + {j * 0.01:.2f}));"
+                     for j in range(accumulators))
+    step = "\n".join(f"    a{j} = fma(a{j}, m, c);" for _ in range(unroll) for j in range(accumulators))
+    total = " + ".join(f"a{j}" for j in range(accumulators))
+    return f"""{'enable f16;' if dtype == 'f16' else ''}
+@group(0) @binding(0) var<storage, read> p: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> y: array<vec4<f32>>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32) {{
+  let i = wid.x * 256u + lidx;
+  let m = {t}(p[0]);
+  let c = {t}(p[1]);
+{init}
+  for (var k = 0u; k < {iterations // unroll}u; k++) {{
+{step}
+  }}
+  y[i] = vec4<f32>({total});
+}}
+"""
+
+
+def fma_tflops(gpu, wgpu, dtype: str = "f32", workgroups: int = 132 * 64, iterations: int = 4096,
+               repeats: int = 10, accumulators: int = 8) -> float:
+    """TFLOP/s of :func:`fma_source` over ``workgroups`` workgroups of 256 invocations on the wgpu device
+    ``gpu`` (it needs ``timestamp-query``, and ``shader-f16`` for ``"f16"``): GPU time from timestamps at the
+    start and end of its compute pass, median of ``repeats``."""
+    from tflfuse.runtime.plan import pass_gpu_us
+
+    invocations = workgroups * 256
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST
+    # m, c (a -> c / (1 - m) = 1: no overflow, no denormals in f16), then the start value
+    params = np.array([[0.5] * 4, [0.5] * 4, [0.25] * 4], np.float32)
+    p = gpu.create_buffer_with_data(data=params.tobytes(), usage=usage)
+    y = gpu.create_buffer(size=invocations * 16, usage=usage)
+    module = gpu.create_shader_module(code=fma_source(dtype, iterations, accumulators), label=f"fma {dtype}")
+    pipeline = gpu.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    group = gpu.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
+        {"binding": 0, "resource": {"buffer": p, "offset": 0, "size": params.nbytes}},
+        {"binding": 1, "resource": {"buffer": y, "offset": 0, "size": invocations * 16}}])
+
+    def record(cpass) -> None:
+        cpass.set_pipeline(pipeline)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(workgroups)
+
+    timer = types.SimpleNamespace(features=set(gpu.features), name=dtype, _wgpu=wgpu, device=gpu)
+    us = pass_gpu_us(timer, record, repeats)
+    return invocations * iterations * accumulators * 8 / us / 1e6
+
+
+def measure_peaks(device) -> dict:
+    """The device's copy bandwidth (``copy_gb_per_s``) and f32 / f16 FMA rate (``f32_tflops``,
+    ``f16_tflops``; ``f16_note`` says where the f16 rate came from or why it is missing), from timestamp
+    queries. On the software adapter the work shrinks (and stays inside its loop limit)."""
+    software = device.is_software
+    size = dict(workgroups=16, iterations=256, repeats=3) if software else {}
+    peaks = {"copy_gb_per_s": copy_bandwidth_gb_per_s(device, *((32, 5) if software else ())),
+             "f32_tflops": fma_tflops(device.device, device._wgpu, "f32", **size)}
+    if "shader-f16" in device.features:
+        peaks["f16_tflops"] = fma_tflops(device.device, device._wgpu, "f16", **size)
+    else:
+        peaks["f16_note"] = "the adapter has no shader-f16"
+    return peaks
