@@ -261,9 +261,7 @@ class Device:
         usage = (wgpu.BufferUsage.UNIFORM if uniform else wgpu.BufferUsage.STORAGE) | \
             wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         size = max(16, -(-size // 16) * 16)
-        buf = self.device.create_buffer(size=size, usage=usage, label=label)
-        if data:
-            # Through the queue, not a buffer mapped at creation: on the H200 a buffer created mapped was
-            # placed where the shaders read it several times slower (matrix products 5x slower in all).
-            self.device.queue.write_buffer(buf, 0, bytes(data) + b"\0" * (-len(data) % 4))
-        return buf
+        if data is not None:
+            data = bytes(data) + b"\0" * (size - len(data))
+            return self.device.create_buffer_with_data(data=data, usage=usage, label=label)
+        return self.device.create_buffer(size=size, usage=usage, label=label)
