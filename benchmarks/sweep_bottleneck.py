@@ -23,7 +23,7 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.kernels import KernelError, kernel_class  # noqa: E402
 from tflfuse.kernels.base import TensorSpec  # noqa: E402
-from tflfuse.runtime.plan import profile_plan  # noqa: E402
+from tflfuse.runtime.plan import SUSTAINED_REPS, profile_plan  # noqa: E402
 
 from chain import BLOCKS, chain_plan as _plan  # noqa: E402
 
@@ -87,15 +87,15 @@ def sweep_block(device, n, h, cin, e, cout, s, rng, expand=True):
     plan = _plan(device, ops, arrays, 0)
     plan.run()
     want = plan.read(3)
-    unfused_us = sum(r["us"] for r in profile_plan(plan, FLAGS.repeats))
+    unfused_us = sum(r["us"] for r in profile_plan(plan, FLAGS.repeats, SUSTAINED_REPS))
     rows = []
     fused_in = [x] + [w[k] for k in keys]
     specs = [TensorSpec(a.shape) for a in fused_in]
     staged = kernel_class("fused_bottleneck")(specs, {"expansion": t, "stride": s, "strategy": "staged"})
     sp = _plan(device, [("fused_bottleneck", staged, list(range(len(fused_in))), 99)], dict(enumerate(fused_in)), 0)
-    staged_us = sum(r["us"] for r in profile_plan(sp, FLAGS.repeats))
+    staged_us = sum(r["us"] for r in profile_plan(sp, FLAGS.repeats, SUSTAINED_REPS))
     for tile, block, chunk in itertools.product(*(map(int, v) for v in (FLAGS.tiles, FLAGS.blocks, FLAGS.chunks))):
-        attrs = {"expansion": t, "stride": s, "tile": tile, "out_block": block, "chunk": chunk}
+        attrs = {"expansion": t, "stride": s, "strategy": "tiled", "tile": tile, "out_block": block, "chunk": chunk}
         try:
             k = kernel_class("fused_bottleneck")(specs, attrs)
             p = _plan(device, [("fused_bottleneck", k, list(range(len(fused_in))), 99)],
@@ -105,12 +105,12 @@ def sweep_block(device, n, h, cin, e, cout, s, rng, expand=True):
             continue
         p.run()
         err = float(np.abs(p.read(99) - want).max())
-        us = profile_plan(p, FLAGS.repeats)[0]["us"]
+        us = profile_plan(p, FLAGS.repeats, SUSTAINED_REPS)[0]["us"]
         rows.append({"tile": tile, "out_block": block, "chunk": k._blocking()[1], "lanes": k.lanes,
                      "workgroups": int(np.prod(k.programs()[0].dispatch)), "us": us, "max_abs_err": err})
     default = kernel_class("fused_bottleneck")(specs, {"expansion": t, "stride": s, "target": "gpu"})
     dp = _plan(device, [("fused_bottleneck", default, list(range(len(fused_in))), 99)], dict(enumerate(fused_in)), 0)
-    default_us = sum(r["us"] for r in profile_plan(dp, FLAGS.repeats))
+    default_us = sum(r["us"] for r in profile_plan(dp, FLAGS.repeats, SUSTAINED_REPS))
     return {"block": [n, h, cin, e, cout, s], "unfused_us": unfused_us, "default_us": default_us,
             "staged_us": staged_us,
             "default": [default.tile, default.out_block, default._blocking()[1]], "schedules": rows}

@@ -78,18 +78,24 @@ CASES = [
 ]
 
 
-# Schedules (tuning only: every one must compute the same values): the software adapter's (three staged
-# dispatches, or one tiled), the GPU's (tiles shrink to fill the GPU), and explicit extremes: 1x1 tiles; 2x2 tiles with blocks that do not divide
+# Schedules (tuning only: every one must compute the same values): the software adapter's (one blocked
+# dispatch, or three staged, or one tiled), the GPU's (tiles shrink to fill the GPU), and explicit extremes: 1x1 tiles; 2x2 tiles with blocks that do not divide
 # Cout; one lane per pixel (only on the smaller cases: on the largest it would pass llvmpipe's loop cap);
-# the expanded channels split three ways between workgroups (a second dispatch sums the shares).
+# the expanded channels split three ways between workgroups (a second dispatch sums the shares); the blocked
+# strategy on the GPU target, with 1-pixel tiles, and with 2-pixel tiles, blocks of 3 output channels and
+# chunks of at most 5 expanded channels (neither dividing the channel counts).
 SCHEDULES = {"cpu": {"target": "cpu"}, "gpu": {"target": "gpu"}, "cpu_tiled": {"target": "cpu", "strategy": "tiled"},
+             "cpu_staged": {"target": "cpu", "strategy": "staged"},
              "tile1": {"tile": 1, "lanes": 16, "out_block": 16}, "tile2": {"tile": 2, "lanes": 8, "out_block": 24},
              "lane1": {"tile": 8, "lanes": 1, "out_block": 7},
-             "split3": {"tile": 4, "lanes": 4, "out_block": 16, "chunk": 1, "splits": 3}}
+             "split3": {"tile": 4, "lanes": 4, "out_block": 16, "chunk": 1, "splits": 3},
+             "gpu_blocked": {"target": "gpu", "strategy": "blocked"},
+             "blocked_tile1": {"target": "cpu", "strategy": "blocked", "tile": 1, "chunk": 16},
+             "blocked_odd": {"target": "cpu", "strategy": "blocked", "tile": 2, "out_block": 3, "chunk": 5}}
 _IDS = {c: "x".join(map(str, c[:4])) + f"-t{c[4]}-o{c[5]}-s{c[6]}" + ("-res" if c[7] else "") + f"-{c[8]}"
         for c in CASES}
 RUNS = [pytest.param(c, s, id=f"{_IDS[c]}-{s}") for c in CASES for s in sorted(SCHEDULES)
-        if not (s in ("lane1", "split3") and c[3] * c[4] >= 512)]
+        if not (s in ("lane1", "split3", "blocked_odd") and c[3] * c[4] >= 512)]
 
 
 @pytest.mark.parametrize("case, schedule", RUNS)
@@ -134,6 +140,17 @@ def test_fused_bottleneck_loop_trips_stay_under_the_software_adapter_cap(target)
     assert 0 < k.programs()[0].loop_trips < 65535
 
 
+def test_software_adapter_runs_one_blocked_dispatch_per_block():
+    # MobileNetV2's blocks on llvmpipe: one dispatch, no scratch buffer (the expansion never reaches memory).
+    for cin, cout, h in ((16, 24, 112), (24, 24, 56), (160, 320, 7)):
+        k = kernel_class("fused_bottleneck")(_specs(cin=cin, cout=cout, h=h), {"expansion": 6, "target": "cpu"})
+        assert k.strategy == "blocked" and len(k.programs()) == 1 and k.scratch_sizes() == ()
+        assert "var<workgroup>" not in k.programs()[0].source and "workgroupBarrier" not in k.programs()[0].source
+    # squeeze-excite stays staged (the pool needs the whole depthwise output)
+    k = kernel_class("fused_bottleneck")(_se_specs(), {"kernel_size": 5, "squeeze_excite": True, "target": "cpu"})
+    assert k.strategy == "staged"
+
+
 def test_gpu_schedule_fills_the_gpu_at_batch_1():
     # 7x7 output at batch 1: 8x8 tiles would give 3 workgroups; the GPU schedule must give >= 256.
     k = kernel_class("fused_bottleneck")(_specs(cin=160, cout=320, h=7), {"expansion": 6, "target": "gpu"})
@@ -151,12 +168,17 @@ V3_CASES = [
     (3, 4, 4, 8, 1, 8, 1, True, "hard_swish", 5, 3),      # expansion 1, residual, batch 3, image < kernel
     (1, 3, 3, 96, 6, 96, 1, True, "hard_swish", 5, 144),  # MobileNetV3Small's last block at 96x96
     (1, 57, 57, 4, 1, 4, 1, True, "relu", 3, 5),          # 3,249 pixels pooled (the unrolled loop's tail)
+    (2, 9, 7, 6, 4, 6, 1, True, "hard_swish", 5, 0),      # 5x5 without SE: batch 2, odd sizes, residual
+    (1, 10, 9, 5, 1, 7, 2, False, "hard_swish", 5, 0),    # 5x5 without SE: expansion 1, stride 2 SAME
 ]
 V3_SCHEDULES = {"cpu": {"target": "cpu"}, "gpu": {"target": "gpu"},
-                "tile2": {"target": "gpu", "tile": 2, "lanes": 4, "out_block": 8}}
+                "tile2": {"target": "gpu", "tile": 2, "lanes": 4, "out_block": 8},
+                "gpu_blocked": {"target": "gpu", "strategy": "blocked"},
+                "blocked_odd": {"target": "cpu", "strategy": "blocked", "tile": 2, "out_block": 3, "chunk": 5}}
 V3_RUNS = [pytest.param(c, s, id="x".join(map(str, c[:4])) + f"-t{c[4]}-o{c[5]}-s{c[6]}" + ("-res" if c[7] else "")
                         + f"-{c[8]}-k{c[9]}-se{c[10]}-{s}")
-           for c in V3_CASES for s in sorted(V3_SCHEDULES) if not (s == "tile2" and c[10])]
+           for c in V3_CASES for s in sorted(V3_SCHEDULES)
+           if not (s in ("tile2", "gpu_blocked", "blocked_odd") and c[10])]
 
 
 @pytest.mark.parametrize("case, schedule", V3_RUNS)
@@ -194,6 +216,8 @@ def _se_specs(cin=8, t=6, cout=8, h=8, k=5, csq=12):
     ({"kernel_size": 5, "squeeze_excite": True}, _se_specs()[:7], "expects 9 inputs"),
     ({"kernel_size": 5, "squeeze_excite": True}, _se_specs()[:-1] + [TensorSpec((12,))], "do not fit 48"),
     ({"kernel_size": 5, "squeeze_excite": True, "strategy": "tiled"}, _se_specs(), "'staged' with squeeze_excite"),
+    ({"kernel_size": 5, "squeeze_excite": True, "strategy": "blocked"}, _se_specs(), "'staged' with squeeze_excite"),
+    ({"strategy": "fused"}, _specs(), "strategy must be one of 'tiled', 'staged', 'blocked'"),
     ({"kernel_size": 5, "squeeze_excite": True}, _se_specs(cin=400, t=10, csq=100), "workgroup memory"),
 ])
 def test_fused_bottleneck_rejects_bad_v3_shapes_and_attrs(attrs, specs, message):

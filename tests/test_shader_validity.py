@@ -63,7 +63,7 @@ EXTRA = [
     ("fused_bottleneck", _bottleneck(2, 9, 7, 5, 6, 5), {"expansion": 6, "residual": True}),
     ("fused_bottleneck", _bottleneck(1, 17, 16, 3, 1, 7), {"expansion": 1, "stride": 2}),
     ("fused_bottleneck", _bottleneck(1, 7, 7, 16, 6, 20), {"expansion": 6, "splits": 3, "chunk": 8}),
-    ("fused_bottleneck", _bottleneck(1, 9, 9, 8, 6, 8), {"expansion": 6, "target": "cpu"}),   # staged
+    ("fused_bottleneck", _bottleneck(1, 9, 9, 8, 6, 8), {"expansion": 6, "target": "cpu"}),   # blocked
 ]
 
 GRID = [(key, c[0], c[1], c[2] if len(c) > 2 else ["float32"] * len(c[0])) for key, c in sorted(CASES.items())] + \

@@ -16,17 +16,21 @@ squeeze_excite ``se_w1 [Cexp, Csq]``, ``se_b1 [Csq]``, ``se_w2 [Csq, Cexp]``, ``
 default 3) and ``squeeze_excite`` (bool, default False): files written before the last two existed read as
 MobileNetV2's block.
 
-Without squeeze-excite, two strategies, chosen from the ``target`` attribute and the shapes (both compute
-the same values; see :meth:`FusedBottleneck._schedule`):
+Without squeeze-excite, three strategies, chosen from the ``target`` attribute and the shapes (all compute
+the same values; see :meth:`FusedBottleneck._schedule`; the ``strategy`` attribute picks one on any target):
 
-* ``tiled`` (a GPU at batch 1, blocks without expansion or with up to 64 expanded channels): ONE dispatch that never writes the expanded tensor to memory. A workgroup owns a tile of
-  output pixels and a block of output channels; it walks the expanded channels in chunks: the chunk's
+* ``tiled`` (a GPU at batch 1, blocks without expansion or with up to 64 expanded channels): ONE dispatch
+  that never writes the expanded tensor to memory. A workgroup owns a tile of output pixels and a block of output channels; it walks the expanded channels in chunks: the chunk's
   expand weights and the 1x1 expansion of the tile's input halo go into workgroup memory, each invocation
   applies the KxK depthwise filter and accumulates the projection in registers. Where the feature map is too
   small to fill the GPU, the expanded channels are split between workgroups and a second dispatch sums the
   shares.
-* ``staged`` (the software adapter, whose barriers and workgroup memory are costly, and the other GPU
-  cases): three dispatches through scratch buffers (expand, depthwise, projection with bias and residual),
+* ``blocked`` (the software adapter): ONE dispatch without workgroup memory; an invocation owns a row of
+  output pixels and keeps its halo's expansion, the depthwise results and the projection sums in registers,
+  so that each weight it loads serves the whole row (:mod:`.bottleneck_cpu`, where the reasons and
+  measurements are).
+* ``staged`` (the GPU cases the tiled strategy does not take, and the software adapter with squeeze-excite
+  or past its loop cap): three dispatches through scratch buffers (expand, depthwise, projection with bias and residual),
   whose 1x1 convs read the weights as ``[Cin, Cout]``, neighbouring invocations neighbouring weights.
 
 With squeeze-excite the pool needs the whole depthwise output before any projection, so every target runs
@@ -42,6 +46,7 @@ import dataclasses
 from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
+from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule
 from ..gemm import tiled_matmul_program, use_tiled_matmul
 from ..wgsl import activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes
 
@@ -50,10 +55,11 @@ __all__ = ["FusedBottleneck"]
 #: Workgroups a GPU needs in flight to be busy (an H200 has 132 SMs); tiles shrink until a dispatch has this many.
 _GPU_WORKGROUPS = 1024
 _MAX_CHUNK = 16      # expanded channels per pass through workgroup memory
-_TILED_MAX_CEXP = 64  # on a GPU at batch 1, the tiled strategy for expansions up to this width (see _schedule)
 _WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
 _GATE_THREADS = 64   # invocations of the squeeze-excite gate's workgroup (one per image)
 _SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; "strategy" is the one string
+_STRATEGIES = ("tiled", "staged", "blocked")
+_TILED_MAX_CEXP = 64  # on a GPU at batch 1, the tiled strategy for expansions up to this width (see _schedule)
 
 
 @register("fused_bottleneck")
@@ -118,12 +124,15 @@ class FusedBottleneck(CompositeKernel):
         activation_fn(self.attr("activation"))  # validates the name
         self.oh, self.pt = conv_output_size(h, k, self.stride, 1, "SAME")
         self.ow, self.pl = conv_output_size(w, k, self.stride, 1, "SAME")
-        schedule = {**self._schedule(), **{k: int(self.attrs[k]) for k in _SCHEDULE_KEYS if self.attrs.get(k)}}
+        default = self._schedule()
+        self.strategy = str(self.attrs.get("strategy") or default["strategy"])
+        if self.strategy not in _STRATEGIES or (self.has_se and self.strategy != "staged"):
+            raise self.fail(f"strategy must be one of {', '.join(map(repr, _STRATEGIES))} ('staged' with "
+                            f"squeeze_excite), got {self.strategy!r}")
+        if self.strategy != default["strategy"]:   # asked for: that strategy's own defaults
+            default = self._blocked_schedule() if self.strategy == "blocked" else self._schedule(blocked=False)
+        schedule = {**default, **{k: int(self.attrs[k]) for k in _SCHEDULE_KEYS if self.attrs.get(k)}}
         self.tile, self.lanes, self.out_block, self.chunk, self.splits = (schedule[k] for k in _SCHEDULE_KEYS)
-        self.strategy = str(self.attrs.get("strategy") or schedule["strategy"])
-        if self.strategy not in ("tiled", "staged") or (self.has_se and self.strategy != "staged"):
-            raise self.fail(f"strategy must be 'tiled' or 'staged' ('staged' with squeeze_excite), got "
-                            f"{self.strategy!r}")
         if self.tile not in (1, 2, 4, 8) or self.lanes not in (1, 2, 4, 8, 16) or min(
                 self.out_block, self.chunk, self.splits) < 1:
             raise self.fail(f"tile must be 1, 2, 4 or 8, lanes 1..16 (a power of two), out_block, chunk and "
@@ -132,12 +141,14 @@ class FusedBottleneck(CompositeKernel):
     def output_specs(self):
         return (TensorSpec((self.input(0).shape[0], self.oh, self.ow, self.cout)),)
 
-    def _schedule(self) -> dict:
+    def _schedule(self, blocked: bool = True) -> dict:
         """The default schedule for the ``target`` attribute: tile side, lanes per pixel, output channels
         per workgroup (``out_block``), expanded channels per pass (``chunk``) and ``splits``.
 
-        ``"cpu"`` (the software adapter: a few cores, barriers are costly): the staged strategy (and, if
-        ``strategy="tiled"`` is asked for, 8x8 tiles, 4 lanes, blocks of up to 128 output channels).
+        ``"cpu"`` (the software adapter: a few cores, every load from memory costly): the blocked strategy
+        (:func:`.bottleneck_cpu.blocked_schedule`); the staged one with squeeze-excite or where an invocation
+        of the blocked one would pass the loop cap (and, if ``strategy="tiled"`` is asked for, 8x8 tiles, 4
+        lanes, blocks of up to 128 output channels).
         ``"gpu"``: the staged strategy past batch 1 and for expansions wider than 64 channels; otherwise
         the tiled strategy with the largest tile and output block whose dispatch has
         :data:`_GPU_WORKGROUPS` workgroups (a smaller tile or block recomputes more of the expansion). Where
@@ -149,14 +160,20 @@ class FusedBottleneck(CompositeKernel):
         """
         n = self.input(0).shape[0]
         target = self.target()
-        # On the H200 (benchmarks/RESULTS.md, sweep_bottleneck.py) the staged kernels beat the tiled one on
-        # every block with a wide expansion, and on all blocks past batch 1: MobileNetV2's blocks took 0.78 ms
-        # staged against 1.38 ms tiled at batch 1, and 5.0 against 19.1 ms at batch 32. The tiled kernel
-        # recomputes the expansion on each tile's halo, which only pays where the expansion is narrow.
+        # On the H200 the staged kernels beat the tiled one on every block with a wide expansion, and on all
+        # blocks past batch 1. In MobileNetV2 (benchmarks/run.py, 2026-12-01, GPU time of 20 back-to-back
+        # runs per pass), tiled blocks at batch 32 (4x4 tiles, blocks of 64, chunks of 16) took 16.7 ms, 5x
+        # the whole unfused model's 3.4 ms, and tiled wide blocks at batch 1 doubled the blocks' time. The
+        # tiled kernel recomputes the expansion on each tile's halo, which only pays where it is narrow.
+        if target == "cpu" and not self.has_se and blocked:
+            schedule = blocked_schedule(self)
+            if schedule:
+                return schedule
         narrow = not self.has_expand or self.cexp <= _TILED_MAX_CEXP
         if target == "cpu" or self.has_se or n > 1 or not narrow:
             return {"strategy": "staged", "tile": 8, "lanes": 4, "out_block": min(self.cout, 128),
                     "chunk": _MAX_CHUNK, "splits": 1}
+
         options = []
         for tile in (4, 2):  # 8x8 tiles measured slower on the H200: more workgroup memory, fewer in flight
             for block in (128, 64, 32, 16):
@@ -182,6 +199,12 @@ class FusedBottleneck(CompositeKernel):
         return {"strategy": "tiled", "tile": tile, "lanes": lanes, "out_block": block, "chunk": chunk,
                 "splits": splits}
 
+    def _blocked_schedule(self) -> dict:
+        """The blocked strategy's schedule (:func:`.bottleneck_cpu.blocked_schedule`; where that would pass
+        the software adapter's loop cap, 1-pixel tiles, which the planner then refuses on that adapter)."""
+        return blocked_schedule(self) or {"strategy": "blocked", "tile": 1, "lanes": 1, "out_block": self.cout,
+                                          "chunk": 16, "splits": 1}
+
     def _blocking(self):
         """(halo side, expanded channels per chunk, output channels per block, number of blocks,
         expanded channels per split, number of splits).
@@ -200,6 +223,8 @@ class FusedBottleneck(CompositeKernel):
 
     def loop_trips(self) -> int:
         """Loop iterations one invocation runs, at most (see :func:`tflfuse.kernels.wgsl.dot`)."""
+        if self.strategy == "blocked":
+            return blocked_loop_trips(self)
         halo, ec, cb, _, per_split, _ = self._blocking()
         chunks = per_split // ec
         threads = self.tile * self.tile * self.lanes
@@ -209,6 +234,8 @@ class FusedBottleneck(CompositeKernel):
 
     def scratch_sizes(self) -> tuple[int, ...]:
         n, h, w, _ = self.input(0).shape
+        if self.strategy == "blocked":
+            return ()
         if self.strategy == "staged":  # the expanded tensor (when expanding), the depthwise output, the gate
             return (((n * h * w * self.cexp * 4,) if self.has_expand else ()) + (n * self.oh * self.ow * self.cexp * 4,)
                     + ((n * self.cexp * 4,) if self.has_se else ()))
@@ -245,6 +272,9 @@ class FusedBottleneck(CompositeKernel):
         d_index = 1 if self.has_expand else 0
         g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1, PT=self.pt,
                  PL=self.pl, KH=self.k, KW=self.k)
+        residual = f" + x[pix * {cin}u + co]" if self.residual else ""
+        out = self.binding("y", "output", 0, self.output_specs()[0])
+        rows = n * self.oh * self.ow
         dw_binds = (src, dataclasses.replace(inputs["dw"], name="w"), dataclasses.replace(inputs["db"], name="b"),
                     self.binding("y", "scratch", d_index, sizes[d_index]))
         progs.append(depthwise_program(f"{self.key}_depthwise", dw_binds, g, cexp, 1, True, self.attr("activation")))
@@ -255,10 +285,9 @@ class FusedBottleneck(CompositeKernel):
             progs.append(self._gate_program(d_read, [inputs[k] for k in ("sw1", "sb1", "sw2", "sb2")], gate))
             gate_binds = (dataclasses.replace(gate, access="read"),)
             gated = f" * gate[(pix / {self.oh * self.ow}u) * {cexp}u + {{k}}]"
-        residual = f" + x[pix * {cin}u + co]" if self.residual else ""
-        total = n * self.oh * self.ow * cout
+        total = rows * cout
         proj_binds = ((inputs["x"],) if self.residual else ()) + (d_read,) + gate_binds + (
-            inputs["pw"], inputs["pb"], self.binding("y", "output", 0, self.output_specs()[0]))
+            inputs["pw"], inputs["pb"], out)
         if not self.has_se and use_tiled_matmul(total // cout, cexp, cout, self.target()):
             progs.append(tiled_matmul_program(
                 f"{self.key}_project", proj_binds, total // cout, cexp, cout, f"d[r * {cexp}u + k]",
@@ -321,6 +350,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     def programs(self):
         if self.strategy == "staged":
             return self._staged_programs()
+        if self.strategy == "blocked":
+            names = ["x", "ew", "eb", "dw", "db", "pw", "pb", "y"] if self.has_expand else \
+                ["x", "dw", "db", "pw", "pb", "y"]
+            return [blocked_program(self, self.io_bindings(names))]
         n, h, w, cin = self.input(0).shape
         cexp, cout, s = self.cexp, self.cout, self.stride
         hw, ec, cb, nblocks, per_split, splits = self._blocking()
