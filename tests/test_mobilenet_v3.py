@@ -132,8 +132,8 @@ def test_fused_model_on_webgpu_matches_keras_and_litert(device, models):
     unfused = tflfuse.Interpreter(model_content=plain.tflite, device=device)
     np.testing.assert_allclose(_run(unfused, x), want, rtol=0, atol=tol, err_msg="tflfuse (unfused) vs Keras")
     # Fused: 4 dispatches per squeeze-excite block with an expansion conv (expand, depthwise, gate, projection),
-    # 3 for the first block and for the two without squeeze-excite on the software adapter (staged), 1 for
-    # those on a GPU (tiled); the unfused graph runs ~10 ops per squeeze-excite block.
+    # 3 for the first block (staged); the two without squeeze-excite take 1 (blocked on the software adapter,
+    # tiled on a GPU at batch 1) or 3 (staged); the unfused graph runs ~10 ops per squeeze-excite block.
     print(f"MobileNetV3Small {SIZE}x{SIZE} batch 2: {interp.dispatch_count} dispatches fused, "
           f"{unfused.dispatch_count} unfused ({len(interp.model.op_names(0))} vs "
           f"{len(unfused.model.op_names(0))} ops)")
