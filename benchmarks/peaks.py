@@ -46,17 +46,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }}
 """
     prog = Program("copy", source, (256, 1, 1), linear_dispatch(vec4s, 256), binds)
-    pipeline = device.pipeline(prog)
-    x, y = device.create_buffer(nbytes), device.create_buffer(nbytes)
-    group = device.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
-        {"binding": 0, "resource": {"buffer": x, "offset": 0, "size": nbytes}},
-        {"binding": 1, "resource": {"buffer": y, "offset": 0, "size": nbytes}}])
-
-    def record(cpass) -> None:
-        cpass.set_pipeline(pipeline)
-        cpass.set_bind_group(0, group)
-        cpass.dispatch_workgroups(*prog.dispatch)
-
+    record = recorder(device, prog, [device.create_buffer(nbytes), device.create_buffer(nbytes)])
     return 2 * nbytes / pass_gpu_us(device, record, repeats) / 1e3
 
 
