@@ -59,8 +59,8 @@ class MatmulTile:
 #: The tiles :func:`matmul_tile` chooses between, named as :meth:`MatmulTile.parse` reads them: each was the
 #: fastest of the sweep on some 1x1 product of MobileNetV2 (``benchmarks/sweep_matmul.py``, H200).
 TILES: dict[str, MatmulTile] = {}
-_TILE_NAMES = ("128x128/8x8/16", "128x128/8x8/8", "64x128/4x8/16", "128x64/8x4/16", "256x32/8x4/8",
-               "128x32/4x4/8", "64x64/4x4/16")
+_TILE_NAMES = ("128x128/8x8/16", "128x128/8x8/8", "64x128/4x8/16", "256x32/8x4/8", "128x32/4x4/8",
+               "64x64/4x4/16")
 TILES.update({name: MatmulTile.parse(name) for name in _TILE_NAMES})
 
 #: Outputs from which a GPU's matrix products (1x1 convolutions, FULLY_CONNECTED) run tiled: below, the GPU
@@ -169,10 +169,10 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
         out += [f"      c{g}_{r}_{h} += a{g}.{comp} * b{h};" for g in range(ra) for r, comp in enumerate("xyzw")
                 for h in range(rb)]
         return out
-    # the slice's steps written out: a loop there measured slower on the H200
+    # the slice's steps written out one after another
     inner = [line for k in range(tk) for line in ["    {"] + step(f"{k}u") + ["    }"]]
-    # Every accumulator is read by a constant component: a vector indexed at run time would be moved out of
-    # registers into memory (on the H200 that made the whole kernel 5-20x slower).
+    # Every accumulator is read by a constant component (.x, .y, .z, .w), never indexed at run time, so that it
+    # can stay in registers.
     stores = []
     for g in range(ra):
         for r in range(4):
@@ -194,9 +194,7 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
   }}""")
     nl = "\n"
     source = prelude(bindings, uniforms) + helpers + f"""
-// Branch-free staging loads: the address is clamped into the matrix and the value zeroed past its edges, so
-// that every load of a slice is in flight at once (a load inside a branch measured to wait for its value
-// before the next one issues: on the H200 the whole product ran 5-20x slower).
+// Staging loads without branches: the address is clamped into the matrix and the value zeroed past its edges.
 fn a_at(r0: u32, k0: u32) -> f32 {{
   let r = min(r0, {max(rows, 1) - 1}u);
   let k = min(k0, {max(depth, 1) - 1}u);

@@ -163,7 +163,8 @@ class FusedBottleneck(CompositeKernel):
         # On the H200 the staged kernels beat the tiled one on every block with a wide expansion, and on all
         # blocks past batch 1. In MobileNetV2 (benchmarks/run.py, 2026-12-01, GPU time of 20 back-to-back
         # runs per pass), tiled blocks at batch 32 (4x4 tiles, blocks of 64, chunks of 16) took 16.7 ms, 5x
-        # the whole unfused model's 3.4 ms, and tiled wide blocks at batch 1 doubled the blocks' time. The
+        # the whole unfused model's 3.4 ms, and with the wide blocks tiled at batch 1 the blocks took 966
+        # against 328 us. The
         # tiled kernel recomputes the expansion on each tile's halo, which only pays where it is narrow.
         if target == "cpu" and not self.has_se and blocked:
             schedule = blocked_schedule(self)
