@@ -343,3 +343,23 @@ def test_every_variant_converts_to_one_op_and_matches_keras_and_litert(device, v
         atol = _atol(want)
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=atol, err_msg=f"{name}: tflfuse vs Keras")
         np.testing.assert_allclose(got, lite[name], rtol=RTOL, atol=atol, err_msg=f"{name}: tflfuse vs LiteRT")
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+@pytest.mark.parametrize("n, cout", [(1, 0), (0, 8)])
+def test_empty_output_runs_no_dispatch(device, rng, target, n, cout):
+    # no output channels, or batch 0: an empty [N, OH, OW, Cout] output (as CONV_2D gives), no shader run
+    x = rng.standard_normal((n, 9, 9, 8)).astype(np.float32)
+    w = _weights(rng, 8, 6, cout)
+    arrays = [x] + [w[k] for k in ORDER if k in w]
+    attrs = {"expansion": 6, "target": target}
+    kernel = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in arrays], attrs)
+    assert kernel.programs() == [] and kernel.scratch_sizes() == ()
+    (y,) = run_op(device, "fused_bottleneck", arrays, attrs)
+    assert y.shape == (n, 9, 9, cout) and y.dtype == np.float32
+
+
+def test_no_expanded_channels_is_refused():
+    specs = [TensorSpec(s) for s in ((1, 9, 9, 8), (8, 0), (0,), (3, 3, 0), (0,), (0, 8), (8,))]
+    with pytest.raises(KernelError, match="no expanded channels"):
+        kernel_class("fused_bottleneck")(specs, {"expansion": 6})

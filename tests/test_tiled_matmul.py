@@ -12,9 +12,10 @@ Tolerance: ``ACCUMULATION`` (sums of at most ~200 products in another order than
 import math
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from tflfuse.kernels import kernel_class
+from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import TensorSpec
 from tflfuse.kernels.gemm import TILES, use_tiled_matmul
 from tflfuse.runtime.plan import run_op
@@ -130,3 +131,14 @@ def test_tile_choice():
     assert large.rm * large.rn >= 32
     # 16 columns: no tile wider than 32 columns (the rest would be padding)
     assert matmul_tile(401408, 32, 16).tn == 32
+
+
+@pytest.mark.parametrize("tile, message", [
+    ("banana", "not 'TMxTN/RMxRN/TK'"), ("128x128/8x8/3", "multiples of 4"),
+    ("128x128/16x16/16", "== 256"), (5, "must be a string")])
+def test_bad_matmul_tile_is_named(tile, message):
+    x, w = np.zeros((1000, 64), np.float32), np.zeros((64, 300), np.float32)
+    with pytest.raises(KernelError, match="FULLY_CONNECTED") as err:
+        kernel_class("FULLY_CONNECTED")([TensorSpec(x.shape), TensorSpec(w.shape)],
+                                        {"weights_layout": "IO", "matmul_tile": tile}).programs()
+    assert message in str(err.value)

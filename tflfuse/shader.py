@@ -106,7 +106,8 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
                      for i, u in enumerate(p.uniforms))
         infos.append(ShaderInfo(key, p.source, p.entry_point, p.workgroup_size, p.dispatch, binds, unis, outs))
     if not infos:
-        raise KernelError(f"{key} runs no shader: it is a view of its input's buffer")
+        raise KernelError(f"{key} runs no shader for these shapes: it is a view of its input's buffer, or its "
+                          f"output is empty")
     first = infos[0]
     return dataclasses.replace(first, programs=tuple(infos))
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Kernel, Program, TensorSpec
+from .base import Kernel, KernelError, Program, TensorSpec
 from .registry import register
-from .gemm import tiled_matmul_program, use_tiled_matmul
+from .gemm import MatmulTile, tiled_matmul_program, use_tiled_matmul
 from .wgsl import activation_fn, dot, elementwise_program, reduction_program, split_lanes
 
 __all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "SUM_STORED_LATER", "conv_output_size", "depthwise_program",
@@ -246,6 +246,14 @@ class FullyConnected(Kernel):
         if self.cin == 0 or x.size % self.cin:
             raise self.fail(f"input of {x.size} elements does not flatten to rows of {self.cin}")
         self.rows = x.size // self.cin
+        tile = self.attrs.get("matmul_tile")
+        if tile:
+            if not isinstance(tile, str):
+                raise self.fail(f"matmul_tile must be a string such as '128x128/8x8/16', got {tile!r}")
+            try:
+                MatmulTile.parse(tile)
+            except KernelError as e:
+                raise self.fail(str(e)) from None
         if self.attr("keep_num_dims") and x.shape[-1] != self.cin:
             raise self.fail(f"keep_num_dims needs the input's last dimension to be {self.cin}")
         if self.has_input(2):

@@ -38,7 +38,9 @@ class MatmulTile:
     def __post_init__(self):
         if (self.tm // self.rm) * (self.tn // self.rn) != _THREADS or self.rm % 4 or self.rn % 4 or \
                 self.tm % self.rm or self.tn % self.rn or self.tk % 4 or self.workgroup_bytes > 16384:
-            raise KernelError(f"matmul tile {self} does not map onto {_THREADS} invocations in vec4 groups")
+            raise KernelError(f"matmul tile {self} does not map onto {_THREADS} invocations in vec4 groups: it "
+                              f"needs (tm / rm) * (tn / rn) == {_THREADS}, rm, rn and tk multiples of 4, and "
+                              f"4 * tk * (tm + tn) <= 16384 bytes of workgroup memory")
 
     @classmethod
     def parse(cls, text: str) -> "MatmulTile":

@@ -59,6 +59,7 @@ _WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
 _GATE_THREADS = 64   # invocations of the squeeze-excite gate's workgroup (one per image)
 _SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; "strategy" is the one string
 _STRATEGIES = ("tiled", "staged", "blocked")
+_EMPTY_SCHEDULE = {"strategy": "staged", "tile": 1, "lanes": 1, "out_block": 1, "chunk": 1, "splits": 1}
 _TILED_MAX_CEXP = 64  # on a GPU at batch 1, the tiled strategy for expansions up to this width (see _schedule)
 
 
@@ -103,6 +104,8 @@ class FusedBottleneck(CompositeKernel):
         if pw[0] != cexp or pb != (pw[1],):
             raise self.fail(f"project_w {list(pw)} / project_b {list(pb)} do not fit {cexp} expanded channels")
         self.cin, self.cexp, self.cout = cin, cexp, pw[1]
+        if not cexp:
+            raise self.fail("has no expanded channels (expand_w / dw_w with 0 channels); the block needs at least 1")
         self.csq = 0
         if self.has_se:
             w1, b1, w2, b2 = (self.expect_rank(5 + off + i, r).shape for i, r in enumerate((2, 1, 2, 1)))
@@ -124,12 +127,14 @@ class FusedBottleneck(CompositeKernel):
         activation_fn(self.attr("activation"))  # validates the name
         self.oh, self.pt = conv_output_size(h, k, self.stride, 1, "SAME")
         self.ow, self.pl = conv_output_size(w, k, self.stride, 1, "SAME")
-        default = self._schedule()
+        # an empty output (no pixels or no output channels) has nothing to compute: no dispatch, as CONV_2D's
+        self.empty = not (n * self.oh * self.ow * self.cout)
+        default = dict(_EMPTY_SCHEDULE) if self.empty else self._schedule()
         self.strategy = str(self.attrs.get("strategy") or default["strategy"])
         if self.strategy not in _STRATEGIES or (self.has_se and self.strategy != "staged"):
             raise self.fail(f"strategy must be one of {', '.join(map(repr, _STRATEGIES))} ('staged' with "
                             f"squeeze_excite), got {self.strategy!r}")
-        if self.strategy != default["strategy"]:   # asked for: that strategy's own defaults
+        if self.strategy != default["strategy"] and not self.empty:   # asked for: that strategy's own defaults
             default = self._blocked_schedule() if self.strategy == "blocked" else self._schedule(blocked=False)
         schedule = {**default, **{k: int(self.attrs[k]) for k in _SCHEDULE_KEYS if self.attrs.get(k)}}
         self.tile, self.lanes, self.out_block, self.chunk, self.splits = (schedule[k] for k in _SCHEDULE_KEYS)
@@ -235,7 +240,7 @@ class FusedBottleneck(CompositeKernel):
 
     def scratch_sizes(self) -> tuple[int, ...]:
         n, h, w, _ = self.input(0).shape
-        if self.strategy == "blocked":
+        if self.strategy == "blocked" or self.empty:
             return ()
         if self.strategy == "staged":  # the expanded tensor (when expanding), the depthwise output, the gate
             return (((n * h * w * self.cexp * 4,) if self.has_expand else ()) + (n * self.oh * self.ow * self.cexp * 4,)
@@ -349,6 +354,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                        loop_trips=trips)
 
     def programs(self):
+        if self.empty:
+            return []
         if self.strategy == "staged":
             return self._staged_programs()
         if self.strategy == "blocked":
