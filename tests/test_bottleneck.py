@@ -151,6 +151,14 @@ def test_software_adapter_runs_one_blocked_dispatch_per_block():
     assert k.strategy == "staged"
 
 
+def test_software_adapter_stages_small_blocks():
+    # below a million multiply-adds the blocked shader would cost more to compile than it saves: staged
+    small = kernel_class("fused_bottleneck")(_specs(cin=8, cout=8, h=9), {"expansion": 6, "target": "cpu"})
+    assert small.macs() < 1 << 20 and small.strategy == "staged"
+    big = kernel_class("fused_bottleneck")(_specs(cin=24, cout=24, h=56), {"expansion": 6, "target": "cpu"})
+    assert big.macs() >= 1 << 20 and big.strategy == "blocked"
+
+
 def test_gpu_schedule_fills_the_gpu_at_batch_1():
     # 7x7 output at batch 1: 8x8 tiles would give 3 workgroups; the GPU schedule must give >= 256.
     k = kernel_class("fused_bottleneck")(_specs(cin=160, cout=320, h=7), {"expansion": 6, "target": "gpu"})

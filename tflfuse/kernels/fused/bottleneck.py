@@ -59,6 +59,13 @@ _WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
 _GATE_THREADS = 64   # invocations of the squeeze-excite gate's workgroup (one per image)
 _SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; "strategy" is the one string
 _STRATEGIES = ("tiled", "staged", "blocked")
+#: The software adapter runs the blocked strategy for blocks of at least this many multiply-adds, the staged
+#: one below. A blocked shader takes llvmpipe 1-3 s to compile, and saves about 11 ns per multiply-add
+#: (MobileNetV2's 17 blocks at 224x224, 269 M multiply-adds: 3,877 ms staged against 899 ms blocked,
+#: 2026-12-01). So a block of a million multiply-adds repays its compile within a few hundred invokes, while
+#: the blocks of a small model would take longer to compile than to run staged for many invokes (the test
+#: suite's: its cold shader cache cost minutes). MobileNetV2's blocks at 224x224 have 7.6-29 M.
+_BLOCKED_MIN_MACS = 1 << 20
 _EMPTY_SCHEDULE = {"strategy": "staged", "tile": 1, "lanes": 1, "out_block": 1, "chunk": 1, "splits": 1}
 _TILED_MAX_CEXP = 64  # on a GPU at batch 1, the tiled strategy for expansions up to this width (see _schedule)
 
@@ -171,7 +178,7 @@ class FusedBottleneck(CompositeKernel):
         # the whole unfused model's 3.4 ms, and with the wide blocks tiled at batch 1 the blocks took 966
         # against 328 us. The
         # tiled kernel recomputes the expansion on each tile's halo, which only pays where it is narrow.
-        if target == "cpu" and not self.has_se and blocked:
+        if target == "cpu" and not self.has_se and blocked and self.macs() >= _BLOCKED_MIN_MACS:
             schedule = blocked_schedule(self)
             if schedule:
                 return schedule
@@ -204,6 +211,12 @@ class FusedBottleneck(CompositeKernel):
         chunk = 8 if groups * splits >= 4 * _GPU_WORKGROUPS else 16
         return {"strategy": "tiled", "tile": tile, "lanes": lanes, "out_block": block, "chunk": chunk,
                 "splits": splits}
+
+    def macs(self) -> int:
+        """Multiply-adds of the block without squeeze-excite: expansion, depthwise and projection."""
+        n, h, w, _ = self.input(0).shape
+        expand = n * h * w * self.cin * self.cexp if self.has_expand else 0
+        return expand + n * self.oh * self.ow * self.cexp * (self.k * self.k + self.cout)
 
     def _blocked_schedule(self) -> dict:
         """The blocked strategy's schedule (:func:`.bottleneck_cpu.blocked_schedule`; where that would pass
