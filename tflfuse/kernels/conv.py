@@ -234,7 +234,8 @@ class FullyConnected(Kernel):
     #: a constant ``[Cout, Cin]`` matrix is transposed at load, so neighbouring invocations read neighbouring
     #: weights (``weights_layout="IO"``); see :class:`Conv2D`.
     relayout = {1: ("weights_layout", "IO", np.transpose)}
-    #: ``matmul_tile``: a key of :data:`tflfuse.kernels.gemm.TILES` for the tiled product (tuning only).
+    #: ``matmul_tile``: the tiled product's tile by name, e.g. ``"128x128/8x8/16"``
+    #: (:class:`~tflfuse.kernels.gemm.MatmulTile`; tuning only).
     extra_attrs = ("matmul_tile",)
 
     def check(self):
