@@ -20,18 +20,19 @@ Without squeeze-excite, three strategies, chosen from the ``target`` attribute a
 the same values; see :meth:`FusedBottleneck._schedule`; the ``strategy`` attribute picks one on any target):
 
 * ``tiled`` (a GPU at batch 1, blocks without expansion or with up to 64 expanded channels): ONE dispatch
-  that never writes the expanded tensor to memory. A workgroup owns a tile of output pixels and a block of output channels; it walks the expanded channels in chunks: the chunk's
-  expand weights and the 1x1 expansion of the tile's input halo go into workgroup memory, each invocation
-  applies the KxK depthwise filter and accumulates the projection in registers. Where the feature map is too
-  small to fill the GPU, the expanded channels are split between workgroups and a second dispatch sums the
-  shares.
-* ``blocked`` (the software adapter): ONE dispatch without workgroup memory; an invocation owns a row of
-  output pixels and keeps its halo's expansion, the depthwise results and the projection sums in registers,
-  so that each weight it loads serves the whole row (:mod:`.bottleneck_cpu`, where the reasons and
-  measurements are).
-* ``staged`` (the GPU cases the tiled strategy does not take, and the software adapter with squeeze-excite
-  or past its loop cap): three dispatches through scratch buffers (expand, depthwise, projection with bias and residual),
-  whose 1x1 convs read the weights as ``[Cin, Cout]``, neighbouring invocations neighbouring weights.
+  that never writes the expanded tensor to memory. A workgroup owns a tile of output pixels and a block of
+  output channels; it walks the expanded channels in chunks: the chunk's expand weights and the 1x1
+  expansion of the tile's input halo go into workgroup memory, each invocation applies the KxK depthwise
+  filter and accumulates the projection in registers. Where the feature map is too small to fill the GPU,
+  the expanded channels are split between workgroups and a second dispatch sums the shares.
+* ``blocked`` (the software adapter, blocks of at least 2**20 multiply-adds): ONE dispatch without workgroup
+  memory; an invocation owns a row of output pixels and keeps its halo's expansion, the depthwise results
+  and the projection sums in registers, so that each weight it loads serves the whole row
+  (:mod:`.bottleneck_cpu`, where the reasons and measurements are).
+* ``staged`` (the GPU cases the tiled strategy does not take; on the software adapter, small blocks and
+  those with squeeze-excite or past its loop cap): three dispatches through scratch buffers (expand,
+  depthwise, projection with bias and residual), whose 1x1 convs read the weights as ``[Cin, Cout]``,
+  neighbouring invocations neighbouring weights.
 
 With squeeze-excite the pool needs the whole depthwise output before any projection, so every target runs
 the staged strategy with one more dispatch between the depthwise conv and the projection: one workgroup per
