@@ -409,8 +409,6 @@ def test_malformed_tflite_files_are_bad_input_and_never_crash_the_checker(tmp_pa
     from tflite_builder import build, t
 
     from tflfuse import zoo
-    from tflfuse.check_config import _signatures
-    from tflfuse.check_litert import LiteRTCrash, run_litert
 
     # No outputs: nothing to run or compare.
     (tmp_path / "no_outputs.tflite").write_bytes(build([t((2, 3)), t((2, 3))],
@@ -420,19 +418,17 @@ def test_malformed_tflite_files_are_bad_input_and_never_crash_the_checker(tmp_pa
     assert "ERROR no_outputs: load: the .tflite's subgraph 0 has no outputs, so there is nothing to run or " \
            "compare" in out and "internal" not in out
     # A required input of -1: LiteRT's allocate_tensors reads past its arrays (in this process, a segmentation
-    # fault); in its child process the crash is reported, with the op that tflfuse's lowering names.
+    # fault). In its child process that usually ends in SIGSEGV, but undefined behaviour is not fixed: after
+    # some other tests of this file the child was seen to return instead. Bad input either way, naming the op
+    # that tflfuse's lowering names.
     m = Model(zoo.fetch("face_detection_short_range").read_bytes())
     m.m.subgraphs[0].operators[3].inputs = np.array([-1])
-    bad = m.to_bytes()
-    with pytest.raises(LiteRTCrash, match="^LiteRT's CPU interpreter was killed by SIGSEGV in allocate_tensors$"):
-        run_litert(bad, [{"kind": "signatures", "signatures": _signatures(Model(bad)), "feeds": []}])
-    (tmp_path / "neg_input.tflite").write_bytes(bad)
+    (tmp_path / "neg_input.tflite").write_bytes(m.to_bytes())
     code, out, err = check_cli(tmp_path / "neg_input.tflite", "--samples=1")
     assert code == 2, out + err
-    assert out.splitlines()[-2] == (
+    assert out.splitlines()[-2].startswith(
         "ERROR neg_input: load: the .tflite looks malformed: RELU (operator 3 of subgraph 0): input 0 is absent "
-        "but required; LiteRT's CPU interpreter was killed by SIGSEGV in allocate_tensors. Fix or re-export the file "
-        "(tflfuse check on the model's source converts it afresh)")
+        "but required; LiteRT"), out
     assert out.splitlines()[-1].startswith("tflfuse check BAD INPUT") and out.splitlines()[-1].endswith("(exit 2)")
     # The same fault in a small file, where LiteRT may refuse it rather than crash: bad input either way.
     (tmp_path / "small.tflite").write_bytes(build(
