@@ -4,9 +4,10 @@ queries (``tflfuse.runtime.plan.pass_gpu_us``). No flags: imported by the benchm
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
+
+from tflfuse.kernels.base import Binding, Program, linear_dispatch
+from tflfuse.runtime.plan import pass_gpu_us
 
 __all__ = ["copy_bandwidth_gb_per_s", "fma_source", "fma_tflops", "measure_peaks", "recorder"]
 
@@ -29,9 +30,6 @@ def copy_bandwidth_gb_per_s(device, mib: int = 512, repeats: int = 20) -> float:
     """GB/s of a vec4 copy kernel over ``mib`` MiB (at most the device's storage binding limit; one read and
     one write of each byte), GPU time from timestamps at the start and end of its compute pass, median of
     ``repeats``: the memory-bandwidth yardstick of the roofline."""
-    from tflfuse.kernels.base import Binding, Program, linear_dispatch
-    from tflfuse.runtime.plan import pass_gpu_us
-
     nbytes = min(mib << 20, device.max_storage_binding) // 16 * 16
     vec4s = nbytes // 16
     binds = (Binding("x", ("input", 0), "read", "vec4<f32>", nbytes),
@@ -80,33 +78,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 """
 
 
-def fma_tflops(gpu, wgpu, dtype: str = "f32", workgroups: int = 132 * 64, iterations: int = 4096,
+def fma_tflops(device, dtype: str = "f32", workgroups: int = 132 * 64, iterations: int = 4096,
                repeats: int = 10, accumulators: int = 8) -> float:
-    """TFLOP/s of :func:`fma_source` over ``workgroups`` workgroups of 256 invocations on the wgpu device
-    ``gpu`` (it needs ``timestamp-query``, and ``shader-f16`` for ``"f16"``): GPU time from timestamps at the
-    start and end of its compute pass, median of ``repeats``."""
-    from tflfuse.runtime.plan import pass_gpu_us
-
+    """TFLOP/s of :func:`fma_source` over ``workgroups`` workgroups of 256 invocations on the tflfuse Device
+    ``device`` (it needs ``timestamp-query``, and ``shader-f16`` for ``"f16"``): GPU time from timestamps at
+    the start and end of its compute pass, median of ``repeats``."""
     invocations = workgroups * 256
-    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST
     # m, c (a -> c / (1 - m) = 1: no overflow, no denormals in f16), then the start value
     params = np.array([[0.5] * 4, [0.5] * 4, [0.25] * 4], np.float32)
-    p = gpu.create_buffer_with_data(data=params.tobytes(), usage=usage)
-    y = gpu.create_buffer(size=invocations * 16, usage=usage)
-    module = gpu.create_shader_module(code=fma_source(dtype, iterations, accumulators), label=f"fma {dtype}")
-    pipeline = gpu.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-    group = gpu.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
-        {"binding": 0, "resource": {"buffer": p, "offset": 0, "size": params.nbytes}},
-        {"binding": 1, "resource": {"buffer": y, "offset": 0, "size": invocations * 16}}])
-
-    def record(cpass) -> None:
-        cpass.set_pipeline(pipeline)
-        cpass.set_bind_group(0, group)
-        cpass.dispatch_workgroups(workgroups)
-
-    timer = types.SimpleNamespace(features=set(gpu.features), name=dtype, _wgpu=wgpu, device=gpu)
-    us = pass_gpu_us(timer, record, repeats)
-    return invocations * iterations * accumulators * 8 / us / 1e6
+    binds = (Binding("p", ("input", 0), "read", "vec4<f32>", params.nbytes),
+             Binding("y", ("output", 0), "read_write", "vec4<f32>", invocations * 16))
+    prog = Program(f"fma_{dtype}", fma_source(dtype, iterations, accumulators), (256, 1, 1), (workgroups, 1, 1),
+                   binds)
+    record = recorder(device, prog, [device.create_buffer(params.nbytes, data=params.tobytes()),
+                                     device.create_buffer(invocations * 16)])
+    return invocations * iterations * accumulators * 8 / pass_gpu_us(device, record, repeats) / 1e6
 
 
 def measure_peaks(device) -> dict:
@@ -116,9 +102,9 @@ def measure_peaks(device) -> dict:
     software = device.is_software
     size = dict(workgroups=16, iterations=256, repeats=3) if software else {}
     peaks = {"copy_gb_per_s": copy_bandwidth_gb_per_s(device, *((32, 5) if software else ())),
-             "f32_tflops": fma_tflops(device.device, device._wgpu, "f32", **size)}
+             "f32_tflops": fma_tflops(device, "f32", **size)}
     if "shader-f16" in device.features:
-        peaks["f16_tflops"] = fma_tflops(device.device, device._wgpu, "f16", **size)
+        peaks["f16_tflops"] = fma_tflops(device, "f16", **size)
     else:
         peaks["f16_note"] = "the adapter has no shader-f16"
     return peaks

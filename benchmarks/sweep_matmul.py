@@ -64,7 +64,7 @@ def _time(device, rows, depth, cols, x, w, b, attrs):
 def main(argv):
     device = tflfuse.Device()
     print(f"adapter: {device.describe()}", flush=True)
-    peak = fma_tflops(device.device, device._wgpu, "f32")
+    peak = fma_tflops(device, "f32")
     print(f"f32 FMA peak: {peak:.1f} TFLOP/s", flush=True)
     rng = np.random.default_rng(0)
     results = {"adapter": device.describe(), "f32_tflops": peak, "products": []}

@@ -27,7 +27,7 @@ Sums run in another order than the staged kernels' (rounding only).
 from __future__ import annotations
 
 from ..base import Program, linear_dispatch
-from ..wgsl import activation_fn, prelude
+from ..wgsl import activation_fn, linear_main, prelude
 
 __all__ = ["blocked_geometry", "blocked_loop_trips", "blocked_program", "blocked_schedule"]
 
@@ -114,7 +114,7 @@ def blocked_program(k, bindings) -> Program:
     halo = [(hy, hx) for hy in range(K) for hx in range(hw)]
     q_of = {pos: i for i, pos in enumerate(halo)}
     L = []   # body lines, indented by two
-    L += [f"let cg = inv % {g['groups']}u;", f"let t = inv / {g['groups']}u;",
+    L += [f"let cg = idx % {g['groups']}u;", f"let t = idx / {g['groups']}u;",
           f"let ox0 = i32(t % {g['tiles_x']}u) * {tw};", f"let oy = i32((t / {g['tiles_x']}u) % {k.oh}u);",
           f"let n = t / {g['tiles_x'] * k.oh}u;", f"let co0 = cg * {G}u;"]
     for hy in range(K):
@@ -127,15 +127,20 @@ def blocked_program(k, bindings) -> Program:
     private = tw * alloc <= _PRIVATE_SUMS
     out_at = f"((n * {k.oh}u + u32(oy)) * {k.ow}u + u32(ox0 + {{p}})) * {cout}u + {{co}}"
     res_at = f"((n * {h}u + u32(oy)) * {w}u + u32(ox0 + {{p}})) * {cin}u + {{co}}"
+
+    def store_loop(sums: str) -> list[str]:
+        """y = sums (of pixel ``{p}``, channel offset c) + bias (+ residual) over the block's live outputs."""
+        out = [f"for (var c = 0u; c < {G}u; c++) {{", "  let co = co0 + c;", f"  if (co >= {cout}u) {{ break; }}",
+               "  let bias = pb[co];"]
+        for p in range(tw):
+            residual = f" + x[{res_at.format(p=p, co='co')}]" if k.residual else ""
+            out.append(f"  if (ox0 + {p} < {k.ow}) {{ y[{out_at.format(p=p, co='co')}] = {sums.format(p=p * alloc)}"
+                       f"bias{residual}; }}")
+        return out + ["}"]
     if private:
         L += [f"var acc: array<f32, {tw * alloc}>;   // projection sums: pixel p, channel co0 + c at p * {alloc} + c"]
     else:   # the sums accumulate in y itself: bias and residual first
-        L += [f"for (var c = 0u; c < {G}u; c++) {{", "  let co = co0 + c;", f"  if (co >= {cout}u) {{ break; }}",
-              "  let bias = pb[co];"]
-        for p in range(tw):
-            residual = f" + x[{res_at.format(p=p, co='co')}]" if k.residual else ""
-            L.append(f"  if (ox0 + {p} < {k.ow}) {{ y[{out_at.format(p=p, co='co')}] = bias{residual}; }}")
-        L += ["}"]
+        L += store_loop("")
     L += [f"for (var e0 = 0u; e0 < {cexp}u; e0 += {E}u) {{"]
     B = []   # the chunk loop's body
     es = range(E)
@@ -175,20 +180,9 @@ def blocked_program(k, bindings) -> Program:
     B += ["}"]
     L += ["  " + b for b in B] + ["}"]
     if private:
-        L += [f"for (var c = 0u; c < {G}u; c++) {{", "  let co = co0 + c;", f"  if (co >= {cout}u) {{ break; }}",
-              "  let bias = pb[co];"]
-        for p in range(tw):
-            residual = f" + x[{res_at.format(p=p, co='co')}]" if k.residual else ""
-            L.append(f"  if (ox0 + {p} < {k.ow}) {{ y[{out_at.format(p=p, co='co')}] = acc[{p * alloc}u + c] + bias"
-                     f"{residual}; }}")
-        L += ["}"]
+        L += store_loop("acc[{p}u + c] + ")
     total = g["invocations"]
-    source = prelude(bindings) + activation_fn(k.attr("activation")) + f"""
-@compute @workgroup_size({WORKGROUP})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lidx: u32) {{
-  let inv = ((wid.z * nwg.y + wid.y) * nwg.x + wid.x) * {WORKGROUP}u + lidx;
-  if (inv >= {total}u) {{ return; }}
-""" + "\n".join("  " + line for line in L) + "\n}\n"
+    source = prelude(bindings) + activation_fn(k.attr("activation")) + linear_main(
+        WORKGROUP, total, "\n".join("  " + line for line in L))
     return Program(k.key, source, (WORKGROUP, 1, 1), linear_dispatch(total, WORKGROUP), bindings,
                    loop_trips=blocked_loop_trips(k))
