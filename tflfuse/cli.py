@@ -70,6 +70,9 @@ _flag(flags.DEFINE_string, "model", None, "shader: write every distinct shader o
 _flag(flags.DEFINE_string, "out", None, "shader --model: folder for the .wgsl files and manifest.json.", "shader")
 _flag(flags.DEFINE_enum, "target", "gpu", "shader, fuse: schedules (and dispatch counts) for a GPU or the software "
       "adapter.", "shader fuse", enum_values=["gpu", "cpu"])
+_flag(flags.DEFINE_enum, "precision", "float32", "run, shader: float16 stores every float tensor as float16 on the "
+      "GPU (arithmetic in float32; needs the adapter's shader-f16), as LiteRT's GPU delegate allows with "
+      "precision_loss_allowed.", "run shader", enum_values=["float32", "float16"])
 _flag(flags.DEFINE_list, "patterns", [], "fuse: the patterns to apply (default: all of tflfuse.passes.fuse.PATTERNS).",
       "fuse")
 _flag(flags.DEFINE_bool, "keep_custom_ops", False, "unfuse: keep custom ops that have no expansion into builtins "
@@ -279,7 +282,7 @@ def cmd_run(args):
 
     from .runtime import Interpreter
 
-    interp = Interpreter(model_path=args[0], adapter=FLAGS.adapter)
+    interp = Interpreter(model_path=args[0], adapter=FLAGS.adapter, precision=FLAGS.precision)
     interp.allocate_tensors()
     details = interp.get_input_details()
     if len(FLAGS.input) != len(details):
@@ -342,7 +345,7 @@ def _shader_model():
 
     from .shader import model_shaders
 
-    files, manifest = model_shaders(FLAGS.model, target=FLAGS.target)
+    files, manifest = model_shaders(FLAGS.model, target=FLAGS.target, precision=FLAGS.precision)
     out = Path(FLAGS.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -371,7 +374,7 @@ def cmd_shader(args):
     except json.JSONDecodeError as e:
         raise UsageError(f"--shapes is not a JSON list of shapes: {e}") from None
     try:
-        info = get_shader(args[0], shapes, _parse_attrs(FLAGS.attrs))
+        info = get_shader(args[0], shapes, _parse_attrs(FLAGS.attrs), precision=FLAGS.precision)
     except TypeError as e:  # --shapes parsed as JSON but is not a list of lists of ints
         raise UsageError(f"--shapes: {e}") from None
     if FLAGS.json:

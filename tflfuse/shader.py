@@ -10,6 +10,7 @@ import numpy as np
 
 from .kernels import kernel_class
 from .kernels.base import KernelError, TensorSpec
+from .kernels.half import half_storage
 
 __all__ = ["ShaderInfo", "catalog", "get_shader", "model_shaders", "run_shader"]
 
@@ -60,20 +61,27 @@ def _check_shapes(input_shapes) -> None:
 
 
 def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Mapping | None = None,
-               dtype: str | Sequence[str] = "float32") -> ShaderInfo:
+               dtype: str | Sequence[str] = "float32", precision: str = "float32") -> ShaderInfo:
     """The WGSL for op ``key`` (its name in a .tflite: ``"CONV_2D"``, ``"fused_bottleneck"``) on inputs of
     ``input_shapes`` (``None`` for an absent optional input) with ``attrs`` (the op's options, snake_case:
     ``stride_h``, ``padding``...; constant inputs such as PAD's paddings are attributes here). No GPU is
     touched. Same inputs give byte-identical WGSL. ``dtype`` is one dtype name for every input or one per
-    input (GATHER's indices are ``"int32"``).
+    input (GATHER's indices are ``"int32"``). ``precision="float16"`` gives the shader as a float16 plan runs
+    it: its float tensors' bindings are ``array<f16>`` (``enable f16;``, the ``shader-f16`` feature), the
+    arithmetic f32 (:mod:`tflfuse.kernels.half`).
 
     Raises:
+      ValueError: an unknown ``precision``.
       UnsupportedOpError: unknown key (the message lists the known keys).
       KernelError: an attribute the kernel does not know (the message lists those it takes), shapes or
         attribute values the kernel does not accept (the message says what it expected),
         including a tensor of 2**32 elements or more (WGSL indexes with u32).
       TypeError: ``input_shapes`` is not a list of shapes (lists of ints) and ``None``.
     """
+    from .runtime.plan import PRECISIONS
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     cls = kernel_class(key)
     _check_shapes(input_shapes)
     attrs = dict(attrs or {})
@@ -88,7 +96,7 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
     try:
         kernel = cls(specs, attrs)
         outs = tuple(s.shape for s in kernel.output_specs())
-        programs = kernel.programs()
+        programs = [half_storage(p) if precision == "float16" else p for p in kernel.programs()]
     except KernelError:
         raise
     except (TypeError, ValueError) as e:  # e.g. int("abc") for stride_h="abc"
@@ -137,7 +145,7 @@ def catalog() -> list[dict]:
     return out
 
 
-def model_shaders(model, target: str = "gpu") -> tuple[dict[str, str], dict]:
+def model_shaders(model, target: str = "gpu", precision: str = "float32") -> tuple[dict[str, str], dict]:
     """The distinct shaders of a .tflite model and a manifest mapping each op to them. No GPU.
 
     Every subgraph that :class:`tflfuse.Interpreter` runs is covered: subgraph 0 and the subgraph of each
@@ -148,6 +156,7 @@ def model_shaders(model, target: str = "gpu") -> tuple[dict[str, str], dict]:
     Args:
       model: a :class:`tflfuse.model.Model`, the bytes of a .tflite, or its path.
       target: ``"gpu"`` or ``"cpu"`` (the software adapter's schedules).
+      precision: ``"float32"`` or ``"float16"`` (float tensors as ``array<f16>``, as :func:`get_shader`).
     Returns:
       ``(files, manifest)``: ``files`` maps a file name (``"CONV_2D_3f2a9c1e.wgsl"``, named by op and a digest
       of the source; ops of any subgraph share a file) to WGSL text. ``manifest`` holds ``ops``, one entry per
@@ -162,12 +171,15 @@ def model_shaders(model, target: str = "gpu") -> tuple[dict[str, str], dict]:
       Tensor indices are those of the op's own subgraph.
     Raises:
       ModelError, UnsupportedOpError, KernelError: as :class:`tflfuse.Interpreter` would.
+      ValueError: an unknown ``precision``.
     """
     from pathlib import Path
 
     from .model import Model
-    from .runtime.plan import lower
+    from .runtime.plan import PRECISIONS, lower
 
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     if isinstance(model, (str, Path)):
         model = Model.from_path(model)
     elif not isinstance(model, Model):
@@ -180,20 +192,21 @@ def model_shaders(model, target: str = "gpu") -> tuple[dict[str, str], dict]:
     for si in sorted(signatures):
         graph = lower(model, si, target=target, relayout=False)   # shaders read the file's tensors as they are
         for op in graph.ops:
-            ops.append({"subgraph": si, "signatures": signatures[si], **_op_entry(op, files)})
+            ops.append({"subgraph": si, "signatures": signatures[si], **_op_entry(op, files, precision)})
         subgraphs.append({
             "subgraph": si, "signatures": signatures[si], "inputs": graph.inputs, "outputs": graph.outputs,
             "tensors": {str(t): {"shape": list(s.shape), "dtype": s.dtype} for t, s in sorted(graph.specs.items())},
             "aliases": {str(k): v for k, v in graph.aliases.items()}, "constants": sorted(graph.consts)})
     first = {k: v for k, v in subgraphs[0].items() if k not in ("subgraph", "signatures")}
-    manifest = {"target": target, **first, "ops": ops, "subgraphs": subgraphs}
+    manifest = {"target": target, "precision": precision, **first, "ops": ops, "subgraphs": subgraphs}
     return files, manifest
 
 
-def _op_entry(op, files: dict[str, str]) -> dict:
+def _op_entry(op, files: dict[str, str], precision: str) -> dict:
     """One lowered op's manifest entry; adds its shaders to ``files``."""
     dispatches = []
     for prog in op.kernel.programs():
+        prog = half_storage(prog) if precision == "float16" else prog
         fname = f"{op.name}_{prog.cache_key[:8]}.wgsl"
         files[fname] = prog.source
         binds = []
@@ -227,6 +240,8 @@ def run_shader(device, info: ShaderInfo, inputs: Sequence[np.ndarray | None]) ->
         attribute).
     Returns:
       the op's outputs as arrays of ``info.output_shapes`` (float32, or int32 where the binding is i32).
+      Inputs bound as ``f16`` (``get_shader(..., precision="float16")``) are rounded to float16, and such
+      outputs are read back as float32.
     """
     import wgpu
 
@@ -242,7 +257,9 @@ def run_shader(device, info: ShaderInfo, inputs: Sequence[np.ndarray | None]) ->
             if role not in buffers:
                 size = max(16, -(-b["size"] // 16) * 16)
                 if role[0] == "input":
-                    data = np.ascontiguousarray(inputs[role[1]]).tobytes()
+                    value = np.ascontiguousarray(inputs[role[1]])
+                    with np.errstate(over="ignore"):   # past float16's range: inf, as the GPU would store it
+                        data = (value.astype(np.float16) if b["type"] == "f16" else value).tobytes()
                     buffers[role] = dev.create_buffer_with_data(data=data + b"\0" * (size - len(data)), usage=usage)
                 else:
                     buffers[role] = dev.create_buffer(size=size, usage=usage)
@@ -267,8 +284,9 @@ def run_shader(device, info: ShaderInfo, inputs: Sequence[np.ndarray | None]) ->
     dev.queue.submit([encoder.finish()])
     outs = []
     for i, shape in enumerate(info.output_shapes):
-        dtype = np.int32 if out_types.get(i) == "i32" else np.float32
+        dtype = {"i32": np.int32, "f16": np.float16}.get(out_types.get(i), np.float32)
         n = math.prod(shape)
-        raw = dev.queue.read_buffer(buffers[("output", i)], 0, max(4, n * 4)) if n else b""
-        outs.append(np.frombuffer(raw, dtype)[:n].reshape(shape).copy())
+        nbytes = -(-n * np.dtype(dtype).itemsize // 4) * 4
+        raw = dev.queue.read_buffer(buffers[("output", i)], 0, nbytes) if n else b""
+        outs.append(np.frombuffer(raw, dtype)[:n].reshape(shape).astype(np.int32 if dtype == np.int32 else np.float32))
     return outs

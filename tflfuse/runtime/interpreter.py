@@ -10,7 +10,7 @@ import numpy as np
 
 from ..model import TENSOR_DTYPES, Model
 from .device import Device
-from .plan import ExecutionPlan, check_supported, lower
+from .plan import PRECISIONS, ExecutionPlan, check_supported, lower
 
 __all__ = ["Interpreter", "SignatureRunner"]
 
@@ -31,8 +31,14 @@ class Interpreter:
       adapter: substring of an adapter name to pick one (ignored when ``device`` is given).
       experimental_preserve_all_tensors: give every tensor its own buffer so that intermediates can be read
         with :meth:`get_tensor` (as LiteRT's flag of that name); costs memory.
+      precision: ``"float32"`` (the default) or ``"float16"``: float tensors held as float16 on the GPU, the
+        arithmetic and every sum in float32, as LiteRT's GPU delegate allows with ``precision_loss_allowed``
+        (its FP16 mode). Inputs are still set and outputs read as float32; they are rounded to float16 on the
+        way in and carry about 3 significant digits. Needs the adapter's ``shader-f16`` feature (ValueError
+        at :meth:`allocate_tensors` where it is missing).
     Raises:
-      ValueError: neither or both of model_path/model_content; a malformed file (``ModelError``).
+      ValueError: neither or both of model_path/model_content; a malformed file (``ModelError``); an unknown
+        ``precision``.
       UnsupportedOpError: an op without a kernel; the message names the op, its index and subgraph.
       NoAdapterError: no WebGPU adapter (raised by :meth:`allocate_tensors`, when the GPU is first needed).
 
@@ -44,7 +50,7 @@ class Interpreter:
 
     def __init__(self, model_path: str | Path | None = None, model_content: bytes | None = None, *,
                  device: Device | None = None, adapter: str | None = None,
-                 experimental_preserve_all_tensors: bool = False):
+                 experimental_preserve_all_tensors: bool = False, precision: str = "float32"):
         if (model_path is None) == (model_content is None):
             raise ValueError("give exactly one of model_path and model_content")
         self._model = Model.from_path(model_path) if model_path is not None else Model(model_content)
@@ -52,6 +58,9 @@ class Interpreter:
         self._device = device
         self._adapter = adapter
         self._preserve = experimental_preserve_all_tensors
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+        self._precision = precision
         self._plans: dict[int, ExecutionPlan] = {}
         self._resized: dict[int, dict[int, tuple[int, ...]]] = {}
         self._inputs_set: dict[int, set[int]] = {}
@@ -81,7 +90,7 @@ class Interpreter:
                 raise RuntimeError("call allocate_tensors() before invoke(), set_tensor() or get_tensor()")
             graph = lower(self._model, subgraph, self._resized.get(subgraph),
                           target="cpu" if self.device.is_software else "gpu")
-            plan = self._plans[subgraph] = ExecutionPlan(graph, self.device, self._preserve)
+            plan = self._plans[subgraph] = ExecutionPlan(graph, self.device, self._preserve, self._precision)
             self._inputs_set[subgraph] = set()
         return plan
 

@@ -18,12 +18,17 @@ import numpy as np
 
 from ..kernels import kernel_class, supported_ops
 from ..kernels.base import Kernel, KernelError, Program, TensorSpec
+from ..kernels.half import half_binding_size, half_storage, is_half_binding
 from ..kernels.registry import missing_kernels_error
 from ..model import Model, is_builtin_name
 from ..passes.portable import inline_composites
 from .device import ShaderCompileError
 
-__all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "check_supported", "lower"]
+__all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "PRECISIONS", "check_supported", "lower"]
+
+#: The plan-level precisions: ``"float32"`` (the default) and ``"float16"`` (float tensors stored as IEEE
+#: binary16 on the GPU, arithmetic in f32: :mod:`tflfuse.kernels.half`; needs the ``shader-f16`` feature).
+PRECISIONS = ("float32", "float16")
 
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32"}
 
@@ -358,14 +363,30 @@ class ExecutionPlan:
     """GPU resources for a lowered graph: weight buffers, reused activation buffers, pipelines and bind
     groups, all made once; :meth:`run` submits every dispatch in one command buffer.
 
+    Args:
+      graph: the lowered graph.
+      device: the :class:`~tflfuse.runtime.device.Device`.
+      preserve_all_tensors: give every tensor its own buffer, so that intermediates can be read.
+      precision: one of :data:`PRECISIONS`. ``"float16"`` stores every float32 tensor (inputs, outputs,
+        intermediates, weights) as float16 on the GPU: :meth:`write` rounds float32 values to float16 and
+        :meth:`read` returns float32 again. int32 tensors, scratch buffers and the arithmetic stay 32-bit.
     Raises:
+      ValueError: an unknown ``precision``, or ``"float16"`` on a device without the ``shader-f16`` feature.
       KernelError: a tensor is larger than the device's max storage binding.
       ShaderCompileError: a kernel's WGSL does not compile; the message names the op, its index, the program
         and the op's input shapes.
       DeviceLostError: the device is lost (as :meth:`write`, :meth:`run` and :meth:`read`).
     """
 
-    def __init__(self, graph: LoweredGraph, device, preserve_all_tensors: bool = False):
+    def __init__(self, graph: LoweredGraph, device, preserve_all_tensors: bool = False,
+                 precision: str = "float32"):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+        if precision == "float16" and "shader-f16" not in device.features:
+            raise ValueError(f"precision 'float16' needs the WebGPU feature 'shader-f16', which the adapter "
+                             f"{device.name} does not offer; use precision='float32'")
+        self.precision = precision
+        self._half = precision == "float16"
         self.graph = graph
         self.preserve_all_tensors = preserve_all_tensors
         self.device = device
@@ -386,6 +407,8 @@ class ExecutionPlan:
                 continue
             scratch = self._scratch.get(op.index, [])
             for prog in op.kernel.programs():
+                if self._half:
+                    prog = half_storage(prog)
                 if device.loop_limit is not None and prog.loop_trips >= device.loop_limit:
                     raise KernelError(
                         f"{op.name} (operator {op.index}): its shader runs about {prog.loop_trips} loop "
@@ -407,8 +430,8 @@ class ExecutionPlan:
         self._staging = {}
         staged_bytes = 0
         for t in sorted(dict.fromkeys(t for t in graph.outputs if t in graph.specs and graph.specs[t].nbytes),
-                        key=lambda t: graph.specs[t].nbytes):
-            nbytes = graph.specs[t].nbytes
+                        key=self.storage_nbytes):
+            nbytes = self.storage_nbytes(t)
             if staged_bytes + nbytes > _STAGING_LIMIT:
                 break
             self._staging[t] = device.device.create_buffer(
@@ -419,6 +442,18 @@ class ExecutionPlan:
         self._next = None   # the next run's command buffer, recorded ahead
 
     # ---- buffers ---------------------------------------------------------------------------------
+    def _is_half(self, t: int) -> bool:
+        """Whether tensor ``t`` is stored as float16 (a float tensor of a float16 plan)."""
+        if not self._half:
+            return False
+        spec = self.graph.specs.get(t)
+        return spec.dtype == "float32" if spec is not None else self.graph.consts[t].dtype.kind == "f"
+
+    def storage_nbytes(self, t: int) -> int:
+        """Bytes of tensor ``t``'s values on the GPU (float16 ones: 2 each, rounded up to a multiple of 4)."""
+        spec = self.graph.specs[t]
+        return half_binding_size(spec.size) if self._is_half(t) else spec.nbytes
+
     def _alloc(self) -> None:
         g, dev = self.graph, self.device
         limit = dev.max_storage_binding
@@ -427,6 +462,8 @@ class ExecutionPlan:
         for t, value in g.consts.items():
             if t in gpu_read:
                 data = np.ascontiguousarray(value, dtype=np.float32 if value.dtype.kind == "f" else value.dtype)
+                if self._is_half(t):
+                    data = _half_bytes(data)
                 if data.nbytes > limit:
                     raise KernelError(f"constant {g.describe(t)} {list(data.shape)} is {data.nbytes} bytes, over "
                                       f"the device's max storage binding of {limit} bytes")
@@ -464,17 +501,18 @@ class ExecutionPlan:
 
         roots: dict[int, tuple[int, object]] = {}
         for r in sorted(pinned):
-            if g.specs[r].nbytes > limit:
-                raise KernelError(f"{g.describe(r)} {list(g.specs[r].shape)} needs {g.specs[r].nbytes} bytes, "
+            nbytes = self.storage_nbytes(r)
+            if nbytes > limit:
+                raise KernelError(f"{g.describe(r)} {list(g.specs[r].shape)} needs {nbytes} bytes, "
                                   f"over the device's max storage binding of {limit} bytes")
             self.buffer_count += 1
-            self.activation_bytes += g.specs[r].nbytes
-            roots[r] = (0, dev.create_buffer(g.specs[r].nbytes, label=f"io{r}"))
+            self.activation_bytes += nbytes
+            roots[r] = (0, dev.create_buffer(nbytes, label=f"io{r}"))
         for pos, op in enumerate(g.ops):
             for t in op.outputs:
                 r = g.storage_root(t)
                 if r not in roots:
-                    roots[r] = take(g.specs[r].nbytes, f"{g.describe(t)} {list(g.specs[r].shape)}")
+                    roots[r] = take(self.storage_nbytes(r), f"{g.describe(t)} {list(g.specs[r].shape)}")
             scratch = [take(n, f"scratch of op {op.index}") for n in op.kernel.scratch_sizes()]
             self._scratch[op.index] = [b for _, b in scratch]
             free.extend(scratch)
@@ -492,6 +530,10 @@ class ExecutionPlan:
             kind, k = b.role
             t = op.inputs[k] if kind == "input" else op.outputs[k] if kind == "output" else None
             buf = scratch[k] if kind == "scratch" else self.buffers[t]
+            if t is not None and self._half and (b.elem_type == "f16") != self._is_half(t):
+                raise KernelError(f"{op.name} (operator {op.index}, program {prog.name}): binding {b.name!r} "
+                                  f"declares {b.elem_type} for {self.graph.describe(t)}, stored as "
+                                  f"{'f16' if self._is_half(t) else self.graph.specs[t].dtype}")
             # A zero-size binding is invalid (wgpu-native aborts on it): an empty tensor binds its 16-byte
             # buffer, which the shader never reads (its invocations all return at once).
             entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0, "size": max(b.size, 16)}})
@@ -519,7 +561,10 @@ class ExecutionPlan:
         return len(self.steps)
 
     def write(self, tensor: int, value: np.ndarray) -> None:
-        data = np.ascontiguousarray(value).tobytes()
+        """Uploads ``value`` (of the tensor's dtype and shape) into an input's buffer; a float16 plan rounds
+        float32 values to float16 (to nearest even; past 65504 they become inf, as float16 does)."""
+        value = np.ascontiguousarray(value)
+        data = (_half_bytes(value) if self._is_half(tensor) else value).tobytes()
         self._staged.discard(tensor)   # a passthrough output's staged copy is now stale
         if data:  # wgpu refuses an empty write; an empty tensor has nothing to upload
             with self.device.guard("set_tensor()"):
@@ -533,7 +578,7 @@ class ExecutionPlan:
         self._record(cpass)
         cpass.end()
         for tensor, staging in self._staging.items():
-            encoder.copy_buffer_to_buffer(self.buffers[tensor], 0, staging, 0, self.graph.specs[tensor].nbytes)
+            encoder.copy_buffer_to_buffer(self.buffers[tensor], 0, staging, 0, self.storage_nbytes(tensor))
         return encoder.finish()
 
     def run(self) -> None:
@@ -561,16 +606,19 @@ class ExecutionPlan:
         dtype = np.float32 if spec.dtype == "float32" else np.int32
         if spec.size == 0:
             return np.zeros(spec.shape, dtype)
+        nbytes = self.storage_nbytes(tensor)
         with self.device.guard("get_tensor()"):
             if tensor in self._staged:   # an output copied by the last run's own command buffer
                 staging = self._staging[tensor]
                 staging.map_sync(self.device._wgpu.MapMode.READ)
                 try:
-                    raw = staging.read_mapped(0, spec.nbytes)
+                    raw = staging.read_mapped(0, nbytes)
                 finally:
                     staging.unmap()
             else:
-                raw = self.device.device.queue.read_buffer(self.buffers[tensor], 0, spec.nbytes)
+                raw = self.device.device.queue.read_buffer(self.buffers[tensor], 0, nbytes)
+        if self._is_half(tensor):
+            return np.frombuffer(raw, np.float16)[:spec.size].astype(np.float32).reshape(spec.shape)
         return np.frombuffer(raw, dtype=dtype).reshape(spec.shape).copy()
 
     def time_run(self, repeats: int = 10) -> float:
@@ -588,6 +636,14 @@ class ExecutionPlan:
 
 
 _STAGING_LIMIT = 64 << 20
+
+
+def _half_bytes(values: np.ndarray) -> np.ndarray:
+    """Float values as float16 (round to nearest even), padded with a zero to a multiple of 4 bytes (WebGPU's
+    unit for buffer writes and copies)."""
+    with np.errstate(over="ignore"):
+        half = values.astype(np.float16).ravel()
+    return np.concatenate([half, np.zeros(1, np.float16)]) if half.size % 2 else half
 
 
 def _pass_recorder(steps: Sequence[tuple[Program, object, object]]):
@@ -631,7 +687,7 @@ def _pass_recorder(steps: Sequence[tuple[Program, object, object]]):
 
 
 def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping | None = None,
-           constant: Sequence[bool] | None = None) -> list[np.ndarray]:
+           constant: Sequence[bool] | None = None, precision: str = "float32") -> list[np.ndarray]:
     """Runs one kernel on arrays: the first input as a runtime tensor, the rest as constants (weights).
 
     For kernel tests and shader checks: the same plan, buffers and dispatch path as a model's op.
@@ -642,6 +698,7 @@ def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping
       inputs: float32 (or int32) arrays in the op's input order (``None`` for an absent optional input).
       attrs: the op's attributes.
       constant: per input, whether it is a constant (default: all but the first).
+      precision: the plan's precision (:data:`PRECISIONS`).
     Returns:
       the op's outputs as float32 arrays.
     """
@@ -668,7 +725,7 @@ def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping
             runtime.append(i)
     graph = LoweredGraph(0, [LoweredOp(0, key, kernel, in_ids, out_ids)], specs_map, consts, runtime,
                          out_ids, {out_ids[0]: in_ids[0]} if kernel.view else {})
-    plan = ExecutionPlan(graph, device)
+    plan = ExecutionPlan(graph, device, precision=precision)
     for i in runtime:
         plan.write(i, np.ascontiguousarray(inputs[i]))
     plan.run()

@@ -1,0 +1,106 @@
+"""``precision="float16"``: float tensors stored as float16 on the GPU, arithmetic in float32
+(:mod:`tflfuse.kernels.half`).
+
+Reference for every kernel: its float32 result on the same inputs already rounded to float16 by NumPy (the
+float32 kernels are checked against TF and LiteRT in the kernel tests). A float16 plan reads the same values,
+computes the same float32 sums and rounds once, at the store, so each output must be a float16 value within one
+float16 ulp of the float32 result: ``|got - want| <= 2**-10 * max(|want|, 2**-14)``. One ulp, not half: WGSL
+lets a conversion to f16 round to either neighbour; 2**-14 is float16's smallest normal, below which the spacing
+is fixed at 2**-24. Whole models against LiteRT CPU are in test_real_models.py (``rel16``).
+"""
+
+import types
+
+import numpy as np
+import pytest
+
+import tflfuse
+from tflfuse.kernels import kernel_class
+from tflfuse.kernels.base import Binding, KernelError, Program
+from tflfuse.kernels.half import half_storage
+from tflfuse.runtime.plan import ExecutionPlan, lower, run_op
+from tflfuse.shader import get_shader, run_shader
+
+from test_shader_validity import GRID, _inputs
+
+_ULP_1 = 2.0 ** -10
+_MIN_NORMAL = 2.0 ** -14
+
+
+def _as_half(a):
+    return a.astype(np.float16).astype(np.float32) if a is not None and a.dtype == np.float32 else a
+
+
+@pytest.mark.parametrize("key, shapes, attrs, dtypes", GRID, ids=[f"{g[0]}-{i}" for i, g in enumerate(GRID)])
+def test_every_kernel_stores_float16(device, rng, key, shapes, attrs, dtypes):
+    arrays = [_as_half(a) for a in _inputs(key, shapes, dtypes, rng)]
+    static = kernel_class(key).static_inputs
+    ins = [None if i in static else a for i, a in enumerate(arrays)]
+    want = run_op(device, key, ins, attrs)
+    got = run_op(device, key, ins, attrs, precision="float16")
+    # the same shader run from its ShaderInfo alone, as another runtime would: bit-identical
+    info = get_shader(key, shapes, attrs, dtypes, precision="float16")
+    assert all("array<f16>" in p.wgsl for p in info.programs if any(b["type"] == "f16" for b in p.bindings))
+    shader_run = run_shader(device, info, arrays)
+    assert len(got) == len(want) == len(shader_run)
+    for g, w, s in zip(got, want, shader_run):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(g, s)
+        if w.dtype != np.float32:
+            np.testing.assert_array_equal(g, w)
+            continue
+        np.testing.assert_array_equal(g, _as_half(g))   # stored as float16
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        finite = np.isfinite(w)
+        err = np.abs(g[finite].astype(np.float64) - w[finite])
+        bound = _ULP_1 * np.maximum(np.abs(w[finite]), _MIN_NORMAL)
+        assert (err <= bound).all(), f"{key}: worst {float((err / bound).max()):.3g} ulp of float16"
+
+
+def test_odd_empty_and_out_of_range_tensors(device):
+    # 15 values (an odd count: the upload is padded to 4 bytes), and float16's range: past 65504 is inf
+    x = np.array([[0.1, -0.2, 3.0, 65504.0, 70000.0], [-70000.0, 1e-8, -1e-8, 2.0 ** -24, 0.0],
+                  [np.inf, -np.inf, 0.5, 1.0, -1.0]], np.float32)
+    (got,) = run_op(device, "RELU", [x], precision="float16")
+    with np.errstate(over="ignore"):
+        want = np.maximum(x.astype(np.float16), np.float16(0)).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    (empty,) = run_op(device, "RELU", [np.zeros((0, 3), np.float32)], precision="float16")
+    assert empty.shape == (0, 3) and empty.dtype == np.float32
+
+
+def test_float16_plan_halves_the_gpu_memory(device):
+    from tflfuse import zoo
+
+    path = zoo.fetch("face_detection_short_range")
+    reports = {}
+    for precision in ("float32", "float16"):
+        interp = tflfuse.Interpreter(model_path=path, device=device, precision=precision)
+        interp.allocate_tensors()
+        reports[precision] = interp._plan(0).memory_report()
+    full, half = reports["float32"], reports["float16"]
+    assert half["constants"] <= full["constants"] / 2 + 4 * 256   # each weight padded to 4 bytes at most
+    assert half["activations"] <= full["activations"] / 2 + 16 * 64   # each buffer rounded up to 16 bytes
+
+
+def test_bad_precision_and_missing_feature(device):
+    from tflfuse import zoo
+
+    path = zoo.fetch("face_detection_short_range")
+    with pytest.raises(ValueError, match=r"precision must be one of \['float32', 'float16'\], got 'bfloat16'"):
+        tflfuse.Interpreter(model_path=path, precision="bfloat16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        get_shader("RELU", [[4]], precision="half")
+    graph = lower(tflfuse.model.Model.from_path(path))
+    no_f16 = types.SimpleNamespace(features=frozenset({"timestamp-query"}), name="an adapter without f16")
+    with pytest.raises(ValueError, match="needs the WebGPU feature 'shader-f16'.*an adapter without f16.*float32"):
+        ExecutionPlan(graph, no_f16, precision="float16")
+
+
+def test_rewrite_refuses_a_float_binding_it_cannot_follow():
+    binds = (Binding("x", ("input", 0), "read", "f32", 64), Binding("y", ("output", 0), "read_write", "f32", 64))
+    source = ("@group(0) @binding(0) var<storage, read> x: array<f32>;\n"
+              "@group(0) @binding(1) var<storage, read_write> y: array<f32>;\n"
+              "@compute @workgroup_size(1) fn main() { y[0] = f32(arrayLength(&x)); }\n")
+    with pytest.raises(KernelError, match=r"COUNT \(binding 'x'\).*index it"):
+        half_storage(Program("COUNT", source, (1, 1, 1), (1, 1, 1), binds))
