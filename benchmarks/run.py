@@ -66,6 +66,8 @@ def _define_flags() -> None:
     flags.DEFINE_bool("litert_gpu", True, "Also time LiteRT's WebGPU accelerator (CompiledModel, GPU) at batch 1.")
     flags.DEFINE_bool("torch", True, "Also time PyTorch + cuDNN (torchvision's mobilenet_v2, eager and CUDA "
                       "graph) beside MobileNetV2, where torch, torchvision and CUDA are present.")
+    flags.DEFINE_bool("f16", True, "Also time each model with precision='float16' (where the adapter has "
+                      "shader-f16), with its error against LiteRT CPU beside LiteRT WebGPU's.")
     flags.DEFINE_bool("peaks", True, "Measure the device's copy bandwidth and f32/f16 FMA rate (timestamp "
                       "queries) for the header and the roofline.")
     flags.DEFINE_list("batches", ["1", "32"], "Batch sizes to time MobileNetV2 at (inputs resized from batch 1).")
@@ -210,6 +212,8 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
 
     row = {"model": path.stem, "batch": batch, "dispatches": gpu.dispatch_count, "ops": len(gpu.model.op_names(0))}
     got = run_gpu()
+    twin = path.with_name(path.name.replace("_fused", "_unfused"))
+    want = None   # LiteRT CPU's first output: on the file, or for a fused file (LiteRT lacks its ops) on its twin
     try:
         cpu = LiteRT(model_path=str(path), num_threads=max(1, min(8, __import__("os").cpu_count() or 1)))
         _allocate(cpu, batch)
@@ -221,6 +225,15 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
         row["litert_cpu_ms"] = _median_ms(cpu.invoke, max(5, repeats // 5), 2)
     except Exception as e:  # a fused custom op has no LiteRT kernel: compare with its unfused twin instead
         row["litert_note"] = f"LiteRT CPU cannot run it ({type(e).__name__})"
+        if twin.exists() and twin != path:
+            cpu = LiteRT(model_path=str(twin), num_threads=max(1, min(8, __import__("os").cpu_count() or 1)))
+            _allocate(cpu, batch)
+            for d, x in zip(cpu.get_input_details(), xs):
+                cpu.set_tensor(d["index"], x)
+            cpu.invoke()
+            want = cpu.get_tensor(cpu.get_output_details()[0]["index"])
+    if want is not None:
+        row["rel_err"] = _rel_err(got, want)
     if "timestamp-query" in device.features:
         from tflfuse.runtime.plan import SUSTAINED_REPS, gpu_time_plan
 
@@ -229,8 +242,21 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
                                                reps=1 if device.is_software else SUSTAINED_REPS) / 1e3
     fns: dict = {}
     _timed(fns, "tflfuse", run_gpu, run_gpu_n)
+    if FLAGS.f16 and "shader-f16" in device.features:   # the same file with precision="float16"
+        half = tflfuse.Interpreter(model_path=path, device=device, precision="float16")
+        _allocate(half, batch)
+        for d, x in zip(half.get_input_details(), xs):
+            half.set_tensor(d["index"], x)
+        run_half, run_half_n = _tflfuse_runners(half, out0, FLAGS.throughput_n)
+        if want is not None:
+            row["f16_rel_err"] = _rel_err(run_half(), want)
+        _timed(fns, "f16", run_half, run_half_n)
+        if "timestamp-query" in device.features and not device.is_software:
+            from tflfuse.runtime.plan import SUSTAINED_REPS, gpu_time_plan
+
+            row["f16_gpu_one_pass_ms"] = gpu_time_plan(half._plan(0), repeats=max(10, repeats // 5),
+                                                       reps=SUSTAINED_REPS) / 1e3
     fused_ops = [n for n in gpu.model.op_names(0) if n.startswith("fused_")]
-    twin = path.with_name(path.name.replace("_fused", "_unfused"))
     litert_file, litert_ref = path, gpu    # the file LiteRT WebGPU runs, and the interpreter with its inputs
     if fused_ops and twin.exists():
         # The fused file against its twin on tflfuse and on LiteRT WebGPU (and PyTorch), in alternating rounds.
@@ -248,6 +274,8 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
             _timed(fns, "litert_gpu", run, run_n)
             if litert_file == path:
                 row["max_abs_err_litert_gpu_vs_tflfuse"] = float(np.abs(first - got).max())
+            if want is not None:
+                row["litert_gpu_rel_err"] = _rel_err(first, want)
         except Exception as e:  # no WebGPU adapter for LiteRT, or an op its accelerator lacks
             row["litert_gpu_note"] = f"LiteRT WebGPU: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     if fused_ops and path.stem.startswith("mobilenet_v2") and FLAGS.torch:
@@ -387,6 +415,11 @@ def _torch_runners(batch: int, n: int):
 
 
 # ---- the report ----------------------------------------------------------------------------------
+def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max |want|: an error relative to the output's scale."""
+    return float(np.abs(got.astype(np.float64) - want).max() / max(float(np.abs(want).max()), 1e-30))
+
+
 def _ms(v) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
 
@@ -500,6 +533,7 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
                       f"mean over {len(ratios)} models: latency {_geomean(ratios):.2f}x"
                       + (f", throughput {_geomean(thr_ratios):.2f}x" if thr_ratios else "")
                       + " (below 1: tflfuse is faster)."]
+    lines += _f16_lines(rows, by_name)
     lines += _torch_lines(rows)
     bandwidth = [r for r in rows if r.get("bottleneck_gb_per_s")]
     if bandwidth and peaks.get("copy_gb_per_s"):
@@ -513,6 +547,45 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _f16_lines(rows: list[dict], by_name: dict) -> list[str]:
+    """The float16 table: each model with ``precision="float16"`` beside its float32 run and LiteRT WebGPU, and
+    the three runtimes' errors against LiteRT CPU."""
+    half = [r for r in rows if r.get("f16_ms")]
+    if not half:
+        return []
+    lines = ["", "float16 (`precision=\"float16\"`: every float tensor stored as float16 on the GPU, arithmetic "
+                 "in float32), timed in the same alternating rounds as the rows above. Errors are max |x - LiteRT "
+                 "CPU| / max |LiteRT CPU| on the first output (a fused file's LiteRT CPU result is its twin's); "
+                 "LiteRT WebGPU computes in float16 too.", "",
+             "| model | batch | f16 ms | f16 thr. ms | f16 GPU ms | f16 / f32 (latency, thr., GPU) | "
+             "f16 / LiteRT WebGPU (latency, thr.) | f32 rel. err | f16 rel. err | LiteRT WebGPU rel. err |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    ratios, thr_ratios = [], []
+    for r in half:
+        twin = by_name.get((r["model"].replace("_fused", "_unfused"), r["batch"])) \
+            if r["model"].endswith("_fused") else None
+        lgpu = r.get("litert_gpu_ms") or (twin or {}).get("litert_gpu_ms")
+        lgpu_thr = r.get("litert_gpu_thr_ms") or (twin or {}).get("litert_gpu_thr_ms")
+        lerr = r.get("litert_gpu_rel_err", (twin or {}).get("litert_gpu_rel_err"))
+        if r["model"].endswith("_fused") and not r["model"].startswith("mobilenet"):
+            if lgpu:
+                ratios.append(r["f16_ms"] / lgpu)
+            if lgpu_thr and r.get("f16_thr_ms"):
+                thr_ratios.append(r["f16_thr_ms"] / lgpu_thr)
+        vs32 = ", ".join(x for x in (_ratio(r["f16_ms"], r["tflfuse_ms"]),
+                                     _ratio(r.get("f16_thr_ms"), r.get("tflfuse_thr_ms")),
+                                     _ratio(r.get("f16_gpu_one_pass_ms"), r.get("gpu_one_pass_ms"))) if x)
+        vs_gpu = ", ".join(x for x in (_ratio(r["f16_ms"], lgpu), _ratio(r.get("f16_thr_ms"), lgpu_thr)) if x)
+        errs = " | ".join("" if e is None else f"{e:.1e}" for e in (r.get("rel_err"), r.get("f16_rel_err"), lerr))
+        lines.append(f"| {r['model']} | {r['batch']} | {_ms(r['f16_ms'])} | {_ms(r.get('f16_thr_ms'))} | "
+                     f"{_ms(r.get('f16_gpu_one_pass_ms'))} | {vs32} | {vs_gpu} | {errs} |")
+    if ratios:
+        lines += ["", f"Real models in float16: tflfuse / LiteRT WebGPU, geometric mean over {len(ratios)} models: "
+                      f"latency {_geomean(ratios):.2f}x"
+                      + (f", throughput {_geomean(thr_ratios):.2f}x" if thr_ratios else "") + "."]
+    return lines
 
 
 def _torch_lines(rows: list[dict]) -> list[str]:
