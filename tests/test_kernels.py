@@ -172,6 +172,12 @@ DEPTHWISE_CASES = {
     "mult1_stride2_valid_c6": ((1, 8, 8, 6), (3, 3, 1), 2, "VALID", 1, True, "NONE"),
     "mult1_stride2_same_even_no_bias": ((1, 8, 8, 7), (3, 3, 1), 2, "SAME", 1, False, "RELU6"),
     "mult3_1x3_dilation_valid": ((1, 6, 9, 2), (1, 3, 3), 1, "VALID", 3, True, "NONE"),
+    # channels a multiple of 4, multiplier 1: the vec4 strip schedule (conv.depthwise_strip)
+    "strip_stride2_same_odd_batch2": ((2, 11, 13, 8), (3, 3, 1), 2, "SAME", 1, True, "RELU6"),
+    "strip_1x5_valid_c12": ((1, 6, 13, 12), (1, 5, 1), 1, "VALID", 1, True, "NONE"),
+    "strip_5x1_dilation2_same_no_bias": ((1, 13, 6, 4), (5, 1, 1), 1, "SAME", 2, False, "RELU"),
+    "strip_7x7_same_c16": ((1, 9, 10, 16), (7, 7, 1), 1, "SAME", 1, True, "NONE"),
+    "strip_stride3_same": ((1, 10, 10, 4), (3, 3, 1), 3, "SAME", 1, True, "NONE"),
 }
 
 
@@ -189,6 +195,32 @@ def test_depthwise_conv_2d(case, device, rng):
     check_op(depthwise, [shape], const_inputs={1: w, 2: b}, device=device, rng=rng,
              expect_ops=["DEPTHWISE_CONV_2D"], edit=None if bias else _no_bias("DEPTHWISE_CONV_2D"),
              litert_unedited=True, **ACCUMULATION)
+
+
+@pytest.mark.parametrize("strip", [0, 1, 2, 3, 8])
+def test_depthwise_strip_schedules_agree_with_tf(strip, device, rng):
+    """Every ``strip`` (tuning only) on one geometry whose row (13 outputs) no strip divides: stride 2 SAME,
+    batch 2, a fused RELU6. TF's depthwise_conv2d is the reference, at ACCUMULATION's 9-term sums."""
+    x = rng.standard_normal((2, 25, 26, 8)).astype(np.float32)
+    w = _weights(rng, (1, 3, 3, 8), 9)
+    b = rng.standard_normal(8).astype(np.float32)
+    attrs = {"padding": "SAME", "stride_h": 2, "stride_w": 2, "fused_activation_function": "RELU6", "strip": strip}
+    (got,) = tflfuse.runtime.plan.run_op(device, "DEPTHWISE_CONV_2D", [x, w, b], attrs)
+    want = tf.clip_by_value(tf.nn.depthwise_conv2d(x, np.transpose(w, (1, 2, 3, 0)), [1, 2, 2, 1], "SAME") + b,
+                            0.0, 6.0).numpy()
+    assert got.shape == want.shape == (2, 13, 13, 8)
+    np.testing.assert_allclose(got, want, **ACCUMULATION)
+
+
+@pytest.mark.parametrize("strip, shape, message", [
+    (9, (1, 5, 5, 4), "strip must be an int from 0 to 8, got 9"),
+    (True, (1, 5, 5, 4), "strip must be an int"),
+    (2, (1, 5, 5, 6), "the strip schedule needs .*channels a multiple of 4.*give strip=0"),
+])
+def test_depthwise_strip_refuses_what_it_cannot_run(strip, shape, message):
+    specs = [TensorSpec(shape), TensorSpec((1, 3, 3, shape[3])), None]
+    with pytest.raises(KernelError, match=f"DEPTHWISE_CONV_2D: {message}"):
+        kernel_class("DEPTHWISE_CONV_2D")(specs, {"strip": strip})
 
 
 def _draw_depthwise(g):

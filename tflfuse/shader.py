@@ -259,7 +259,7 @@ def run_shader(device, info: ShaderInfo, inputs: Sequence[np.ndarray | None]) ->
                 if role[0] == "input":
                     value = np.ascontiguousarray(inputs[role[1]])
                     with np.errstate(over="ignore"):   # past float16's range: inf, as the GPU would store it
-                        data = (value.astype(np.float16) if b["type"] == "f16" else value).tobytes()
+                        data = (value.astype(np.float16) if "f16" in b["type"] else value).tobytes()
                     buffers[role] = dev.create_buffer_with_data(data=data + b"\0" * (size - len(data)), usage=usage)
                 else:
                     buffers[role] = dev.create_buffer(size=size, usage=usage)
@@ -284,7 +284,7 @@ def run_shader(device, info: ShaderInfo, inputs: Sequence[np.ndarray | None]) ->
     dev.queue.submit([encoder.finish()])
     outs = []
     for i, shape in enumerate(info.output_shapes):
-        dtype = {"i32": np.int32, "f16": np.float16}.get(out_types.get(i), np.float32)
+        dtype = {"i32": np.int32, "f16": np.float16, "vec4<f16>": np.float16}.get(out_types.get(i), np.float32)
         n = math.prod(shape)
         nbytes = -(-n * np.dtype(dtype).itemsize // 4) * 4
         raw = dev.queue.read_buffer(buffers[("output", i)], 0, nbytes) if n else b""

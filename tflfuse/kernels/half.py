@@ -3,7 +3,7 @@
 :func:`half_storage` rewrites one :class:`~tflfuse.kernels.base.Program` so that its float tensor bindings
 (roles ``input`` and ``output`` declared ``array<f32>``) hold IEEE binary16 values (``array<f16>``, WGSL's
 ``shader-f16`` feature): every read ``x[i]`` becomes ``f32(x[i])`` and every store ``y[i] = v`` becomes
-``y[i] = f16(v)``. Arithmetic, accumulators, workgroup memory, uniforms and scratch buffers stay float32, so a
+``y[i] = f16(v)`` (``array<vec4<f32>>`` bindings likewise become ``array<vec4<f16>>``). Arithmetic, accumulators, workgroup memory, uniforms and scratch buffers stay float32, so a
 reduction accumulates in f32 and rounds once, at the store, as LiteRT's GPU delegate does with
 ``precision_loss_allowed`` (its FP16 mode also does the arithmetic in f16; here only storage is halved).
 
@@ -18,12 +18,15 @@ import re
 
 from .base import Binding, KernelError, Program
 
-__all__ = ["half_binding_size", "half_storage", "is_half_binding"]
+__all__ = ["HALF_TYPES", "half_binding_size", "half_storage", "is_half_binding"]
+
+#: A float binding's element type -> its type in a float16 plan.
+HALF_TYPES = {"f32": "f16", "vec4<f32>": "vec4<f16>"}
 
 
 def is_half_binding(b: Binding) -> bool:
     """Whether a binding holds a float tensor that the float16 plan stores as f16 (scratch stays f32)."""
-    return b.elem_type == "f32" and b.role[0] in ("input", "output")
+    return b.elem_type in HALF_TYPES and b.role[0] in ("input", "output")
 
 
 def half_binding_size(elements: int) -> int:
@@ -38,15 +41,14 @@ def half_storage(program: Program) -> Program:
       KernelError: a float binding is used other than by indexing (``&x``, ``arrayLength``), or its brackets
         do not balance; the message names the program and the binding.
     """
-    names = [b.name for b in program.bindings if is_half_binding(b)]
-    if not names:
+    types = {b.name: b.elem_type for b in program.bindings if is_half_binding(b)}
+    if not types:
         return program
     source = program.source
-    for name in names:
-        source = re.sub(rf"var<storage, (read|read_write)> {name}: array<f32>;",
-                        rf"var<storage, \1> {name}: array<f16>;", source)
-    source = "enable f16;\n" + _rewrite(source, names, program.name)
-    bindings = tuple(dataclasses.replace(b, elem_type="f16", size=half_binding_size(b.size // 4))
+    for name, t in types.items():
+        source = source.replace(f"> {name}: array<{t}>;", f"> {name}: array<{HALF_TYPES[t]}>;")
+    source = "enable f16;\n" + _rewrite(source, types, program.name)
+    bindings = tuple(dataclasses.replace(b, elem_type=HALF_TYPES[b.elem_type], size=half_binding_size(b.size // 4))
                      if is_half_binding(b) else b for b in program.bindings)
     return dataclasses.replace(program, source=source, bindings=bindings)
 
@@ -83,8 +85,10 @@ def _statement_end(s: str, i: int, where: str) -> int:
     raise KernelError(f"{where}: a store without ';' after {s[max(0, i - 20):i + 20]!r}")
 
 
-def _rewrite(s: str, names: list[str], program: str) -> str:
-    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, names)) + r")\b(\s*)(\[|[^\[\s:])")
+def _rewrite(s: str, types: dict[str, str], program: str) -> str:
+    """``s`` with each read of a binding in ``types`` (name -> its f32 element type) converted to that type
+    and each store converted to the binding's f16 type."""
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, types)) + r")\b(\s*)(\[|[^\[\s:])")
     out, pos = [], 0
     while True:
         m = pattern.search(s, pos)
@@ -98,18 +102,19 @@ def _rewrite(s: str, names: list[str], program: str) -> str:
                               f"index it, found {s[m.start():m.start() + 40]!r}")
         open_at = m.end() - 1
         close = _matching(s, open_at, where)
-        access = f"{name}[{_rewrite(s[open_at + 1:close], names, program)}]"
+        access = f"{name}[{_rewrite(s[open_at + 1:close], types, program)}]"
+        wide, narrow = types[name], HALF_TYPES[types[name]]
         rest = s[close + 1:]
         op = re.match(r"\s*([-+*/]?=)(?!=)", rest)
         if op is None:   # a read
-            out.append(f"f32({access})")
+            out.append(f"{wide}({access})")
             pos = close + 1
             continue
         rhs_start = close + 1 + op.end()
         end = _statement_end(s, rhs_start, where)
-        rhs = _rewrite(s[rhs_start:end], names, program).strip()
+        rhs = _rewrite(s[rhs_start:end], types, program).strip()
         if op.group(1) == "=":
-            out.append(f"{access} = f16({rhs})")
+            out.append(f"{access} = {narrow}({rhs})")
         else:   # y[i] += v: read, operate in f32, store
-            out.append(f"{access} = f16(f32({access}) {op.group(1)[0]} ({rhs}))")
+            out.append(f"{access} = {narrow}({wide}({access}) {op.group(1)[0]} ({rhs}))")
         pos = end

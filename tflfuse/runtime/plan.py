@@ -530,7 +530,7 @@ class ExecutionPlan:
             kind, k = b.role
             t = op.inputs[k] if kind == "input" else op.outputs[k] if kind == "output" else None
             buf = scratch[k] if kind == "scratch" else self.buffers[t]
-            if t is not None and self._half and (b.elem_type == "f16") != self._is_half(t):
+            if t is not None and self._half and ("f16" in b.elem_type) != self._is_half(t):
                 raise KernelError(f"{op.name} (operator {op.index}, program {prog.name}): binding {b.name!r} "
                                   f"declares {b.elem_type} for {self.graph.describe(t)}, stored as "
                                   f"{'f16' if self._is_half(t) else self.graph.specs[t].dtype}")
