@@ -29,7 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import CompositeKernel, Program, TensorSpec, linear_dispatch
-from ..conv import SUM_STORED_LATER, conv_output_size, is_pointwise, window_body, window_lanes, window_taps
+from ..conv import (SUM_STORED_LATER, conv_output_size, depthwise_program, is_pointwise, window_body, window_lanes,
+                    window_taps)
 from ..elementwise import broadcast_index
 from ..registry import register
 from ..gemm import tiled_matmul_program, use_tiled_matmul
@@ -246,7 +247,7 @@ class FusedSeparableConv2D(_FusedWindow):
     * one dispatch (GPUs, small layers: :func:`pixel_block`): a workgroup computes the depthwise values of
       a block of output pixels into workgroup memory, then those pixels' outputs from them;
     * two dispatches (the software adapter, large layers): the depthwise conv into a scratch buffer
-      ``[N, OH, OW, Cin * M]``, then the pointwise conv with bias, residual and activation (tiled in
+      ``[N, OH, OW, Cin * M]`` (DEPTHWISE_CONV_2D's program: :func:`~tflfuse.kernels.conv.depthwise_program`), then the pointwise conv with bias, residual and activation (tiled in
       workgroup memory where it is large, :func:`~tflfuse.kernels.wgsl.use_tiled_matmul`).
 
     On an NVIDIA H200 two other one-dispatch forms measured slower than two dispatches: a tiled kernel that
@@ -292,10 +293,9 @@ class FusedSeparableConv2D(_FusedWindow):
         g, cmid, cout = self.g, self.cmid, self.cout
         size = self.scratch_sizes()[0]
         inputs = {n: self.binding(n, "input", i, self.inputs[i]) for i, n in enumerate(["x", "w", "pw"])}
-        dw_binds = (inputs["x"], inputs["w"], self.binding("d", "scratch", 0, size))
-        body = _depthwise_body(g, self.input(0).shape[3], self.mult, "x", "d[idx] = acc;")
-        depthwise = elementwise_program(f"{self.key}_depthwise", dw_binds, size // 4, body,
-                                        loop_trips=g["KH"] * (1 + g["KW"]))
+        dw_binds = (inputs["x"], inputs["w"], self.binding("y", "scratch", 0, size))   # DEPTHWISE_CONV_2D's
+        depthwise = depthwise_program(f"{self.key}_depthwise", dw_binds, g, self.input(0).shape[3], self.mult,
+                                      False, None)
         opt = [self.binding(n, "input", len(self.main_inputs) + i, s) for i, (n, s) in enumerate(self.optional)]
         pw_binds = (self.binding("d", "scratch", 0, size, access="read"), inputs["pw"], *opt,
                     self.binding("y", "output", 0, self.output_specs()[0]))
