@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import platform
 import sys
 import tempfile
@@ -199,7 +200,6 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
     latency, tflfuse's one-pass GPU time, the alternating rounds of latency and throughput (tflfuse; a fused
     file's unfused twin; LiteRT WebGPU on the file it can run; PyTorch beside MobileNetV2), then the GPU time
     of each op (timestamp queries) with its bytes and FLOPs. Returns the row (a dict) for :func:`write_table`."""
-    from ai_edge_litert.interpreter import Interpreter as LiteRT
 
     rng = np.random.default_rng(0)
     gpu = tflfuse.Interpreter(model_path=path, device=device)
@@ -213,25 +213,16 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
     row = {"model": path.stem, "batch": batch, "dispatches": gpu.dispatch_count, "ops": len(gpu.model.op_names(0))}
     got = run_gpu()
     twin = path.with_name(path.name.replace("_fused", "_unfused"))
-    want = None   # LiteRT CPU's first output: on the file, or for a fused file (LiteRT lacks its ops) on its twin
+    # LiteRT CPU's first output: on the file, or for a fused file (LiteRT lacks its ops) on its twin
+    want = None
     try:
-        cpu = LiteRT(model_path=str(path), num_threads=max(1, min(8, __import__("os").cpu_count() or 1)))
-        _allocate(cpu, batch)
-        for d, x in zip(cpu.get_input_details(), xs):
-            cpu.set_tensor(d["index"], x)
-        cpu.invoke()
-        want = cpu.get_tensor(cpu.get_output_details()[0]["index"])
+        cpu, want = _litert_cpu(path, batch, xs)
         row["max_abs_err_vs_litert"] = float(np.abs(got - want).max())
         row["litert_cpu_ms"] = _median_ms(cpu.invoke, max(5, repeats // 5), 2)
     except Exception as e:  # a fused custom op has no LiteRT kernel: compare with its unfused twin instead
         row["litert_note"] = f"LiteRT CPU cannot run it ({type(e).__name__})"
         if twin.exists() and twin != path:
-            cpu = LiteRT(model_path=str(twin), num_threads=max(1, min(8, __import__("os").cpu_count() or 1)))
-            _allocate(cpu, batch)
-            for d, x in zip(cpu.get_input_details(), xs):
-                cpu.set_tensor(d["index"], x)
-            cpu.invoke()
-            want = cpu.get_tensor(cpu.get_output_details()[0]["index"])
+            want = _litert_cpu(twin, batch, xs)[1]
     if want is not None:
         row["rel_err"] = _rel_err(got, want)
     if "timestamp-query" in device.features:
@@ -305,6 +296,18 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
             moved = sum(op_bytes(plan.graph, op) for op in blocks)
             row["bottleneck_gb_per_s"] = moved / sum(per_op[op.index] for op in blocks) / 1e3
     return row
+
+
+def _litert_cpu(path: Path, batch: int, xs):
+    """(LiteRT's CPU interpreter on ``path`` at ``batch`` with inputs ``xs``, its first output after one invoke)."""
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    cpu = LiteRT(model_path=str(path), num_threads=max(1, min(8, os.cpu_count() or 1)))
+    _allocate(cpu, batch)
+    for d, x in zip(cpu.get_input_details(), xs):
+        cpu.set_tensor(d["index"], x)
+    cpu.invoke()
+    return cpu, cpu.get_tensor(cpu.get_output_details()[0]["index"])
 
 
 def _litert_gpu_runner(path: Path, ours, xs, n: int = 100):

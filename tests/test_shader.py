@@ -75,6 +75,29 @@ CASES = {
     "fused_bottleneck": ([(1, 8, 8, 4), (4, 24), (24,), (3, 3, 24), (24,), (24, 4), (4,)],
                          {"expansion": 6, "stride": 1, "residual": True, "activation": "relu6"}),
 }
+# The math and layout kernels (tests/test_kernels_math.py checks their values): unary and binary, float32 and
+# int32, reductions, LOG_SOFTMAX, L2_NORMALIZATION, BATCH_MATMUL, TILE... BATCH_TO_SPACE_ND.
+CASES.update({key: ([(2, 7)], {}) for key in ("EXP", "LOG", "SQRT", "RSQRT", "SIN", "COS", "FLOOR", "CEIL",
+                                               "SQUARE", "ROUND", "ABS", "SIGN")})
+CASES.update({
+    "NEG": ([(3, 5)], {}, ["int32"]),
+    "POW": ([(2, 3, 4), (4,)], {}),
+    "FLOOR_DIV": ([(2, 1, 4), (3, 1)], {}, ["int32", "int32"]),
+    "FLOOR_MOD": ([(3, 4), ()], {}),
+    "SUM": ([(2, 3, 70), None], {"axis": [-1], "keep_dims": True}),
+    "REDUCE_PROD": ([(2, 3, 4), None], {"axis": [0, 2]}, ["int32", "int32"]),
+    "REDUCE_MAX": ([(2, 130), None], {"axis": [1]}),
+    "REDUCE_MIN": ([(4, 3, 5), None], {"axis": [1], "keep_dims": True}),
+    "LOG_SOFTMAX": ([(3, 10)], {}),
+    "L2_NORMALIZATION": ([(2, 3, 70)], {}),
+    "BATCH_MATMUL": ([(2, 1, 4, 3), (3, 5, 3)], {"adj_y": True}),
+    "TILE": ([(2, 3), None], {"multiples": [2, 3]}),
+    "BROADCAST_TO": ([(3, 1), None], {"shape": [2, 3, 4]}),
+    "UNPACK": ([(2, 3, 4)], {"axis": 1, "num": 3}),
+    "MIRROR_PAD": ([(3, 4), None], {"paddings": [[1, 2], [3, 0]], "mode": 0}),
+    "SPACE_TO_BATCH_ND": ([(1, 5, 4, 3), None, None], {"block_shape": [2, 2], "paddings": [[1, 0], [0, 0]]}),
+    "BATCH_TO_SPACE_ND": ([(4, 2, 3, 2), None, None], {"block_shape": [2, 2], "crops": [[0, 1], [1, 0]]}),
+})
 # Keys that run no shader: views of their input's buffer, and DEQUANTIZE, DENSIFY and SHAPE (folded into
 # constants at load).
 NO_SHADER = {"RESHAPE": ([(2, 3), None], {"shape": [3, 2]}), "SQUEEZE": ([(2, 1)], {}),

@@ -15,7 +15,7 @@ from .conv import conv_output_size, window_body
 from .registry import register
 from .wgsl import activation_fn, elementwise_program, fmt_f32, prelude, reduction_program, split_lanes
 
-__all__ = ["Pool2D", "Mean", "Softmax", "reduce_program"]
+__all__ = ["Pool2D", "Mean", "Softmax", "reduce_indexing", "reduce_program"]
 
 #: Threads of a workgroup that reduces one output (pool window, MEAN axes, SOFTMAX row) in parallel.
 _REDUCE_WG = 256
@@ -133,6 +133,22 @@ def _axes(axis, rank: int, fail) -> list[int]:
     return axes
 
 
+def reduce_indexing(shape: tuple[int, ...], axes: list[int]) -> tuple[str, str, int]:
+    """WGSL for a reduction of a row-major tensor of ``shape`` over ``axes``: the flat index of the first
+    reduced element of output ``idx`` (an expression over ``idx``), the offset of reduced element ``r`` from it
+    (an expression over ``r``, which runs over the reduced elements in row-major order), and their count."""
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    base, div = [], 1
+    for d in reversed([d for d in range(len(shape)) if d not in axes]):
+        base.append(f"((idx / {div}u) % {shape[d]}u) * {strides[d]}u")
+        div *= shape[d]
+    offset, div = [], 1
+    for d in reversed(axes):
+        offset.append(f"((r / {div}u) % {shape[d]}u) * {strides[d]}u")
+        div *= shape[d]
+    return " + ".join(base) or "0u", " + ".join(offset) or "0u", math.prod(shape[d] for d in axes)
+
+
 @register("MEAN")
 class Mean(Kernel):
     """MEAN: input ``[...]`` float32, constant ``axis`` -> the input with those axes averaged (kept as size
@@ -157,22 +173,8 @@ class Mean(Kernel):
 
     def programs(self):
         shape = self.input(0).shape
-        strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
-        kept = [d for d in range(len(shape)) if d not in self.axes]
-        red = self.axes
-        count = math.prod(shape[d] for d in red)
-        base_terms = []
-        div = 1
-        for d in reversed(kept):  # decode the output index over the kept dims
-            base_terms.append(f"((idx / {div}u) % {shape[d]}u) * {strides[d]}u")
-            div *= shape[d]
-        red_terms, rdiv = [], 1
-        for d in reversed(red):
-            red_terms.append(f"((r / {rdiv}u) % {shape[d]}u) * {strides[d]}u")
-            rdiv *= shape[d]
+        base, offset, count = reduce_indexing(shape, self.axes)
         total = self.output_specs()[0].size
-        base = ' + '.join(base_terms) or '0u'
-        offset = ' + '.join(red_terms) or '0u'
         divisor = fmt_f32(float(max(count, 1)))
         if count >= _REDUCE_MIN:  # a workgroup per output shares the reduced elements
             body = f"""  let idx = o;

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..kernels import kernel_class, supported_ops
 from ..kernels.base import Kernel, KernelError, Program, TensorSpec
-from ..kernels.half import half_binding_size, half_storage, is_half_binding
+from ..kernels.half import half_binding_size, half_storage
 from ..kernels.registry import missing_kernels_error
 from ..model import Model, is_builtin_name
 from ..passes.portable import inline_composites
