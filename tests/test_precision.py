@@ -19,7 +19,7 @@ from tflfuse.kernels import kernel_class
 from tflfuse.kernels.base import Binding, KernelError, Program
 from tflfuse.kernels.half import half_storage
 from tflfuse.runtime.plan import ExecutionPlan, lower, run_op
-from tflfuse.shader import get_shader, run_shader
+from tflfuse.shader import ShaderInfo, get_shader, run_shader
 
 from test_shader_validity import GRID, _inputs
 
@@ -107,3 +107,23 @@ def test_rewrite_refuses_a_float_binding_it_cannot_follow():
               "@compute @workgroup_size(1) fn main() { y[0] = f32(arrayLength(&x)); }\n")
     with pytest.raises(KernelError, match=r"COUNT \(binding 'x'\).*index it"):
         half_storage(Program("COUNT", source, (1, 1, 1), (1, 1, 1), binds))
+
+
+def test_rewrite_ignores_comments_and_refuses_an_undeclared_binding(device):
+    binds = (Binding("x", ("input", 0), "read", "f32", 16), Binding("y", ("output", 0), "read_write", "f32", 16))
+    body = ("@compute @workgroup_size(4) fn main(@builtin(local_invocation_index) i: u32) {\n"
+            "  // y is x squared\n  y[i] = x[i] * x[i]; /* and x stays */\n}\n")
+    declared = ("@group(0) @binding(0) var<storage, read> x: array<f32>;\n"
+                "@group(0) @binding(1) var<storage, read_write> y: array<f32>;\n")
+    prog = half_storage(Program("SQUARE_DEMO", declared + body, (4, 1, 1), (1, 1, 1), binds))
+    info = ShaderInfo("SQUARE_DEMO", prog.source, "main", (4, 1, 1), (1, 1, 1),
+                      tuple({"binding": i, "role": list(b.role), "type": b.elem_type, "size": b.size}
+                            for i, b in enumerate(prog.bindings)), (), ((4,),))
+    x = np.array([0.5, -3.0, 300.0, 1e-3], np.float32)
+    (got,) = run_shader(device, info, [x])
+    with np.errstate(over="ignore"):   # 300 squared is past float16's 65504: inf
+        want = (x.astype(np.float16).astype(np.float32) ** 2).astype(np.float16)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(KernelError, match=r"SQUARE_DEMO \(binding 'x'\): not declared once as array<f32>"):
+        half_storage(Program("SQUARE_DEMO", declared.replace("x: array<f32>", "x: array<u32>") + body, (4, 1, 1),
+                             (1, 1, 1), binds))

@@ -38,15 +38,20 @@ def half_storage(program: Program) -> Program:
     """``program`` with its float tensor bindings as ``array<f16>`` (see the module docstring).
 
     Raises:
-      KernelError: a float binding is used other than by indexing (``&x``, ``arrayLength``), or its brackets
-        do not balance; the message names the program and the binding.
+      KernelError: a float binding is used other than by indexing (``&x``, ``arrayLength``), is not declared
+        by :func:`~tflfuse.kernels.wgsl.prelude`, or its brackets do not balance; the message names the
+        program and the binding.
     """
     types = {b.name: b.elem_type for b in program.bindings if is_half_binding(b)}
     if not types:
         return program
-    source = program.source
+    source = _COMMENT.sub("", program.source)   # comments carry no code, and may hold a binding's name
     for name, t in types.items():
-        source = source.replace(f"> {name}: array<{t}>;", f"> {name}: array<{HALF_TYPES[t]}>;")
+        declaration = f"> {name}: array<{t}>;"
+        if source.count(declaration) != 1:
+            raise KernelError(f"{program.name} (binding {name!r}): not declared once as array<{t}> by "
+                              f"wgsl.prelude, so the float16 storage rewrite cannot retype it")
+        source = source.replace(declaration, f"> {name}: array<{HALF_TYPES[t]}>;")
     source = "enable f16;\n" + _rewrite(source, types, program.name)
     bindings = tuple(dataclasses.replace(b, elem_type=HALF_TYPES[b.elem_type], size=half_binding_size(b.size // 4))
                      if is_half_binding(b) else b for b in program.bindings)
@@ -54,6 +59,8 @@ def half_storage(program: Program) -> Program:
 
 
 _CLOSE = {"[": "]", "(": ")", "{": "}"}
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_ASSIGN = re.compile(r"\s*([-+*/]?=)(?!=)")
 
 
 def _matching(s: str, i: int, where: str) -> int:
@@ -104,13 +111,12 @@ def _rewrite(s: str, types: dict[str, str], program: str) -> str:
         close = _matching(s, open_at, where)
         access = f"{name}[{_rewrite(s[open_at + 1:close], types, program)}]"
         wide, narrow = types[name], HALF_TYPES[types[name]]
-        rest = s[close + 1:]
-        op = re.match(r"\s*([-+*/]?=)(?!=)", rest)
+        op = _ASSIGN.match(s, close + 1)
         if op is None:   # a read
             out.append(f"{wide}({access})")
             pos = close + 1
             continue
-        rhs_start = close + 1 + op.end()
+        rhs_start = op.end()
         end = _statement_end(s, rhs_start, where)
         rhs = _rewrite(s[rhs_start:end], types, program).strip()
         if op.group(1) == "=":
