@@ -44,5 +44,8 @@ fi
 if [ "$what" = demo ]; then
   exec .venv/bin/tflfuse demo
 else
-  exec .venv/bin/python -m pytest -q tests
+  # Two pytest-xdist workers, each test file in one of them (its module fixtures built once): on a 2-core
+  # machine the suite took 10 minutes this way against 16 in one process, which leaves a core idle while
+  # TensorFlow converts or a shader compiles.
+  exec .venv/bin/python -m pytest -q -n 2 --dist loadfile tests
 fi
