@@ -449,6 +449,10 @@ class ExecutionPlan:
         spec = self.graph.specs.get(t)
         return spec.dtype == "float32" if spec is not None else self.graph.consts[t].dtype.kind == "f"
 
+    def _dtype_name(self, t: int) -> str:
+        spec = self.graph.specs.get(t)
+        return spec.dtype if spec is not None else str(self.graph.consts[t].dtype)
+
     def storage_nbytes(self, t: int) -> int:
         """Bytes of tensor ``t``'s values on the GPU (float16 ones: 2 each, rounded up to a multiple of 4)."""
         spec = self.graph.specs[t]
@@ -533,7 +537,7 @@ class ExecutionPlan:
             if t is not None and self._half and ("f16" in b.elem_type) != self._is_half(t):
                 raise KernelError(f"{op.name} (operator {op.index}, program {prog.name}): binding {b.name!r} "
                                   f"declares {b.elem_type} for {self.graph.describe(t)}, stored as "
-                                  f"{'f16' if self._is_half(t) else self.graph.specs[t].dtype}")
+                                  f"{'f16' if self._is_half(t) else self._dtype_name(t)}")
             # A zero-size binding is invalid (wgpu-native aborts on it): an empty tensor binds its 16-byte
             # buffer, which the shader never reads (its invocations all return at once).
             entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0, "size": max(b.size, 16)}})
@@ -553,7 +557,7 @@ class ExecutionPlan:
         ``all_tensors``: the sum of every runtime tensor's size (what no reuse would allocate).
         """
         return {"activations": self.activation_bytes, "constants": self.constant_bytes,
-                "all_tensors": sum(s.nbytes for s in self.graph.specs.values())}
+                "all_tensors": sum(self.storage_nbytes(t) for t in self.graph.specs)}
 
     # ---- execution -------------------------------------------------------------------------------
     @property
