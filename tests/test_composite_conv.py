@@ -93,6 +93,7 @@ CONV_CASES = [  # (N, H, W, Cin, KH, KW, Cout, strides, dilations, padding)
     (3, 5, 5, 2, 2, 2, 5, (2, 2), (1, 1), "SAME"),     # even window SAME (padding after only), batch 3
     (1, 9, 9, 3, 3, 3, 2, (2, 2), (2, 1), "SAME"),     # strides and dilations together
     (1, 4, 4, 66, 3, 3, 70, (1, 1), (1, 1), "SAME"),   # long channel dot (unrolled)
+    (2, 7, 9, 6, 3, 3, 12, (2, 2), (1, 1), "SAME"),    # Cin * M and Cout multiples of 4, batch 2, stride 2
 ]
 CASE_ACTS = ["relu6", "gelu", "prelu", "leaky_relu", "hard_swish", "elu", "tanh"]  # one per case, rotating
 
