@@ -8,11 +8,14 @@ LiteRT runs, matching the original.
 
 import tflfuse  # noqa: I001
 
+import collections
+
 import keras
 import numpy as np
 import pytest
 from ai_edge_litert.interpreter import Interpreter as LiteRT
 
+from tflfuse.kernels import KernelError, UnsupportedOpError
 from tflfuse.model import Model
 from tflfuse.passes.fuse import fuse
 from tflfuse.passes.unfuse import unfuse
@@ -497,3 +500,146 @@ def test_unfuse_recurrent_ops_unrolled(case, rng):
     want = model([feeds[t.name] for t in [x, *states]])
     for name in want:
         np.testing.assert_allclose(got[name], np.asarray(want[name]), atol=1e-5, rtol=1e-5)
+
+
+# ---- ops tflfuse has no kernel for are carried through --------------------------------------------------
+def _carrying(op: str, conv_out=(1, 6, 7, 3)) -> bytes:
+    """PAD + VALID CONV_2D (pad_conv), then ``op`` (a builtin tflfuse lacks, CUMSUM, or a custom op of
+    another runtime) whose output a MINIMUM + MAXIMUM clips (clip, on a tensor only ``op`` writes), and a
+    CAST of it to int64 (no kernel) that a RESHAPE (a kernel, but an int64 input tflfuse cannot hold) reads."""
+    rng = np.random.default_rng(3)
+    filt = (rng.standard_normal((3, 3, 3, 4)) / 6).astype(np.float32)
+    pads = np.asarray([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32)
+    tensors = [t((1, 6, 7, 4)), t((4, 2), type="INT32", data=pads), t((1, 8, 9, 4)), t(filt.shape, data=filt),
+               t((3,), data=np.zeros(3, np.float32)), t(conv_out), t((), type="INT32", data=np.int32(2)),
+               t((1, 6, 7, 3), name="warped"), t((), data=_f32(6)), t((1, 6, 7, 3)), t((), data=_f32(0)),
+               t((1, 6, 7, 3)), t((1, 6, 7, 3), type="INT64"), t((2,), type="INT32", data=np.int32([6, 21])),
+               t((6, 21), type="INT64")]
+    third = dict(op=op, inputs=[5, 6], outputs=[7])
+    if not op.isupper():
+        third["custom"] = b"\x07vendor\x00options\xff"
+    ops = [dict(op="PAD", inputs=[0, 1], outputs=[2]),
+           dict(op="CONV_2D", inputs=[2, 3, 4], outputs=[5],
+                options=("Conv2DOptions", {"padding": 1, "strideH": 1, "strideW": 1})),
+           third, dict(op="MINIMUM", inputs=[7, 8], outputs=[9]), dict(op="MAXIMUM", inputs=[9, 10], outputs=[11]),
+           dict(op="CAST", inputs=[7], outputs=[12]), dict(op="RESHAPE", inputs=[12, 13], outputs=[14])]
+    return build(tensors, ops, [0], [11, 14])
+
+
+def test_ops_without_a_kernel_are_carried_through_and_litert_runs_the_result(rng):
+    original = _carrying("CUMSUM")
+    fused, report = fuse(original)
+    assert (report.patterns["pad_conv"], report.patterns["clip"]) == (1, 1), str(report)
+    assert report.without_kernel == {"CUMSUM": 1, "CAST": 1, "RESHAPE": 1}, str(report)
+    assert Model(fused).op_names(0) == ["CONV_2D", "CUMSUM", "RELU6", "CAST", "RESHAPE"]
+    xs = _inputs(original, rng)
+    for got, ref in zip(_run_litert(fused, xs), _run_litert(original, xs)):
+        np.testing.assert_allclose(got, ref, atol=1e-6, rtol=1e-6)
+
+
+def test_an_input_of_a_type_tflfuse_does_not_hold_is_carried_through(rng):
+    # uint8 pixels CAST to float32 (neither has a tflfuse kernel or tensor), then PAD + VALID CONV_2D.
+    filt = (rng.standard_normal((2, 3, 3, 4)) / 6).astype(np.float32)
+    pads = np.asarray([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32)
+    original = build([t((1, 6, 7, 4), type="UINT8"), t((1, 6, 7, 4)), t((4, 2), type="INT32", data=pads),
+                      t((1, 8, 9, 4)), t(filt.shape, data=filt), t((2,), data=_f32(0.5, -1)), t((1, 6, 7, 2))],
+                     [dict(op="CAST", inputs=[0], outputs=[1]), dict(op="PAD", inputs=[1, 2], outputs=[3]),
+                      dict(op="CONV_2D", inputs=[3, 4, 5], outputs=[6],
+                           options=("Conv2DOptions", {"padding": 1, "strideH": 1, "strideW": 1}))], [0], [6])
+    fused, report = fuse(original)
+    assert report.patterns["pad_conv"] == 1 and report.without_kernel == {"CAST": 1}, str(report)
+    assert Model(fused).op_names(0) == ["CAST", "CONV_2D"]
+    x = [rng.integers(0, 256, (1, 6, 7, 4)).astype(np.uint8)]
+    np.testing.assert_allclose(_run_litert(fused, x)[0], _run_litert(original, x)[0], atol=1e-5, rtol=1e-6)
+
+
+def _op_record(model: Model, oi: int) -> tuple:
+    """An op as the file holds it: its code, options and custom options bytes, and its tensors."""
+    m = model.m
+    op = m.subgraphs[0].operators[oi]
+    code = m.operatorCodes[op.opcodeIndex]
+    tensors = [(bytes(m.subgraphs[0].tensors[i].name), list(m.subgraphs[0].tensors[i].shape),
+                m.subgraphs[0].tensors[i].type) for i in [*op.inputs, *op.outputs]]
+    return (code.builtinCode, code.deprecatedBuiltinCode, code.customCode, code.version, op.builtinOptionsType,
+            bytes(bytearray(op.customOptions)) if op.customOptions is not None else None, op.customOptionsFormat,
+            list(op.inputs), list(op.outputs), tensors)
+
+
+def test_custom_op_without_a_kernel_survives_fusion_byte_identical():
+    original = _carrying("VendorWarp")
+    fused, report = fuse(original)
+    assert (report.patterns["pad_conv"], report.patterns["clip"]) == (1, 1), str(report)
+    assert "VendorWarp" in str(report) and report.without_kernel["VendorWarp"] == 1
+    before, after = Model(original), Model(fused)
+    assert after.op_names(0) == ["CONV_2D", "VendorWarp", "RELU6", "CAST", "RESHAPE"]
+    assert _op_record(after, 1) == _op_record(before, 2)
+    assert _op_record(after, 1)[5] == b"\x07vendor\x00options\xff"
+    assert [_op_record(after, i) for i in (3, 4)] == [_op_record(before, i) for i in (5, 6)]
+    # tflfuse's Interpreter names the op it cannot run.
+    with pytest.raises(UnsupportedOpError, match=r"'VendorWarp' at operator 1 of subgraph 0"):
+        tflfuse.Interpreter(model_content=fused).allocate_tensors()
+
+
+def test_cli_fuse_carries_a_custom_op(tmp_path):
+    import subprocess
+    import sys
+
+    src, out = tmp_path / "in.tflite", tmp_path / "out.tflite"
+    src.write_bytes(_carrying("VendorWarp"))
+    r = subprocess.run([sys.executable, "-m", "tflfuse.cli", "fuse", str(src), f"--output={out}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "pad_conv: 1 fused" in r.stdout and "VendorWarp" in r.stdout, r.stdout
+    assert out.read_bytes() == fuse(src.read_bytes())[0]
+    # A malformed op beside it: exit 2, the op named, nothing written.
+    src.write_bytes(_carrying("VendorWarp", conv_out=(1, 6, 7, 2)))
+    out.unlink()
+    r = subprocess.run([sys.executable, "-m", "tflfuse.cli", "fuse", str(src), f"--output={out}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "CONV_2D (operator 1 of subgraph 0)" in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_malformed_op_is_still_refused_by_name_beside_a_custom_op():
+    # The conv's output is declared with 2 channels, its filter makes 3: refused, naming the op and its index.
+    with pytest.raises(KernelError, match=r"CONV_2D \(operator 1 of subgraph 0\).*declared"):
+        fuse(_carrying("VendorWarp", conv_out=(1, 6, 7, 2)))
+
+
+@pytest.mark.parametrize("renamed", [False, True], ids=["as_published", "custom_ops_renamed"])
+def test_face_landmark_with_attention_fuses_around_mediapipe_custom_ops(renamed):
+    # Renamed (Vendor...), the custom ops have no tflfuse kernel whatever kernels tflfuse registers.
+    from tflfuse import zoo
+
+    original = zoo.fetch("face_landmark_with_attention").read_bytes()   # zoo.OTHER_MODELS: SHA-256 checked
+    custom = ("Landmarks2TransformMatrix", "TransformTensorBilinear", "TransformLandmarks")
+    if renamed:
+        model = Model(original)
+        for code in model.m.operatorCodes:
+            if code.customCode is not None:
+                code.customCode = b"Vendor" + bytes(code.customCode)
+        original, custom = model.to_bytes(), tuple("Vendor" + n for n in custom)
+    fused, report = fuse(original)
+    assert report.patterns["separable_conv"] > 0 and report.patterns["conv_activation"] > 0, str(report)
+    assert report.dispatches_after < report.dispatches_before, str(report)
+    if renamed:
+        assert report.without_kernel == dict(zip(custom, (3, 3, 5))), str(report)
+    before, after = Model(original), Model(fused)
+    old = [i for i, n in enumerate(before.op_names(0)) if n in custom]
+    new = [i for i, n in enumerate(after.op_names(0)) if n in custom]
+    assert len(old) == len(new) == 11
+    assert [_op_record(after, i) for i in new] == [_op_record(before, i) for i in old]
+    # Structure (LiteRT cannot run MediaPipe's ops): the same subgraph inputs and outputs; every tensor an op
+    # reads is a subgraph input, a constant or written by an earlier op; every op the patterns did not take
+    # (no conv, PRELU or ADD) is still there.
+    sg, sg0 = after.m.subgraphs[0], before.m.subgraphs[0]
+    assert list(sg.inputs) == list(sg0.inputs) and list(sg.outputs) == list(sg0.outputs)
+    ready = {int(i) for i in sg.inputs}
+    for oi, op in enumerate(sg.operators):
+        for i in op.inputs:
+            assert i < 0 or i in ready or after.tensor_data(0, int(i)) is not None, (oi, after.op_name(0, oi), i)
+        ready |= {int(o) for o in op.outputs}
+    assert set(sg.outputs) <= ready
+    taken = {"CONV_2D", "DEPTHWISE_CONV_2D", "PRELU", "ADD", "DEQUANTIZE"}
+    keep = collections.Counter(n for n in before.op_names(0) if n not in taken)
+    assert collections.Counter(n for n in after.op_names(0) if (n not in taken and n.isupper()) or n in custom) == keep

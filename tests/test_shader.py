@@ -97,6 +97,10 @@ CASES.update({
     "MIRROR_PAD": ([(3, 4), None], {"paddings": [[1, 2], [3, 0]], "mode": 0}),
     "SPACE_TO_BATCH_ND": ([(1, 5, 4, 3), None, None], {"block_shape": [2, 2], "paddings": [[1, 0], [0, 0]]}),
     "BATCH_TO_SPACE_ND": ([(4, 2, 3, 2), None, None], {"block_shape": [2, 2], "crops": [[0, 1], [1, 0]]}),
+    "Landmarks2TransformMatrix": ([(1, 7, 3)], {"subset_idxs": [0, 2, 5], "left_rotation_idx": 0,
+                                  "right_rotation_idx": 6, "output_height": 8, "output_width": 6}),
+    "TransformTensorBilinear": ([(1, 5, 4, 3), (1, 4, 4)], {"output_height": 6, "output_width": 7}),
+    "TransformLandmarks": ([(1, 9, 3), (1, 4, 4)], {}),
 })
 # Keys that run no shader: views of their input's buffer, and DEQUANTIZE, DENSIFY and SHAPE (folded into
 # constants at load).

@@ -201,6 +201,9 @@ def _read_tflite(args, usage: str) -> bytes:
 
 
 def cmd_fuse(args):
+    """Rewrites the patterns :mod:`tflfuse.passes.fuse` knows; every other op, builtin or custom, with or without
+    a tflfuse kernel, is written back as it was (the report's last line names those without one). A malformed
+    op (shapes or attributes its kernel refuses) is an error naming it: exit 2, nothing written."""
     from .passes.fuse import fuse
 
     data = _read_tflite(args, "usage: tflfuse fuse IN.tflite --output=OUT.tflite [--patterns=a,b]")

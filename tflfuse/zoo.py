@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from absl import logging
 
-__all__ = ["MODELS", "BENCHMARK_MODELS", "ZooModel", "fetch", "default_cache_dir", "sample_photo",
+__all__ = ["MODELS", "BENCHMARK_MODELS", "OTHER_MODELS", "ZooModel", "fetch", "default_cache_dir", "sample_photo",
            "WHEEL_REQUIREMENT"]
 
 #: The one package release the models come from. Changing it means re-recording every SHA-256 below.
@@ -119,6 +119,20 @@ BENCHMARK_MODELS: dict[str, ZooModel] = {**MODELS, **_zoo(
 )}
 
 
+#: Models of the same wheel that :func:`fetch` knows but nothing times: face_landmark_with_attention, whose
+#: MediaPipe custom ops (Landmarks2TransformMatrix, TransformTensorBilinear, TransformLandmarks) stock LiteRT
+#: cannot run; tflfuse has kernels for them (:mod:`tflfuse.kernels.mediapipe_ops`).
+OTHER_MODELS: dict[str, ZooModel] = _zoo(
+    ZooModel("face_landmark_with_attention",
+             "mediapipe/modules/face_landmark/face_landmark_with_attention.tflite", (1, 192, 192, 3),
+             "e06a804e0144f9929eda782122916b35d60c697c3c9344013ca2bbe76a6ce2b4"),
+)
+
+
+def _known() -> dict[str, ZooModel]:
+    return {**BENCHMARK_MODELS, **OTHER_MODELS}
+
+
 def default_cache_dir() -> Path:
     """The directory :func:`fetch` keeps models in when given none.
 
@@ -134,9 +148,10 @@ def _lookup(name: str) -> ZooModel:
     if not isinstance(name, str):
         raise TypeError(f"name must be a str such as 'face_detection_short_range', got {type(name).__name__}")
     key = name[: -len(".tflite")] if name.endswith(".tflite") else name
-    if key not in BENCHMARK_MODELS:
-        raise ValueError(f"name={name!r} is not a known model; known: {', '.join(sorted(BENCHMARK_MODELS))}")
-    return BENCHMARK_MODELS[key]
+    known = _known()
+    if key not in known:
+        raise ValueError(f"name={name!r} is not a known model; known: {', '.join(sorted(known))}")
+    return known[key]
 
 
 def _pip_command(dest: Path) -> list[str]:
@@ -218,12 +233,14 @@ def fetch(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
 
     The first call downloads the ``mediapipe==0.10.14`` wheel once (about 36 MB) with
     ``python -m pip download`` into a temporary directory, extracts every model of :data:`MODELS` that the
-    cache lacks (of :data:`BENCHMARK_MODELS` when ``name`` is one of the benchmark's extra models; each
+    cache lacks (of :data:`BENCHMARK_MODELS` for one of the benchmark's extra models, of every known model for
+    one of :data:`OTHER_MODELS`; each
     checked against its SHA-256, each written atomically) and deletes the wheel. Later calls find the file in
     the cache and touch neither pip nor the network.
 
     Args:
-        name: a key of :data:`BENCHMARK_MODELS` (which holds :data:`MODELS`), with or without ``.tflite``,
+        name: a key of :data:`BENCHMARK_MODELS` (which holds :data:`MODELS`) or :data:`OTHER_MODELS`, with
+            or without ``.tflite``,
             e.g. ``"face_detection_short_range"``.
         cache_dir: the directory to keep the .tflite files in; default :func:`default_cache_dir`
             (``$TFLFUSE_CACHE`` or ``~/.cache/tflfuse/models``). Created if missing.
@@ -248,7 +265,7 @@ def fetch(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
         logging.debug("Zoo model %s found in cache %s", model.name, cache)
         return path
     cache.mkdir(parents=True, exist_ok=True)
-    pool = MODELS if model.name in MODELS else BENCHMARK_MODELS
+    pool = MODELS if model.name in MODELS else BENCHMARK_MODELS if model.name in BENCHMARK_MODELS else _known()
     missing = [m for m in pool.values() if not (cache / m.filename).is_file()]
     with tempfile.TemporaryDirectory(prefix="tflfuse-wheel-") as tmp:
         wheel = _download_wheel(Path(tmp))

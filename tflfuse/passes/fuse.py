@@ -10,6 +10,12 @@ entry); the tensors between are dropped with their ops. Weights are re-laid out 
 filter ``[O, 1, 1, I]`` becomes ``[I, O]``) as new constants, float16 behind a DEQUANTIZE where that is
 lossless (weights the file held as float16), float32 otherwise.
 
+Ops tflfuse cannot plan (no kernel: a custom op of another runtime, such as MediaPipe's
+``TransformLandmarks``, or a builtin tflfuse lacks; or an op reading a tensor of a type tflfuse does not hold,
+bool or uint8, that such an op or the subgraph's input gives) are carried through as they are, options and custom options included, and are never
+part of a pattern; the tensors they write are read at their declared shapes. Every other op is planned, and
+checked, as the runtime would: a malformed op is refused, named with its index.
+
 Patterns (:data:`PATTERNS`, tried in this order at every op):
 
 * ``bottleneck``: CONV_2D 1x1 (act A) -> DEPTHWISE_CONV_2D KxK, K 3 or 5, stride 1 or 2, SAME (act A) ->
@@ -39,6 +45,7 @@ import numpy as np
 from absl import logging
 
 from ..model import Model
+from .carry import CarryingGraph, lower_known, without_kernel
 from .graph import Graph, dispatches, drop_unused_buffers
 
 __all__ = ["FuseReport", "PATTERNS", "fuse", "dispatch_count"]
@@ -49,7 +56,10 @@ _ACT = {"NONE": "linear", "RELU": "relu", "RELU6": "relu6"}
 @dataclasses.dataclass(frozen=True)
 class FuseReport:
     """What :func:`fuse` rewrote: per pattern the number of rewrites, and the op counts (without the
-    DEQUANTIZE of weights, folded at load) and dispatch counts (as planned for ``target``) before and after."""
+    DEQUANTIZE of weights, folded at load) and dispatch counts (as planned for ``target``) before and after;
+    ``without_kernel``: op name -> count of the ops left as they were because tflfuse cannot plan them
+    (:func:`~tflfuse.passes.carry.without_kernel`: custom ops of other runtimes, builtins tflfuse lacks, ops reading tensors of
+    types tflfuse does not hold)."""
 
     patterns: dict
     ops_before: int
@@ -57,12 +67,21 @@ class FuseReport:
     dispatches_before: int
     dispatches_after: int
     target: str
+    without_kernel: dict = dataclasses.field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"{name}: {count} fused" for name, count in self.patterns.items()]
         lines.append(f"ops {self.ops_before} -> {self.ops_after}, dispatches {self.dispatches_before} -> "
                      f"{self.dispatches_after} (planned for target {self.target!r})")
+        if self.without_kernel:
+            lines.append(_carried(self.without_kernel))
         return "\n".join(lines)
+
+
+def _carried(names: dict) -> str:
+    listed = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in names.items())
+    return (f"carried through unchanged (no tflfuse kernel, or an input of a type tflfuse does not hold): "
+            f"{listed}; LiteRT, or any runtime with their kernels, runs the file, tflfuse's Interpreter does not")
 
 
 def _op_count(model: Model) -> int:
@@ -72,13 +91,11 @@ def _op_count(model: Model) -> int:
 
 
 def dispatch_count(model: Model, subgraph: int = 0, target: str = "gpu") -> int:
-    """Dispatches one invoke of ``subgraph`` runs, as planned for ``target`` (no GPU needed)."""
-    from ..runtime.plan import lower
+    """Dispatches one invoke of ``subgraph`` runs, as planned for ``target`` (no GPU needed); ops without a
+    tflfuse kernel (:func:`~tflfuse.passes.carry.without_kernel`) count none."""
+    return dispatches(lower_known(model, subgraph, target, without_kernel(model, subgraph), relayout=True))
 
-    return dispatches(lower(model, subgraph, target=target))
 
-
-# ---- the patterns ------------------------------------------------------------------------------------
 def _conv_1x1(g: Graph, oi: int, act: set[str]) -> dict | None:
     """A CONV_2D 1x1 stride 1 (no dilation) with a constant filter [O, 1, 1, I]: its weights as [I, O]."""
     if g.op_name(oi) != "CONV_2D":
@@ -514,6 +531,12 @@ def _kernel_accepts(g: Graph, inputs: list, out: int, op_name: str, attrs) -> bo
 def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gpu") -> tuple[bytes, FuseReport]:
     """Rewrites known patterns of a .tflite into tflfuse's fused ops (see the module doc).
 
+    Ops that tflfuse has no kernel for (custom ops of other runtimes, such as MediaPipe's
+    ``TransformLandmarks``; builtins it lacks) are carried through unchanged, with their options and custom
+    options, and no pattern takes one in: the result runs wherever the original did (LiteRT with those ops'
+    kernels); tflfuse's Interpreter names them when asked to run it. They are logged once and listed in the
+    report's ``without_kernel``.
+
     Args:
       tflite: the .tflite bytes (any converter's). Every subgraph is rewritten.
       patterns: names from :data:`PATTERNS` to apply (default: all).
@@ -525,8 +548,8 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
 
     Raises:
       tflfuse.ModelError: a malformed file.
-      tflfuse.kernels.UnsupportedOpError / KernelError: the model does not plan on tflfuse (fusion rewrites
-        only what tflfuse runs).
+      tflfuse.kernels.KernelError: an op that has a kernel does not plan (shapes or attributes it cannot
+        take, or that disagree with the file), named with its index: fusion rewrites only what it checked.
       ValueError: an unknown pattern name.
     """
     names = list(PATTERNS) if patterns is None else list(patterns)
@@ -537,8 +560,10 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
     ops_before = _op_count(model)
     before = 0
     counts: collections.Counter = collections.Counter()
+    carried: collections.Counter = collections.Counter()
     for sg in range(len(model.m.subgraphs)):
-        g = Graph(model, sg, target)
+        g = CarryingGraph(model, sg, target)
+        carried.update(g.op_name(oi) for oi in sorted(g.opaque))
         before += g.dispatches
         for oi in range(len(g.sg.operators or [])):
             if not g.free(oi):
@@ -570,5 +595,7 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
                         ops_after=_op_count(fused),
                         dispatches_before=before,
                         dispatches_after=sum(dispatch_count(fused, sg, target) for sg in range(len(fused.m.subgraphs))),
-                        target=target)
+                        target=target, without_kernel=dict(carried))
+    if carried:
+        logging.info("fuse: %s", _carried(carried))
     return result, report

@@ -1,0 +1,103 @@
+"""Ops that fusion carries through unchanged: those tflfuse cannot plan (no kernel, or an input of a type the
+runtime does not hold), and the :class:`~tflfuse.passes.graph.Graph` of a subgraph that holds them, for
+:mod:`tflfuse.passes.fuse`."""
+
+from __future__ import annotations
+
+import collections
+import copy
+
+from ai_edge_litert import schema_py_generated as schema
+
+from ..model import Model, is_builtin_name
+from .graph import Graph
+
+__all__ = ["CarryingGraph", "lower_known", "without_kernel"]
+
+_HELD_TYPES = (schema.TensorType.FLOAT32, schema.TensorType.INT32)   # what the runtime's tensors hold
+
+
+def without_kernel(model: Model, si: int) -> set[int]:
+    """The ops of subgraph ``si`` that fusion leaves as they are because tflfuse cannot plan them: those
+    without a kernel (a custom op such as MediaPipe's ``TransformLandmarks``, a builtin tflfuse lacks, a
+    composite whose decomposition holds one) and, transitively, those reading a tensor of a type the runtime
+    does not hold (bool, int8, int64...) that such an op or the subgraph's input gives. Every other op is
+    planned, and checked, as before."""
+    from ..kernels import UnsupportedOpError, supported_ops
+    from ..runtime.plan import check_supported
+
+    try:
+        check_supported(model, si)
+        missing = ()
+    except UnsupportedOpError as e:
+        missing = e.ops
+    ops = {oi for _, s, oi in missing if s == si}
+    known = set(supported_ops())
+    sg = model.subgraphs[si]
+    for oi in range(len(sg.operators) if missing else 0):   # a composite run through a decomposition lacking one
+        comp = model.composite(si, oi)
+        if comp is not None and oi not in ops and (is_builtin_name(comp.name) or comp.name not in known):
+            try:
+                check_supported(model, comp.decomposition)
+            except UnsupportedOpError:
+                ops.add(oi)
+    unheld = {int(t) for t in sg.inputs if sg.tensors[t].type not in _HELD_TYPES}
+    while True:
+        unheld |= {int(t) for oi in ops for t in sg.operators[oi].outputs
+                   if t >= 0 and sg.tensors[t].type not in _HELD_TYPES}
+        more = {oi for oi, op in enumerate(sg.operators) if oi not in ops and unheld & {int(t) for t in op.inputs}}
+        if not more:
+            return ops
+        ops |= more
+
+
+def _skipping(model: Model, si: int, skip: set[int]) -> Model:
+    """A view of ``model`` whose subgraph ``si`` lacks the ops ``skip`` (:func:`without_kernel`): the tensors
+    they write are inputs, of their declared shapes, but for those of types the runtime does not hold, which
+    (as such inputs of the subgraph) only skipped ops read. ``model`` itself when there is nothing to drop."""
+    sg = model.subgraphs[si]
+    written = [int(t) for oi in sorted(skip) for t in sg.operators[oi].outputs if t >= 0]
+    unheld = {int(t) for t in [*sg.inputs, *written] if sg.tensors[t].type not in _HELD_TYPES}
+    if not skip and not unheld:
+        return model
+    tree = copy.copy(model.m)
+    tree.subgraphs = list(tree.subgraphs)
+    view = tree.subgraphs[si] = copy.copy(sg)
+    view.operators = [op for oi, op in enumerate(sg.operators) if oi not in skip]
+    view.inputs = [t for t in [*sg.inputs, *written] if t not in unheld]
+    view.outputs = [t for t in sg.outputs if t not in unheld]
+    return model.derived(tree)
+
+
+def lower_known(model: Model, si: int, target: str, skip: set[int], relayout: bool = False):
+    """:func:`tflfuse.runtime.plan.lower` of subgraph ``si`` without the ops ``skip`` (:func:`_skipping`)."""
+    from ..runtime.plan import lower
+
+    return lower(_skipping(model, si, skip), si, target=target, relayout=relayout)
+
+
+class CarryingGraph(Graph):
+    """A :class:`Graph` of a subgraph that may hold ops tflfuse cannot plan (``opaque``, from
+    :func:`without_kernel`): shapes and constants come from planning the other ops, and no pattern starts at
+    or takes in an opaque op, so each stays in the file as it was (options and custom options included)."""
+
+    def __init__(self, model: Model, subgraph: int, target: str):
+        self.opaque = without_kernel(model, subgraph)
+        view = _skipping(model, subgraph, self.opaque)
+        super().__init__(view, subgraph, target)   # plans the ops tflfuse can plan
+        if view is model:
+            return
+        self.model, self.sg = model, model.m.subgraphs[subgraph]   # ...and edits the file's own subgraph
+        self.producer, self.consumers = {}, collections.defaultdict(list)
+        for oi, op in enumerate(self.sg.operators):
+            self.producer.update((int(t), oi) for t in op.outputs if t >= 0)
+            for t in op.inputs:
+                if t >= 0:
+                    self.consumers[int(t)].append(oi)
+        self.outputs = {int(t) for t in self.sg.outputs}
+
+    def free(self, *ops: int) -> bool:
+        return super().free(*ops) and not set(ops) & self.opaque
+
+
+# ---- the patterns ------------------------------------------------------------------------------------
