@@ -508,19 +508,10 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
     ]
     ratios, thr_ratios = [], []
     for r in rows:
-        twin = by_name.get((r["model"].replace("_fused", "_unfused"), r["batch"])) \
-            if r["model"].endswith("_fused") else None
+        twin, lgpu, lgpu_thr = _litert_gpu_of(r, by_name, "tflfuse", ratios, thr_ratios)
         unfused = r.get("unfused_ms") or (twin or {}).get("tflfuse_ms")
         unfused_thr = r.get("unfused_thr_ms") or (twin or {}).get("tflfuse_thr_ms")
         err = r.get("max_abs_err_vs_litert", r.get("max_abs_err_vs_unfused"))
-        # LiteRT cannot run a fused file: its WebGPU time is the original's (the unfused twin)
-        lgpu = r.get("litert_gpu_ms") or (twin or {}).get("litert_gpu_ms")
-        lgpu_thr = r.get("litert_gpu_thr_ms") or (twin or {}).get("litert_gpu_thr_ms")
-        if r["model"].endswith("_fused") and not r["model"].startswith("mobilenet"):
-            if lgpu:
-                ratios.append(r["tflfuse_ms"] / lgpu)
-            if lgpu_thr and r.get("tflfuse_thr_ms"):
-                thr_ratios.append(r["tflfuse_thr_ms"] / lgpu_thr)
         gerr = r.get("max_abs_err_litert_gpu_vs_tflfuse")
         vs_gpu = ", ".join(x for x in (_ratio(r["tflfuse_ms"], lgpu), _ratio(r.get("tflfuse_thr_ms"), lgpu_thr)) if x)
         speed = ", ".join(x for x in (_ratio(unfused, r["tflfuse_ms"]), _ratio(unfused_thr, r.get("tflfuse_thr_ms")))
@@ -552,6 +543,21 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
     print("\n".join(lines))
 
 
+def _litert_gpu_of(r: dict, by_name: dict, runtime: str, ratios: list, thr_ratios: list):
+    """(the unfused twin's row of a fused row or None, LiteRT WebGPU's latency and throughput ms for the model).
+    LiteRT cannot run a fused file: its WebGPU times are the original's (the twin's). For a real model's fused
+    row, adds ``runtime``'s (``"tflfuse"``, ``"f16"``) ratios to LiteRT WebGPU's to ``ratios``/``thr_ratios``."""
+    twin = by_name.get((r["model"].replace("_fused", "_unfused"), r["batch"])) if r["model"].endswith("_fused") else None
+    lgpu = r.get("litert_gpu_ms") or (twin or {}).get("litert_gpu_ms")
+    lgpu_thr = r.get("litert_gpu_thr_ms") or (twin or {}).get("litert_gpu_thr_ms")
+    if r["model"].endswith("_fused") and not r["model"].startswith("mobilenet"):
+        if lgpu:
+            ratios.append(r[f"{runtime}_ms"] / lgpu)
+        if lgpu_thr and r.get(f"{runtime}_thr_ms"):
+            thr_ratios.append(r[f"{runtime}_thr_ms"] / lgpu_thr)
+    return twin, lgpu, lgpu_thr
+
+
 def _f16_lines(rows: list[dict], by_name: dict) -> list[str]:
     """The float16 table: each model with ``precision="float16"`` beside its float32 run and LiteRT WebGPU, and
     the three runtimes' errors against LiteRT CPU."""
@@ -567,16 +573,8 @@ def _f16_lines(rows: list[dict], by_name: dict) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     ratios, thr_ratios = [], []
     for r in half:
-        twin = by_name.get((r["model"].replace("_fused", "_unfused"), r["batch"])) \
-            if r["model"].endswith("_fused") else None
-        lgpu = r.get("litert_gpu_ms") or (twin or {}).get("litert_gpu_ms")
-        lgpu_thr = r.get("litert_gpu_thr_ms") or (twin or {}).get("litert_gpu_thr_ms")
+        twin, lgpu, lgpu_thr = _litert_gpu_of(r, by_name, "f16", ratios, thr_ratios)
         lerr = r.get("litert_gpu_rel_err", (twin or {}).get("litert_gpu_rel_err"))
-        if r["model"].endswith("_fused") and not r["model"].startswith("mobilenet"):
-            if lgpu:
-                ratios.append(r["f16_ms"] / lgpu)
-            if lgpu_thr and r.get("f16_thr_ms"):
-                thr_ratios.append(r["f16_thr_ms"] / lgpu_thr)
         vs32 = ", ".join(x for x in (_ratio(r["f16_ms"], r["tflfuse_ms"]),
                                      _ratio(r.get("f16_thr_ms"), r.get("tflfuse_thr_ms")),
                                      _ratio(r.get("f16_gpu_one_pass_ms"), r.get("gpu_one_pass_ms"))) if x)

@@ -359,8 +359,8 @@ def depthwise_pointwise_program(name: str, binds, g: dict, cin: int, mult: int, 
     output with ``acc`` (the 1x1 sum), ``q`` (the output pixel), ``co`` and ``idx = q * cout + co``.
 
     Four output channels per invocation of the second phase (vec4 loads of ``pw``, the block unchanged)
-    measured slower on an NVIDIA H200 (2026-12-01): fused_separable_conv2d took 660 against 529 us in
-    palm_detection_full and 245 against 181 us in face_landmark, three quarters of the invocations idle.
+    measured slower on an NVIDIA H200 (2026-12-01): fused_separable_conv2d took 660 against 478-529 us
+    in palm_detection_full and 245 against 177-181 us in face_landmark (two runs without it), three quarters of the invocations idle.
 
     The same schedule measured slower for MobileNetV2's bottleneck blocks (depthwise, then the projection
     over up to 960 channels into far fewer): 0.98 against 0.36 ms of GPU time for the whole model on an
