@@ -196,6 +196,28 @@ class Mean(Kernel):
                                   lanes=lanes, loop_trips=-(-count // lanes))]
 
 
+def row_max_and_sum(c: int, m0: str, term: str, shared: bool) -> str:
+    """WGSL leaving ``m``, the max of the row ``x[base + k]`` for ``k < c`` (from ``m0``), and ``s``, the sum of
+    ``term`` (an expression over ``k`` and ``m``) over the row: SOFTMAX's and LOG_SOFTMAX's two passes. With
+    ``shared``, a :func:`reduce_program` workgroup's invocations split the row and meet in ``part``."""
+    if not shared:
+        return f"""  var m = {m0};
+  for (var k = 0u; k < {c}u; k++) {{ m = max(m, x[base + k]); }}
+  var s = 0.0;
+  for (var k = 0u; k < {c}u; k++) {{ s += {term}; }}"""
+    return f"""  var m = {m0};
+  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ m = max(m, x[base + k]); }}
+  part[lid] = m;
+{_tree("part", "max({a}, {b})")}
+  m = part[0];
+  workgroupBarrier();
+  var s = 0.0;
+  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ s += {term}; }}
+  part[lid] = s;
+{_tree("part", "{a} + {b}")}
+  s = part[0];"""
+
+
 @register("SOFTMAX")
 class Softmax(Kernel):
     """SOFTMAX over the last axis: ``exp(beta * (x - max)) / sum``. Input ``[..., C]`` float32, same shape out."""
@@ -213,28 +235,16 @@ class Softmax(Kernel):
         c = self.input(0).shape[-1]
         rows = self.input(0).size // max(c, 1)
         beta = (Uniform("beta", "f32", float(self.attr("beta"))),)
+        term = "exp(params.beta * (x[base + k] - m))"
         if c >= _REDUCE_MIN:  # a workgroup per row: max, then sum of exponentials, then the stores
             body = f"""  let base = o * {c}u;
-  var m = -3.402823466e38;
-  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ m = max(m, x[base + k]); }}
-  part[lid] = m;
-{_tree("part", "max({a}, {b})")}
-  m = part[0];
-  workgroupBarrier();
-  var s = 0.0;
-  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ s += exp(params.beta * (x[base + k] - m)); }}
-  part[lid] = s;
-{_tree("part", "{a} + {b}")}
-  s = part[0];
-  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ y[base + k] = exp(params.beta * (x[base + k] - m)) / s; }}"""
+{row_max_and_sum(c, "-3.402823466e38", term, shared=True)}
+  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ y[base + k] = {term} / s; }}"""
             return [reduce_program(self.key, self.io_bindings(["x", "y"]), rows, body,
                                    f"var<workgroup> part: array<f32, {_REDUCE_WG}>;\n", uniforms=beta,
                                    loop_trips=3 * -(-c // _REDUCE_WG) + _REDUCE_WG.bit_length())]
         body = f"""  let base = idx * {c}u;
-  var m = -3.402823466e38;
-  for (var k = 0u; k < {c}u; k++) {{ m = max(m, x[base + k]); }}
-  var s = 0.0;
-  for (var k = 0u; k < {c}u; k++) {{ s += exp(params.beta * (x[base + k] - m)); }}
-  for (var k = 0u; k < {c}u; k++) {{ y[base + k] = exp(params.beta * (x[base + k] - m)) / s; }}"""
+{row_max_and_sum(c, "-3.402823466e38", term, shared=False)}
+  for (var k = 0u; k < {c}u; k++) {{ y[base + k] = {term} / s; }}"""
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), rows, body, uniforms=beta,
                                     loop_trips=3 * c)]

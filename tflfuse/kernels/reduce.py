@@ -16,7 +16,7 @@ import numpy as np
 
 from .base import Kernel, TensorSpec
 from .elementwise import typed_bindings
-from .pool import _REDUCE_MIN, _REDUCE_WG, Mean, _axes, _tree, reduce_indexing, reduce_program
+from .pool import _REDUCE_MIN, _REDUCE_WG, Mean, _axes, _tree, reduce_indexing, reduce_program, row_max_and_sum
 from .registry import register
 from .wgsl import elementwise_program, fmt_f32, reduction_program, split_lanes
 
@@ -217,23 +217,12 @@ class LogSoftmax(_RowKernel):
 
     def programs(self):
         c = self.input(0).shape[-1]
-        serial = f"""  var m = {_NEG_INF};
-  for (var k = 0u; k < {c}u; k++) {{ m = max(m, x[base + k]); }}
-  var s = 0.0;
-  for (var k = 0u; k < {c}u; k++) {{ s += exp(x[base + k] - m); }}
+        term = "exp(x[base + k] - m)"
+        serial = f"""{row_max_and_sum(c, _NEG_INF, term, shared=False)}
   let ls = log(s);
   for (var k = 0u; k < {c}u; k++) {{ y[base + k] = (x[base + k] - m) - ls; }}"""
-        shared = f"""  var m = {_NEG_INF};
-  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ m = max(m, x[base + k]); }}
-  part[lid] = m;
-{_tree("part", "max({a}, {b})")}
-  m = part[0];
-  workgroupBarrier();
-  var s = 0.0;
-  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ s += exp(x[base + k] - m); }}
-  part[lid] = s;
-{_tree("part", "{a} + {b}")}
-  let ls = log(part[0]);
+        shared = f"""{row_max_and_sum(c, _NEG_INF, term, shared=True)}
+  let ls = log(s);
   for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ y[base + k] = (x[base + k] - m) - ls; }}"""
         return self.row_programs(serial, shared, 3)
 
