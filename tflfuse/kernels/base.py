@@ -232,9 +232,14 @@ class Kernel:
         return spec
 
     def binding(self, name: str, role: str, index: int, spec_or_bytes, access: str | None = None) -> Binding:
-        size = spec_or_bytes if isinstance(spec_or_bytes, int) else spec_or_bytes.nbytes
+        """A storage binding of a tensor (its :class:`TensorSpec`: element type from its dtype) or of a
+        scratch buffer of ``spec_or_bytes`` bytes (``f32``)."""
+        if isinstance(spec_or_bytes, int):
+            size, elem = spec_or_bytes, "f32"
+        else:
+            size, elem = spec_or_bytes.nbytes, spec_or_bytes.wgsl_type
         access = access or ("read" if role == "input" else "read_write")
-        return Binding(name, (role, index), access, "f32", size)
+        return Binding(name, (role, index), access, elem, size)
 
     def io_bindings(self, names: Sequence[str]) -> tuple[Binding, ...]:
         """Bindings for every present input (in order) then every output, named by ``names``."""

@@ -102,11 +102,6 @@ class Copy:
         return np.ravel(x)[np.broadcast_to(src, self.view)].reshape(self.out_shape)
 
 
-def _binding(name: str, role: str, index: int, spec: TensorSpec) -> Binding:
-    return Binding(name, (role, index), "read" if role == "input" else "read_write", spec.wgsl_type,
-                   spec.nbytes)
-
-
 class _CopyKernel(Kernel):
     """An op made of :class:`Copy` maps, one per output, from input ``data_input``; ``check`` sets ``copies``."""
 
@@ -130,7 +125,7 @@ class _CopyKernel(Kernel):
         for k, (c, out) in enumerate(zip(self.copies, self.output_specs())):
             if out.size == 0:  # an empty output: nothing to write
                 continue
-            binds = (_binding("x", "input", self.data_input, x), _binding("y", "output", k, out))
+            binds = (self.binding("x", "input", self.data_input, x), self.binding("y", "output", k, out))
             name = self.key if len(self.copies) == 1 else f"{self.key}_{k}"
             progs.append(elementwise_program(name, binds, out.size, f"  y[idx] = x[{c.wgsl_source_index()}];"))
         return progs
@@ -464,8 +459,8 @@ class Gather(Kernel):
         b_, o_, a_, i_, r_ = self.dims
         p, q = self.input(0), self.input(1)
         words = 2 if q.dtype == "int64" else 1  # int64 indices (constants): the low word, range-checked
-        binds = (_binding("x", "input", 0, p), Binding("ind", ("input", 1), "read", "i32", q.size * 4 * words),
-                 _binding("y", "output", 0, out))
+        binds = (self.binding("x", "input", 0, p), Binding("ind", ("input", 1), "read", "i32", q.size * 4 * words),
+                 self.binding("y", "output", 0, out))
         body = (f"  let r = idx % {r_}u;\n  let t = idx / {r_}u;\n  let i = t % {i_}u;\n"
                 f"  let o = (t / {i_}u) % {o_}u;\n  let b = t / {i_ * o_}u;\n"
                 f"  let k = ind[(b * {i_}u + i) * {words}u];\n"

@@ -14,12 +14,11 @@ import math
 
 import numpy as np
 
-from .base import Binding, Kernel, TensorSpec, Uniform
+from .base import Kernel, TensorSpec, Uniform
 from .registry import register
 from .wgsl import ACTIVATIONS, activation_fn, elementwise_program
 
-__all__ = ["Binary", "Gelu", "LeakyRelu", "MathBinary", "MathUnary", "Prelu", "Unary", "broadcast_index",
-           "typed_bindings"]
+__all__ = ["Binary", "Gelu", "LeakyRelu", "MathBinary", "MathUnary", "Prelu", "Unary", "broadcast_index"]
 
 
 def broadcast_index(out_shape: tuple[int, ...], in_shape: tuple[int, ...], name: str) -> str:
@@ -159,18 +158,6 @@ class Prelu(Kernel):
 
 
 # ---- math on float32 and int32 tensors ---------------------------------------------------------------------
-def typed_bindings(kernel: Kernel, names) -> tuple[Binding, ...]:
-    """:meth:`Kernel.io_bindings` with each binding's WGSL element type taken from its tensor's dtype
-    (``f32`` or ``i32``): every present runtime input, in order, then every output."""
-    present = [i for i, s in enumerate(kernel.inputs) if s is not None and i not in kernel.static_inputs]
-    specs = [("input", i, kernel.inputs[i]) for i in present] + \
-        [("output", i, s) for i, s in enumerate(kernel.output_specs())]
-    if len(names) != len(specs):
-        raise AssertionError(f"{kernel.key}: {len(names)} binding names for {len(specs)} tensors")
-    return tuple(Binding(n, (role, i), "read" if role == "input" else "read_write", s.wgsl_type, s.nbytes)
-                 for n, (role, i, s) in zip(names, specs))
-
-
 _F32_BITS = """fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
 fn is_finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u; }
 fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
@@ -251,7 +238,7 @@ class MathUnary(Kernel):
             return []
         expr = _MATH_UNARY[self.key][self.dtype]
         helpers = (_F32_BITS if self.dtype == "float32" else "") + (_ROUND if "round_tfl" in expr else "")
-        return [elementwise_program(self.key, typed_bindings(self, ["x", "y"]), self.inputs[0].size,
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), self.inputs[0].size,
                                     f"  let v = x[idx];\n  y[idx] = {expr};", helpers)]
 
     @property
@@ -437,7 +424,7 @@ class MathBinary(Kernel):
         expr, helpers, trips = _MATH_BINARY[self.key][self.dtype]
         body = (broadcast_index(out, self.inputs[0].shape, "ia") + broadcast_index(out, self.inputs[1].shape, "ib")
                 + f"  let a = x0[ia];\n  let b = x1[ib];\n  y[idx] = {expr};")
-        return [elementwise_program(self.key, typed_bindings(self, ["x0", "x1", "y"]), int(np.prod(out)), body,
+        return [elementwise_program(self.key, self.io_bindings(["x0", "x1", "y"]), int(np.prod(out)), body,
                                     helpers, loop_trips=trips)]
 
     @property

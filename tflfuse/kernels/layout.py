@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from .base import Kernel, TensorSpec
-from .data import _RUNTIME_DTYPES, Copy, _axis, _binding, _CopyKernel, _ints, _strides
+from .data import _RUNTIME_DTYPES, Copy, _axis, _CopyKernel, _ints, _strides
 from .registry import register
 from .wgsl import elementwise_program
 
@@ -119,7 +119,7 @@ class _IndexMapKernel(Kernel):
         if valid != "true":
             lines.append(f"  if (!({valid})) {{ y[idx] = {out.wgsl_type}(0); return; }}")
         lines.append(f"  y[idx] = x[{src}];")
-        binds = (_binding("x", "input", 0, x), _binding("y", "output", 0, out))
+        binds = (self.binding("x", "input", 0, x), self.binding("y", "output", 0, out))
         return [elementwise_program(self.key, binds, out.size, "\n".join(lines))]
 
 

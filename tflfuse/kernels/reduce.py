@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Kernel, TensorSpec
-from .elementwise import typed_bindings
 from .pool import _REDUCE_MIN, _REDUCE_WG, Mean, _axes, _tree, reduce_indexing, reduce_program, row_max_and_sum
 from .registry import register
 from .wgsl import elementwise_program, fmt_f32, reduction_program, split_lanes
@@ -90,7 +89,7 @@ class Reduce(Mean):
         if out.size == 0:   # an empty output: nothing to write
             return []
         base, offset, count = reduce_indexing(shape, self.axes)
-        binds = typed_bindings(self, ["x", "y"])
+        binds = self.io_bindings(["x", "y"])
         init, empty = _INIT[(self.key, self.dtype)]
         combine = _COMBINE[self.key][0]
         if count == 0:   # nothing to reduce: the input (empty) is not bound
