@@ -391,6 +391,15 @@ def test_batch_matmul(case, device, rng):
         check_op(fn, [a_shape, b_shape], device=device, rng=rng, expect_ops=["BATCH_MATMUL"], **ACCUMULATION)
 
 
+@pytest.mark.parametrize("constant", [False, True])
+def test_batch_matmul_of_zero_depth_is_zeros(constant, device):
+    """K = 0: every output is a sum of no terms, zeros as np.matmul's (and TFLite's); the inputs are empty."""
+    a, b = np.zeros((2, 3, 0), np.float32), np.zeros((2, 0, 4), np.float32)
+    (got,) = run_op(device, "BATCH_MATMUL", [a, b], constant=[False, constant])
+    assert got.shape == (2, 3, 4) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.matmul(a, b))
+
+
 @pytest.mark.parametrize("a_shape,b_shape,adj_x,adj_y,schedule", [
     ((1, 2, 512), (1, 512, 3), False, False, "lanes"),          # 6 outputs of 512 terms: lanes share each dot
     ((2, 300, 40), (40, 240), False, False, "tiled"),            # [600, 40] x [40, 240]: one tiled product
@@ -503,6 +512,9 @@ def test_layout_ops_of_int32_and_folded_constants(device, rng):
     ("BATCH_MATMUL", [(3, 2, 4), (2, 4, 6)], ["float32"] * 2, {}, "batch dimension 0 of lhs \\(3\\) and rhs \\(2\\)"),
     ("BATCH_MATMUL", [(1,) * 6, (1, 1)], ["float32"] * 2, {}, "rank 2 or 3 or 4 or 5"),
     ("TILE", [(2, 3), None], ["float32"] * 2, {"multiples": [2]}, "one per dimension"),
+    ("TILE", [(2, 3), None], ["float32"] * 2, {"multiples": [2.5, 1]}, "multiples must be integers"),
+    ("SUM", [(2, 3), None], ["float32"] * 2, {"axis": "01"}, "axis '01' must be an integer"),
+    ("REDUCE_MAX", [(2, 3), None], ["float32"] * 2, {"axis": [True]}, "axis 'True' must be an integer"),
     ("BROADCAST_TO", [(2, 3), None], ["float32"] * 2, {"shape": [4, 3]}, "does not broadcast"),
     ("UNPACK", [(2, 3)], ["float32"], {"axis": 1, "num": 2}, "num is 2 but axis 1 has size 3"),
     ("MIRROR_PAD", [(2, 3), None], ["float32"] * 2, {"paddings": [[0, 0], [3, 0]], "mode": 0}, "within \\[0, 2\\]"),

@@ -19,7 +19,7 @@ from typing import ClassVar, Mapping, Sequence
 
 __all__ = [
     "Binding", "CompositeKernel", "Kernel", "KernelError", "Program", "TensorSpec", "Uniform", "linear_dispatch",
-    "MAX_WORKGROUPS_PER_DIM",
+    "MAX_WORKGROUPS_PER_DIM", "is_integral",
 ]
 
 #: WebGPU's default ``maxComputeWorkgroupsPerDimension``.
@@ -109,6 +109,18 @@ class Program:
         fmt = {"f32": "f", "i32": "i", "u32": "I"}
         data = b"".join(struct.pack("<" + fmt[u.type], u.value) for u in self.uniforms)
         return data + b"\0" * (-len(data) % 16)
+
+
+def is_integral(value) -> bool:
+    """Whether an attribute value is an integer: an int or a float with no fraction, not a bool or a str
+    (``int("01")`` and ``int(2.5)`` would otherwise pass as 1 and 2)."""
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (int, np.integer)):
+        return True
+    return isinstance(value, (float, np.floating)) and float(value).is_integer()
 
 
 def linear_dispatch(invocations: int, workgroup: int) -> tuple[int, int, int]:

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Binding, Kernel, TensorSpec
+from .base import Binding, Kernel, TensorSpec, is_integral
 from .registry import register
 from .wgsl import elementwise_program
 
@@ -37,10 +37,10 @@ def _strides(shape) -> tuple[int, ...]:
 
 
 def _ints(value, name: str, fail) -> list[int]:
-    try:
-        return [int(v) for v in np.ravel(np.asarray(value))]
-    except (TypeError, ValueError):
-        raise fail(f"{name} must be integers, got {value!r}") from None
+    values = np.ravel(np.asarray(value, dtype=object))
+    if not all(is_integral(v) for v in values):
+        raise fail(f"{name} must be integers, got {value!r}")
+    return [int(v) for v in values]
 
 
 def _axis(value, rank: int, fail, name: str = "axis") -> int:

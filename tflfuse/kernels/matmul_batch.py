@@ -12,7 +12,7 @@ import math
 from .base import Kernel, KernelError, TensorSpec
 from .gemm import MatmulTile, tiled_matmul_program, use_tiled_matmul
 from .registry import register
-from .wgsl import dot, reduction_program, split_lanes
+from .wgsl import dot, elementwise_program, reduction_program, split_lanes
 
 __all__ = ["BatchMatmul"]
 
@@ -87,6 +87,9 @@ class BatchMatmul(Kernel):
         total = math.prod(self.batch) * m * n
         if total == 0:   # an empty output: nothing to write
             return []
+        if k == 0:   # sums of no terms: zeros (as TFLite's), a program that binds only the output
+            return [elementwise_program(self.key, (self.binding("y", "output", 0, self.output_specs()[0]),), total,
+                                        "  y[idx] = 0.0;")]
         names = ["a", "b", "y"]
         # element (row, depth) of the lhs matrix of batch bl; (depth, col) of the rhs matrix of batch br
         a_at = (f"a[(bl * {k}u + {{k}}) * {m}u + {{r}}]" if self.adj_x else f"a[(bl * {m}u + {{r}}) * {k}u + {{k}}]")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Kernel, Program, TensorSpec, Uniform, linear_dispatch
+from .base import Kernel, Program, TensorSpec, Uniform, is_integral, linear_dispatch
 from .conv import conv_output_size, window_body
 from .registry import register
 from .wgsl import activation_fn, elementwise_program, fmt_f32, prelude, reduction_program, split_lanes
@@ -128,6 +128,11 @@ class Pool2D(Kernel):
 
 
 def _axes(axis, rank: int, fail) -> list[int]:
+    """The sorted distinct non-negative axes of ``axis`` (an int or a list of them, negative ones counting
+    from the end); ``fail(a)`` raises for an axis out of range or not an integer."""
+    for a in axis if isinstance(axis, (list, tuple)) else [axis]:
+        if not is_integral(a):
+            fail(a)
     axes = sorted({(int(a) + rank) % rank if -rank <= int(a) < rank else fail(a)
                    for a in (axis if isinstance(axis, (list, tuple)) else [axis])})
     return axes
@@ -162,6 +167,8 @@ class Mean(Kernel):
         x = self.expect_rank(0, *range(1, 7))
 
         def bad(a):
+            if not is_integral(a):
+                raise self.fail(f"axis {str(a)!r} must be an integer")
             raise self.fail(f"axis {a} is out of range for rank {len(x.shape)}")
         self.axes = _axes(self.attr("axis"), len(x.shape), bad)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Kernel, TensorSpec
+from .base import Kernel, TensorSpec, is_integral
 from .pool import _REDUCE_MIN, _REDUCE_WG, Mean, _axes, _tree, reduce_indexing, reduce_program, row_max_and_sum
 from .registry import register
 from .wgsl import elementwise_program, fmt_f32, reduction_program, split_lanes
@@ -73,6 +73,8 @@ class Reduce(Mean):
             return
 
         def bad(a):
+            if not is_integral(a):
+                raise self.fail(f"axis {str(a)!r} must be an integer")
             raise self.fail(f"axis {a} is out of range for rank {len(x.shape)}")
         self.axes = _axes(list(np.ravel(axis)), len(x.shape), bad)
 
