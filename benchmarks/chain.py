@@ -24,3 +24,16 @@ def chain_plan(device, ops, arrays, runtime):
     plan = ExecutionPlan(LoweredGraph(0, lowered, specs, consts, [runtime], [ops[-1][3]], {}), device)
     plan.write(runtime, arrays[runtime])
     return plan
+
+
+def products(n: int) -> list[tuple[int, int, int]]:
+    """(rows, depth, cols) of MobileNetV2's distinct 1x1 products at batch n."""
+    found = []
+    for h, cin, t, cout, s in BLOCKS:
+        e = cin * t
+        if t > 1:
+            found.append((n * h * h, cin, e))
+        oh = -(-h // s)
+        found.append((n * oh * oh, e, cout))
+    found += [(n * 49, 320, 1280), (n, 1280, 1000)]
+    return list(dict.fromkeys(found))

@@ -291,6 +291,9 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
         # Each profiled op's kind, GPU us, bytes and FLOPs: write_table sets them against the measured peaks.
         row["op_costs"] = [[op.name, round(per_op[op.index], 2), op_bytes(plan.graph, op), op_flops(plan.graph, op)]
                            for op in plan.graph.ops if op.index in per_op]
+        # The tiled matrix products (1x1 convolutions, FULLY_CONNECTED): rows, depth, cols, GPU us, for target 4.
+        row["products"] = [[*_product_sizes(plan.graph, op), round(per_op[op.index], 2)] for op in plan.graph.ops
+                           if op.index in per_op and _product_sizes(plan.graph, op)]
         blocks = [op for op in plan.graph.ops if op.name == "fused_bottleneck" and op.index in per_op]
         if blocks:   # the bytes each block must move (inputs, weights, output) per second of its GPU time
             moved = sum(op_bytes(plan.graph, op) for op in blocks)
@@ -538,6 +541,7 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
             lines.append(f"- {r['model']} batch {r['batch']}: {_num(r['bottleneck_gb_per_s'])} GB/s, "
                          f"{100 * r['bottleneck_gb_per_s'] / copy:.0f}% of that")
     lines += _gpu_time_lines(rows, peaks)
+    lines += _product_lines(rows, peaks)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -612,6 +616,50 @@ def _torch_lines(rows: list[dict]) -> list[str]:
                                    _ratio(r.get("tflfuse_thr_ms"), r.get("torch_graph_thr_ms"))) if x)
         lines.append(ours + f"{_ms(r.get('torch_eager_ms'))} | {_ms(r.get('torch_eager_thr_ms'))} | "
                      f"{_ms(r.get('torch_graph_ms'))} | {_ms(r.get('torch_graph_thr_ms'))} | {vs} |")
+    return lines
+
+
+def _product_sizes(graph, op) -> tuple[int, int, int] | None:
+    """``(rows, depth, cols)`` of an op that runs as one tiled matrix product (a CONV_2D 1x1 or a
+    FULLY_CONNECTED whose single program stages its operands in workgroup memory), else None."""
+    if op.name not in ("CONV_2D", "FULLY_CONNECTED") or getattr(op, "kernel", None) is None:
+        return None
+    progs = op.kernel.programs()
+    if len(progs) != 1 or "var<workgroup> ta:" not in progs[0].source:
+        return None
+    shape = graph.specs[op.outputs[0]].shape
+    rows, cols = math.prod(shape[:-1]), shape[-1]
+    return rows, op_flops(graph, op) // (2 * rows * cols), cols
+
+
+def _product_lines(rows: list[dict], peaks: dict) -> list[str]:
+    """Target 4: the tiled matrix products of the unfused MobileNetV2 at its largest batch, per distinct shape,
+    as TFLOP/s and shares of the f32 FMA peak and of each product's roofline bound."""
+    found = [r for r in rows if r["model"] == "mobilenet_v2_unfused" and r.get("products")]
+    if not found or not peaks.get("f32_tflops"):
+        return []
+    r = max(found, key=lambda r: r["batch"])
+    by_shape: dict[tuple, list[float]] = {}
+    for m, k, n, us in r["products"]:
+        by_shape.setdefault((m, k, n), []).append(us)
+    peak, gbps = peaks["f32_tflops"], peaks["copy_gb_per_s"]
+    lines = ["", f"Matrix products (1x1 CONV_2D, FULLY_CONNECTED) of mobilenet_v2_unfused at batch {r['batch']}, "
+             f"tiled, GPU time per op as above: TFLOP/s = 2 x rows x depth x cols / time, against the f32 FMA "
+             f"peak ({_num(peak)} TFLOP/s) and against each product's roofline bound (max of its bytes / "
+             f"{_num(gbps)} GB/s and its FLOPs / the FMA peak).", "",
+             "| rows x depth x cols | ops | us per op | TFLOP/s | % of f32 FMA peak | % of roofline |",
+             "|---|---:|---:|---:|---:|---:|"]
+    total_us = total_flop = total_bound = 0.0
+    for (m, k, n), times in by_shape.items():
+        us = sum(times) / len(times)
+        flop, nbytes = 2 * m * k * n, 4 * (m * k + k * n + m * n)
+        bound = max(nbytes / gbps / 1e3, flop / peak / 1e6)
+        total_us, total_flop, total_bound = total_us + sum(times), total_flop + flop * len(times), \
+            total_bound + bound * len(times)
+        lines.append(f"| {m} x {k} x {n} | {len(times)} | {us:.1f} | {flop / us / 1e6:.1f} | "
+                     f"{_pct(100 * flop / us / 1e6 / peak)} | {_pct(100 * bound / us)} |")
+    lines.append(f"| all | {len(r['products'])} | {total_us:.0f} in all | {total_flop / total_us / 1e6:.1f} | "
+                 f"{_pct(100 * total_flop / total_us / 1e6 / peak)} | {_pct(100 * total_bound / total_us)} |")
     return lines
 
 

@@ -27,7 +27,7 @@ from tflfuse.kernels.base import TensorSpec  # noqa: E402
 from tflfuse.kernels.gemm import TILES, matmul_tile  # noqa: E402
 from tflfuse.runtime.plan import gpu_time_plan  # noqa: E402
 
-from chain import BLOCKS, chain_plan  # noqa: E402
+from chain import chain_plan, products  # noqa: E402
 from peaks import fma_tflops  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -36,19 +36,6 @@ flags.DEFINE_string("out", None, "JSON file for the results.")
 flags.DEFINE_integer("repeats", 10, "Timed runs per tile.")
 flags.DEFINE_list("tiles", list(TILES) + ["128x64/8x4/8", "64x64/4x4/8", "64x32/4x4/16"],
                   "Tiles to try: TMxTN/RMxRN/TK (the form of TILES' names).")
-
-
-def products(n: int) -> list[tuple[int, int, int]]:
-    """(rows, depth, cols) of MobileNetV2's distinct 1x1 products at batch n."""
-    found = []
-    for h, cin, t, cout, s in BLOCKS:
-        e = cin * t
-        if t > 1:
-            found.append((n * h * h, cin, e))
-        oh = -(-h // s)
-        found.append((n * oh * oh, e, cout))
-    found += [(n * 49, 320, 1280), (n, 1280, 1000)]
-    return list(dict.fromkeys(found))
 
 
 def _time(device, rows, depth, cols, x, w, b, attrs):

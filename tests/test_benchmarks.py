@@ -193,3 +193,22 @@ def test_table_renders_skipped_peers_and_the_roofline(bench, tmp_path):
     # bound: bottleneck max(4 us, 50 us), CONV_2D max(1 us, 2 us); the model: 52 us against 370 us
     assert "| mobilenet_v2_fused | 1 | 430 | 370 | 52 | 14% |" in text
     assert "fused_bottleneck 12%, CONV_2D 6.7%" in text
+
+
+def test_product_table_gives_each_shape_against_the_fma_peak_and_its_roofline(bench, tmp_path):
+    # two ops of 1000 x 100 x 200 (40 MFLOP, 1.28 MB each) at 10 us and 30 us, one of 10 x 100 x 10 at 1 us
+    products = [[1000, 100, 200, 10.0], [1000, 100, 200, 30.0], [10, 100, 10, 1.0]]
+    rows = [{"model": "mobilenet_v2_unfused", "batch": 32, "ops": 70, "dispatches": 65, "tflfuse_ms": 3.0,
+             "products": products}]
+    meta = {"date": "2026-12-01 13:00 UTC", "adapter": "Test GPU [DiscreteGPU, Vulkan]", "driver": "1.0",
+            "versions": "tflfuse 0", "repeats": 10, "warmup": 2, "rounds": 2, "throughput_n": 100,
+            "throughput_repeats": 4, "peaks": {"copy_gb_per_s": 1000.0, "f32_tflops": 10.0}}
+    out = tmp_path / "r.md"
+    bench.write_table(rows, meta, out)
+    text = out.read_text()
+    # 40 MFLOP in 20 us on average: 2 TFLOP/s, 20% of 10; bound max(1.28 us, 4 us) = 4 us, 20% of 20 us
+    assert "| 1000 x 100 x 200 | 2 | 20.0 | 2.0 | 20% | 20% |" in text
+    # 20 kFLOP in 1 us: 0.02 TFLOP/s; bound max(8.4 kB / 1000 GB/s = 0.0084 us, 0.002 us): 0.84%
+    assert "| 10 x 100 x 10 | 1 | 1.0 | 0.0 | 0.2% | 0.84% |" in text
+    # all: 80.02 MFLOP in 41 us (1.95 TFLOP/s, 20%); bounds 4 + 4 + 0.0084 us against 41 us: 20%
+    assert "| all | 3 | 41 in all | 2.0 | 20% | 20% |" in text

@@ -1,7 +1,8 @@
 """Matrix products tiled in workgroup memory (``tiled_matmul_program``), against TensorFlow.
 
-On a GPU, 1x1 convolutions and FULLY_CONNECTEDs with at least 2**17 outputs run as 64 x 64 tiles staged 16
-deep in workgroup memory (:func:`tflfuse.kernels.wgsl.use_tiled_matmul`). The software adapter's plans never
+On a GPU, 1x1 convolutions and FULLY_CONNECTEDs with at least 2**17 outputs run as tiles staged in workgroup
+memory (:func:`tflfuse.kernels.gemm.use_tiled_matmul`), read and stored as vec4s where depth and columns are
+multiples of 4 (:func:`tflfuse.kernels.gemm.use_vec4`). The software adapter's plans never
 do (``target="cpu"``), so these tests ask for ``target="gpu"`` through ``run_op``, check that the tiled
 program was emitted, and compare both targets with TensorFlow's float32 ops. Shapes leave partial tiles on
 every side: rows, columns and depth not multiples of 64, 64 and 16 (depth 30, 70 columns, batch 2).
@@ -68,11 +69,12 @@ def test_fully_connected(device, rng):
     _both_targets(device, "FULLY_CONNECTED", [x, w, b], {"weights_layout": "IO"}, want)
 
 
-def test_fused_conv2d_with_epilogue(device, rng):
+@pytest.mark.parametrize("cout", [65, 64])   # scalar stores; vec4 loads and stores (the epilogue per component)
+def test_fused_conv2d_with_epilogue(device, rng, cout):
     x = rng.standard_normal((1, 45, 47, 40)).astype(np.float32)
-    f, b = _w(rng, (1, 1, 40, 65), 40), rng.standard_normal(65).astype(np.float32)
-    res = rng.standard_normal((1, 45, 47, 65)).astype(np.float32)
-    slopes = rng.uniform(0, 0.5, 65).astype(np.float32)
+    f, b = _w(rng, (1, 1, 40, cout), 40), rng.standard_normal(cout).astype(np.float32)
+    res = rng.standard_normal((1, 45, 47, cout)).astype(np.float32)
+    slopes = rng.uniform(0, 0.5, cout).astype(np.float32)
     z = (tf.nn.conv2d(x, f, 1, "VALID") + b + res).numpy()
     want = np.where(z >= 0, z, z * slopes)
     attrs = dict(strides=[1, 1], dilations=[1, 1], padding="VALID", activation="prelu", has_residual=True,
@@ -89,14 +91,15 @@ def test_fused_separable_conv2d_pointwise(device, rng):
                   dict(strides=[1, 1], dilations=[1, 1], padding="SAME", activation="relu"), want, tiled_program=1)
 
 
-def test_fused_bottleneck_expand_and_project(device, rng):
+@pytest.mark.parametrize("side, cout, residual", [(28, 96, False), (48, 32, True)])   # residual: read per component
+def test_fused_bottleneck_expand_and_project(device, rng, side, cout, residual):
     from test_bottleneck import ORDER, _tf_reference, _weights
 
-    x = rng.standard_normal((2, 28, 29, 32)).astype(np.float32)
-    w = _weights(rng, 32, 6, 96)
-    want = _tf_reference(x, w, 1, False, "relu6")
+    x = rng.standard_normal((2, side, side + 1, 32)).astype(np.float32)
+    w = _weights(rng, 32, 6, cout)
+    want = _tf_reference(x, w, 1, residual, "relu6")
     arrays = [x] + [w[k] for k in ORDER if k in w]
-    attrs = dict(expansion=6, stride=1, residual=False)
+    attrs = dict(expansion=6, stride=1, residual=residual)
     staged = {**attrs, "strategy": "staged", "target": "gpu"}   # the staged strategy's expand and projection
     assert _tiled("fused_bottleneck", arrays, staged) == [True, False, True]
     (y,) = run_op(device, "fused_bottleneck", arrays, staged)
@@ -104,9 +107,10 @@ def test_fused_bottleneck_expand_and_project(device, rng):
 
 
 def test_every_tile(device, rng):
-    """Each tile of TILES on a product that leaves partial tiles on every side (rows 1000, depth 37 (not a
-    multiple of 4 or of any slice), 150 columns) and a product of whole tiles (512 x 64 x 256)."""
-    for rows, depth, cols in ((1000, 37, 150), (512, 64, 256)):
+    """Each tile of TILES on products that leave partial tiles on every side: scalar loads and stores (rows
+    1000, depth 37 (not a multiple of 4 or of any slice), 150 columns) and vec4 ones (1000 x 36 x 148); and a
+    product of whole tiles (512 x 64 x 256, vec4)."""
+    for rows, depth, cols in ((1000, 37, 150), (1000, 36, 148), (512, 64, 256)):
         x, w = rng.standard_normal((rows, depth)).astype(np.float32), _w(rng, (depth, cols), depth)
         b = rng.standard_normal(cols).astype(np.float32)
         want = tf.nn.relu(tf.linalg.matmul(x, w) + b).numpy()
@@ -118,27 +122,41 @@ def test_every_tile(device, rng):
 
 
 def test_tile_choice():
-    """matmul_tile's model against what the H200 sweep measured (benchmarks/sweep_matmul.py)."""
+    """matmul_tile's model against what the H200 sweep measured (benchmarks/sweep_gemm_forms.py, vec4 forms)."""
     from tflfuse.kernels.gemm import matmul_tile
 
     def groups(t, rows, cols):
         return -(-rows // t.tm) * -(-cols // t.tn)
-    # few output tiles (MobileNetV2's 7x7 blocks at batch 32): 128 x 128 tiles left SMs idle (181 us against
-    # 60 us for 64 x 64): the choice keeps at least as many workgroups as SMs
+    # few output tiles (MobileNetV2's 7x7 blocks at batch 32): 128 x 128 tiles left SMs idle (139 us against
+    # 39 us for 64 x 32): the choice keeps at least half as many workgroups as SMs
     assert groups(matmul_tile(1568, 960, 160), 1568, 160) >= 64
-    # a large product: the register block is at least 8 x 4 outputs (4 x 4 measured slower there)
-    large = matmul_tile(100352, 24, 144)
-    assert large.rm * large.rn >= 32
+    # a large, shallow product: not 64 x 64 / 4 x 4 (65 us, against 47-52 us for the larger blocks)
+    assert matmul_tile(100352, 24, 144) != TILES["64x64/4x4/16"]
     # 16 columns: no tile wider than 32 columns (the rest would be padding)
     assert matmul_tile(401408, 32, 16).tn == 32
 
 
 @pytest.mark.parametrize("tile, message", [
     ("banana", "not 'TMxTN/RMxRN/TK'"), ("128x128/8x8/3", "multiples of 4"),
-    ("128x128/16x16/16", "== 256"), (5, "must be a string")])
+    ("128x128/4x8/16", "in (64, 128, 256)"), (5, "must be a string")])
 def test_bad_matmul_tile_is_named(tile, message):
     x, w = np.zeros((1000, 64), np.float32), np.zeros((64, 300), np.float32)
     with pytest.raises(KernelError, match="FULLY_CONNECTED") as err:
         kernel_class("FULLY_CONNECTED")([TensorSpec(x.shape), TensorSpec(w.shape)],
                                         {"weights_layout": "IO", "matmul_tile": tile}).programs()
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("depth, cols", [(36, 148), (37, 150)])   # vec4 loads and stores; scalar ones
+def test_float16_storage(device, rng, depth, cols):
+    """``precision="float16"`` through the tiled product: inputs and output stored as float16, sums in float32,
+    so the output is its float32 result on the same float16-rounded inputs, rounded once: within one float16
+    ulp (``2**-10 * max(|want|, 2**-14)``, as test_precision.py states)."""
+    half = lambda a: a.astype(np.float16).astype(np.float32)   # noqa: E731
+    x, w = half(rng.standard_normal((1000, depth)).astype(np.float32)), half(_w(rng, (depth, cols), depth))
+    b = half(rng.standard_normal(cols).astype(np.float32))
+    attrs = {"weights_layout": "IO", "target": "gpu", "fused_activation_function": "RELU"}
+    (want,) = run_op(device, "FULLY_CONNECTED", [x, w, b], attrs)
+    (got,) = run_op(device, "FULLY_CONNECTED", [x, w, b], attrs, precision="float16")
+    np.testing.assert_array_equal(got, half(got))
+    assert np.all(np.abs(got.astype(np.float64) - want) <= 2.0 ** -10 * np.maximum(np.abs(want), 2.0 ** -14))

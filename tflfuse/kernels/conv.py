@@ -14,7 +14,7 @@ import numpy as np
 
 from .base import Kernel, KernelError, Program, TensorSpec
 from .registry import register
-from .gemm import MatmulTile, tiled_matmul_program, use_tiled_matmul
+from .gemm import MatmulTile, product_program, use_tiled_matmul
 from .wgsl import activation_fn, dot, elementwise_program, reduction_program, split_lanes
 
 __all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "SUM_STORED_LATER", "conv_output_size", "depthwise_program",
@@ -176,9 +176,8 @@ class Conv2D(_Conv):
         rows = g["N"] * g["OH"] * g["OW"]
         if (self.layout == "HWIO" and self.groups == 1 and is_pointwise(g)
                 and use_tiled_matmul(rows, cin, self.cout, self.target())):
-            return [tiled_matmul_program(self.key, self.io_bindings(self._names()), rows, cin, self.cout,
-                                         f"x[r * {cin}u + k]", f"w[k * {self.cout}u + c]",
-                                         f"let co = col;\n          y[idx] = act(acc + {bias});", act)]
+            return [product_program(self.key, self.io_bindings(self._names()), rows, cin, self.cout, "x", "w",
+                                    "y", f"let co = col;\n          y[idx] = act(acc + {bias});", act)]
         lanes = window_lanes(total, g, fcin, self.target())
         inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + c0;
       let wb = {wb};
@@ -359,10 +358,9 @@ class FullyConnected(Kernel):
         names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
         act = activation_fn(self.attr("fused_activation_function"))
         if self.layout == "IO" and use_tiled_matmul(self.rows, self.cin, self.cout, self.target()):
-            return [tiled_matmul_program(self.key, self.io_bindings(names), self.rows, self.cin, self.cout,
-                                         f"x[r * {self.cin}u + k]", f"w[k * {self.cout}u + c]",
-                                         f"let co = col;\n          y[idx] = act(acc + {bias});", act,
-                                         tile=self.attrs.get("matmul_tile") or None)]
+            return [product_program(self.key, self.io_bindings(names), self.rows, self.cin, self.cout, "x", "w",
+                                    "y", f"let co = col;\n          y[idx] = act(acc + {bias});", act,
+                                    tile=self.attrs.get("matmul_tile") or None)]
         lanes = split_lanes(total, self.cin, self.target())
         body = f"""  let co = idx % {self.cout}u;
   let r = idx / {self.cout}u;

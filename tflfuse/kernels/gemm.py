@@ -1,13 +1,14 @@
 """Matrix products tiled for a GPU: register-blocked tiles staged through workgroup memory.
 
 ``C [rows, cols] = A [rows, depth] @ B [depth, cols]``, the form of every 1x1 convolution (NHWC pixels x
-input channels times HWIO/IO weights) and FULLY_CONNECTED. A workgroup of 256 invocations owns a ``tm x tn``
-tile of ``C``; each invocation accumulates an ``rm x rn`` block of it in registers (``rm * rn / 4`` vec4
+input channels times HWIO/IO weights) and FULLY_CONNECTED. A workgroup of 64, 128 or 256 invocations owns a
+``tm x tn`` tile of ``C``; each invocation accumulates an ``rm x rn`` block of it in registers (``rm * rn / 4`` vec4
 accumulators). The depth is walked ``tk`` at a time: the slices of ``A`` (``tm x tk``) and ``B`` (``tk x
 tn``) are read from memory once per tile into workgroup memory, while the next slices are already loaded
 into registers (the loads of step ``k + 1`` overlap the arithmetic of step ``k``). The inner loop reads only
 workgroup memory, ``rm / 4 + rn / 4`` vec4 loads per ``rm * rn`` multiply-adds, with no bounds checks: the
-staging loads write zeros past the matrix's edges.
+staging loads write zeros past the matrix's edges. Where the sizes are multiples of 4 (:func:`use_vec4`),
+``A`` and ``B`` are read and ``C`` stored as vec4s.
 
 The tile (:data:`TILES`) is chosen per shape by :func:`matmul_tile`. Sums run in another order than a
 serial loop's: results differ from it by rounding only.
@@ -16,13 +17,15 @@ serial loop's: results differ from it by rounding only.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 from .wgsl import prelude
 
-__all__ = ["MatmulTile", "TILES", "matmul_tile", "tiled_matmul_program", "use_tiled_matmul"]
+__all__ = ["MatmulTile", "TILES", "matmul_tile", "product_program", "resident_workgroups", "tiled_matmul_program",
+           "use_tiled_matmul", "use_vec4"]
 
-_THREADS = 256
+_THREAD_COUNTS = (64, 128, 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +39,10 @@ class MatmulTile:
     tk: int
 
     def __post_init__(self):
-        if (self.tm // self.rm) * (self.tn // self.rn) != _THREADS or self.rm % 4 or self.rn % 4 or \
+        if min(self.rm, self.rn) <= 0 or self.threads not in _THREAD_COUNTS or self.rm % 4 or self.rn % 4 or \
                 self.tm % self.rm or self.tn % self.rn or self.tk % 4 or self.workgroup_bytes > 16384:
-            raise KernelError(f"matmul tile {self} does not map onto {_THREADS} invocations in vec4 groups: it "
-                              f"needs (tm / rm) * (tn / rn) == {_THREADS}, rm, rn and tk multiples of 4, and "
+            raise KernelError(f"matmul tile {self} does not map onto invocations in vec4 groups: it needs "
+                              f"(tm / rm) * (tn / rn) in {_THREAD_COUNTS}, rm, rn and tk multiples of 4, and "
                               f"4 * tk * (tm + tn) <= 16384 bytes of workgroup memory")
 
     @classmethod
@@ -54,22 +57,28 @@ class MatmulTile:
         return cls(tm, tn, rm, rn, tk)
 
     @property
+    def threads(self) -> int:
+        """Invocations per workgroup, one per ``rm x rn`` block."""
+        return (self.tm // max(self.rm, 1)) * (self.tn // max(self.rn, 1))
+
+    @property
     def workgroup_bytes(self) -> int:
         return 4 * self.tk * (self.tm + self.tn)
 
 
 #: The tiles :func:`matmul_tile` chooses between, named as :meth:`MatmulTile.parse` reads them: each was the
-#: fastest of the sweep on some 1x1 product of MobileNetV2 (``benchmarks/sweep_matmul.py``, H200).
+#: fastest of the sweep on some 1x1 product of MobileNetV2 (``benchmarks/sweep_gemm_forms.py``, H200).
 TILES: dict[str, MatmulTile] = {}
-_TILE_NAMES = ("128x128/8x8/16", "128x128/8x8/8", "64x128/4x8/16", "256x32/8x4/8", "128x32/4x4/8",
-               "64x64/4x4/16")
+_TILE_NAMES = ("128x128/8x8/16", "128x64/8x4/16", "256x32/8x4/8", "128x32/4x4/8", "64x64/8x8/16",
+               "64x64/4x8/16", "64x64/4x4/16", "64x32/4x4/16", "32x64/4x8/16")
 TILES.update({name: MatmulTile.parse(name) for name in _TILE_NAMES})
 
 #: Outputs from which a GPU's matrix products (1x1 convolutions, FULLY_CONNECTED) run tiled: below, the GPU
 #: holds every output's invocation at once and the per-output form (with ``split_lanes``) is quicker.
 _TILED_MIN_OUTPUTS = 1 << 17
-#: Workgroups of 256 invocations a GPU runs at once in :func:`matmul_tile`'s model (an H200: 132 SMs, two each).
-_RESIDENT_WORKGROUPS = 264
+#: The streaming multiprocessors of :func:`matmul_tile`'s model (an H200: 132) and what each holds at once:
+#: invocations, 32-bit registers and bytes of workgroup memory (NVIDIA's compute capability 9.0).
+_SMS, _SM_THREADS, _SM_REGISTERS, _SM_WORKGROUP_BYTES = 132, 2048, 65536, 229376
 
 
 def use_tiled_matmul(rows: int, depth: int, cols: int, target: str) -> bool:
@@ -78,27 +87,47 @@ def use_tiled_matmul(rows: int, depth: int, cols: int, target: str) -> bool:
     return target == "gpu" and rows * cols >= _TILED_MIN_OUTPUTS and depth >= 16
 
 
+def use_vec4(depth: int, cols: int) -> bool:
+    """Whether a tiled product reads ``A`` and ``B`` and stores ``C`` four floats at a time (the ``a_vec``,
+    ``b_vec`` and ``store_vec`` forms of :func:`tiled_matmul_program`): where ``depth`` and ``cols`` are
+    multiples of 4 and ``cols`` is over 16. Measured on the H200 over MobileNetV2's products at batch 32
+    (``benchmarks/sweep_gemm_forms.py``, 2026-12-01): 765 us in all with the best tile of each, against 871 us
+    for scalar loads and stores; but with 16 columns (401408 x 32 x 16) 172 us against 73 us."""
+    return depth % 4 == 0 and cols % 4 == 0 and cols > 16
+
+
+def resident_workgroups(t: MatmulTile) -> int:
+    """Workgroups of tile ``t`` one SM holds at once in :func:`matmul_tile`'s model: limited by invocations,
+    registers (an estimate: the accumulators, one A and one B vec4 group per row and column of the block, the
+    staged loads in flight and 24 for addresses) and workgroup memory (plus 1 KiB reserved per workgroup)."""
+    loads = -(-t.tm * t.tk // 4 // t.threads) + -(-t.tn * t.tk // 4 // t.threads)
+    registers = t.rm * t.rn + t.rm + t.rn + 8 * loads + 24
+    return max(1, min(_SM_THREADS // t.threads, _SM_REGISTERS // (t.threads * registers),
+                      _SM_WORKGROUP_BYTES // (t.workgroup_bytes + 1024)))
+
+
 def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
     """The tile of :data:`TILES` with the least modelled time for ``[rows, depth] x [depth, cols]``: waves
-    of :data:`_RESIDENT_WORKGROUPS` workgroups, each wave as long as one tile's multiply-adds (``tm * tn *
-    depth``, padding included) divided by the tile's multiply-adds per value read from workgroup memory
-    (``rm * rn / (rm + rn)``).
+    of :func:`resident_workgroups` per SM over :data:`_SMS` SMs, each wave as long as one SM's multiply-adds
+    in it (``resident x tm x tn x depth``, padding included); ties go to more workgroups.
 
-    Fitted to the sweep of MobileNetV2's 38 products at batch 1 and 32 on an H200 (2026-12-01, GPU time of
-    50 back-to-back runs per pass): the tiles this picks took 1560 us in all, against 1382 us for the best
-    tile of each product and 1760 us for 64 x 64 tiles everywhere. Tuning only: every tile computes the
-    same values in the same order.
+    Fitted to the sweep of MobileNetV2's 23 tiled products at batch 1 and 32 on an H200 (2026-12-01,
+    ``benchmarks/sweep_gemm_forms.py``, vec4 forms, GPU time of 30 back-to-back runs per pass): the tiles this
+    picks took 624 us in all, against 589 us for the best tile of each product and 1076 us for the scalar
+    forms with the previous choice. Tuning only: every tile computes the same values in the same order.
     """
     def cost(t: MatmulTile) -> tuple[float, int]:
+        resident = resident_workgroups(t)
         groups = -(-rows // t.tm) * -(-cols // t.tn)
-        waves = -(-groups // _RESIDENT_WORKGROUPS)
-        return waves * t.tm * t.tn * depth * (t.rm + t.rn) / (t.rm * t.rn), -groups   # ties: more in flight
+        waves = -(-groups // (_SMS * resident))
+        return waves * resident * t.tm * t.tn * -(-depth // t.tk) * t.tk, -groups
     return min(TILES.values(), key=cost)
 
 
 def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int, a: str,
                          b: str, store: str, helpers: str = "", uniforms: tuple[Uniform, ...] = (),
-                         tile: MatmulTile | str | None = None) -> Program:
+                         tile: MatmulTile | str | None = None, *, a_vec: str | None = None,
+                         b_vec: str | None = None, store_vec: str | None = None) -> Program:
     """``C = A @ B`` with ``A [rows, depth]`` and ``B [depth, cols]``, float32, tiled for a GPU.
 
     Args:
@@ -112,22 +141,32 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
       helpers, uniforms: WGSL functions and uniforms ``store`` uses.
       tile: a :class:`MatmulTile`, its name (:meth:`MatmulTile.parse`), or None for :func:`matmul_tile`'s
         choice.
+      a_vec: where ``depth % 4 == 0``, a WGSL expression of the vec4 ``A[r, k : k + 4]`` (``k`` a multiple of
+        4) read in one load, used instead of ``a``; None: four loads of ``a``.
+      b_vec: where ``cols % 4 == 0``, the vec4 ``B[k, c : c + 4]`` likewise.
+      store_vec: where ``cols % 4 == 0``, statements storing four outputs at once, with ``row``, ``col4`` (the
+        first column), ``idx4 = (row * cols + col4) / 4`` and the vec4 ``acc``; None: ``store`` per output.
     Returns:
       the :class:`~tflfuse.kernels.base.Program`, one workgroup per tile of ``C``.
     Raises:
-      KernelError: for a tile that is unknown or does not map onto 256 invocations.
+      KernelError: for a tile that is unknown or does not map onto the invocations, or a vector form where
+        the sizes are not multiples of 4.
     """
     if tile is None:
         tile = matmul_tile(rows, depth, cols)
     elif isinstance(tile, str):
         tile = MatmulTile.parse(tile)
+    if (a_vec and depth % 4) or ((b_vec or store_vec) and cols % 4):
+        raise KernelError(f"{name}: vec4 operands need depth ({depth}) and cols ({cols}) multiples of 4")
     tm, tn, rm, rn, tk = tile.tm, tile.tn, tile.rm, tile.rn, tile.tk
+    threads = tile.threads
     col_tiles = -(-cols // tn)
     tiles = -(-rows // tm) * col_tiles
     gy, gx = tm // rm, tn // rn          # invocations along the tile's rows and columns
     a_groups, b_groups = tm * tk // 4, tn * tk // 4   # vec4 groups: 4 consecutive k of a row of A, 4 columns of B
-    a_loads, b_loads = -(-a_groups // _THREADS), -(-b_groups // _THREADS)   # per invocation
+    a_loads, b_loads = -(-a_groups // threads), -(-b_groups // threads)   # per invocation
     ra, rb = rm // 4, rn // 4
+    kq = tk // 4
     lines = []
     # registers: the next slices' values, loaded before the current slice is multiplied
     for j in range(a_loads):
@@ -143,43 +182,55 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     def load(k0: str) -> str:
         out = []
         for j in range(a_loads):
-            e = f"(lidx + {j * _THREADS}u)"
-            out.append(f"    pa{j} = a4(r0 + {e} / {tk // 4}u, {k0} + ({e} % {tk // 4}u) * 4u);"
-                       if (j + 1) * _THREADS <= a_groups else f"    if ({e} < {a_groups}u) {{ pa{j} = "
-                       f"a4(r0 + {e} / {tk // 4}u, {k0} + ({e} % {tk // 4}u) * 4u); }}")
+            e = f"(lidx + {j * threads}u)"
+            out.append(f"    pa{j} = a4(r0 + {e} / {kq}u, {k0} + ({e} % {kq}u) * 4u);"
+                       if (j + 1) * threads <= a_groups else f"    if ({e} < {a_groups}u) {{ pa{j} = "
+                       f"a4(r0 + {e} / {kq}u, {k0} + ({e} % {kq}u) * 4u); }}")
         for j in range(b_loads):
-            e = f"(lidx + {j * _THREADS}u)"
+            e = f"(lidx + {j * threads}u)"
             out.append(f"    pb{j} = b4({k0} + {e} / {tn // 4}u, c0 + ({e} % {tn // 4}u) * 4u);"
-                       if (j + 1) * _THREADS <= b_groups else f"    if ({e} < {b_groups}u) {{ pb{j} = "
+                       if (j + 1) * threads <= b_groups else f"    if ({e} < {b_groups}u) {{ pb{j} = "
                        f"b4({k0} + {e} / {tn // 4}u, c0 + ({e} % {tn // 4}u) * 4u); }}")
         return "\n".join(out)
 
     stage = []
     for j in range(a_loads):
-        e = f"(lidx + {j * _THREADS}u)"
-        guard = "" if (j + 1) * _THREADS <= a_groups else f"if ({e} < {a_groups}u) "
-        stage.append(f"    {guard}{{ let r = {e} / {tk // 4}u; let k = ({e} % {tk // 4}u) * 4u;")
+        e = f"(lidx + {j * threads}u)"
+        guard = "" if (j + 1) * threads <= a_groups else f"if ({e} < {a_groups}u) "
+        stage.append(f"    {guard}{{ let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")
         for i, comp in enumerate("xyzw"):
             stage.append(f"      ta[(k + {i}u) * {tm // 4}u + r / 4u][r % 4u] = pa{j}.{comp};")
         stage.append("    }")
     for j in range(b_loads):
-        guard = "" if (j + 1) * _THREADS <= b_groups else f"if (lidx + {j * _THREADS}u < {b_groups}u) "
-        stage.append(f"    {guard}{{ tb[lidx + {j * _THREADS}u] = pb{j}; }}")
-    def step(k: str) -> list[str]:
-        out = [f"      let a{g} = ta[{k} * {tm // 4}u + {g * gy}u + ty];" for g in range(ra)]
-        out += [f"      let b{h} = tb[{k} * {tn // 4}u + {h * gx}u + tx];" for h in range(rb)]
-        out += [f"      c{g}_{r}_{h} += a{g}.{comp} * b{h};" for g in range(ra) for r, comp in enumerate("xyzw")
-                for h in range(rb)]
-        return out
-    # the slice's steps written out one after another
-    inner = [line for k in range(tk) for line in ["    {"] + step(f"{k}u") + ["    }"]]
+        guard = "" if (j + 1) * threads <= b_groups else f"if (lidx + {j * threads}u < {b_groups}u) "
+        stage.append(f"    {guard}{{ tb[lidx + {j * threads}u] = pb{j}; }}")
+
+    def b_row(k: str) -> list[str]:
+        return [f"      let b{h} = tb[{k} * {tn // 4}u + {h * gx}u + tx];" for h in range(rb)]
+
+    inner = []
+    for k in range(tk):   # the slice's steps written out one after another
+        inner.append("    {")
+        inner += [f"      let a{g} = ta[{k}u * {tm // 4}u + {g * gy}u + ty];" for g in range(ra)]
+        inner += b_row(f"{k}u")
+        inner += [f"      c{g}_{r}_{h} += a{g}.{comp} * b{h};" for g in range(ra)
+                  for r, comp in enumerate("xyzw") for h in range(rb)]
+        inner.append("    }")
     # Every accumulator is read by a constant component (.x, .y, .z, .w), never indexed at run time, so that it
     # can stay in registers.
     stores = []
     for g in range(ra):
         for r in range(4):
             for h in range(rb):
-                cells = "".join(f"""
+                if store_vec:
+                    cells = f"""
+      if (col4 < {cols}u) {{
+        let acc = c{g}_{r}_{h};
+        let idx4 = (row * {cols}u + col4) / 4u;
+        {store_vec}
+      }}"""
+                else:
+                    cells = "".join(f"""
       {{
         let col = col4 + {j}u;
         if (col < {cols}u) {{
@@ -195,32 +246,48 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     }}
   }}""")
     nl = "\n"
-    source = prelude(bindings, uniforms) + helpers + f"""
-// Staging loads without branches: the address is clamped into the matrix and the value zeroed past its edges.
-fn a_at(r0: u32, k0: u32) -> f32 {{
+    if a_vec:
+        a_load = f"""fn a4(r0: u32, k0: u32) -> vec4<f32> {{
+  let r = min(r0, {max(rows, 1) - 1}u);
+  let k = min(k0, {max(depth, 4) - 4}u);
+  return select(vec4<f32>(0.0), {a_vec}, r0 < {rows}u && k0 < {depth}u);
+}}"""
+    else:
+        a_load = f"""fn a_at(r0: u32, k0: u32) -> f32 {{
   let r = min(r0, {max(rows, 1) - 1}u);
   let k = min(k0, {max(depth, 1) - 1}u);
   return select(0.0, {a}, r0 < {rows}u && k0 < {depth}u);
 }}
 
-fn b_at(k0: u32, c0: u32) -> f32 {{
+fn a4(r: u32, k: u32) -> vec4<f32> {{
+  return vec4<f32>(a_at(r, k), a_at(r, k + 1u), a_at(r, k + 2u), a_at(r, k + 3u));
+}}"""
+    if b_vec:
+        b_load = f"""fn b4(k0: u32, c0: u32) -> vec4<f32> {{
+  let k = min(k0, {max(depth, 1) - 1}u);
+  let c = min(c0, {max(cols, 4) - 4}u);
+  return select(vec4<f32>(0.0), {b_vec}, k0 < {depth}u && c0 < {cols}u);
+}}"""
+    else:
+        b_load = f"""fn b_at(k0: u32, c0: u32) -> f32 {{
   let k = min(k0, {max(depth, 1) - 1}u);
   let c = min(c0, {max(cols, 1) - 1}u);
   return select(0.0, {b}, k0 < {depth}u && c0 < {cols}u);
 }}
 
-fn a4(r: u32, k: u32) -> vec4<f32> {{
-  return vec4<f32>(a_at(r, k), a_at(r, k + 1u), a_at(r, k + 2u), a_at(r, k + 3u));
-}}
-
 fn b4(k: u32, c: u32) -> vec4<f32> {{
   return vec4<f32>(b_at(k, c), b_at(k, c + 1u), b_at(k, c + 2u), b_at(k, c + 3u));
-}}
+}}"""
+    source = prelude(bindings, uniforms) + helpers + f"""
+// Staging loads without branches: the address is clamped into the matrix and the value zeroed past its edges.
+{a_load}
+
+{b_load}
 
 var<workgroup> ta: array<vec4<f32>, {tk * tm // 4}>;   // the A slice, [k][row / 4]
 var<workgroup> tb: array<vec4<f32>, {tk * tn // 4}>;   // the B slice, [k][col / 4]
 
-@compute @workgroup_size({_THREADS})
+@compute @workgroup_size({threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {{
   let tile = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
@@ -244,5 +311,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }}
 """
     steps = -(-depth // tk)
-    return Program(name, source, (_THREADS, 1, 1), linear_dispatch(tiles * _THREADS, _THREADS), bindings, uniforms,
+    return Program(name, source, (threads, 1, 1), linear_dispatch(tiles * threads, threads), bindings, uniforms,
                    loop_trips=2 * steps)
+
+
+def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int, a: str, b: str,
+                    out: str, store: str, helpers: str = "", uniforms: tuple[Uniform, ...] = (),
+                    tile: MatmulTile | str | None = None) -> Program:
+    """:func:`tiled_matmul_program` for row-major operands: the binding named ``a`` holds ``A [rows, depth]``,
+    ``b`` holds ``B [depth, cols]`` and ``store`` writes the output binding ``out`` once, as
+    ``out[idx] = ...;``. Where :func:`use_vec4` holds and ``store`` and ``helpers`` read none of the three
+    otherwise, the three are bound as ``array<vec4<f32>>`` and read and written four floats at a time: ``store``
+    runs once per component (with its own ``acc``, ``col`` and ``idx``) into a vec4 stored at once.
+
+    Raises:
+      KernelError: ``store`` does not write ``out[idx] =`` exactly once; or as :func:`tiled_matmul_program`.
+    """
+    target = f"{out}[idx] ="
+    if store.count(target) != 1:
+        raise KernelError(f"{name}: the product's store must write {target!r} once, got {store!r}")
+    scalar = (f"{a}[r * {depth}u + k]", f"{b}[k * {cols}u + c]")
+    others = store.replace(target, "") + helpers
+    if not use_vec4(depth, cols) or re.search(rf"\b({a}|{b}|{out})\[", others):
+        return tiled_matmul_program(name, bindings, rows, depth, cols, *scalar, store, helpers, uniforms, tile)
+    vec = {a, b, out}
+    bindings = tuple(dataclasses.replace(x, elem_type="vec4<f32>") if x.name in vec else x for x in bindings)
+    parts = "".join(f"""
+        {{
+          let acc = acc4.{comp};
+          let col = col4 + {j}u;
+          let idx = row * {cols}u + col;
+          {store.replace(target, f"v.{comp} =")}
+        }}""" for j, comp in enumerate("xyzw"))
+    store_vec = f"""let acc4 = acc;
+        var v: vec4<f32>;{parts}
+        {out}[idx4] = v;"""
+    return tiled_matmul_program(name, bindings, rows, depth, cols, *scalar, store, helpers, uniforms, tile,
+                                a_vec=f"{a}[(r * {depth}u + k) / 4u]", b_vec=f"{b}[(k * {cols}u + c) / 4u]",
+                                store_vec=store_vec)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from .base import Kernel, KernelError, TensorSpec
-from .gemm import MatmulTile, tiled_matmul_program, use_tiled_matmul
+from .gemm import MatmulTile, product_program, tiled_matmul_program, use_tiled_matmul
 from .registry import register
 from .wgsl import dot, elementwise_program, reduction_program, split_lanes
 
@@ -99,8 +99,12 @@ class BatchMatmul(Kernel):
             # one [batch * M, K] x [K, N] product; row r is row r % M of lhs batch r / M
             a_expr = a_at.replace("bl", f"(r / {m}u)").format(r=f"(r % {m}u)", k="k")
             b_expr = b_at.replace("br", "0u").format(k="k", c="c")
+            tile = self.attrs.get("matmul_tile") or None
+            if not (self.adj_x or self.adj_y):   # both row-major: the vec4 forms where the sizes allow
+                return [product_program(self.key, self.io_bindings(names), rows, k, n, "a", "b", "y",
+                                        "y[idx] = acc;", tile=tile)]
             return [tiled_matmul_program(self.key, self.io_bindings(names), rows, k, n, a_expr, b_expr,
-                                         "y[idx] = acc;", tile=self.attrs.get("matmul_tile") or None)]
+                                         "y[idx] = acc;", tile=tile)]
         lanes = split_lanes(total, k, self.target())
         body = f"""  let col = idx % {n}u;
   let row = (idx / {n}u) % {m}u;

@@ -48,7 +48,7 @@ from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule
-from ..gemm import tiled_matmul_program, use_tiled_matmul
+from ..gemm import product_program, use_tiled_matmul
 from ..wgsl import activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes
 
 __all__ = ["FusedBottleneck"]
@@ -278,9 +278,8 @@ class FusedBottleneck(CompositeKernel):
             e_binds = (inputs["x"], inputs["ew"], inputs["eb"], e_out)
             act = activation_fn(self.attr("activation"))
             if use_tiled_matmul(n * h * w, cin, cexp, self.target()):
-                progs.append(tiled_matmul_program(f"{self.key}_expand", e_binds, n * h * w, cin, cexp,
-                                                  f"x[r * {cin}u + k]", f"ew[k * {cexp}u + c]",
-                                                  "expanded[idx] = act(acc + eb[col]);", act))
+                progs.append(product_program(f"{self.key}_expand", e_binds, n * h * w, cin, cexp, "x", "ew",
+                                             "expanded", "expanded[idx] = act(acc + eb[col]);", act))
             else:
                 lanes = split_lanes(n * h * w * cexp, cin, self.target())
                 body = (f"  let e = idx % {cexp}u;\n  let pix = idx / {cexp}u;\n  var v = 0.0;\n  "
@@ -309,9 +308,8 @@ class FusedBottleneck(CompositeKernel):
         proj_binds = ((inputs["x"],) if self.residual else ()) + (d_read,) + gate_binds + (
             inputs["pw"], inputs["pb"], out)
         if not self.has_se and use_tiled_matmul(total // cout, cexp, cout, self.target()):
-            progs.append(tiled_matmul_program(
-                f"{self.key}_project", proj_binds, total // cout, cexp, cout, f"d[r * {cexp}u + k]",
-                f"pw[k * {cout}u + c]",
+            progs.append(product_program(
+                f"{self.key}_project", proj_binds, total // cout, cexp, cout, "d", "pw", "y",
                 f"let co = col;\n          let pix = row;\n          y[idx] = acc + pb[co]{residual};"))
             return progs
         lanes = split_lanes(total, cexp, self.target())

@@ -33,7 +33,7 @@ from ..conv import (SUM_STORED_LATER, conv_output_size, depthwise_program, is_po
                     window_taps)
 from ..elementwise import broadcast_index
 from ..registry import register
-from ..gemm import tiled_matmul_program, use_tiled_matmul
+from ..gemm import product_program, use_tiled_matmul
 from ..wgsl import (activation_fn, activation_uniforms, dot, elementwise_program, prelude, reduction_program,
                     split_lanes)
 
@@ -186,9 +186,9 @@ class FusedConv2D(_FusedWindow):
         names = ["x", "w"] + self.epilogue_names() + ["y"]
         rows = g["N"] * g["OH"] * g["OW"]
         if is_pointwise(g) and use_tiled_matmul(rows, cin, cout, self.target()):
-            return [tiled_matmul_program(self.key, self.io_bindings(names), rows, cin, cout, f"x[r * {cin}u + k]",
-                                         f"w[k * {cout}u + c]", "y[idx] = epilogue(acc, idx, col);",
-                                         self.epilogue_fn(), self.epilogue_uniforms())]
+            return [product_program(self.key, self.io_bindings(names), rows, cin, cout, "x", "w", "y",
+                                    "y[idx] = epilogue(acc, idx, col);", self.epilogue_fn(),
+                                    self.epilogue_uniforms())]
         lanes = window_lanes(total, g, cin, self.target())
         inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u;
       let wb = (u32(ky) * {g['KW']}u + u32(kx)) * {cin * cout}u + co;
@@ -302,10 +302,9 @@ class FusedSeparableConv2D(_FusedWindow):
         total = int(np.prod(self.out_shape))
         rows = g["N"] * g["OH"] * g["OW"]
         if use_tiled_matmul(rows, cmid, cout, self.target()):
-            return [depthwise, tiled_matmul_program(
-                f"{self.key}_pointwise", pw_binds, rows, cmid, cout, f"d[r * {cmid}u + k]",
-                f"pw[k * {cout}u + c]", "y[idx] = epilogue(acc, idx, col);", self.epilogue_fn(),
-                self.epilogue_uniforms())]
+            return [depthwise, product_program(f"{self.key}_pointwise", pw_binds, rows, cmid, cout, "d", "pw", "y",
+                                               "y[idx] = epilogue(acc, idx, col);", self.epilogue_fn(),
+                                               self.epilogue_uniforms())]
         lanes = split_lanes(total, cmid, self.target())
         body = f"""  let co = idx % {cout}u;
   let pix = idx / {cout}u;

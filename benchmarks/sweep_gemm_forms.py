@@ -1,0 +1,164 @@
+"""The tiled matrix product's forms (tflfuse.kernels.gemm) side by side over MobileNetV2's 1x1 products.
+
+    python benchmarks/sweep_gemm_forms.py --batches=1,32 --out=gemm_forms.json
+
+For each distinct product ``[rows, depth] x [depth, cols]`` of MobileNetV2 (224x224, alpha 1), the GPU time
+(timestamp queries around --reps runs back to back in one compute pass, median of --repeats passes) of
+``y = x @ w + b`` for every form (scalar or vec4 loads, scalar or vec4 stores) and every tile, each output checked against float64 NumPy first; then, where PyTorch with CUDA is
+present, cuBLAS's float32 product (TF32 off: FMA units only) on the same shapes, the anchor of what the
+device's FMA units reach. Prints TFLOP/s and the share of the f32 FMA rate measured in the same run.
+Needs no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import tflfuse  # noqa: E402
+from tflfuse.kernels import KernelError  # noqa: E402
+from tflfuse.kernels.base import Binding  # noqa: E402
+from tflfuse.kernels.gemm import TILES, MatmulTile, matmul_tile, tiled_matmul_program, use_vec4  # noqa: E402
+from tflfuse.runtime.plan import pass_gpu_us  # noqa: E402
+
+from peaks import fma_tflops, recorder  # noqa: E402
+from chain import products  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
+flags.DEFINE_string("out", None, "JSON file for the results.")
+flags.DEFINE_integer("repeats", 7, "Timed passes per form and tile.")
+flags.DEFINE_integer("reps", 30, "Runs back to back per timed pass.")
+flags.DEFINE_list("tiles", list(TILES) + ["64x64/4x8/16", "128x64/8x8/16", "64x128/8x8/16", "64x64/8x8/16",
+                                          "32x64/4x8/16", "128x64/8x4/16", "64x32/4x4/16"],
+                  "Tiles to try: TMxTN/RMxRN/TK.")
+flags.DEFINE_list("forms", ["scalar", "vload", "vstore", "vload_vstore"],
+                  "Forms: scalar loads and stores; vload (vec4 loads of A and B); vstore (vec4 stores).")
+
+
+def program(rows, depth, cols, tile, form):
+    vec_a = "vload" in form and depth % 4 == 0
+    vec_b = "vload" in form and cols % 4 == 0
+    vec_y = "vstore" in form and cols % 4 == 0
+    if ("vload" in form and not (vec_a or vec_b)) or ("vstore" in form and not vec_y):
+        return None
+    binds = (Binding("x", ("input", 0), "read", "vec4<f32>" if vec_a else "f32", rows * depth * 4),
+             Binding("w", ("input", 1), "read", "vec4<f32>" if vec_b else "f32", depth * cols * 4),
+             Binding("b", ("input", 2), "read", "vec4<f32>" if vec_y else "f32", cols * 4),
+             Binding("y", ("output", 0), "read_write", "vec4<f32>" if vec_y else "f32", rows * cols * 4))
+    return tiled_matmul_program(
+        f"gemm_{form}", binds, rows, depth, cols, "x[r * {}u + k]".format(depth), "w[k * {}u + c]".format(cols),
+        "y[idx] = acc + b[col];", tile=tile,
+        a_vec=f"x[(r * {depth}u + k) / 4u]" if vec_a else None,
+        b_vec=f"w[(k * {cols}u + c) / 4u]" if vec_b else None,
+        store_vec="y[idx4] = acc + b[col4 / 4u];" if vec_y else None)
+
+
+def time_program(device, prog, buffers, out_buf, nbytes):
+    record = recorder(device, prog, buffers)
+    us = pass_gpu_us(device, record, FLAGS.repeats, reps=FLAGS.reps)
+    y = np.frombuffer(device.device.queue.read_buffer(out_buf, 0, nbytes), np.float32)
+    return us, y
+
+
+def torch_us(rows, depth, cols):
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    x = torch.randn(rows, depth, device="cuda")
+    w = torch.randn(depth, cols, device="cuda")
+    b = torch.randn(cols, device="cuda")
+    for _ in range(3):
+        torch.addmm(b, x, w)
+    samples = []
+    for _ in range(FLAGS.repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(FLAGS.reps):
+            torch.addmm(b, x, w)
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / FLAGS.reps)
+    return float(np.median(samples))
+
+
+def main(argv):
+    device = tflfuse.Device()
+    print(f"adapter: {device.describe()}", flush=True)
+    peak = fma_tflops(device, "f32")
+    print(f"f32 FMA peak: {peak:.1f} TFLOP/s", flush=True)
+    rng = np.random.default_rng(0)
+    results = {"adapter": device.describe(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "f32_tflops": peak, "products": []}
+    totals: dict[str, float] = {}
+    for n in map(int, FLAGS.batches):
+        for rows, depth, cols in products(n):
+            if rows * cols < (1 << 17):
+                continue
+            x = rng.standard_normal((rows, depth)).astype(np.float32)
+            w = (rng.standard_normal((depth, cols)) / np.sqrt(depth)).astype(np.float32)
+            b = rng.standard_normal(cols).astype(np.float32)
+            want = (x.astype(np.float64) @ w + b).ravel()
+            flop = 2 * rows * depth * cols
+            bufs = [device.create_buffer(a.nbytes, data=a.tobytes()) for a in (x, w, b)]
+            out = device.create_buffer(rows * cols * 4)
+            row = {"batch": n, "rows": rows, "depth": depth, "cols": cols, "us": {}}
+            for form in FLAGS.forms:
+                for name in FLAGS.tiles:
+                    try:
+                        prog = program(rows, depth, cols, MatmulTile.parse(name), form)
+                    except KernelError:
+                        continue
+                    if prog is None:
+                        continue
+                    device.device.queue.write_buffer(out, 0, np.full(rows * cols, np.nan, np.float32).tobytes())
+                    us, y = time_program(device, prog, bufs + [out], out, rows * cols * 4)
+                    err = float(np.abs(y - want).max() / max(1.0, np.abs(want).max()))
+                    if not err < 1e-4:
+                        print(f"  WRONG {form} {name} {rows}x{depth}x{cols}: rel err {err}", flush=True)
+                        continue
+                    row["us"][f"{form} {name}"] = us
+            default = matmul_tile(rows, depth, cols)
+            # what the library runs: its form (use_vec4) with its tile (matmul_tile)
+            row["default"] = (f"{'vload_vstore' if use_vec4(depth, cols) else 'scalar'} "
+                              f"{default.tm}x{default.tn}/{default.rm}x{default.rn}/{default.tk}")
+            row["cublas_us"] = torch_us(rows, depth, cols)
+            best = min(row["us"], key=row["us"].get)
+            for form in FLAGS.forms:
+                mine = {k: v for k, v in row["us"].items() if k.split()[0] == form}
+                if mine:
+                    totals[form] = totals.get(form, 0.0) + min(mine.values())
+            totals["current"] = totals.get("current", 0.0) + row["us"].get(row["default"], float("nan"))
+            totals["best"] = totals.get("best", 0.0) + row["us"][best]
+            if row["cublas_us"]:
+                totals["cublas"] = totals.get("cublas", 0.0) + row["cublas_us"]
+            cub = (f"; cuBLAS {row['cublas_us']:.1f} us ({flop / row['cublas_us'] / 1e6:.1f} TFLOP/s)"
+                   if row["cublas_us"] else "")
+            by_form = ", ".join(f"{f} {min(v for k, v in row['us'].items() if k.split()[0] == f):.1f}"
+                                for f in FLAGS.forms if any(k.split()[0] == f for k in row["us"]))
+            print(f"N{n} {rows}x{depth}x{cols}: current ({row['default']}) "
+                  f"{row['us'].get(row['default'], float('nan')):.1f} us; best {best} {row['us'][best]:.1f} us ({flop / row['us'][best] / 1e6:.1f} TFLOP/s, "
+                  f"{100 * flop / row['us'][best] / 1e6 / peak:.0f}% of peak){cub}; best per form: {by_form}",
+                  flush=True)
+            results["products"].append(row)
+    print("totals (us, best tile per product): " + ", ".join(f"{k} {v:.0f}" for k, v in totals.items()), flush=True)
+    results["totals"] = totals
+    if FLAGS.out:
+        Path(FLAGS.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)
