@@ -210,7 +210,8 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
     out0 = gpu.get_output_details()[0]["index"]
     run_gpu, run_gpu_n = _tflfuse_runners(gpu, out0, FLAGS.throughput_n)
 
-    row = {"model": path.stem, "batch": batch, "dispatches": gpu.dispatch_count, "ops": len(gpu.model.op_names(0))}
+    row = {"model": path.stem, "batch": batch, "dispatches": gpu.dispatch_count, "ops": len(gpu.model.op_names(0)),
+           "cpu_fallback_ops": len(gpu.fallback_ops)}   # ops on LiteRT's CPU interpreter inside tflfuse's invoke
     got = run_gpu()
     twin = path.with_name(path.name.replace("_fused", "_unfused"))
     # LiteRT CPU's first output: on the file, or for a fused file (LiteRT lacks its ops) on its twin
@@ -530,6 +531,11 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
                       f"mean over {len(ratios)} models: latency {_geomean(ratios):.2f}x"
                       + (f", throughput {_geomean(thr_ratios):.2f}x" if thr_ratios else "")
                       + " (below 1: tflfuse is faster)."]
+    counted = [r for r in rows if "cpu_fallback_ops" in r]
+    if counted:   # ops of a model that run on LiteRT's CPU interpreter inside tflfuse's invoke
+        fell = [f"{r['model']} (batch {r['batch']}): {r['cpu_fallback_ops']}" for r in counted if r["cpu_fallback_ops"]]
+        lines += ["", "Ops on the CPU fallback (LiteRT's CPU interpreter inside tflfuse's invoke): "
+                  + ("; ".join(fell) if fell else f"none, in all {len(counted)} rows") + "."]
     lines += _f16_lines(rows, by_name)
     lines += _torch_lines(rows)
     bandwidth = [r for r in rows if r.get("bottleneck_gb_per_s")]

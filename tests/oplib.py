@@ -60,13 +60,14 @@ def check_op(tf_fn: Callable, input_shapes: Sequence[Sequence[int]], *, device: 
              np_ref: Callable[..., np.ndarray | Sequence[np.ndarray]] | None = None,
              dynamic_batch: bool = False, fp16_weights: bool = False,
              edit: Callable[[bytes], bytes] | None = None, tf_ref: Callable | None = None,
-             litert_unedited: bool = False, tf_tol: Mapping[str, float] | None = None) -> OpResult:
+             litert_unedited: bool = False, tf_tol: Mapping[str, float] | None = None,
+             input_dtypes: Sequence | None = None, output_dtypes: Sequence | None = None) -> OpResult:
     """Converts ``tf_fn`` to .tflite, runs it on tflfuse and LiteRT, compares both with TensorFlow.
 
     Args:
       tf_fn: TF function of the op (``tf.nn.conv2d`` with a constant filter, ``tf.add``...). Its positional
         arguments are the runtime inputs, in order, with ``const_inputs`` spliced in at their positions.
-      input_shapes: shapes of the runtime inputs (float32), e.g. ``[(1, 7, 7, 3)]``.
+      input_shapes: shapes of the runtime inputs (float32 unless ``input_dtypes``), e.g. ``[(1, 7, 7, 3)]``.
       device: the shared :class:`tflfuse.Device`.
       expect_ops: the ops the .tflite must hold, exactly (as a multiset), so that the test really runs
         those kernels (a fused activation shows as no separate activation op).
@@ -83,6 +84,10 @@ def check_op(tf_fn: Callable, input_shapes: Sequence[Sequence[int]], *, device: 
       litert_unedited: LiteRT runs the model as converted, tflfuse the edited one: for an edit that means the
         same but that LiteRT's kernels refuse (a float CONV_2D without its zero bias).
       tf_tol: ``dict(atol=, rtol=)`` against TF and NumPy when it differs from LiteRT's (float16 weights).
+      input_dtypes: NumPy dtypes of the runtime inputs (``np.int32``, ``np.bool_``...); default all float32.
+        ``make_input`` then makes values of them.
+      output_dtypes: the dtypes every side's outputs must have; default all float32. Outputs that are not
+        floats (bool, int32, int64) must be equal, element for element (``atol`` and ``rtol`` must be 0).
     Returns:
       An :class:`OpResult`.
     """
@@ -90,6 +95,8 @@ def check_op(tf_fn: Callable, input_shapes: Sequence[Sequence[int]], *, device: 
     make_input = make_input or (lambda g, s: g.standard_normal(s).astype(np.float32))
     tf_tol = dict(tf_tol or dict(atol=atol, rtol=rtol))
     n_args = len(input_shapes) + len(const_inputs)
+    in_dtypes = [np.dtype(d) for d in (input_dtypes or [np.float32] * len(input_shapes))]
+    assert len(in_dtypes) == len(input_shapes), (in_dtypes, input_shapes)
 
     def args_of(runtime, wrap):
         it = iter(runtime)
@@ -98,8 +105,8 @@ def check_op(tf_fn: Callable, input_shapes: Sequence[Sequence[int]], *, device: 
     def body(*runtime):
         return tf_fn(*args_of(runtime, tf.constant))
 
-    signature = [tf.TensorSpec([None, *s[1:]] if dynamic_batch else list(s), tf.float32, name=f"a{i}")
-                 for i, s in enumerate(input_shapes)]
+    signature = [tf.TensorSpec([None, *s[1:]] if dynamic_batch else list(s), tf.as_dtype(d), name=f"a{i}")
+                 for i, (s, d) in enumerate(zip(input_shapes, in_dtypes))]
     fn = tf.function(body, input_signature=signature, autograph=False)
     converter = tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function()], fn)
     if fp16_weights:
@@ -116,18 +123,27 @@ def check_op(tf_fn: Callable, input_shapes: Sequence[Sequence[int]], *, device: 
         f"the converted model holds {ops}, the test means to exercise {list(expect_ops)}"
 
     shapes = [tuple(s) for s in input_shapes]
-    inputs = [np.array(make_input(rng, s), dtype=np.float32, order="C") for s in shapes]
-    ours = _run(tflfuse.Interpreter(model_content=model, device=device), shapes, inputs, dynamic_batch)
+    inputs = [np.array(make_input(rng, s), dtype=d, order="C") for s, d in zip(shapes, in_dtypes)]
+    # cpu_fallback=False: every op runs on its WebGPU kernel (an op without one fails here, not on LiteRT's CPU)
+    ours = _run(tflfuse.Interpreter(model_content=model, device=device, cpu_fallback=False), shapes, inputs,
+                dynamic_batch)
     lite = _run(LiteRTInterpreter(model_content=litert_model), shapes, inputs, dynamic_batch)
     tf_out = (tf_ref or tf_fn)(*args_of([tf.constant(x) for x in inputs], tf.constant))
     tf_out = [np.asarray(t) for t in (tf_out if isinstance(tf_out, (list, tuple)) else [tf_out])]
 
     assert len(ours) == len(lite) == len(tf_out), (len(ours), len(lite), len(tf_out))
-    for k, (o, l, t) in enumerate(zip(ours, lite, tf_out)):
+    out_dtypes = [np.dtype(d) for d in (output_dtypes or [np.float32] * len(ours))]
+    assert len(out_dtypes) == len(ours), (out_dtypes, len(ours))
+    for k, (o, l, t, d) in enumerate(zip(ours, lite, tf_out, out_dtypes)):
         assert o.shape == l.shape == t.shape, f"output {k}: shape {o.shape}, LiteRT {l.shape}, TF {t.shape}"
-        assert o.dtype == l.dtype == t.dtype == np.float32, \
-            f"output {k}: dtype {o.dtype}, LiteRT {l.dtype}, TF {t.dtype}"
+        assert o.dtype == l.dtype == t.dtype == d, \
+            f"output {k}: dtype {o.dtype}, LiteRT {l.dtype}, TF {t.dtype}, expected {d}"
     for k, (o, l, t) in enumerate(zip(ours, lite, tf_out)):
+        if o.dtype.kind != "f":   # bool and integer outputs: equal, element for element
+            assert atol == rtol == 0, f"output {k} is {o.dtype}: compare it exactly (atol = rtol = 0)"
+            np.testing.assert_array_equal(o, l, err_msg=f"output {k} vs LiteRT")
+            np.testing.assert_array_equal(o, t, err_msg=f"output {k} vs TensorFlow")
+            continue
         if _close(l, t, **tf_tol):
             np.testing.assert_allclose(o, l, atol=atol, rtol=rtol, err_msg=f"output {k} vs LiteRT")
             np.testing.assert_allclose(o, t, **tf_tol, err_msg=f"output {k} vs TensorFlow")

@@ -127,9 +127,9 @@ def crafted_cases() -> dict[str, tuple[bytes, dict]]:
                                {"error": model_error, "match": "negative dimension"}),
         "declared_output_shape_disagrees": (build([t((2, 3)), t((2, 3)), t((3, 2))], add, [0, 1], [2]),
                                             {"error": kernel_error, "match": "is declared [3, 2]"}),
-        "builtin_op_without_kernel": (build([t((2, 3)), t((), type="INT32", data=np.int32(0)), t((2, 3))],
-                                            [dict(op="CUMSUM", inputs=[0, 1], outputs=[2])], [0], [2]),
-                                      {"error": kernel_error, "match": "'CUMSUM' at operator 0 of subgraph 0"}),
+        "builtin_op_without_kernel": (build([t((2, 3)), t((2, 3, 3))],
+                                            [dict(op="MATRIX_DIAG", inputs=[0], outputs=[1])], [0], [1]),
+                                      {"ok": True}),   # on LiteRT's CPU interpreter (the CPU fallback)
         "custom_op_without_kernel": (build([t((2, 3)), t((2, 3))], [dict(op="my_op", inputs=[0], outputs=[1])],
                                            [0], [1]), {"error": kernel_error, "match": "'my_op' at operator 0"}),
         # Names that are not UTF-8: once a UnicodeDecodeError.
@@ -138,9 +138,9 @@ def crafted_cases() -> dict[str, tuple[bytes, dict]]:
         "tensor_name_not_utf8": (build([t((2, 3), type="STRING", name=b"n\xff"), t((2, 3))],
                                        [dict(op="RELU", inputs=[0], outputs=[1])], [0], [1]),
                                  {"error": model_error, "match": "'n\\\\xff') has type STRING"}),
+        # int64 tensors are held (as int32, their values checked when set): the file runs
         "int64_input": (build([t((2, 3), type="INT64"), t((2, 3), type="INT64")],
-                              [dict(op="RESHAPE", inputs=[0], outputs=[1], options=_RESHAPE_23)], [0], [1]),
-                        {"error": kernel_error, "match": "is int64"}),
+                              [dict(op="RESHAPE", inputs=[0], outputs=[1], options=_RESHAPE_23)], [0], [1]), {}),
         # Once a GPUValidationError (conflicting buffer usages) at the first invoke().
         "tensor_read_and_written_by_one_op": (build([t((2, 3)), t((2, 3))], [dict(op="ADD", inputs=[0, 1],
                                                                                   outputs=[1])], [0, 1], [1]),

@@ -178,7 +178,8 @@ def test_table_renders_skipped_peers_and_the_roofline(bench, tmp_path):
          "litert_gpu_ms": 1.0, "litert_gpu_thr_ms": 0.5, "torch_note": "PyTorch skipped: ImportError: no torch",
          "gpu_us_by_op": {"fused_bottleneck": 400.0, "CONV_2D": 30.0}, "op_costs": costs},
         {"model": "mobilenet_v2_unfused", "batch": 1, "ops": 70, "dispatches": 65, "tflfuse_ms": 0.7,
-         "litert_gpu_note": "LiteRT WebGPU: RuntimeError: no adapter", "max_abs_err_vs_litert": 1e-6},
+         "litert_gpu_note": "LiteRT WebGPU: RuntimeError: no adapter", "max_abs_err_vs_litert": 1e-6,
+         "cpu_fallback_ops": 2},
     ]
     meta = {"date": "2026-12-01 13:00 UTC", "adapter": "Test GPU [DiscreteGPU, Vulkan]", "driver": "1.0",
             "versions": "tflfuse 0", "repeats": 10, "warmup": 2, "rounds": 2, "throughput_n": 100,
@@ -190,6 +191,8 @@ def test_table_renders_skipped_peers_and_the_roofline(bench, tmp_path):
     assert "copy 1000 GB/s" in text and "f32 FMA 10 TFLOP/s" in text and "no shader-f16" in text
     assert "| 1 | 0.60 | 0.40 | 0.70 | 0.50 | PyTorch skipped: ImportError: no torch |" in text
     assert "LiteRT WebGPU: RuntimeError: no adapter" in text
+    assert "Ops on the CPU fallback (LiteRT's CPU interpreter inside tflfuse's invoke): mobilenet_v2_unfused " \
+           "(batch 1): 2." in text
     # bound: bottleneck max(4 us, 50 us), CONV_2D max(1 us, 2 us); the model: 52 us against 370 us
     assert "| mobilenet_v2_fused | 1 | 430 | 370 | 52 | 14% |" in text
     assert "fused_bottleneck 12%, CONV_2D 6.7%" in text

@@ -152,9 +152,10 @@ def test_control_flow_is_refused_at_construction(make, op, feed):
     for d, x in zip(lite.get_input_details(), feed()):
         lite.set_tensor(d["index"], x)
     lite.invoke()
-    # tflfuse refuses it when the interpreter is made (no GPU is touched), naming op, index and subgraph.
+    # Strict (no CPU fallback), tflfuse refuses it when the interpreter is made (no GPU is touched), naming op,
+    # index and subgraph. (By default it runs on LiteRT's CPU interpreter: tests/test_cpu_fallback.py.)
     with pytest.raises(UnsupportedOpError, match=rf"'{op}' at operator {index} of subgraph 0"):
-        tflfuse.Interpreter(model_content=model)
+        tflfuse.Interpreter(model_content=model, cpu_fallback=False)
 
 
 def test_unsupported_op_in_a_second_subgraph_names_that_subgraph():
@@ -165,15 +166,15 @@ def test_unsupported_op_in_a_second_subgraph_names_that_subgraph():
 
         @tf.function(input_signature=[tf.TensorSpec([4], tf.float32)])
         def running(self, x):
-            return {"y": tf.math.cumsum(tf.nn.relu(x))}
+            return {"y": tf.linalg.diag(tf.nn.relu(x))}
 
     module = Module()
     model = _convert([module.plain, module.running], module)
     raw = schema.ModelT.InitFromPackedBuf(model, 0)
     sub = next(s.subgraphIndex for s in raw.signatureDefs if s.signatureKey in (b"running", "running"))
-    index = _op_names(model, sub).index("CUMSUM")
-    with pytest.raises(UnsupportedOpError, match=rf"'CUMSUM' at operator {index} of subgraph {sub}"):
-        tflfuse.Interpreter(model_content=model)
+    index = _op_names(model, sub).index("MATRIX_DIAG")
+    with pytest.raises(UnsupportedOpError, match=rf"'MATRIX_DIAG' at operator {index} of subgraph {sub}"):
+        tflfuse.Interpreter(model_content=model, cpu_fallback=False)
 
 
 # ---- buffers after the flatbuffer ---------------------------------------------------------------------

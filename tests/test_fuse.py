@@ -504,17 +504,18 @@ def test_unfuse_recurrent_ops_unrolled(case, rng):
 
 # ---- ops tflfuse has no kernel for are carried through --------------------------------------------------
 def _carrying(op: str, conv_out=(1, 6, 7, 3)) -> bytes:
-    """PAD + VALID CONV_2D (pad_conv), then ``op`` (a builtin tflfuse lacks, CUMSUM, or a custom op of
-    another runtime) whose output a MINIMUM + MAXIMUM clips (clip, on a tensor only ``op`` writes), and a
-    CAST of it to int64 (no kernel) that a RESHAPE (a kernel, but an int64 input tflfuse cannot hold) reads."""
+    """PAD + VALID CONV_2D (pad_conv), then ``op`` (a builtin tflfuse lacks, SEGMENT_SUM of one segment, or a
+    custom op of another runtime) whose output a MINIMUM + MAXIMUM clips (clip, on a tensor only ``op`` writes),
+    and a CAST of it to int16 (a kernel, but into a type tflfuse cannot hold) that a RESHAPE (a kernel, but an
+    int16 input) reads."""
     rng = np.random.default_rng(3)
     filt = (rng.standard_normal((3, 3, 3, 4)) / 6).astype(np.float32)
     pads = np.asarray([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32)
     tensors = [t((1, 6, 7, 4)), t((4, 2), type="INT32", data=pads), t((1, 8, 9, 4)), t(filt.shape, data=filt),
-               t((3,), data=np.zeros(3, np.float32)), t(conv_out), t((), type="INT32", data=np.int32(2)),
+               t((3,), data=np.zeros(3, np.float32)), t(conv_out), t((1,), type="INT32", data=np.int32([0])),
                t((1, 6, 7, 3), name="warped"), t((), data=_f32(6)), t((1, 6, 7, 3)), t((), data=_f32(0)),
-               t((1, 6, 7, 3)), t((1, 6, 7, 3), type="INT64"), t((2,), type="INT32", data=np.int32([6, 21])),
-               t((6, 21), type="INT64")]
+               t((1, 6, 7, 3)), t((1, 6, 7, 3), type="INT16"), t((2,), type="INT32", data=np.int32([6, 21])),
+               t((6, 21), type="INT16")]
     third = dict(op=op, inputs=[5, 6], outputs=[7])
     if not op.isupper():
         third["custom"] = b"\x07vendor\x00options\xff"
@@ -527,18 +528,18 @@ def _carrying(op: str, conv_out=(1, 6, 7, 3)) -> bytes:
 
 
 def test_ops_without_a_kernel_are_carried_through_and_litert_runs_the_result(rng):
-    original = _carrying("CUMSUM")
+    original = _carrying("SEGMENT_SUM")
     fused, report = fuse(original)
     assert (report.patterns["pad_conv"], report.patterns["clip"]) == (1, 1), str(report)
-    assert report.without_kernel == {"CUMSUM": 1, "CAST": 1, "RESHAPE": 1}, str(report)
-    assert Model(fused).op_names(0) == ["CONV_2D", "CUMSUM", "RELU6", "CAST", "RESHAPE"]
+    assert report.without_kernel == {"SEGMENT_SUM": 1, "CAST": 1, "RESHAPE": 1}, str(report)
+    assert Model(fused).op_names(0) == ["CONV_2D", "SEGMENT_SUM", "RELU6", "CAST", "RESHAPE"]
     xs = _inputs(original, rng)
     for got, ref in zip(_run_litert(fused, xs), _run_litert(original, xs)):
         np.testing.assert_allclose(got, ref, atol=1e-6, rtol=1e-6)
 
 
 def test_an_input_of_a_type_tflfuse_does_not_hold_is_carried_through(rng):
-    # uint8 pixels CAST to float32 (neither has a tflfuse kernel or tensor), then PAD + VALID CONV_2D.
+    # uint8 pixels CAST to float32 (a uint8 tensor tflfuse does not hold: CAST is carried), then PAD + VALID CONV_2D.
     filt = (rng.standard_normal((2, 3, 3, 4)) / 6).astype(np.float32)
     pads = np.asarray([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32)
     original = build([t((1, 6, 7, 4), type="UINT8"), t((1, 6, 7, 4)), t((4, 2), type="INT32", data=pads),

@@ -320,13 +320,13 @@ def no_gpu(monkeypatch):
 
 
 def test_unsupported_op_is_named_at_construction(no_gpu):
-    model = _convert(lambda x: tf.math.cumsum(tf.nn.relu(x), axis=1), tf.TensorSpec([2, 5], tf.float32, name="x"))
-    assert [d["op_name"] for d in LiteRTInterpreter(model_content=model)._get_ops_details()] == ["RELU", "CUMSUM"]
-    with pytest.raises(UnsupportedOpError) as err:
-        tflfuse.Interpreter(model_content=model)  # no device given, none made: the constructor refuses
+    model = _convert(lambda x: tf.linalg.diag(tf.nn.relu(x)), tf.TensorSpec([2, 5], tf.float32, name="x"))
+    assert [d["op_name"] for d in LiteRTInterpreter(model_content=model)._get_ops_details()] == ["RELU", "MATRIX_DIAG"]
+    with pytest.raises(UnsupportedOpError) as err:   # strict: no CPU fallback
+        tflfuse.Interpreter(model_content=model, cpu_fallback=False)  # no device given, none made: refused
     msg = str(err.value)
-    assert "'CUMSUM' at operator 1 of subgraph 0" in msg and "docs/custom_kernels.md" in msg
-    assert err.value.ops == (("CUMSUM", 0, 1),)
+    assert "'MATRIX_DIAG' at operator 1 of subgraph 0" in msg and "docs/custom_kernels.md" in msg
+    assert err.value.ops == (("MATRIX_DIAG", 0, 1),)
 
 
 def test_unsupported_op_in_second_subgraph(tmp_path, no_gpu):
@@ -336,17 +336,17 @@ def test_unsupported_op_in_second_subgraph(tmp_path, no_gpu):
             return {"y": tf.nn.relu(x)}
 
         @tf.function(input_signature=[tf.TensorSpec([3], tf.float32, name="x")], autograph=False)
-        def b_cumsum(self, x):
-            return {"y": tf.math.cumsum(x * 2.0)}
+        def b_diag(self, x):
+            return {"y": tf.linalg.diag(x * 2.0)}
 
     m = Module()
-    tf.saved_model.save(m, str(tmp_path), signatures={"a_fine": m.a_fine, "b_cumsum": m.b_cumsum})
+    tf.saved_model.save(m, str(tmp_path), signatures={"a_fine": m.a_fine, "b_diag": m.b_diag})
     model = tf.lite.TFLiteConverter.from_saved_model(str(tmp_path)).convert()
     lite = LiteRTInterpreter(model_content=model)
-    sg = lite._interpreter.GetSubgraphIndexFromSignature("b_cumsum")
+    sg = lite._interpreter.GetSubgraphIndexFromSignature("b_diag")
     assert sg == 1
-    with pytest.raises(UnsupportedOpError, match=rf"'CUMSUM' at operator \d+ of subgraph {sg}"):
-        tflfuse.Interpreter(model_content=model)
+    with pytest.raises(UnsupportedOpError, match=rf"'MATRIX_DIAG' at operator \d+ of subgraph {sg}"):
+        tflfuse.Interpreter(model_content=model, cpu_fallback=False)
 
 
 def test_unsupported_op_error_is_a_value_error():

@@ -44,7 +44,8 @@ def test_every_kernel_stores_float16(device, rng, key, shapes, attrs, dtypes):
         for b in p.bindings:
             assert b["type"] != "f32" or b["role"][0] == "scratch"   # every float tensor is bound as f16
             assert f"{b['name']}: array<{b['type']}>" in p.wgsl
-    shader_run = run_shader(device, info, arrays)
+    shader_run = run_shader(device, info, [a.astype(np.int32) if a is not None and a.dtype == bool else a
+                                           for a in arrays])   # a bool tensor is bound as i32 0/1
     assert len(got) == len(want) == len(shader_run)
     for g, w, s in zip(got, want, shader_run):
         assert g.shape == w.shape and g.dtype == w.dtype

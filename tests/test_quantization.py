@@ -115,7 +115,7 @@ def test_int8_without_composites_is_full_integer(model, data, device):
     got = _litert(result.tflite, x)
     np.testing.assert_allclose(got, expected, atol=0.05 * np.ptp(expected), rtol=0)
     with pytest.raises(tflfuse.kernels.UnsupportedOpError, match="'QUANTIZE'"):   # no int8 kernels in tflfuse
-        _tflfuse(result.tflite, x, device)
+        tflfuse.Interpreter(model_content=result.tflite, device=device, cpu_fallback=False)
 
 
 def test_bad_arguments(model):

@@ -102,6 +102,28 @@ CASES.update({
     "TransformTensorBilinear": ([(1, 5, 4, 3), (1, 4, 4)], {"output_height": 6, "output_width": 7}),
     "TransformLandmarks": ([(1, 9, 3), (1, 4, 4)], {}),
 })
+# Comparisons, logical ops, SELECT, CAST, ARG_MAX... CUMSUM (tests/test_kernels_logic.py checks their values); bool
+# tensors are held as i32 0/1.
+CASES.update({
+    "EQUAL": ([(2, 3), (3,)], {}, ["float32", "float32"]),
+    "NOT_EQUAL": ([(2, 1, 3), (4, 1)], {}, ["bool", "bool"]),
+    "LESS": ([(3, 5), ()], {}, ["int32", "int32"]),
+    "LESS_EQUAL": ([(2, 3, 4), (4,)], {}, ["float32", "float32"]),
+    "GREATER": ([(7,), (7,)], {}, ["float32", "float32"]),
+    "GREATER_EQUAL": ([(2, 1, 5), (3, 1)], {}, ["int32", "int32"]),
+    "LOGICAL_AND": ([(2, 3), (3,)], {}, ["bool", "bool"]),
+    "LOGICAL_OR": ([(4, 1), (1, 5)], {}, ["bool", "bool"]),
+    "LOGICAL_NOT": ([(2, 7)], {}, ["bool"]),
+    "SELECT": ([(3,), (3, 4), (3, 4)], {}, ["bool", "float32", "float32"]),
+    "SELECT_V2": ([(2, 1, 3), (4, 1), ()], {}, ["bool", "int32", "int32"]),
+    "CAST": ([(2, 7)], {"output_dtype": "int32"}, ["float32"]),
+    "ARG_MAX": ([(2, 3, 7), None], {"axis": 1}, ["float32", "int32"]),
+    "ARG_MIN": ([(4, 9), None], {"axis": -1}, ["int32", "int32"]),
+    "TOPK_V2": ([(2, 9), None], {"k": 4}, ["float32", "int32"]),
+    "CUMSUM": ([(3, 7), None], {"axis": 1, "exclusive": True, "reverse": True}, ["float32", "int32"]),
+    "GATHER_ND": ([(4, 5, 3), (2, 3, 2)], {}, ["float32", "int32"]),
+    "SCATTER_ND": ([(2, 1), (2, 3), None], {"shape": [4, 3]}, ["int32", "float32", "int32"]),
+})
 # Keys that run no shader: views of their input's buffer, and DEQUANTIZE, DENSIFY and SHAPE (folded into
 # constants at load).
 NO_SHADER = {"RESHAPE": ([(2, 3), None], {"shape": [3, 2]}), "SQUEEZE": ([(2, 1)], {}),
@@ -196,9 +218,9 @@ def test_keys_without_a_shader_say_so(key, no_gpu):
 
 def test_unknown_key_lists_known_keys(no_gpu):
     with pytest.raises(UnsupportedOpError) as err:
-        tflfuse.get_shader("CUMSUM", [(3,)])
+        tflfuse.get_shader("MATRIX_DIAG", [(3,)])
     msg = str(err.value)
-    assert "'CUMSUM'" in msg
+    assert "'MATRIX_DIAG'" in msg
     for key in supported_ops():
         assert key in msg
     assert isinstance(err.value, ValueError)

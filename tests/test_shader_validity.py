@@ -77,6 +77,8 @@ def _inputs(key, shapes, dtypes, rng):
             arrays.append(None)
         elif dtype == "int32":
             arrays.append(rng.integers(0, shapes[0][0], shape).astype(np.int32))   # GATHER's indices
+        elif dtype == "bool":
+            arrays.append(rng.random(shape) < 0.5)
         else:
             arrays.append(rng.standard_normal(shape).astype(np.float32))
     return arrays
@@ -91,10 +93,11 @@ def test_shader_runs_from_its_info_as_the_interpreter_runs_it(device, rng, key, 
     info = tflfuse.get_shader(key, shapes, attrs, dtypes)
     arrays = _inputs(key, shapes, dtypes, rng)
     static = kernel_class(key).static_inputs
-    ours = run_shader(device, info, arrays)
+    ours = run_shader(device, info, [a.astype(np.int32) if a is not None and a.dtype == bool else a  # bool: i32 0/1
+                                     for a in arrays])
     theirs = run_op(device, key, [None if i in static else a for i, a in enumerate(arrays)], attrs,
                     constant=[False] * len(arrays))
     assert len(ours) == len(theirs) == len(info.output_shapes)
     for got, want, shape in zip(ours, theirs, info.output_shapes):
         assert got.shape == want.shape == tuple(shape)
-        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, want.astype(np.int32) if want.dtype == bool else want)

@@ -257,7 +257,7 @@ class _Checker:
         """The ``kernels`` check: every op the model needs has a kernel (:func:`op_support`), or is allowed."""
         where: dict[str, dict[int, list[int]]] = {}   # op name -> subgraph -> operator indices, of the missing
         for r in support:
-            if r.runs == "missing":
+            if r.runs == "missing" or (r.runs == "cpu fallback" and r.via is None):   # LiteRT CPU would run it
                 where.setdefault(r.name, {}).setdefault(r.subgraph, []).append(r.index)
         missing = {n: sum(map(len, sgs.values())) for n, sgs in where.items()}
         refused = {n: c for n, c in missing.items() if n not in self.opts.allow_ops}
@@ -524,7 +524,7 @@ def _runnable(data: bytes) -> bool:
     from .kernels import KernelError
 
     try:
-        return all(r.runs != "missing" for r in op_support(Model(data)))
+        return all(r.runs not in ("missing", "cpu fallback") for r in op_support(Model(data)))
     except (KernelError, ModelError):   # a file tflfuse cannot plan is not runnable
         return False
 

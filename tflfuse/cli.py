@@ -4,7 +4,7 @@
     tflfuse convert SAVED_MODEL_DIR --output=model.tflite [--fused_op_format=composite]
         [--import_modules=composites]
     tflfuse run MODEL.tflite --input=x.npy [--input=y.npy ...] [--output=out.npz] [--adapter=NAME]
-    tflfuse ops MODEL.tflite   (each op and how tflfuse runs it)
+    tflfuse ops MODEL.tflite   (each op and where tflfuse runs it: a GPU kernel or the CPU fallback)
     tflfuse shader KEY --shapes="[[1,224,224,3],[32,3,3,3]]" [--attrs="stride_h=2,padding=SAME"] [--json]
     tflfuse shader --list [--json]
     tflfuse shader --model=MODEL.tflite --out=DIR [--target=gpu|cpu]
@@ -250,8 +250,9 @@ def _load_model(path: str):
 
 
 def cmd_ops(args):
-    """Lists every op and how tflfuse runs it (:func:`tflfuse.runtime.support.op_support`, the interpreter's own rule):
-    exit status 1 when an op that the model needs has no kernel."""
+    """Lists every op and where tflfuse runs it (:func:`tflfuse.runtime.support.op_support`, the interpreter's own
+    rule): a GPU kernel, or LiteRT's CPU interpreter (the CPU fallback, with the reason); exit status 1 when an op
+    that the model needs runs nowhere (a custom op without a kernel)."""
     if len(args) != 1:
         raise UsageError("usage: tflfuse ops MODEL.tflite")
     from .runtime.support import op_support
@@ -261,19 +262,24 @@ def cmd_ops(args):
     how = {"kernel": lambda r: "supported",
            "fused kernel": lambda r: "supported: its fused kernel",
            "decomposition": lambda r: f"supported: its decomposition (subgraph {r.decomposition}) op by op",
+           "cpu fallback": lambda r: f"CPU fallback (LiteRT's CPU interpreter): {r.reason}",
            "missing": lambda r: "NO KERNEL",
            "not needed": lambda r: "no kernel, not needed: this decomposition's composites run their fused kernels"}
     for r in rows:
         print(f"subgraph {r.subgraph} op {r.index:4d}  {r.display_name:<28} {how[r.runs](r)}")
     missing = sum(r.runs == "missing" for r in rows)
     unneeded = sum(r.runs == "not needed" for r in rows)
+    fallback = sum(r.runs == "cpu fallback" for r in rows)
+    if fallback:
+        print(f"{fallback} op(s) run on LiteRT's CPU interpreter within the same invoke (the CPU fallback; "
+              f"Interpreter(..., cpu_fallback=False) refuses them instead)")
     if missing:
         print(f"{missing} op(s) without a kernel: register one for an op of your own ({CUSTOM_KERNELS_DOC}) and "
               f"import its module with --import_modules=MODULE")
-    elif unneeded:
+    elif unneeded and not fallback:
         print(f"every op that runs has a kernel ({unneeded} op(s) of decompositions that no composite runs have "
               f"none)")
-    else:
+    elif not fallback:
         print("every op has a kernel")
     return 1 if missing else 0
 

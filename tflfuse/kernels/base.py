@@ -25,7 +25,9 @@ __all__ = [
 #: WebGPU's default ``maxComputeWorkgroupsPerDimension``.
 MAX_WORKGROUPS_PER_DIM = 65535
 
-_WGSL_TYPES = {"float32": "f32", "int32": "i32", "uint32": "u32"}
+#: dtype name -> WGSL storage element type. bool tensors (1 byte per element in a .tflite) are held as one i32
+#: per element, 0 or 1: WGSL storage has no 8-bit type.
+_WGSL_TYPES = {"float32": "f32", "int32": "i32", "uint32": "u32", "bool": "i32"}
 
 
 class KernelError(ValueError):

@@ -6,7 +6,7 @@ from one input element whose flat index is an affine function of the output coor
 (a view shape over the output, one input stride per view dimension, an offset). One program per output runs
 one invocation per element with no loops (``loop_trips`` 0); adjacent view dimensions that are contiguous in
 the input are merged so the index arithmetic stays short. When every input is a constant, ``fold`` evaluates
-the same map with NumPy at load. Tensors are float32 or int32 at run time (any dtype when folded).
+the same map with NumPy at load. Tensors are float32, int32 or bool at run time (any dtype when folded).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .wgsl import elementwise_program
 __all__ = ["Copy", "DepthToSpace", "Densify", "Gather", "Slice", "SpaceToDepth", "Split", "SplitV", "StridedSlice",
            "Transpose", "densify"]
 
-_RUNTIME_DTYPES = ("float32", "int32")
+_RUNTIME_DTYPES = ("float32", "int32", "bool")   # bool: one i32 per element, 0 or 1
 
 
 def _strides(shape) -> tuple[int, ...]:

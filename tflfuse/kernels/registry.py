@@ -60,7 +60,7 @@ def kernel_class(key: str, where: str = "") -> type[Kernel]:
 
 def missing_kernels_error(ops: Sequence[tuple[str, int, int]]) -> UnsupportedOpError:
     """The error for a model whose ops ``ops`` have no kernel: every one named with its operator index and
-    subgraph (``'CUMSUM' at operator 4 of subgraph 0``; ``'rms_norm' at operators 3, 7 of subgraph 0``), and
+    subgraph (``'MATRIX_DIAG' at operator 4 of subgraph 0``; ``'rms_norm' at operators 3, 7 of subgraph 0``), and
     what to do.
 
     Args:

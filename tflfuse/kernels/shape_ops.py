@@ -122,9 +122,9 @@ class _Join(Kernel):
         return "NONE"
 
     def output_specs(self):
-        if self.dtype not in ("float32", "int32"):
+        if self.dtype not in ("float32", "int32", "bool"):
             raise self.fail(f"{self.dtype} inputs run only when folded at load (every input constant); the "
-                            f"WebGPU runtime holds float32 and int32 tensors")
+                            f"WebGPU runtime holds float32, int32 and bool tensors")
         return (TensorSpec(self.out, self.dtype),)
 
     def programs(self):

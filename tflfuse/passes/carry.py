@@ -14,15 +14,17 @@ from .graph import Graph
 
 __all__ = ["CarryingGraph", "lower_known", "without_kernel"]
 
-_HELD_TYPES = (schema.TensorType.FLOAT32, schema.TensorType.INT32)   # what the runtime's tensors hold
+#: What the runtime's tensors hold (bool as int32 0/1, int64 narrowed to int32: tflfuse.runtime.plan).
+_HELD_TYPES = (schema.TensorType.FLOAT32, schema.TensorType.INT32, schema.TensorType.BOOL, schema.TensorType.INT64)
 
 
 def without_kernel(model: Model, si: int) -> set[int]:
     """The ops of subgraph ``si`` that fusion leaves as they are because tflfuse cannot plan them: those
     without a kernel (a custom op such as MediaPipe's ``TransformLandmarks``, a builtin tflfuse lacks, a
     composite whose decomposition holds one) and, transitively, those reading a tensor of a type the runtime
-    does not hold (bool, int8, int64...) that such an op or the subgraph's input gives. Every other op is
-    planned, and checked, as before."""
+    does not hold (int8, uint8, float16...) that such an op or the subgraph's input gives, or that an op
+    with a kernel writes from a runtime input (a CAST to uint8). Every other op is planned, and checked, as
+    before."""
     from ..kernels import UnsupportedOpError, supported_ops
     from ..runtime.plan import check_supported
 
@@ -42,6 +44,10 @@ def without_kernel(model: Model, si: int) -> set[int]:
             except UnsupportedOpError:
                 ops.add(oi)
     unheld = {int(t) for t in sg.inputs if sg.tensors[t].type not in _HELD_TYPES}
+    for oi, op in enumerate(sg.operators):   # a runtime value into a type the runtime does not hold
+        if oi not in ops and any(t >= 0 and sg.tensors[t].type not in _HELD_TYPES for t in op.outputs) and \
+                any(t >= 0 and not _constant(model, si, int(t)) for t in op.inputs):
+            ops.add(oi)
     while True:
         unheld |= {int(t) for oi in ops for t in sg.operators[oi].outputs
                    if t >= 0 and sg.tensors[t].type not in _HELD_TYPES}
@@ -49,6 +55,13 @@ def without_kernel(model: Model, si: int) -> set[int]:
         if not more:
             return ops
         ops |= more
+
+
+def _constant(model: Model, si: int, t: int) -> bool:
+    try:
+        return model.tensor_data(si, t) is not None
+    except ValueError:   # a type tflfuse does not read (string): not a constant it could fold
+        return False
 
 
 def _skipping(model: Model, si: int, skip: set[int]) -> Model:

@@ -8,8 +8,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..model import TENSOR_DTYPES, Model
+from ..kernels import UnsupportedOpError
+from ..kernels.registry import missing_kernels_error
+from ..model import TENSOR_DTYPES, Model, is_builtin_name
 from .device import Device
+from .fallback import Partition, SegmentRunner, log_fallback, lower_split, partition
 from .plan import PRECISIONS, ExecutionPlan, check_supported, lower
 
 __all__ = ["Interpreter", "SignatureRunner"]
@@ -18,10 +21,15 @@ __all__ = ["Interpreter", "SignatureRunner"]
 class Interpreter:
     """Runs a .tflite model on a WebGPU adapter; the API of ``ai_edge_litert.interpreter.Interpreter``.
 
-    Every op of the model must have a tflfuse kernel; this is checked when the interpreter is made,
-    before any GPU work. Pipelines, bind groups and buffers are built once by :meth:`allocate_tensors`;
-    :meth:`invoke` submits one command buffer with every dispatch (recorded during the invoke before) and
-    records the next one while the GPU runs.
+    An op without a tflfuse kernel runs on LiteRT's CPU interpreter (``ai_edge_litert``) within the same
+    invoke (``cpu_fallback``, :mod:`tflfuse.runtime.fallback`): a builtin tflfuse lacks, and any op reading a
+    tensor of a type the GPU runtime does not hold (int64, uint8...) that such an op or an input gives; only
+    the tensors crossing between GPU and CPU segments move. :attr:`fallback_ops` lists them, and they are
+    logged once (absl) when first planned (:meth:`allocate_tensors`). Custom ops without a kernel are refused (LiteRT has
+    none either); this is checked when the interpreter is made, before any GPU work. Pipelines, bind groups
+    and buffers are built once by :meth:`allocate_tensors`; :meth:`invoke` submits one command buffer with
+    every dispatch (recorded during the invoke before) and records the next one while the GPU runs (with CPU
+    segments: one submit per run of GPU ops between them, each CPU segment's inputs read back first).
 
     Args:
       model_path: path of a .tflite file.
@@ -36,10 +44,13 @@ class Interpreter:
         (its FP16 mode). Inputs are still set and outputs read as float32; they are rounded to float16 on the
         way in and carry about 3 significant digits. Needs the adapter's ``shader-f16`` feature (ValueError
         at :meth:`allocate_tensors` where it is missing).
+      cpu_fallback: True (the default): ops tflfuse has no GPU kernel for run on LiteRT's CPU interpreter.
+        False: every op must have a kernel (UnsupportedOpError otherwise, as below).
     Raises:
       ValueError: neither or both of model_path/model_content; a malformed file (``ModelError``); an unknown
         ``precision``.
-      UnsupportedOpError: an op without a kernel; the message names the op, its index and subgraph.
+      UnsupportedOpError: an op without a kernel (with ``cpu_fallback``, only custom ops); the message names
+        the op, its index and subgraph.
       NoAdapterError: no WebGPU adapter (raised by :meth:`allocate_tensors`, when the GPU is first needed).
 
     >>> interp = Interpreter(model_path="model.tflite")        # doctest: +SKIP
@@ -50,11 +61,20 @@ class Interpreter:
 
     def __init__(self, model_path: str | Path | None = None, model_content: bytes | None = None, *,
                  device: Device | None = None, adapter: str | None = None,
-                 experimental_preserve_all_tensors: bool = False, precision: str = "float32"):
+                 experimental_preserve_all_tensors: bool = False, precision: str = "float32",
+                 cpu_fallback: bool = True):
         if (model_path is None) == (model_content is None):
             raise ValueError("give exactly one of model_path and model_content")
         self._model = Model.from_path(model_path) if model_path is not None else Model(model_content)
-        check_supported(self._model)
+        self._cpu_fallback = bool(cpu_fallback)
+        self._partitions: dict[int, Partition | None] = {}
+        self._runners: dict[int, SegmentRunner | None] = {}
+        try:
+            check_supported(self._model)
+        except UnsupportedOpError as e:   # builtins fall back to LiteRT's CPU interpreter, custom ops cannot
+            refused = [op for op in e.ops if not is_builtin_name(op[0])] if cpu_fallback else e.ops
+            if refused:
+                raise missing_kernels_error(refused) from None
         self._device = device
         self._adapter = adapter
         self._preserve = experimental_preserve_all_tensors
@@ -78,6 +98,31 @@ class Interpreter:
     def model(self) -> Model:
         return self._model
 
+    def _partition(self, subgraph: int) -> Partition | None:
+        """The CPU fallback's split of ``subgraph`` (logged once), None where every op runs on the GPU."""
+        if subgraph not in self._partitions:
+            part = partition(self._model, subgraph) if self._cpu_fallback else None
+            if part is not None and part.refused:
+                raise missing_kernels_error(part.refused)
+            self._partitions[subgraph] = part if part is not None and part.cpu else None
+            if self._partitions[subgraph] is not None:
+                log_fallback(part)
+        return self._partitions[subgraph]
+
+    @property
+    def fallback_ops(self) -> list[tuple[int, str, str]]:
+        """``(operator index, op name, reason)`` of each op of the main subgraph that runs on LiteRT's CPU
+        interpreter, in op order (empty where every op runs on the GPU). The index is that of the subgraph as
+        planned: composites without a kernel inlined, as in every other message of the runtime. Needs no GPU
+        (it can be read before :meth:`allocate_tensors`).
+
+        Raises:
+          KernelError, ModelError: as :meth:`allocate_tensors`, for a file whose main subgraph cannot be planned
+            (a composite's decomposition that contains itself, a string input...).
+        """
+        part = self._partition(0)
+        return [(f.index, f.name, f.reason) for f in part.cpu] if part is not None else []
+
     def allocate_tensors(self) -> None:
         """Builds the execution plan of the main subgraph: shapes, kernels, buffers, pipelines."""
         self._plan(0, build=True)
@@ -88,9 +133,16 @@ class Interpreter:
             self._check_subgraph(subgraph)
             if not build and subgraph == 0:
                 raise RuntimeError("call allocate_tensors() before invoke(), set_tensor() or get_tensor()")
-            graph = lower(self._model, subgraph, self._resized.get(subgraph),
-                          target="cpu" if self.device.is_software else "gpu")
-            plan = self._plans[subgraph] = ExecutionPlan(graph, self.device, self._preserve, self._precision)
+            target = "cpu" if self.device.is_software else "gpu"
+            part, runner = self._partition(subgraph), None
+            if part is None:
+                graph = lower(self._model, subgraph, self._resized.get(subgraph), target=target)
+            else:
+                graph, runner = lower_split(part, self._resized.get(subgraph), target, self._preserve)
+            plan = ExecutionPlan(graph, self.device, self._preserve, self._precision)
+            if runner is not None:
+                runner.attach(plan)
+            self._plans[subgraph], self._runners[subgraph] = plan, runner
             self._inputs_set[subgraph] = set()
         return plan
 
@@ -141,6 +193,8 @@ class Interpreter:
                 shape = plan.graph.specs[t].shape
             elif plan and t in plan.graph.consts:   # a constant, or a value folded at load (SHAPE's)
                 shape = plan.graph.consts[t].shape
+            elif plan and self._runners.get(subgraph) and t in self._runners[subgraph].shapes:
+                shape = self._runners[subgraph].shapes[t]   # a tensor held on the host (CPU fallback)
             else:  # as LiteRT, a resized input reports its new shape before allocate_tensors()
                 shape = resized.get(t, m.tensor_shape(subgraph, t))
             # As LiteRT: a file without a shape signature (a static model) reports the current shape.
@@ -196,20 +250,25 @@ class Interpreter:
         if tensor_index not in plan.graph.inputs:
             raise ValueError(f"tensor {tensor_index} is not an input of subgraph {subgraph_index}; "
                              f"inputs: {plan.graph.inputs}")
-        spec = plan.graph.specs[tensor_index]
+        runner = self._runners.get(subgraph_index)
         value = np.asarray(value)
-        want = np.dtype(np.float32) if spec.dtype == "float32" else np.dtype(np.int32)
+        if tensor_index in plan.graph.specs:
+            spec = plan.graph.specs[tensor_index]
+            want = plan.host_dtype(tensor_index)   # the file's dtype (bool, int64 held as int32 on the GPU)
+            shape = spec.shape
+        else:   # an input of a type the GPU does not hold, which CPU segments read
+            want, shape = runner.dtype(tensor_index), runner.shapes[tensor_index]
         if value.dtype != want and value.dtype.newbyteorder("=") == want:  # big-endian data (np.load)
             value = value.astype(want)
         if value.dtype != want:
             raise TypeError(f"tensor {tensor_index} ({self._model.tensor_name(subgraph_index, tensor_index)!r}) "
                             f"expects {want}, got {value.dtype}")
-        if value.shape != spec.shape:
+        if value.shape != shape:
             raise ValueError(f"tensor {tensor_index} ({self._model.tensor_name(subgraph_index, tensor_index)!r}) "
-                             f"has shape {list(spec.shape)}, got {list(value.shape)}; use "
+                             f"has shape {list(shape)}, got {list(value.shape)}; use "
                              f"resize_tensor_input() then allocate_tensors() to change it")
         with self._lock:
-            plan.write(tensor_index, value)
+            (runner or plan).write(tensor_index, value)
             self._inputs_set[subgraph_index].add(tensor_index)
 
     def reset_all_variables(self) -> None:
@@ -225,7 +284,8 @@ class Interpreter:
         their own (Interpreters can share one :class:`Device` and its pipeline cache from several threads).
 
         Raises:
-          RuntimeError: an input was never set, or :meth:`allocate_tensors` was not called.
+          RuntimeError: an input was never set, or :meth:`allocate_tensors` was not called; a CPU fallback
+            segment failed in LiteRT, or gave an output of another shape than planned (the message names its ops).
           DeviceLostError: the device is lost (a RuntimeError naming it): make a new Device and Interpreter.
         """
         plan = self._plan(subgraph_index)
@@ -233,20 +293,29 @@ class Interpreter:
         if missing:
             raise RuntimeError(f"inputs {missing} were never set; call set_tensor() for each input first")
         with self._lock:
-            plan.run()
+            (self._runners.get(subgraph_index) or plan).run()
 
     def get_tensor(self, tensor_index: int, subgraph_index: int = 0) -> np.ndarray:
         """A copy of an input, output or constant tensor after :meth:`invoke` (a constant that no op reads too).
 
         Raises:
           ValueError: ``tensor_index`` or ``subgraph_index`` out of range, or an intermediate tensor (its
-            buffer is reused by later ops).
+            buffer is reused by later ops, or it stays inside a CPU fallback segment).
+          RuntimeError: a tensor the CPU fallback computes, before the first :meth:`invoke`.
         """
         plan = self._plan(subgraph_index)
         self._check_tensor_index(subgraph_index, tensor_index)
+        runner = self._runners.get(subgraph_index)
+        if runner is not None and runner.holds(tensor_index):   # computed on the CPU, or a host-only input
+            with self._lock:
+                return runner.read(tensor_index)
         g = plan.graph
         if tensor_index not in g.consts and tensor_index not in g.inputs + g.outputs and not (
                 self._preserve and tensor_index in g.specs):
+            if runner is not None and runner.computes(tensor_index):
+                raise ValueError(f"tensor {tensor_index} is an intermediate tensor of a CPU fallback segment; only "
+                                 f"inputs, outputs and constants can be read (experimental_preserve_all_tensors=True "
+                                 f"keeps every tensor)")
             if tensor_index not in g.specs:  # no op reads or writes it: a constant reads as its data
                 data = self._model.tensor_data(subgraph_index, tensor_index)
                 if data is not None:
@@ -292,7 +361,8 @@ class Interpreter:
     def time_invoke(self, repeats: int = 10) -> float:
         """Median seconds per invoke with a read-back of the first output (inputs must be set)."""
         with self._lock:
-            return self._plan(0).time_run(repeats)
+            plan = self._plan(0)
+            return (self._runners.get(0) or plan).time_run(repeats)
 
 
 def _shape_arg(tensor_size) -> tuple[int, ...]:

@@ -23,6 +23,7 @@ from ..kernels.registry import missing_kernels_error
 from ..model import Model, is_builtin_name
 from ..passes.portable import inline_composites
 from .device import ShaderCompileError
+from .profile import SUSTAINED_REPS, gpu_time_plan, pass_gpu_us, profile_plan  # noqa: F401 (re-exported)
 
 __all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "PRECISIONS", "check_supported", "lower"]
 
@@ -30,7 +31,27 @@ __all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "PRECISIONS", "check_su
 #: binary16 on the GPU, arithmetic in f32: :mod:`tflfuse.kernels.half`; needs the ``shader-f16`` feature).
 PRECISIONS = ("float32", "float16")
 
-_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32"}
+#: File dtype -> the dtype name of the runtime tensor holding it. bool is held as one i32 per element (0/1),
+#: int64 narrowed to int32 (its values must fit: set_tensor and constants are checked); set_tensor and get_tensor
+#: convert, so users see the file's dtypes (:meth:`ExecutionPlan.host_dtype`).
+_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32", np.dtype(np.bool_): "bool",
+                np.dtype(np.int64): "int32"}
+
+
+def _narrow_int64(value: np.ndarray, what: str) -> np.ndarray:
+    """int64 values as int32, the dtype the runtime holds them in; KernelError naming ``what`` if one does not
+    fit. Other arrays come back as they are."""
+    value = np.asarray(value)
+    if value.dtype != np.int64:
+        return value
+    if value.size and (value.min() < -2 ** 31 or value.max() >= 2 ** 31):
+        bad = value.ravel()[(value.ravel() < -2 ** 31) | (value.ravel() >= 2 ** 31)][0]
+        raise KernelError(f"{what} holds the int64 value {int(bad)}, outside int32: the WebGPU runtime holds int64 "
+                          f"tensors as int32, so their values must lie in [-2**31, 2**31)")
+    return value.astype(np.int32)
+
+
+_INT64 = 4   # TensorType.INT64
 
 
 @dataclasses.dataclass
@@ -54,6 +75,9 @@ class LoweredGraph:
     outputs: list[int]
     aliases: dict[int, int]            # view output -> tensor whose buffer it shares
     names: dict[int, str] = dataclasses.field(default_factory=dict)   # tensor -> its name in the file
+    crossing: list[int] = dataclasses.field(default_factory=list)   # moved to/from CPU segments: own buffers
+    segments: list = dataclasses.field(default_factory=list)   # CPU fallback's (runtime.fallback.CpuSegment)
+    narrowed: set[int] = dataclasses.field(default_factory=set)   # int64 in the file, held as int32
 
     def describe(self, t: int) -> str:
         """``tensor 3 ('conv1/weights')`` for messages (the name where the file gives one)."""
@@ -112,16 +136,22 @@ def _check_ops(model: Model, si: int, chain: tuple[int, ...], missing: dict) -> 
             _check_ops(model, comp.decomposition, chain + (si,), missing)
 
 
+def held(model: Model, sg: int, t: int) -> bool:
+    """Whether tensor ``t`` of subgraph ``sg`` has a type the WebGPU runtime holds (:data:`_DTYPE_NAMES`).
+    Raises ModelError for a type tflfuse does not read at all (string, complex)."""
+    return model.tensor_dtype(sg, t) in _DTYPE_NAMES
+
+
 def _runtime_spec(model: Model, sg: int, t: int, shape=None) -> TensorSpec:
     dtype = model.tensor_dtype(sg, t)
     if dtype not in _DTYPE_NAMES:
         raise KernelError(f"tensor {t} ({model.tensor_name(sg, t)!r}) is {dtype}; the WebGPU runtime "
-                          f"holds float32 and int32 tensors")
+                          f"holds float32, int32, bool and int64 (as int32) tensors")
     return TensorSpec(shape if shape is not None else model.tensor_shape(sg, t), _DTYPE_NAMES[dtype])
 
 
 def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[int]] | None = None,
-          target: str = "gpu", relayout: bool = True) -> LoweredGraph:
+          target: str = "gpu", relayout: bool = True, host_ops: Mapping | None = None) -> LoweredGraph:
     """Kernel lookup, shape inference and load-time folding for one subgraph. No GPU work.
 
     Args:
@@ -132,6 +162,11 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         weights re-laid out, as new constants with ids past the file's tensors. False keeps every op reading
         the file's own tensors in the file's layouts (graph passes, shader manifests).
 
+    host_ops: op index -> ``f(specs, consts)`` for ops that run elsewhere (LiteRT's CPU interpreter:
+      :mod:`tflfuse.runtime.fallback`, which has checked the ops): each is skipped, ``f`` returning the
+      :class:`TensorSpec` of the tensors its CPU segment writes that GPU ops read. Subgraph inputs of a type
+      the runtime does not hold are then left to them.
+
     An absent op output (tensor index -1: nothing reads it, :mod:`tflfuse.passes.prune`) gets a tensor of its
     own, with an id past the file's; the kernel writes it there and its buffer is reused at once.
     Raises:
@@ -140,7 +175,8 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         not a dataflow graph (a tensor written twice, or read and written by one op; too many inputs); a
         constant folded at load past :data:`MAX_FOLDED_ELEMENTS`.
     """
-    check_supported(model, subgraph)
+    if host_ops is None:
+        check_supported(model, subgraph)
     model = inline_composites(model, subgraph, keep=_has_fused_kernel)  # decompositions without a kernel
     input_shapes = dict(input_shapes or {})
     sg = model.subgraphs[subgraph]
@@ -149,8 +185,10 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
     specs: dict[int, TensorSpec] = {}
     consts: dict[int, np.ndarray] = {}
     aliases: dict[int, int] = {}
+    host_written: set[int] = set()
     for t in inputs:
-        specs[t] = _runtime_spec(model, subgraph, t, input_shapes.get(t))
+        if host_ops is None or held(model, subgraph, t):
+            specs[t] = _runtime_spec(model, subgraph, t, input_shapes.get(t))
     ops: list[LoweredOp] = []
     written: set[int] = set()
     relaid: dict[tuple[int, str], int] = {}     # (tensor, layout) -> the re-laid-out constant's id
@@ -158,6 +196,11 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
     n_file = len(sg.tensors)
     fresh = itertools.count(n_file)   # ids past the file's tensors: re-laid-out constants, absent outputs
     for oi in range(len(sg.operators or [])):
+        if host_ops is not None and oi in host_ops:   # runs on the CPU (a segment of the fallback)
+            specs.update(host_ops[oi](specs, consts))
+            host_written.update(model.op_outputs(subgraph, oi))
+            written.update(model.op_outputs(subgraph, oi))
+            continue
         name = model.op_name(subgraph, oi)
         if name == "STABLEHLO_COMPOSITE":   # kept by inline_composites: it has a fused kernel
             name = model.composite(subgraph, oi).name
@@ -247,18 +290,21 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
             specs[t] = s
         for t in runtime_in:  # constants read by a GPU kernel become runtime tensors with a weight buffer
             if t in consts:
-                consts[t] = np.ascontiguousarray(consts[t])
+                what = f"{where}: constant tensor {t} ({extra_names.get(t) or model.tensor_name(subgraph, t)!r})"
+                consts[t] = np.ascontiguousarray(_narrow_int64(consts[t], what))
         if kernel.view:
             aliases[out_ids[0]] = runtime_in[0]
         ops.append(LoweredOp(oi, name, kernel, in_ids, out_ids))
     for t in outputs:
-        if t not in specs and t not in consts:
+        if t not in specs and t not in consts and t not in host_written:
             data = model.tensor_data(subgraph, t)   # a constant output (as LiteRT, its data is the result)
             if data is None:
                 raise KernelError(f"subgraph {subgraph} output tensor {t} is never written")
             consts[t] = data
     names = {t: extra_names.get(t) or model.tensor_name(subgraph, t) for t in (*specs, *consts)}
-    return LoweredGraph(subgraph, ops, specs, consts, inputs, outputs, aliases, names)
+    graph = LoweredGraph(subgraph, ops, specs, consts, inputs, outputs, aliases, names)
+    graph.narrowed = {t for t in (*specs, *consts) if t < n_file and sg.tensors[t].type == _INT64}
+    return graph
 
 
 #: The largest constant that folding an op at load may make, in elements (1 GiB of float32): GATHER, PACK
@@ -336,6 +382,9 @@ def _op_attrs(model: Model, sg: int, oi: int, cls: type[Kernel], where: str = ""
                 raise KernelError(f"{where}: tensor {t} of shape {list(shape)} has {len(scale)} quantization "
                                   f"scales along dimension {dim}; they must match that dimension's size")
             attrs["scale"], attrs["zero_point"], attrs["quantized_dimension"] = scale, zero_point, dim
+    outs = model.op_outputs(sg, oi)
+    if getattr(cls, "needs_output_dtype", False) and outs and outs[0] >= 0:   # CAST: the file's output type
+        attrs["output_dtype"] = str(model.tensor_dtype(sg, outs[0]))
     if getattr(cls, "needs_sparsity", False) and ins and ins[0] >= 0:  # DENSIFY: its constant's format
         attrs["sparsity"] = model.tensor(sg, ins[0]).sparsity
         attrs["dense_shape"] = list(model.tensor_shape(sg, ins[0]))
@@ -465,7 +514,8 @@ class ExecutionPlan:
                     if t >= 0 and pos not in op.kernel.static_inputs}
         for t, value in g.consts.items():
             if t in gpu_read:
-                data = np.ascontiguousarray(value, dtype=np.float32 if value.dtype.kind == "f" else value.dtype)
+                data = np.ascontiguousarray(value, dtype=np.float32 if value.dtype.kind == "f" else
+                                            np.int32 if value.dtype.kind == "b" else value.dtype)
                 if self._is_half(t):
                     data = _half_bytes(data)
                 if data.nbytes > limit:
@@ -474,7 +524,7 @@ class ExecutionPlan:
                 self.buffers[t] = dev.create_buffer(data.nbytes, data=data.tobytes(), label=f"const{t}")
                 self.constant_bytes += data.nbytes
         # Lifetimes over storage roots: first op writing, last op reading; inputs/outputs are pinned.
-        keep = list(g.specs) if self.preserve_all_tensors else g.inputs + g.outputs
+        keep = list(g.specs) if self.preserve_all_tensors else g.inputs + g.outputs + g.crossing
         pinned = {g.storage_root(t) for t in keep if t in g.specs}
         last_use: dict[int, int] = {}
         first_def: dict[int, int] = {}
@@ -564,10 +614,22 @@ class ExecutionPlan:
     def dispatch_count(self) -> int:
         return len(self.steps)
 
+    def host_dtype(self, tensor: int) -> np.dtype:
+        """The dtype users set and get tensor ``tensor`` in (the file's): float32, int32, bool, or int64 for a
+        tensor held as int32 (:data:`_DTYPE_NAMES`)."""
+        if tensor in self.graph.narrowed:
+            return np.dtype(np.int64)
+        return np.dtype({"float32": np.float32, "bool": np.bool_}.get(self.graph.specs[tensor].dtype, np.int32))
+
     def write(self, tensor: int, value: np.ndarray) -> None:
         """Uploads ``value`` (of the tensor's dtype and shape) into an input's buffer; a float16 plan rounds
-        float32 values to float16 (to nearest even; past 65504 they become inf, as float16 does)."""
+        float32 values to float16 (to nearest even; past 65504 they become inf, as float16 does). bool values
+        are stored as int32 0/1, int64 ones as int32 (KernelError naming the tensor if one does not fit)."""
         value = np.ascontiguousarray(value)
+        if value.dtype == np.bool_:
+            value = value.astype(np.int32)
+        elif value.dtype == np.int64:
+            value = _narrow_int64(value, f"the value set for {self.graph.describe(tensor)}")
         data = (_half_bytes(value) if self._is_half(tensor) else value).tobytes()
         self._staged.discard(tensor)   # a passthrough output's staged copy is now stale
         if data:  # wgpu refuses an empty write; an empty tensor has nothing to upload
@@ -604,10 +666,16 @@ class ExecutionPlan:
             self._next = self._encode()
 
     def read(self, tensor: int) -> np.ndarray:
-        if tensor in self.graph.consts:
-            return self.graph.consts[tensor].copy()
+        if tensor in self.graph.consts:   # an int64 constant read by a GPU op was narrowed: int64 again
+            value = self.graph.consts[tensor].copy()
+            return value.astype(np.int64) if tensor in self.graph.narrowed else value
         spec = self.graph.specs[tensor]
         dtype = np.float32 if spec.dtype == "float32" else np.int32
+        if spec.dtype == "bool" or tensor in self.graph.narrowed:   # held as int32: the file's dtype back
+            return self._read_raw(tensor, spec, dtype).astype(self.host_dtype(tensor))
+        return self._read_raw(tensor, spec, dtype)
+
+    def _read_raw(self, tensor: int, spec: TensorSpec, dtype) -> np.ndarray:
         if spec.size == 0:
             return np.zeros(spec.shape, dtype)
         nbytes = self.storage_nbytes(tensor)
@@ -699,15 +767,16 @@ def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping
     Args:
       device: a :class:`~tflfuse.runtime.device.Device`.
       key: the op name (``"CONV_2D"``, ``"fused_bottleneck"``).
-      inputs: float32 (or int32) arrays in the op's input order (``None`` for an absent optional input).
+      inputs: float32 (or int32, or bool) arrays in the op's input order (``None`` for an absent optional input).
       attrs: the op's attributes.
       constant: per input, whether it is a constant (default: all but the first).
       precision: the plan's precision (:data:`PRECISIONS`).
     Returns:
-      the op's outputs as float32 arrays.
+      the op's outputs as arrays of their dtypes (float32, int32, bool).
     """
     cls = kernel_class(key)
-    inputs = [None if a is None else np.asarray(a, np.int32 if np.asarray(a).dtype.kind in "iu" else np.float32)
+    inputs = [None if a is None else np.asarray(a, np.int32 if np.asarray(a).dtype.kind in "iu" else
+                                                np.bool_ if np.asarray(a).dtype.kind == "b" else np.float32)
               for a in inputs]
     specs = [None if a is None else TensorSpec(a.shape, _DTYPE_NAMES[a.dtype]) for a in inputs]
     kernel = cls(specs, dict(attrs or {}))
@@ -734,77 +803,3 @@ def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping
         plan.write(i, np.ascontiguousarray(inputs[i]))
     plan.run()
     return [plan.read(t) for t in out_ids]
-
-
-#: Why timing repeats work inside one pass (``reps``): on an H200, one short pass between idle moments ran up to
-#: 5x slower than the same dispatches run back to back, the GPU's clocks not yet those of sustained work.
-SUSTAINED_REPS = 20
-
-
-def gpu_time_plan(plan: ExecutionPlan, repeats: int = 20, reps: int = 1) -> float:
-    """Median GPU microseconds of the plan's dispatches recorded as :meth:`ExecutionPlan.run` records them
-    (one compute pass), from timestamp queries at the pass's start and end: the GPU's share of an invoke,
-    without the CPU's recording, submit and read-back. ``reps`` > 1 records the invoke that many times in
-    the pass and divides (the GPU busy throughout; see :data:`SUSTAINED_REPS`). Raises ``RuntimeError``
-    where the device has no ``timestamp-query`` feature."""
-    return pass_gpu_us(plan.device, plan._record, repeats, reps)
-
-
-def pass_gpu_us(device, record, repeats: int = 20, reps: int = 1) -> float:
-    """Median GPU microseconds of one compute pass whose commands ``record(cpass)`` writes, from timestamp
-    queries at the pass's start and end (``repeats`` submits after one warm-up); with ``reps`` > 1, per run
-    of ``record`` in a pass that runs it ``reps`` times back to back. Raises ``RuntimeError`` where the
-    device has no ``timestamp-query`` feature."""
-    if "timestamp-query" not in device.features:
-        raise RuntimeError(f"the adapter {device.name} has no timestamp-query feature")
-    wgpu = device._wgpu
-    qs = device.device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
-    resolve = device.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    samples = []
-    for _ in range(repeats + 1):   # the first is a warm-up
-        encoder = device.device.create_command_encoder()
-        cpass = encoder.begin_compute_pass(timestamp_writes={
-            "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
-        for _ in range(reps):
-            record(cpass)
-        cpass.end()
-        encoder.resolve_query_set(qs, 0, 2, resolve, 0)
-        device.device.queue.submit([encoder.finish()])
-        ticks = np.frombuffer(device.device.queue.read_buffer(resolve, 0, 16), np.uint64).astype(np.float64)
-        samples.append((ticks[1] - ticks[0]) / 1e3 / reps)   # WebGPU timestamps are nanoseconds
-    return float(np.median(samples[1:]))
-
-
-def profile_plan(plan: ExecutionPlan, repeats: int = 5, reps: int = 1) -> list[dict]:
-    """GPU time of each dispatch of a plan, from timestamp queries (one compute pass per dispatch, holding
-    the dispatch ``reps`` times back to back: see :data:`SUSTAINED_REPS`).
-
-    Returns one dict per dispatch: ``op`` (op name), ``index`` (op index), ``program`` and ``us`` (median
-    microseconds per dispatch over ``repeats`` runs). Raises ``RuntimeError`` where the device has no
-    ``timestamp-query`` feature.
-    """
-    dev = plan.device
-    if "timestamp-query" not in dev.features:
-        raise RuntimeError(f"the adapter {dev.name} has no timestamp-query feature")
-    wgpu = dev._wgpu
-    n = len(plan.steps)
-    qs = dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
-    resolve = dev.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    samples = []
-    for _ in range(repeats):
-        encoder = dev.device.create_command_encoder()
-        for i, (prog, pipeline, bind_group) in enumerate(plan.steps):
-            cpass = encoder.begin_compute_pass(timestamp_writes={
-                "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
-            cpass.set_pipeline(pipeline)
-            cpass.set_bind_group(0, bind_group)
-            for _ in range(reps):
-                cpass.dispatch_workgroups(*prog.dispatch)
-            cpass.end()
-        encoder.resolve_query_set(qs, 0, 2 * n, resolve, 0)
-        dev.device.queue.submit([encoder.finish()])
-        ticks = np.frombuffer(dev.device.queue.read_buffer(resolve, 0, 16 * n), np.uint64).astype(np.float64)
-        samples.append((ticks[1::2] - ticks[0::2]) / 1e3 / reps)   # WebGPU timestamps are nanoseconds
-    med = np.median(np.array(samples), axis=0)
-    return [{"op": op.name, "index": op.index, "program": prog.name, "us": float(us)}
-            for op, (prog, _, _), us in zip(plan.step_ops, plan.steps, med)]

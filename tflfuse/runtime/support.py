@@ -22,10 +22,15 @@ class OpSupport:
       composite: a ``STABLEHLO_COMPOSITE``'s name (``fused_lstm``), "" for other ops.
       runs: ``"kernel"`` (the op has a kernel), ``"fused kernel"`` (a composite that runs as one kernel, looked
         up by its name), ``"decomposition"`` (a composite whose decomposition subgraph runs inlined, op by op),
-        ``"missing"`` (no kernel, and running the model needs one) or ``"not needed"`` (no kernel, in a
-        decomposition subgraph that no composite runs: its composites run fused kernels).
+        ``"cpu fallback"`` (runs on LiteRT's CPU interpreter: a builtin without a kernel, or an op reading a
+        tensor of a type the GPU runtime does not hold; :mod:`tflfuse.runtime.fallback`), ``"missing"`` (a
+        custom op without a kernel, which neither runs, and running the model needs it) or ``"not needed"``
+        (no kernel, in a decomposition subgraph that no composite runs: its composites run fused kernels).
       decomposition: a composite's decomposition subgraph, -1 for other ops.
       in_decomposition: the op is in some composite's decomposition subgraph.
+      reason: why a ``"cpu fallback"`` op runs on the CPU (``"no GPU kernel"``...), "" for other ops.
+      via: ``(subgraph, index)`` of the control-flow op on the CPU (a WHILE) whose subgraph holds this op, which
+        LiteRT therefore runs whatever kernels it has; None for other ops.
     """
 
     subgraph: int
@@ -35,6 +40,8 @@ class OpSupport:
     runs: str
     decomposition: int = -1
     in_decomposition: bool = False
+    reason: str = ""
+    via: tuple[int, int] | None = None
 
     @property
     def display_name(self) -> str:
@@ -48,11 +55,14 @@ def op_support(model: Model) -> list[OpSupport]:
     ops``, check's ``kernels`` check and the interpreter agree. No GPU is touched.
 
     Returns:
-      One :class:`OpSupport` per op; the model runs when none has ``runs == "missing"``.
+      One :class:`OpSupport` per op; the model runs when none has ``runs == "missing"`` (on the GPU alone
+      when none has ``"cpu fallback"`` either, or with ``Interpreter(..., cpu_fallback=False)``).
     Raises:
       KernelError: a composite whose decomposition subgraph contains itself.
     """
     from ..kernels import UnsupportedOpError, supported_ops
+    from ..model import ModelError, is_builtin_name
+    from .fallback import called_subgraphs, partition
     from .plan import _has_fused_kernel, check_supported
 
     try:
@@ -61,16 +71,43 @@ def op_support(model: Model) -> list[OpSupport]:
     except UnsupportedOpError as e:
         missing = {(sg, oi) for _, sg, oi in e.ops}
     known, decompositions = set(supported_ops()), model.decompositions()
+    reasons: dict[tuple[int, int], str] = {}   # (subgraph, op) -> why it runs on the CPU
+    for si in range(len(model.subgraphs)):
+        if si in decompositions:
+            continue
+        try:
+            part = partition(model, si)
+        except ModelError:   # a decomposition that cannot be inlined: the interpreter refuses it when planning
+            continue
+        if part.model is model:   # op indices are the file's (no composite inlined)
+            reasons.update(((si, f.index), f.reason) for f in part.cpu)
+    via: dict[tuple[int, int], tuple[int, int]] = {}
+    todo = list(reasons)
+    while todo:   # the subgraphs that a control-flow op on the CPU runs (WHILE's body) run on LiteRT too
+        si, oi = todo.pop()
+        for k in called_subgraphs(model.subgraphs[si].operators[oi]):
+            for j in range(len(model.subgraphs[k].operators) if 0 <= k < len(model.subgraphs) else 0):
+                if (k, j) not in via:
+                    reasons[(k, j)] = (f"in subgraph {k}, which {model.op_name(si, oi)} (operator {oi} of subgraph "
+                                       f"{si}) runs on the CPU")
+                    via[(k, j)] = via.get((si, oi), (si, oi))
+                    todo.append((k, j))
     rows = []
     for si in range(len(model.subgraphs)):
         for oi, name in enumerate(model.op_names(si)):
             comp = model.composite(si, oi)
-            if (si, oi) in missing:
+            reason = ""
+            if (si, oi) in missing and is_builtin_name(name):
+                runs, reason = "cpu fallback", reasons.get((si, oi), "no GPU kernel")
+            elif (si, oi) in missing:
                 runs = "missing"
+            elif (si, oi) in reasons:
+                runs, reason = "cpu fallback", reasons[(si, oi)]
             elif comp is not None:
                 runs = "fused kernel" if _has_fused_kernel(comp.name) else "decomposition"
             else:
                 runs = "kernel" if name in known else "not needed"
             rows.append(OpSupport(si, oi, name, comp.name if comp else "", runs,
-                                  comp.decomposition if comp else -1, si in decompositions))
+                                  comp.decomposition if comp else -1, si in decompositions, reason,
+                                  via.get((si, oi)) if runs == "cpu fallback" else None))
     return rows

@@ -1,0 +1,500 @@
+"""The CPU fallback: ops the WebGPU runtime cannot run go to LiteRT's CPU interpreter in the same invoke.
+
+A builtin op without a tflfuse kernel, and (transitively) an op reading a tensor of a type the runtime does not
+hold (uint8, int8, float16...) that such an op or a subgraph input gives, or writing one from a runtime value,
+runs on ``ai_edge_litert.interpreter.Interpreter``. The subgraph is split in file (topological) order into GPU
+and CPU segments; only the tensors that cross between them move (read back from the GPU before a CPU segment,
+uploaded after it). The split is data, as the rest of the plan: each :class:`CpuSegment` (in
+``LoweredGraph.segments``) holds the bytes of a small .tflite with exactly its ops and their constants (written
+on LiteRT's schema by :meth:`tflfuse.model.Model.to_bytes`) and the tensor ids it takes and gives;
+:func:`partition` decides the split without a GPU, :func:`lower_split` lowers the GPU ops around it, and
+:class:`SegmentRunner` runs both.
+
+This module does not import TensorFlow; LiteRT's interpreter is imported when a CPU segment is first made.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from typing import Mapping, Sequence
+
+import numpy as np
+from absl import logging
+from ai_edge_litert import schema_py_generated as schema
+
+from .._litert import info_lines_to_log
+from ..kernels import UnsupportedOpError, supported_ops
+from ..kernels.base import KernelError, TensorSpec
+from ..model import Model, ModelError, is_builtin_name
+from ..passes.portable import inline_composites
+from .plan import (_DTYPE_NAMES, ExecutionPlan, LoweredGraph, _has_fused_kernel, _pass_recorder, check_supported, held,
+                   lower)
+
+__all__ = ["CpuSegment", "FallbackOp", "Partition", "SegmentRunner", "called_subgraphs", "log_fallback",
+           "lower_split", "partition", "segment_tflite"]
+
+#: Builtin codes that are no op LiteRT's CPU interpreter runs (markers of the schema, not ops).
+_NOT_OPS = frozenset({"DELEGATE", "PLACEHOLDER_FOR_GREATER_OP_CODES", "CUSTOM"})
+
+
+@dataclasses.dataclass(frozen=True)
+class FallbackOp:
+    """One op that runs on LiteRT's CPU interpreter: its operator ``index`` (in the subgraph as planned:
+    composites without a kernel inlined), builtin ``name`` and the ``reason`` (``"no GPU kernel"``, or the
+    tensor of a type the runtime does not hold that it reads or writes)."""
+
+    index: int
+    name: str
+    reason: str
+
+
+@dataclasses.dataclass
+class Partition:
+    """Which ops of one subgraph run on the CPU (GPU-free; :func:`partition`).
+
+    Attributes:
+      subgraph: the subgraph's index.
+      model: the model as planned (composites without a fused kernel inlined: what op indices refer to).
+      cpu: the ops that fall back, in op order.
+      refused: ``(op name, subgraph, index)`` of ops that neither runs (custom ops without a kernel).
+    """
+
+    subgraph: int
+    model: Model
+    cpu: list[FallbackOp]
+    refused: list[tuple[str, int, int]]
+    _segments: dict = dataclasses.field(default_factory=dict, repr=False)   # keep_all -> segments(), made once
+
+    @property
+    def indices(self) -> set[int]:
+        return {f.index for f in self.cpu}
+
+
+def partition(model: Model, subgraph: int) -> Partition:
+    """Decides which ops of ``subgraph`` run on LiteRT's CPU interpreter, touching no GPU.
+
+    An op falls back when it is a builtin without a tflfuse kernel (``"no GPU kernel"``), or reads a tensor of
+    a type the runtime does not hold (:func:`tflfuse.runtime.plan.held`) that a subgraph input or a falling-back
+    op gives (``"reads UINT8 tensor 3 ('q'), a type the GPU runtime does not hold"``), or writes one from a
+    runtime value (``"writes UINT8 tensor..."``). A custom op without a kernel cannot fall back (LiteRT has
+    none either): it is listed in ``refused``.
+
+    Returns:
+      a :class:`Partition`; ``cpu`` is empty where every op runs on the GPU.
+    Raises:
+      KernelError: a composite whose decomposition subgraph contains itself.
+      ModelError: a composite's decomposition that cannot be inlined (see
+        :func:`tflfuse.passes.portable.inline_composites`); an input or op output of a type tflfuse does not
+        read at all (string, complex), named with the tensor.
+    """
+    try:   # what lower() refuses first (a decomposition containing itself) is refused here first too
+        check_supported(model, subgraph)
+    except UnsupportedOpError:
+        pass
+    model = inline_composites(model, subgraph, keep=_has_fused_kernel)
+    known = set(supported_ops())
+    sg = model.subgraphs[subgraph]
+    cpu: dict[int, str] = {}
+    refused: list[tuple[str, int, int]] = []
+    names = model.op_names(subgraph)
+    for oi, name in enumerate(names):
+        if model.composite(subgraph, oi) is not None or name in known:
+            continue   # a composite left by inline_composites has a fused kernel
+        if is_builtin_name(name) and name not in _NOT_OPS:
+            cpu[oi] = "no GPU kernel"
+        else:
+            refused.append((name, subgraph, oi))
+    refused_ops = {oi for _, _, oi in refused}
+    for oi, op in enumerate(sg.operators):   # a runtime value into a type the runtime does not hold
+        if oi in cpu or oi in refused_ops or model.composite(subgraph, oi) is not None:
+            continue
+        out = [int(t) for t in op.outputs if t >= 0 and _unheld(model, subgraph, int(t))]
+        if out and any(t >= 0 and not _is_constant(model, subgraph, int(t)) for t in op.inputs):
+            cpu[oi] = (f"writes {model.tensor_type_name(subgraph, out[0])} tensor {out[0]} "
+                       f"({model.tensor_name(subgraph, out[0])!r}), a type the GPU runtime does not hold")
+    unheld = {int(t) for t in sg.inputs if not held(model, subgraph, t)}   # ModelError for a string input
+    for oi, op in enumerate(sg.operators):   # one pass in op order (topological): readers follow writers
+        hit = [int(t) for t in op.inputs if int(t) in unheld]
+        if hit and oi not in cpu and oi not in refused_ops:
+            cpu[oi] = (f"reads {model.tensor_type_name(subgraph, hit[0])} tensor {hit[0]} "
+                       f"({model.tensor_name(subgraph, hit[0])!r}), a type the GPU runtime does not hold")
+        if oi in cpu:
+            unheld |= {int(t) for t in op.outputs if t >= 0 and _unheld(model, subgraph, int(t))}
+    ops = [FallbackOp(oi, names[oi], cpu[oi]) for oi in sorted(cpu)]
+    return Partition(subgraph, model, ops, refused)
+
+
+def _unheld(model: Model, sg: int, t: int) -> bool:
+    """Whether tensor ``t`` has a type the GPU runtime does not hold, or one tflfuse does not read at all."""
+    try:
+        return not held(model, sg, t)
+    except ModelError:
+        return True
+
+
+def log_fallback(part: Partition) -> None:
+    """Logs (absl, once per call: an interpreter calls it once) the ops of ``part`` that run on the CPU and why."""
+    if part.cpu:
+        logging.warning("tflfuse: %d op(s) of subgraph %d run on LiteRT's CPU interpreter: %s", len(part.cpu),
+                        part.subgraph, "; ".join(f"{f.name} (operator {f.index}): {f.reason}" for f in part.cpu))
+
+
+# ---- the segments as data ----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class CpuSegment:
+    """A run of consecutive ops that LiteRT's CPU interpreter runs as one small model.
+
+    Attributes:
+      ops: operator indices (of the subgraph as planned), in order.
+      inputs: tensor ids (of the subgraph) the segment reads and does not compute, constants of the file
+        excepted; the segment file's inputs, in this order.
+      outputs: tensor ids it computes that later ops (GPU or CPU) or the subgraph's outputs read (every one
+        it computes when all tensors are kept); the segment file's outputs, in this order.
+      to_gpu: the outputs that GPU ops read (uploaded after the segment runs).
+      tflite: the segment's .tflite bytes (LiteRT schema; its constants inline).
+    """
+
+    ops: list[int]
+    inputs: list[int]
+    outputs: list[int]
+    to_gpu: list[int]
+    tflite: bytes
+
+
+def _raw_buffer(model: Model, index: int) -> bytes | None:
+    """The bytes of buffer ``index`` of the file (inline or stored after the flatbuffer), None when empty."""
+    buf = model.m.buffers[index] if 0 <= index < len(model.m.buffers or []) else None
+    if buf is None:
+        return None
+    if buf.offset is not None and buf.offset > 1:
+        return model._file[buf.offset:buf.offset + buf.size]
+    if buf.data is not None and len(buf.data):
+        return np.asarray(buf.data, np.uint8).tobytes()
+    return None
+
+
+def _is_constant(model: Model, sg: int, t: int) -> bool:
+    return _raw_buffer(model, model.tensor(sg, t).buffer) is not None
+
+
+def called_subgraphs(op) -> list[int]:
+    """The subgraphs an op's options name (IF's branches, WHILE's cond and body, CALL_ONCE's, StableHLO's
+    WHILE/REDUCE/CASE...), for an ``OperatorT`` of LiteRT's schema."""
+    found: list[int] = []
+    for opts in (op.builtinOptions, op.builtinOptions2):
+        for k, v in (vars(opts).items() if opts is not None else ()):
+            if "ubgraph" in k and v is not None:
+                found += [int(i) for i in np.ravel(v)]
+    return found
+
+
+def segment_tflite(model: Model, sg: int, ops: Sequence[int], inputs: Sequence[int],
+                   outputs: Sequence[int]) -> bytes:
+    """A .tflite holding exactly ops ``ops`` of subgraph ``sg`` of ``model``, with their constant buffers, whose
+    inputs and outputs are the tensors ``inputs`` and ``outputs`` (ids of ``sg``), in that order. Where an op
+    runs other subgraphs (IF, WHILE), every other subgraph of the file comes along at its index (the segment
+    takes subgraph 0's place)."""
+    src = model.subgraphs[sg]
+    tree = schema.ModelT()
+    tree.version = model.m.version or 3
+    tree.description = b"tflfuse CPU segment"
+    tree.buffers = [schema.BufferT()]
+    tree.operatorCodes = []
+    code_map: dict[int, int] = {}
+    buffer_map: dict[int, int] = {}
+
+    def buffer(index: int) -> int:
+        if index not in buffer_map:
+            raw = _raw_buffer(model, index)
+            if raw is None:
+                return 0
+            b = schema.BufferT()
+            b.data = np.frombuffer(raw, np.uint8).copy()
+            buffer_map[index] = len(tree.buffers)
+            tree.buffers.append(b)
+        return buffer_map[index]
+
+    def subgraph(g, op_ids, ins, outs, whole: bool):
+        tmap: dict[int, int] = {}
+        new = schema.SubGraphT()
+        new.name, new.tensors, new.operators = g.name, [], []
+
+        def tensor(t: int) -> int:
+            t = int(t)
+            if t < 0:
+                return t
+            if t not in tmap:
+                tt = copy.copy(g.tensors[t])
+                tt.buffer = buffer(tt.buffer)
+                tmap[t] = len(new.tensors)
+                new.tensors.append(tt)
+            return tmap[t]
+
+        if whole:
+            for t in range(len(g.tensors)):
+                tensor(t)
+        for oi in op_ids:
+            op = copy.copy(g.operators[oi])
+            if op.opcodeIndex not in code_map:
+                code_map[op.opcodeIndex] = len(tree.operatorCodes)
+                tree.operatorCodes.append(copy.copy(model.m.operatorCodes[op.opcodeIndex]))
+            op.opcodeIndex = code_map[op.opcodeIndex]
+            op.inputs = [tensor(t) for t in op.inputs]
+            op.outputs = [tensor(t) for t in op.outputs]
+            if op.intermediates is not None:
+                op.intermediates = [tensor(t) for t in op.intermediates]
+            if op.largeCustomOptionsSize:   # custom options stored after the flatbuffer: inline them
+                start = int(op.largeCustomOptionsOffset)
+                op.customOptions = list(model._file[start:start + int(op.largeCustomOptionsSize)])
+                op.largeCustomOptionsOffset = op.largeCustomOptionsSize = 0
+            new.operators.append(op)
+        new.inputs = [tensor(t) for t in ins]
+        new.outputs = [tensor(t) for t in outs]
+        return new
+
+    seg = subgraph(src, ops, inputs, outputs, whole=False)
+    tree.subgraphs = [seg]
+    if any(called_subgraphs(src.operators[oi]) for oi in ops):
+        for k in range(1, len(model.subgraphs)):
+            g = model.subgraphs[k]
+            tree.subgraphs.append(subgraph(g, range(len(g.operators)), g.inputs, g.outputs, whole=True))
+    return model.derived(tree).to_bytes()
+
+
+def segments(part: Partition, keep_all: bool = False) -> list[CpuSegment]:
+    """The CPU segments of a partition: maximal runs of consecutive falling-back ops (file order is
+    topological), each with its .tflite (:func:`segment_tflite`). ``keep_all``: every tensor a segment
+    computes is one of its outputs (for ``experimental_preserve_all_tensors``)."""
+    model, si = part.model, part.subgraph
+    sg = model.subgraphs[si]
+    cpu = part.indices
+    runs: list[list[int]] = []
+    for oi in sorted(cpu):
+        if runs and runs[-1][-1] == oi - 1:
+            runs[-1].append(oi)
+        else:
+            runs.append([oi])
+    readers: dict[int, list[int]] = {}
+    for oi, op in enumerate(sg.operators):
+        for t in op.inputs:
+            if t >= 0:
+                readers.setdefault(int(t), []).append(oi)
+    sub_outputs = {int(t) for t in sg.outputs}
+    out = []
+    for run in runs:
+        inside = set(run)
+        written = [int(t) for oi in run for t in sg.operators[oi].outputs if t >= 0]
+        inputs: list[int] = []
+        for oi in run:
+            for t in sg.operators[oi].inputs:
+                t = int(t)
+                if (t >= 0 and t not in written and t not in inputs and not _is_constant(model, si, t)
+                        and not model.tensor(si, t).isVariable):
+                    inputs.append(t)
+        outputs = [t for t in written if keep_all or t in sub_outputs
+                   or any(r not in inside for r in readers.get(t, ()))]
+        to_gpu = [t for t in outputs if any(r not in cpu for r in readers.get(t, ()))]
+        out.append(CpuSegment(run, inputs, outputs, to_gpu, segment_tflite(model, si, run, inputs, outputs)))
+    return out
+
+
+# ---- lowering and running -----------------------------------------------------------------------------------
+def _litert(seg: CpuSegment, what: str):
+    from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter
+
+    try:
+        return LiteRTInterpreter(model_content=seg.tflite)
+    except (ValueError, RuntimeError) as e:
+        raise KernelError(f"{what}: LiteRT's CPU interpreter cannot load them: {e}") from e
+
+
+def _where(part: Partition, seg: CpuSegment) -> str:
+    """``CPU fallback of REVERSE_V2 (operator 2 of subgraph 0), ...`` (the first 5 ops of the segment)."""
+    names = part.model.op_names(part.subgraph)
+    shown = ", ".join(f"{names[oi]} (operator {oi} of subgraph {part.subgraph})" for oi in seg.ops[:5])
+    return f"CPU fallback of {shown}" + (f" and {len(seg.ops) - 5} more ops" if len(seg.ops) > 5 else "")
+
+
+def lower_split(part: Partition, input_shapes: Mapping[int, Sequence[int]] | None, target: str,
+                keep_all: bool = False) -> tuple[LoweredGraph, "SegmentRunner"]:
+    """Lowers the GPU ops of a partition (:func:`tflfuse.runtime.plan.lower` with the CPU segments skipped)
+    and makes each CPU segment's LiteRT interpreter, resized to the shapes the ops before it give.
+
+    Returns:
+      the :class:`LoweredGraph` of the GPU ops (its ``crossing`` lists the tensors moved between segments)
+      and a :class:`SegmentRunner` without a GPU plan yet (:meth:`SegmentRunner.attach`).
+    Raises:
+      KernelError: as ``lower``; LiteRT refusing a segment (the message names its ops).
+    """
+    model, si = part.model, part.subgraph
+    if keep_all not in part._segments:   # the segment files do not depend on the shapes: made once
+        part._segments[keep_all] = segments(part, keep_all)
+    segs = part._segments[keep_all]
+    shapes: dict[int, tuple[int, ...]] = {}    # host tensors: their shapes
+    for t in model.subgraphs[si].inputs:
+        t = int(t)
+        shapes[t] = tuple(int(d) for d in (input_shapes or {}).get(t, model.tensor_shape(si, t)))
+    interps = []
+    hooks = {}
+
+    def make_hook(seg: CpuSegment):
+        what = _where(part, seg)
+
+        def hook(specs, consts):   # at the segment's first op: its inputs' shapes are known, LiteRT gives the rest
+            for t in seg.inputs:
+                if t not in specs and t not in consts and t not in shapes:
+                    raise KernelError(f"{what}: tensor {t} ({model.tensor_name(si, t)!r}) is read before any op "
+                                      f"writes it")
+            with info_lines_to_log():   # LiteRT's "INFO: Created ... XNNPACK delegate" line, to absl's log
+                lite = _litert(seg, what)
+                try:
+                    for d, t in zip(lite.get_input_details(), seg.inputs):
+                        shape = specs[t].shape if t in specs else consts[t].shape if t in consts else shapes[t]
+                        if tuple(int(v) for v in d["shape"]) != tuple(shape):
+                            lite.resize_tensor_input(d["index"], list(shape))
+                    lite.allocate_tensors()
+                except (ValueError, RuntimeError) as e:
+                    raise KernelError(f"{what}: LiteRT's CPU interpreter refuses them: {e}") from e
+            interps.append(lite)
+            out = {}
+            for d, t in zip(lite.get_output_details(), seg.outputs):
+                shapes[t] = tuple(int(v) for v in d["shape"])
+                if t in seg.to_gpu:
+                    out[t] = TensorSpec(shapes[t], _DTYPE_NAMES[model.tensor_dtype(si, t)])
+            return out
+        return hook
+
+    for seg in segs:
+        hooks[seg.ops[0]] = make_hook(seg)
+        for oi in seg.ops[1:]:
+            hooks[oi] = lambda specs, consts: {}
+    graph = lower(model, si, input_shapes, target=target, host_ops=hooks)
+    from_gpu = [t for seg in segs for t in seg.inputs if t in graph.specs]
+    graph.crossing = list(dict.fromkeys(from_gpu + [t for seg in segs for t in seg.to_gpu]))
+    graph.segments = segs
+    return graph, SegmentRunner(part, segs, interps, graph, shapes)
+
+
+class SegmentRunner:
+    """Runs a subgraph split into GPU and CPU segments: the GPU plan's dispatches in runs between the CPU
+    segments, each CPU segment on its LiteRT interpreter, moving only the tensors that cross.
+
+    Host-side values (CPU segments' outputs, inputs CPU segments read, inputs of types the GPU does not hold)
+    live in ``host``; every other tensor is the GPU plan's.
+    """
+
+    def __init__(self, part: Partition, segs: list[CpuSegment], interps: list, graph: LoweredGraph,
+                 shapes: dict[int, tuple[int, ...]]):
+        self.partition, self.segments, self.graph = part, segs, graph
+        self._interps, self.shapes = interps, shapes
+        self.host: dict[int, np.ndarray] = {}
+        self._cpu_read = {t for seg in segs for t in seg.inputs}
+        self._cpu_written = {t for seg in segs for t in seg.outputs}
+        sg = part.model.subgraphs[part.subgraph]
+        self._cpu_all = {int(t) for seg in segs for oi in seg.ops for t in sg.operators[oi].outputs if t >= 0}
+        self.plan: ExecutionPlan | None = None
+        self._details = [(lite.get_input_details(), lite.get_output_details()) for lite in interps]
+
+    def attach(self, plan: ExecutionPlan) -> None:
+        """Takes the GPU plan of :attr:`graph` and groups its dispatches into the runs between CPU segments."""
+        self.plan = plan
+        self._order: list[tuple[str, object]] = []
+        step = 0
+        for k, seg in enumerate(self.segments):
+            stop = step
+            while stop < len(plan.steps) and plan.step_ops[stop].index < seg.ops[0]:
+                stop += 1
+            if stop > step:
+                self._order.append(("gpu", _pass_recorder(plan.steps[step:stop])))
+            self._order.append(("cpu", k))
+            step = stop
+        if step < len(plan.steps):
+            self._order.append(("gpu", _pass_recorder(plan.steps[step:])))
+
+    # ---- tensors -------------------------------------------------------------------------------------
+    def holds(self, t: int) -> bool:
+        """Whether tensor ``t`` is read from the host (computed by a CPU segment, or a host-only input)."""
+        return t in self._cpu_written or (t in self.graph.inputs and t not in self.graph.specs)
+
+    def dtype(self, t: int) -> np.dtype:
+        return self.partition.model.tensor_dtype(self.partition.subgraph, t)
+
+    def write(self, t: int, value: np.ndarray) -> None:
+        """Sets input ``t``: on the GPU where it lives there, on the host where a CPU segment reads it."""
+        if t in self.graph.specs:
+            self.plan.write(t, value)
+        if t in self._cpu_read or t not in self.graph.specs:
+            self.host[t] = np.array(value, copy=True)
+
+    def computes(self, t: int) -> bool:
+        """Whether an op of a CPU segment writes tensor ``t`` (readable when it is one of a segment's outputs)."""
+        return t in self._cpu_all
+
+    def read(self, t: int) -> np.ndarray:
+        """A copy of tensor ``t`` after :meth:`run`.
+
+        Raises:
+          RuntimeError: a tensor computed on the CPU before :meth:`run`, or a host-only input never set.
+        """
+        if self.holds(t):
+            if t not in self.host:
+                raise RuntimeError(f"tensor {t} is computed on the CPU; call invoke() first" if t in self._cpu_written
+                                   else f"input tensor {t} was never set; call set_tensor() first")
+            return self.host[t].copy()
+        return self.plan.read(t)
+
+    # ---- running -------------------------------------------------------------------------------------
+    def run(self) -> None:
+        """One invoke: each GPU run as one submit, each CPU segment on LiteRT with its inputs moved in.
+
+        Raises:
+          RuntimeError: a CPU segment's output came out of another shape than planned (an op whose output
+            shape depends on values, feeding GPU ops), naming the ops; DeviceLostError as the GPU plan.
+        """
+        plan, dev = self.plan, self.plan.device
+        plan._staged = set()   # outputs are read from their own buffers, not the whole-run read-back copies
+        for kind, what in self._order:
+            if kind == "gpu":
+                with dev.guard("invoke()"):
+                    encoder = dev.device.create_command_encoder()
+                    cpass = encoder.begin_compute_pass()
+                    what(cpass)
+                    cpass.end()
+                    dev.device.queue.submit([encoder.finish()])
+                continue
+            seg, lite = self.segments[what], self._interps[what]
+            ins, outs = self._details[what]
+            for d, t in zip(ins, seg.inputs):
+                if t in self._cpu_written or t in self.graph.inputs:
+                    value = self.host[t]
+                else:   # a value folded at load, or a GPU op's output read back
+                    value = self.graph.consts[t] if t in self.graph.consts else plan.read(t)
+                lite.set_tensor(d["index"], np.asarray(value, dtype=d["dtype"], order="C"))   # 0-d stays 0-d
+            try:
+                lite.invoke()
+            except (ValueError, RuntimeError) as e:
+                raise RuntimeError(f"{_where(self.partition, seg)}: LiteRT's CPU interpreter failed: {e}") from e
+            for d, t in zip(outs, seg.outputs):
+                value = lite.get_tensor(d["index"])
+                if value.shape != self.shapes[t]:
+                    raise RuntimeError(f"{_where(self.partition, seg)}: output tensor {t} came out "
+                                       f"{list(value.shape)}, planned as {list(self.shapes[t])} (its shape depends "
+                                       f"on the values; tflfuse plans the GPU ops after it for static shapes)")
+                self.host[t] = value
+                if t in seg.to_gpu:
+                    plan.write(t, value)
+
+    def time_run(self, repeats: int = 10) -> float:
+        """Median wall-clock seconds of :meth:`run` plus a read of the first output (after one warm-up)."""
+        first = int(self.partition.model.subgraphs[self.partition.subgraph].outputs[0])
+        self.run()
+        self.read(first)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self.run()
+            self.read(first)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
