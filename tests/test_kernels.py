@@ -13,6 +13,7 @@ from ai_edge_litert import schema_py_generated as schema
 import tflfuse
 from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import MAX_WORKGROUPS_PER_DIM, Program, TensorSpec
+from tflfuse.kernels.conv import conv_strip
 
 from conftest import ACCUMULATION, ELEMENTWISE, EXACT, FP16_WEIGHTS, LONG_ACCUMULATION, SEED, TRANSCENDENTAL
 from oplib import check_op
@@ -160,6 +161,74 @@ def test_conv_2d_sweep(geometry, device, rng):
 
     check_op(conv, [(n, h, w, cin)], const_inputs={1: wt, 2: b}, device=device, rng=rng,
              expect_ops=["CONV_2D"], **ACCUMULATION)
+
+
+# (input shape, (KH, KW, Cout), stride, padding, dilation): CONV_2D's vec4 strip schedule (conv.conv_strip_program)
+CONV_STRIP_CASES = {
+    "stem_cin3_stride2_same_batch2": ((2, 17, 19, 3), (3, 3, 32), 2, "SAME", 1),
+    "cin8_vec4_input_valid": ((1, 9, 11, 8), (3, 3, 12), 1, "VALID", 1),
+    "1x3_cin5_same": ((1, 10, 10, 5), (1, 3, 8), 1, "SAME", 1),
+    "dilation2_cin4_same": ((1, 12, 13, 4), (3, 3, 16), 1, "SAME", 2),
+    "5x1_stride2_cin6_batch3": ((3, 7, 7, 6), (5, 1, 4), 2, "SAME", 1),
+}
+
+
+@pytest.mark.parametrize("strip", [None, 1, 2, 3, 8])
+@pytest.mark.parametrize("case", list(CONV_STRIP_CASES), ids=list(CONV_STRIP_CASES))
+def test_conv_2d_strip_schedules_agree_with_tf(case, strip, device, rng):
+    """The GPU's strip schedule (``target="gpu"``, which the software adapter's plans do not choose) with every
+    ``strip`` (tuning only; None: conv_strip's choice) on rows no strip divides (and the default's schedule), against TF's conv2d + bias +
+    RELU6, at ACCUMULATION's sums of at most 75 terms."""
+    shape, (kh, kw, cout), stride, padding, dil = CONV_STRIP_CASES[case]
+    x = rng.standard_normal(shape).astype(np.float32)
+    f = _weights(rng, (kh, kw, shape[3], cout), kh * kw * shape[3])
+    b = rng.standard_normal(cout).astype(np.float32)
+    attrs = {"filter_layout": "HWIO", "padding": padding, "stride_h": stride, "stride_w": stride,
+             "dilation_h_factor": dil, "dilation_w_factor": dil, "fused_activation_function": "RELU6",
+             "target": "gpu", **({} if strip is None else {"strip": strip})}
+    kernel = kernel_class("CONV_2D")([TensorSpec(x.shape), TensorSpec(f.shape), TensorSpec(b.shape)], attrs)
+    # None: these outputs are few, so the choice is the per-element schedule with split lanes (strip 0)
+    assert kernel.strip() == (strip if strip is not None else conv_strip(kernel.g, shape[3], cout, "gpu"))
+    (got,) = tflfuse.runtime.plan.run_op(device, "CONV_2D", [x, f, b], attrs)
+    want = tf.nn.relu6(tf.nn.conv2d(x, f, stride, padding, dilations=dil) + b).numpy()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, **ACCUMULATION)
+
+
+@pytest.mark.parametrize("case", ["stem_cin3_stride2_same_batch2", "cin8_vec4_input_valid"])
+def test_conv_2d_strip_stores_float16(case, device, rng):
+    """``precision="float16"`` through the strip schedule (scalar and vec4 input reads): inputs and output stored
+    as float16, sums in float32, so the output is the float32 result on the same float16-rounded inputs,
+    rounded once: within one float16 ulp (``2**-10 * max(|want|, 2**-14)``, as test_precision.py states)."""
+    half = lambda a: a.astype(np.float16).astype(np.float32)   # noqa: E731
+    shape, (kh, kw, cout), stride, padding, dil = CONV_STRIP_CASES[case]
+    x = half(rng.standard_normal(shape).astype(np.float32))
+    f = half(_weights(rng, (kh, kw, shape[3], cout), kh * kw * shape[3]))
+    b = half(rng.standard_normal(cout).astype(np.float32))
+    attrs = {"filter_layout": "HWIO", "padding": padding, "stride_h": stride, "stride_w": stride,
+             "fused_activation_function": "RELU", "target": "gpu", "strip": 2}
+    (want,) = tflfuse.runtime.plan.run_op(device, "CONV_2D", [x, f, b], attrs)
+    (got,) = tflfuse.runtime.plan.run_op(device, "CONV_2D", [x, f, b], attrs, precision="float16")
+    np.testing.assert_array_equal(got, half(got))
+    assert np.all(np.abs(got.astype(np.float64) - want) <= 2.0 ** -10 * np.maximum(np.abs(want), 2.0 ** -14))
+
+
+@pytest.mark.parametrize("strip, filt, attrs, message", [
+    (9, (3, 3, 4, 8), {}, "strip must be an int from 0 to 8, got 9"),
+    (2, (3, 3, 4, 6), {}, "the strip schedule needs .*output channels a multiple of 4.*give strip=0"),
+    (2, (8, 3, 3, 4), {"filter_layout": "OHWI"}, "the strip schedule needs filter_layout HWIO"),
+])
+def test_conv_2d_strip_refuses_what_it_cannot_run(strip, filt, attrs, message):
+    specs = [TensorSpec((1, 9, 9, 4)), TensorSpec(filt), None]
+    with pytest.raises(KernelError, match=f"CONV_2D: {message}"):
+        kernel_class("CONV_2D")(specs, {"filter_layout": "HWIO", "target": "gpu", "strip": strip, **attrs})
+
+
+def test_conv_2d_strip_is_the_gpus_choice_only():
+    specs = [TensorSpec((1, 224, 224, 3)), TensorSpec((3, 3, 3, 32)), TensorSpec((32,))]
+    attrs = {"filter_layout": "HWIO", "padding": "SAME", "stride_h": 2, "stride_w": 2}
+    assert kernel_class("CONV_2D")(specs, {**attrs, "target": "gpu"}).strip() > 0
+    assert kernel_class("CONV_2D")(specs, {**attrs, "target": "cpu"}).strip() == 0   # the software adapter's
 
 
 # ---- DEPTHWISE_CONV_2D ------------------------------------------------------------------------------

@@ -140,6 +140,10 @@ class Conv2D(_Conv):
     (its demo took twice as long with HWIO)."""
 
     attr_defaults = {**_Conv.attr_defaults, "filter_layout": "OHWI", "target": "gpu"}
+    #: ``strip`` (tuning only; default :func:`conv_strip`): output pixels per invocation of the vec4 strip
+    #: schedule (:func:`conv_strip_program`), 1 to 8, or 0 for the per-element schedule; every value computes
+    #: the same outputs.
+    extra_attrs = ("strip",)
     #: input index -> (attribute, value, transform): how the planner re-lays out a constant input
     relayout = {1: ("filter_layout", "HWIO", _hwio)}
 
@@ -160,6 +164,27 @@ class Conv2D(_Conv):
             raise self.fail(f"{self.cout} output channels do not split into {self.groups} groups")
         self._check_bias(self.cout)
         self.g = self._geometry(kh, kw)
+        strip = self.attrs.get("strip")
+        if strip is not None:
+            if isinstance(strip, bool) or not isinstance(strip, int) or not 0 <= strip <= 8:
+                raise self.fail(f"strip must be an int from 0 to 8, got {strip!r}")
+            if strip and not self._strip_applies():
+                raise self.fail("the strip schedule needs filter_layout HWIO, one group, output channels a "
+                                "multiple of 4 and not a 1x1 product run tiled; give strip=0")
+
+    def _strip_applies(self) -> bool:
+        g = self.g
+        tiled = is_pointwise(g) and use_tiled_matmul(g["N"] * g["OH"] * g["OW"], self.input(0).shape[3], self.cout,
+                                                     self.target())
+        return self.layout == "HWIO" and self.groups == 1 and self.cout % 4 == 0 and not tiled
+
+    def strip(self) -> int:
+        """Output pixels per invocation of :func:`conv_strip_program` (0: the per-element schedule): the
+        ``strip`` attribute, else :func:`conv_strip`'s choice where the schedule applies."""
+        strip = self.attrs.get("strip")
+        if strip is not None:
+            return strip
+        return conv_strip(self.g, self.fcin, self.cout, self.target()) if self._strip_applies() else 0
 
     def programs(self):
         g, cin, fcin = self.g, self.input(0).shape[3], self.fcin
@@ -178,6 +203,12 @@ class Conv2D(_Conv):
                 and use_tiled_matmul(rows, cin, self.cout, self.target())):
             return [product_program(self.key, self.io_bindings(self._names()), rows, cin, self.cout, "x", "w",
                                     "y", f"let co = col;\n          y[idx] = act(acc + {bias});", act)]
+        strip = self.strip()
+        if strip:
+            c4 = f"let v = acc + {'b[c]' if self.has_input(2) else 'vec4<f32>(0.0)'};\n    " \
+                 "y[pix * {}u + c] = vec4<f32>(act(v.x), act(v.y), act(v.z), act(v.w));".format(self.cout // 4)
+            return [conv_strip_program(self.key, self.io_bindings(self._names()), g, cin, self.cout, strip, c4,
+                                       act)]
         lanes = window_lanes(total, g, fcin, self.target())
         inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + c0;
       let wb = {wb};
@@ -187,6 +218,84 @@ class Conv2D(_Conv):
         trips = g["KH"] * (1 + g["KW"] * (1 + -(-(fcin // 4) // lanes)))
         return [reduction_program(self.key, self.io_bindings(self._names()), total, body,
                                   f"y[idx] = act(acc + {bias});", act, lanes=lanes, loop_trips=trips)]
+
+
+def conv_strip(g: dict, cin: int, cout: int, target: str) -> int:
+    """Output pixels along a row that one invocation of :func:`conv_strip_program` computes for four output
+    channels (0: the per-element schedule, kept on the software adapter, ``target="cpu"``, and where outputs
+    are so few that :func:`window_lanes` splits each sum between lanes): 4 where that leaves at least 2**16
+    invocations, else 2.
+
+    Measured on an NVIDIA H200 (``benchmarks/sweep_conv.py``, 2026-12-01): at batch 32, MobileNetV2's stem
+    (224x224x3 -> 32, 3x3 stride 2) took 240 us per element against 48 us in strips of 4 (74 us in strips of
+    1), a 3x3 conv 56x56x24 -> 48 668 against 108 us; strips of 8 were at most 10% faster on three shapes and
+    slower on two (selfie_segmentation's stem: 58 against 42 us). At batch 1 strips of 2 were within 0.6 us
+    of the fastest on every shape that uses them, strips of 1 up to 1.5x slower (56x56x24 -> 48: 25 against
+    17 us); where the lanes split (iris_landmark's 2x2 convs, face_landmark's head) the strips took 1.3-3.8x
+    longer."""
+    if target != "gpu" or cout % 4 or window_lanes(g["N"] * g["OH"] * g["OW"] * cout, g, cin, target) > 1:
+        return 0
+    return 4 if g["N"] * g["OH"] * -(-g["OW"] // 4) * (cout // 4) >= 1 << 16 else 2
+
+
+def conv_strip_program(name: str, bindings, g: dict, cin: int, cout: int, strip: int, store: str,
+                       helpers: str = "", uniforms=()) -> Program:
+    """CONV_2D's vec4 strip schedule: one invocation computes ``strip`` output pixels of one row for four
+    output channels, over bindings named ``x`` (NHWC ``[N, H, W, cin]``), ``w`` (HWIO ``[KH, KW, cin, cout]``)
+    and those ``store`` uses. Each tap's weights are read as vec4s over the output channels once for the
+    whole strip, the input as vec4s over the input channels where ``cin % 4 == 0`` (else one float each);
+    taps in the padding read a clamped address and add zero. ``store`` runs per output pixel with ``pix``
+    (u32: ``(n * OH + oy) * OW + ox``), ``c`` (the output channel / 4) and the vec4 sum ``acc``; the bindings
+    ``w``, ``y`` and ``b`` are bound as vec4s (and ``x`` where ``cin % 4 == 0``). ``g`` is
+    :meth:`_Conv._geometry`. Raises :class:`~tflfuse.kernels.base.KernelError` where ``cout % 4``."""
+    if cout % 4 or not 1 <= strip <= 8:
+        raise KernelError(f"{name}: the strip schedule needs output channels a multiple of 4 and a strip of 1 "
+                          f"to 8, got {cout} channels and strip {strip}")
+    c4, vec_x = cout // 4, cin % 4 == 0
+    vec = {"w", "y", "b"} | ({"x"} if vec_x else set())
+    binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") if b.name in vec else b for b in bindings)
+    strips = -(-g["OW"] // strip)
+    px = range(strip)
+    lines = [f"  let c = idx % {c4}u;",
+             f"  let s = (idx / {c4}u) % {strips}u;",
+             f"  let oy = i32((idx / {c4 * strips}u) % {g['OH']}u);",
+             f"  let n = idx / {c4 * strips * g['OH']}u;",
+             f"  let ox0 = i32(s) * {strip};"]
+    lines += [f"  var acc{p} = vec4<f32>(0.0);" for p in px]
+    lines.append(f"""  for (var ky = 0; ky < {g['KH']}; ky++) {{
+    let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
+    if (iy < 0 || iy >= {g['H']}) {{ continue; }}
+    let row = (n * {g['H']}u + u32(iy)) * {g['W']}u;
+    for (var kx = 0; kx < {g['KW']}; kx++) {{
+      let wb = (u32(ky) * {g['KW']}u + u32(kx)) * {cin * c4}u + c;""")
+    for p in px:
+        lines.append(f"      let ix{p} = (ox0 + {p}) * {g['SW']} - {g['PL']} + kx * {g['DW']};\n"
+                     f"      let in{p} = ix{p} >= 0 && ix{p} < {g['W']};\n"
+                     f"      let xb{p} = (row + u32(clamp(ix{p}, 0, {g['W'] - 1}))) * {cin // 4 if vec_x else cin}u;")
+    main = cin - cin % 4
+    if main:
+        lines.append(f"      for (var ci = 0u; ci < {main}u; ci += 4u) {{")
+        lines += [f"        let w{j} = w[wb + (ci + {j}u) * {c4}u];" for j in range(4)]
+        for p in px:
+            if vec_x:
+                lines.append(f"        let v{p} = select(vec4<f32>(0.0), x[xb{p} + ci / 4u], in{p});")
+            else:
+                lines.append(f"        let v{p} = select(vec4<f32>(0.0), vec4<f32>(x[xb{p} + ci], x[xb{p} + ci + 1u], "
+                             f"x[xb{p} + ci + 2u], x[xb{p} + ci + 3u]), in{p});")
+            lines.append(f"        acc{p} += v{p}.x * w0 + v{p}.y * w1 + v{p}.z * w2 + v{p}.w * w3;")
+        lines.append("      }")
+    for j in range(main, cin):   # the input channels past the last multiple of 4 (all of them for cin < 4)
+        lines.append(f"      {{ let wt = w[wb + {j * c4}u];")
+        lines += [f"        acc{p} += select(0.0, x[xb{p} + {j}u], in{p}) * wt;" for p in px]
+        lines.append("      }")
+    lines.append("    }\n  }")
+    out = f"(n * {g['OH']}u + u32(oy)) * {g['OW']}u"
+    for p in px:
+        block = f"{{\n    let pix = {out} + u32(ox0 + {p});\n    let acc = acc{p};\n    {store}\n  }}"
+        lines.append(f"  {block}" if p == 0 else f"  if (ox0 + {p} < {g['OW']}) {block}")
+    total = g["N"] * g["OH"] * strips * c4
+    return elementwise_program(name, binds, total, "\n".join(lines), helpers, uniforms,
+                               loop_trips=g["KH"] * (1 + g["KW"] * (1 + main // 4)))
 
 
 @register("DEPTHWISE_CONV_2D")

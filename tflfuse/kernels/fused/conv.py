@@ -29,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import CompositeKernel, Program, TensorSpec, linear_dispatch
-from ..conv import (SUM_STORED_LATER, conv_output_size, depthwise_program, is_pointwise, window_body, window_lanes,
-                    window_taps)
+from ..conv import (SUM_STORED_LATER, conv_output_size, conv_strip, conv_strip_program, depthwise_program,
+                    is_pointwise, window_body, window_lanes, window_taps)
 from ..elementwise import broadcast_index
 from ..registry import register
 from ..gemm import product_program, use_tiled_matmul
@@ -189,6 +189,12 @@ class FusedConv2D(_FusedWindow):
             return [product_program(self.key, self.io_bindings(names), rows, cin, cout, "x", "w", "y",
                                     "y[idx] = epilogue(acc, idx, col);", self.epilogue_fn(),
                                     self.epilogue_uniforms())]
+        strip = conv_strip(g, cin, cout, self.target())
+        if strip:   # four output channels and a strip of pixels per invocation; the epilogue per channel
+            comps = ", ".join(f"epilogue(acc.{c}, base + {j}u, c * 4u + {j}u)" for j, c in enumerate("xyzw"))
+            store = f"let base = pix * {cout}u + c * 4u;\n    y[pix * {cout // 4}u + c] = vec4<f32>({comps});"
+            return [conv_strip_program(self.key, self.io_bindings(names), g, cin, cout, strip, store,
+                                       self.epilogue_fn(), self.epilogue_uniforms())]
         lanes = window_lanes(total, g, cin, self.target())
         inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u;
       let wb = (u32(ky) * {g['KW']}u + u32(kx)) * {cin * cout}u + co;
