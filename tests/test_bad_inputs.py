@@ -477,6 +477,49 @@ def test_standalone_fuzz_run(tmp_path, capsys):
     assert not list((tmp_path / "face_detection_short_range").iterdir())   # clean mutants are not kept
 
 
+
+def _edited(model: bytes, edit) -> bytes:
+    """``model`` with ``edit(tree)`` applied to its unpacked flatbuffer, packed again unchecked."""
+    import tflite_builder as tb
+
+    tree = schema.ModelT.InitFromPackedBuf(model, 0)
+    edit(tree)
+    return tb.pack(tree)
+
+
+@pytest.mark.parametrize("body", [0, 7])
+def test_while_running_its_own_subgraph_is_refused(body):
+    """A WHILE whose body is subgraph 0, its own (LiteRT recurses until the process crashes), or no subgraph."""
+    model = build([t((2,)), t((2,))], [dict(op="WHILE", inputs=[0], outputs=[1],
+                                            options=("WhileOptions", {"condSubgraphIndex": 0,
+                                                                      "bodySubgraphIndex": body}))], [0], [1])
+    want = ("WHILE \\(operator 0 of subgraph 0\\) runs its own subgraph 0 again" if body == 0 else
+            "WHILE \\(operator 0 of subgraph 0\\) runs subgraph 7; the model has 1 subgraphs")
+    with pytest.raises(tflfuse.model.ModelError, match=want):
+        tflfuse.Interpreter(model_content=model)
+
+
+def test_overflowing_shape_and_non_utf8_names_are_model_errors():
+    """A shape whose element count overflows float64 (a ModelError naming the tensor, not OverflowError), and a
+    tensor name that is not UTF-8 in a CPU segment (LiteRT cannot decode it: a ModelError naming the op)."""
+    model = unary("RELU")
+
+    def huge(tree):
+        tree.subgraphs[0].tensors[1].shape = [2 ** 31 - 1] * 40
+    with pytest.raises(tflfuse.model.ModelError, match=r"subgraph 0 tensor 1 has an implausible shape "
+                                                        r"\[2147483647, .*\] \(rank 40\)"):
+        tflfuse.Model(_edited(model, huge))
+    axis = t((1,), type="INT32", data=np.array([0], np.int32))
+    rev = build([t((2, 3)), axis, t((2, 3))], [dict(op="REVERSE_V2", inputs=[0, 1], outputs=[2])], [0], [2])
+
+    def rename(tree):
+        tree.subgraphs[0].tensors[2].name = b"\xffbad"
+    interp = tflfuse.Interpreter(model_content=_edited(rev, rename))
+    with pytest.raises(tflfuse.model.ModelError, match=r"CPU fallback of REVERSE_V2 \(operator 0 of subgraph 0\): "
+                                                        r"a tensor name is not UTF-8"):
+        interp.allocate_tensors()
+
+
 # ---- a longer fuzz run, outside pytest ----------------------------------------------------------------------
 
 def fuzz(data: bytes, seeds: range, folder: Path, batch: int = 500) -> dict[str, int]:

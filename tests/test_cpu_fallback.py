@@ -398,3 +398,84 @@ def test_ops_command_shows_where_each_op_runs(models, tmp_path):
     assert len(reasons) == 3 and "ADD" not in {op for _, op, _ in ours.fallback_ops}
     assert lines[-1] == ("3 op(s) run on LiteRT's CPU interpreter within the same invoke (the CPU fallback; "
                          "Interpreter(..., cpu_fallback=False) refuses them instead)")
+
+
+def _int64_model(op: str, options=None, n: int = 4) -> bytes:
+    """One op over an int64 vector (axis 0, a constant, where the op takes one)."""
+    from tflite_builder import build, t
+
+    if op == "CUMSUM":
+        axis = t((), type="INT32", data=np.array(0, np.int32))
+        return build([t((n,), type="INT64"), axis, t((n,), type="INT64")],
+                     [dict(op=op, inputs=[0, 1], outputs=[2], options=("CumsumOptions", {}))], [0], [2])
+    if op == "SUM":
+        axis = t((1,), type="INT32", data=np.array([0], np.int32))
+        return build([t((n,), type="INT64"), axis, t((), type="INT64")],
+                     [dict(op=op, inputs=[0, 1], outputs=[2], options=("ReducerOptions", {"keepDims": False}))],
+                     [0], [2])
+    return build([t((n,), type="INT64"), t((n,), type="INT64")], [dict(op=op, inputs=[0], outputs=[1])], [0], [1])
+
+
+def _run_both(model: bytes, x: np.ndarray, **kw):
+    outs = []
+    for interp in (LiteRTInterpreter(model_content=model), tflfuse.Interpreter(model_content=model, **kw)):
+        interp.allocate_tensors()
+        interp.set_tensor(interp.get_input_details()[0]["index"], x)
+        interp.invoke()
+        outs.append(interp.get_tensor(interp.get_output_details()[0]["index"]))
+    return outs
+
+
+@pytest.mark.parametrize("op", ["CUMSUM", "SUM", "NEG"])
+def test_int64_arithmetic_runs_on_the_cpu(op):
+    """int64 results past int32 (the GPU holds int64 as int32, where they would wrap) come from LiteRT's CPU."""
+    x = np.array([2 ** 30, 2 ** 30, 2 ** 30, 5] if op != "NEG" else [-2 ** 31, -5, 7, 0], np.int64)
+    model = _int64_model(op)
+    assert tflfuse.Interpreter(model_content=model).fallback_ops == [
+        (0, op, "int64 arithmetic (the GPU holds int64 as int32)")]
+    want, got = _run_both(model, x)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
+def test_int64_arithmetic_is_refused_without_fallback():
+    """With cpu_fallback=False the op is refused, named with its index and why, before it could wrap."""
+    interp = tflfuse.Interpreter(model_content=_int64_model("CUMSUM"), cpu_fallback=False)
+    with pytest.raises(tflfuse.kernels.KernelError,
+                       match=r"CUMSUM \(operator 0 of subgraph 0\): int64 arithmetic \(the GPU holds int64 as "
+                             r"int32\).*cpu_fallback=True"):
+        interp.allocate_tensors()
+
+
+def test_int64_data_movement_stays_on_the_gpu():
+    """Ops that only move int64 values are exact under int32 narrowing: no fallback, and fusion plans them."""
+    from tflfuse.passes.carry import without_kernel
+
+    model = _int64_model("SQUEEZE")
+    assert tflfuse.Interpreter(model_content=model).fallback_ops == []
+    assert without_kernel(Model(model), 0) == set()
+    assert without_kernel(Model(_int64_model("CUMSUM")), 0) == {0}   # fuse carries what the runtime sends to the CPU
+    x = np.array([2 ** 31 - 1, -2 ** 31, 3, 4], np.int64)
+    want, got = _run_both(model, x)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
+def test_int64_past_int32_where_only_cpu_ops_read_it():
+    """An int64 input that only CPU ops read may hold any int64 (LiteRT's result); one that a CPU op computes
+    past int32 for a GPU op is refused naming that op, not a value the user set."""
+    from tflite_builder import build, t
+
+    axis = t((1,), type="INT32", data=np.array([0], np.int32))
+    model = build([t((3,), type="INT64"), axis, t((3,), type="INT64")],
+                  [dict(op="REVERSE_V2", inputs=[0, 1], outputs=[2])], [0], [2])
+    x = np.array([2 ** 40, 1, -2 ** 40], np.int64)
+    want, got = _run_both(model, x)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+    cast = build([t((3,), type="UINT32"), t((3,), type="INT64"), t((3, 1), type="INT64"),
+                  t((), type="INT32", data=np.array(1, np.int32))],
+                 [dict(op="CAST", inputs=[0], outputs=[1],
+                       options=("CastOptions", {"inDataType": 12, "outDataType": 4})),
+                  dict(op="EXPAND_DIMS", inputs=[1, 3], outputs=[2])], [0], [2])
+    with pytest.raises(tflfuse.kernels.KernelError,
+                       match=r"computed by CPU fallback of CAST \(operator 0 of subgraph 0\) and read by a GPU op, "
+                             r"holds the int64 value 3000000000"):
+        _run_both(cast, np.array([3_000_000_000, 1, 2], np.uint32))

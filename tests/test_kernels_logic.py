@@ -300,6 +300,28 @@ def test_runtime_indices_outside_the_tensor_give_zeros_or_are_left_out(device, r
     np.testing.assert_array_equal(got, want.reshape(4, 3))
 
 
+
+def test_gather_scatter_nd_with_empty_index_tuples(device, rng):
+    """Indices [..., 0]: each empty tuple addresses the whole tensor. SCATTER_ND (runtime and constant indices)
+    and GATHER_ND with constant indices against LiteRT's builtin kernels (sums of two ones: exact); GATHER_ND with
+    runtime indices (LiteRT's runtime path refuses them) against NumPy: params repeated per tuple."""
+    params = rng.standard_normal((2, 3)).astype(np.float32)
+    empty = np.zeros((2, 0), np.int32)
+    const = tb.t([2, 0], type="INT32", data=empty)
+    gather = tb.build([tb.t([2, 3]), const, tb.t([2, 2, 3])], [dict(op="GATHER_ND", inputs=[0, 1], outputs=[2])],
+                      [0], [2])
+    _check_builtin(gather, [params], device)
+    shape = tb.t([2], type="INT32", data=np.array([2, 3], np.int32))
+    ones = np.ones((2, 2, 3), np.float32)
+    for idx in (tb.t([2, 0], type="INT32"), const):
+        scatter = tb.build([idx, tb.t([2, 2, 3]), shape, tb.t([2, 3])],
+                           [dict(op="SCATTER_ND", inputs=[0, 1, 2], outputs=[3])], [0, 1] if idx is not const else [1],
+                           [3])
+        (got,) = _check_builtin(scatter, [empty, ones] if idx is not const else [ones], device)
+        np.testing.assert_array_equal(got, np.full((2, 3), 2.0, np.float32))
+    (got,) = run_op(device, "GATHER_ND", [params, empty], constant=[False, False])
+    np.testing.assert_array_equal(got, np.stack([params, params]))
+
 # ---- TOPK_V2 -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape,k,dtype", [((2, 3, 9), 4, np.float32), ((7,), 7, np.float32), ((3, 5), 2, np.int32)],
                          ids=["batch_k4", "k_all", "int32"])

@@ -138,7 +138,10 @@ def test_tile_choice():
 
 @pytest.mark.parametrize("tile, message", [
     ("banana", "not 'TMxTN/RMxRN/TK'"), ("128x128/8x8/3", "multiples of 4"),
-    ("128x128/4x8/16", "in (64, 128, 256)"), (5, "must be a string")])
+    ("128x128/4x8/16", "in (64, 128, 256)"), (5, "must be a string"),
+    *[(bad, "positive integers (ASCII digits)") for bad in
+      ("64x64/4x4/0", "64x64/4x4/-4", "0x64/4x4/16", "64x64/4x4/+16", "64x64/4x4/1_6", "64x64/4x4/\u0661\u0666",
+       " 64x64/4x4/16", "64x64/4x4/016")]])
 def test_bad_matmul_tile_is_named(tile, message):
     x, w = np.zeros((1000, 64), np.float32), np.zeros((64, 300), np.float32)
     with pytest.raises(KernelError, match="FULLY_CONNECTED") as err:

@@ -13,6 +13,7 @@ This module does not import TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from pathlib import Path
 
@@ -185,8 +186,9 @@ class Model:
                 shape = [int(d) for d in (t.shape if t.shape is not None else [])]
                 if any(d < 0 for d in shape) and t.shapeSignature is None:
                     raise ModelError(f"subgraph {si} tensor {t_i} has a negative dimension {shape}")
-                if int(np.prod([max(d, 1) for d in shape], dtype=np.float64)) > MAX_TENSOR_ELEMENTS:
-                    raise ModelError(f"subgraph {si} tensor {t_i} has an implausible shape {shape}")
+                if math.prod(max(d, 1) for d in shape) > MAX_TENSOR_ELEMENTS:   # Python ints: no overflow
+                    shown = shape if len(shape) <= 8 else f"[{', '.join(map(str, shape[:8]))}, ...] (rank {len(shape)})"
+                    raise ModelError(f"subgraph {si} tensor {t_i} has an implausible shape {shown}")
             for name, idxs in (("inputs", sg.inputs), ("outputs", sg.outputs)):
                 for i in (idxs if idxs is not None else []):
                     if not 0 <= i < n_t:
@@ -205,6 +207,7 @@ class Model:
                     if not -1 <= i < n_t:
                         raise ModelError(f"subgraph {si} operator {oi} ({self.op_name(si, oi)}) refers to "
                                          f"tensor {i}; the subgraph has {n_t}")
+        self._check_calls()
         for sd in m.signatureDefs or []:
             key = _text(sd.signatureKey)
             if not 0 <= sd.subgraphIndex < len(m.subgraphs):
@@ -215,6 +218,33 @@ class Model:
                 if not 0 <= tm.tensorIndex < n_t:
                     raise ModelError(f"signature {key!r} maps {_text(tm.name)!r} to tensor {tm.tensorIndex}; "
                                      f"subgraph {sd.subgraphIndex} has {n_t}")
+
+    def _check_calls(self) -> None:
+        """ModelError for an op (WHILE, IF, CALL_ONCE...) naming a subgraph outside the file, or one that
+        (through the ops it runs) runs the op's own subgraph again: LiteRT would recurse until it crashes.
+        Composites' decompositions are checked where they are planned (KernelError)."""
+        calls: dict[int, list[tuple[int, int]]] = {}   # subgraph -> (operator, called subgraph)
+        n = len(self.m.subgraphs)
+        for si, sg in enumerate(self.m.subgraphs):
+            for oi, op in enumerate(sg.operators):
+                for k in called_subgraph_indices(op):
+                    if not 0 <= k < n:
+                        raise ModelError(f"{self.op_name(si, oi)} (operator {oi} of subgraph {si}) runs subgraph "
+                                         f"{k}; the model has {n} subgraphs")
+                    calls.setdefault(si, []).append((oi, k))
+        for start, edges in calls.items():
+            for oi, first in edges:
+                seen, todo = set(), [first]
+                while todo:
+                    g = todo.pop()
+                    if g == start:
+                        how = "its own subgraph" if first == start else f"subgraph {first}, which runs subgraph"
+                        raise ModelError(f"{self.op_name(start, oi)} (operator {oi} of subgraph {start}) runs {how} "
+                                         f"{start} again: a malformed file (recursive control flow) that LiteRT "
+                                         f"would crash on; re-convert the model")
+                    if g not in seen:
+                        seen.add(g)
+                        todo.extend(k for _, k in calls.get(g, ()))
 
     @property
     def subgraphs(self):
@@ -355,3 +385,16 @@ class Model:
                             for tm in sd.outputs or []},
             }
         return out
+
+
+def called_subgraph_indices(op) -> list[int]:
+    """The subgraphs an op's options name (IF's branches, WHILE's cond and body, CALL_ONCE's, StableHLO's
+    WHILE/REDUCE/CASE...), for an ``OperatorT`` of LiteRT's schema; a composite's decomposition is left out."""
+    found: list[int] = []
+    for opts in (op.builtinOptions, op.builtinOptions2):
+        if opts is None or isinstance(opts, schema.StableHLOCompositeOptionsT):
+            continue
+        for k, v in vars(opts).items():
+            if "ubgraph" in k and v is not None:
+                found += [int(i) for i in np.ravel(v)]
+    return found

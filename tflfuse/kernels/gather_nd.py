@@ -33,6 +33,8 @@ def _offset_wgsl(shape: tuple[int, ...], k: int, row: str) -> str:
     """WGSL lines computing ``var off: i32``, the flat offset of index tuple ``row`` (u32) of ``ind`` into a
     tensor of ``shape``, and ``var inside: bool``, whether every index lies in its dimension."""
     lines = ["  var off = 0;\n  var inside = true;\n"]
+    if k == 0:   # empty index tuples (indices [..., 0]) address the whole tensor; ind is bound all the same
+        lines.append("  _ = arrayLength(&ind);\n")
     for j, s in enumerate(_strides(shape, k)):
         lines.append(f"  let i{j} = ind[{row} * {k}u + {j}u];\n  inside = inside && i{j} >= 0 && i{j} < {shape[j]};\n"
                      f"  off += i{j} * {s};\n")
@@ -42,6 +44,8 @@ def _offset_wgsl(shape: tuple[int, ...], k: int, row: str) -> str:
 def _check_offsets(kernel: Kernel, idx: np.ndarray, shape: tuple[int, ...], what: str) -> None:
     """KernelError naming the first index tuple with an index outside its dimension (TFLite's check)."""
     k = idx.shape[-1]
+    if k == 0:   # empty index tuples address the whole tensor
+        return
     rows = idx.reshape(-1, k).astype(np.int64)
     bad = np.flatnonzero(((rows < 0) | (rows >= np.asarray(shape[:k], np.int64))).any(axis=1))
     if bad.size:

@@ -26,6 +26,8 @@ __all__ = ["MatmulTile", "TILES", "matmul_tile", "product_program", "resident_wo
            "use_tiled_matmul", "use_vec4"]
 
 _THREAD_COUNTS = (64, 128, 256)
+#: :meth:`MatmulTile.parse`'s form: positive ASCII-digit integers (no sign, underscore or other digits).
+_TILE_FORM = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)/([1-9][0-9]*)x([1-9][0-9]*)/([1-9][0-9]*)", re.ASCII)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,22 +41,23 @@ class MatmulTile:
     tk: int
 
     def __post_init__(self):
-        if min(self.rm, self.rn) <= 0 or self.threads not in _THREAD_COUNTS or self.rm % 4 or self.rn % 4 or \
+        if min(self.tm, self.tn, self.rm, self.rn, self.tk) <= 0 or self.threads not in _THREAD_COUNTS or \
+                self.rm % 4 or self.rn % 4 or \
                 self.tm % self.rm or self.tn % self.rn or self.tk % 4 or self.workgroup_bytes > 16384:
             raise KernelError(f"matmul tile {self} does not map onto invocations in vec4 groups: it needs "
-                              f"(tm / rm) * (tn / rn) in {_THREAD_COUNTS}, rm, rn and tk multiples of 4, and "
+                              f"positive sizes, (tm / rm) * (tn / rn) in {_THREAD_COUNTS}, rm, rn and tk multiples "
+                              f"of 4, and "
                               f"4 * tk * (tm + tn) <= 16384 bytes of workgroup memory")
 
     @classmethod
     def parse(cls, text: str) -> "MatmulTile":
         """``"TMxTN/RMxRN/TK"``, e.g. ``"128x128/8x8/16"`` (the form of :data:`TILES`' names). Raises
         :class:`KernelError` for anything else."""
-        try:
-            (tm, tn), (rm, rn), (tk,) = (tuple(int(v) for v in part.split("x")) for part in text.split("/"))
-        except ValueError:
-            raise KernelError(f"matmul tile {text!r} is not 'TMxTN/RMxRN/TK', e.g. {next(iter(TILES), '')!r}") \
-                from None
-        return cls(tm, tn, rm, rn, tk)
+        found = _TILE_FORM.fullmatch(text) if isinstance(text, str) else None
+        if found is None:
+            raise KernelError(f"matmul tile {text!r} is not 'TMxTN/RMxRN/TK' of positive integers (ASCII digits), "
+                              f"e.g. {next(iter(TILES), '128x128/8x8/16')!r}")
+        return cls(*(int(v) for v in found.groups()))
 
     @property
     def threads(self) -> int:

@@ -25,6 +25,16 @@ __all__ = ["ArgMinMax", "CumSum", "TopK"]
 _VALUE_DTYPES = ("float32", "int32")
 
 
+def _values(kernel: Kernel) -> TensorSpec:
+    """The op's input 0, checked: float32 or int32, rank 1 to 6; KernelError naming the op otherwise."""
+    x = kernel.input(0)
+    if x.dtype not in _VALUE_DTYPES:
+        raise kernel.fail(f"input must be float32 or int32, got {x.dtype}")
+    if not 1 <= len(x.shape) <= 6:
+        raise kernel.fail(f"input must have rank 1 to 6, got shape {list(x.shape)}")
+    return x
+
+
 def _axis_of(kernel: Kernel, value, rank: int) -> int:
     """One axis from a constant (a scalar or a list of one), in ``[-rank, rank)``; KernelError naming the op."""
     v = value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
@@ -70,11 +80,7 @@ class ArgMinMax(Kernel):
     attr_defaults = {"output_type": 2}
 
     def check(self):
-        x = self.input(0)
-        if x.dtype not in _VALUE_DTYPES:
-            raise self.fail(f"input must be float32 or int32, got {x.dtype}")
-        if not 1 <= len(x.shape) <= 6:
-            raise self.fail(f"input must have rank 1 to 6, got shape {list(x.shape)}")
+        x = _values(self)
         if str(self.attr("output_type")) not in ("2", "4", "int32", "int64"):
             raise self.fail(f"output_type must be INT32 (2) or INT64 (4), got {self.attr('output_type')!r}")
         self.axis = _axis_of(self, self.attr("axis"), len(x.shape))
@@ -120,11 +126,7 @@ class TopK(Kernel):
     static_inputs = {1: "k"}
 
     def check(self):
-        x = self.input(0)
-        if x.dtype not in _VALUE_DTYPES:
-            raise self.fail(f"input must be float32 or int32, got {x.dtype}")
-        if not 1 <= len(x.shape) <= 6:
-            raise self.fail(f"input must have rank 1 to 6, got shape {list(x.shape)}")
+        x = _values(self)
         k = self.attr("k")
         k = k[0] if isinstance(k, (list, tuple)) and len(k) == 1 else k
         if isinstance(k, (list, tuple)) or not is_integral(k):
@@ -174,11 +176,7 @@ class CumSum(Kernel):
     attr_defaults = {"exclusive": False, "reverse": False}
 
     def check(self):
-        x = self.input(0)
-        if x.dtype not in _VALUE_DTYPES:
-            raise self.fail(f"input must be float32 or int32, got {x.dtype}")
-        if not 1 <= len(x.shape) <= 6:
-            raise self.fail(f"input must have rank 1 to 6, got shape {list(x.shape)}")
+        x = _values(self)
         self.axis = _axis_of(self, self.attr("axis"), len(x.shape))
         for name in ("exclusive", "reverse"):
             if not isinstance(self.attr(name), (bool, int)):

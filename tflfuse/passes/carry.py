@@ -23,8 +23,9 @@ def without_kernel(model: Model, si: int) -> set[int]:
     without a kernel (a custom op such as MediaPipe's ``TransformLandmarks``, a builtin tflfuse lacks, a
     composite whose decomposition holds one) and, transitively, those reading a tensor of a type the runtime
     does not hold (int8, uint8, float16...) that such an op or the subgraph's input gives, or that an op
-    with a kernel writes from a runtime input (a CAST to uint8). Every other op is planned, and checked, as
-    before."""
+    with a kernel writes from a runtime input (a CAST to uint8), and int64 arithmetic on runtime values
+    (:func:`tflfuse.runtime.int64.int64_arithmetic`: the runtime holds int64 as int32). Every other op is
+    planned, and checked, as before."""
     from ..kernels import UnsupportedOpError, supported_ops
     from ..runtime.plan import check_supported
 
@@ -48,6 +49,8 @@ def without_kernel(model: Model, si: int) -> set[int]:
         if oi not in ops and any(t >= 0 and sg.tensors[t].type not in _HELD_TYPES for t in op.outputs) and \
                 any(t >= 0 and not _constant(model, si, int(t)) for t in op.inputs):
             ops.add(oi)
+    from ..runtime.int64 import int64_arithmetic   # what would wrap at int32 on the GPU
+    ops |= set(int64_arithmetic(model, si))
     while True:
         unheld |= {int(t) for oi in ops for t in sg.operators[oi].outputs
                    if t >= 0 and sg.tensors[t].type not in _HELD_TYPES}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -29,6 +28,8 @@ from ..kernels import UnsupportedOpError, supported_ops
 from ..kernels.base import KernelError, TensorSpec
 from ..model import Model, ModelError, is_builtin_name
 from ..passes.portable import inline_composites
+from .int64 import int64_arithmetic
+from .profile import wall_seconds
 from .plan import (_DTYPE_NAMES, ExecutionPlan, LoweredGraph, _has_fused_kernel, _pass_recorder, check_supported, held,
                    lower)
 
@@ -78,7 +79,9 @@ def partition(model: Model, subgraph: int) -> Partition:
     An op falls back when it is a builtin without a tflfuse kernel (``"no GPU kernel"``), or reads a tensor of
     a type the runtime does not hold (:func:`tflfuse.runtime.plan.held`) that a subgraph input or a falling-back
     op gives (``"reads UINT8 tensor 3 ('q'), a type the GPU runtime does not hold"``), or writes one from a
-    runtime value (``"writes UINT8 tensor..."``). A custom op without a kernel cannot fall back (LiteRT has
+    runtime value (``"writes UINT8 tensor..."``), or computes an int64 tensor from a runtime value with
+    arithmetic that int32 (what the runtime holds int64 in) would wrap (:func:`tflfuse.runtime.int64.int64_arithmetic`,
+    ``"int64 arithmetic (the GPU holds int64 as int32)"``). A custom op without a kernel cannot fall back (LiteRT has
     none either): it is listed in ``refused``.
 
     Returns:
@@ -122,6 +125,9 @@ def partition(model: Model, subgraph: int) -> Partition:
                        f"({model.tensor_name(subgraph, hit[0])!r}), a type the GPU runtime does not hold")
         if oi in cpu:
             unheld |= {int(t) for t in op.outputs if t >= 0 and _unheld(model, subgraph, int(t))}
+    for oi, reason in int64_arithmetic(model, subgraph).items():   # would wrap at int32 on the GPU
+        if oi not in cpu and oi not in refused_ops:
+            cpu[oi] = reason
     ops = [FallbackOp(oi, names[oi], cpu[oi]) for oi in sorted(cpu)]
     return Partition(subgraph, model, ops, refused)
 
@@ -355,11 +361,15 @@ def lower_split(part: Partition, input_shapes: Mapping[int, Sequence[int]] | Non
                         if tuple(int(v) for v in d["shape"]) != tuple(shape):
                             lite.resize_tensor_input(d["index"], list(shape))
                     lite.allocate_tensors()
+                    outputs = lite.get_output_details()
+                except UnicodeDecodeError as e:   # LiteRT decodes tensor names as UTF-8
+                    raise ModelError(f"{what}: a tensor name is not UTF-8 ({e}), which LiteRT's CPU interpreter "
+                                     f"cannot read: a malformed file; re-convert the model") from e
                 except (ValueError, RuntimeError) as e:
                     raise KernelError(f"{what}: LiteRT's CPU interpreter refuses them: {e}") from e
             interps.append(lite)
             out = {}
-            for d, t in zip(lite.get_output_details(), seg.outputs):
+            for d, t in zip(outputs, seg.outputs):
                 shapes[t] = tuple(int(v) for v in d["shape"])
                 if t in seg.to_gpu:
                     out[t] = TensorSpec(shapes[t], _DTYPE_NAMES[model.tensor_dtype(si, t)])
@@ -394,6 +404,8 @@ class SegmentRunner:
         self._cpu_written = {t for seg in segs for t in seg.outputs}
         sg = part.model.subgraphs[part.subgraph]
         self._cpu_all = {int(t) for seg in segs for oi in seg.ops for t in sg.operators[oi].outputs if t >= 0}
+        gpu_read = {int(t) for op in graph.ops for t in op.inputs} | set(graph.outputs) | set(graph.aliases.values())
+        self._host_only = {t for t in graph.inputs if t in graph.specs and t not in gpu_read}   # only CPU ops read
         self.plan: ExecutionPlan | None = None
         self._details = [(lite.get_input_details(), lite.get_output_details()) for lite in interps]
 
@@ -416,16 +428,16 @@ class SegmentRunner:
     # ---- tensors -------------------------------------------------------------------------------------
     def holds(self, t: int) -> bool:
         """Whether tensor ``t`` is read from the host (computed by a CPU segment, or a host-only input)."""
-        return t in self._cpu_written or (t in self.graph.inputs and t not in self.graph.specs)
+        return t in self._cpu_written or t in self._host_only or (t in self.graph.inputs and t not in self.graph.specs)
 
     def dtype(self, t: int) -> np.dtype:
         return self.partition.model.tensor_dtype(self.partition.subgraph, t)
 
     def write(self, t: int, value: np.ndarray) -> None:
         """Sets input ``t``: on the GPU where it lives there, on the host where a CPU segment reads it."""
-        if t in self.graph.specs:
+        if t in self.graph.specs and t not in self._host_only:   # (int64 past int32 is fine where only CPU ops read it)
             self.plan.write(t, value)
-        if t in self._cpu_read or t not in self.graph.specs:
+        if t in self._cpu_read or t not in self.graph.specs or t in self._host_only:
             self.host[t] = np.array(value, copy=True)
 
     def computes(self, t: int) -> bool:
@@ -484,17 +496,9 @@ class SegmentRunner:
                                        f"on the values; tflfuse plans the GPU ops after it for static shapes)")
                 self.host[t] = value
                 if t in seg.to_gpu:
-                    plan.write(t, value)
+                    plan.write(t, value, source=_where(self.partition, seg))
 
     def time_run(self, repeats: int = 10) -> float:
         """Median wall-clock seconds of :meth:`run` plus a read of the first output (after one warm-up)."""
         first = int(self.partition.model.subgraphs[self.partition.subgraph].outputs[0])
-        self.run()
-        self.read(first)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            self.run()
-            self.read(first)
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times))
+        return wall_seconds(self.run, self.read, first, repeats)

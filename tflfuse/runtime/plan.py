@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import itertools
 import math
-import time
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -23,7 +22,8 @@ from ..kernels.registry import missing_kernels_error
 from ..model import Model, is_builtin_name
 from ..passes.portable import inline_composites
 from .device import ShaderCompileError
-from .profile import SUSTAINED_REPS, gpu_time_plan, pass_gpu_us, profile_plan  # noqa: F401 (re-exported)
+from .int64 import INT64_REASON, int64_arithmetic
+from .profile import SUSTAINED_REPS, gpu_time_plan, pass_gpu_us, profile_plan, wall_seconds  # noqa: F401 (re-exported)
 
 __all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "PRECISIONS", "check_supported", "lower"]
 
@@ -195,6 +195,7 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
     extra_names: dict[int, str] = {}
     n_file = len(sg.tensors)
     fresh = itertools.count(n_file)   # ids past the file's tensors: re-laid-out constants, absent outputs
+    inexact = int64_arithmetic(model, subgraph)   # refused below unless folded (partition sends them to the CPU)
     for oi in range(len(sg.operators or [])):
         if host_ops is not None and oi in host_ops:   # runs on the CPU (a segment of the fallback)
             specs.update(host_ops[oi](specs, consts))
@@ -232,6 +233,8 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
             if t not in consts and t not in specs:
                 sparse = model.tensor(subgraph, t).sparsity is not None   # DENSIFY expands it at load
                 data = _stored_values(model, subgraph, t) if sparse else model.tensor_data(subgraph, t)
+                if data is None and t not in inputs and 0 in model.tensor_shape(subgraph, t) and t not in written:
+                    data = np.zeros(model.tensor_shape(subgraph, t), model.tensor_dtype(subgraph, t))   # no bytes
                 if data is not None:
                     consts[t] = data
             if pos in cls.static_inputs:
@@ -278,6 +281,9 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
                                       f"op's constant inputs gives {list(np.shape(value))}")
                 consts[t] = value
             continue
+        if oi in inexact:
+            raise KernelError(f"{where}: {INT64_REASON} would wrap its int64 result at int32; run it on LiteRT's "
+                              f"CPU interpreter (Interpreter(..., cpu_fallback=True), the default)")
         with _located(where):
             out_specs = kernel.output_specs()
         if len(out_specs) != len(out_ids):
@@ -621,15 +627,18 @@ class ExecutionPlan:
             return np.dtype(np.int64)
         return np.dtype({"float32": np.float32, "bool": np.bool_}.get(self.graph.specs[tensor].dtype, np.int32))
 
-    def write(self, tensor: int, value: np.ndarray) -> None:
+    def write(self, tensor: int, value: np.ndarray, source: str | None = None) -> None:
         """Uploads ``value`` (of the tensor's dtype and shape) into an input's buffer; a float16 plan rounds
         float32 values to float16 (to nearest even; past 65504 they become inf, as float16 does). bool values
-        are stored as int32 0/1, int64 ones as int32 (KernelError naming the tensor if one does not fit)."""
+        are stored as int32 0/1, int64 ones as int32 (KernelError naming the tensor, or ``source``, what
+        computed the value, if one does not fit)."""
         value = np.ascontiguousarray(value)
         if value.dtype == np.bool_:
             value = value.astype(np.int32)
         elif value.dtype == np.int64:
-            value = _narrow_int64(value, f"the value set for {self.graph.describe(tensor)}")
+            what = (f"{self.graph.describe(tensor)}, computed by {source} and read by a GPU op," if source else
+                    f"the value set for {self.graph.describe(tensor)}")
+            value = _narrow_int64(value, what)
         data = (_half_bytes(value) if self._is_half(tensor) else value).tobytes()
         self._staged.discard(tensor)   # a passthrough output's staged copy is now stale
         if data:  # wgpu refuses an empty write; an empty tensor has nothing to upload
@@ -695,16 +704,7 @@ class ExecutionPlan:
 
     def time_run(self, repeats: int = 10) -> float:
         """Median wall-clock seconds of ``run`` plus a read-back of the first output (after one warm-up)."""
-        first = self.graph.outputs[0]
-        self.run()
-        self.read(first)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            self.run()
-            self.read(first)
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times))
+        return wall_seconds(self.run, self.read, self.graph.outputs[0], repeats)
 
 
 _STAGING_LIMIT = 64 << 20

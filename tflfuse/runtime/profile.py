@@ -4,6 +4,7 @@ uses it. (Moved out of :mod:`tflfuse.runtime.plan`, which re-exports the names.)
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -11,12 +12,26 @@ import numpy as np
 if TYPE_CHECKING:
     from .plan import ExecutionPlan
 
-__all__ = ["SUSTAINED_REPS", "gpu_time_plan", "pass_gpu_us", "profile_plan"]
+__all__ = ["SUSTAINED_REPS", "gpu_time_plan", "pass_gpu_us", "profile_plan", "wall_seconds"]
 
 
 #: Why timing repeats work inside one pass (``reps``): on an H200, one short pass between idle moments ran up to
 #: 5x slower than the same dispatches run back to back, the GPU's clocks not yet those of sustained work.
 SUSTAINED_REPS = 20
+
+
+def wall_seconds(run, read, first: int, repeats: int = 10) -> float:
+    """Median wall-clock seconds of ``run()`` plus ``read(first)`` (the read-back of one output), over
+    ``repeats`` runs after one warm-up."""
+    run()
+    read(first)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        read(first)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
 
 
 def gpu_time_plan(plan: ExecutionPlan, repeats: int = 20, reps: int = 1) -> float:
