@@ -142,12 +142,24 @@ def test_tile_choice():
     *[(bad, "positive integers (ASCII digits)") for bad in
       ("64x64/4x4/0", "64x64/4x4/-4", "0x64/4x4/16", "64x64/4x4/+16", "64x64/4x4/1_6", "64x64/4x4/\u0661\u0666",
        " 64x64/4x4/16", "64x64/4x4/016")]])
-def test_bad_matmul_tile_is_named(tile, message):
-    x, w = np.zeros((1000, 64), np.float32), np.zeros((64, 300), np.float32)
-    with pytest.raises(KernelError, match="FULLY_CONNECTED") as err:
-        kernel_class("FULLY_CONNECTED")([TensorSpec(x.shape), TensorSpec(w.shape)],
-                                        {"weights_layout": "IO", "matmul_tile": tile}).programs()
+@pytest.mark.parametrize("key, shapes, attrs", [
+    ("FULLY_CONNECTED", [(1000, 64), (64, 300)], {"weights_layout": "IO"}),
+    ("CONV_2D", [(1, 40, 25, 64), (1, 1, 64, 300)], {"filter_layout": "HWIO"}),
+    ("BATCH_MATMUL", [(1000, 64), (64, 300)], {})])
+def test_bad_matmul_tile_is_named(key, shapes, attrs, tile, message):
+    with pytest.raises(KernelError, match=key) as err:
+        kernel_class(key)([TensorSpec(s) for s in shapes], {**attrs, "matmul_tile": tile}).programs()
     assert message in str(err.value)
+
+
+def test_conv_2d_1x1_takes_a_matmul_tile(device, rng):
+    x = rng.standard_normal((1, 40, 25, 64)).astype(np.float32)   # 1000 x 64 x 132: tiled
+    f, b = _w(rng, (1, 1, 64, 132), 64), rng.standard_normal(132).astype(np.float32)
+    attrs = {"filter_layout": "HWIO", "target": "gpu", "matmul_tile": "32x64/4x8/16"}
+    (prog,) = kernel_class("CONV_2D")([TensorSpec(a.shape) for a in (x, f, b)], attrs).programs()
+    assert prog.workgroup_size == (64, 1, 1)   # 32 / 4 x 64 / 8 invocations: the tile asked for
+    (y,) = run_op(device, "CONV_2D", [x, f, b], attrs)
+    np.testing.assert_allclose(y, (tf.nn.conv2d(x, f, 1, "VALID") + b).numpy(), **ACCUMULATION)
 
 
 @pytest.mark.parametrize("depth, cols", [(36, 148), (37, 150)])   # vec4 loads and stores; scalar ones

@@ -14,7 +14,7 @@ import numpy as np
 
 from .base import Kernel, KernelError, Program, TensorSpec
 from .registry import register
-from .gemm import MatmulTile, product_program, use_tiled_matmul
+from .gemm import product_program, tile_attr, use_tiled_matmul
 from .wgsl import activation_fn, dot, elementwise_program, reduction_program, split_lanes
 
 __all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "SUM_STORED_LATER", "conv_output_size", "depthwise_program",
@@ -142,8 +142,8 @@ class Conv2D(_Conv):
     attr_defaults = {**_Conv.attr_defaults, "filter_layout": "OHWI", "target": "gpu"}
     #: ``strip`` (tuning only; default :func:`conv_strip`): output pixels per invocation of the vec4 strip
     #: schedule (:func:`conv_strip_program`), 1 to 8, or 0 for the per-element schedule; every value computes
-    #: the same outputs.
-    extra_attrs = ("strip",)
+    #: the same outputs. ``matmul_tile``: a 1x1 product's tile, as FULLY_CONNECTED's (tuning only).
+    extra_attrs = ("strip", "matmul_tile")
     #: input index -> (attribute, value, transform): how the planner re-lays out a constant input
     relayout = {1: ("filter_layout", "HWIO", _hwio)}
 
@@ -164,6 +164,7 @@ class Conv2D(_Conv):
             raise self.fail(f"{self.cout} output channels do not split into {self.groups} groups")
         self._check_bias(self.cout)
         self.g = self._geometry(kh, kw)
+        tile_attr(self)
         strip = self.attrs.get("strip")
         if strip is not None:
             if isinstance(strip, bool) or not isinstance(strip, int) or not 0 <= strip <= 8:
@@ -202,7 +203,8 @@ class Conv2D(_Conv):
         if (self.layout == "HWIO" and self.groups == 1 and is_pointwise(g)
                 and use_tiled_matmul(rows, cin, self.cout, self.target())):
             return [product_program(self.key, self.io_bindings(self._names()), rows, cin, self.cout, "x", "w",
-                                    "y", f"let co = col;\n          y[idx] = act(acc + {bias});", act)]
+                                    "y", f"let co = col;\n          y[idx] = act(acc + {bias});", act,
+                                    tile=tile_attr(self))]
         strip = self.strip()
         if strip:
             c4 = f"let v = acc + {'b[c]' if self.has_input(2) else 'vec4<f32>(0.0)'};\n    " \
@@ -440,14 +442,7 @@ class FullyConnected(Kernel):
         if self.cin == 0 or x.size % self.cin:
             raise self.fail(f"input of {x.size} elements does not flatten to rows of {self.cin}")
         self.rows = x.size // self.cin
-        tile = self.attrs.get("matmul_tile")
-        if tile:
-            if not isinstance(tile, str):
-                raise self.fail(f"matmul_tile must be a string such as '128x128/8x8/16', got {tile!r}")
-            try:
-                MatmulTile.parse(tile)
-            except KernelError as e:
-                raise self.fail(str(e)) from None
+        tile_attr(self)
         if self.attr("keep_num_dims") and x.shape[-1] != self.cin:
             raise self.fail(f"keep_num_dims needs the input's last dimension to be {self.cin}")
         if self.has_input(2):
@@ -469,7 +464,7 @@ class FullyConnected(Kernel):
         if self.layout == "IO" and use_tiled_matmul(self.rows, self.cin, self.cout, self.target()):
             return [product_program(self.key, self.io_bindings(names), self.rows, self.cin, self.cout, "x", "w",
                                     "y", f"let co = col;\n          y[idx] = act(acc + {bias});", act,
-                                    tile=self.attrs.get("matmul_tile") or None)]
+                                    tile=tile_attr(self))]
         lanes = split_lanes(total, self.cin, self.target())
         body = f"""  let co = idx % {self.cout}u;
   let r = idx / {self.cout}u;

@@ -22,7 +22,7 @@ import re
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 from .wgsl import prelude
 
-__all__ = ["MatmulTile", "TILES", "matmul_tile", "product_program", "resident_workgroups", "tiled_matmul_program",
+__all__ = ["MatmulTile", "TILES", "matmul_tile", "product_program", "resident_workgroups", "tile_attr", "tiled_matmul_program",
            "use_tiled_matmul", "use_vec4"]
 
 _THREAD_COUNTS = (64, 128, 256)
@@ -82,6 +82,21 @@ _TILED_MIN_OUTPUTS = 1 << 17
 #: The streaming multiprocessors of :func:`matmul_tile`'s model (an H200: 132) and what each holds at once:
 #: invocations, 32-bit registers and bytes of workgroup memory (NVIDIA's compute capability 9.0).
 _SMS, _SM_THREADS, _SM_REGISTERS, _SM_WORKGROUP_BYTES = 132, 2048, 65536, 229376
+
+
+def tile_attr(kernel) -> str | None:
+    """A kernel's ``matmul_tile`` attribute (tuning only), checked: None where absent or empty, else its name
+    (:meth:`MatmulTile.parse`). Raises the kernel's :class:`KernelError` (naming the op) for anything else."""
+    tile = kernel.attrs.get("matmul_tile")
+    if not tile:
+        return None
+    if not isinstance(tile, str):
+        raise kernel.fail(f"matmul_tile must be a string such as '128x128/8x8/16', got {tile!r}")
+    try:
+        MatmulTile.parse(tile)
+    except KernelError as e:
+        raise kernel.fail(str(e)) from None
+    return tile
 
 
 def use_tiled_matmul(rows: int, depth: int, cols: int, target: str) -> bool:

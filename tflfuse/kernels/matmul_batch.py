@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from .base import Kernel, KernelError, TensorSpec
-from .gemm import MatmulTile, product_program, tiled_matmul_program, use_tiled_matmul
+from .base import Kernel, TensorSpec
+from .gemm import product_program, tile_attr, tiled_matmul_program, use_tiled_matmul
 from .registry import register
 from .wgsl import dot, elementwise_program, reduction_program, split_lanes
 
@@ -71,12 +71,7 @@ class BatchMatmul(Kernel):
                 raise self.fail(f"batch dimension {d} of lhs ({a}) and rhs ({b}) do not broadcast")
             batch.append(b if a == 1 else a)
         self.batch = tuple(batch)
-        tile = self.attrs.get("matmul_tile")
-        if tile:
-            try:
-                MatmulTile.parse(str(tile))
-            except KernelError as e:
-                raise self.fail(str(e)) from None
+        tile_attr(self)
 
     def output_specs(self):
         return (TensorSpec(self.batch + (self.m, self.n)),)
@@ -99,7 +94,7 @@ class BatchMatmul(Kernel):
             # one [batch * M, K] x [K, N] product; row r is row r % M of lhs batch r / M
             a_expr = a_at.replace("bl", f"(r / {m}u)").format(r=f"(r % {m}u)", k="k")
             b_expr = b_at.replace("br", "0u").format(k="k", c="c")
-            tile = self.attrs.get("matmul_tile") or None
+            tile = tile_attr(self)
             if not (self.adj_x or self.adj_y):   # both row-major: the vec4 forms where the sizes allow
                 return [product_program(self.key, self.io_bindings(names), rows, k, n, "a", "b", "y",
                                         "y[idx] = acc;", tile=tile)]
