@@ -557,7 +557,8 @@ def _litert_gpu_of(r: dict, by_name: dict, runtime: str, ratios: list, thr_ratio
     """(the unfused twin's row of a fused row or None, LiteRT WebGPU's latency and throughput ms for the model).
     LiteRT cannot run a fused file: its WebGPU times are the original's (the twin's). For a real model's fused
     row, adds ``runtime``'s (``"tflfuse"``, ``"f16"``) ratios to LiteRT WebGPU's to ``ratios``/``thr_ratios``."""
-    twin = by_name.get((r["model"].replace("_fused", "_unfused"), r["batch"])) if r["model"].endswith("_fused") else None
+    twin = (by_name.get((r["model"].replace("_fused", "_unfused"), r["batch"])) if r["model"].endswith("_fused")
+            else None)
     lgpu = r.get("litert_gpu_ms") or (twin or {}).get("litert_gpu_ms")
     lgpu_thr = r.get("litert_gpu_thr_ms") or (twin or {}).get("litert_gpu_thr_ms")
     if r["model"].endswith("_fused") and not r["model"].startswith("mobilenet"):

@@ -4,10 +4,10 @@
 
 For each distinct product ``[rows, depth] x [depth, cols]`` of MobileNetV2 (224x224, alpha 1), the GPU time
 (timestamp queries around --reps runs back to back in one compute pass, median of --repeats passes) of
-``y = x @ w + b`` for every form (scalar or vec4 loads, scalar or vec4 stores) and every tile, each output checked against float64 NumPy first; then, where PyTorch with CUDA is
-present, cuBLAS's float32 product (TF32 off: FMA units only) on the same shapes, the anchor of what the
-device's FMA units reach. Prints TFLOP/s and the share of the f32 FMA rate measured in the same run.
-Needs no TensorFlow.
+``y = x @ w + b`` for every form (scalar or vec4 loads, scalar or vec4 stores) and every tile, each output
+checked against float64 NumPy first; then, where PyTorch with CUDA is present, cuBLAS's float32 product (TF32
+off: FMA units only) on the same shapes, the anchor of what the device's FMA units reach. Prints TFLOP/s and
+the share of the f32 FMA rate measured in the same run. Needs no TensorFlow.
 """
 
 from __future__ import annotations
@@ -149,7 +149,8 @@ def main(argv):
             by_form = ", ".join(f"{f} {min(v for k, v in row['us'].items() if k.split()[0] == f):.1f}"
                                 for f in FLAGS.forms if any(k.split()[0] == f for k in row["us"]))
             print(f"N{n} {rows}x{depth}x{cols}: current ({row['default']}) "
-                  f"{row['us'].get(row['default'], float('nan')):.1f} us; best {best} {row['us'][best]:.1f} us ({flop / row['us'][best] / 1e6:.1f} TFLOP/s, "
+                  f"{row['us'].get(row['default'], float('nan')):.1f} us; best {best} {row['us'][best]:.1f} us "
+                  f"({flop / row['us'][best] / 1e6:.1f} TFLOP/s, "
                   f"{100 * flop / row['us'][best] / 1e6 / peak:.0f}% of peak){cub}; best per form: {by_form}",
                   flush=True)
             results["products"].append(row)

@@ -177,8 +177,8 @@ CONV_STRIP_CASES = {
 @pytest.mark.parametrize("case", list(CONV_STRIP_CASES), ids=list(CONV_STRIP_CASES))
 def test_conv_2d_strip_schedules_agree_with_tf(case, strip, device, rng):
     """The GPU's strip schedule (``target="gpu"``, which the software adapter's plans do not choose) with every
-    ``strip`` (tuning only; None: conv_strip's choice) on rows no strip divides (and the default's schedule), against TF's conv2d + bias +
-    RELU6, at ACCUMULATION's sums of at most 75 terms."""
+    ``strip`` (tuning only; None: conv_strip's choice) on rows no strip divides (and the default's schedule),
+    against TF's conv2d + bias + RELU6, at ACCUMULATION's sums of at most 75 terms."""
     shape, (kh, kw, cout), stride, padding, dil = CONV_STRIP_CASES[case]
     x = rng.standard_normal(shape).astype(np.float32)
     f = _weights(rng, (kh, kw, shape[3], cout), kh * kw * shape[3])

@@ -22,8 +22,8 @@ import re
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 from .wgsl import prelude
 
-__all__ = ["MatmulTile", "TILES", "matmul_tile", "product_program", "resident_workgroups", "tile_attr", "tiled_matmul_program",
-           "use_tiled_matmul", "use_vec4"]
+__all__ = ["MatmulTile", "TILES", "matmul_tile", "product_program", "resident_workgroups", "tile_attr",
+           "tiled_matmul_program", "use_tiled_matmul", "use_vec4"]
 
 _THREAD_COUNTS = (64, 128, 256)
 #: :meth:`MatmulTile.parse`'s form: positive ASCII-digit integers (no sign, underscore or other digits).
