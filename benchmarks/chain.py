@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from tflfuse.kernels import kernel_class
 from tflfuse.kernels.base import TensorSpec
-from tflfuse.runtime.plan import ExecutionPlan, LoweredGraph, LoweredOp
+from tflfuse.runtime.plan import ExecutionPlan, LoweredGraph, LoweredOp, gpu_time_plan
 
 # MobileNetV2 (224x224, alpha 1): (input side, Cin, expansion, Cout, stride), one row per distinct shape.
 BLOCKS = [(112, 32, 1, 16, 1), (112, 16, 6, 24, 2), (56, 24, 6, 24, 1), (56, 24, 6, 32, 2), (28, 32, 6, 32, 1),
@@ -37,3 +40,19 @@ def products(n: int) -> list[tuple[int, int, int]]:
         found.append((n * oh * oh, e, cout))
     found += [(n * 49, 320, 1280), (n, 1280, 1000)]
     return list(dict.fromkeys(found))
+
+
+def time_strips(device, key, x, w, b, attrs, strips, want, bound_us, repeats):
+    """``strip`` -> ``{"us", "rel_err", "pct_of_bound"}`` for the op ``key`` over input ``x``, filter ``w``
+    and bias ``b`` with each ``strip`` attribute: its output checked against ``want`` (float64), then its GPU
+    time (timestamp queries around 50 runs back to back, median of ``repeats`` passes) against ``bound_us``."""
+    specs = [TensorSpec(x.shape), TensorSpec(w.shape), TensorSpec(b.shape)]
+    found = {}
+    for strip in strips:
+        k = kernel_class(key)(specs, {**attrs, "strip": strip})
+        plan = chain_plan(device, [(key, k, [0, 1, 2], 3)], {0: x, 1: w, 2: b}, 0)
+        plan.run()
+        err = float(np.abs(plan.read(3) - want).max() / np.abs(want).max())
+        us = gpu_time_plan(plan, repeats, reps=50)
+        found[strip] = {"us": us, "rel_err": err, "pct_of_bound": 100 * bound_us / us}
+    return found

@@ -293,8 +293,8 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
         row["op_costs"] = [[op.name, round(per_op[op.index], 2), op_bytes(plan.graph, op), op_flops(plan.graph, op)]
                            for op in plan.graph.ops if op.index in per_op]
         # The tiled matrix products (1x1 convolutions, FULLY_CONNECTED): rows, depth, cols, GPU us, for target 4.
-        row["products"] = [[*_product_sizes(plan.graph, op), round(per_op[op.index], 2)] for op in plan.graph.ops
-                           if op.index in per_op and _product_sizes(plan.graph, op)]
+        sizes = {op.index: _product_sizes(plan.graph, op) for op in plan.graph.ops if op.index in per_op}
+        row["products"] = [[*mkn, round(per_op[i], 2)] for i, mkn in sizes.items() if mkn]
         blocks = [op for op in plan.graph.ops if op.name == "fused_bottleneck" and op.index in per_op]
         if blocks:   # the bytes each block must move (inputs, weights, output) per second of its GPU time
             moved = sum(op_bytes(plan.graph, op) for op in blocks)

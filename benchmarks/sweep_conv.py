@@ -25,9 +25,8 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.kernels import kernel_class  # noqa: E402
 from tflfuse.kernels.base import TensorSpec  # noqa: E402
-from tflfuse.runtime.plan import gpu_time_plan  # noqa: E402
 
-from chain import chain_plan  # noqa: E402
+from chain import time_strips  # noqa: E402
 from peaks import copy_bandwidth_gb_per_s, fma_tflops  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -78,18 +77,12 @@ def main(argv):
             want = reference(x, f, b, s, pad)
             nbytes = 4 * (x.size + f.size + b.size + want.size)
             bound_us = max(nbytes / bandwidth / 1e3, 2 * want.size * kh * kw * cin / peak / 1e6)
-            row = {"batch": n, "shape": [h, w, cin, cout, kh, kw, s, pad], "where": where, "bound_us": bound_us,
-                   "strips": {}}
+            row = {"batch": n, "shape": [h, w, cin, cout, kh, kw, s, pad], "where": where, "bound_us": bound_us}
             attrs = {"padding": pad, "stride_h": s, "stride_w": s, "filter_layout": "HWIO"}
             specs = [TensorSpec(x.shape), TensorSpec(f.shape), TensorSpec(b.shape)]
             row["default"] = kernel_class("CONV_2D")(specs, attrs).strip()
-            for strip in map(int, FLAGS.strips):
-                k = kernel_class("CONV_2D")(specs, {**attrs, "strip": strip})
-                plan = chain_plan(device, [("CONV_2D", k, [0, 1, 2], 3)], {0: x, 1: f, 2: b}, 0)
-                plan.run()
-                err = float(np.abs(plan.read(3) - want).max() / np.abs(want).max())
-                us = gpu_time_plan(plan, FLAGS.repeats, reps=50)
-                row["strips"][strip] = {"us": us, "rel_err": err, "pct_of_bound": 100 * bound_us / us}
+            row["strips"] = time_strips(device, "CONV_2D", x, f, b, attrs, map(int, FLAGS.strips), want, bound_us,
+                                        FLAGS.repeats)
             best = min(row["strips"], key=lambda k: row["strips"][k]["us"])
             print(f"N{n} {where} {h}x{w}x{cin}->{cout} {kh}x{kw}/{s}: bound {bound_us:.1f} us; default strip "
                   f"{row['default']}; best {best}; "

@@ -25,9 +25,8 @@ import tflfuse  # noqa: E402
 from tflfuse.kernels import kernel_class  # noqa: E402
 from tflfuse.kernels.base import TensorSpec  # noqa: E402
 from tflfuse.kernels.conv import depthwise_strip  # noqa: E402
-from tflfuse.runtime.plan import gpu_time_plan  # noqa: E402
 
-from chain import BLOCKS, chain_plan  # noqa: E402
+from chain import BLOCKS, time_strips  # noqa: E402
 from peaks import copy_bandwidth_gb_per_s  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -66,19 +65,13 @@ def main(argv):
             want = reference(x, w, b, s)
             nbytes = 4 * (x.size + w.size + b.size + want.size)
             bound_us = nbytes / bandwidth / 1e3
-            row = {"batch": n, "h": h, "c": c, "stride": s, "bound_us": bound_us, "strips": {}}
+            row = {"batch": n, "h": h, "c": c, "stride": s, "bound_us": bound_us}
             attrs = {"padding": "SAME", "stride_h": s, "stride_w": s}
             g = kernel_class("DEPTHWISE_CONV_2D")([TensorSpec(x.shape), TensorSpec(w.shape), TensorSpec(b.shape)],
                                                   attrs).g
             row["default"] = depthwise_strip(g, c, 1)
-            for strip in map(int, FLAGS.strips):
-                k = kernel_class("DEPTHWISE_CONV_2D")(
-                    [TensorSpec(x.shape), TensorSpec(w.shape), TensorSpec(b.shape)], {**attrs, "strip": strip})
-                plan = chain_plan(device, [("DEPTHWISE_CONV_2D", k, [0, 1, 2], 3)], {0: x, 1: w, 2: b}, 0)
-                plan.run()
-                err = float(np.abs(plan.read(3) - want).max() / np.abs(want).max())
-                us = gpu_time_plan(plan, FLAGS.repeats, reps=50)
-                row["strips"][strip] = {"us": us, "rel_err": err, "pct_of_bound": 100 * bound_us / us}
+            row["strips"] = time_strips(device, "DEPTHWISE_CONV_2D", x, w, b, attrs, map(int, FLAGS.strips), want,
+                                        bound_us, FLAGS.repeats)
             best = min(row["strips"], key=lambda k: row["strips"][k]["us"])
             print(f"N{n} {h}x{h}x{c} s{s}: bound {bound_us:.1f} us; default strip {row['default']}; best {best}; "
                   + ", ".join(f"{k}: {v['us']:.1f} us ({v['pct_of_bound']:.0f}%)" for k, v in row["strips"].items()),

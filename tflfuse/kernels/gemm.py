@@ -142,6 +142,28 @@ def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
     return min(TILES.values(), key=cost)
 
 
+def _staging_load(m: str, i: str, j: str, n_i: int, n_j: int, scalar: str, vec: str | None) -> str:
+    """WGSL ``fn {m}4(i0, j0) -> vec4<f32>``: the 4 elements ``[i, j : j + 4]`` of an ``n_i x n_j`` matrix
+    whose elements the expressions over the u32 names ``i`` and ``j`` give (``vec``: one vec4 load, ``j0`` a
+    multiple of 4 and ``n_j`` of 4; else ``scalar`` four times), the address clamped into the matrix and the
+    values zeroed past its edges, so the staging loads need no branch."""
+    if vec:
+        return f"""fn {m}4({i}0: u32, {j}0: u32) -> vec4<f32> {{
+  let {i} = min({i}0, {max(n_i, 1) - 1}u);
+  let {j} = min({j}0, {max(n_j, 4) - 4}u);
+  return select(vec4<f32>(0.0), {vec}, {i}0 < {n_i}u && {j}0 < {n_j}u);
+}}"""
+    return f"""fn {m}_at({i}0: u32, {j}0: u32) -> f32 {{
+  let {i} = min({i}0, {max(n_i, 1) - 1}u);
+  let {j} = min({j}0, {max(n_j, 1) - 1}u);
+  return select(0.0, {scalar}, {i}0 < {n_i}u && {j}0 < {n_j}u);
+}}
+
+fn {m}4({i}: u32, {j}: u32) -> vec4<f32> {{
+  return vec4<f32>({m}_at({i}, {j}), {m}_at({i}, {j} + 1u), {m}_at({i}, {j} + 2u), {m}_at({i}, {j} + 3u));
+}}"""
+
+
 def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int, a: str,
                          b: str, store: str, helpers: str = "", uniforms: tuple[Uniform, ...] = (),
                          tile: MatmulTile | str | None = None, *, a_vec: str | None = None,
@@ -264,38 +286,8 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     }}
   }}""")
     nl = "\n"
-    if a_vec:
-        a_load = f"""fn a4(r0: u32, k0: u32) -> vec4<f32> {{
-  let r = min(r0, {max(rows, 1) - 1}u);
-  let k = min(k0, {max(depth, 4) - 4}u);
-  return select(vec4<f32>(0.0), {a_vec}, r0 < {rows}u && k0 < {depth}u);
-}}"""
-    else:
-        a_load = f"""fn a_at(r0: u32, k0: u32) -> f32 {{
-  let r = min(r0, {max(rows, 1) - 1}u);
-  let k = min(k0, {max(depth, 1) - 1}u);
-  return select(0.0, {a}, r0 < {rows}u && k0 < {depth}u);
-}}
-
-fn a4(r: u32, k: u32) -> vec4<f32> {{
-  return vec4<f32>(a_at(r, k), a_at(r, k + 1u), a_at(r, k + 2u), a_at(r, k + 3u));
-}}"""
-    if b_vec:
-        b_load = f"""fn b4(k0: u32, c0: u32) -> vec4<f32> {{
-  let k = min(k0, {max(depth, 1) - 1}u);
-  let c = min(c0, {max(cols, 4) - 4}u);
-  return select(vec4<f32>(0.0), {b_vec}, k0 < {depth}u && c0 < {cols}u);
-}}"""
-    else:
-        b_load = f"""fn b_at(k0: u32, c0: u32) -> f32 {{
-  let k = min(k0, {max(depth, 1) - 1}u);
-  let c = min(c0, {max(cols, 1) - 1}u);
-  return select(0.0, {b}, k0 < {depth}u && c0 < {cols}u);
-}}
-
-fn b4(k: u32, c: u32) -> vec4<f32> {{
-  return vec4<f32>(b_at(k, c), b_at(k, c + 1u), b_at(k, c + 2u), b_at(k, c + 3u));
-}}"""
+    a_load = _staging_load("a", "r", "k", rows, depth, a, a_vec)
+    b_load = _staging_load("b", "k", "c", depth, cols, b, b_vec)
     source = prelude(bindings, uniforms) + helpers + f"""
 // Staging loads without branches: the address is clamped into the matrix and the value zeroed past its edges.
 {a_load}
