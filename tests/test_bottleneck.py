@@ -94,8 +94,15 @@ SCHEDULES = {"cpu": {"target": "cpu"}, "gpu": {"target": "gpu"}, "cpu_tiled": {"
              "blocked_odd": {"target": "cpu", "strategy": "blocked", "tile": 2, "out_block": 3, "chunk": 5}}
 _IDS = {c: "x".join(map(str, c[:4])) + f"-t{c[4]}-o{c[5]}-s{c[6]}" + ("-res" if c[7] else "") + f"-{c[8]}"
         for c in CASES}
+# The dw_projection strategy (the depthwise conv computed inside the projection's product) on the blocks whose
+# expanded and output channels are multiples of 4, with its default tile and with the smallest and a tall one
+# (rows and columns past one tile, tiles cut at the edges).
+SCHEDULES.update({"dw_proj": {"strategy": "dw_projection"},
+                  "dw_proj_64x32": {"strategy": "dw_projection", "matmul_tile": "64x32/4x4/16"},
+                  "dw_proj_256x32": {"strategy": "dw_projection", "matmul_tile": "256x32/8x4/8"}})
 RUNS = [pytest.param(c, s, id=f"{_IDS[c]}-{s}") for c in CASES for s in sorted(SCHEDULES)
-        if not (s in ("lane1", "split3", "blocked_odd") and c[3] * c[4] >= 512)]
+        if not (s in ("lane1", "split3", "blocked_odd") and c[3] * c[4] >= 512)
+        and not (s.startswith("dw_proj") and ((c[3] * c[4]) % 4 or c[5] % 4))]
 
 
 @pytest.mark.parametrize("case, schedule", RUNS)
@@ -157,6 +164,23 @@ def test_software_adapter_stages_small_blocks():
     assert small.macs() < 1 << 20 and small.strategy == "staged"
     big = kernel_class("fused_bottleneck")(_specs(cin=24, cout=24, h=56), {"expansion": 6, "target": "cpu"})
     assert big.macs() >= 1 << 20 and big.strategy == "blocked"
+
+
+def test_gpu_takes_dw_projection_where_it_measured_faster():
+    """The default GPU strategy per block shape (a tuning choice, benchmarks/sweep_dw_projection.py): the
+    depthwise conv inside the projection at stride 1 on wide maps, the staged dispatches elsewhere."""
+    def strategy(n, h, cin, t, cout, stride=1):
+        specs = _specs(cin, t, cout, h)
+        specs[0] = TensorSpec((n, h, h, cin))
+        return kernel_class("fused_bottleneck")(specs, {"expansion": t, "stride": stride, "target": "gpu"})
+
+    k = strategy(32, 56, 24, 6, 24)
+    assert k.strategy == "dw_projection" and len(k.programs()) == 2 and len(k.scratch_sizes()) == 1
+    assert strategy(32, 56, 24, 6, 32, stride=2).strategy == "staged"   # stride 2
+    assert strategy(32, 14, 64, 6, 64).strategy == "staged"             # an output width of 14
+    assert strategy(1, 56, 24, 6, 24).strategy == "staged"              # too few pixels
+    assert strategy(32, 56, 6, 3, 6).strategy == "staged"               # 18 expanded channels
+    assert strategy(32, 56, 24, 6, 24).programs()[1].workgroup_size == (64, 1, 1)   # the 64x64/8x8 tile
 
 
 def test_gpu_schedule_fills_the_gpu_at_batch_1():
@@ -226,6 +250,8 @@ def _se_specs(cin=8, t=6, cout=8, h=8, k=5, csq=12):
     ({"kernel_size": 5, "squeeze_excite": True, "strategy": "tiled"}, _se_specs(), "'staged' with squeeze_excite"),
     ({"kernel_size": 5, "squeeze_excite": True, "strategy": "blocked"}, _se_specs(), "'staged' with squeeze_excite"),
     ({"strategy": "fused"}, _specs(), "strategy must be one of 'tiled', 'staged', 'blocked'"),
+    ({"strategy": "dw_projection"}, _specs(cin=6, t=3, cout=8), "'dw_projection' needs expanded"),
+    ({"strategy": "dw_projection", "matmul_tile": "64x64"}, _specs(), "is not 'TMxTN/RMxRN/TK'"),
     ({"kernel_size": 5, "squeeze_excite": True}, _se_specs(cin=400, t=10, csq=100), "workgroup memory"),
 ])
 def test_fused_bottleneck_rejects_bad_v3_shapes_and_attrs(attrs, specs, message):

@@ -167,7 +167,8 @@ fn {m}4({i}: u32, {j}: u32) -> vec4<f32> {{
 def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int, a: str,
                          b: str, store: str, helpers: str = "", uniforms: tuple[Uniform, ...] = (),
                          tile: MatmulTile | str | None = None, *, a_vec: str | None = None,
-                         b_vec: str | None = None, store_vec: str | None = None) -> Program:
+                         b_vec: str | None = None, store_vec: str | None = None,
+                         a_strip: str | None = None) -> Program:
     """``C = A @ B`` with ``A [rows, depth]`` and ``B [depth, cols]``, float32, tiled for a GPU.
 
     Args:
@@ -186,6 +187,11 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
       b_vec: where ``cols % 4 == 0``, the vec4 ``B[k, c : c + 4]`` likewise.
       store_vec: where ``cols % 4 == 0``, statements storing four outputs at once, with ``row``, ``col4`` (the
         first column), ``idx4 = (row * cols + col4) / 4`` and the vec4 ``acc``; None: ``store`` per output.
+      a_strip: where ``depth % 4 == 0``, the name of a WGSL function (in ``helpers``) ``fn(r0: u32, k: u32) ->
+        mat4x4<f32>`` giving the 4 x 4 block ``A[r0 : r0 + 4, k : k + 4]`` (``r0`` and ``k`` multiples of 4),
+        column ``i`` the vec4 of ``A[r0 .. r0 + 3, k + i]``; used instead of ``a`` and ``a_vec``, once per block,
+        so that the function can share work between the four rows. It is called for blocks past the matrix's
+        rows or depth too and must then return finite values (zero past the depth).
     Returns:
       the :class:`~tflfuse.kernels.base.Program`, one workgroup per tile of ``C``.
     Raises:
@@ -196,7 +202,7 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
         tile = matmul_tile(rows, depth, cols)
     elif isinstance(tile, str):
         tile = MatmulTile.parse(tile)
-    if (a_vec and depth % 4) or ((b_vec or store_vec) and cols % 4):
+    if ((a_vec or a_strip) and depth % 4) or ((b_vec or store_vec) and cols % 4):
         raise KernelError(f"{name}: vec4 operands need depth ({depth}) and cols ({cols}) multiples of 4")
     tm, tn, rm, rn, tk = tile.tm, tile.tn, tile.rm, tile.rn, tile.tk
     threads = tile.threads
@@ -204,13 +210,15 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     tiles = -(-rows // tm) * col_tiles
     gy, gx = tm // rm, tn // rn          # invocations along the tile's rows and columns
     a_groups, b_groups = tm * tk // 4, tn * tk // 4   # vec4 groups: 4 consecutive k of a row of A, 4 columns of B
+    if a_strip:
+        a_groups = tm * tk // 16   # 4 x 4 blocks of A: 4 rows, 4 consecutive k
     a_loads, b_loads = -(-a_groups // threads), -(-b_groups // threads)   # per invocation
     ra, rb = rm // 4, rn // 4
     kq = tk // 4
     lines = []
     # registers: the next slices' values, loaded before the current slice is multiplied
     for j in range(a_loads):
-        lines.append(f"  var pa{j}: vec4<f32>;")
+        lines.append(f"  var pa{j}: {'mat4x4<f32>' if a_strip else 'vec4<f32>'};")
     for j in range(b_loads):
         lines.append(f"  var pb{j}: vec4<f32>;")
     for g in range(ra):
@@ -223,6 +231,10 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
         out = []
         for j in range(a_loads):
             e = f"(lidx + {j * threads}u)"
+            if a_strip:
+                call = f"pa{j} = {a_strip}(r0 + ({e} / {kq}u) * 4u, {k0} + ({e} % {kq}u) * 4u);"
+                out.append(f"    {call}" if (j + 1) * threads <= a_groups else f"    if ({e} < {a_groups}u) {{ {call} }}")
+                continue
             out.append(f"    pa{j} = a4(r0 + {e} / {kq}u, {k0} + ({e} % {kq}u) * 4u);"
                        if (j + 1) * threads <= a_groups else f"    if ({e} < {a_groups}u) {{ pa{j} = "
                        f"a4(r0 + {e} / {kq}u, {k0} + ({e} % {kq}u) * 4u); }}")
@@ -237,6 +249,11 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     for j in range(a_loads):
         e = f"(lidx + {j * threads}u)"
         guard = "" if (j + 1) * threads <= a_groups else f"if ({e} < {a_groups}u) "
+        if a_strip:   # column i of the block is the vec4 of rows r0 .. r0 + 3 at depth k + i: one ta entry
+            stage.append(f"    {guard}{{ let r4 = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")
+            stage += [f"      ta[(k + {i}u) * {tm // 4}u + r4] = pa{j}[{i}];" for i in range(4)]
+            stage.append("    }")
+            continue
         stage.append(f"    {guard}{{ let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")
         for i, comp in enumerate("xyzw"):
             stage.append(f"      ta[(k + {i}u) * {tm // 4}u + r / 4u][r % 4u] = pa{j}.{comp};")

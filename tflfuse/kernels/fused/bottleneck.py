@@ -16,7 +16,7 @@ squeeze_excite ``se_w1 [Cexp, Csq]``, ``se_b1 [Csq]``, ``se_w2 [Csq, Cexp]``, ``
 default 3) and ``squeeze_excite`` (bool, default False): files written before the last two existed read as
 MobileNetV2's block.
 
-Without squeeze-excite, three strategies, chosen from the ``target`` attribute and the shapes (all compute
+Without squeeze-excite, four strategies, chosen from the ``target`` attribute and the shapes (all compute
 the same values; see :meth:`FusedBottleneck._schedule`; the ``strategy`` attribute picks one on any target):
 
 * ``tiled`` (a GPU at batch 1, blocks without expansion or with up to 64 expanded channels): ONE dispatch
@@ -29,7 +29,11 @@ the same values; see :meth:`FusedBottleneck._schedule`; the ``strategy`` attribu
   memory; an invocation owns a row of output pixels and keeps its halo's expansion, the depthwise results
   and the projection sums in registers, so that each weight it loads serves the whole row
   (:mod:`.bottleneck_cpu`, where the reasons and measurements are).
-* ``staged`` (the GPU cases the tiled strategy does not take; on the software adapter, small blocks and
+* ``dw_projection`` (a GPU, at stride 1 on wide feature maps: :meth:`FusedBottleneck._takes_dw_projection`):
+  TWO dispatches, the expand conv (into a scratch buffer), then the projection, whose product computes the
+  depthwise conv (bias, activation) as it stages its input (:mod:`.depthwise_product`), so the depthwise
+  output never goes to memory.
+* ``staged`` (the GPU cases the other strategies do not take; on the software adapter, small blocks and
   those with squeeze-excite or past its loop cap): three dispatches through scratch buffers (expand,
   depthwise, projection with bias and residual), whose 1x1 convs read the weights as ``[Cin, Cout]``,
   neighbouring invocations neighbouring weights.
@@ -48,7 +52,8 @@ from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule
-from ..gemm import product_program, use_tiled_matmul
+from .depthwise_product import depthwise_product_program, fits_depthwise_product
+from ..gemm import product_program, tile_attr, use_tiled_matmul
 from ..wgsl import activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes
 
 __all__ = ["FusedBottleneck"]
@@ -59,7 +64,7 @@ _MAX_CHUNK = 16      # expanded channels per pass through workgroup memory
 _WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
 _GATE_THREADS = 64   # invocations of the squeeze-excite gate's workgroup (one per image)
 _SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; "strategy" is the one string
-_STRATEGIES = ("tiled", "staged", "blocked")
+_STRATEGIES = ("tiled", "staged", "blocked", "dw_projection")
 #: The software adapter runs the blocked strategy for blocks of at least this many multiply-adds, the staged
 #: one below. A blocked shader takes llvmpipe 1-3 s to compile, and saves about 11 ns per multiply-add
 #: (MobileNetV2's 17 blocks at 224x224, 269 M multiply-adds: 3,877 ms staged against 899 ms blocked,
@@ -69,6 +74,7 @@ _STRATEGIES = ("tiled", "staged", "blocked")
 _BLOCKED_MIN_MACS = 1 << 20
 _EMPTY_SCHEDULE = {"strategy": "staged", "tile": 1, "lanes": 1, "out_block": 1, "chunk": 1, "splits": 1}
 _TILED_MAX_CEXP = 64  # on a GPU at batch 1, the tiled strategy for expansions up to this width (see _schedule)
+_DW_PROJECTION_MIN_ROWS = 112 * 112   # output pixels from which a GPU takes dw_projection (_takes_dw_projection)
 
 
 @register("fused_bottleneck")
@@ -77,7 +83,9 @@ class FusedBottleneck(CompositeKernel):
     ``OH = ceil(H / stride)``. Raises :class:`~tflfuse.kernels.KernelError` for weights whose shapes
     disagree, a stride other than 1 or 2, or a residual on a block whose input and output differ."""
 
-    extra_attrs = ('strategy', 'tile', 'lanes', 'out_block', 'chunk', 'splits')
+    #: tuning only: the schedule (see :meth:`_schedule`) and ``matmul_tile``, the tile of the ``dw_projection``
+    #: strategy's product by name (:class:`~tflfuse.kernels.gemm.MatmulTile`).
+    extra_attrs = ('strategy', 'tile', 'lanes', 'out_block', 'chunk', 'splits', 'matmul_tile')
 
     input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b", "se_w1", "se_b1",
                    "se_w2", "se_b2")
@@ -142,8 +150,13 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy not in _STRATEGIES or (self.has_se and self.strategy != "staged"):
             raise self.fail(f"strategy must be one of {', '.join(map(repr, _STRATEGIES))} ('staged' with "
                             f"squeeze_excite), got {self.strategy!r}")
+        if self.strategy == "dw_projection" and not fits_depthwise_product(cexp, self.cout):
+            raise self.fail(f"strategy 'dw_projection' needs expanded ({cexp}) and output ({self.cout}) channels "
+                            f"that are multiples of 4")
+        tile_attr(self)
         if self.strategy != default["strategy"] and not self.empty:   # asked for: that strategy's own defaults
-            default = self._blocked_schedule() if self.strategy == "blocked" else self._schedule(blocked=False)
+            default = self._blocked_schedule() if self.strategy == "blocked" else \
+                self._schedule(blocked=False, dw_projection=False)
         schedule = {**default, **{k: int(self.attrs[k]) for k in _SCHEDULE_KEYS if self.attrs.get(k)}}
         self.tile, self.lanes, self.out_block, self.chunk, self.splits = (schedule[k] for k in _SCHEDULE_KEYS)
         if self.tile not in (1, 2, 4, 8) or self.lanes not in (1, 2, 4, 8, 16) or min(
@@ -154,7 +167,7 @@ class FusedBottleneck(CompositeKernel):
     def output_specs(self):
         return (TensorSpec((self.input(0).shape[0], self.oh, self.ow, self.cout)),)
 
-    def _schedule(self, blocked: bool = True) -> dict:
+    def _schedule(self, blocked: bool = True, dw_projection: bool = True) -> dict:
         """The default schedule for the ``target`` attribute: tile side, lanes per pixel, output channels
         per workgroup (``out_block``), expanded channels per pass (``chunk``) and ``splits``.
 
@@ -162,7 +175,8 @@ class FusedBottleneck(CompositeKernel):
         (:func:`.bottleneck_cpu.blocked_schedule`); the staged one with squeeze-excite or where an invocation
         of the blocked one would pass the loop cap (and, if ``strategy="tiled"`` is asked for, 8x8 tiles, 4
         lanes, blocks of up to 128 output channels).
-        ``"gpu"``: the staged strategy past batch 1 and for expansions wider than 64 channels; otherwise
+        ``"gpu"``: the dw_projection strategy where :meth:`_takes_dw_projection` says it measured faster;
+        else the staged strategy past batch 1 and for expansions wider than 64 channels; otherwise
         the tiled strategy with the largest tile and output block whose dispatch has
         :data:`_GPU_WORKGROUPS` workgroups (a smaller tile or block recomputes more of the expansion). Where
         even the smallest leave the GPU idle (late, small feature maps at batch 1), the expanded channels are
@@ -183,6 +197,9 @@ class FusedBottleneck(CompositeKernel):
             schedule = blocked_schedule(self)
             if schedule:
                 return schedule
+        if target == "gpu" and dw_projection and self._takes_dw_projection():
+            return {"strategy": "dw_projection", "tile": 1, "lanes": 1, "out_block": self.cout, "chunk": 1,
+                    "splits": 1}
         narrow = not self.has_expand or self.cexp <= _TILED_MAX_CEXP
         if target == "cpu" or self.has_se or n > 1 or not narrow:
             return {"strategy": "staged", "tile": 8, "lanes": 4, "out_block": min(self.cout, 128),
@@ -218,6 +235,20 @@ class FusedBottleneck(CompositeKernel):
         n, h, w, _ = self.input(0).shape
         expand = n * h * w * self.cin * self.cexp if self.has_expand else 0
         return expand + n * self.oh * self.ow * self.cexp * (self.k * self.k + self.cout)
+
+    def _takes_dw_projection(self) -> bool:
+        """Whether a GPU runs the ``dw_projection`` strategy by default: without squeeze-excite, at stride 1,
+        with channels that are multiples of 4, an output width that is a multiple of 4 (four neighbouring
+        pixels of a row share their window's loads) and at least :data:`_DW_PROJECTION_MIN_ROWS` output pixels.
+
+        Measured on an H200 (``benchmarks/sweep_dw_projection.py``, 2026-12-01, whole-block GPU time, 64x64
+        tiles), against the staged strategy: at batch 32 112x112x32 (no expansion) 70 against 114 us,
+        56x56x24x6 126 against 150, 28x28x32x6 49 against 52; at batch 1 112x112x32 15 against 15 (19 for the
+        tiled strategy). It lost elsewhere: with output widths of 7 or 14 (each pixel alone) 1.6-2.3x slower at
+        batch 32, at stride 2 up to 1.7x, and with fewer pixels (56x56 at batch 1: 116 against 78 us) too few
+        workgroups carry the depthwise work."""
+        return (not self.has_se and self.stride == 1 and self.ow % 4 == 0 and fits_depthwise_product(self.cexp, self.cout)
+                and self.input(0).shape[0] * self.oh * self.ow >= _DW_PROJECTION_MIN_ROWS)
 
     def _blocked_schedule(self) -> dict:
         """The blocked strategy's schedule (:func:`.bottleneck_cpu.blocked_schedule`; where that would pass
@@ -256,6 +287,8 @@ class FusedBottleneck(CompositeKernel):
         n, h, w, _ = self.input(0).shape
         if self.strategy == "blocked" or self.empty:
             return ()
+        if self.strategy == "dw_projection":   # the expanded tensor (when expanding)
+            return (n * h * w * self.cexp * 4,) if self.has_expand else ()
         if self.strategy == "staged":  # the expanded tensor (when expanding), the depthwise output, the gate
             return (((n * h * w * self.cexp * 4,) if self.has_expand else ()) + (n * self.oh * self.ow * self.cexp * 4,)
                     + ((n * self.cexp * 4,) if self.has_se else ()))
@@ -291,6 +324,14 @@ class FusedBottleneck(CompositeKernel):
         d_index = 1 if self.has_expand else 0
         g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1, PT=self.pt,
                  PL=self.pl, KH=self.k, KW=self.k)
+        if self.strategy == "dw_projection":   # the depthwise conv computed as the projection reads it
+            res = (dataclasses.replace(inputs["x"], name="res"),) if self.residual else ()
+            binds = (dataclasses.replace(src, name="x"), inputs["dw"], inputs["db"], inputs["pw"], inputs["pb"],
+                     *res, self.binding("y", "output", 0, self.output_specs()[0]))
+            store = f"y[idx4] = acc + pb[col4 / 4u]{' + res[idx4]' if self.residual else ''};"
+            progs.append(depthwise_product_program(f"{self.key}_dw_project", binds, g, cexp, cout,
+                                                   self.attr("activation"), store, tile_attr(self)))
+            return progs
         residual = f" + x[pix * {cin}u + co]" if self.residual else ""
         out = self.binding("y", "output", 0, self.output_specs()[0])
         rows = n * self.oh * self.ow
@@ -368,7 +409,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     def programs(self):
         if self.empty:
             return []
-        if self.strategy == "staged":
+        if self.strategy in ("staged", "dw_projection"):
             return self._staged_programs()
         if self.strategy == "blocked":
             names = ["x", "ew", "eb", "dw", "db", "pw", "pb", "y"] if self.has_expand else \

@@ -1,0 +1,116 @@
+"""Sweep of fused_bottleneck's ``dw_projection`` strategy (the depthwise conv computed inside the projection's
+product) against its ``staged`` strategy and the unfused ops, on MobileNetV2's block shapes.
+
+    python benchmarks/sweep_dw_projection.py --batches=1,32 --out=sweep.json
+
+For each block: the GPU time of the whole block (timestamp queries around --reps runs back to back, median
+of --repeats passes) unfused (CONV_2D 1x1, DEPTHWISE_CONV_2D 3x3, CONV_2D 1x1), staged, and dw_projection with
+each tile of ``tflfuse.kernels.gemm.TILES``; every output checked against the unfused ops' first. Needs no
+TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import tflfuse  # noqa: E402
+from tflfuse.kernels import kernel_class  # noqa: E402
+from tflfuse.kernels.base import TensorSpec  # noqa: E402
+from tflfuse.kernels.gemm import TILES  # noqa: E402
+from tflfuse.runtime.profile import gpu_time_plan  # noqa: E402
+
+from chain import BLOCKS, chain_plan  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
+flags.DEFINE_string("out", None, "JSON file for the results.")
+flags.DEFINE_integer("repeats", 10, "Timed passes per plan (the median is kept).")
+flags.DEFINE_integer("reps", 20, "Runs of the plan back to back in each timed pass.")
+
+
+def _unfused(device, x, w, e, cout, s, expand):
+    arrays = {0: x, 10: w["ew"].T.reshape(e, 1, 1, -1).copy(), 11: w["eb"], 12: w["dw"].reshape(1, 3, 3, e),
+              13: w["db"], 14: w["pw"].T.reshape(cout, 1, 1, e).copy(), 15: w["pb"]}
+    conv, dwk = kernel_class("CONV_2D"), kernel_class("DEPTHWISE_CONV_2D")
+    ops, cur, shape = [], 0, x.shape
+    if expand:
+        k1 = conv([TensorSpec(shape), TensorSpec(arrays[10].shape), TensorSpec((e,))],
+                  {"padding": "SAME", "fused_activation_function": "RELU6"})
+        ops.append(("CONV_2D", k1, [0, 10, 11], 1))
+        cur, shape = 1, k1.output_specs()[0].shape
+    else:
+        del arrays[10], arrays[11]
+    k2 = dwk([TensorSpec(shape), TensorSpec((1, 3, 3, e)), TensorSpec((e,))],
+             {"padding": "SAME", "stride_h": s, "stride_w": s, "fused_activation_function": "RELU6"})
+    ops.append(("DEPTHWISE_CONV_2D", k2, [cur, 12, 13], 2))
+    k3 = conv([k2.output_specs()[0], TensorSpec(arrays[14].shape), TensorSpec((cout,))], {"padding": "SAME"})
+    ops.append(("CONV_2D", k3, [2, 14, 15], 3))
+    return chain_plan(device, ops, arrays, 0)
+
+
+def sweep_block(device, n, h, cin, t, cout, s, rng):
+    e, expand = cin * t, t > 1
+    x = rng.standard_normal((n, h, h, cin)).astype(np.float32)
+    w = {"ew": rng.standard_normal((cin, e)).astype(np.float32) / np.sqrt(cin),
+         "eb": rng.standard_normal(e).astype(np.float32) / 4,
+         "dw": rng.standard_normal((3, 3, e)).astype(np.float32) / 3,
+         "db": rng.standard_normal(e).astype(np.float32) / 4,
+         "pw": rng.standard_normal((e, cout)).astype(np.float32) / np.sqrt(e),
+         "pb": rng.standard_normal(cout).astype(np.float32) / 4}
+    plan = _unfused(device, x, w, e, cout, s, expand)
+    plan.run()
+    want = plan.read(3)
+    scale = float(np.abs(want).max())
+    found = {"block": [n, h, cin, e, cout, s], "unfused_us": gpu_time_plan(plan, FLAGS.repeats, FLAGS.reps)}
+    inputs = [x] + [w[k] for k in (["ew", "eb"] if expand else []) + ["dw", "db", "pw", "pb"]]
+    specs = [TensorSpec(a.shape) for a in inputs]
+    runs = [("staged", {"strategy": "staged"}), ("default", {})] + [
+        (f"dw_projection {name}", {"strategy": "dw_projection", "matmul_tile": name}) for name in TILES]
+    for label, attrs in runs:
+        k = kernel_class("fused_bottleneck")(specs, {"expansion": t, "stride": s, "residual": s == 1 and cin == cout,
+                                                     "target": "gpu", **attrs})
+        p = chain_plan(device, [("fused_bottleneck", k, list(range(len(inputs))), 99)], dict(enumerate(inputs)), 0)
+        p.run()
+        got = p.read(99)
+        ref = want + (x if s == 1 and cin == cout else 0)
+        found[label] = {"us": gpu_time_plan(p, FLAGS.repeats, FLAGS.reps),
+                        "rel_err": float(np.abs(got - ref).max() / max(scale, 1e-30)), "strategy": k.strategy}
+    return found
+
+
+def main(argv):
+    device = tflfuse.Device()
+    print(f"adapter: {device.describe()}", flush=True)
+    rng = np.random.default_rng(0)
+    results = []
+    for n in map(int, FLAGS.batches):
+        for h, cin, t, cout, s in BLOCKS:
+            r = sweep_block(device, n, h, cin, t, cout, s, rng)
+            tiles = {k: v for k, v in r.items() if k.startswith("dw_projection")}
+            best = min(tiles, key=lambda k: tiles[k]["us"])
+            worst_err = max(v["rel_err"] for k, v in r.items() if isinstance(v, dict))
+            print(f"N{n} {h}x{h} {cin}x{t}->{cout} s{s}: unfused {r['unfused_us']:.1f} staged "
+                  f"{r['staged']['us']:.1f} default({r['default']['strategy']}) {r['default']['us']:.1f} "
+                  f"best {best[14:]} {tiles[best]['us']:.1f} us; max rel err {worst_err:.1e}", flush=True)
+            results.append(r)
+    for n in map(int, FLAGS.batches):
+        rows = [r for r in results if r["block"][0] == n]
+        best = sum(min(v["us"] for k, v in r.items() if k.startswith("dw_projection")) for r in rows)
+        print(f"N{n} all blocks: unfused {sum(r['unfused_us'] for r in rows):.0f} staged "
+              f"{sum(r['staged']['us'] for r in rows):.0f} default {sum(r['default']['us'] for r in rows):.0f} "
+              f"dw_projection best tiles {best:.0f} us")
+    if FLAGS.out:
+        Path(FLAGS.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

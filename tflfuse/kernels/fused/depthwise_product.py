@@ -1,0 +1,134 @@
+"""A depthwise convolution computed inside the 1x1 convolution that reads it: one dispatch, no tensor between.
+
+``y [N, OH, OW, Cout] = act(depthwise(x [N, H, W, C], dw [KH, KW, C]) + db) @ pw [C, Cout] + pb (+ residual)``
+
+The product is :func:`tflfuse.kernels.gemm.tiled_matmul_program`'s, with ``A [N * OH * OW, C]`` the depthwise
+output: a staging load of ``A[r, k : k + 4]`` computes the depthwise conv of output pixel ``r`` for the four
+channels ``k .. k + 3`` from ``x`` (vec4 loads, the window unrolled, taps in the padding reading a clamped
+address and adding zero), the bias and the activation, and writes it to workgroup memory as the product's
+A slice. So the depthwise output never goes to memory and is never read back: what MobileNet's inverted
+residual block (after its expand conv) and a separable convolution (depthwise, then pointwise) spend on it.
+Each element of ``A`` is computed once per tile of columns, so tiles as wide as ``Cout`` do least work twice.
+
+Semantics: TFLite's DEPTHWISE_CONV_2D (depth multiplier 1, SAME or VALID through ``g``'s padding) followed
+by CONV_2D 1x1 (tensorflow/lite/kernels/depthwise_conv.cc, conv.cc); sums run in another order than
+TFLite's, so results differ from it by rounding only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..base import Binding, KernelError, Program
+from ..gemm import MatmulTile, tiled_matmul_program
+from ..wgsl import activation_fn
+
+__all__ = ["depthwise_product_program", "fits_depthwise_product"]
+
+
+def fits_depthwise_product(channels: int, cols: int) -> bool:
+    """Whether :func:`depthwise_product_program` takes ``channels`` depthwise channels into ``cols`` outputs:
+    both multiples of 4 (its loads and stores are vec4s)."""
+    return channels % 4 == 0 and cols % 4 == 0 and channels > 0 and cols > 0
+
+
+def depthwise_product_program(name: str, bindings: tuple[Binding, ...], g: dict, channels: int, cols: int,
+                              activation: str | None, store: str, tile: MatmulTile | str | None = None,
+                              helpers: str = "") -> Program:
+    """One dispatch of the depthwise conv (multiplier 1) fused into the 1x1 conv that consumes it.
+
+    Args:
+      name: the program's name.
+      bindings: storage buffers named ``x`` (``[N, H, W, C]``), ``dw`` (``[KH, KW, C]``), ``db`` (``[C]``),
+        ``pw`` (``[C, Cout]``) and ``y`` (``[N, OH, OW, Cout]``), plus those ``store`` reads (float32 tensors
+        whose last dimension is a multiple of 4); every binding is bound as ``array<vec4<f32>>``.
+      g: the depthwise geometry: ``N, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL`` (ints; PT/PL the SAME
+        padding before, as :func:`tflfuse.kernels.conv.conv_output_size` gives).
+      channels: ``C``, a multiple of 4; cols: ``Cout``, a multiple of 4.
+      activation: the depthwise conv's fused activation (a name :func:`~tflfuse.kernels.wgsl.activation_fn`
+        takes), applied before the product.
+      store: statements run once per four outputs with ``row`` (the output pixel), ``col4`` (the first output
+        channel), ``idx4 = (row * Cout + col4) / 4`` and the vec4 sum ``acc``, e.g.
+        ``"y[idx4] = acc + pb[col4 / 4u];"``.
+      tile: the product's :class:`~tflfuse.kernels.gemm.MatmulTile` (or its name); None: the widest tile of
+        :func:`depthwise_product_tile`.
+      helpers: WGSL functions ``store`` uses.
+    Returns:
+      the :class:`~tflfuse.kernels.base.Program`.
+    Raises:
+      KernelError: channels or cols not multiples of 4, or a tile that does not map onto the invocations.
+    """
+    if not fits_depthwise_product(channels, cols):
+        raise KernelError(f"{name}: the depthwise product needs channels ({channels}) and output channels "
+                          f"({cols}) that are positive multiples of 4")
+    rows = g["N"] * g["OH"] * g["OW"]
+    if tile is None:
+        tile = depthwise_product_tile(rows, channels, cols)
+    binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") for b in bindings)
+    depthwise = activation_fn(activation, "dact") + _strip_function(g, channels, rows)
+    scalar = f"pw[k * {cols // 4}u + c / 4u][c % 4u]"
+    return tiled_matmul_program(name, binds, rows, channels, cols, "0.0", scalar, "unused", depthwise + helpers,
+                                tile=tile, b_vec=f"pw[(k * {cols}u + c) / 4u]", store_vec=store,
+                                a_strip="depthwise_strip")
+
+
+def _strip_function(g: dict, channels: int, rows: int) -> str:
+    """WGSL ``fn depthwise_strip(r0, k) -> mat4x4<f32>``: the depthwise conv (bias and activation included) of
+    the output pixels ``r0 .. r0 + 3`` for channels ``k .. k + 3``, column ``i`` channel ``k + i`` (the A block
+    of :func:`tflfuse.kernels.gemm.tiled_matmul_program`'s ``a_strip``). Where ``OW % 4 == 0`` the four pixels
+    are neighbours in one row and share their input loads (a 3x3 window at stride 1: 18 vec4 loads for four
+    pixels instead of 36); else each pixel is computed alone. The weights' loads are shared either way. Blocks
+    past the rows or the depth read clamped addresses (their values are never stored or add zero: the product's
+    B is zero past the depth)."""
+    c4 = channels // 4
+    kh, kw = g["KH"], g["KW"]
+    lines = [f"  let c = min(k, {channels - 4}u) / 4u;"]
+    lines += [f"  let w{t} = dw[{t * c4}u + c];" for t in range(kh * kw)]
+    lines.append("  let bias = db[c];")
+    shared = g["OW"] % 4 == 0
+    pixels = [0] if shared else range(4)
+    for q in pixels:   # one pass of the window for the strip (shared) or for each pixel
+        r = f"min(r0 + {q}u, {rows - 1}u)" if not shared else f"min(r0, {rows - 4}u)"
+        lines += [f"  {{ let r = {r};",
+                  f"    let ox0 = i32(r % {g['OW']}u);",
+                  f"    let oy = i32((r / {g['OW']}u) % {g['OH']}u);",
+                  f"    let n = r / {g['OW'] * g['OH']}u;"]
+        strip = range(4) if shared else [q]
+        lines += [f"    var a{p} = bias;" for p in strip]
+        for ky in range(kh):
+            lines.append(f"    {{ let iy = oy * {g['SH']} - {g['PT']} + {ky * g['DH']};\n"
+                         f"      let row = (n * {g['H']}u + u32(clamp(iy, 0, {g['H'] - 1}))) * {g['W']}u;\n"
+                         f"      let row_in = iy >= 0 && iy < {g['H']};")
+            offsets = sorted({(p - strip[0]) * g["SW"] + kx * g["DW"] for p in strip for kx in range(kw)})
+            for o in offsets:
+                lines.append(f"      let ix{o} = ox0 * {g['SW']} - {g['PL']} + {o};\n"
+                             f"      let v{o} = select(vec4<f32>(0.0), x[(row + u32(clamp(ix{o}, 0, {g['W'] - 1}))) * "
+                             f"{c4}u + c], row_in && ix{o} >= 0 && ix{o} < {g['W']});")
+            for kx in range(kw):
+                lines += [f"      a{p} = fma(v{(p - strip[0]) * g['SW'] + kx * g['DW']}, w{ky * kw + kx}, a{p});"
+                          for p in strip]
+            lines.append("    }")
+        lines += [f"    d{p} = vec4<f32>(dact(a{p}.x), dact(a{p}.y), dact(a{p}.z), dact(a{p}.w));" for p in strip]
+        lines.append("  }")
+    body = "\n".join(lines)
+    decl = "\n".join(f"  var d{p}: vec4<f32>;" for p in range(4))
+    return f"""
+// A[r0 .. r0 + 3, k .. k + 3] of the depthwise product: the depthwise conv of 4 output pixels, 4 channels.
+fn depthwise_strip(r0: u32, k: u32) -> mat4x4<f32> {{
+{decl}
+{body}
+  return transpose(mat4x4<f32>(d0, d1, d2, d3));
+}}
+"""
+
+
+#: The product's default tile: the fastest of :data:`tflfuse.kernels.gemm.TILES` on each MobileNetV2 block
+#: where the depthwise product beat the separate depthwise conv (``benchmarks/sweep_dw_projection.py``, H200,
+#: 2026-12-01: at batch 32 112x112x32 70 us against 73-211 for the other tiles, 56x56x144 126 against 165-376,
+#: 28x28x192 49 against 54-210; at batch 1 112x112x32 15 against 13 for 128x128).
+DEFAULT_TILE = "64x64/8x8/16"
+
+
+def depthwise_product_tile(rows: int, channels: int, cols: int) -> MatmulTile:
+    """The tile of a depthwise product ``[rows, channels] x [channels, cols]``: :data:`DEFAULT_TILE`."""
+    return MatmulTile.parse(DEFAULT_TILE)
