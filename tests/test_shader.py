@@ -101,6 +101,10 @@ CASES.update({
                                   "right_rotation_idx": 6, "output_height": 8, "output_width": 6}),
     "TransformTensorBilinear": ([(1, 5, 4, 3), (1, 4, 4)], {"output_height": 6, "output_width": 7}),
     "TransformLandmarks": ([(1, 9, 3), (1, 4, 4)], {}),
+    # tests/test_detection_postprocess.py checks its values
+    "TFLite_Detection_PostProcess": ([(1, 301, 4), (1, 301, 4), (301, 4)], {
+        "max_detections": 5, "max_classes_per_detection": 1, "num_classes": 3, "nms_score_threshold": 0.0,
+        "nms_iou_threshold": 0.5, "y_scale": 10.0, "x_scale": 10.0, "h_scale": 5.0, "w_scale": 5.0}),
 })
 # Comparisons, logical ops, SELECT, CAST, ARG_MAX... CUMSUM (tests/test_kernels_logic.py checks their values); bool
 # tensors are held as i32 0/1.

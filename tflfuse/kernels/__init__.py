@@ -7,6 +7,7 @@ from . import conv, data, elementwise, pool, resize, shape_ops, transpose_conv  
 from . import mediapipe_ops  # noqa: F401  (MediaPipe's landmark custom ops)
 from . import layout, matmul_batch, reduce  # noqa: F401  (layout ops, BATCH_MATMUL, reductions)
 from . import compare, gather_nd, scan  # noqa: F401  (comparisons, logic, SELECT, CAST; GATHER_ND; ARG_MAX, CUMSUM)
+from . import detection_postprocess  # noqa: F401  (TFLite_Detection_PostProcess)
 from . import fused  # noqa: F401  (each module of fused/ registers its kernels)
 from .base import CompositeKernel, Kernel, KernelError, Program, TensorSpec
 from .registry import UnsupportedOpError, kernel_class, register, supported_ops
