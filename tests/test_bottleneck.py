@@ -100,9 +100,16 @@ _IDS = {c: "x".join(map(str, c[:4])) + f"-t{c[4]}-o{c[5]}-s{c[6]}" + ("-res" if 
 SCHEDULES.update({"dw_proj": {"strategy": "dw_projection"},
                   "dw_proj_64x32": {"strategy": "dw_projection", "matmul_tile": "64x32/4x4/16"},
                   "dw_proj_256x32": {"strategy": "dw_projection", "matmul_tile": "256x32/8x4/8"}})
+# The expand_dw strategy (the expansion and the depthwise conv in one dispatch) on the blocks with an expand conv
+# and channels that are multiples of 4: its default tile, 1x1 tiles of 4 channels, and 2x4 tiles of 8 (tiles
+# cut at the edges of odd maps, several chunks).
+SCHEDULES.update({"expand_dw": {"strategy": "expand_dw"},
+                  "expand_dw_1x1": {"strategy": "expand_dw", "expand_tile": "1x1/4"},
+                  "expand_dw_2x4": {"strategy": "expand_dw", "expand_tile": "2x4/8"}})
 RUNS = [pytest.param(c, s, id=f"{_IDS[c]}-{s}") for c in CASES for s in sorted(SCHEDULES)
         if not (s in ("lane1", "split3", "blocked_odd") and c[3] * c[4] >= 512)
-        and not (s.startswith("dw_proj") and ((c[3] * c[4]) % 4 or c[5] % 4))]
+        and not (s.startswith("dw_proj") and ((c[3] * c[4]) % 4 or c[5] % 4))
+        and not (s.startswith("expand_dw") and (c[4] == 1 or c[3] % 4 or (c[3] * c[4]) % 4))]
 
 
 @pytest.mark.parametrize("case, schedule", RUNS)
@@ -167,8 +174,9 @@ def test_software_adapter_stages_small_blocks():
 
 
 def test_gpu_takes_dw_projection_where_it_measured_faster():
-    """The default GPU strategy per block shape (a tuning choice, benchmarks/sweep_dw_projection.py): the
-    depthwise conv inside the projection at stride 1 on wide maps, the staged dispatches elsewhere."""
+    """The default GPU strategy per block shape (a tuning choice, benchmarks/sweep_bottleneck_strategies.py): the
+    depthwise conv inside the projection at stride 1 on wide maps, the expansion and depthwise in one dispatch
+    on small maps at batch 1, the staged dispatches elsewhere."""
     def strategy(n, h, cin, t, cout, stride=1):
         specs = _specs(cin, t, cout, h)
         specs[0] = TensorSpec((n, h, h, cin))
@@ -178,14 +186,20 @@ def test_gpu_takes_dw_projection_where_it_measured_faster():
     assert k.strategy == "dw_projection" and len(k.programs()) == 2 and len(k.scratch_sizes()) == 1
     assert strategy(32, 56, 24, 6, 32, stride=2).strategy == "staged"   # stride 2
     assert strategy(32, 14, 64, 6, 64).strategy == "staged"             # an output width of 14
-    assert strategy(1, 56, 24, 6, 24).strategy == "staged"              # too few pixels
+    assert strategy(1, 56, 24, 6, 24).strategy == "expand_dw"           # too few pixels (and a small map)
     assert strategy(32, 56, 6, 3, 6).strategy == "staged"               # 18 expanded channels
     assert strategy(32, 56, 24, 6, 24).programs()[1].workgroup_size == (64, 1, 1)   # the 64x64/8x8 tile
+    small = strategy(1, 14, 64, 6, 96)   # a small map at batch 1: the expansion and depthwise in one dispatch
+    assert small.strategy == "expand_dw" and len(small.programs()) == 2 and len(small.scratch_sizes()) == 1
+    assert strategy(1, 112, 16, 6, 24, stride=2).strategy == "staged"   # 112x112 input pixels
+    assert strategy(32, 7, 160, 6, 160).strategy == "staged"            # batch 32
+    assert strategy(1, 14, 8, 6, 8).strategy == "tiled"                 # 48 expanded channels: the tiled one
 
 
 def test_gpu_schedule_fills_the_gpu_at_batch_1():
-    # 7x7 output at batch 1: 8x8 tiles would give 3 workgroups; the GPU schedule must give >= 256.
-    k = kernel_class("fused_bottleneck")(_specs(cin=160, cout=320, h=7), {"expansion": 6, "target": "gpu"})
+    # 7x7 output at batch 1: 8x8 tiles would give 3 workgroups; the staged GPU schedule must give >= 256.
+    k = kernel_class("fused_bottleneck")(_specs(cin=160, cout=320, h=7), {"expansion": 6, "target": "gpu",
+                                                                          "strategy": "staged"})
     x, y, z = k.programs()[0].dispatch
     assert x * y * z >= 256
 
@@ -252,6 +266,10 @@ def _se_specs(cin=8, t=6, cout=8, h=8, k=5, csq=12):
     ({"strategy": "fused"}, _specs(), "strategy must be one of 'tiled', 'staged', 'blocked'"),
     ({"strategy": "dw_projection"}, _specs(cin=6, t=3, cout=8), "'dw_projection' needs expanded"),
     ({"strategy": "dw_projection", "matmul_tile": "64x64"}, _specs(), "is not 'TMxTN/RMxRN/TK'"),
+    ({"strategy": "expand_dw"}, _specs(cin=6, t=3, cout=8), "'expand_dw' needs an expand conv"),
+    ({"strategy": "expand_dw", "expand_tile": "4x8"}, _specs(), "expand_tile must be 'THxTW/C'"),
+    ({"strategy": "expand_dw", "expand_tile": "4x8/6"}, _specs(), "chunk must be a multiple of 4"),
+    ({"strategy": "expand_dw", "expand_tile": "30x30/48"}, _specs(), "fits 16384 bytes"),
     ({"kernel_size": 5, "squeeze_excite": True}, _se_specs(cin=400, t=10, csq=100), "workgroup memory"),
 ])
 def test_fused_bottleneck_rejects_bad_v3_shapes_and_attrs(attrs, specs, message):

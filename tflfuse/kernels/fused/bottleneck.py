@@ -16,7 +16,7 @@ squeeze_excite ``se_w1 [Cexp, Csq]``, ``se_b1 [Csq]``, ``se_w2 [Csq, Cexp]``, ``
 default 3) and ``squeeze_excite`` (bool, default False): files written before the last two existed read as
 MobileNetV2's block.
 
-Without squeeze-excite, four strategies, chosen from the ``target`` attribute and the shapes (all compute
+Without squeeze-excite, five strategies, chosen from the ``target`` attribute and the shapes (all compute
 the same values; see :meth:`FusedBottleneck._schedule`; the ``strategy`` attribute picks one on any target):
 
 * ``tiled`` (a GPU at batch 1, blocks without expansion or with up to 64 expanded channels): ONE dispatch
@@ -33,6 +33,9 @@ the same values; see :meth:`FusedBottleneck._schedule`; the ``strategy`` attribu
   TWO dispatches, the expand conv (into a scratch buffer), then the projection, whose product computes the
   depthwise conv (bias, activation) as it stages its input (:mod:`.depthwise_product`), so the depthwise
   output never goes to memory.
+* ``expand_dw`` (a GPU, small feature maps: :meth:`FusedBottleneck._takes_expand_dw`): TWO dispatches, the
+  expansion of each output tile's input halo and the depthwise conv in workgroup memory
+  (:mod:`.expand_depthwise`; the expanded tensor never goes to memory), then the projection.
 * ``staged`` (the GPU cases the other strategies do not take; on the software adapter, small blocks and
   those with squeeze-excite or past its loop cap): three dispatches through scratch buffers (expand,
   depthwise, projection with bias and residual), whose 1x1 convs read the weights as ``[Cin, Cout]``,
@@ -47,12 +50,14 @@ writes the gate ``g``; the projection multiplies ``d`` by ``g`` as it reads it.
 from __future__ import annotations
 
 import dataclasses
+import re
 
-from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec
+from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, KernelError, Program, TensorSpec
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule
 from .depthwise_product import depthwise_product_program, fits_depthwise_product
+from .expand_depthwise import expand_depthwise_fits, expand_depthwise_program, expand_depthwise_shape
 from ..gemm import product_program, tile_attr, use_tiled_matmul
 from ..wgsl import activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes
 
@@ -64,7 +69,7 @@ _MAX_CHUNK = 16      # expanded channels per pass through workgroup memory
 _WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
 _GATE_THREADS = 64   # invocations of the squeeze-excite gate's workgroup (one per image)
 _SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; "strategy" is the one string
-_STRATEGIES = ("tiled", "staged", "blocked", "dw_projection")
+_STRATEGIES = ("tiled", "staged", "blocked", "dw_projection", "expand_dw")
 #: The software adapter runs the blocked strategy for blocks of at least this many multiply-adds, the staged
 #: one below. A blocked shader takes llvmpipe 1-3 s to compile, and saves about 11 ns per multiply-add
 #: (MobileNetV2's 17 blocks at 224x224, 269 M multiply-adds: 3,877 ms staged against 899 ms blocked,
@@ -75,6 +80,7 @@ _BLOCKED_MIN_MACS = 1 << 20
 _EMPTY_SCHEDULE = {"strategy": "staged", "tile": 1, "lanes": 1, "out_block": 1, "chunk": 1, "splits": 1}
 _TILED_MAX_CEXP = 64  # on a GPU at batch 1, the tiled strategy for expansions up to this width (see _schedule)
 _DW_PROJECTION_MIN_ROWS = 112 * 112   # output pixels from which a GPU takes dw_projection (_takes_dw_projection)
+_EXPAND_DW_MAX_PIXELS, _EXPAND_DW_MAX_MACS = 56 * 56, 1 << 25   # bounds of expand_dw (_takes_expand_dw)
 
 
 @register("fused_bottleneck")
@@ -85,7 +91,9 @@ class FusedBottleneck(CompositeKernel):
 
     #: tuning only: the schedule (see :meth:`_schedule`) and ``matmul_tile``, the tile of the ``dw_projection``
     #: strategy's product by name (:class:`~tflfuse.kernels.gemm.MatmulTile`).
-    extra_attrs = ('strategy', 'tile', 'lanes', 'out_block', 'chunk', 'splits', 'matmul_tile')
+    #: ``expand_tile``: the ``expand_dw`` strategy's output tile and chunk of expanded channels, ``"THxTW/C"``
+    #: (:func:`.expand_depthwise.expand_depthwise_shape`).
+    extra_attrs = ('strategy', 'tile', 'lanes', 'out_block', 'chunk', 'splits', 'matmul_tile', 'expand_tile')
 
     input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b", "se_w1", "se_b1",
                    "se_w2", "se_b2")
@@ -153,7 +161,12 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy == "dw_projection" and not fits_depthwise_product(cexp, self.cout):
             raise self.fail(f"strategy 'dw_projection' needs expanded ({cexp}) and output ({self.cout}) channels "
                             f"that are multiples of 4")
+        if self.strategy == "expand_dw" and not (self.has_expand and expand_depthwise_fits(cin, cexp)):
+            raise self.fail(f"strategy 'expand_dw' needs an expand conv and input ({cin}) and expanded ({cexp}) "
+                            f"channels that are multiples of 4")
         tile_attr(self)
+        if self.strategy == "expand_dw":
+            self._expand_tile()   # validates the expand_tile attribute
         if self.strategy != default["strategy"] and not self.empty:   # asked for: that strategy's own defaults
             default = self._blocked_schedule() if self.strategy == "blocked" else \
                 self._schedule(blocked=False, dw_projection=False)
@@ -200,6 +213,9 @@ class FusedBottleneck(CompositeKernel):
         if target == "gpu" and dw_projection and self._takes_dw_projection():
             return {"strategy": "dw_projection", "tile": 1, "lanes": 1, "out_block": self.cout, "chunk": 1,
                     "splits": 1}
+        if target == "gpu" and dw_projection and self._takes_expand_dw():
+            return {"strategy": "expand_dw", "tile": 1, "lanes": 1, "out_block": self.cout, "chunk": 1,
+                    "splits": 1}
         narrow = not self.has_expand or self.cexp <= _TILED_MAX_CEXP
         if target == "cpu" or self.has_se or n > 1 or not narrow:
             return {"strategy": "staged", "tile": 8, "lanes": 4, "out_block": min(self.cout, 128),
@@ -236,12 +252,44 @@ class FusedBottleneck(CompositeKernel):
         expand = n * h * w * self.cin * self.cexp if self.has_expand else 0
         return expand + n * self.oh * self.ow * self.cexp * (self.k * self.k + self.cout)
 
+    def _expand_tile(self) -> tuple[int, int, int]:
+        """``(tile_h, tile_w, chunk)`` of the ``expand_dw`` strategy: the ``expand_tile`` attribute
+        (``"THxTW/C"``, e.g. ``"4x8/32"``) or :func:`.expand_depthwise.expand_depthwise_shape`'s default."""
+        text = self.attrs.get("expand_tile") or ""
+        found = re.fullmatch(r"([1-9][0-9]?)x([1-9][0-9]?)/([1-9][0-9]?)", text, re.ASCII) if isinstance(
+            text, str) else None
+        if text and found is None:
+            raise self.fail(f"expand_tile must be 'THxTW/C' of positive integers below 100, e.g. '4x8/32', "
+                            f"got {text!r}")
+        g = dict(SH=self.stride, SW=self.stride, KH=self.k, KW=self.k, DH=1, DW=1)
+        try:
+            return expand_depthwise_shape(g, self.cin, self.cexp, *(int(v) for v in found.groups()) if found else ())
+        except KernelError as e:
+            raise self.fail(str(e)) from None
+
+    def _takes_expand_dw(self) -> bool:
+        """Whether a GPU runs the ``expand_dw`` strategy by default: a block with an expand conv, without
+        squeeze-excite, channels that are multiples of 4, more expanded channels than the tiled strategy takes
+        (:data:`_TILED_MAX_CEXP`), at most :data:`_EXPAND_DW_MAX_PIXELS` input pixels
+        and :data:`_EXPAND_DW_MAX_MACS` multiply-adds (small feature maps, where the staged expand conv's
+        product has too few rows to fill the GPU).
+
+        Measured on an H200 (``benchmarks/sweep_bottleneck_strategies.py``, 2026-12-01, whole-block GPU time,
+        one dispatch fewer): on MobileNetV2's blocks at batch 1, 16.9 against 18.1 us (56x56x24x6), 11.3
+        against 12.7 (28x28x32x6), 12.9 against 15.0 (14x14x64x6 -> 96), 17.9 against 18.9 (7x7x160x6), ten
+        of eleven faster; slower on the 112x112x16x6 block (16.5 against 15.5) and at batch 32 on every block
+        (up to 2.2x: 7x7x160x6 145 against 81 us), where the recomputed halos cost more than the expanded
+        tensor's bytes."""
+        n, h, w, _ = self.input(0).shape
+        return (self.has_expand and not self.has_se and expand_depthwise_fits(self.cin, self.cexp)
+                and self.cexp > _TILED_MAX_CEXP and n * h * w <= _EXPAND_DW_MAX_PIXELS and self.macs() <= _EXPAND_DW_MAX_MACS)
+
     def _takes_dw_projection(self) -> bool:
         """Whether a GPU runs the ``dw_projection`` strategy by default: without squeeze-excite, at stride 1,
         with channels that are multiples of 4, an output width that is a multiple of 4 (four neighbouring
         pixels of a row share their window's loads) and at least :data:`_DW_PROJECTION_MIN_ROWS` output pixels.
 
-        Measured on an H200 (``benchmarks/sweep_dw_projection.py``, 2026-12-01, whole-block GPU time, 64x64
+        Measured on an H200 (``benchmarks/sweep_bottleneck_strategies.py``, 2026-12-01, whole-block GPU time, 64x64
         tiles), against the staged strategy: at batch 32 112x112x32 (no expansion) 70 against 114 us,
         56x56x24x6 126 against 150, 28x28x32x6 49 against 52; at batch 1 112x112x32 15 against 15 (19 for the
         tiled strategy). It lost elsewhere: with output widths of 7 or 14 (each pixel alone) 1.6-2.3x slower at
@@ -287,6 +335,8 @@ class FusedBottleneck(CompositeKernel):
         n, h, w, _ = self.input(0).shape
         if self.strategy == "blocked" or self.empty:
             return ()
+        if self.strategy == "expand_dw":   # the depthwise output only
+            return (n * self.oh * self.ow * self.cexp * 4,)
         if self.strategy == "dw_projection":   # the expanded tensor (when expanding)
             return (n * h * w * self.cexp * 4,) if self.has_expand else ()
         if self.strategy == "staged":  # the expanded tensor (when expanding), the depthwise output, the gate
@@ -306,7 +356,15 @@ class FusedBottleneck(CompositeKernel):
         inputs = {name: self.binding(name, "input", i, self.inputs[i]) for i, name in enumerate(names)}
         sizes = self.scratch_sizes()
         progs, src = [], inputs["x"]
-        if self.has_expand:
+        g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1, PT=self.pt,
+                 PL=self.pl, KH=self.k, KW=self.k)
+        if self.strategy == "expand_dw":   # the expansion and the depthwise conv in one dispatch, d into scratch
+            d_out = self.binding("d", "scratch", 0, sizes[0])
+            ed_binds = tuple(inputs[k] for k in ("x", "ew", "eb", "dw", "db")) + (d_out,)
+            act = self.attr("activation")
+            progs.append(expand_depthwise_program(f"{self.key}_expand_dw", ed_binds, g, cin, cexp, act, act,
+                                                  *self._expand_tile()))
+        elif self.has_expand:
             e_out = self.binding("expanded", "scratch", 0, sizes[0])
             e_binds = (inputs["x"], inputs["ew"], inputs["eb"], e_out)
             act = activation_fn(self.attr("activation"))
@@ -321,9 +379,7 @@ class FusedBottleneck(CompositeKernel):
                                                "expanded[idx] = act(v + eb[e]);", act, lanes=lanes, acc="v",
                                                loop_trips=-(-(cin // 4) // lanes)))
             src = self.binding("x", "scratch", 0, sizes[0], access="read")
-        d_index = 1 if self.has_expand else 0
-        g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1, PT=self.pt,
-                 PL=self.pl, KH=self.k, KW=self.k)
+        d_index = 1 if self.has_expand and self.strategy != "expand_dw" else 0
         if self.strategy == "dw_projection":   # the depthwise conv computed as the projection reads it
             res = (dataclasses.replace(inputs["x"], name="res"),) if self.residual else ()
             binds = (dataclasses.replace(src, name="x"), inputs["dw"], inputs["db"], inputs["pw"], inputs["pb"],
@@ -337,7 +393,9 @@ class FusedBottleneck(CompositeKernel):
         rows = n * self.oh * self.ow
         dw_binds = (src, dataclasses.replace(inputs["dw"], name="w"), dataclasses.replace(inputs["db"], name="b"),
                     self.binding("y", "scratch", d_index, sizes[d_index]))
-        progs.append(depthwise_program(f"{self.key}_depthwise", dw_binds, g, cexp, 1, True, self.attr("activation")))
+        if self.strategy != "expand_dw":
+            progs.append(depthwise_program(f"{self.key}_depthwise", dw_binds, g, cexp, 1, True,
+                                           self.attr("activation")))
         d_read = self.binding("d", "scratch", d_index, sizes[d_index], access="read")
         gated, gate_binds = "", ()
         if self.has_se:
@@ -409,7 +467,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     def programs(self):
         if self.empty:
             return []
-        if self.strategy in ("staged", "dw_projection"):
+        if self.strategy in ("staged", "dw_projection", "expand_dw"):
             return self._staged_programs()
         if self.strategy == "blocked":
             names = ["x", "ew", "eb", "dw", "db", "pw", "pb", "y"] if self.has_expand else \

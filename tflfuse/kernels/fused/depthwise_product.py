@@ -123,7 +123,7 @@ fn depthwise_strip(r0: u32, k: u32) -> mat4x4<f32> {{
 
 
 #: The product's default tile: the fastest of :data:`tflfuse.kernels.gemm.TILES` on each MobileNetV2 block
-#: where the depthwise product beat the separate depthwise conv (``benchmarks/sweep_dw_projection.py``, H200,
+#: where the depthwise product beat the separate depthwise conv (``benchmarks/sweep_bottleneck_strategies.py``, H200,
 #: 2026-12-01: at batch 32 112x112x32 70 us against 73-211 for the other tiles, 56x56x144 126 against 165-376,
 #: 28x28x192 49 against 54-210; at batch 1 112x112x32 15 against 13 for 128x128).
 DEFAULT_TILE = "64x64/8x8/16"
