@@ -415,3 +415,25 @@ def test_no_expanded_channels_is_refused():
     specs = [TensorSpec(s) for s in ((1, 9, 9, 8), (8, 0), (0,), (3, 3, 0), (0,), (0, 8), (8,))]
     with pytest.raises(KernelError, match="no expanded channels"):
         kernel_class("fused_bottleneck")(specs, {"expansion": 6})
+
+
+@pytest.mark.parametrize("strategy, case", [
+    ("dw_projection", (2, 8, 8, 16, 6, 16, 1, True)),     # the depthwise conv inside the projection, residual
+    ("expand_dw", (2, 9, 7, 8, 6, 12, 2, False)),         # halo tiles cut at the edges of an odd map
+    ("staged", (2, 9, 7, 8, 6, 12, 2, False)),
+])
+def test_float16_storage_rounds_each_block_output_once(device, strategy, case):
+    """precision="float16": the block's scratch buffers stay float32, so each output is its float32 result on
+    the same float16-rounded inputs, rounded once: within one float16 ulp (|d| <= 2**-10 * max(|want|, 2**-14);
+    one ulp because WGSL lets a conversion to f16 round to either neighbour)."""
+    n, h, w_, cin, t, cout, stride, residual = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.standard_normal((n, h, w_, cin)).astype(np.float16).astype(np.float32)
+    w = {k: v.astype(np.float16).astype(np.float32) for k, v in _weights(rng, cin, t, cout).items()}
+    inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
+    attrs = {"expansion": t, "stride": stride, "residual": residual, "target": "gpu", "strategy": strategy}
+    (want,) = run_op(device, "fused_bottleneck", inputs, attrs)
+    (got,) = run_op(device, "fused_bottleneck", inputs, attrs, precision="float16")
+    np.testing.assert_array_equal(got, got.astype(np.float16).astype(np.float32))   # stored as float16
+    bound = 2.0 ** -10 * np.maximum(np.abs(want), 2.0 ** -14)
+    assert (np.abs(got - want) <= bound).all()
