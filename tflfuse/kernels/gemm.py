@@ -233,7 +233,8 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
             e = f"(lidx + {j * threads}u)"
             if a_strip:
                 call = f"pa{j} = {a_strip}(r0 + ({e} / {kq}u) * 4u, {k0} + ({e} % {kq}u) * 4u);"
-                out.append(f"    {call}" if (j + 1) * threads <= a_groups else f"    if ({e} < {a_groups}u) {{ {call} }}")
+                guard = "" if (j + 1) * threads <= a_groups else f"if ({e} < {a_groups}u) "
+                out.append(f"    {guard}{{ {call} }}")
                 continue
             out.append(f"    pa{j} = a4(r0 + {e} / {kq}u, {k0} + ({e} % {kq}u) * 4u);"
                        if (j + 1) * threads <= a_groups else f"    if ({e} < {a_groups}u) {{ pa{j} = "

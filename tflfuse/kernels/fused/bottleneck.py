@@ -282,7 +282,8 @@ class FusedBottleneck(CompositeKernel):
         tensor's bytes."""
         n, h, w, _ = self.input(0).shape
         return (self.has_expand and not self.has_se and expand_depthwise_fits(self.cin, self.cexp)
-                and self.cexp > _TILED_MAX_CEXP and n * h * w <= _EXPAND_DW_MAX_PIXELS and self.macs() <= _EXPAND_DW_MAX_MACS)
+                and self.cexp > _TILED_MAX_CEXP and n * h * w <= _EXPAND_DW_MAX_PIXELS
+                and self.macs() <= _EXPAND_DW_MAX_MACS)
 
     def _takes_dw_projection(self) -> bool:
         """Whether a GPU runs the ``dw_projection`` strategy by default: without squeeze-excite, at stride 1,
@@ -295,7 +296,8 @@ class FusedBottleneck(CompositeKernel):
         tiled strategy). It lost elsewhere: with output widths of 7 or 14 (each pixel alone) 1.6-2.3x slower at
         batch 32, at stride 2 up to 1.7x, and with fewer pixels (56x56 at batch 1: 116 against 78 us) too few
         workgroups carry the depthwise work."""
-        return (not self.has_se and self.stride == 1 and self.ow % 4 == 0 and fits_depthwise_product(self.cexp, self.cout)
+        return (not self.has_se and self.stride == 1 and self.ow % 4 == 0
+                and fits_depthwise_product(self.cexp, self.cout)
                 and self.input(0).shape[0] * self.oh * self.ow >= _DW_PROJECTION_MIN_ROWS)
 
     def _blocked_schedule(self) -> dict:
