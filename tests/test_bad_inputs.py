@@ -509,14 +509,16 @@ def test_overflowing_shape_and_non_utf8_names_are_model_errors():
     with pytest.raises(tflfuse.model.ModelError, match=r"subgraph 0 tensor 1 has an implausible shape "
                                                         r"\[2147483647, .*\] \(rank 40\)"):
         tflfuse.Model(_edited(model, huge))
-    axis = t((1,), type="INT32", data=np.array([0], np.int32))
-    rev = build([t((2, 3)), axis, t((2, 3))], [dict(op="REVERSE_V2", inputs=[0, 1], outputs=[2])], [0], [2])
+    lengths = t((2,), type="INT32", data=np.array([3, 3], np.int32))   # REVERSE_SEQUENCE: no GPU kernel
+    rev = build([t((2, 3)), lengths, t((2, 3))],
+                [dict(op="REVERSE_SEQUENCE", inputs=[0, 1], outputs=[2],
+                      options=("ReverseSequenceOptions", {"seqDim": 1, "batchDim": 0}))], [0], [2])
 
     def rename(tree):
         tree.subgraphs[0].tensors[2].name = b"\xffbad"
     interp = tflfuse.Interpreter(model_content=_edited(rev, rename))
-    with pytest.raises(tflfuse.model.ModelError, match=r"CPU fallback of REVERSE_V2 \(operator 0 of subgraph 0\): "
-                                                        r"a tensor name is not UTF-8"):
+    with pytest.raises(tflfuse.model.ModelError, match=r"CPU fallback of REVERSE_SEQUENCE \(operator 0 of "
+                                                        r"subgraph 0\): a tensor name is not UTF-8"):
         interp.allocate_tensors()
 
 

@@ -1,5 +1,6 @@
-"""The CPU fallback: builtins without a tflfuse kernel (REVERSE_V2, ATAN2, WHILE...) and ops reading int64
-tensors run on LiteRT's CPU interpreter within the same invoke, between GPU segments.
+"""The CPU fallback: builtins without a tflfuse kernel (REVERSE_SEQUENCE, ATAN2, WHILE...), ops reading int64
+tensors, and ops whose GPU kernel refuses them (a bool PAD, rank-7 comparisons) run on LiteRT's CPU interpreter
+within the same invoke, between GPU segments.
 
 Every model here comes from the stock TF converter and every output is compared against LiteRT's CPU
 interpreter running the whole file. Tolerances: the CPU segments are LiteRT's own kernels on the same inputs
@@ -31,24 +32,36 @@ def _x(shape, name="x"):
     return tf.TensorSpec(shape, tf.float32, name=name)
 
 
+#: The op most tests here need to fall back: a builtin that LiteRT runs and tflfuse has no GPU kernel for
+#: (REVERSE_V2 served until it got one; should REVERSE_SEQUENCE get one, another such op goes here).
+CPU_OP = "REVERSE_SEQUENCE"
+
+
+def _reverse(x, axis: int):
+    """``x`` (rank >= 2) reversed along ``axis`` by REVERSE_SEQUENCE (:data:`CPU_OP`): every sequence along
+    ``axis`` reversed whole, the batch axis being another dimension of static size."""
+    batch = next(d for d in range(len(x.shape)) if d != axis and x.shape[d] is not None)
+    return tf.reverse_sequence(x, [x.shape[axis]] * x.shape[batch], seq_axis=axis, batch_axis=batch)
+
+
 def _several(x):   # CPU, GPU, CPU, GPU, CPU, GPU: three CPU segments; ATAN2 reads the input and a GPU result
-    a = tf.reverse(tf.nn.relu(x), [1])
+    a = _reverse(tf.nn.relu(x), 1)
     b = tf.math.atan2(tf.tanh(a), x)
-    return tf.reverse(b * 2.0, [0]) - 1.0
+    return _reverse(b * 2.0, 0) - 1.0
 
 
 def _two_readers(x):   # one CPU result read by two GPU ops, and both GPU results model outputs
-    r = tf.reverse(tf.nn.relu(x), [1])
+    r = _reverse(tf.nn.relu(x), 1)
     return r + 1.0, tf.tanh(r) * 2.0
 
 
-def _int64(x, idx):   # int64 crossing both ways: CPU REVERSE_V2 -> GPU GATHER's indices; GPU GATHER -> CPU
-    g = tf.gather(tf.nn.relu(x), tf.reverse(idx, [0]))
-    return g * 2.0, tf.reverse(tf.gather(idx, [1, 0, 3, 2]), [0])
+def _int64(x, idx):   # int64 crossing both ways: CPU REVERSE_SEQUENCE -> GPU GATHER's indices; GPU GATHER -> CPU
+    g = tf.gather(tf.nn.relu(x), _reverse(idx, 0))
+    return g * 2.0, _reverse(tf.gather(idx, [1, 0, 3, 2]), 0)
 
 
 def _uint8(q, x):   # uint8, a type the GPU does not hold: the CASTs that read and write it fall back
-    b = tf.nn.relu(tf.cast(tf.reverse(q, [1]), tf.float32) + x)
+    b = tf.nn.relu(tf.cast(tf.reverse(q, [1]), tf.float32) + x)   # REVERSE_V2: REVERSE_SEQUENCE takes no uint8
     return b, tf.cast(b, tf.uint8)
 
 
@@ -65,14 +78,14 @@ def _if(x, flag):   # IF reads a bool input; its branches are subgraphs LiteRT r
 def models() -> dict[str, bytes]:
     f = tf.float32
     return {
-        "middle": _convert(lambda x: tf.nn.relu(tf.reverse(tf.nn.relu(x) * 2.0, [1])) + 1.0, _x([2, 5])),
-        "first": _convert(lambda x: tf.tanh(tf.reverse(x, [0])) + 0.5, _x([3, 4])),
-        "last": _convert(lambda x: tf.reverse(tf.nn.relu(x) - 0.25, [1]), _x([2, 6])),
+        "middle": _convert(lambda x: tf.nn.relu(_reverse(tf.nn.relu(x) * 2.0, 1)) + 1.0, _x([2, 5])),
+        "first": _convert(lambda x: tf.tanh(_reverse(x, 0)) + 0.5, _x([3, 4])),
+        "last": _convert(lambda x: _reverse(tf.nn.relu(x) - 0.25, 1), _x([2, 6])),
         "several": _convert(_several, _x([3, 4])),
         "two_readers": _convert(_two_readers, _x([2, 3, 4])),
-        "int64": _convert(_int64, _x([5, 3]), tf.TensorSpec([4], tf.int64, name="idx")),
+        "int64": _convert(_int64, _x([5, 3]), tf.TensorSpec([4, 1], tf.int64, name="idx")),
         "uint8": _convert(_uint8, tf.TensorSpec([2, 3], tf.uint8, name="q"), _x([2, 3])),
-        "batch": _convert(lambda x: tf.reverse(tf.nn.relu(x), [2]) + 1.0, tf.TensorSpec([None, 4, 3], f, name="x")),
+        "batch": _convert(lambda x: _reverse(tf.nn.relu(x), 2) + 1.0, tf.TensorSpec([None, 4, 3], f, name="x")),
         "while": _convert(_while, _x([2, 3])),
         "if": _convert(_if, _x([2, 3]), tf.TensorSpec([], tf.bool, name="flag")),
     }
@@ -114,12 +127,12 @@ def _compare(model: bytes, rng, tol, resize=None, preserve=False) -> tflfuse.Int
 
 # ---- placement: where the CPU ops stand in the graph ---------------------------------------------------
 @pytest.mark.parametrize("name,ops,fallback,tol", [
-    ("middle", ["RELU", "MUL", "REVERSE_V2", "RELU", "ADD"], [(2, "REVERSE_V2")], ELEMENTWISE),
-    ("first", ["REVERSE_V2", "TANH", "ADD"], [(0, "REVERSE_V2")], TRANSCENDENTAL),
-    ("last", ["RELU", "SUB", "REVERSE_V2"], [(2, "REVERSE_V2")], ELEMENTWISE),
-    ("several", ["RELU", "REVERSE_V2", "TANH", "ATAN2", "MUL", "REVERSE_V2", "SUB"],
-     [(1, "REVERSE_V2"), (3, "ATAN2"), (5, "REVERSE_V2")], TRANSCENDENTAL),
-    ("two_readers", ["RELU", "REVERSE_V2", "TANH", "MUL", "ADD"], [(1, "REVERSE_V2")], TRANSCENDENTAL),
+    ("middle", ["RELU", "MUL", CPU_OP, "RELU", "ADD"], [(2, CPU_OP)], ELEMENTWISE),
+    ("first", [CPU_OP, "TANH", "ADD"], [(0, CPU_OP)], TRANSCENDENTAL),
+    ("last", ["RELU", "SUB", CPU_OP], [(2, CPU_OP)], ELEMENTWISE),
+    ("several", ["RELU", CPU_OP, "TANH", "ATAN2", "MUL", CPU_OP, "SUB"],
+     [(1, CPU_OP), (3, "ATAN2"), (5, CPU_OP)], TRANSCENDENTAL),
+    ("two_readers", ["RELU", CPU_OP, "TANH", "MUL", "ADD"], [(1, CPU_OP)], TRANSCENDENTAL),
 ])
 def test_cpu_segments_between_gpu_ops_match_litert(models, rng, name, ops, fallback, tol):
     model = models[name]
@@ -136,21 +149,23 @@ def test_int64_tensors_cross_both_ways(models, rng):
     """int64 tensors (held as int32 on the GPU) move from a CPU segment to a GPU GATHER and from a GPU GATHER
     to a CPU segment; the int64 output comes from the CPU."""
     model = models["int64"]
-    assert _ops(model) == ["GATHER", "REVERSE_V2", "REVERSE_V2", "RELU", "GATHER", "MUL"]
+    assert _ops(model) == ["GATHER", CPU_OP, CPU_OP, "RELU", "GATHER", "MUL"]
     ours = _compare(model, rng, ELEMENTWISE)
-    assert ours.fallback_ops == [(1, "REVERSE_V2", "no GPU kernel"), (2, "REVERSE_V2", "no GPU kernel")]
+    assert ours.fallback_ops == [(1, CPU_OP, "no GPU kernel"), (2, CPU_OP, "no GPU kernel")]
     assert [d["dtype"] for d in ours.get_output_details()] == [np.float32, np.int64]
 
 
 def test_types_the_gpu_does_not_hold_stay_on_the_cpu(models, rng):
-    """CAST has a GPU kernel, but the one reads and the other writes uint8: both fall back, the reason naming
-    the tensor; the uint8 input is set and the uint8 output read on the host."""
+    """REVERSE_V2 and CAST have GPU kernels, but REVERSE_V2 moves uint8, the first CAST reads it and the last CAST
+    writes it: all three fall back, the reason naming the tensor; the uint8 input is set and the uint8 output read
+    on the host."""
     model = models["uint8"]
     assert _ops(model) == ["REVERSE_V2", "CAST", "ADD", "CAST"]
     ours = _compare(model, rng, ELEMENTWISE)
     ops = Model(model)
+    r = ops.op_outputs(0, 0)[0]   # its uint8 output (from a run-time value) is found before its uint8 input
     assert ours.fallback_ops == [
-        (0, "REVERSE_V2", "no GPU kernel"),
+        (0, "REVERSE_V2", f"writes UINT8 tensor {r} ({ops.tensor_name(0, r)!r}), a type the GPU runtime does not hold"),
         (1, "CAST", f"reads UINT8 tensor {ops.op_inputs(0, 1)[0]} ({ops.tensor_name(0, ops.op_inputs(0, 1)[0])!r}), "
                     f"a type the GPU runtime does not hold"),
         (3, "CAST", f"writes UINT8 tensor {ops.op_outputs(0, 3)[0]} ({ops.tensor_name(0, ops.op_outputs(0, 3)[0])!r}), "
@@ -202,13 +217,13 @@ def test_if_with_a_bool_input(models, flag):
 
 def test_fused_op_beside_a_cpu_op(rng):
     """A tflfuse fused op (``tflfuse.fuse``: CONV_2D + residual ADD + TANH into ``fused_conv2d``) before a
-    REVERSE_V2 that falls back; LiteRT runs the unfused file (it has no kernel for the fused op)."""
+    REVERSE_SEQUENCE that falls back; LiteRT runs the unfused file (it has no kernel for the fused op)."""
     w = tf.constant(rng.standard_normal((1, 1, 4, 4)).astype(np.float32) / 2.0)
-    plain = _convert(lambda x: tf.reverse(tf.tanh(tf.nn.conv2d(x, w, 1, "SAME") + x), [2]), _x([1, 5, 5, 4]))
+    plain = _convert(lambda x: _reverse(tf.tanh(tf.nn.conv2d(x, w, 1, "SAME") + x), 2), _x([1, 5, 5, 4]))
     fused, report = tflfuse.fuse(plain)
-    assert "fused_conv2d" in _ops(fused) and "REVERSE_V2" in _ops(fused), report
+    assert "fused_conv2d" in _ops(fused) and CPU_OP in _ops(fused), report
     ours = tflfuse.Interpreter(model_content=fused)
-    assert [op for _, op, _ in ours.fallback_ops] == ["REVERSE_V2"]
+    assert [op for _, op, _ in ours.fallback_ops] == [CPU_OP]
     lite = LiteRTInterpreter(model_content=plain)
     x = rng.standard_normal((1, 5, 5, 4)).astype(np.float32)
     for interp in (ours, lite):
@@ -248,16 +263,18 @@ def test_resize_again_on_one_interpreter(models, rng):
 
 
 def test_zero_size_tensors_cross(rng):
-    """An empty input through GPU RELU, CPU REVERSE_V2, GPU ADD (the converter folds such graphs away, so this
-    file is built on the schema): nothing to move, and the empty output has its shape."""
+    """An empty input through GPU RELU, CPU REVERSE_SEQUENCE, GPU ADD (the converter folds such graphs away, so
+    this file is built on the schema): nothing to move, and the empty output has its shape."""
     from tflite_builder import build, t
 
-    axis = t((1,), type="INT32", data=np.array([1], np.int32))
-    model = build([t((0, 5)), t((0, 5)), axis, t((0, 5)), t((), data=np.float32(1.0)), t((0, 5))],
-                  [dict(op="RELU", inputs=[0], outputs=[1]), dict(op="REVERSE_V2", inputs=[1, 2], outputs=[3]),
+    lengths = t((5,), type="INT32", data=np.zeros(5, np.int32))   # sequences along the empty axis 0
+    model = build([t((0, 5)), t((0, 5)), lengths, t((0, 5)), t((), data=np.float32(1.0)), t((0, 5))],
+                  [dict(op="RELU", inputs=[0], outputs=[1]),
+                   dict(op=CPU_OP, inputs=[1, 2], outputs=[3], options=("ReverseSequenceOptions",
+                                                                         {"seqDim": 0, "batchDim": 1})),
                    dict(op="ADD", inputs=[3, 4], outputs=[5])], [0], [5])
     ours = _compare(model, rng, EXACT)
-    assert ours.fallback_ops == [(1, "REVERSE_V2", "no GPU kernel")]
+    assert ours.fallback_ops == [(1, CPU_OP, "no GPU kernel")]
     assert ours.get_tensor(ours.get_output_details()[0]["index"]).shape == (0, 5)
 
 
@@ -284,9 +301,9 @@ def test_cpu_computed_output_before_invoke_is_an_error(models):
 
 
 def test_cpu_intermediate_is_not_readable_without_preserve(rng):
-    model = _convert(lambda x: tf.nn.relu(tf.reverse(tf.reverse(x, [0]), [1]) + 1.0), _x([2, 3]))
+    model = _convert(lambda x: tf.nn.relu(_reverse(_reverse(x, 0), 1) + 1.0), _x([2, 3]))
     names = _ops(model)
-    first, second = names.index("REVERSE_V2"), len(names) - 1 - names[::-1].index("REVERSE_V2")
+    first, second = names.index(CPU_OP), len(names) - 1 - names[::-1].index(CPU_OP)
     assert second == first + 1   # one CPU segment of two ops: the first's output stays inside it
     inner = Model(model).op_outputs(0, first)[0]
     ours = _compare(model, rng, ELEMENTWISE)
@@ -296,21 +313,21 @@ def test_cpu_intermediate_is_not_readable_without_preserve(rng):
 
 def test_signature_runner_of_a_second_subgraph(rng, tmp_path):
     class Module(tf.Module):
-        @tf.function(input_signature=[_x([4])], autograph=False)
+        @tf.function(input_signature=[_x([2, 4])], autograph=False)
         def plain(self, x):
             return {"y": tf.nn.relu(x)}
 
-        @tf.function(input_signature=[_x([4])], autograph=False)
+        @tf.function(input_signature=[_x([2, 4])], autograph=False)
         def reversing(self, x):
-            return {"y": tf.reverse(tf.nn.relu(x), [0]) * 3.0}
+            return {"y": _reverse(tf.nn.relu(x), 0) * 3.0}
 
     module = Module()
     tf.saved_model.save(module, str(tmp_path), signatures={"plain": module.plain, "reversing": module.reversing})
     model = tf.lite.TFLiteConverter.from_saved_model(str(tmp_path)).convert()
     sub = Model(model).signature_defs()["reversing"]["subgraph"]
-    assert "REVERSE_V2" in Model(model).op_names(sub)
+    assert CPU_OP in Model(model).op_names(sub)
     interp = tflfuse.Interpreter(model_content=model)
-    x = rng.standard_normal(4).astype(np.float32)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
     for key in ("plain", "reversing"):
         got = interp.get_signature_runner(key)(x=x)
         want = LiteRTInterpreter(model_content=model).get_signature_runner(key)(x=x)
@@ -327,14 +344,14 @@ def test_strict_mode_refuses_with_the_old_message(models, monkeypatch):
     monkeypatch.setattr(device_module.Device, "__init__", refuse)
     with pytest.raises(UnsupportedOpError) as err:
         tflfuse.Interpreter(model_content=models["several"], cpu_fallback=False)
-    assert "3 op(s) of the model have no tflfuse kernel: 'REVERSE_V2' at operators 1, 5 of subgraph 0; " \
+    assert "3 op(s) of the model have no tflfuse kernel: 'REVERSE_SEQUENCE' at operators 1, 5 of subgraph 0; " \
            "'ATAN2' at operator 3 of subgraph 0" in str(err.value)
-    assert err.value.ops == (("REVERSE_V2", 0, 1), ("ATAN2", 0, 3), ("REVERSE_V2", 0, 5))
+    assert err.value.ops == ((CPU_OP, 0, 1), ("ATAN2", 0, 3), (CPU_OP, 0, 5))
     assert tflfuse.Interpreter(model_content=models["several"]).fallback_ops   # the default falls back, GPU-free
 
 
 def test_custom_op_without_kernel_is_still_refused():
-    """LiteRT has no kernel for a custom op either: only it is named (the REVERSE_V2 beside it would run)."""
+    """LiteRT has no kernel for a custom op either: only it is named (the REVERSE_V2 beside it runs)."""
     from tflite_builder import build, t
 
     axis = t((1,), type="INT32", data=np.array([0], np.int32))
@@ -348,13 +365,15 @@ def test_custom_op_without_kernel_is_still_refused():
 
 
 def test_op_litert_refuses_is_named(rng):
-    """A REVERSE_V2 over an axis the tensor lacks: LiteRT refuses it at its first invoke; the error names it."""
+    """A REVERSE_SEQUENCE with sequences longer than their axis: LiteRT refuses it at its first invoke; the error
+    names it."""
     from tflite_builder import build, t
 
-    axis = t((1,), type="INT32", data=np.array([5], np.int32))
-    model = build([t((2, 3)), t((2, 3)), axis, t((2, 3))],
-                  [dict(op="RELU", inputs=[0], outputs=[1]), dict(op="REVERSE_V2", inputs=[1, 2], outputs=[3])],
-                  [0], [3])
+    lengths = t((2,), type="INT32", data=np.array([7, 7], np.int32))   # axis 1 has 3
+    model = build([t((2, 3)), t((2, 3)), lengths, t((2, 3))],
+                  [dict(op="RELU", inputs=[0], outputs=[1]),
+                   dict(op=CPU_OP, inputs=[1, 2], outputs=[3],
+                        options=("ReverseSequenceOptions", {"seqDim": 1, "batchDim": 0}))], [0], [3])
     x = rng.standard_normal((2, 3)).astype(np.float32)
     lite = LiteRTInterpreter(model_content=model)
     lite.allocate_tensors()
@@ -364,7 +383,7 @@ def test_op_litert_refuses_is_named(rng):
     ours = tflfuse.Interpreter(model_content=model)
     ours.allocate_tensors()
     ours.set_tensor(ours.get_input_details()[0]["index"], x)
-    with pytest.raises(RuntimeError, match=r"CPU fallback of REVERSE_V2 \(operator 1 of subgraph 0\): LiteRT's CPU "
+    with pytest.raises(RuntimeError, match=rf"CPU fallback of {CPU_OP} \(operator 1 of subgraph 0\): LiteRT's CPU "
                                            r"interpreter failed"):
         ours.invoke()
 
@@ -374,7 +393,7 @@ def test_fallback_is_logged_once(models, rng, caplog):
         ours = _compare(models["middle"], rng, ELEMENTWISE)
         ours.invoke()
     lines = [r.getMessage() for r in caplog.records if "LiteRT's CPU interpreter" in r.getMessage()]
-    assert lines == ["tflfuse: 1 op(s) of subgraph 0 run on LiteRT's CPU interpreter: REVERSE_V2 (operator 2): "
+    assert lines == [f"tflfuse: 1 op(s) of subgraph 0 run on LiteRT's CPU interpreter: {CPU_OP} (operator 2): "
                      "no GPU kernel"], lines
 
 
@@ -479,3 +498,92 @@ def test_int64_past_int32_where_only_cpu_ops_read_it():
                        match=r"computed by CPU fallback of CAST \(operator 0 of subgraph 0\) and read by a GPU op, "
                              r"holds the int64 value 3000000000"):
         _run_both(cast, np.array([3_000_000_000, 1, 2], np.uint32))
+
+
+# ---- ops whose GPU kernel refuses them -----------------------------------------------------------------------
+def _bool_pad(x):   # PAD's kernel takes float32 and int32: the bool tensor of a comparison falls back
+    return tf.cast(tf.pad(x > 0.0, [[1, 0], [0, 2]]), tf.float32) + 1.0
+
+
+def _rank7(x, y):   # GREATER, SELECT and ADD kernels stop at rank 6
+    return tf.where(x > y, x, y) + 1.0
+
+
+@pytest.mark.parametrize("fn,specs,refused", [
+    (_bool_pad, [_x([2, 3])], ["PAD"]),
+    (_rank7, [_x([1, 2, 1, 2, 1, 2, 3]), _x([1, 2, 1, 2, 1, 2, 3], "y")], ["GREATER", "SELECT", "ADD"]),
+], ids=["bool_pad", "rank7"])
+def test_op_its_kernel_refuses_runs_on_the_cpu(rng, caplog, fn, specs, refused):
+    """An op with a GPU kernel that refuses its dtype or rank falls back (reported with the kernel's message,
+    logged once); with cpu_fallback=False the kernel's own KernelError is raised, naming the op and its index."""
+    model = _convert(fn, *specs)
+    names = _ops(model)
+    with caplog.at_level("WARNING"):
+        ours = _compare(model, rng, ELEMENTWISE)
+        ours.invoke()
+    got = [(i, op) for i, op, _ in ours.fallback_ops]
+    assert got == [(names.index(op), op) for op in refused]
+    for i, op, reason in ours.fallback_ops:
+        assert reason.startswith(f"{op}: ") and "input shapes" in reason, reason   # the kernel's message
+    lines = [r.getMessage() for r in caplog.records if "LiteRT's CPU interpreter" in r.getMessage()]
+    assert len(lines) == 1 and all(f"{op} (operator {i}): {reason}" in lines[0]
+                                   for i, op, reason in ours.fallback_ops), lines
+    strict = tflfuse.Interpreter(model_content=model, cpu_fallback=False)
+    first, op, reason = ours.fallback_ops[0]
+    with pytest.raises(tflfuse.kernels.KernelError) as err:
+        strict.allocate_tensors()
+    assert str(err.value) == f"{op} (operator {first} of subgraph 0): {reason}"
+
+
+def test_refused_op_with_a_run_time_shape_input(rng):
+    """A bool PAD whose paddings come from an input: the plan is specialised on the paddings and PAD runs on
+    LiteRT with them as constants (so that the GPU ops after it get its shape); new paddings, a new plan."""
+    model = _convert(lambda x, p: tf.cast(tf.pad(x > 0.0, p), tf.float32) * 2.0, _x([2, 3]),
+                     tf.TensorSpec([2, 2], tf.int32, name="p"))
+    ours = tflfuse.Interpreter(model_content=model)
+    ours.allocate_tensors()
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    for pads in ([[1, 0], [0, 2]], [[0, 0], [1, 1]], [[1, 0], [0, 2]]):
+        lite = LiteRTInterpreter(model_content=model)
+        lite.allocate_tensors()
+        for interp in (ours, lite):
+            for d in interp.get_input_details():
+                interp.set_tensor(d["index"], x if d["dtype"] == np.float32 else np.array(pads, np.int32))
+            interp.invoke()
+        got = ours.get_tensor(ours.get_output_details()[0]["index"])
+        want = lite.get_tensor(lite.get_output_details()[0]["index"])
+        assert got.shape == want.shape == (2 + sum(pads[0]), 3 + sum(pads[1])) and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)   # a cast of 0/1 doubled: exact
+        assert [op for _, op, _ in ours.fallback_ops] == ["PAD"]
+    strict = tflfuse.Interpreter(model_content=model, cpu_fallback=False)
+    strict.allocate_tensors()
+    for d in strict.get_input_details():
+        strict.set_tensor(d["index"], x if d["dtype"] == np.float32 else np.array(pads, np.int32))
+    with pytest.raises(tflfuse.kernels.KernelError, match=r"PAD \(operator 1 of subgraph 0\): PAD: input 0 must "
+                                                          r"be float32, got bool"):
+        strict.invoke()
+
+
+@pytest.mark.parametrize("op,value,litert", [
+    ("PAD", np.array([[1, -1], [0, 0]], np.int32), "refuses them"),   # negative paddings
+    ("RESHAPE", np.array([4, 4], np.int32), "refuses them"),          # 6 elements as [4, 4]
+    ("TRANSPOSE", np.array([0, 0], np.int32), "refuses them"),        # not a permutation
+    ("GATHER", np.array([0, 5], np.int32), "fails on them"),          # index 5 of 2 rows: LiteRT checks at invoke
+])
+def test_malformed_op_is_named_whether_or_not_it_falls_back(op, value, litert):
+    """A file neither runtime can run: the GPU kernel refuses the op, and so does LiteRT once it falls back (when
+    the plan is made: a segment of such ops runs once on zeros then); both modes raise a one-line KernelError
+    that starts with the kernel's own message, naming the op and its index."""
+    from tflite_builder import build, t
+
+    const = t(value.shape, type="INT32", data=value)
+    model = build([t((2, 3)), const, t((2, 2) if op != "GATHER" else (2, 3))],
+                  [dict(op=op, inputs=[0, 1], outputs=[2])], [0], [2])
+    with pytest.raises(tflfuse.kernels.KernelError) as strict:
+        tflfuse.Interpreter(model_content=model, cpu_fallback=False).allocate_tensors()
+    assert str(strict.value).startswith(f"{op} (operator 0 of subgraph 0): {op}: ")
+    with pytest.raises(tflfuse.kernels.KernelError) as err:
+        tflfuse.Interpreter(model_content=model).allocate_tensors()
+    assert str(err.value).startswith(f"{strict.value}; LiteRT's CPU interpreter, where it would run instead, "
+                                     f"{litert} too: ")
+    assert "\n" not in str(err.value)

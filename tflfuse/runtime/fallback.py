@@ -1,12 +1,13 @@
 """The CPU fallback: ops the WebGPU runtime cannot run go to LiteRT's CPU interpreter in the same invoke.
 
-A builtin op without a tflfuse kernel, and (transitively) an op reading a tensor of a type the runtime does not
+A builtin op without a tflfuse kernel, one whose GPU kernel refuses it (``partition``'s ``kernel_refused``, found
+by :mod:`tflfuse.runtime.specialise`), and (transitively) an op reading a tensor of a type the runtime does not
 hold (uint8, int8, float16...) that such an op or a subgraph input gives, or writing one from a runtime value,
 runs on ``ai_edge_litert.interpreter.Interpreter``. The subgraph is split in file (topological) order into GPU
 and CPU segments; only the tensors that cross between them move (read back from the GPU before a CPU segment,
 uploaded after it). The split is data, as the rest of the plan: each :class:`CpuSegment` (in
 ``LoweredGraph.segments``) holds the bytes of a small .tflite with exactly its ops and their constants (written
-on LiteRT's schema by :meth:`tflfuse.model.Model.to_bytes`) and the tensor ids it takes and gives;
+on LiteRT's schema by :func:`tflfuse.runtime.segment.segment_tflite`) and the tensor ids it takes and gives;
 :func:`partition` decides the split without a GPU, :func:`lower_split` lowers the GPU ops around it, and
 :class:`SegmentRunner` runs both.
 
@@ -15,13 +16,11 @@ This module does not import TensorFlow; LiteRT's interpreter is imported when a 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Mapping, Sequence
 
 import numpy as np
 from absl import logging
-from ai_edge_litert import schema_py_generated as schema
 
 from .._litert import info_lines_to_log
 from ..kernels import UnsupportedOpError, supported_ops
@@ -30,11 +29,12 @@ from ..model import Model, ModelError, is_builtin_name
 from ..passes.portable import inline_composites
 from .int64 import int64_arithmetic
 from .profile import wall_seconds
-from .plan import (_DTYPE_NAMES, ExecutionPlan, LoweredGraph, _has_fused_kernel, _pass_recorder, check_supported, held,
-                   lower)
+from .lower import _DTYPE_NAMES, LoweredGraph, Probe, _has_fused_kernel, check_supported, held, lower
+from .plan import ExecutionPlan, _pass_recorder
+from .segment import _is_constant, called_subgraphs, segment_tflite  # noqa: F401 (re-exported)
 
-__all__ = ["CpuSegment", "FallbackOp", "Partition", "SegmentRunner", "called_subgraphs", "log_fallback",
-           "lower_split", "partition", "segment_tflite"]
+__all__ = ["CpuSegment", "FallbackOp", "Partition", "SegmentRunner", "ShapeChanged", "called_subgraphs",
+           "log_fallback", "lower_split", "partition", "segment_tflite"]
 
 #: Builtin codes that are no op LiteRT's CPU interpreter runs (markers of the schema, not ops).
 _NOT_OPS = frozenset({"DELEGATE", "PLACEHOLDER_FOR_GREATER_OP_CODES", "CUSTOM"})
@@ -60,12 +60,15 @@ class Partition:
       model: the model as planned (composites without a fused kernel inlined: what op indices refer to).
       cpu: the ops that fall back, in op order.
       refused: ``(op name, subgraph, index)`` of ops that neither runs (custom ops without a kernel).
+      kernel_refused: operator index -> the refusal of the GPU kernel, for the ops that fall back because their
+        kernel refused them (``partition``'s ``kernel_refused``).
     """
 
     subgraph: int
     model: Model
     cpu: list[FallbackOp]
     refused: list[tuple[str, int, int]]
+    kernel_refused: dict[int, str] = dataclasses.field(default_factory=dict)
     _segments: dict = dataclasses.field(default_factory=dict, repr=False)   # keep_all -> segments(), made once
 
     @property
@@ -73,7 +76,7 @@ class Partition:
         return {f.index for f in self.cpu}
 
 
-def partition(model: Model, subgraph: int) -> Partition:
+def partition(model: Model, subgraph: int, kernel_refused: Mapping[int, str] | None = None) -> Partition:
     """Decides which ops of ``subgraph`` run on LiteRT's CPU interpreter, touching no GPU.
 
     An op falls back when it is a builtin without a tflfuse kernel (``"no GPU kernel"``), or reads a tensor of
@@ -82,7 +85,9 @@ def partition(model: Model, subgraph: int) -> Partition:
     runtime value (``"writes UINT8 tensor..."``), or computes an int64 tensor from a runtime value with
     arithmetic that int32 (what the runtime holds int64 in) would wrap (:func:`tflfuse.runtime.int64.int64_arithmetic`,
     ``"int64 arithmetic (the GPU holds int64 as int32)"``). A custom op without a kernel cannot fall back (LiteRT has
-    none either): it is listed in ``refused``.
+    none either): it is listed in ``refused``. ``kernel_refused`` (operator index -> reason): ops whose GPU kernel
+    refused them (:class:`tflfuse.runtime.lower.OpRefusal`, found by :mod:`tflfuse.runtime.specialise`), which
+    fall back too, with that reason.
 
     Returns:
       a :class:`Partition`; ``cpu`` is empty where every op runs on the GPU.
@@ -109,6 +114,9 @@ def partition(model: Model, subgraph: int) -> Partition:
             cpu[oi] = "no GPU kernel"
         else:
             refused.append((name, subgraph, oi))
+    for oi, reason in (kernel_refused or {}).items():
+        if oi not in cpu:
+            cpu[oi] = reason
     refused_ops = {oi for _, _, oi in refused}
     for oi, op in enumerate(sg.operators):   # a runtime value into a type the runtime does not hold
         if oi in cpu or oi in refused_ops or model.composite(subgraph, oi) is not None:
@@ -129,7 +137,8 @@ def partition(model: Model, subgraph: int) -> Partition:
         if oi not in cpu and oi not in refused_ops:
             cpu[oi] = reason
     ops = [FallbackOp(oi, names[oi], cpu[oi]) for oi in sorted(cpu)]
-    return Partition(subgraph, model, ops, refused)
+    return Partition(subgraph, model, ops, refused, {oi: r for oi, r in (kernel_refused or {}).items()
+                                                    if cpu.get(oi) == r})
 
 
 def _unheld(model: Model, sg: int, t: int) -> bool:
@@ -140,11 +149,13 @@ def _unheld(model: Model, sg: int, t: int) -> bool:
         return True
 
 
-def log_fallback(part: Partition) -> None:
-    """Logs (absl, once per call: an interpreter calls it once) the ops of ``part`` that run on the CPU and why."""
-    if part.cpu:
-        logging.warning("tflfuse: %d op(s) of subgraph %d run on LiteRT's CPU interpreter: %s", len(part.cpu),
-                        part.subgraph, "; ".join(f"{f.name} (operator {f.index}): {f.reason}" for f in part.cpu))
+def log_fallback(part: Partition, only: Sequence[int] | None = None) -> None:
+    """Logs (absl, once per call: an interpreter calls it once per op) the ops of ``part`` that run on the CPU and
+    why (of them, those in ``only`` where given)."""
+    ops = [f for f in part.cpu if only is None or f.index in only]
+    if ops:
+        logging.warning("tflfuse: %d op(s) of subgraph %d run on LiteRT's CPU interpreter: %s", len(ops),
+                        part.subgraph, "; ".join(f"{f.name} (operator {f.index}): {f.reason}" for f in ops))
 
 
 # ---- the segments as data ----------------------------------------------------------------------------------
@@ -167,106 +178,6 @@ class CpuSegment:
     outputs: list[int]
     to_gpu: list[int]
     tflite: bytes
-
-
-def _raw_buffer(model: Model, index: int) -> bytes | None:
-    """The bytes of buffer ``index`` of the file (inline or stored after the flatbuffer), None when empty."""
-    buf = model.m.buffers[index] if 0 <= index < len(model.m.buffers or []) else None
-    if buf is None:
-        return None
-    if buf.offset is not None and buf.offset > 1:
-        return model._file[buf.offset:buf.offset + buf.size]
-    if buf.data is not None and len(buf.data):
-        return np.asarray(buf.data, np.uint8).tobytes()
-    return None
-
-
-def _is_constant(model: Model, sg: int, t: int) -> bool:
-    return _raw_buffer(model, model.tensor(sg, t).buffer) is not None
-
-
-def called_subgraphs(op) -> list[int]:
-    """The subgraphs an op's options name (IF's branches, WHILE's cond and body, CALL_ONCE's, StableHLO's
-    WHILE/REDUCE/CASE...), for an ``OperatorT`` of LiteRT's schema."""
-    found: list[int] = []
-    for opts in (op.builtinOptions, op.builtinOptions2):
-        for k, v in (vars(opts).items() if opts is not None else ()):
-            if "ubgraph" in k and v is not None:
-                found += [int(i) for i in np.ravel(v)]
-    return found
-
-
-def segment_tflite(model: Model, sg: int, ops: Sequence[int], inputs: Sequence[int],
-                   outputs: Sequence[int]) -> bytes:
-    """A .tflite holding exactly ops ``ops`` of subgraph ``sg`` of ``model``, with their constant buffers, whose
-    inputs and outputs are the tensors ``inputs`` and ``outputs`` (ids of ``sg``), in that order. Where an op
-    runs other subgraphs (IF, WHILE), every other subgraph of the file comes along at its index (the segment
-    takes subgraph 0's place)."""
-    src = model.subgraphs[sg]
-    tree = schema.ModelT()
-    tree.version = model.m.version or 3
-    tree.description = b"tflfuse CPU segment"
-    tree.buffers = [schema.BufferT()]
-    tree.operatorCodes = []
-    code_map: dict[int, int] = {}
-    buffer_map: dict[int, int] = {}
-
-    def buffer(index: int) -> int:
-        if index not in buffer_map:
-            raw = _raw_buffer(model, index)
-            if raw is None:
-                return 0
-            b = schema.BufferT()
-            b.data = np.frombuffer(raw, np.uint8).copy()
-            buffer_map[index] = len(tree.buffers)
-            tree.buffers.append(b)
-        return buffer_map[index]
-
-    def subgraph(g, op_ids, ins, outs, whole: bool):
-        tmap: dict[int, int] = {}
-        new = schema.SubGraphT()
-        new.name, new.tensors, new.operators = g.name, [], []
-
-        def tensor(t: int) -> int:
-            t = int(t)
-            if t < 0:
-                return t
-            if t not in tmap:
-                tt = copy.copy(g.tensors[t])
-                tt.buffer = buffer(tt.buffer)
-                tmap[t] = len(new.tensors)
-                new.tensors.append(tt)
-            return tmap[t]
-
-        if whole:
-            for t in range(len(g.tensors)):
-                tensor(t)
-        for oi in op_ids:
-            op = copy.copy(g.operators[oi])
-            if op.opcodeIndex not in code_map:
-                code_map[op.opcodeIndex] = len(tree.operatorCodes)
-                tree.operatorCodes.append(copy.copy(model.m.operatorCodes[op.opcodeIndex]))
-            op.opcodeIndex = code_map[op.opcodeIndex]
-            op.inputs = [tensor(t) for t in op.inputs]
-            op.outputs = [tensor(t) for t in op.outputs]
-            if op.intermediates is not None:
-                op.intermediates = [tensor(t) for t in op.intermediates]
-            if op.largeCustomOptionsSize:   # custom options stored after the flatbuffer: inline them
-                start = int(op.largeCustomOptionsOffset)
-                op.customOptions = list(model._file[start:start + int(op.largeCustomOptionsSize)])
-                op.largeCustomOptionsOffset = op.largeCustomOptionsSize = 0
-            new.operators.append(op)
-        new.inputs = [tensor(t) for t in ins]
-        new.outputs = [tensor(t) for t in outs]
-        return new
-
-    seg = subgraph(src, ops, inputs, outputs, whole=False)
-    tree.subgraphs = [seg]
-    if any(called_subgraphs(src.operators[oi]) for oi in ops):
-        for k in range(1, len(model.subgraphs)):
-            g = model.subgraphs[k]
-            tree.subgraphs.append(subgraph(g, range(len(g.operators)), g.inputs, g.outputs, whole=True))
-    return model.derived(tree).to_bytes()
 
 
 def segments(part: Partition, keep_all: bool = False) -> list[CpuSegment]:
@@ -307,13 +218,13 @@ def segments(part: Partition, keep_all: bool = False) -> list[CpuSegment]:
 
 
 # ---- lowering and running -----------------------------------------------------------------------------------
-def _litert(seg: CpuSegment, what: str):
+def _litert(part: Partition, seg: CpuSegment, what: str):
     from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter
 
     try:
         return LiteRTInterpreter(model_content=seg.tflite)
     except (ValueError, RuntimeError) as e:
-        raise KernelError(f"{what}: LiteRT's CPU interpreter cannot load them: {e}") from e
+        raise _refusal(part, seg, what, "cannot load them", e) from e
 
 
 def _where(part: Partition, seg: CpuSegment) -> str:
@@ -323,10 +234,74 @@ def _where(part: Partition, seg: CpuSegment) -> str:
     return f"CPU fallback of {shown}" + (f" and {len(seg.ops) - 5} more ops" if len(seg.ops) > 5 else "")
 
 
+def _with_values(part: Partition, seg: CpuSegment, known: Mapping[int, np.ndarray]) -> CpuSegment:
+    """``seg`` with the tensors of ``known`` it reads written into its file as constants, no longer inputs."""
+    inputs = [t for t in seg.inputs if t not in known]
+    values = {t: known[t] for t in seg.inputs if t in known}
+    tflite = segment_tflite(part.model, part.subgraph, seg.ops, inputs, seg.outputs, values)
+    return CpuSegment(seg.ops, inputs, seg.outputs, seg.to_gpu, tflite)
+
+
+def _kernel_refusals(part: Partition, seg: CpuSegment) -> str:
+    """`` (their GPU kernels refused them: PAD (operator 0): ...)`` for the ops of ``seg`` that fall back because
+    their kernel refused them, "" where none does: what to fix when LiteRT refuses them too."""
+    names = part.model.op_names(part.subgraph)
+    found = [f"{names[oi]} (operator {oi}): {part.kernel_refused[oi]}" for oi in seg.ops if oi in part.kernel_refused]
+    return f" (their GPU kernels refused them: {'; '.join(found)})" if found else ""
+
+
+def _refusal(part: Partition, seg: CpuSegment, what: str, doing: str, error: Exception) -> KernelError:
+    """The error for LiteRT failing ``seg`` (``doing``: ``"refuses them"``...), on one line. Where ops of the
+    segment fall back because their GPU kernel refused them, the kernel's own message comes first (the op, its
+    index, what is wrong: a file neither runtime runs), LiteRT's after it."""
+    detail = " ".join(str(error).split())
+    names = part.model.op_names(part.subgraph)
+    first = [f"{names[oi]} (operator {oi} of subgraph {part.subgraph}): {part.kernel_refused[oi]}"
+             for oi in seg.ops if oi in part.kernel_refused]
+    if first:
+        return KernelError(f"{'; '.join(first)}; LiteRT's CPU interpreter, where it would run instead, "
+                           f"{doing} too: {detail}")
+    return KernelError(f"{what}: LiteRT's CPU interpreter {doing}: {detail}")
+
+
+def _dry_run(part: Partition, seg: CpuSegment, lite, what: str) -> None:
+    """Invokes a segment holding ops that fall back because their GPU kernel refused them once, on zeros (and on
+    ones where zeros fail), when it is made: LiteRT checks some of what the kernels refused (a constant index out
+    of range) only when it runs, and a file that neither runtime runs is refused when the plan is made, as
+    without the fallback.
+
+    Raises:
+      KernelError: LiteRT fails (:func:`_refusal`).
+    """
+    ops = part.model.subgraphs[part.subgraph].operators
+    if not any(oi in part.kernel_refused for oi in seg.ops) or any(called_subgraphs(ops[oi]) for oi in seg.ops):
+        return   # (a loop's trip count on zeros is anyone's guess)
+    details = lite.get_input_details()
+    if any(np.dtype(d["dtype"]).kind not in "biuf" for d in details):
+        return
+    failed = None
+    for fill in (0, 1):   # zeros, then ones (an integer FLOOR_DIV fails on zeros, a valid file not on both)
+        try:
+            for d in details:
+                lite.set_tensor(d["index"], np.full(d["shape"], fill, d["dtype"]))
+            lite.invoke()
+            return
+        except (ValueError, RuntimeError) as e:
+            failed = failed or e
+    raise _refusal(part, seg, what, "fails on them", failed) from failed
+
+
 def lower_split(part: Partition, input_shapes: Mapping[int, Sequence[int]] | None, target: str,
-                keep_all: bool = False) -> tuple[LoweredGraph, "SegmentRunner"]:
+                keep_all: bool = False, known: Mapping[int, np.ndarray] | None = None,
+                probe: Probe | None = None, out_shapes: Mapping[int, Sequence[int]] | None = None,
+                ) -> tuple[LoweredGraph, "SegmentRunner"]:
     """Lowers the GPU ops of a partition (:func:`tflfuse.runtime.plan.lower` with the CPU segments skipped)
     and makes each CPU segment's LiteRT interpreter, resized to the shapes the ops before it give.
+
+    ``known`` and ``probe`` are :func:`~tflfuse.runtime.lower.lower`'s; a segment reading a tensor the probe
+    marks uncertain is not made (its outputs take the file's declared shapes and are uncertain too): such a
+    split is for deciding, not for running. ``out_shapes``: shapes CPU segments' outputs had when run (where
+    they depend on values: :class:`ShapeChanged`), planned for instead of LiteRT's before it runs.
 
     Returns:
       the :class:`LoweredGraph` of the GPU ops (its ``crossing`` lists the tensors moved between segments)
@@ -338,6 +313,8 @@ def lower_split(part: Partition, input_shapes: Mapping[int, Sequence[int]] | Non
     if keep_all not in part._segments:   # the segment files do not depend on the shapes: made once
         part._segments[keep_all] = segments(part, keep_all)
     segs = part._segments[keep_all]
+    if known:   # run-time shape values a segment reads become its constants: LiteRT then plans static shapes
+        segs = [_with_values(part, seg, known) if any(t in known for t in seg.inputs) else seg for seg in segs]
     shapes: dict[int, tuple[int, ...]] = {}    # host tensors: their shapes
     for t in model.subgraphs[si].inputs:
         t = int(t)
@@ -345,16 +322,27 @@ def lower_split(part: Partition, input_shapes: Mapping[int, Sequence[int]] | Non
     interps = []
     hooks = {}
 
-    def make_hook(seg: CpuSegment):
+    segs = list(segs)
+
+    def make_hook(k: int):
+        seg = segs[k]
         what = _where(part, seg)
 
         def hook(specs, consts):   # at the segment's first op: its inputs' shapes are known, LiteRT gives the rest
+            nonlocal seg
+            if probe is not None and any(t in probe.uncertain for t in seg.inputs):
+                probe.uncertain.update(seg.outputs)
+                return {t: TensorSpec(model.tensor_shape(si, t), _DTYPE_NAMES[model.tensor_dtype(si, t)])
+                        for t in seg.to_gpu}
+            folded = {t: consts[t] for t in seg.inputs if t in consts and t < len(model.subgraphs[si].tensors)}
+            if folded:   # values folded at load (a FILL's dims from SHAPE): constants of the segment, so that
+                seg = segs[k] = _with_values(part, seg, folded)   # LiteRT plans the shapes they decide
             for t in seg.inputs:
                 if t not in specs and t not in consts and t not in shapes:
                     raise KernelError(f"{what}: tensor {t} ({model.tensor_name(si, t)!r}) is read before any op "
                                       f"writes it")
             with info_lines_to_log():   # LiteRT's "INFO: Created ... XNNPACK delegate" line, to absl's log
-                lite = _litert(seg, what)
+                lite = _litert(part, seg, what)
                 try:
                     for d, t in zip(lite.get_input_details(), seg.inputs):
                         shape = specs[t].shape if t in specs else consts[t].shape if t in consts else shapes[t]
@@ -366,25 +354,35 @@ def lower_split(part: Partition, input_shapes: Mapping[int, Sequence[int]] | Non
                     raise ModelError(f"{what}: a tensor name is not UTF-8 ({e}), which LiteRT's CPU interpreter "
                                      f"cannot read: a malformed file; re-convert the model") from e
                 except (ValueError, RuntimeError) as e:
-                    raise KernelError(f"{what}: LiteRT's CPU interpreter refuses them: {e}") from e
+                    raise _refusal(part, seg, what, "refuses them", e) from e
+                _dry_run(part, seg, lite, what)
             interps.append(lite)
             out = {}
-            for d, t in zip(outputs, seg.outputs):
-                shapes[t] = tuple(int(v) for v in d["shape"])
+            for d, t in zip(outputs, seg.outputs):   # LiteRT's, or the shapes a run gave where they vary
+                shapes[t] = tuple((out_shapes or {}).get(t, tuple(int(v) for v in d["shape"])))
                 if t in seg.to_gpu:
                     out[t] = TensorSpec(shapes[t], _DTYPE_NAMES[model.tensor_dtype(si, t)])
             return out
         return hook
 
-    for seg in segs:
-        hooks[seg.ops[0]] = make_hook(seg)
+    for k, seg in enumerate(segs):
+        hooks[seg.ops[0]] = make_hook(k)
         for oi in seg.ops[1:]:
             hooks[oi] = lambda specs, consts: {}
-    graph = lower(model, si, input_shapes, target=target, host_ops=hooks)
+    graph = lower(model, si, input_shapes, target=target, host_ops=hooks, known=known, probe=probe)
     from_gpu = [t for seg in segs for t in seg.inputs if t in graph.specs]
     graph.crossing = list(dict.fromkeys(from_gpu + [t for seg in segs for t in seg.to_gpu]))
     graph.segments = segs
     return graph, SegmentRunner(part, segs, interps, graph, shapes)
+
+
+class ShapeChanged(RuntimeError):
+    """A CPU segment's outputs came out of other shapes than planned; ``shapes``: tensor id -> the shape each
+    output of that segment had."""
+
+    def __init__(self, message: str, shapes: Mapping[int, tuple[int, ...]]):
+        super().__init__(message)
+        self.shapes = {int(t): tuple(int(d) for d in s) for t, s in shapes.items()}
 
 
 class SegmentRunner:
@@ -462,8 +460,9 @@ class SegmentRunner:
         """One invoke: each GPU run as one submit, each CPU segment on LiteRT with its inputs moved in.
 
         Raises:
-          RuntimeError: a CPU segment's output came out of another shape than planned (an op whose output
-            shape depends on values, feeding GPU ops), naming the ops; DeviceLostError as the GPU plan.
+          ShapeChanged: a CPU segment's output came out of another shape than planned (an op whose output
+            shape depends on values), naming the ops (:mod:`tflfuse.runtime.specialise` plans again for it).
+          RuntimeError: LiteRT failed; DeviceLostError as the GPU plan.
         """
         plan, dev = self.plan, self.plan.device
         plan._staged = set()   # outputs are read from their own buffers, not the whole-run read-back copies
@@ -487,13 +486,17 @@ class SegmentRunner:
             try:
                 lite.invoke()
             except (ValueError, RuntimeError) as e:
-                raise RuntimeError(f"{_where(self.partition, seg)}: LiteRT's CPU interpreter failed: {e}") from e
-            for d, t in zip(outs, seg.outputs):
-                value = lite.get_tensor(d["index"])
-                if value.shape != self.shapes[t]:
-                    raise RuntimeError(f"{_where(self.partition, seg)}: output tensor {t} came out "
-                                       f"{list(value.shape)}, planned as {list(self.shapes[t])} (its shape depends "
-                                       f"on the values; tflfuse plans the GPU ops after it for static shapes)")
+                raise RuntimeError(f"{_where(self.partition, seg)}: LiteRT's CPU interpreter failed: {e}"
+                                   f"{_kernel_refusals(self.partition, seg)}") from e
+            got = {t: lite.get_tensor(d["index"]) for d, t in zip(outs, seg.outputs)}
+            changed = [t for t, value in got.items() if value.shape != self.shapes[t]]
+            if changed:
+                t = changed[0]
+                raise ShapeChanged(f"{_where(self.partition, seg)}: output tensor {t} came out "
+                                   f"{list(got[t].shape)}, planned as {list(self.shapes[t])} (its shape depends on "
+                                   f"the values; the GPU ops after it are planned for static shapes)",
+                                   {t: value.shape for t, value in got.items()})
+            for t, value in got.items():
                 self.host[t] = value
                 if t in seg.to_gpu:
                     plan.write(t, value, source=_where(self.partition, seg))

@@ -12,8 +12,10 @@ from ..kernels import UnsupportedOpError
 from ..kernels.registry import missing_kernels_error
 from ..model import TENSOR_DTYPES, Model, is_builtin_name
 from .device import Device
-from .fallback import Partition, SegmentRunner, log_fallback, lower_split, partition
-from .plan import PRECISIONS, ExecutionPlan, check_supported, lower
+from .profile import wall_seconds
+from .fallback import Partition, log_fallback, partition
+from .plan import PRECISIONS, ExecutionPlan, check_supported
+from .specialise import SubgraphPlanner
 
 __all__ = ["Interpreter", "SignatureRunner"]
 
@@ -22,14 +24,21 @@ class Interpreter:
     """Runs a .tflite model on a WebGPU adapter; the API of ``ai_edge_litert.interpreter.Interpreter``.
 
     An op without a tflfuse kernel runs on LiteRT's CPU interpreter (``ai_edge_litert``) within the same
-    invoke (``cpu_fallback``, :mod:`tflfuse.runtime.fallback`): a builtin tflfuse lacks, and any op reading a
+    invoke (``cpu_fallback``, :mod:`tflfuse.runtime.fallback`): a builtin tflfuse lacks, a builtin whose GPU
+    kernel refuses its dtype, rank or attributes (the kernel's message is the reason), and any op reading a
     tensor of a type the GPU runtime does not hold (int64, uint8...) that such an op or an input gives; only
     the tensors crossing between GPU and CPU segments move. :attr:`fallback_ops` lists them, and they are
-    logged once (absl) when first planned (:meth:`allocate_tensors`). Custom ops without a kernel are refused (LiteRT has
-    none either); this is checked when the interpreter is made, before any GPU work. Pipelines, bind groups
-    and buffers are built once by :meth:`allocate_tensors`; :meth:`invoke` submits one command buffer with
-    every dispatch (recorded during the invoke before) and records the next one while the GPU runs (with CPU
-    segments: one submit per run of GPU ops between them, each CPU segment's inputs read back first).
+    logged once (absl) when first planned (:meth:`allocate_tensors`). Custom ops without a kernel are refused
+    (LiteRT has none either); this is checked when the interpreter is made, before any GPU work. Pipelines,
+    bind groups and buffers are built once by :meth:`allocate_tensors`; :meth:`invoke` submits one command
+    buffer with every dispatch (recorded during the invoke before) and records the next one while the GPU runs
+    (with CPU segments: one submit per run of GPU ops between them, each CPU segment's inputs read back first).
+
+    Shape inputs (SLICE's begin, RESHAPE's shape, MEAN's axis, PAD's paddings, TOPK_V2's k...) computed from
+    constants and from the inputs' shapes fold when the plan is made. Where they come from run-time values, the
+    plan is specialised on them (:mod:`tflfuse.runtime.specialise`, as LiteRT resizes dynamic tensors): each
+    invoke computes them first (a few bytes read back), then runs the plan made for those values, made at the
+    first invoke that sees them and kept for the next; outputs then report the shapes of the last invoke.
 
     Args:
       model_path: path of a .tflite file.
@@ -44,8 +53,9 @@ class Interpreter:
         (its FP16 mode). Inputs are still set and outputs read as float32; they are rounded to float16 on the
         way in and carry about 3 significant digits. Needs the adapter's ``shader-f16`` feature (ValueError
         at :meth:`allocate_tensors` where it is missing).
-      cpu_fallback: True (the default): ops tflfuse has no GPU kernel for run on LiteRT's CPU interpreter.
-        False: every op must have a kernel (UnsupportedOpError otherwise, as below).
+      cpu_fallback: True (the default): ops tflfuse has no GPU kernel for, or whose kernel refuses them, run on
+        LiteRT's CPU interpreter. False: every op must have a kernel that takes it (UnsupportedOpError, or the
+        kernel's KernelError at :meth:`allocate_tensors`, or at :meth:`invoke` where run-time shape values decide).
     Raises:
       ValueError: neither or both of model_path/model_content; a malformed file (``ModelError``); an unknown
         ``precision``.
@@ -68,7 +78,8 @@ class Interpreter:
         self._model = Model.from_path(model_path) if model_path is not None else Model(model_content)
         self._cpu_fallback = bool(cpu_fallback)
         self._partitions: dict[int, Partition | None] = {}
-        self._runners: dict[int, SegmentRunner | None] = {}
+        self._planners: dict[int, SubgraphPlanner] = {}
+        self._allocated: set[int] = set()   # subgraphs whose planner has allocated (a plan, or specialised)
         try:
             check_supported(self._model)
         except UnsupportedOpError as e:   # builtins fall back to LiteRT's CPU interpreter, custom ops cannot
@@ -81,7 +92,6 @@ class Interpreter:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
         self._precision = precision
-        self._plans: dict[int, ExecutionPlan] = {}
         self._resized: dict[int, dict[int, tuple[int, ...]]] = {}
         self._inputs_set: dict[int, set[int]] = {}
         self._lock = threading.Lock()
@@ -113,38 +123,60 @@ class Interpreter:
     def fallback_ops(self) -> list[tuple[int, str, str]]:
         """``(operator index, op name, reason)`` of each op of the main subgraph that runs on LiteRT's CPU
         interpreter, in op order (empty where every op runs on the GPU). The index is that of the subgraph as
-        planned: composites without a kernel inlined, as in every other message of the runtime. Needs no GPU
-        (it can be read before :meth:`allocate_tensors`).
+        planned: composites without a kernel inlined, as in every other message of the runtime. The reason is
+        ``"no GPU kernel"``, the tensor of a type the GPU does not hold, int64 arithmetic, or the message of the GPU
+        kernel that refused the op. Needs no GPU (it can be read before :meth:`allocate_tensors`: the graph is
+        lowered without one); where the plan is specialised on run-time shape values, an op that only those
+        values make its kernel refuse shows from the :meth:`invoke` that plans it (the last invoke's plan).
 
         Raises:
           KernelError, ModelError: as :meth:`allocate_tensors`, for a file whose main subgraph cannot be planned
             (a composite's decomposition that contains itself, a string input...).
         """
-        part = self._partition(0)
-        return [(f.index, f.name, f.reason) for f in part.cpu] if part is not None else []
+        planner = self._planners.get(0)
+        if planner is None:   # decided without a GPU: for the adapter's target where one is made already
+            planner = self._new_planner(0)
+            planner.decide(self._target() if self._device is not None else "gpu")
+        return [(f.index, f.name, f.reason) for f in planner.fallback_ops]
 
     def allocate_tensors(self) -> None:
-        """Builds the execution plan of the main subgraph: shapes, kernels, buffers, pipelines."""
-        self._plan(0, build=True)
+        """Builds the execution plan of the main subgraph: shapes, kernels, buffers, pipelines (where run-time
+        values decide shapes, the plan for them is made at the first :meth:`invoke` that sees them)."""
+        self._planner(0, build=True)
 
-    def _plan(self, subgraph: int, build: bool = False) -> ExecutionPlan:
-        plan = self._plans.get(subgraph)
-        if plan is None:
+    def _target(self) -> str:
+        return "cpu" if self.device.is_software else "gpu"
+
+    def _new_planner(self, subgraph: int) -> SubgraphPlanner:
+        self._planners[subgraph] = SubgraphPlanner(
+            self._model, subgraph, self._partition(subgraph), fallback=self._cpu_fallback,
+            input_shapes=self._resized.get(subgraph), preserve=self._preserve, precision=self._precision,
+            device=lambda: self.device)
+        self._inputs_set[subgraph] = set()
+        return self._planners[subgraph]
+
+    def _planner(self, subgraph: int, build: bool = False) -> SubgraphPlanner:
+        """The allocated planner of ``subgraph`` (:mod:`tflfuse.runtime.specialise`)."""
+        if subgraph not in self._allocated:
             self._check_subgraph(subgraph)
             if not build and subgraph == 0:
                 raise RuntimeError("call allocate_tensors() before invoke(), set_tensor() or get_tensor()")
-            target = "cpu" if self.device.is_software else "gpu"
-            part, runner = self._partition(subgraph), None
-            if part is None:
-                graph = lower(self._model, subgraph, self._resized.get(subgraph), target=target)
-            else:
-                graph, runner = lower_split(part, self._resized.get(subgraph), target, self._preserve)
-            plan = ExecutionPlan(graph, self.device, self._preserve, self._precision)
-            if runner is not None:
-                runner.attach(plan)
-            self._plans[subgraph], self._runners[subgraph] = plan, runner
-            self._inputs_set[subgraph] = set()
-        return plan
+            planner = self._planners.get(subgraph) or self._new_planner(subgraph)
+            planner.allocate(self._target())
+            self._allocated.add(subgraph)
+        return self._planners[subgraph]
+
+    def _plan(self, subgraph: int, build: bool = False) -> ExecutionPlan:
+        """The GPU plan of ``subgraph`` (of its last invoke, where run-time values specialise it).
+
+        Raises:
+          RuntimeError: a specialised plan before its first :meth:`invoke`.
+        """
+        planner = self._planner(subgraph, build)
+        if planner.current is None:
+            raise RuntimeError(f"subgraph {subgraph}'s plan is specialised on run-time shape values (tensors "
+                               f"{planner.runtime}); it is made at invoke(): call invoke() first")
+        return planner.current.plan
 
     def _check_subgraph(self, subgraph: int) -> None:
         n = len(self._model.subgraphs)
@@ -180,12 +212,15 @@ class Interpreter:
             raise ValueError(f"strict resize of input {input_index}: {list(shape)} disagrees with the "
                              f"shape signature {list(sig)}")
         self._resized.setdefault(subgraph, {})[input_index] = shape
-        self._plans.pop(subgraph, None)
+        self._planners.pop(subgraph, None)
+        self._allocated.discard(subgraph)
 
     # ---- details ---------------------------------------------------------------------------------
     def _details(self, subgraph: int, tensors: Sequence[int]) -> list[dict]:
         m = self._model
-        plan = self._plans.get(subgraph)
+        planner = self._planners.get(subgraph)
+        built = planner.current if planner is not None else None
+        plan, runner = (built.plan, built.runner) if built is not None else (None, None)
         resized = self._resized.get(subgraph, {})
         out = []
         for t in tensors:
@@ -193,8 +228,8 @@ class Interpreter:
                 shape = plan.graph.specs[t].shape
             elif plan and t in plan.graph.consts:   # a constant, or a value folded at load (SHAPE's)
                 shape = plan.graph.consts[t].shape
-            elif plan and self._runners.get(subgraph) and t in self._runners[subgraph].shapes:
-                shape = self._runners[subgraph].shapes[t]   # a tensor held on the host (CPU fallback)
+            elif runner and t in runner.shapes:
+                shape = runner.shapes[t]   # a tensor held on the host (CPU fallback)
             else:  # as LiteRT, a resized input reports its new shape before allocate_tensors()
                 shape = resized.get(t, m.tensor_shape(subgraph, t))
             # As LiteRT: a file without a shape signature (a static model) reports the current shape.
@@ -246,18 +281,13 @@ class Interpreter:
           ValueError: the tensor is not an input, or the shape disagrees with the allocated shape.
           TypeError: the dtype is not the tensor's dtype (no silent casts, as in LiteRT).
         """
-        plan = self._plan(subgraph_index)
-        if tensor_index not in plan.graph.inputs:
+        planner = self._planner(subgraph_index)
+        if tensor_index not in planner.inputs:
             raise ValueError(f"tensor {tensor_index} is not an input of subgraph {subgraph_index}; "
-                             f"inputs: {plan.graph.inputs}")
-        runner = self._runners.get(subgraph_index)
+                             f"inputs: {planner.inputs}")
         value = np.asarray(value)
-        if tensor_index in plan.graph.specs:
-            spec = plan.graph.specs[tensor_index]
-            want = plan.host_dtype(tensor_index)   # the file's dtype (bool, int64 held as int32 on the GPU)
-            shape = spec.shape
-        else:   # an input of a type the GPU does not hold, which CPU segments read
-            want, shape = runner.dtype(tensor_index), runner.shapes[tensor_index]
+        # The file's dtype (bool, int64 held as int32 on the GPU; uint8... for inputs only CPU segments read).
+        want, shape = planner.input_dtype(tensor_index), planner.input_shape(tensor_index)
         if value.dtype != want and value.dtype.newbyteorder("=") == want:  # big-endian data (np.load)
             value = value.astype(want)
         if value.dtype != want:
@@ -268,7 +298,7 @@ class Interpreter:
                              f"has shape {list(shape)}, got {list(value.shape)}; use "
                              f"resize_tensor_input() then allocate_tensors() to change it")
         with self._lock:
-            (runner or plan).write(tensor_index, value)
+            planner.write(tensor_index, value)
             self._inputs_set[subgraph_index].add(tensor_index)
 
     def reset_all_variables(self) -> None:
@@ -288,12 +318,12 @@ class Interpreter:
             segment failed in LiteRT, or gave an output of another shape than planned (the message names its ops).
           DeviceLostError: the device is lost (a RuntimeError naming it): make a new Device and Interpreter.
         """
-        plan = self._plan(subgraph_index)
-        missing = [t for t in plan.graph.inputs if t not in self._inputs_set[subgraph_index]]
+        planner = self._planner(subgraph_index)
+        missing = [t for t in planner.inputs if t not in self._inputs_set[subgraph_index]]
         if missing:
             raise RuntimeError(f"inputs {missing} were never set; call set_tensor() for each input first")
         with self._lock:
-            (self._runners.get(subgraph_index) or plan).run()
+            planner.run()
 
     def get_tensor(self, tensor_index: int, subgraph_index: int = 0) -> np.ndarray:
         """A copy of an input, output or constant tensor after :meth:`invoke` (a constant that no op reads too).
@@ -303,9 +333,11 @@ class Interpreter:
             buffer is reused by later ops, or it stays inside a CPU fallback segment).
           RuntimeError: a tensor the CPU fallback computes, before the first :meth:`invoke`.
         """
-        plan = self._plan(subgraph_index)
+        planner = self._planner(subgraph_index)
         self._check_tensor_index(subgraph_index, tensor_index)
-        runner = self._runners.get(subgraph_index)
+        if planner.current is None:   # a specialised plan before its first invoke
+            return self._tensor_before_invoke(planner, subgraph_index, tensor_index)
+        plan, runner = planner.current.plan, planner.current.runner
         if runner is not None and runner.holds(tensor_index):   # computed on the CPU, or a host-only input
             with self._lock:
                 return runner.read(tensor_index)
@@ -361,8 +393,21 @@ class Interpreter:
     def time_invoke(self, repeats: int = 10) -> float:
         """Median seconds per invoke with a read-back of the first output (inputs must be set)."""
         with self._lock:
-            plan = self._plan(0)
-            return (self._runners.get(0) or plan).time_run(repeats)
+            planner = self._planner(0)
+            if not planner.specialised:
+                return planner.current.executor.time_run(repeats)
+            first = self._model.subgraphs[0].outputs[0]
+            return wall_seconds(planner.run, lambda t: planner.current.executor.read(t), first, repeats)
+
+    def _tensor_before_invoke(self, planner: SubgraphPlanner, subgraph: int, t: int) -> np.ndarray:
+        """get_tensor of a specialised plan before its first invoke: an input as set, or a constant."""
+        if planner.host_input(t) is not None:
+            return planner.host_input(t).copy()
+        data = self._model.tensor_data(subgraph, t)
+        if data is not None:
+            return data
+        raise RuntimeError(f"tensor {t} is computed by a plan specialised on run-time shape values, made at the "
+                           f"first invoke(); call invoke() first")
 
 
 def _shape_arg(tensor_size) -> tuple[int, ...]:
@@ -388,13 +433,15 @@ class SignatureRunner:
         self._interp = interpreter
         self._sig = signature
         self._sg = signature["subgraph"]
-        interpreter._plan(self._sg, build=True)
+        interpreter._planner(self._sg, build=True)
 
     def get_input_details(self) -> dict[str, dict]:
-        return {n: d for n, d in zip(self._sig["inputs"], self._interp._details(self._sg, self._sig["inputs"].values()))}
+        names = self._sig["inputs"]
+        return dict(zip(names, self._interp._details(self._sg, names.values())))
 
     def get_output_details(self) -> dict[str, dict]:
-        return {n: d for n, d in zip(self._sig["outputs"], self._interp._details(self._sg, self._sig["outputs"].values()))}
+        names = self._sig["outputs"]
+        return dict(zip(names, self._interp._details(self._sg, names.values())))
 
     def __call__(self, **inputs) -> dict[str, np.ndarray]:
         """Runs the signature on ``inputs`` (name -> array), resizing inputs whose shape changed (as LiteRT).
@@ -410,12 +457,12 @@ class SignatureRunner:
         missing = sorted(set(self._sig["inputs"]) - set(inputs))
         if missing:
             raise ValueError(f"missing input {missing[0]!r}; the signature takes {sorted(self._sig['inputs'])}")
-        specs = interp._plan(sg, build=True).graph.specs
+        planner = interp._planner(sg, build=True)
         changed = {t: np.shape(inputs[name]) for name, t in self._sig["inputs"].items()
-                   if np.shape(inputs[name]) != specs[t].shape}
+                   if np.shape(inputs[name]) != planner.input_shape(t)}
         for t, shape in changed.items():  # all at once: one new plan for the new shapes
             interp._resize(sg, t, shape)
-        interp._plan(sg, build=True)
+        interp._planner(sg, build=True)
         for name, t in self._sig["inputs"].items():
             interp.set_tensor(t, inputs[name], subgraph_index=sg)
         interp.invoke(subgraph_index=sg)
