@@ -1,0 +1,255 @@
+"""TFLite's generated op tests on tflfuse: every float32 case of the grids in ``tests/optests/grids.py``, converted
+by the stock converter, run on tflfuse (strict, then with the CPU fallback where strict refuses) and compared with
+LiteRT's CPU interpreter; the counts, refusal causes and wrong cases go to ``benchmarks/OP_TESTS.md``.
+
+    python benchmarks/op_tests.py              # all families: 7 minutes on 2 cores, 1 minute with .optests/ filled
+    python benchmarks/op_tests.py --ops=conv,mean --limit_per_op=20 --out=/tmp/OP_TESTS.md
+
+The cases run in a child process that appends one JSON line per case to ``--results``: should LiteRT or the
+adapter crash on a case, the case is recorded as ``crashed`` and a new child goes on after it. Converted files are
+cached in ``.optests/`` (git-ignored), so a rerun converts nothing it converted before (``--nocache`` reconverts).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import tflfuse  # noqa: E402,I001  (before TensorFlow: see tflfuse/_tfload.py)
+from absl import app, flags  # noqa: E402
+
+from optests import grids, harness  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("ops", [], "families of tests/optests/grids.py to run (default: all)")
+flags.DEFINE_integer("limit_per_op", 0, "run at most this many cases of each family (0: all)")
+flags.DEFINE_bool("cache", True, "reuse converted files from .optests/")
+flags.DEFINE_string("out", str(ROOT / "benchmarks" / "OP_TESTS.md"), "the report (Markdown)")
+flags.DEFINE_string("results", str(harness.CACHE_DIR / "results.jsonl"), "one JSON line per case")
+flags.DEFINE_list("dtypes", list(grids.DTYPES), "data dtypes to run (others count as out_of_scope); int64 too "
+                  "measures issue 16's narrowing")
+flags.DEFINE_string("worker", None, "internal: run the cases named in this file, appending to --results")
+
+
+def _selected() -> list[harness.Case]:
+    families = FLAGS.ops or list(grids.FAMILIES)
+    unknown = sorted(set(families) - set(grids.FAMILIES))
+    if unknown:
+        raise app.UsageError(f"unknown --ops {unknown}; the families are {sorted(grids.FAMILIES)}")
+    cases = []
+    for f in families:
+        fc = harness.expand(f)
+        cases += fc[:FLAGS.limit_per_op] if FLAGS.limit_per_op > 0 else fc
+    return cases
+
+
+def _read(path: Path) -> dict[str, dict]:
+    done = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                done[rec["case"]] = rec
+    return done
+
+
+def _worker(names_file: str) -> None:
+    from absl import logging
+    from tqdm import tqdm
+    logging.set_verbosity(logging.WARNING)   # the converter logs a line per conversion
+    names = Path(names_file).read_text().split()
+    by_name = {c.name: c for c in harness.all_cases({n.split("/")[0] for n in names})}
+    device = tflfuse.Device()
+    results = Path(FLAGS.results)
+    with results.open("a") as out, tqdm(names, desc="op tests", unit="case", mininterval=5) as bar:
+        for name in bar:
+            bar.set_postfix_str(name, refresh=False)
+            rec = harness.run_case(by_name[name], device, cache=FLAGS.cache, dtypes=tuple(FLAGS.dtypes))
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+
+
+def _run_all(cases: list[harness.Case]) -> dict[str, dict]:
+    """Runs ``cases`` in child processes (restarted after a crash); their records by case name."""
+    results = Path(FLAGS.results)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text("")
+    names_file = results.with_suffix(".todo")
+    pending = [c.name for c in cases]
+    while pending:
+        names_file.write_text("\n".join(pending))
+        cmd = [sys.executable, __file__, f"--worker={names_file}", f"--results={results}",
+               f"--cache={FLAGS.cache}", f"--dtypes={','.join(FLAGS.dtypes)}"]
+        rc = subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode
+        done = _read(results)
+        pending = [n for n in pending if n not in done]
+        if pending and rc != 0:
+            crashed = pending.pop(0)   # the case the child was running when it ended
+            family = crashed.split("/")[0]
+            case = next(c for c in cases if c.name == crashed)
+            with results.open("a") as out:
+                out.write(json.dumps({"case": crashed, "family": family, "params": harness._canon(case.params),
+                                      "status": "crashed", "error": f"the process ended with status {rc}"}) + "\n")
+        elif pending:
+            raise RuntimeError(f"the worker ended without running {len(pending)} cases")
+    names_file.unlink(missing_ok=True)
+    return _read(results)
+
+
+# ---- the report ------------------------------------------------------------------------------------------------
+_COLUMNS = ("pass", "wrong", "refused", "tf_invalid", "converter_failed", "litert_failed", "crashed", "out_of_scope",
+            "harness_error")
+
+
+def _params(rec: dict) -> str:
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in rec["params"].items())
+
+
+def report(records: list[dict], device: str) -> str:
+    import tensorflow as tf
+    from importlib.metadata import version
+    by_family = collections.defaultdict(list)
+    for r in records:
+        by_family[r["family"]].append(r)
+    total = collections.Counter(r["status"] for r in records)
+    ran = sum(total[s] for s in ("pass", "wrong", "refused"))
+    fb = collections.Counter(r.get("fallback") for r in records if r["status"] == "refused")
+    lines = [
+        "# TFLite's generated op tests on tflfuse",
+        "",
+        f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {device}; TensorFlow "
+        f"{tf.__version__} (stock converter, float32, default options), ai-edge-litert {version('ai-edge-litert')}, "
+        f"Python {platform.python_version()}. Made by `python benchmarks/op_tests.py"
+        f"{''.join(' ' + a for a in sys.argv[1:])}` from the grids of "
+        "`tests/optests/grids.py` (TF's `tensorflow/lite/testing/op_tests/*.py` parameter sets, float32 with int32 "
+        "and bool where an op has them); every case is compared with LiteRT's CPU interpreter (builtin kernels, no "
+        "delegate) on seeded inputs drawn as TF's `create_tensor_data` draws them.",
+        "",
+        "*strict* is `Interpreter(..., cpu_fallback=False)`: every op on its WebGPU kernel, refusals counted. A case "
+        "strict refuses runs again with the default fallback (ops without a GPU kernel on LiteRT's CPU interpreter); "
+        "*fallback* gives that outcome. *tf_invalid*: TF cannot build the case (TF's own `expected_tf_failures`); "
+        f"*out_of_scope*: a data dtype other than {', '.join(FLAGS.dtypes)}.",
+        "",
+        f"**{len(records)} cases: {ran} run on tflfuse: {total['pass']} pass, {total['wrong']} wrong, "
+        f"{total['refused']} refused by strict ({fb['pass']} of those pass with the fallback, {fb['wrong']} wrong, "
+        f"{fb['refused']} refused); {total['tf_invalid']} tf_invalid, {total['converter_failed']} converter_failed, "
+        f"{total['litert_failed']} litert_failed, {total['crashed']} crashed, {total['out_of_scope']} out_of_scope, "
+        f"{total['harness_error']} harness_error.**",
+        "",
+    ]
+    if ran:
+        lines += [f"Of the cases tflfuse ran, strict passes {100 * total['pass'] / ran:.1f}% and refuses "
+                  f"{100 * total['refused'] / ran:.1f}%; with the fallback "
+                  f"{100 * (total['pass'] + fb['pass']) / ran:.1f}% pass.", ""]
+    lines += ["## Wrong results", ""]
+    wrong = [r for r in records if r["status"] == "wrong" or r.get("fallback") == "wrong"]
+    if not wrong:
+        lines += ["None.", ""]
+    else:
+        lines += ["| case | mode | ops | parameters | max error | tolerance | first mismatch |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in wrong:
+            mode = "strict" if r["status"] == "wrong" else "fallback"
+            lines.append(f"| {r['case']} | {mode} | {' '.join(r.get('ops', []))} | {_params(r)} | "
+                         f"{r.get('max_err', float('nan')):.3g} | {r.get('tol')} | {r.get('mismatch', '')} |")
+        lines.append("")
+    lines += ["## Refusals by cause (strict)", "",
+              "Causes with the case's numbers taken out. *run-time input*: of the cases, how many feed an attribute "
+              "(shape/axis/begin/paddings/perm/k) as a graph input (TF's placeholder) or have a dimension unknown "
+              "until run time: what issue 16's run-time shape work is to accept.", "",
+              "| cause | cases | run-time input (attribute / dynamic dim) | fallback pass / refused | families |",
+              "|---|---|---|---|---|"]
+    causes = collections.defaultdict(list)
+    for r in records:
+        if r["status"] == "refused":
+            causes[harness.refusal_cause(r.get("error", ""))].append(r)
+    for cause, rs in sorted(causes.items(), key=lambda kv: -len(kv[1])):
+        fams = collections.Counter(r["family"] for r in rs)
+        fbc = collections.Counter(r.get("fallback") for r in rs)
+        kinds = collections.Counter(harness.runtime_kind(r["params"]) for r in rs)
+        lines.append(f"| {cause.replace('|', '/')} | {len(rs)} | {kinds['attribute']} / {kinds['dynamic']} | "
+                     f"{fbc['pass']} / {fbc['refused']} | "
+                     f"{', '.join(f'{f} {n}' for f, n in fams.most_common())} |")
+    lines += ["", "## Refusals left with the fallback", "", "| cause | cases | families |", "|---|---|---|"]
+    causes = collections.defaultdict(list)
+    for r in records:
+        if r.get("fallback") == "refused":
+            causes[harness.refusal_cause(r.get("fallback_error", ""))].append(r)
+    for cause, rs in sorted(causes.items(), key=lambda kv: -len(kv[1])):
+        fams = collections.Counter(r["family"] for r in rs)
+        lines.append(f"| {cause.replace('|', '/')} | {len(rs)} | "
+                     f"{', '.join(f'{f} {n}' for f, n in fams.most_common())} |")
+    lf = [r for r in records if r["status"] == "litert_failed"]
+    if lf:
+        lines += ["", "## Where LiteRT fails: tflfuse against TF's own result", "",
+                  "LiteRT's CPU interpreter fails on these converted files; TF's eager result of the same function "
+                  "stands in as the reference (same tolerance).", "",
+                  "| LiteRT's error | cases | tflfuse strict vs TF: pass / wrong / refused | families |",
+                  "|---|---|---|---|"]
+        causes = collections.defaultdict(list)
+        for r in lf:
+            causes[harness.refusal_cause(r.get("error", ""))].append(r)
+        for cause, rs in sorted(causes.items(), key=lambda kv: -len(kv[1])):
+            v = collections.Counter(r.get("vs_tf") for r in rs)
+            fams = collections.Counter(r["family"] for r in rs)
+            lines.append(f"| {cause.replace('|', '/')} | {len(rs)} | {v['pass']} / {v['wrong']} / {v['refused']} | "
+                         f"{', '.join(f'{f} {n}' for f, n in fams.most_common())} |")
+        bad = [r for r in lf if r.get("vs_tf") == "wrong"]
+        for r in bad:
+            lines.append(f"\n- {r['case']} ({_params(r)}): tflfuse differs from TF: {r.get('mismatch')}")
+    lines += ["", "## Per op family", "",
+              "| family | TF file | cases | " + " | ".join(_COLUMNS) + " | fallback pass | fallback refused |",
+              "|---|---|---|" + "---|" * (len(_COLUMNS) + 2)]
+    for family in grids.FAMILIES:
+        rs = by_family.get(family)
+        if not rs:
+            continue
+        c = collections.Counter(r["status"] for r in rs)
+        f = collections.Counter(r.get("fallback") for r in rs if r["status"] == "refused")
+        lines.append(f"| {family} | {grids.FAMILIES[family]['source']} | {len(rs)} | "
+                     + " | ".join(str(c[k]) for k in _COLUMNS) + f" | {f['pass']} | {f['refused']} |")
+    lines += ["", "## Converter, LiteRT and TF failures by cause", "", "| status | cause | cases | families |",
+              "|---|---|---|---|"]
+    for status in ("harness_error", "converter_failed", "litert_failed", "crashed", "tf_invalid"):
+        causes = collections.defaultdict(list)
+        for r in records:
+            if r["status"] == status:
+                causes[harness.refusal_cause(r.get("error", ""))].append(r)
+        for cause, rs in sorted(causes.items(), key=lambda kv: -len(kv[1])):
+            fams = collections.Counter(r["family"] for r in rs)
+            lines.append(f"| {status} | {cause.replace('|', '/')} | {len(rs)} | "
+                         f"{', '.join(f'{f} {n}' for f, n in fams.most_common(6))} |")
+    notes = [f"- `{f}`: {s['note']}" for f, s in grids.FAMILIES.items() if s.get("note")]
+    if notes:
+        lines += ["", "## Where the grids depart from TF's files", ""] + notes
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    del argv
+    if FLAGS.worker:
+        _worker(FLAGS.worker)
+        return
+    cases = _selected()
+    records = _run_all(cases)
+    order = {c.name: i for i, c in enumerate(cases)}
+    ordered = sorted(records.values(), key=lambda r: order.get(r["case"], len(order)))
+    device = tflfuse.Device().describe()
+    Path(FLAGS.out).write_text(report(ordered, device))
+    total = collections.Counter(r["status"] for r in ordered)
+    print(f"{len(ordered)} cases: " + ", ".join(f"{k} {v}" for k, v in total.most_common()) + f"; wrote {FLAGS.out}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    app.run(main)
