@@ -533,6 +533,9 @@ def test_op_its_kernel_refuses_runs_on_the_cpu(rng, caplog, fn, specs, refused):
     with pytest.raises(tflfuse.kernels.KernelError) as err:
         strict.allocate_tensors()
     assert str(err.value) == f"{op} (operator {first} of subgraph 0): {reason}"
+    from tflfuse.runtime.support import op_support   # `tflfuse ops` shows the same ops and reasons
+    rows = [(r.index, r.name, r.reason) for r in op_support(Model(model)) if r.runs == "cpu fallback"]
+    assert rows == [tuple(f) for f in ours.fallback_ops]
 
 
 def test_refused_op_with_a_run_time_shape_input(rng):

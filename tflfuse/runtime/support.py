@@ -22,8 +22,9 @@ class OpSupport:
       composite: a ``STABLEHLO_COMPOSITE``'s name (``fused_lstm``), "" for other ops.
       runs: ``"kernel"`` (the op has a kernel), ``"fused kernel"`` (a composite that runs as one kernel, looked
         up by its name), ``"decomposition"`` (a composite whose decomposition subgraph runs inlined, op by op),
-        ``"cpu fallback"`` (runs on LiteRT's CPU interpreter: a builtin without a kernel, or an op reading a
-        tensor of a type the GPU runtime does not hold; :mod:`tflfuse.runtime.fallback`), ``"missing"`` (a
+        ``"cpu fallback"`` (runs on LiteRT's CPU interpreter: a builtin without a kernel, an op whose kernel
+        refuses its dtype, attributes or shapes, or an op reading a tensor of a type the GPU runtime does not
+        hold; :mod:`tflfuse.runtime.fallback`), ``"missing"`` (a
         custom op without a kernel, which neither runs, and running the model needs it) or ``"not needed"``
         (no kernel, in a decomposition subgraph that no composite runs: its composites run fused kernels).
       decomposition: a composite's decomposition subgraph, -1 for other ops.
@@ -47,6 +48,24 @@ class OpSupport:
     def display_name(self) -> str:
         """The op's name, a composite's by its own name: ``STABLEHLO_COMPOSITE fused_lstm``."""
         return f"{self.name} {self.composite}" if self.composite else self.name
+
+
+def _kernel_refusals(model: Model, si: int, part) -> list:
+    """The ops of subgraph ``si`` whose GPU kernel refuses them (their dtype, attributes or shapes), which the
+    interpreter runs on LiteRT's CPU interpreter: the interpreter's own probing lowering
+    (:meth:`tflfuse.runtime.specialise.SubgraphPlanner.decide`, no GPU) at the file's input shapes. [] where
+    the lowering itself fails (the interpreter then says why, when it plans)."""
+    from ..kernels import KernelError, UnsupportedOpError
+    from ..model import ModelError
+    from .specialise import SubgraphPlanner
+
+    planner = SubgraphPlanner(model, si, part if part.cpu else None, fallback=True, input_shapes=None,
+                              preserve=False, precision="float32", device=lambda: None)
+    try:
+        planner.decide("gpu")
+    except (KernelError, UnsupportedOpError, ModelError):
+        return []
+    return planner.fallback_ops
 
 
 def op_support(model: Model) -> list[OpSupport]:
@@ -81,6 +100,7 @@ def op_support(model: Model) -> list[OpSupport]:
             continue
         if part.model is model:   # op indices are the file's (no composite inlined)
             reasons.update(((si, f.index), f.reason) for f in part.cpu)
+            reasons.update(((si, f.index), f.reason) for f in _kernel_refusals(model, si, part))
     via: dict[tuple[int, int], tuple[int, int]] = {}
     todo = list(reasons)
     while todo:   # the subgraphs that a control-flow op on the CPU runs (WHILE's body) run on LiteRT too
