@@ -56,3 +56,26 @@ def time_strips(device, key, x, w, b, attrs, strips, want, bound_us, repeats):
         us = gpu_time_plan(plan, repeats, reps=50)
         found[strip] = {"us": us, "rel_err": err, "pct_of_bound": 100 * bound_us / us}
     return found
+
+
+def unfused_block(device, x, w, e, cout, s, expand=True):
+    """A plan of MobileNetV2's block as the unfused ops: CONV_2D 1x1 (OHWI, RELU6; where ``expand``),
+    DEPTHWISE_CONV_2D 3x3 (SAME, stride ``s``, RELU6), CONV_2D 1x1; ``w`` holds ``ew [Cin, e]``, ``eb``, ``dw [3,
+    3, e]``, ``db``, ``pw [e, cout]`` and ``pb``. Its output is tensor 3, its input (written) tensor 0."""
+    arrays = {0: x, 10: w["ew"].T.reshape(e, 1, 1, -1).copy(), 11: w["eb"], 12: w["dw"].reshape(1, 3, 3, e),
+              13: w["db"], 14: w["pw"].T.reshape(cout, 1, 1, e).copy(), 15: w["pb"]}
+    conv, dwk = kernel_class("CONV_2D"), kernel_class("DEPTHWISE_CONV_2D")
+    ops, cur, shape = [], 0, x.shape
+    if expand:
+        k1 = conv([TensorSpec(shape), TensorSpec(arrays[10].shape), TensorSpec((e,))],
+                  {"padding": "SAME", "fused_activation_function": "RELU6"})
+        ops.append(("CONV_2D", k1, [0, 10, 11], 1))
+        cur, shape = 1, k1.output_specs()[0].shape
+    else:
+        del arrays[10], arrays[11]
+    k2 = dwk([TensorSpec(shape), TensorSpec((1, 3, 3, e)), TensorSpec((e,))],
+             {"padding": "SAME", "stride_h": s, "stride_w": s, "fused_activation_function": "RELU6"})
+    ops.append(("DEPTHWISE_CONV_2D", k2, [cur, 12, 13], 2))
+    k3 = conv([k2.output_specs()[0], TensorSpec(arrays[14].shape), TensorSpec((cout,))], {"padding": "SAME"})
+    ops.append(("CONV_2D", k3, [2, 14, 15], 3))
+    return chain_plan(device, ops, arrays, 0)

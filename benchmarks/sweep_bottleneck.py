@@ -25,7 +25,7 @@ from tflfuse.kernels import KernelError, kernel_class  # noqa: E402
 from tflfuse.kernels.base import TensorSpec  # noqa: E402
 from tflfuse.runtime.plan import SUSTAINED_REPS, profile_plan  # noqa: E402
 
-from chain import BLOCKS, chain_plan as _plan  # noqa: E402
+from chain import BLOCKS, chain_plan as _plan, unfused_block  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
@@ -66,25 +66,7 @@ def sweep_block(device, n, h, cin, e, cout, s, rng, expand=True):
          "dw": rng.standard_normal((3, 3, e)).astype(np.float32) / 3, "db": np.zeros(e, np.float32),
          "pw": rng.standard_normal((e, cout)).astype(np.float32) / np.sqrt(e), "pb": np.zeros(cout, np.float32)}
     keys = (["ew", "eb"] if expand else []) + ["dw", "db", "pw", "pb"]
-    # unfused reference: CONV_2D (OHWI), DEPTHWISE_CONV_2D, CONV_2D
-    arrays = {0: x, 10: w["ew"].T.reshape(e, 1, 1, cin).copy(), 11: w["eb"], 12: w["dw"].reshape(1, 3, 3, e),
-              13: w["db"], 14: w["pw"].T.reshape(cout, 1, 1, e).copy(), 15: w["pb"]}
-    conv = kernel_class("CONV_2D")
-    dwk = kernel_class("DEPTHWISE_CONV_2D")
-    ops, cur, shape = [], 0, x.shape
-    if expand:
-        k1 = conv([TensorSpec(shape), TensorSpec(arrays[10].shape), TensorSpec((e,))],
-                  {"padding": "SAME", "fused_activation_function": "RELU6"})
-        ops.append(("CONV_2D", k1, [0, 10, 11], 1))
-        cur, shape = 1, k1.output_specs()[0].shape
-    k2 = dwk([TensorSpec(shape), TensorSpec((1, 3, 3, e)), TensorSpec((e,))],
-             {"padding": "SAME", "stride_h": s, "stride_w": s, "fused_activation_function": "RELU6"})
-    ops.append(("DEPTHWISE_CONV_2D", k2, [cur, 12, 13], 2))
-    k3 = conv([k2.output_specs()[0], TensorSpec(arrays[14].shape), TensorSpec((cout,))], {"padding": "SAME"})
-    ops.append(("CONV_2D", k3, [2, 14, 15], 3))
-    if not expand:
-        del arrays[10], arrays[11]
-    plan = _plan(device, ops, arrays, 0)
+    plan = unfused_block(device, x, w, e, cout, s, expand)   # CONV_2D (OHWI), DEPTHWISE_CONV_2D, CONV_2D
     plan.run()
     want = plan.read(3)
     unfused_us = sum(r["us"] for r in profile_plan(plan, FLAGS.repeats, SUSTAINED_REPS))

@@ -28,7 +28,7 @@ from tflfuse.kernels.base import TensorSpec  # noqa: E402
 from tflfuse.kernels.gemm import TILES  # noqa: E402
 from tflfuse.runtime.profile import gpu_time_plan  # noqa: E402
 
-from chain import BLOCKS, chain_plan  # noqa: E402
+from chain import BLOCKS, chain_plan, unfused_block  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
@@ -37,26 +37,6 @@ flags.DEFINE_integer("repeats", 10, "Timed passes per plan (the median is kept).
 flags.DEFINE_integer("reps", 20, "Runs of the plan back to back in each timed pass.")
 flags.DEFINE_list("expand_tiles", ["4x8/32", "4x8/16", "2x8/32", "2x8/16", "4x4/32", "8x8/16", "2x4/32", "8x4/16"],
                   "expand_dw tiles (THxTW/chunk) to try.")
-
-
-def _unfused(device, x, w, e, cout, s, expand):
-    arrays = {0: x, 10: w["ew"].T.reshape(e, 1, 1, -1).copy(), 11: w["eb"], 12: w["dw"].reshape(1, 3, 3, e),
-              13: w["db"], 14: w["pw"].T.reshape(cout, 1, 1, e).copy(), 15: w["pb"]}
-    conv, dwk = kernel_class("CONV_2D"), kernel_class("DEPTHWISE_CONV_2D")
-    ops, cur, shape = [], 0, x.shape
-    if expand:
-        k1 = conv([TensorSpec(shape), TensorSpec(arrays[10].shape), TensorSpec((e,))],
-                  {"padding": "SAME", "fused_activation_function": "RELU6"})
-        ops.append(("CONV_2D", k1, [0, 10, 11], 1))
-        cur, shape = 1, k1.output_specs()[0].shape
-    else:
-        del arrays[10], arrays[11]
-    k2 = dwk([TensorSpec(shape), TensorSpec((1, 3, 3, e)), TensorSpec((e,))],
-             {"padding": "SAME", "stride_h": s, "stride_w": s, "fused_activation_function": "RELU6"})
-    ops.append(("DEPTHWISE_CONV_2D", k2, [cur, 12, 13], 2))
-    k3 = conv([k2.output_specs()[0], TensorSpec(arrays[14].shape), TensorSpec((cout,))], {"padding": "SAME"})
-    ops.append(("CONV_2D", k3, [2, 14, 15], 3))
-    return chain_plan(device, ops, arrays, 0)
 
 
 def sweep_block(device, n, h, cin, t, cout, s, rng):
@@ -68,7 +48,7 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
          "db": rng.standard_normal(e).astype(np.float32) / 4,
          "pw": rng.standard_normal((e, cout)).astype(np.float32) / np.sqrt(e),
          "pb": rng.standard_normal(cout).astype(np.float32) / 4}
-    plan = _unfused(device, x, w, e, cout, s, expand)
+    plan = unfused_block(device, x, w, e, cout, s, expand)
     plan.run()
     want = plan.read(3)
     scale = float(np.abs(want).max())
