@@ -116,15 +116,15 @@ def test_fused_matmul(device, rng):
 
 
 def test_fused_bottleneck_staged(device, rng):
-    """Batch 2 on a 7x7 map runs staged on the GPU: the 1x1 expand (16 -> 96) and the projection (96 -> 16,
-    with the residual) split their sums."""
+    """Batch 2 on a 7x7 map, staged on the GPU: the 1x1 expand (16 -> 96) and the projection (96 -> 16, with
+    the residual) split their sums."""
     from test_bottleneck import ORDER, _tf_reference, _weights
 
     x = rng.standard_normal((2, 7, 7, 16)).astype(np.float32)
     w = _weights(rng, 16, 6, 16)
     want = _tf_reference(x, w, 1, True, "relu6")
     arrays = [x] + [w[k] for k in ORDER if k in w]
-    attrs = dict(expansion=6, stride=1, residual=True)
+    attrs = dict(expansion=6, stride=1, residual=True, strategy="staged")
     lanes = _lanes("fused_bottleneck", arrays, {**attrs, "target": "gpu"})
     assert lanes[0] > 1 and lanes[-1] > 1, lanes
     _both_targets(device, "fused_bottleneck", arrays, attrs, want)
