@@ -95,6 +95,7 @@ CASES.update({
     "BROADCAST_TO": ([(3, 1), None], {"shape": [2, 3, 4]}),
     "UNPACK": ([(2, 3, 4)], {"axis": 1, "num": 3}),
     "MIRROR_PAD": ([(3, 4), None], {"paddings": [[1, 2], [3, 0]], "mode": 0}),
+    "REVERSE_V2": ([(2, 7, 5), None], {"axis": [1]}),
     "SPACE_TO_BATCH_ND": ([(1, 5, 4, 3), None, None], {"block_shape": [2, 2], "paddings": [[1, 0], [0, 0]]}),
     "BATCH_TO_SPACE_ND": ([(4, 2, 3, 2), None, None], {"block_shape": [2, 2], "crops": [[0, 1], [1, 0]]}),
     "Landmarks2TransformMatrix": ([(1, 7, 3)], {"subset_idxs": [0, 2, 5], "left_rotation_idx": 0,

@@ -52,29 +52,68 @@ _BINARY = {
 }
 
 
+#: The ops of :data:`_BINARY` that TFLite also takes on int32 tensors (add.cc, sub.cc, mul.cc, maximum_minimum.cc),
+#: with NumPy's function for constants folded at load. int32 arithmetic wraps (two's complement), as WGSL's i32.
+_BINARY_INT = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "MAXIMUM": np.maximum,
+               "MINIMUM": np.minimum}
+
+
 @register(*_BINARY)
 class Binary(Kernel):
-    """``out = act(a <op> b)`` with NumPy broadcasting. Inputs ``[...]`` float32; output the broadcast shape."""
+    """``out = act(a <op> b)`` with NumPy broadcasting.
+
+    Inputs ``[...]`` (rank 0 to 6), both float32, or both int32 for ADD, SUB, MUL, MAXIMUM and MINIMUM (without
+    a fused activation: TFLite's integer index arithmetic, e.g. Keras ``Embedding``'s wrapping of negative ids);
+    output the broadcast shape and that dtype. int32 ops of constants fold at load.
+
+    Raises:
+      KernelError: shapes that do not broadcast, another dtype or mixed dtypes, an int32 op with a fused
+        activation; the message names the op.
+    """
 
     input_names = ("a", "b")
     attr_defaults = {"fused_activation_function": "NONE"}
 
     def check(self):
-        a, b = self.expect_rank(0, *range(0, 7)), self.expect_rank(1, *range(0, 7))
+        a, b = self.input(0), self.input(1)
+        self.dtype = "int32" if a.dtype == b.dtype == "int32" and self.key in _BINARY_INT else "float32"
+        if self.dtype == "int32":
+            for i, s in enumerate((a, b)):
+                if len(s.shape) > 6:
+                    raise self.fail(f"input {i} must have rank 0 to 6, got shape {list(s.shape)}")
+            if self.attr("fused_activation_function") != "NONE":
+                raise self.fail(f"int32 {self.key} with the fused activation "
+                                f"{self.attr('fused_activation_function')} is not supported")
+        else:
+            a, b = self.expect_rank(0, *range(0, 7)), self.expect_rank(1, *range(0, 7))
         try:
             self._out = tuple(np.broadcast_shapes(a.shape, b.shape))
         except ValueError:
             raise self.fail(f"shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from None
 
     def output_specs(self):
-        return (TensorSpec(self._out),)
+        return (TensorSpec(self._out, self.dtype),)
 
     def programs(self):
         out = self._out
+        if math.prod(out) == 0:   # an empty output: nothing to write
+            return []
+        expr = _BINARY[self.key]
+        if self.dtype == "int32":
+            helpers, expr = "", expr
+        else:
+            helpers, expr = activation_fn(self.attr("fused_activation_function")), f"act({expr})"
         body = (broadcast_index(out, self.inputs[0].shape, "ia") + broadcast_index(out, self.inputs[1].shape, "ib")
-                + f"  let a = x0[ia];\n  let b = x1[ib];\n  y[idx] = act({_BINARY[self.key]});")
-        helpers = activation_fn(self.attr("fused_activation_function"))
+                + f"  let a = x0[ia];\n  let b = x1[ib];\n  y[idx] = {expr};")
         return [elementwise_program(self.key, self.io_bindings(["x0", "x1", "y"]), int(np.prod(out)), body, helpers)]
+
+    @property
+    def fold(self):
+        """int32 constants: the op in NumPy at load, wrapping as the shader does."""
+        def fold(arrays):
+            a, b = (np.asarray(v, np.int64) for v in arrays)
+            return [np.broadcast_to(_BINARY_INT[self.key](a, b), self._out).astype(np.int32)]
+        return _int_fold(self, fold)
 
 
 _UNARY = {

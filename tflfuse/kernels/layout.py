@@ -1,11 +1,11 @@
-"""Layout ops: TILE, BROADCAST_TO, UNPACK (affine copies), MIRROR_PAD, SPACE_TO_BATCH_ND, BATCH_TO_SPACE_ND
-(gathers through a per-dimension index map).
+"""Layout ops: TILE, BROADCAST_TO, UNPACK (affine copies), MIRROR_PAD, REVERSE_V2, SPACE_TO_BATCH_ND,
+BATCH_TO_SPACE_ND (gathers through a per-dimension index map).
 
-Semantics are TFLite's (tensorflow/lite/kernels/tile.cc, broadcast_to.cc, unpack.cc, mirror_pad.cc,
+Semantics are TFLite's (tensorflow/lite/kernels/tile.cc, broadcast_to.cc, unpack.cc, mirror_pad.cc, reverse.cc,
 space_to_batch_nd.cc, batch_to_space_nd.cc; the reference loops in internal/reference/). TILE, BROADCAST_TO and
 UNPACK are :class:`~tflfuse.kernels.data.Copy` maps (zero strides repeat a dimension), folded at load when their
 input is a constant, of any dtype. The others compute each output element's input coordinates per dimension;
-every parameter (multiples, shape, paddings, block shape, crops) is a constant read when the plan is made.
+every parameter (multiples, shape, paddings, axes, block shape, crops) is a constant read when the plan is made.
 Tensors are float32 or int32 at run time.
 """
 
@@ -18,7 +18,7 @@ from .data import _RUNTIME_DTYPES, Copy, _axis, _CopyKernel, _ints, _strides
 from .registry import register
 from .wgsl import elementwise_program
 
-__all__ = ["BatchToSpaceNd", "BroadcastTo", "MirrorPad", "SpaceToBatchNd", "Tile", "Unpack"]
+__all__ = ["BatchToSpaceNd", "BroadcastTo", "MirrorPad", "ReverseV2", "SpaceToBatchNd", "Tile", "Unpack"]
 
 
 @register("TILE")
@@ -165,6 +165,33 @@ class MirrorPad(_IndexMapKernel):
                         f"{self.offset - 1} - p{d}, p{d} < 0);")
             coords.append(f"u32(i{d})")
         return body, coords, "true"
+
+
+@register("REVERSE_V2")
+class ReverseV2(_CopyKernel):
+    """REVERSE_V2 (``tf.reverse``): ``input [...]`` (rank 1 to 8) and a constant ``axis`` (int32 or int64, 1-D:
+    neighbouring dimensions to reverse, negative ones counting from the end, each once) -> the input with
+    those dimensions reversed, same shape and dtype: a copy with negative strides. The converter writes it
+    around the backward half of a Keras ``Bidirectional`` recurrent layer."""
+
+    key = "REVERSE_V2"
+    static_inputs = {1: "axis"}
+    input_names = ("input", "axis")
+
+    def check(self):
+        x = self.input(0)
+        if not 1 <= len(x.shape) <= 8:
+            raise self.fail(f"input must have rank 1 to 8, got shape {list(x.shape)}")
+        given = _ints(self.attr("axis"), "axis", self.fail)
+        axes = {_axis(a, len(x.shape), self.fail) for a in given}
+        if len(axes) != len(given):
+            raise self.fail(f"axis {given} names a dimension twice")
+        if axes and max(axes) - min(axes) + 1 != len(axes):   # reverse.cc: "Non-contiguous `axes` not supported"
+            raise self.fail(f"axis {given} is not a run of neighbouring dimensions, which TFLite refuses; "
+                            f"reverse them in two ops")
+        st = _strides(x.shape)
+        offset = sum((x.shape[d] - 1) * st[d] for d in axes if x.shape[d] > 0)
+        self.copies = [Copy(x.shape, x.shape, tuple(-s if d in axes else s for d, s in enumerate(st)), offset)]
 
 
 class _BlockKernel(_IndexMapKernel):
