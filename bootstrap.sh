@@ -3,20 +3,28 @@
 #   ./bootstrap.sh demo     installs everything, then runs `tflfuse demo`
 #   ./bootstrap.sh test     installs everything, then runs the test suite (pytest)
 # It installs the Mesa Vulkan driver (Debian package mesa-vulkan-drivers: the software WebGPU adapter
-# for machines without a GPU) when run as root, and prints the command to run otherwise; then makes a
+# for machines without a GPU) and, for the tests, chromium-headless-shell (the browser tests/test_web.py
+# drives) when run as root, and prints the command to run otherwise; then makes a
 # Python virtual environment in .venv with the project and its dependencies.
 set -euo pipefail
 cd "$(dirname "$0")"
 what=${1:-}
 case "$what" in demo|test) ;; *) echo "usage: ./bootstrap.sh demo|test" >&2; exit 2;; esac
 
-if command -v dpkg >/dev/null 2>&1 && ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
+# The tests also drive a browser: chromium-headless-shell (WebGPU through SwiftShader, tests/test_web.py).
+packages="mesa-vulkan-drivers"
+if [ "$what" = test ]; then packages="$packages chromium-headless-shell"; fi
+missing=""
+if command -v dpkg >/dev/null 2>&1; then
+  for p in $packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+fi
+if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ]; then
-    echo "== installing the Mesa Vulkan driver (mesa-vulkan-drivers)"
+    echo "== installing$missing"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
   else
-    echo "The Mesa Vulkan driver is missing. Run:  sudo apt-get install -y mesa-vulkan-drivers" >&2
+    echo "Missing Debian packages:$missing. Run:  sudo apt-get install -y$missing" >&2
     exit 1
   fi
 fi

@@ -9,6 +9,9 @@
     tflfuse shader --list [--json]
     tflfuse shader --model=MODEL.tflite --out=DIR [--target=gpu|cpu]
     tflfuse fuse IN.tflite --output=OUT.tflite [--patterns=bottleneck,separable_conv,...] [--target=gpu|cpu]
+    tflfuse export MODEL.tflite --web DIR [--precision=float32|float16] [--target=gpu|cpu] [--adapter=NAME]
+        (a folder a browser runs with tflfuse.js: plan.json, weights.bin, shaders/, index.html; serve it with
+        python -m http.server -d DIR)
     tflfuse unfuse IN.tflite --output=OUT.tflite [--keep_custom_ops]
     tflfuse adapters
     tflfuse check SOURCE [--expect=NAME=COUNT|NAME>=COUNT ...] [--expectations=FILE.toml] [--allow_op=OP ...]
@@ -16,7 +19,7 @@
         [--report_dir=DIR] [--allow_no_numerics]   SOURCE: MODEL.tflite, SAVED_MODEL_DIR, MODEL.keras,
         module:function or file.py:function (returns a Keras model or concrete functions)
     tflfuse check --manifest=MODELS.toml [--shard=I/N] [--jobs=N] [--report_dir=DIR]
-    convert, run, ops, shader, fuse, unfuse, check: [--import_modules=MOD,...] imports the modules that register
+    convert, run, ops, shader, fuse, unfuse, export, check: [--import_modules=MOD,...] imports the modules that register
         your kernels (docs/custom_kernels.md), composites or Keras layers first.
     tflfuse --help: each command's flags; tflfuse COMMAND --help: that command's; --helpfull: absl's too;
         --helpxml: every flag as XML.
@@ -56,7 +59,7 @@ _flag(flags.DEFINE_string, "output", None, "convert, fuse, unfuse: the .tflite t
 _flag(flags.DEFINE_multi_string, "input", [], "run, check: an .npy file per model input, in input order.",
       "run check")
 _flag(flags.DEFINE_string, "adapter", None, "Substring of the WebGPU adapter's name to use (default: the best one).",
-      "demo run check")
+      "demo run check export")
 _flag(flags.DEFINE_enum, "fused_op_format", "custom", "convert: fused ops as custom ops (tflfuse only) or "
       "STABLEHLO_COMPOSITE with a decomposition (stock LiteRT runs it too).", "convert",
       enum_values=["custom", "composite"])
@@ -68,11 +71,11 @@ _flag(flags.DEFINE_bool, "list", False, "shader: list every kernel key with its 
 _flag(flags.DEFINE_string, "model", None, "shader: write every distinct shader of this .tflite (with --out).",
       "shader")
 _flag(flags.DEFINE_string, "out", None, "shader --model: folder for the .wgsl files and manifest.json.", "shader")
-_flag(flags.DEFINE_enum, "target", "gpu", "shader, fuse: schedules (and dispatch counts) for a GPU or the software "
-      "adapter.", "shader fuse", enum_values=["gpu", "cpu"])
-_flag(flags.DEFINE_enum, "precision", "float32", "run, shader: float16 stores every float tensor as float16 on the "
-      "GPU (arithmetic in float32; needs the adapter's shader-f16), as LiteRT's GPU delegate allows with "
-      "precision_loss_allowed.", "run shader", enum_values=["float32", "float16"])
+_flag(flags.DEFINE_enum, "target", "gpu", "shader, fuse, export: schedules (and dispatch counts) for a GPU or the "
+      "software adapter (export's default: the adapter's).", "shader fuse export", enum_values=["gpu", "cpu"])
+_flag(flags.DEFINE_enum, "precision", "float32", "run, shader, export: float16 stores every float tensor as float16 "
+      "on the GPU (arithmetic in float32; needs the adapter's shader-f16), as LiteRT's GPU delegate allows with "
+      "precision_loss_allowed.", "run shader export", enum_values=["float32", "float16"])
 _flag(flags.DEFINE_list, "patterns", [], "fuse: the patterns to apply (default: all of tflfuse.passes.fuse.PATTERNS).",
       "fuse")
 _flag(flags.DEFINE_bool, "keep_custom_ops", False, "unfuse: keep custom ops that have no expansion into builtins "
@@ -103,7 +106,10 @@ _flag(flags.DEFINE_integer, "jobs", None, "check --manifest: parallel processes 
       "check", lower_bound=1)
 _flag(flags.DEFINE_list, "import_modules", [], "Modules to import first, for what they register: your kernels "
       "(docs/custom_kernels.md), composites, a Keras file's custom layers (module names such as composites,"
-      "my_pkg.kernels, not file paths; the current folder is searched).", "convert run ops shader fuse unfuse check")
+      "my_pkg.kernels, not file paths; the current folder is searched).",
+      "convert run ops shader fuse unfuse export check")
+_flag(flags.DEFINE_string, "web", None, "export: the folder to write (plan.json, weights.bin, shaders/, tflfuse.js, "
+      "index.html, demo/).", "export")
 
 _USAGE = __doc__.split("\n\n")[1]
 
@@ -217,6 +223,30 @@ def cmd_fuse(args):
         f.write(fused)
     print(report)
     print(f"wrote {FLAGS.output} ({len(fused)} bytes)")
+
+
+def cmd_export(args):
+    """Writes a folder that runs the model in a browser (:func:`tflfuse.web.export_web`); a model with ops that would
+    run on LiteRT's CPU interpreter is refused, naming them (exit 2, nothing written)."""
+    if len(args) != 1 or not FLAGS.web:
+        raise UsageError("usage: tflfuse export MODEL.tflite --web DIR [--precision=float32|float16]")
+    from .runtime import Device
+    from .web import ExportError, export_web
+
+    try:
+        data = export_web(_read_input_file(args[0]), FLAGS.web, precision=FLAGS.precision,
+                          target=FLAGS.target if FLAGS["target"].present else None, device=Device(FLAGS.adapter))
+    except ExportError as e:   # ops without a GPU kernel, run-time shapes: the model cannot run in a browser
+        raise UsageError(str(e)) from None
+    plan = data.plan
+    print(f"wrote {len(plan['dispatches'])} dispatches, {len(data.shaders)} distinct shaders and "
+          f"{len(data.weights)} bytes of weights ({plan['precision']}) to {FLAGS.web}; serve it with "
+          f"`python -m http.server -d {FLAGS.web}` and open http://localhost:8000/")
+
+
+def _read_input_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def cmd_unfuse(args):
@@ -449,7 +479,8 @@ def cmd_check(args):
 
 
 _COMMANDS = {"demo": cmd_demo, "convert": cmd_convert, "run": cmd_run, "ops": cmd_ops, "check": cmd_check,
-             "fuse": cmd_fuse, "unfuse": cmd_unfuse, "shader": cmd_shader, "adapters": cmd_adapters}
+             "fuse": cmd_fuse, "unfuse": cmd_unfuse, "export": cmd_export, "shader": cmd_shader,
+             "adapters": cmd_adapters}
 
 
 def _quiet_tensorflow() -> None:

@@ -1,0 +1,439 @@
+"""``tflfuse export --web`` and tflfuse.js: exported models run in a real browser (Chromium on SwiftShader's
+WebGPU, driven by Playwright) and give tflfuse's Interpreter's outputs; the data alone (plan.json, weights.bin,
+shaders) reproduces the Interpreter bit for bit in Python; bad inputs get errors naming them; the demo page
+draws the face box."""
+
+import functools
+import http.server
+import io
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ai_edge_litert import schema_py_generated as schema
+from tflite_builder import build, t
+
+import tflfuse
+from tflfuse import face_detection as fd
+from tflfuse import zoo
+from tflfuse.runtime.serialize import load_serialized
+from tflfuse.web import ExportError, export_web
+from tflfuse.web.executor import PlanDataExecutor
+
+#: Debian's chromium-headless-shell (bootstrap.sh installs it), and the flags that give it WebGPU on a machine
+#: without a GPU (SwiftShader's Vulkan), with nothing that reaches the network.
+BROWSER_PATHS = ("/usr/lib/chromium/chromium-headless-shell", "/usr/bin/chromium-headless-shell")
+BROWSER_FLAGS = ["--enable-unsafe-webgpu", "--enable-features=Vulkan", "--use-vulkan=swiftshader",
+                 "--use-webgpu-adapter=swiftshader", "--no-sandbox", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+#: The browser against tflfuse's Interpreter: the same WGSL, dispatches and weights, run by another WebGPU
+#: implementation (Chromium's Dawn on SwiftShader's Vulkan, against wgpu-native on Mesa's llvmpipe). Here they
+#: agree bit for bit (measured: the face detector and the small model, 3 seeded inputs each); another driver may
+#: contract a*b+c into an FMA or use its own exp, a few ULP per op, which ~50 ops of the face detector carry
+#: to ~1e-6 relative: 1e-5 relative leaves 10x, and 1e-6 absolute (8 ULP of 1.0) covers values near 0, where
+#: the rounding of O(1) partial sums, not the value, sets the error.
+BROWSER_TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+# ---- models -------------------------------------------------------------------------------------------------
+def small_model() -> bytes:
+    """PAD + CONV_2D (+RELU) + DEPTHWISE_CONV_2D + 1x1 CONV_2D on a batch of 2, odd sizes and 5 channels, and an
+    int32 ADD on a second input: two inputs, two outputs, one of them int32; a signature names them."""
+    rng = np.random.default_rng(7)
+
+    def c(*shape, scale=0.3):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    pads = np.asarray([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32)
+    conv = {"padding": 1, "strideH": 1, "strideW": 1, "fusedActivationFunction": 1}   # VALID, RELU
+    dw = {"padding": 0, "strideH": 1, "strideW": 1, "depthMultiplier": 1}              # SAME
+    pw = {"padding": 0, "strideH": 1, "strideW": 1}
+    tensors = [t((2, 7, 9, 5), name="image"), t((4, 2), type="INT32", data=pads), t((2, 9, 11, 5)),
+               t((6, 3, 3, 5), data=c(6, 3, 3, 5)), t((6,), data=c(6)), t((2, 7, 9, 6)),
+               t((1, 3, 3, 6), data=c(1, 3, 3, 6)), t((6,), data=c(6)), t((2, 7, 9, 6)),
+               t((3, 1, 1, 6), data=c(3, 1, 1, 6)), t((3,), data=c(3)), t((2, 7, 9, 3), name="features"),
+               t((3, 5), type="INT32", name="counts"),
+               t((3, 5), type="INT32", data=np.arange(-7, 8, dtype=np.int32).reshape(3, 5)),
+               t((3, 5), type="INT32", name="shifted")]
+    ops = [dict(op="PAD", inputs=[0, 1], outputs=[2]),
+           dict(op="CONV_2D", inputs=[2, 3, 4], outputs=[5], options=("Conv2DOptions", conv)),
+           dict(op="DEPTHWISE_CONV_2D", inputs=[5, 6, 7], outputs=[8], options=("DepthwiseConv2DOptions", dw)),
+           dict(op="CONV_2D", inputs=[8, 9, 10], outputs=[11], options=("Conv2DOptions", pw)),
+           dict(op="ADD", inputs=[12, 13], outputs=[14], options=("AddOptions", {}))]
+    sig = schema.SignatureDefT()
+    sig.signatureKey = b"serving_default"
+    sig.subgraphIndex = 0
+    sig.inputs = [_tensor_map(b"x", 0), _tensor_map(b"n", 12)]
+    sig.outputs = [_tensor_map(b"y", 11), _tensor_map(b"m", 14)]
+    return build(tensors, ops, [0, 12], [11, 14], signatures=[sig])
+
+
+def _tensor_map(name: bytes, index: int):
+    m = schema.TensorMapT()
+    m.name, m.tensorIndex = name, index
+    return m
+
+
+@pytest.fixture(scope="module")
+def small_fused():
+    fused, report = tflfuse.fuse(small_model())
+    assert report.patterns["pad_conv"] == 1 and report.patterns["separable_conv"] == 1, str(report)
+    return fused
+
+
+@pytest.fixture(scope="module")
+def face_fused():
+    fused, report = tflfuse.fuse(zoo.fetch("face_detection_short_range").read_bytes())
+    assert report.patterns["separable_conv"] > 0, str(report)
+    return fused
+
+
+def _interpreter(tflite: bytes, inputs, device, precision="float32") -> tflfuse.Interpreter:
+    it = tflfuse.Interpreter(model_content=tflite, device=device, precision=precision)
+    it.allocate_tensors()
+    for d, x in zip(it.get_input_details(), inputs):
+        it.set_tensor(d["index"], x)
+    it.invoke()
+    return it
+
+
+def _interpreter_outputs(tflite: bytes, inputs, device, precision="float32"):
+    it = _interpreter(tflite, inputs, device, precision)
+    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+
+
+def _small_inputs(rng):
+    return [rng.uniform(-1, 1, (2, 7, 9, 5)).astype(np.float32), rng.integers(-50, 50, (3, 5)).astype(np.int32)]
+
+
+# ---- the site and the browser ------------------------------------------------------------------------------
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):   # one line per request on stderr otherwise
+        pass
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, device, small_fused, face_fused):
+    """A local http server over a folder of exports: ``small/``, ``face/`` (both float32), ``face16/``
+    (float16); yields ``(root folder, base url)``."""
+    root = tmp_path_factory.mktemp("site")
+    export_web(small_fused, root / "small", device=device)
+    export_web(face_fused, root / "face", device=device)
+    export_web(face_fused, root / "face16", device=device, precision="float16", demo=False)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=root))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _browser_path() -> str | None:
+    return next((p for p in BROWSER_PATHS if Path(p).exists()), shutil.which("chromium-headless-shell"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Chromium with WebGPU on SwiftShader; skips, naming the fix, where Playwright or the browser is missing."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("Playwright is missing: pip install -e '.[test]' (or ./bootstrap.sh test)")
+    path = _browser_path()
+    if path is None:
+        pytest.skip("chromium-headless-shell is missing: apt-get install -y chromium-headless-shell "
+                    "(./bootstrap.sh test does it as root)")
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=path, args=BROWSER_FLAGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, site):
+    """A page on the site (http on localhost: a secure context, which WebGPU needs)."""
+    pg = browser.new_page()
+    pg.goto(f"{site[1]}/small/plan.json")
+    yield pg
+    pg.close()
+
+
+def _run_in_browser(page, folder: str, inputs, by_name=False):
+    """Loads ``folder`` with tflfuse.js and runs it once on ``inputs`` (NumPy arrays); returns the outputs as
+    arrays, or raises RuntimeError with the browser's error message."""
+    payload = [{"dtype": str(x.dtype), "data": x.ravel().tolist()} for x in inputs]
+    result = page.evaluate("""async ([folder, inputs, byName]) => {
+      const {load} = await import("/small/tflfuse.js");
+      try {
+        const model = await load(`/${folder}/`);
+        const arrays = inputs.map(x => x.dtype === "float32" ? Float32Array.from(x.data) : Int32Array.from(x.data));
+        const args = byName ? Object.fromEntries(model.inputs.map((s, i) => [s.name, arrays[i]])) : arrays;
+        const outs = await model.run(args);
+        return {outputs: outs.map(o => ({type: o.constructor.name, data: Array.from(o)})),
+                specs: model.outputs};
+      } catch (e) { return {error: `${e.name}: ${e.message}`}; }
+    }""", [folder, payload, by_name])
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    dtypes = {"Float32Array": np.float32, "Int32Array": np.int32}
+    return [np.asarray(o["data"], dtypes[o["type"]]).reshape(s["shape"])
+            for o, s in zip(result["outputs"], result["specs"])]
+
+
+def _browser_error(page, script: str) -> str:
+    """The message a script (given ``model``, the small model loaded) throws."""
+    return page.evaluate("""async (script) => {
+      const {load} = await import("/small/tflfuse.js");
+      const model = await load("/small/");
+      try { await (new Function("model", `return (async () => { ${script} })()`))(model); return "no error"; }
+      catch (e) { return `${e.name}: ${e.message}`; }
+    }""", script)
+
+
+# ---- the data ------------------------------------------------------------------------------------------------
+def test_plan_data_reproduces_the_interpreter_bit_for_bit(site, device, small_fused, face_fused, rng):
+    root, _ = site
+    for folder, tflite, xs in [("small", small_fused, _small_inputs(rng)),
+                               ("face", face_fused, [rng.uniform(-1, 1, (1, 128, 128, 3)).astype(np.float32)]),
+                               ("face16", face_fused, [rng.uniform(-1, 1, (1, 128, 128, 3)).astype(np.float32)])]:
+        data = load_serialized(root / folder)
+        got = PlanDataExecutor(data, device).run(xs)
+        it = _interpreter(tflite, xs, device, data.plan["precision"])
+        want = [it.get_tensor(d["index"]) for d in it.get_output_details()]
+        assert len(data.plan["dispatches"]) == it.dispatch_count, folder
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape, folder
+            np.testing.assert_array_equal(g, w, err_msg=folder)   # the same WGSL and data on the same adapter
+
+
+def test_plan_json_describes_the_model(site):
+    root, _ = site
+    plan = json.loads((root / "small" / "plan.json").read_text())
+    assert [(s["name"], s["shape"], s["dtype"]) for s in plan["inputs"]] == [
+        ("image", [2, 7, 9, 5], "float32"), ("counts", [3, 5], "int32")]
+    assert [(s["name"], s["shape"], s["dtype"]) for s in plan["outputs"]] == [
+        ("features", [2, 7, 9, 3], "float32"), ("shifted", [3, 5], "int32")]
+    assert plan["signatures"] == {"serving_default": {"inputs": {"x": "image", "n": "counts"},
+                                                      "outputs": {"y": "features", "m": "shifted"}}}
+    assert plan["requires"]["features"] == []
+    assert {d["op"] for d in plan["dispatches"]} >= {"fused_separable_conv2d", "ADD"}
+    # shaders are stored once each, and every dispatch names one; every binding lies inside its buffer
+    files = sorted(p.name for p in (root / "small" / "shaders").iterdir())
+    assert files == sorted(plan["shaders"]) and len(set(plan["shaders"])) == len(plan["shaders"])
+    sizes = [b["size"] for b in plan["buffers"]]
+    for d in plan["dispatches"]:
+        assert 0 <= d["shader"] < len(plan["shaders"])
+        assert all(b["offset"] + b["size"] <= sizes[b["buffer"]] for b in d["bindings"])
+    face16 = json.loads((root / "face16" / "plan.json").read_text())
+    assert face16["precision"] == "float16" and face16["requires"]["features"] == ["shader-f16"]
+    # weights: float16 ones take half the bytes of float32 ones (each constant padded to 16 bytes)
+    face = json.loads((root / "face" / "plan.json").read_text())
+    assert face16["weights_size"] < 0.6 * face["weights_size"]
+    # intermediates share buffers: fewer work buffers than intermediate tensors
+    work = {b["id"] for b in face["buffers"] if b["kind"] == "work"}
+    assert len(work) < sum(t["buffer"] in work for t in face["tensors"])
+
+
+def test_export_refuses_cpu_fallback_naming_the_ops(tmp_path, device):
+    # MATRIX_DIAG has no tflfuse kernel: the Interpreter would run it on LiteRT's CPU, which a browser lacks.
+    model = build([t((2, 3)), t((2, 3, 3)), t((2, 3, 3))],
+                  [dict(op="MATRIX_DIAG", inputs=[0], outputs=[1]), dict(op="RELU", inputs=[1], outputs=[2])],
+                  [0], [2])
+    with pytest.raises(ExportError, match=r"MATRIX_DIAG \(operator 0, no GPU kernel\).*browser"):
+        export_web(model, tmp_path / "out", device=device)
+
+
+# ---- in the browser ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("by_name", [False, True], ids=["in_order", "by_name"])
+def test_small_model_in_the_browser_matches_the_interpreter(page, device, small_fused, rng, by_name):
+    xs = _small_inputs(rng)
+    got = _run_in_browser(page, "small", xs, by_name=by_name)
+    want = _interpreter_outputs(small_fused, xs, device)
+    assert [(g.shape, g.dtype) for g in got] == [(w.shape, w.dtype) for w in want]
+    np.testing.assert_allclose(got[0], want[0], **BROWSER_TOL)
+    np.testing.assert_array_equal(got[1], want[1])   # int32 ADD: exact
+
+
+def test_face_detector_in_the_browser_matches_the_interpreter(page, device, face_fused, rng):
+    xs = [rng.uniform(-1, 1, (1, 128, 128, 3)).astype(np.float32)]
+    got = _run_in_browser(page, "face", xs)
+    want = _interpreter_outputs(face_fused, xs, device)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, **BROWSER_TOL)
+
+
+@pytest.mark.parametrize("script, message", [
+    ("await model.run([new Float32Array(10), new Int32Array(15)])",
+     'input "image" (shape [2,7,9,5], float32) must have 630 values, got 10'),
+    ("await model.run([new Float64Array(630), new Int32Array(15)])",
+     'input "image" (shape [2,7,9,5], float32) must be a Float32Array, got a Float64Array of 630 values'),
+    ("await model.run([new Float32Array(630), new Float32Array(15)])",
+     'input "counts" (shape [3,5], int32) must be a Int32Array, got a Float32Array of 15 values'),
+    ("await model.run({image: new Float32Array(630), count: new Int32Array(15)})",
+     'unknown input "count"; the model\'s inputs are image, counts'),
+    ("await model.run({image: new Float32Array(630)})", 'missing input "counts"'),
+    ("await model.run([new Float32Array(630)])", "the model takes 2 input(s) (image, counts), got 1"),
+], ids=["length", "dtype", "int_dtype", "unknown_name", "missing_name", "count"])
+def test_bad_inputs_get_errors_naming_the_input(page, script, message):
+    error = _browser_error(page, script)
+    assert error.startswith("TflfuseError: ") and message in error, error
+
+
+def test_a_good_run_after_a_bad_one(page, device, small_fused, rng):
+    assert "must have" in _browser_error(page, "await model.run([new Float32Array(1), new Int32Array(15)])")
+    xs = _small_inputs(rng)
+    np.testing.assert_allclose(_run_in_browser(page, "small", xs)[0], _interpreter_outputs(small_fused, xs, device)[0],
+                               **BROWSER_TOL)
+
+
+def test_missing_feature_and_lost_device_and_no_webgpu(browser, page):
+    # SwiftShader offers no shader-f16: a float16 export is refused at load, naming the feature.
+    has_f16 = page.evaluate("async () => (await navigator.gpu.requestAdapter()).features.has('shader-f16')")
+    if not has_f16:
+        error = page.evaluate("""async () => {
+          const {load} = await import("/small/tflfuse.js");
+          try { await load("/face16/"); return "loaded"; } catch (e) { return `${e.name}: ${e.message}`; }
+        }""")
+        assert 'needs the WebGPU feature "shader-f16"' in error, error
+    # A destroyed device: the next run says it is lost.
+    error = _browser_error(page, "model.device.destroy(); await model.device.lost; await model.run([])")
+    assert "the WebGPU device was lost (destroyed" in error and "load the model again" in error, error
+    # No navigator.gpu (a browser without WebGPU, or an insecure context): on a page of its own.
+    other = browser.new_page()
+    try:
+        other.goto(page.url)
+        error = other.evaluate("""async () => {
+          const {load} = await import("/small/tflfuse.js");
+          Object.defineProperty(navigator, "gpu", {value: undefined, configurable: true});
+          try { await load("/small/"); return "loaded"; } catch (e) { return `${e.name}: ${e.message}`; }
+        }""")
+    finally:
+        other.close()
+    assert "WebGPU is not available: navigator.gpu is missing" in error, error
+
+
+def test_a_limit_the_adapter_lacks_is_refused_naming_it(page, site):
+    root, _ = site
+    plan = json.loads((root / "small" / "plan.json").read_text())
+    plan["requires"]["limits"]["maxComputeWorkgroupsPerDimension"] = 2 ** 31   # past every adapter's
+    shutil.copytree(root / "small", root / "too_big")
+    (root / "too_big" / "plan.json").write_text(json.dumps(plan))
+    error = page.evaluate("""async () => {
+      const {load} = await import("/small/tflfuse.js");
+      try { await load("/too_big"); return "loaded"; } catch (e) { return `${e.name}: ${e.message}`; }
+    }""")
+    assert "needs the WebGPU limit maxComputeWorkgroupsPerDimension >= 2147483648; the adapter" in error, error
+
+
+def test_float16_bits_round_as_numpy(page):
+    # tflfuse.js rounds float16 inputs itself: to nearest even, as NumPy's astype(float16), at every edge.
+    values = np.asarray([0.0, -0.0, 1.0, -2.5, 65504.0, 65520.0, 65519.99, 1e6, -1e6, 6.1e-5, 5.96e-8, 2.98e-8,
+                         2.99e-8, 1e-9, 1.0009765625, 1.00048828125, 1.00146484375, 3.14159, np.inf, -np.inf,
+                         np.nan, 1e-5, -7.3e-6], np.float32)
+    rng = np.random.default_rng(3)
+    values = np.concatenate([values, rng.standard_normal(200).astype(np.float32) * 10.0 ** rng.integers(-8, 5, 200)])
+    values = values.astype(np.float32)
+    bits = page.evaluate("""async (v) => {
+      const {float16Bits} = await import("/small/tflfuse.js");
+      return Array.from(float16Bits(Float32Array.from(v.map(x => x === null ? NaN : x))));
+    }""", [None if np.isnan(v) else float(v) for v in values])
+    with np.errstate(over="ignore"):   # past 65504 is inf, as in tflfuse.js
+        want = values.astype(np.float16).view(np.uint16)
+    nan = np.isnan(values)
+    np.testing.assert_array_equal(np.asarray(bits[:values.size], np.uint16)[~nan], want[~nan])
+    assert all(b & 0x7c00 == 0x7c00 and b & 0x3ff for b in np.asarray(bits)[:values.size][nan])
+
+
+# ---- the demo page -------------------------------------------------------------------------------------------
+def _is_red(rgb) -> np.ndarray:
+    """Pixels of the demo's box colour, rgb(255, 0, 0), as the canvas shows it (antialiasing blends edges)."""
+    rgb = np.asarray(rgb, np.int32)
+    return (rgb[..., 0] > 200) & (rgb[..., 1] < 60) & (rgb[..., 2] < 60)
+
+
+def test_demo_page_draws_the_face_box(browser, site, device, face_fused):
+    from PIL import Image
+
+    root, base = site
+    demo = browser.new_page()
+    try:
+        demo.goto(f"{base}/face/index.html")
+        demo.wait_for_selector("body[data-status=done], body[data-status=error]", timeout=60_000)
+        assert demo.get_attribute("body", "data-status") == "done", demo.text_content("#error")
+        result = demo.evaluate("window.demoResult")
+        adapter, times = demo.text_content("#adapter"), demo.text_content("#times")
+        box = demo.evaluate("""() => { const c = document.getElementById("view"), r = c.getBoundingClientRect();
+          return {x: r.left + c.clientLeft, y: r.top + c.clientTop, width: c.clientWidth, height: c.clientHeight}; }""")
+        shot = Image.open(io.BytesIO(demo.screenshot(clip=box))).convert("RGB")   # the canvas, its border left out
+    finally:
+        demo.close()
+    assert "swiftshader" in adapter.lower() and " ms" in times and len(result["times"]) == 5
+    # The box the page drew is the one tflfuse's Interpreter finds on the same input (demo/input.bin).
+    x = np.fromfile(root / "face" / "demo" / "input.bin", np.float32).reshape(1, 128, 128, 3)
+    want = fd.best_detection(*_interpreter_outputs(face_fused, [x], device))
+    # The page decodes in float64, face_detection.py in float64 rounded to float32 (6e-8 relative), from outputs
+    # that agree within BROWSER_TOL: 1e-4 (0.05 photo pixels for the box) is far above both, far below a pixel.
+    assert want.score > 0.5 and abs(result["face"]["score"] - want.score) < 1e-4
+    np.testing.assert_allclose(result["face"]["box"], want.box, atol=1e-4)
+    # The screenshot: red along each edge of the box, the photo (not red) inside and outside it.
+    pixels = np.asarray(shot)
+    assert pixels.shape[:2] == (512, 512)
+    y0, x0, y1, x1 = (int(round(v * 512)) for v in want.box)
+    xs, ys = np.linspace(x0 + 6, x1 - 6, 12).astype(int), np.linspace(y0 + 6, y1 - 6, 12).astype(int)
+    for edge in (pixels[y0, xs], pixels[y1, xs], pixels[ys, x0], pixels[ys, x1]):
+        assert _is_red(edge).all(), edge
+    assert not _is_red(pixels[y0 + 10:y1 - 10, x0 + 10:x1 - 10]).any()
+    assert _is_red(pixels).sum() < 4 * 6 * (x1 - x0 + y1 - y0)   # one box of a 4-pixel line, nothing else
+
+
+def test_demo_page_of_another_model_lists_its_outputs(browser, site):
+    demo = browser.new_page()
+    try:
+        demo.goto(f"{site[1]}/small/index.html")
+        demo.wait_for_selector("body[data-status=done], body[data-status=error]", timeout=60_000)
+        assert demo.get_attribute("body", "data-status") == "done", demo.text_content("#error")
+        rows = demo.locator("#outputs tr").all_inner_texts()
+    finally:
+        demo.close()
+    assert [r.split("\t")[:2] for r in rows[1:]] == [["features", "[2,7,9,3]"], ["shifted", "[3,5]"]], rows
+
+
+def test_cli_export(tmp_path, small_fused):
+    model = tmp_path / "small.tflite"
+    model.write_bytes(small_fused)
+    r = subprocess.run([sys.executable, "-m", "tflfuse.cli", "export", str(model), "--web", str(tmp_path / "web")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "python -m http.server -d" in r.stdout
+    for name in ("plan.json", "weights.bin", "tflfuse.js", "index.html", "demo/demo.json"):
+        assert (tmp_path / "web" / name).is_file(), name
+    assert json.loads((tmp_path / "web" / "demo" / "demo.json").read_text())["kind"] == "generic"
+    # A model that needs LiteRT's CPU interpreter: exit 2 naming the op, nothing written.
+    model.write_bytes(build([t((2, 3)), t((2, 3, 3))], [dict(op="MATRIX_DIAG", inputs=[0], outputs=[1])], [0], [1]))
+    r = subprocess.run([sys.executable, "-m", "tflfuse.cli", "export", str(model), "--web", str(tmp_path / "no")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "MATRIX_DIAG (operator 0" in r.stderr, r.stderr
+    assert not (tmp_path / "no").exists()
+
+
+def test_float16_values_as_numpy(page):
+    # Every binary16 bit pattern read back as float32 (a float16 plan's outputs), against NumPy's conversion.
+    got = page.evaluate("""async () => {
+      const {float16Values} = await import("/small/tflfuse.js");
+      return Array.from(float16Values(Uint16Array.from({length: 65536}, (_, i) => i)));
+    }""")
+    want = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    got = np.asarray(got, np.float32)
+    nan = np.isnan(want)
+    assert np.isnan(got[nan]).all()
+    np.testing.assert_array_equal(got[~nan], want[~nan])
+    assert np.array_equal(np.signbit(got[~nan]), np.signbit(want[~nan]))   # -0.0 stays negative

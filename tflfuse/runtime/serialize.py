@@ -1,0 +1,230 @@
+"""The execution plan as data: an :class:`~tflfuse.runtime.plan.ExecutionPlan` serialised for any executor.
+
+:func:`serialize_plan` turns a built plan into three things, which together are all a WebGPU runtime needs
+(no kernel, no model file): ``plan`` (a JSON-able dict), ``weights`` (one binary: every constant exactly as the
+kernels read it, after the plan's re-layout and, for a float16 plan, rounded to float16) and ``shaders`` (the
+distinct WGSL sources, by file name). ``tflfuse.js`` (the browser) and :mod:`tflfuse.web.executor` (Python,
+wgpu) both execute this data, so they cannot drift from each other.
+
+The plan dict (``format`` :data:`PLAN_FORMAT`, ``version`` :data:`PLAN_VERSION`):
+
+- ``precision``: ``"float32"`` or ``"float16"``; ``requires``: ``features`` (``["shader-f16"]`` for a float16
+  plan) and ``limits``, the least WebGPU limits (their JavaScript names) the plan needs.
+- ``buffers``: ``[{id, size, kind, label}]`` (bytes, a multiple of 16): ``kind`` is ``"weights"`` (filled from
+  ``weights`` at ``weights_offset``, ``size`` bytes), ``"io"`` (an input's or an output's own buffer) or
+  ``"work"`` (intermediates and scratch, reused by tensors whose lifetimes do not overlap).
+- ``tensors``: ``[{index, name, shape, dtype, storage, buffer, nbytes}]``, every runtime tensor and weight the
+  GPU holds: ``dtype`` the file's (float32, int32, bool, int64), ``storage`` the WGSL element type it is held as
+  (f32, f16, i32: bool as 0/1, int64 narrowed to int32), ``nbytes`` its bytes in ``buffer`` (from offset 0).
+- ``inputs``/``outputs``: the same records for the subgraph's inputs and outputs, in order.
+- ``signatures``: ``{key: {inputs: {name: tensor name}, outputs: {name: tensor name}}}`` (subgraph 0's).
+- ``shaders``: ``[file name]``; ``dispatches``: in order, one compute pass, each
+  ``{op, operator, program, shader (index into shaders), entry_point, workgroup_size, dispatch (workgroups x,
+  y, z), bindings: [{binding, buffer, offset, size}], uniform: {binding, bytes (hex)} or null}``; storage
+  bindings are group 0's bindings 0..n-1 in that order, the uniform block (where there is one) binding n.
+
+Raises of this module name the tensor or the op and what to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from ..kernels.half import half_binding_size
+
+__all__ = ["PLAN_FORMAT", "PLAN_VERSION", "SerializedPlan", "load_serialized", "serialize_plan"]
+
+PLAN_FORMAT = "tflfuse-plan"
+PLAN_VERSION = 1
+#: The folder layout written by :meth:`SerializedPlan.write`.
+PLAN_FILE, WEIGHTS_FILE, SHADER_DIR = "plan.json", "weights.bin", "shaders"
+
+
+@dataclasses.dataclass
+class SerializedPlan:
+    """A plan as data (see the module's docstring): ``plan`` (JSON-able dict), ``weights`` (bytes) and
+    ``shaders`` (file name -> WGSL text)."""
+
+    plan: dict
+    weights: bytes
+    shaders: dict[str, str]
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        """Writes ``plan.json``, ``weights.bin`` and ``shaders/*.wgsl`` into ``out_dir`` (made if missing; the
+        .wgsl files of an earlier export there are removed).
+
+        Returns:
+          the paths written. Raises OSError where the folder cannot be written.
+        """
+        out = Path(out_dir)
+        (out / SHADER_DIR).mkdir(parents=True, exist_ok=True)
+        for old in (out / SHADER_DIR).glob("*.wgsl"):   # an earlier export's shaders
+            old.unlink()
+        written = [out / PLAN_FILE, out / WEIGHTS_FILE]
+        written[0].write_text(json.dumps(self.plan, indent=1))
+        written[1].write_bytes(self.weights)
+        for name, text in self.shaders.items():
+            path = out / SHADER_DIR / name
+            path.write_text(text)
+            written.append(path)
+        return written
+
+
+def load_serialized(folder: str | Path) -> SerializedPlan:
+    """Reads what :meth:`SerializedPlan.write` wrote.
+
+    Raises:
+      ValueError: not a tflfuse plan, another version, or weights of another size than the plan says.
+      OSError: a missing file.
+    """
+    folder = Path(folder)
+    plan = json.loads((folder / PLAN_FILE).read_text())
+    if plan.get("format") != PLAN_FORMAT or plan.get("version") != PLAN_VERSION:
+        raise ValueError(f"{folder / PLAN_FILE} is not a {PLAN_FORMAT} version {PLAN_VERSION} file "
+                         f"(format {plan.get('format')!r}, version {plan.get('version')!r})")
+    weights = (folder / WEIGHTS_FILE).read_bytes()
+    if len(weights) != plan["weights_size"]:
+        raise ValueError(f"{folder / WEIGHTS_FILE} has {len(weights)} bytes; the plan says {plan['weights_size']}")
+    shaders = {name: (folder / SHADER_DIR / name).read_text() for name in plan["shaders"]}
+    return SerializedPlan(plan, weights, shaders)
+
+
+def _shader_name(index: int, program: str) -> str:
+    return f"{index:03d}_{re.sub(r'[^A-Za-z0-9_]+', '_', program)[:60]}.wgsl"
+
+
+def _dtype_name(plan, t: int) -> str:
+    """The file's dtype of tensor ``t`` as users set and get it."""
+    graph = plan.graph
+    if t in graph.specs:
+        return str(plan.host_dtype(t))
+    return "int64" if t in graph.narrowed else str(graph.consts[t].dtype)
+
+
+def _storage(plan, t: int) -> str:
+    graph = plan.graph
+    kind = graph.specs[t].dtype if t in graph.specs else ("float32" if graph.consts[t].dtype.kind == "f" else "int32")
+    if kind == "float32":
+        return "f16" if plan.precision == "float16" else "f32"
+    return "i32"
+
+
+def serialize_plan(plan, signatures: Mapping[str, Mapping] | None = None) -> SerializedPlan:
+    """Serialises a built :class:`~tflfuse.runtime.plan.ExecutionPlan` (see the module's docstring).
+
+    The constants are read back from their GPU buffers, so ``weights`` holds exactly the bytes the kernels read.
+
+    Args:
+      plan: the plan, built on a live device, of a graph without CPU fallback segments.
+      signatures: the model's ``signature_defs()`` (``{key: {"subgraph", "inputs": {name: tensor},
+        "outputs": {name: tensor}}}``); those of other subgraphs than the plan's are left out.
+    Returns:
+      a :class:`SerializedPlan`.
+    Raises:
+      ValueError: the graph has CPU fallback segments (naming their ops), or an output the GPU does not hold
+        (a constant folded at load).
+    """
+    graph = plan.graph
+    if graph.segments:
+        raise ValueError(f"the plan has CPU fallback segments ({len(graph.segments)}); only GPU plans serialise")
+    device = plan.device
+    scratch = getattr(plan, "_scratch")   # op index -> its scratch buffers (ExecutionPlan has no public name)
+    buffer_ids: dict[int, int] = {}
+    buffers: list[dict] = []
+    weights = bytearray()
+
+    def buffer_id(buf, kind: str, tensor: int | None = None) -> int:
+        key = id(buf)
+        if key not in buffer_ids:
+            entry = {"id": len(buffers), "size": int(buf.size), "kind": kind, "label": str(buf.label or "")}
+            if kind == "weights":
+                with device.guard("serialising the weights"):
+                    data = bytes(device.device.queue.read_buffer(buf))
+                entry["weights_offset"] = len(weights)
+                weights.extend(data)
+            buffer_ids[key] = entry["id"]
+            buffers.append(entry)
+        return buffer_ids[key]
+
+    pinned = {graph.storage_root(t) for t in graph.inputs + graph.outputs}
+    tensors: dict[int, dict] = {}
+    for t in sorted(plan.buffers):
+        buf = plan.buffers[t]
+        const = t in graph.consts and t not in graph.specs
+        kind = "weights" if const else "io" if graph.storage_root(t) in pinned else "work"
+        shape = graph.specs[t].shape if t in graph.specs else graph.consts[t].shape
+        storage = _storage(plan, t)
+        size = int(np.prod(shape, dtype=np.int64))
+        nbytes = plan.storage_nbytes(t) if t in graph.specs else half_binding_size(size) if storage == "f16" \
+            else size * 4
+        tensors[t] = {"index": int(t), "name": graph.names.get(t, f"tensor_{t}"), "shape": [int(d) for d in shape],
+                      "dtype": _dtype_name(plan, t), "storage": storage, "buffer": buffer_id(buf, kind),
+                      "nbytes": int(nbytes)}
+    for t in graph.outputs:
+        if t not in tensors:
+            raise ValueError(f"output {graph.describe(t)} is not computed on the GPU (a constant folded at load); "
+                             f"a plan with such an output cannot be serialised")
+
+    shader_files: dict[str, str] = {}   # cache key -> file name
+    shaders: dict[str, str] = {}
+    dispatches = []
+    limits = {"maxStorageBufferBindingSize": 0, "maxBufferSize": max([b["size"] for b in buffers] + [16]),
+              "maxComputeWorkgroupsPerDimension": 1, "maxStorageBuffersPerShaderStage": 0,
+              "maxComputeInvocationsPerWorkgroup": 1, "maxComputeWorkgroupSizeX": 1, "maxComputeWorkgroupSizeY": 1,
+              "maxComputeWorkgroupSizeZ": 1, "maxUniformBufferBindingSize": 0}
+    for (prog, _, _), op in zip(plan.steps, plan.step_ops):
+        if prog.cache_key not in shader_files:
+            name = _shader_name(len(shaders), prog.name)
+            shader_files[prog.cache_key] = name
+            shaders[name] = prog.source
+        binds = []
+        for i, b in enumerate(prog.bindings):
+            kind, k = b.role
+            if kind == "scratch":
+                buf = scratch[op.index][k]
+            else:
+                buf = plan.buffers[op.inputs[k] if kind == "input" else op.outputs[k]]
+            size = max(int(b.size), 16)   # as ExecutionPlan: an empty tensor binds 16 bytes it never reads
+            binds.append({"binding": i, "buffer": buffer_id(buf, "work"), "offset": 0, "size": size})
+            limits["maxStorageBufferBindingSize"] = max(limits["maxStorageBufferBindingSize"], size)
+        uniform = None
+        if prog.uniforms:
+            data = prog.uniform_bytes()
+            uniform = {"binding": len(prog.bindings), "bytes": data.hex()}
+            limits["maxUniformBufferBindingSize"] = max(limits["maxUniformBufferBindingSize"], len(data))
+        wg = [int(v) for v in prog.workgroup_size]
+        grid = [int(v) for v in (tuple(prog.dispatch) + (1, 1))[:3]]
+        limits["maxComputeWorkgroupsPerDimension"] = max(limits["maxComputeWorkgroupsPerDimension"], *grid)
+        limits["maxStorageBuffersPerShaderStage"] = max(limits["maxStorageBuffersPerShaderStage"], len(binds))
+        limits["maxComputeInvocationsPerWorkgroup"] = max(limits["maxComputeInvocationsPerWorkgroup"],
+                                                          wg[0] * wg[1] * wg[2])
+        for axis, v in zip("XYZ", wg):
+            limits[f"maxComputeWorkgroupSize{axis}"] = max(limits[f"maxComputeWorkgroupSize{axis}"], v)
+        dispatches.append({"op": op.name, "operator": int(op.index), "program": prog.name,
+                           "shader": list(shaders).index(shader_files[prog.cache_key]),
+                           "entry_point": prog.entry_point, "workgroup_size": wg, "dispatch": grid,
+                           "bindings": binds, "uniform": uniform})
+
+    by_index = {t: tensors[t]["name"] for t in tensors}
+    sigs = {}
+    for key, sd in (signatures or {}).items():
+        if sd["subgraph"] == graph.subgraph:
+            sigs[key] = {"inputs": {n: by_index.get(t, f"tensor_{t}") for n, t in sd["inputs"].items()},
+                         "outputs": {n: by_index.get(t, f"tensor_{t}") for n, t in sd["outputs"].items()}}
+    data = {
+        "format": PLAN_FORMAT, "version": PLAN_VERSION, "subgraph": int(graph.subgraph),
+        "precision": plan.precision,
+        "requires": {"features": ["shader-f16"] if plan.precision == "float16" else [], "limits": limits},
+        "inputs": [tensors[t] for t in graph.inputs], "outputs": [tensors[t] for t in graph.outputs],
+        "signatures": sigs, "buffers": buffers, "tensors": [tensors[t] for t in sorted(tensors)],
+        "shaders": list(shaders), "dispatches": dispatches,
+        "weights_size": len(weights), "weights_sha256": hashlib.sha256(weights).hexdigest(),
+    }
+    return SerializedPlan(data, bytes(weights), shaders)

@@ -1,0 +1,118 @@
+"""A Python (wgpu) executor of a serialised plan: what ``tflfuse.js`` does, step for step, on wgpu.
+
+It reads nothing but the data :func:`tflfuse.runtime.serialize.serialize_plan` writes (plan dict, weights,
+WGSL files): no model, no kernel. That the values it computes equal the Interpreter's bit for bit on the same
+adapter shows the data is complete; ``tflfuse.js`` follows the same steps in the browser.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..runtime.serialize import SerializedPlan
+
+__all__ = ["PlanDataExecutor"]
+
+#: plan.json dtype name -> the NumPy dtype users give and get.
+_HOST = {"float32": np.float32, "int32": np.int32, "bool": np.bool_, "int64": np.int64}
+
+
+class PlanDataExecutor:
+    """Runs a :class:`~tflfuse.runtime.serialize.SerializedPlan` on a :class:`tflfuse.runtime.device.Device`.
+
+    Buffers, pipelines and bind groups are made once here; :meth:`run` uploads the inputs, records every
+    dispatch into one compute pass of one command buffer, and reads back the outputs.
+
+    Args:
+      data: the serialised plan.
+      device: the device (its features must include the plan's ``requires.features``).
+    Raises:
+      ValueError: a feature or limit the plan requires that the device lacks (naming it).
+    """
+
+    def __init__(self, data: SerializedPlan, device):
+        import wgpu
+
+        self.plan, self.device = data.plan, device
+        gpu = device.device
+        for feature in self.plan["requires"]["features"]:
+            if feature not in device.features:
+                raise ValueError(f"the plan needs the WebGPU feature {feature!r}, which {device.name} lacks")
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        self._buffers = []
+        for b in self.plan["buffers"]:
+            buf = gpu.create_buffer(size=b["size"], usage=usage, label=b["label"])
+            if b["kind"] == "weights":
+                gpu.queue.write_buffer(buf, 0, data.weights[b["weights_offset"]:b["weights_offset"] + b["size"]])
+            self._buffers.append(buf)
+        modules = [gpu.create_shader_module(code=data.shaders[name], label=name) for name in self.plan["shaders"]]
+        pipelines: dict[tuple[int, str], object] = {}
+        self._steps = []
+        self._uniforms = []   # the uniform buffers, held as long as their bind groups
+        for d in self.plan["dispatches"]:
+            key = (d["shader"], d["entry_point"])
+            if key not in pipelines:
+                pipelines[key] = gpu.create_compute_pipeline(
+                    layout="auto", compute={"module": modules[d["shader"]], "entry_point": d["entry_point"]})
+            pipeline = pipelines[key]
+            entries = [{"binding": b["binding"], "resource": {"buffer": self._buffers[b["buffer"]],
+                                                               "offset": b["offset"], "size": b["size"]}}
+                       for b in d["bindings"]]
+            if d["uniform"] is not None:
+                raw = bytes.fromhex(d["uniform"]["bytes"])
+                ubuf = gpu.create_buffer_with_data(data=raw, usage=wgpu.BufferUsage.UNIFORM)
+                self._uniforms.append(ubuf)
+                entries.append({"binding": d["uniform"]["binding"],
+                                "resource": {"buffer": ubuf, "offset": 0, "size": len(raw)}})
+            group = gpu.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+            self._steps.append((pipeline, group, d["dispatch"]))
+
+    def _upload(self, spec: Mapping, value) -> None:
+        want = np.dtype(_HOST[spec["dtype"]])
+        value = np.asarray(value)
+        if value.dtype != want:
+            raise TypeError(f"input {spec['name']!r} must be {spec['dtype']}, got {value.dtype}")
+        if list(value.shape) != spec["shape"]:
+            raise ValueError(f"input {spec['name']!r} must have shape {spec['shape']}, got {list(value.shape)}")
+        if spec["storage"] == "f16":
+            raw = value.astype(np.float16).ravel()
+            raw = np.concatenate([raw, np.zeros(raw.size % 2, np.float16)])
+        else:
+            raw = value.astype(np.float32 if spec["storage"] == "f32" else np.int32).ravel()
+        if raw.nbytes:
+            self.device.device.queue.write_buffer(self._buffers[spec["buffer"]], 0, raw.tobytes())
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Runs the plan on ``inputs`` (one array per input, in order, of its dtype and shape).
+
+        Returns:
+          one array per output, of the output's dtype and shape.
+        Raises:
+          ValueError / TypeError: a wrong count, shape or dtype of inputs (naming the input).
+        """
+        specs = self.plan["inputs"]
+        if len(inputs) != len(specs):
+            raise ValueError(f"the plan takes {len(specs)} inputs ({[s['name'] for s in specs]}), got {len(inputs)}")
+        for spec, value in zip(specs, inputs):
+            self._upload(spec, value)
+        gpu = self.device.device
+        encoder = gpu.create_command_encoder()
+        cpass = encoder.begin_compute_pass()
+        for pipeline, group, grid in self._steps:
+            cpass.set_pipeline(pipeline)
+            cpass.set_bind_group(0, group)
+            cpass.dispatch_workgroups(*grid)
+        cpass.end()
+        gpu.queue.submit([encoder.finish()])
+        outs = []
+        for spec in self.plan["outputs"]:
+            size = int(np.prod(spec["shape"], dtype=np.int64))
+            if spec["nbytes"] == 0:
+                raw = np.zeros(0, np.float32)
+            else:
+                raw = np.frombuffer(gpu.queue.read_buffer(self._buffers[spec["buffer"]], 0, spec["nbytes"]),
+                                    {"f16": np.float16, "f32": np.float32, "i32": np.int32}[spec["storage"]])
+            outs.append(raw[:size].astype(_HOST[spec["dtype"]]).reshape(spec["shape"]))
+        return outs

@@ -1,0 +1,156 @@
+"""``tflfuse.export_web``: a .tflite as a self-contained folder that a browser runs with ``tflfuse.js``.
+
+The folder holds the plan as data (:mod:`tflfuse.runtime.serialize`: ``plan.json``, ``weights.bin``,
+``shaders/*.wgsl``), ``tflfuse.js`` (the runtime, one ES module without dependencies) and ``index.html`` (a demo
+page). For MediaPipe's face detector (a [1, 128, 128, 3] input, ``regressors`` and ``classificators`` outputs)
+the demo draws the detected face's box on a bundled photo (``demo/``: scikit-image's astronaut, the model input
+made from it, and the SSD anchors of :func:`tflfuse.face_detection.ssd_anchors`); for another model it runs on
+seeded random inputs and lists the outputs. Serve the folder over http (``python -m http.server -d DIR``):
+browsers give WebGPU to secure contexts only (https, or http on localhost).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ..runtime.serialize import SerializedPlan, serialize_plan
+
+__all__ = ["ExportError", "export_web", "plan_for_export"]
+
+_HERE = Path(__file__).parent
+#: The files copied into every export.
+STATIC_FILES = ("tflfuse.js", "index.html")
+
+
+class ExportError(ValueError):
+    """The model cannot be exported for the browser: the message names the ops or tensors and why."""
+
+
+def plan_for_export(model, device, precision: str = "float32", target: str | None = None):
+    """Plans subgraph 0 of ``model`` on ``device`` as :class:`tflfuse.Interpreter` does, for export.
+
+    Args:
+      model: a :class:`tflfuse.Model`.
+      device: the :class:`~tflfuse.runtime.device.Device` the plan is built on (its limits apply).
+      precision: ``"float32"`` or ``"float16"`` (the plan's, as the Interpreter's ``precision``).
+      target: ``"gpu"`` or ``"cpu"`` (the schedules; every schedule computes the same values), default: the
+        one the Interpreter picks on ``device`` (``"cpu"`` on a software adapter).
+    Returns:
+      the :class:`~tflfuse.runtime.plan.ExecutionPlan`.
+    Raises:
+      ExportError: ops that would run on LiteRT's CPU interpreter (the browser has none), naming each with its
+        index and reason; a plan specialised on run-time shape values.
+      ValueError: an unknown ``precision`` or ``target``; ``"float16"`` on a device without ``shader-f16``.
+      UnsupportedOpError, KernelError, ModelError: as the Interpreter's.
+    """
+    from ..kernels.registry import missing_kernels_error
+    from ..runtime.fallback import partition
+    from ..runtime.plan import PRECISIONS
+    from ..runtime.specialise import SubgraphPlanner
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    if target not in (None, "gpu", "cpu"):
+        raise ValueError(f"target must be 'gpu', 'cpu' or None (the adapter's), got {target!r}")
+    part = partition(model, 0)   # as the Interpreter: the ops it would hand to LiteRT's CPU interpreter
+    if part.refused:
+        raise missing_kernels_error(part.refused)
+    if part.cpu:
+        raise _fallback_error(part.cpu)
+    target = target or ("cpu" if device.is_software else "gpu")
+    planner = SubgraphPlanner(model, 0, None, fallback=True, input_shapes=None, preserve=False,
+                              precision=precision, device=lambda: device)
+    planner.decide(target)
+    if planner.fallback_ops:
+        raise _fallback_error(planner.fallback_ops)
+    if planner.specialised:
+        raise ExportError(f"the plan depends on run-time values of tensors {planner.runtime} (shapes computed from "
+                          f"them); export needs static shapes: give the model constant shapes")
+    planner.allocate(target)
+    return planner.current.plan
+
+
+def _fallback_error(ops) -> ExportError:
+    listed = "; ".join(f"{f.name} (operator {f.index}, {f.reason})" for f in ops)
+    return ExportError(f"cannot export for the browser: {listed} would run on LiteRT's CPU interpreter, which a "
+                       f"browser lacks. Export a model whose every op has a tflfuse GPU kernel (`tflfuse ops "
+                       f"MODEL.tflite` lists where each op runs)")
+
+
+def export_web(model, out_dir, *, precision: str = "float32", target: str | None = None, device=None,
+               demo: bool = True) -> SerializedPlan:
+    """Writes a folder that runs ``model`` in a browser: plan.json, weights.bin, shaders/, tflfuse.js, index.html.
+
+    Args:
+      model: a .tflite path, its bytes, or a :class:`tflfuse.Model`.
+      out_dir: the folder (made if missing; files of an earlier export are overwritten).
+      precision: ``"float32"`` (default) or ``"float16"`` (float tensors stored as float16; the plan then
+        requires the WebGPU feature ``shader-f16``, which tflfuse.js checks before it loads).
+      target: the kernels' schedules, ``"gpu"`` or ``"cpu"`` (default: the one for ``device``'s adapter).
+      device: the :class:`tflfuse.Device` to plan on (default: a new one on the best adapter); the weights are
+        read back from it exactly as the kernels read them.
+      demo: also write ``demo/`` (a photo and its model input for MediaPipe's face detector).
+    Returns:
+      the :class:`~tflfuse.runtime.serialize.SerializedPlan` written.
+    Raises:
+      ExportError: ops without a GPU kernel (named), run-time shapes.
+      ValueError, UnsupportedOpError, KernelError, ModelError: a malformed model or an unknown precision.
+      OSError: the folder cannot be written.
+    """
+    from ..model import Model
+    from ..runtime.device import Device
+
+    if isinstance(model, Model):
+        m = model
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        m = Model(bytes(model))
+    else:
+        m = Model.from_path(model)
+    device = device or Device()
+    data = serialize_plan(plan_for_export(m, device, precision, target), m.signature_defs())
+    out = Path(out_dir)
+    data.write(out)
+    for name in STATIC_FILES:
+        shutil.copyfile(_HERE / name, out / name)
+    if demo:
+        _write_demo(data.plan, out / "demo")
+    return data
+
+
+def _is_face_detector(plan: dict) -> bool:
+    from .. import face_detection as fd
+
+    ins, outs = plan["inputs"], {o["name"]: o["shape"] for o in plan["outputs"]}
+    return (len(ins) == 1 and ins[0]["shape"] == [1, fd.INPUT_SIZE, fd.INPUT_SIZE, 3]
+            and outs.get("regressors") == [1, fd.NUM_ANCHORS, 16]
+            and outs.get("classificators") == [1, fd.NUM_ANCHORS, 1])
+
+
+def _write_demo(plan: dict, folder: Path) -> None:
+    """``demo/demo.json`` (what index.html shows) and, for the face detector, ``photo.png``, ``input.bin``
+    (the float32 model input :func:`tflfuse.zoo.sample_photo` makes from it) and the anchors in demo.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    info: dict = {"kind": "generic", "seed": 0}
+    if _is_face_detector(plan):
+        try:
+            import skimage.data
+            from PIL import Image
+        except ImportError:   # scikit-image (and Pillow, which it needs) come with tflfuse[demo]
+            info["note"] = "install scikit-image (pip install 'tflfuse[demo]') for the face detection demo"
+        else:
+            from .. import face_detection as fd
+            from .. import zoo
+
+            photo = skimage.data.astronaut()
+            Image.fromarray(photo).save(folder / "photo.png")
+            (folder / "input.bin").write_bytes(zoo.sample_photo((fd.INPUT_SIZE, fd.INPUT_SIZE)).tobytes())
+            anchors = fd.ssd_anchors()[:, :2]   # (y, x) centres; every anchor's size is 1
+            info = {"kind": "face_detection", "photo": "photo.png", "input": "input.bin",
+                    "photo_size": list(photo.shape[:2]), "input_size": fd.INPUT_SIZE,
+                    "anchors_yx": np.round(anchors.astype(np.float64), 6).ravel().tolist(),
+                    "coord_scale": 128.0, "score_clip": 100.0, "min_score": 0.5}
+    (folder / "demo.json").write_text(json.dumps(info))
