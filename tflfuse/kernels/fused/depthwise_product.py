@@ -67,7 +67,8 @@ def depthwise_product_program(name: str, bindings: tuple[Binding, ...], g: dict,
     binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") for b in bindings)
     depthwise = activation_fn(activation, "dact") + _strip_function(g, channels, rows)
     scalar = f"pw[k * {cols // 4}u + c / 4u][c % 4u]"
-    return tiled_matmul_program(name, binds, rows, channels, cols, "0.0", scalar, "unused", depthwise + helpers,
+    # A is staged by depthwise_strip (a_strip) and C stored as vec4s (store_vec): the scalar forms never run
+    return tiled_matmul_program(name, binds, rows, channels, cols, "0.0", scalar, store, depthwise + helpers,
                                 tile=tile, b_vec=f"pw[(k * {cols}u + c) / 4u]", store_vec=store,
                                 a_strip="depthwise_strip")
 
