@@ -65,6 +65,20 @@ _WORKGROUP = {"gpu": 256, "cpu": 64}
 #: invocation's loops after 65,535).
 _SMALL_WORKGROUP_TRIPS = 40_000
 _NONE = "0xffffffffu"
+#: The output programs' writes of detection slot ``s``: anchor ``a``'s decoded box, a class and a score, or zeros.
+_SLOTS = """
+fn put_detection(s: u32, a: u32, c: f32, score: f32) {
+  for (var i = 0u; i < 4u; i += 1u) { det_boxes[4u * s + i] = dec[4u * a + i]; }
+  det_classes[s] = c;
+  det_scores[s] = score;
+}
+
+fn clear_detection(s: u32) {
+  for (var i = 0u; i < 4u; i += 1u) { det_boxes[4u * s + i] = 0.0; }
+  det_classes[s] = 0.0;
+  det_scores[s] = 0.0;
+}
+"""
 #: TFLite's default detections_per_class (kNumDetectionsPerClass).
 DEFAULT_DETECTIONS_PER_CLASS = 100
 _INT_OPTIONS = ("max_detections", "max_classes_per_detection", "detections_per_class", "num_classes")
@@ -351,12 +365,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }}
       if (top_c == {_NONE}) {{ break; }}
       let s = idx * {m}u + j;
-      det_boxes[4u * s] = dec[4u * a];
-      det_boxes[4u * s + 1u] = dec[4u * a + 1u];
-      det_boxes[4u * s + 2u] = dec[4u * a + 2u];
-      det_boxes[4u * s + 3u] = dec[4u * a + 3u];
-      det_classes[s] = f32(top_c);
-      det_scores[s] = top;
+      put_detection(s, a, f32(top_c), top);
       prev = top;
       prev_c = top_c;
       used = j + 1u;
@@ -364,14 +373,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }}
   for (var j = used; j < {m}u; j += 1u) {{
     let s = idx * {m}u + j;
-    det_boxes[4u * s] = 0.0;
-    det_boxes[4u * s + 1u] = 0.0;
-    det_boxes[4u * s + 2u] = 0.0;
-    det_boxes[4u * s + 3u] = 0.0;
-    det_classes[s] = 0.0;
-    det_scores[s] = 0.0;
+    clear_detection(s);
   }}"""
-        return elementwise_program(f"{self.key}_output_fast", bindings, max(self.max_det, 1), body,
+        return elementwise_program(f"{self.key}_output_fast", bindings, max(self.max_det, 1), body, _SLOTS,
                                    loop_trips=cats * c + m)
 
     def _merge_program(self, bindings: tuple[Binding, ...]) -> Program:
@@ -384,7 +388,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
         if trips(wg) > _SMALL_WORKGROUP_TRIPS:
             wg = _WORKGROUP["gpu"]
-        source = prelude(bindings) + _reduce(wg) + f"""
+        source = prelude(bindings) + _reduce(wg) + _SLOTS + f"""
 @compute @workgroup_size({wg})
 fn main(@builtin(local_invocation_index) lidx: u32) {{
   var prev = 0.0;
@@ -405,22 +409,12 @@ fn main(@builtin(local_invocation_index) lidx: u32) {{
     prev_e = pick;
     if (lidx == 0u) {{
       let a = sel_i[pick];
-      det_boxes[4u * k] = dec[4u * a];
-      det_boxes[4u * k + 1u] = dec[4u * a + 1u];
-      det_boxes[4u * k + 2u] = dec[4u * a + 2u];
-      det_boxes[4u * k + 3u] = dec[4u * a + 3u];
-      det_classes[k] = f32(pick / {kp}u);
-      det_scores[k] = prev;
+      put_detection(k, a, f32(pick / {kp}u), prev);
     }}
     count = k + 1u;
   }}
   for (var s = count + lidx; s < {slots}u; s += {wg}u) {{
-    det_boxes[4u * s] = 0.0;
-    det_boxes[4u * s + 1u] = 0.0;
-    det_boxes[4u * s + 2u] = 0.0;
-    det_boxes[4u * s + 3u] = 0.0;
-    det_classes[s] = 0.0;
-    det_scores[s] = 0.0;
+    clear_detection(s);
   }}
   if (lidx == 0u) {{ det_num[0] = f32(count); }}
 }}
