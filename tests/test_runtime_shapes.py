@@ -102,6 +102,14 @@ def _feeds(interp, values: dict, rng) -> list[np.ndarray]:
     return out
 
 
+def _invoke_both(ours, lite, feeds) -> None:
+    """Sets the same inputs (in input order) on tflfuse's and LiteRT's interpreters and invokes both."""
+    for interp in (ours, lite):
+        for d, value in zip(interp.get_input_details(), feeds):
+            interp.set_tensor(d["index"], value)
+        interp.invoke()
+
+
 def _check_outputs(ours, lite, tol) -> None:
     """Every output: shape (the array's and the reported one), then dtype, then values."""
     for do, dl in zip(ours.get_output_details(), lite.get_output_details()):
@@ -138,10 +146,7 @@ def test_runtime_shape_inputs_match_litert(models, rng, name, fallback):
     for values in steps:
         lite = _litert(model)
         feeds = _feeds(lite, values, rng)
-        for interp in (ours, lite):
-            for d, x in zip(interp.get_input_details(), feeds):
-                interp.set_tensor(d["index"], x)
-            interp.invoke()
+        _invoke_both(ours, lite, feeds)
         _check_outputs(ours, lite, tol)
         plans.append(ours._plan(0))
     for i in range(len(steps)):   # one plan per distinct value: a value seen before runs the plan made for it
@@ -164,9 +169,7 @@ def test_shape_of_inputs_folds_without_read_back(rng):
         plan = ours._plan(0)   # made by allocate_tensors: nothing waits for a run-time value
         assert [op.name for op in plan.graph.ops] == Model(model).op_names(0)[3:]   # the shape ops folded
         x = rng.standard_normal((batch, 2, 3)).astype(np.float32)
-        for interp in (ours, lite):
-            interp.set_tensor(interp.get_input_details()[0]["index"], x)
-            interp.invoke()
+        _invoke_both(ours, lite, [x])
         _check_outputs(ours, lite, ELEMENTWISE)
         assert ours._plan(0) is plan
 
@@ -183,10 +186,7 @@ def test_specialised_plan_with_a_resized_batch(rng):
         for n in sizes:
             lite = _litert(model, {0: [batch, 4, 3]})
             feeds = _feeds(lite, {"n": n}, rng)
-            for interp in (ours, lite):
-                for d, v in zip(interp.get_input_details(), feeds):
-                    interp.set_tensor(d["index"], v)
-                interp.invoke()
+            _invoke_both(ours, lite, feeds)
             _check_outputs(ours, lite, ELEMENTWISE)
             assert ours.get_tensor(ours.get_output_details()[0]["index"]).shape == (batch, n, 12 // n)
 
@@ -231,10 +231,7 @@ def test_cpu_op_whose_output_shape_follows_values(rng):
     for n in (5, 3, 5, 1):
         lite = _litert(model)
         feeds = _feeds(lite, {"n": n}, rng)
-        for interp in (ours, lite):
-            for d, v in zip(interp.get_input_details(), feeds):
-                interp.set_tensor(d["index"], v)
-            interp.invoke()
+        _invoke_both(ours, lite, feeds)
         # a SUM of 3 terms added to exact small integers: ELEMENTWISE's few ULP
         _check_outputs(ours, lite, ELEMENTWISE)
         assert plans.setdefault(n, ours._plan(0)) is ours._plan(0)
@@ -253,7 +250,5 @@ def test_cpu_op_reading_a_folded_shape(rng):
         assert [op for _, op, _ in ours.fallback_ops] == ["FILL"]
         lite = _litert(model, {0: [batch, 3]})
         feeds = _feeds(lite, {}, rng)
-        for interp in (ours, lite):
-            interp.set_tensor(interp.get_input_details()[0]["index"], feeds[0])
-            interp.invoke()
+        _invoke_both(ours, lite, feeds[:1])
         _check_outputs(ours, lite, ELEMENTWISE)
