@@ -37,7 +37,7 @@ flags.DEFINE_bool("cache", True, "reuse converted files from .optests/")
 flags.DEFINE_string("out", str(ROOT / "benchmarks" / "OP_TESTS.md"), "the report (Markdown)")
 flags.DEFINE_string("results", str(harness.CACHE_DIR / "results.jsonl"), "one JSON line per case")
 flags.DEFINE_list("dtypes", list(grids.DTYPES), "data dtypes to run (others count as out_of_scope); int64 too "
-                  "measures issue 16's narrowing")
+                  "measures the int64 narrowing")
 flags.DEFINE_string("worker", None, "internal: run the cases named in this file, appending to --results")
 
 
@@ -107,6 +107,30 @@ def _run_all(cases: list[harness.Case]) -> dict[str, dict]:
 
 
 # ---- the report ------------------------------------------------------------------------------------------------
+#: (pattern over a refusal's cause, why refusing it is correct). A refusal whose cause matches none is listed as
+#: unexplained: a kernel or a justification is then missing.
+JUSTIFIED = [
+    (r"RESHAPE.*(cannot fill the|cannot reshape N elements to)",
+     "a RESHAPE of 0 elements to a shape with a 0 and a -1 (reshape.py's `[2, 0, -1]` of a `[1, 4, 0]` input) "
+     "leaves the -1 undefined: any size fits. TF refuses the case (its eager Reshape cannot infer the missing size "
+     "of an empty tensor); LiteRT divides 0 by 0 elements and makes up a size (`[2, 0, 2]`). tflfuse refuses it "
+     "with an error naming the op and the value."),
+]
+#: (pattern over LiteRT's error, why neither LiteRT nor TF judges tflfuse there) for litert_failed cases that TF
+#: cannot run either: inputs that no runtime accepts, so no reference exists.
+NO_REFERENCE = [
+    (r"SPACE_TO_BATCH_ND", "the padded dimension is not a multiple of the block (TF's own kernel refuses it too)"),
+    (r"Invalid begin and size", "a run-time begin + size past the input's end (TF's Slice refuses it too)"),
+    (r"POW does not support negative",
+     "a negative int32 exponent (TF refuses it too: integers to negative integer powers are not allowed)"),
+    (r"arg_min_max.*NumDimensions", "ARG_MAX/ARG_MIN of a scalar, which has no axis to reduce (TF refuses it too)"),
+]
+
+
+def _why(cause: str, table) -> str:
+    import re
+    return next((why for pattern, why in table if re.search(pattern, cause)), "")
+
 _COLUMNS = ("pass", "wrong", "refused", "tf_invalid", "converter_failed", "litert_failed", "crashed", "out_of_scope",
             "harness_error")
 
@@ -148,9 +172,9 @@ def report(records: list[dict], device: str) -> str:
         "",
     ]
     if ran:
-        lines += [f"Of the cases tflfuse ran, strict passes {100 * total['pass'] / ran:.1f}% and refuses "
-                  f"{100 * total['refused'] / ran:.1f}%; with the fallback "
-                  f"{100 * (total['pass'] + fb['pass']) / ran:.1f}% pass.", ""]
+        lines += [f"Of the cases tflfuse ran, strict passes {100 * total['pass'] / ran:.2f}% and refuses "
+                  f"{100 * total['refused'] / ran:.2f}%; with the fallback "
+                  f"{100 * (total['pass'] + fb['pass']) / ran:.2f}% pass.", ""]
     lines += ["## Wrong results", ""]
     wrong = [r for r in records if r["status"] == "wrong" or r.get("fallback") == "wrong"]
     if not wrong:
@@ -166,7 +190,7 @@ def report(records: list[dict], device: str) -> str:
     lines += ["## Refusals by cause (strict)", "",
               "Causes with the case's numbers taken out. *run-time input*: of the cases, how many feed an attribute "
               "(shape/axis/begin/paddings/perm/k) as a graph input (TF's placeholder) or have a dimension unknown "
-              "until run time: what issue 16's run-time shape work is to accept.", "",
+              "until run time, which the plan's run-time shape specialisation accepts.", "",
               "| cause | cases | run-time input (attribute / dynamic dim) | fallback pass / refused | families |",
               "|---|---|---|---|---|"]
     causes = collections.defaultdict(list)
@@ -189,7 +213,22 @@ def report(records: list[dict], device: str) -> str:
         fams = collections.Counter(r["family"] for r in rs)
         lines.append(f"| {cause.replace('|', '/')} | {len(rs)} | "
                      f"{', '.join(f'{f} {n}' for f, n in fams.most_common())} |")
+    left = collections.Counter(harness.refusal_cause(r.get("fallback_error") or r.get("error", ""))
+                               for r in records if r["status"] == "refused")
+    lines += ["", "## Why the refusals left are correct", ""]
+    if not left:
+        lines.append("No case is refused.")
+    for cause, n in left.most_common():
+        why = _why(cause, JUSTIFIED)
+        lines.append(f"- {cause.replace('|', '/')} ({n} cases): {why or '**unexplained**: a kernel is missing'}")
     lf = [r for r in records if r["status"] == "litert_failed"]
+    no_ref = collections.Counter(harness.refusal_cause(r.get("error", "")) for r in lf if "vs_tf" not in r)
+    if no_ref:
+        lines += ["", "Cases that neither LiteRT nor TF runs (so nothing judges tflfuse there; counted as "
+                  "litert_failed):", ""]
+        for cause, n in no_ref.most_common():
+            lines.append(f"- {cause.replace('|', '/')} ({n} cases): "
+                         f"{_why(cause, NO_REFERENCE) or '**unexplained**'}")
     if lf:
         lines += ["", "## Where LiteRT fails: tflfuse against TF's own result", "",
                   "LiteRT's CPU interpreter fails on these converted files; TF's eager result of the same function "

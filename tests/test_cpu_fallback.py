@@ -1,5 +1,5 @@
 """The CPU fallback: builtins without a tflfuse kernel (REVERSE_SEQUENCE, ATAN2, WHILE...), ops reading int64
-tensors, and ops whose GPU kernel refuses them (a bool PAD, rank-7 comparisons) run on LiteRT's CPU interpreter
+tensors, and ops whose GPU kernel refuses them (a bool PAD, rank-9 comparisons) run on LiteRT's CPU interpreter
 within the same invoke, between GPU segments.
 
 Every model here comes from the stock TF converter and every output is compared against LiteRT's CPU
@@ -505,14 +505,14 @@ def _bool_pad(x):   # PAD's kernel takes float32 and int32: the bool tensor of a
     return tf.cast(tf.pad(x > 0.0, [[1, 0], [0, 2]]), tf.float32) + 1.0
 
 
-def _rank7(x, y):   # GREATER, SELECT and ADD kernels stop at rank 6
+def _rank9(x, y):   # GREATER, SELECT and ADD kernels stop at rank 8
     return tf.where(x > y, x, y) + 1.0
 
 
 @pytest.mark.parametrize("fn,specs,refused", [
     (_bool_pad, [_x([2, 3])], ["PAD"]),
-    (_rank7, [_x([1, 2, 1, 2, 1, 2, 3]), _x([1, 2, 1, 2, 1, 2, 3], "y")], ["GREATER", "SELECT", "ADD"]),
-], ids=["bool_pad", "rank7"])
+    (_rank9, [_x([1, 2, 1, 2, 1, 1, 2, 1, 3]), _x([1, 2, 1, 2, 1, 1, 2, 1, 3], "y")], ["GREATER", "SELECT", "ADD"]),
+], ids=["bool_pad", "rank9"])
 def test_op_its_kernel_refuses_runs_on_the_cpu(rng, caplog, fn, specs, refused):
     """An op with a GPU kernel that refuses its dtype or rank falls back (reported with the kernel's message,
     logged once); with cpu_fallback=False the kernel's own KernelError is raised, naming the op and its index."""
@@ -563,7 +563,7 @@ def test_refused_op_with_a_run_time_shape_input(rng):
     for d in strict.get_input_details():
         strict.set_tensor(d["index"], x if d["dtype"] == np.float32 else np.array(pads, np.int32))
     with pytest.raises(tflfuse.kernels.KernelError, match=r"PAD \(operator 1 of subgraph 0\): PAD: input 0 must "
-                                                          r"be float32, got bool"):
+                                                          r"be float32 or int32, got bool"):
         strict.invoke()
 
 

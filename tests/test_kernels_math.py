@@ -499,7 +499,7 @@ def test_layout_ops_of_int32_and_folded_constants(device, rng):
 # ---- errors --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("key,shapes,dtypes,attrs,match", [
     ("EXP", [(3,)], ["int32"], {}, "must be float32, got int32"),
-    ("ABS", [(1,) * 7], ["float32"], {}, "rank 0 to 6"),
+    ("ABS", [(1,) * 9], ["float32"], {}, "rank 0 to 8"),
     ("POW", [(3,), (3,)], ["float32", "int32"], {}, "both float32 or both int32"),
     ("FLOOR_MOD", [(3,), (4,)], ["float32"] * 2, {}, "do not broadcast"),
     ("FLOOR_DIV", [(3,), (3,)], ["int32"] * 2, {"b_value": [1, 0, 2]}, "divisor holds 1 zero"),

@@ -19,7 +19,7 @@ Other keys of a family:
 
 from __future__ import annotations
 
-#: Tensor dtypes the harness runs (issue 16's float32 sets, with int32 and bool where the op has them).
+#: Tensor dtypes the harness runs (TF's float32 sets, with int32 and bool where the op has them).
 DTYPES = ("float32", "int32", "bool")
 
 _ELEMENTWISE_SHAPES = [[], [1], [1, 2], [5, 6, 7, 8], [3, 4, 5, 6]]

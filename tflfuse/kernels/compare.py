@@ -20,13 +20,13 @@ import math
 import numpy as np
 
 from .base import Kernel, TensorSpec
-from .elementwise import _F32_BITS, broadcast_index
+from .elementwise import _F32_BITS, MAX_RANK, broadcast_index
 from .registry import register
 from .wgsl import elementwise_program
 
 __all__ = ["Cast", "Compare", "Logical", "LogicalNot", "Select"]
 
-_MAX_RANK = 6
+_MAX_RANK = MAX_RANK
 
 # The total order of non-NaN floats as u32 keys (-0 first made +0): a < b exactly when key(a) < key(b).
 _ORDER_KEY = """fn order_key(v: f32) -> u32 {
@@ -69,12 +69,12 @@ def _fold_ints(kernel: Kernel, fn):
 class Compare(Kernel):
     """EQUAL, NOT_EQUAL, LESS, LESS_EQUAL, GREATER, GREATER_EQUAL: ``out = a <op> b`` with NumPy broadcasting.
 
-    Inputs ``a``, ``b`` ``[...]`` (rank 0 to 6) of one dtype: float32 or int32, or bool for EQUAL and
+    Inputs ``a``, ``b`` ``[...]`` (rank 0 to 8) of one dtype: float32 or int32, or bool for EQUAL and
     NOT_EQUAL; output bool of the broadcast shape. Semantics: TFLite's comparisons.cc, C++'s operators on the
     values: a NaN operand gives false, true for NOT_EQUAL; -0 == +0; infinities order as usual.
 
     Raises:
-      KernelError: dtypes that differ or that the op does not take, shapes that do not broadcast, rank > 6.
+      KernelError: dtypes that differ or that the op does not take, shapes that do not broadcast, rank > 8.
     """
 
     input_names = ("a", "b")
@@ -122,7 +122,7 @@ _LOGICAL = {"LOGICAL_AND": ("a && b", np.logical_and), "LOGICAL_OR": ("a || b", 
 class Logical(Kernel):
     """LOGICAL_AND, LOGICAL_OR: ``out = a and/or b`` with NumPy broadcasting (TFLite's logical.cc).
 
-    Inputs ``a``, ``b`` bool ``[...]`` (rank 0 to 6); output bool of the broadcast shape.
+    Inputs ``a``, ``b`` bool ``[...]`` (rank 0 to 8); output bool of the broadcast shape.
     """
 
     input_names = ("a", "b")
@@ -152,7 +152,7 @@ class Logical(Kernel):
 
 @register("LOGICAL_NOT")
 class LogicalNot(Kernel):
-    """LOGICAL_NOT: ``out = not x``. Input bool ``[...]`` (rank 0 to 6); output bool of the same shape."""
+    """LOGICAL_NOT: ``out = not x``. Input bool ``[...]`` (rank 0 to 8); output bool of the same shape."""
 
     input_names = ("x",)
 
@@ -183,7 +183,7 @@ _SELECT_DTYPES = ("float32", "int32", "bool")
 class Select(Kernel):
     """SELECT, SELECT_V2: ``out = condition ? x : y`` per element (TFLite's select.cc).
 
-    Inputs ``condition`` bool, ``x`` and ``y`` of one dtype (float32, int32 or bool), rank 0 to 6. SELECT_V2
+    Inputs ``condition`` bool, ``x`` and ``y`` of one dtype (float32, int32 or bool), rank 0 to 8. SELECT_V2
     broadcasts the three NumPy-style; the output has the broadcast shape. SELECT takes ``x`` and ``y`` of one
     shape and a condition of that shape, a scalar (selecting all of ``x`` or all of ``y``), or rank 1 of size
     ``x.shape[0]`` (choosing each row ``x[i, ...]`` or ``y[i, ...]``); the output has ``x``'s shape.

@@ -335,7 +335,8 @@ class StridedSlice(_CopyKernel):
 
 @register("TRANSPOSE")
 class Transpose(_CopyKernel):
-    """TRANSPOSE: ``input [...]`` and constant ``perm`` (a permutation of ``0..rank-1``) -> output of shape
+    """TRANSPOSE: ``input [...]`` and constant ``perm`` (a permutation of ``0..rank-1``; as in LiteRT's
+    transpose.cc, an entry in ``-rank..-1`` counts from the end) -> output of shape
     ``[input.shape[p] for p in perm]``."""
 
     key = "TRANSPOSE"
@@ -344,9 +345,12 @@ class Transpose(_CopyKernel):
 
     def check(self):
         x = self.input(0)
-        perm = _ints(self.attr("perm"), "perm", self.fail)
-        if sorted(perm) != list(range(len(x.shape))):
-            raise self.fail(f"perm {perm} is not a permutation of 0..{len(x.shape) - 1}")
+        given = _ints(self.attr("perm"), "perm", self.fail)
+        rank = len(x.shape)
+        perm = [p + rank if -rank <= p < 0 else p for p in given]
+        if sorted(perm) != list(range(rank)):
+            raise self.fail(f"perm {given} is not a permutation of 0..{rank - 1} (entries from -{rank} count from "
+                            f"the end)")
         st = _strides(x.shape)
         out = tuple(x.shape[p] for p in perm)
         self.copies = [Copy(out, out, tuple(st[p] for p in perm))]

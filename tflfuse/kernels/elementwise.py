@@ -18,7 +18,11 @@ from .base import Kernel, TensorSpec, Uniform
 from .registry import register
 from .wgsl import ACTIVATIONS, activation_fn, elementwise_program
 
-__all__ = ["Binary", "Gelu", "LeakyRelu", "MathBinary", "MathUnary", "Prelu", "Unary", "broadcast_index"]
+__all__ = ["MAX_RANK", "Binary", "Gelu", "LeakyRelu", "MathBinary", "MathUnary", "Prelu", "Unary", "broadcast_index"]
+
+#: The highest rank of a broadcasting op's tensors: TFLite's (BROADCAST_TO's, broadcast_to.cc kMaxDims 8, which
+#: the converter puts before a binary op of higher-rank operands so that the op itself sees one shape).
+MAX_RANK = 8
 
 
 def broadcast_index(out_shape: tuple[int, ...], in_shape: tuple[int, ...], name: str) -> str:
@@ -52,18 +56,20 @@ _BINARY = {
 }
 
 
-#: The ops of :data:`_BINARY` that TFLite also takes on int32 tensors (add.cc, sub.cc, mul.cc, maximum_minimum.cc),
-#: with NumPy's function for constants folded at load. int32 arithmetic wraps (two's complement), as WGSL's i32.
+#: The ops of :data:`_BINARY` that TFLite also takes on int32 tensors (add.cc, sub.cc, mul.cc, maximum_minimum.cc,
+#: squared_difference.cc), with NumPy's function for constants folded at load. int32 arithmetic wraps (two's
+#: complement), as WGSL's i32 (SQUARED_DIFFERENCE: ``(a - b) * (a - b)`` wrapped, as TFLite's int32 template).
 _BINARY_INT = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "MAXIMUM": np.maximum,
-               "MINIMUM": np.minimum}
+               "MINIMUM": np.minimum, "SQUARED_DIFFERENCE": lambda a, b: (a - b) * (a - b)}
 
 
 @register(*_BINARY)
 class Binary(Kernel):
     """``out = act(a <op> b)`` with NumPy broadcasting.
 
-    Inputs ``[...]`` (rank 0 to 6), both float32, or both int32 for ADD, SUB, MUL, MAXIMUM and MINIMUM (without
-    a fused activation: TFLite's integer index arithmetic, e.g. Keras ``Embedding``'s wrapping of negative ids);
+    Inputs ``[...]`` (rank 0 to 8), both float32, or both int32 for ADD, SUB, MUL, MAXIMUM, MINIMUM and
+    SQUARED_DIFFERENCE (without a fused activation: TFLite's integer index arithmetic, e.g. Keras ``Embedding``'s
+    wrapping of negative ids);
     output the broadcast shape and that dtype. int32 ops of constants fold at load.
 
     Raises:
@@ -79,13 +85,13 @@ class Binary(Kernel):
         self.dtype = "int32" if a.dtype == b.dtype == "int32" and self.key in _BINARY_INT else "float32"
         if self.dtype == "int32":
             for i, s in enumerate((a, b)):
-                if len(s.shape) > 6:
-                    raise self.fail(f"input {i} must have rank 0 to 6, got shape {list(s.shape)}")
+                if len(s.shape) > MAX_RANK:
+                    raise self.fail(f"input {i} must have rank 0 to {MAX_RANK}, got shape {list(s.shape)}")
             if self.attr("fused_activation_function") != "NONE":
                 raise self.fail(f"int32 {self.key} with the fused activation "
                                 f"{self.attr('fused_activation_function')} is not supported")
         else:
-            a, b = self.expect_rank(0, *range(0, 7)), self.expect_rank(1, *range(0, 7))
+            a, b = self.expect_rank(0, *range(0, MAX_RANK + 1)), self.expect_rank(1, *range(0, MAX_RANK + 1))
         try:
             self._out = tuple(np.broadcast_shapes(a.shape, b.shape))
         except ValueError:
@@ -129,7 +135,7 @@ class Unary(Kernel):
     input_names = ("x",)
 
     def check(self):
-        self.expect_rank(0, *range(0, 7))
+        self.expect_rank(0, *range(0, MAX_RANK + 1))
 
     def output_specs(self):
         return (TensorSpec(self.inputs[0].shape),)
@@ -249,22 +255,22 @@ def _int_fold(kernel: Kernel, fold):
 class MathUnary(Kernel):
     """EXP, LOG, SQRT, RSQRT, SIN, COS, FLOOR, CEIL, SQUARE, ROUND, ABS, NEG, SIGN: ``out = f(x)`` per element.
 
-    Input ``[...]`` (rank 0 to 6) float32, or int32 for ABS, NEG and SIGN; output the same shape and dtype.
+    Input ``[...]`` (rank 0 to 8) float32, or int32 for ABS, NEG and SIGN; output the same shape and dtype.
     Semantics: TFLite's builtin kernels (see :data:`_MATH_UNARY`). FLOOR, CEIL, ROUND, ABS, NEG, SIGN and
     SQUARE are exact; EXP, LOG, SQRT, RSQRT, SIN, COS are the adapter's WGSL built-ins, within a few ULP of
     float64 on the software adapter (tests/test_kernels_math.py states the measured bounds). int32 ops of
     constants fold at load.
 
     Raises:
-      KernelError: a dtype the op does not take, or rank above 6; the message names the op.
+      KernelError: a dtype the op does not take, or rank above 8; the message names the op.
     """
 
     input_names = ("x",)
 
     def check(self):
         x = self.input(0)
-        if len(x.shape) > 6:
-            raise self.fail(f"input must have rank 0 to 6, got shape {list(x.shape)}")
+        if len(x.shape) > MAX_RANK:
+            raise self.fail(f"input must have rank 0 to {MAX_RANK}, got shape {list(x.shape)}")
         if x.dtype not in _MATH_UNARY[self.key]:
             raise self.fail(f"input must be {' or '.join(_MATH_UNARY[self.key])}, got {x.dtype}")
         self.dtype = x.dtype
@@ -408,7 +414,7 @@ _MATH_BINARY = {
 class MathBinary(Kernel):
     """POW, FLOOR_DIV, FLOOR_MOD: ``out = a <op> b`` with NumPy broadcasting.
 
-    Inputs ``[...]`` (rank 0 to 6), both float32 or both int32; output the broadcast shape and that dtype.
+    Inputs ``[...]`` (rank 0 to 8), both float32 or both int32; output the broadcast shape and that dtype.
     Semantics are TFLite's builtin kernels (pow.cc, floor_div.cc, floor_mod.cc): POW is C's ``pow`` (a negative
     base with an integer exponent keeps its sign, with another it is NaN), int32 POW is exact while the power
     fits and INT_MIN past int32's range (TFLite's double result converted as on x86; see :data:`_POW_I`);
@@ -433,8 +439,8 @@ class MathBinary(Kernel):
     def check(self):
         a, b = self.input(0), self.input(1)
         for i, s in enumerate((a, b)):
-            if len(s.shape) > 6:
-                raise self.fail(f"input {i} must have rank 0 to 6, got shape {list(s.shape)}")
+            if len(s.shape) > MAX_RANK:
+                raise self.fail(f"input {i} must have rank 0 to {MAX_RANK}, got shape {list(s.shape)}")
         if a.dtype != b.dtype or a.dtype not in _MATH_BINARY[self.key]:
             raise self.fail(f"inputs must be both float32 or both int32, got {a.dtype} and {b.dtype}")
         self.dtype = a.dtype

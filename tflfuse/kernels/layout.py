@@ -1,5 +1,5 @@
-"""Layout ops: TILE, BROADCAST_TO, UNPACK (affine copies), MIRROR_PAD, REVERSE_V2, SPACE_TO_BATCH_ND,
-BATCH_TO_SPACE_ND (gathers through a per-dimension index map).
+"""Layout ops: TILE, BROADCAST_TO, UNPACK (affine copies), BROADCAST_ARGS (the shape BROADCAST_TO takes),
+MIRROR_PAD, REVERSE_V2, SPACE_TO_BATCH_ND, BATCH_TO_SPACE_ND (gathers through a per-dimension index map).
 
 Semantics are TFLite's (tensorflow/lite/kernels/tile.cc, broadcast_to.cc, unpack.cc, mirror_pad.cc, reverse.cc,
 space_to_batch_nd.cc, batch_to_space_nd.cc; the reference loops in internal/reference/). TILE, BROADCAST_TO and
@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .base import Kernel, TensorSpec
 from .data import _RUNTIME_DTYPES, Copy, _axis, _CopyKernel, _ints, _strides
 from .registry import register
 from .wgsl import elementwise_program
 
-__all__ = ["BatchToSpaceNd", "BroadcastTo", "MirrorPad", "ReverseV2", "SpaceToBatchNd", "Tile", "Unpack"]
+__all__ = ["BatchToSpaceNd", "BroadcastArgs", "BroadcastTo", "MirrorPad", "ReverseV2", "SpaceToBatchNd", "Tile",
+           "Unpack"]
 
 
 @register("TILE")
@@ -60,6 +63,62 @@ class BroadcastTo(_CopyKernel):
                             f"each input dimension equal to the target's last ones or 1)")
         st = (0,) * pad + tuple(0 if d == 1 else s for d, s in zip(x.shape, _strides(x.shape)))
         self.copies = [Copy(out, out, st)]
+
+
+@register("BROADCAST_ARGS")
+class BroadcastArgs(Kernel):
+    """BROADCAST_ARGS (``tf.broadcast_dynamic_shape``): two shape vectors ``s1 [n1]``, ``s2 [n2]`` (int32, or int64
+    held as int32; one dtype) -> their broadcast shape ``[max(n1, n2)]``, same dtype.
+
+    Semantics are TFLite's broadcast_args.cc (internal/reference/broadcast_args.h): the vectors align at their
+    ends, a missing entry counting as 1; each output entry is the other vector's where one is 1, else both must be
+    equal. Constant vectors (and a SHAPE's, the usual source) fold at load, where shapes that do not broadcast
+    raise, as TFLite stops (its check aborts the process). A vector computed on the GPU gives ``s1``'s entry where
+    neither is 1: a shader cannot stop an invoke, so unequal entries go unreported there.
+
+    Raises:
+      KernelError: inputs not 1-D, of other or differing dtypes, or constant shapes that do not broadcast
+        (naming both).
+    """
+
+    input_names = ("shape1", "shape2")
+
+    def check(self):
+        a, b = self.input(0), self.input(1)
+        if len(a.shape) != 1 or len(b.shape) != 1:
+            raise self.fail(f"both shapes must be 1-D vectors, got shapes {list(a.shape)} and {list(b.shape)}")
+        if a.dtype != b.dtype or a.dtype not in ("int32", "int64"):
+            raise self.fail(f"shapes must be both int32 or both int64, got {a.dtype} and {b.dtype}")
+        self.n = max(a.shape[0], b.shape[0])
+
+    def output_specs(self):
+        return (TensorSpec((self.n,), "int32"),)
+
+    def programs(self):
+        if self.n == 0:
+            return []
+        n1, n2 = self.input(0).shape[0], self.input(1).shape[0]
+        # output entry idx is entry idx - (n - n_k) of vector k, 1 before its start
+        body = f"""  let i1 = i32(idx) - {self.n - n1};
+  let i2 = i32(idx) - {self.n - n2};
+  var a = 1;
+  var b = 1;
+  if (i1 >= 0) {{ a = s1[u32(i1)]; }}
+  if (i2 >= 0) {{ b = s2[u32(i2)]; }}
+  y[idx] = select(a, b, a == 1);"""
+        return [elementwise_program(self.key, self.io_bindings(["s1", "s2", "y"]), self.n, body)]
+
+    def fold(self, arrays):
+        a, b = (np.ravel(np.asarray(v)) for v in arrays)
+        n = max(a.size, b.size)
+        pa = np.concatenate([np.ones(n - a.size, a.dtype), a])
+        pb = np.concatenate([np.ones(n - b.size, b.dtype), b])
+        bad = (pa != pb) & (pa != 1) & (pb != 1)
+        if bad.any():
+            d = int(np.argmax(bad))
+            raise self.fail(f"shapes {a.tolist()} and {b.tolist()} do not broadcast: entry {d} of the aligned "
+                            f"shapes is {int(pa[d])} and {int(pb[d])} (each must be equal or 1)")
+        return [np.where(pa == 1, pb, pa).astype(np.result_type(a.dtype, b.dtype))]
 
 
 @register("UNPACK")

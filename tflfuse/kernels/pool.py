@@ -2,7 +2,8 @@
 
 Semantics are TFLite's (tensorflow/lite/kernels/internal/reference/pooling.h, reduce.h, softmax.h):
 AVERAGE_POOL_2D divides by the number of window elements inside the input (SAME padding is left out of
-the divisor); MEAN averages over the given axes (negative axes count from the end) with ``keep_dims``;
+the divisor); MEAN averages float32 or int32 tensors over the given axes (negative axes count from the end) with
+``keep_dims``;
 SOFTMAX works on the last axis with ``beta``.
 """
 
@@ -154,35 +155,80 @@ def reduce_indexing(shape: tuple[int, ...], axes: list[int]) -> tuple[str, str, 
     return " + ".join(base) or "0u", " + ".join(offset) or "0u", math.prod(shape[d] for d in axes)
 
 
+#: int32 MEAN's running sum held exactly without 64-bit integers: ``sum = q * n + r`` with ``|r| < n`` (``n`` the
+#: count), each value added as its quotient and remainder by ``n``; i32 wrap-around in ``q`` cancels out, as the
+#: final ``q`` fits (it is near a mean of int32 values). ``mean_int`` gives ``sum / n`` truncated toward zero.
+_MEAN_INT = """fn mean_norm(q: ptr<function, i32>, r: ptr<function, i32>, n: i32) {
+  *q = *q + *r / n;
+  *r = *r % n;
+}
+fn mean_int(q: i32, r: i32) -> i32 {
+  if (q > 0 && r < 0) { return q - 1; }
+  if (q < 0 && r > 0) { return q + 1; }
+  return q;
+}
+"""
+
+
 @register("MEAN")
 class Mean(Kernel):
-    """MEAN: input ``[...]`` float32, constant ``axis`` -> the input with those axes averaged (kept as size
-    1 with ``keep_dims``)."""
+    """MEAN: input ``[...]`` (rank 0 to 6) float32 or int32 and a constant (or specialised run-time) int32 ``axis``
+    (scalar or list; negative counts from the end; repeats ignored) -> the input with those axes averaged (kept as
+    size 1 with ``keep_dims``), same dtype.
+
+    Semantics are TFLite's reduce.cc (internal/reference/reduce.h ``Mean``): int32 values are summed exactly (an
+    int64 accumulator there) and the sum divided by the count in integer division, truncating toward zero
+    (``mean([-1, -2]) == -1``); an empty input gives NaN for float32 and 0 for int32 (its ``quiet_NaN``). Float
+    sums run in another order than TFLite's serial loop: they differ from it by rounding only.
+
+    Raises:
+      KernelError: a dtype other than float32/int32, rank above 6, an axis out of range or not an integer; the
+        message names the op.
+    """
 
     static_inputs = {1: "axis"}
     input_names = ("input", "axis")
     attr_defaults = {"keep_dims": False, "target": "gpu"}
 
     def check(self):
-        x = self.expect_rank(0, *range(1, 7))
+        x = self.input(0)
+        if x.dtype not in ("float32", "int32"):
+            raise self.fail(f"input 0 must be float32 or int32, got {x.dtype}")
+        if len(x.shape) > 6:
+            raise self.fail(f"input 0 must have rank 0 to 6, got shape {list(x.shape)}")
+        self.dtype = x.dtype
+        axis = self.attr("axis")
+        if not x.shape:   # a scalar: TFLite resolves no axis against rank 0
+            if len(list(axis) if isinstance(axis, (list, tuple)) else [axis]):
+                raise self.fail(f"axis {axis} is out of range for a scalar input")
+            self.axes = []
+            return
 
         def bad(a):
             if not is_integral(a):
                 raise self.fail(f"axis {str(a)!r} must be an integer")
             raise self.fail(f"axis {a} is out of range for rank {len(x.shape)}")
-        self.axes = _axes(self.attr("axis"), len(x.shape), bad)
+        self.axes = _axes(axis, len(x.shape), bad)
 
     def output_specs(self):
         shape = self.input(0).shape
         if self.attr("keep_dims"):
-            return (TensorSpec(tuple(1 if d in self.axes else s for d, s in enumerate(shape))),)
-        return (TensorSpec(tuple(s for d, s in enumerate(shape) if d not in self.axes)),)
+            return (TensorSpec(tuple(1 if d in self.axes else s for d, s in enumerate(shape)), self.dtype),)
+        return (TensorSpec(tuple(s for d, s in enumerate(shape) if d not in self.axes), self.dtype),)
 
     def programs(self):
         shape = self.input(0).shape
         base, offset, count = reduce_indexing(shape, self.axes)
         total = self.output_specs()[0].size
-        divisor = fmt_f32(float(max(count, 1)))
+        if total == 0:   # an empty output: nothing to write
+            return []
+        binds = self.io_bindings(["x", "y"])
+        if count == 0:   # an empty input: TFLite's NaN of the type (0 for int32); the input is not bound
+            fill = "bitcast<f32>(0x7fc00000u)" if self.dtype == "float32" else "0"
+            return [elementwise_program(self.key, binds[1:], total, f"  y[idx] = {fill};")]
+        if self.dtype == "int32":
+            return [self._int_program(binds, total, base, offset, count)]
+        divisor = fmt_f32(float(count))
         if count >= _REDUCE_MIN:  # a workgroup per output shares the reduced elements
             body = f"""  let idx = o;
   let base = {base};
@@ -191,7 +237,7 @@ class Mean(Kernel):
   part[lid] = acc;
 {_tree("part", "{a} + {b}")}
   if (lid == 0u) {{ y[o] = part[0] / {divisor}; }}"""
-            return [reduce_program(self.key, self.io_bindings(["x", "y"]), total, body,
+            return [reduce_program(self.key, binds, total, body,
                                    f"var<workgroup> part: array<f32, {_REDUCE_WG}>;\n",
                                    loop_trips=-(-count // _REDUCE_WG))]
         lanes = split_lanes(total, count, self.target(), unroll=1)   # few outputs: lanes share each sum
@@ -199,8 +245,43 @@ class Mean(Kernel):
         body = f"""  let base = {base};
   var acc = 0.0;
   for (var r = {start}; r < {count}u; r += {step}u) {{ acc += x[base + {offset}]; }}"""
-        return [reduction_program(self.key, self.io_bindings(["x", "y"]), total, body, f"y[idx] = acc / {divisor};",
+        return [reduction_program(self.key, binds, total, body, f"y[idx] = acc / {divisor};",
                                   lanes=lanes, loop_trips=-(-count // lanes))]
+
+    def _int_program(self, binds, total: int, base: str, offset: str, count: int) -> Program:
+        """int32 MEAN: the exact sum as :data:`_MEAN_INT`'s ``(q, r)``, serially per output below ``_REDUCE_MIN``
+        reduced elements, else by a workgroup per output whose invocations' pairs meet in a tree."""
+        n = f"{count}"
+        add = f"let v = x[base + {offset}]; q += v / {n}; rem += v % {n}; mean_norm(&q, &rem, {n});"
+        if count < _REDUCE_MIN:
+            body = f"""  let base = {base};
+  var q = 0;
+  var rem = 0;
+  for (var r = 0u; r < {count}u; r++) {{ {add} }}
+  y[idx] = mean_int(q, rem);"""
+            return elementwise_program(self.key, binds, total, body, _MEAN_INT, loop_trips=count)
+        body = f"""  let idx = o;
+  let base = {base};
+  var q = 0;
+  var rem = 0;
+  for (var r = lid; r < {count}u; r += {_REDUCE_WG}u) {{ {add} }}
+  pq[lid] = q;
+  pr[lid] = rem;
+  for (var s = {_REDUCE_WG // 2}u; s > 0u; s = s >> 1u) {{
+    workgroupBarrier();
+    if (lid < s) {{
+      var a = pq[lid] + pq[lid + s];
+      var b = pr[lid] + pr[lid + s];
+      mean_norm(&a, &b, {n});
+      pq[lid] = a;
+      pr[lid] = b;
+    }}
+  }}
+  workgroupBarrier();
+  if (lid == 0u) {{ y[o] = mean_int(pq[0], pr[0]); }}"""
+        helpers = (f"var<workgroup> pq: array<i32, {_REDUCE_WG}>;\nvar<workgroup> pr: array<i32, {_REDUCE_WG}>;\n"
+                   + _MEAN_INT)
+        return reduce_program(self.key, binds, total, body, helpers, loop_trips=-(-count // _REDUCE_WG))
 
 
 def row_max_and_sum(c: int, m0: str, term: str, shared: bool) -> str:

@@ -1,5 +1,5 @@
-"""Reductions: SUM, REDUCE_PROD, REDUCE_MAX, REDUCE_MIN over constant axes, and the row-wise LOG_SOFTMAX and
-L2_NORMALIZATION.
+"""Reductions: SUM, REDUCE_PROD, REDUCE_MAX, REDUCE_MIN, REDUCE_ANY, REDUCE_ALL over constant axes, and the
+row-wise LOG_SOFTMAX and L2_NORMALIZATION.
 
 Semantics are TFLite's builtin kernels (tensorflow/lite/kernels/reduce.cc, activations.cc, l2norm.cc). The
 reductions take their axes as MEAN does (:class:`tflfuse.kernels.pool.Mean`: a constant ``axis`` input,
@@ -29,39 +29,46 @@ _IS_NAN = "fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 
 
 #: Op -> (combine of the accumulator ``a`` and a value ``b`` as WGSL, NumPy function of the int32 fold).
 _COMBINE = {"SUM": ("{a} + {b}", np.sum), "REDUCE_PROD": ("{a} * {b}", np.prod),
-            "REDUCE_MAX": ("max({a}, {b})", np.max), "REDUCE_MIN": ("min({a}, {b})", np.min)}
+            "REDUCE_MAX": ("max({a}, {b})", np.max), "REDUCE_MIN": ("min({a}, {b})", np.min),
+            # bool tensors are held as one i32 per element, 0 or 1: any is their max, all their min
+            "REDUCE_ANY": ("max({a}, {b})", np.max), "REDUCE_ALL": ("min({a}, {b})", np.min)}
+#: Op -> the dtypes it takes (reduce.cc: REDUCE_ANY and REDUCE_ALL take bool only, the others not bool).
+_DTYPES = {"REDUCE_ANY": ("bool",), "REDUCE_ALL": ("bool",)}
 #: (op, dtype) -> the accumulator's start (WGSL) and the result of an empty reduction: TFLite's init values
 #: (0, 1, the type's lowest and largest: -FLT_MAX, not -inf, for REDUCE_MAX over no elements).
 _INIT = {("SUM", "float32"): ("0.0", "0.0"), ("SUM", "int32"): ("0", "0"),
          ("REDUCE_PROD", "float32"): ("1.0", "1.0"), ("REDUCE_PROD", "int32"): ("1", "1"),
          ("REDUCE_MAX", "float32"): (_NEG_INF, "-3.4028234663852886e38f"),
          ("REDUCE_MIN", "float32"): (_POS_INF, "3.4028234663852886e38f"),
-         ("REDUCE_MAX", "int32"): (_INT_MIN, _INT_MIN), ("REDUCE_MIN", "int32"): ("2147483647", "2147483647")}
+         ("REDUCE_MAX", "int32"): (_INT_MIN, _INT_MIN), ("REDUCE_MIN", "int32"): ("2147483647", "2147483647"),
+         ("REDUCE_ANY", "bool"): ("0", "0"), ("REDUCE_ALL", "bool"): ("1", "1")}
 
 
 @register(*_COMBINE)
 class Reduce(Mean):
-    """SUM, REDUCE_PROD, REDUCE_MAX, REDUCE_MIN: input ``[...]`` (rank 0 to 6) float32 or int32 and a constant
-    int32 ``axis`` (scalar or list; negative counts from the end; repeats ignored; empty: every element is its
-    own output) -> the input reduced over those axes, kept as size 1 with ``keep_dims``; same dtype.
+    """SUM, REDUCE_PROD, REDUCE_MAX, REDUCE_MIN: input ``[...]`` (rank 0 to 6) float32 or int32; REDUCE_ANY,
+    REDUCE_ALL: bool; and a constant (or specialised run-time) int32 ``axis`` (scalar or list; negative counts
+    from the end; repeats ignored; empty: every element is its own output) -> the input reduced over those axes,
+    kept as size 1 with ``keep_dims``; same dtype.
 
-    Semantics are TFLite's builtin kernels (reduce.cc): int32 sums and products wrap; an empty reduction gives
-    0, 1, and for REDUCE_MAX/REDUCE_MIN the type's lowest/largest value (-FLT_MAX, INT_MIN...). Float
-    REDUCE_MAX follows the kernel's ``acc = x < acc ? acc : x`` in row-major order exactly: a NaN is kept only
-    when no element follows the last NaN (else the elements after it decide), and of equal values (+0 and -0)
-    the later wins; REDUCE_MIN likewise with ``>``. Float sums and products run in another order than TFLite's
-    serial loop: they differ from it by rounding only. int32 reductions of constants fold at load (shape
-    arithmetic such as ``tf.reduce_prod(tf.shape(x)[1:])``).
+    Semantics are TFLite's builtin kernels (reduce.cc): int32 sums and products wrap; an empty reduction gives 0, 1,
+    and for REDUCE_MAX/REDUCE_MIN the type's lowest/largest value (-FLT_MAX, INT_MIN...), false for REDUCE_ANY and
+    true for REDUCE_ALL (their init values). Float REDUCE_MAX follows the kernel's ``acc = x < acc ? acc : x`` in
+    row-major order exactly: a NaN is kept only when no element follows the last NaN (else the elements after it
+    decide), and of equal values (+0 and -0) the later wins; REDUCE_MIN likewise with ``>``. Float sums and products
+    run in another order than TFLite's serial loop: they differ from it by rounding only. int32 reductions of
+    constants fold at load (shape arithmetic such as ``tf.reduce_prod(tf.shape(x)[1:])``), as do bool ones.
 
     Raises:
-      KernelError: a dtype other than float32/int32, rank above 6, an axis out of range; the message names
-        the op.
+      KernelError: a dtype the op does not take (float32/int32; bool for REDUCE_ANY/REDUCE_ALL), rank above 6,
+        an axis out of range; the message names the op.
     """
 
     def check(self):
         x = self.input(0)
-        if x.dtype not in ("float32", "int32"):
-            raise self.fail(f"input must be float32 or int32, got {x.dtype}")
+        allowed = _DTYPES.get(self.key, ("float32", "int32"))
+        if x.dtype not in allowed:
+            raise self.fail(f"input must be {' or '.join(allowed)}, got {x.dtype}")
         if len(x.shape) > 6:
             raise self.fail(f"input must have rank 0 to 6, got shape {list(x.shape)}")
         self.dtype = x.dtype
@@ -165,17 +172,19 @@ class Reduce(Mean):
 
     @property
     def fold(self):
-        """int32 constants: the reduction in NumPy (int64, wrapped back to int32) at load; float32 ones run on
-        the GPU (AttributeError: the planner sees no fold)."""
-        if self.dtype != "int32":
-            raise AttributeError(f"{self.key} folds int32 constants only; float32 ones run on the GPU")
+        """int32 and bool constants: the reduction in NumPy (int64, wrapped back to int32) at load; float32 ones
+        run on the GPU (AttributeError: the planner sees no fold)."""
+        if self.dtype == "float32":
+            raise AttributeError(f"{self.key} folds int32 and bool constants only; float32 ones run on the GPU")
 
         def fold(arrays):
             x = np.asarray(arrays[0], np.int64)
             fn = _COMBINE[self.key][1]
-            start = {"REDUCE_MAX": {"initial": -2 ** 31}, "REDUCE_MIN": {"initial": 2 ** 31 - 1}}.get(self.key, {})
+            start = {"REDUCE_MAX": {"initial": -2 ** 31}, "REDUCE_MIN": {"initial": 2 ** 31 - 1},
+                     "REDUCE_ANY": {"initial": 0}, "REDUCE_ALL": {"initial": 1}}.get(self.key, {})
             value = fn(x, axis=tuple(self.axes), keepdims=True, **start)   # int64: wraps as int32 below
-            return [value.astype(np.int32).reshape(self.output_specs()[0].shape)]
+            want = np.bool_ if self.dtype == "bool" else np.int32
+            return [value.astype(want).reshape(self.output_specs()[0].shape)]
         return fold
 
 

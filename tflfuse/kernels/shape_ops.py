@@ -72,8 +72,14 @@ class View(Kernel):
 
 @register("PAD", "PADV2")
 class Pad(Kernel):
-    """PAD/PADV2: input ``[...]`` float32, constant paddings ``[rank, 2]`` (before, after), PADV2's constant
-    fill value (default 0) -> the padded tensor."""
+    """PAD/PADV2: input ``[...]`` (rank 1 to 6) float32 or int32 (int64 held as int32), constant paddings
+    ``[rank, 2]`` (before, after), PADV2's constant fill value of the input's dtype (default 0) -> the padded
+    tensor, same dtype (TFLite's pad.cc).
+
+    Raises:
+      KernelError: another dtype, rank outside 1 to 6, paddings not ``[rank, 2]`` non-negative; the message names
+        the op.
+    """
 
     static_inputs = {1: "paddings", 2: "constant_values"}
     optional_inputs = frozenset({2})
@@ -81,7 +87,11 @@ class Pad(Kernel):
     attr_defaults = {"constant_values": 0.0}
 
     def check(self):
-        x = self.expect_rank(0, *range(1, 7))
+        x = self.input(0)
+        if len(x.shape) not in range(1, 7):
+            raise self.fail(f"input 0 must have rank 1 to 6, got shape {list(x.shape)}")
+        if x.dtype not in ("float32", "int32"):
+            raise self.fail(f"input 0 must be float32 or int32, got {x.dtype}")
         pads = np.asarray(self.attr("paddings"), dtype=np.int64).reshape(-1, 2) if self.attr("paddings") else None
         if pads is None or pads.shape[0] != len(x.shape) or (pads < 0).any():
             raise self.fail(f"paddings must be [rank={len(x.shape)}, 2] non-negative, got {self.attr('paddings')}")
@@ -89,12 +99,17 @@ class Pad(Kernel):
         self.out = tuple(int(s + a + b) for s, (a, b) in zip(x.shape, pads))
 
     def output_specs(self):
-        return (TensorSpec(self.out),)
+        return (TensorSpec(self.out, self.input(0).dtype),)
 
     def programs(self):
         shape = self.input(0).shape
-        fill = fmt_f32(float(np.ravel(self.attr("constant_values"))[0])
-                       if np.size(self.attr("constant_values")) else 0.0)
+        if math.prod(self.out) == 0:   # an empty output: nothing to write
+            return []
+        value = np.ravel(self.attr("constant_values"))[0] if np.size(self.attr("constant_values")) else 0
+        if self.input(0).dtype == "int32":
+            fill = str(int(value)) if int(value) != -2 ** 31 else "bitcast<i32>(0x80000000u)"
+        else:
+            fill = fmt_f32(float(value))
         lines, div, src = [], 1, []
         for d in range(len(shape) - 1, -1, -1):
             lines.append(f"  let c{d} = i32((idx / {div}u) % {self.out[d]}u) - {int(self.pads[d][0])};")

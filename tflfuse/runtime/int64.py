@@ -19,7 +19,8 @@ __all__ = ["INT64_EXACT", "INT64_REASON", "int64_arithmetic"]
 #: indices) and compute none. CAST only from int32, bool or int64 (a float past int32 would wrap).
 INT64_EXACT = frozenset({
     "RESHAPE", "TRANSPOSE", "CONCATENATION", "GATHER", "GATHER_ND", "SLICE", "STRIDED_SLICE", "PACK", "UNPACK",
-    "TILE", "SPLIT", "SPLIT_V", "SQUEEZE", "EXPAND_DIMS", "BROADCAST_TO", "PAD", "PADV2", "MIRROR_PAD", "SELECT",
+    "TILE", "SPLIT", "SPLIT_V", "SQUEEZE", "EXPAND_DIMS", "BROADCAST_TO", "BROADCAST_ARGS", "PAD", "PADV2",
+    "MIRROR_PAD", "SELECT",
     "SELECT_V2", "CAST", "ARG_MAX", "ARG_MIN", "TOPK_V2", "MAXIMUM", "MINIMUM", "REDUCE_MAX", "REDUCE_MIN", "SHAPE",
     "DEPTH_TO_SPACE", "SPACE_TO_DEPTH", "BATCH_TO_SPACE_ND", "SPACE_TO_BATCH_ND", "SIGN"})
 
