@@ -31,9 +31,12 @@ CPU interpreter inside the same invoke: they are named), *refused* (an exception
     python benchmarks/coverage.py                                   # all groups -> benchmarks/COVERAGE.md
     python benchmarks/coverage.py --groups=applications --select='ResNet*' --resume
 
-Each model's result is appended to ``--results`` (JSON lines) as it is measured; ``--resume`` skips the
-models already there (but those not prepared or not measured), and the Markdown table is written
-from every result in that file (the last one of each model).
+Each model is prepared and measured in a child process of its own (this script with ``--worker``), so that the
+memory of one conversion (ConvNeXtXLarge's ~1.4 GB of weights, copied several times by the converter) is given
+back before the next, and a child killed (out of memory) costs only its model: it is recorded as *not measured*
+with its exit status and the child's peak resident memory. Each model's result is appended to ``--results``
+(JSON lines) as it is measured; ``--resume`` skips the models already there (but those not prepared or not
+measured), and the Markdown table is written from every result in that file (the last one of each model).
 """
 
 from __future__ import annotations
@@ -42,12 +45,14 @@ import contextlib
 import dataclasses
 import datetime
 import fnmatch
-import gc
 import hashlib
 import importlib
 import inspect
 import io
 import json
+import os
+import resource
+import subprocess
 import sys
 import time
 import zipfile
@@ -528,7 +533,8 @@ def render(rows: list[dict], device: str) -> str:
            f"Measured by `benchmarks/coverage.py` on **{device}**, {date}; tflfuse {tflfuse.__version__}. "
            "Each model ran on `tflfuse.Interpreter` (CPU fallback on) and was compared with the reference named "
            "in its row on the same input. `rel err` is the worst output's max |tflfuse - reference| over its "
-           "max |reference|; `bound` is that output's tolerance on the same scale.", "",
+           "max |reference|; `bound` is that output's tolerance on the same scale; `peak GiB` the peak resident "
+           "memory of the process that prepared and measured the model (each model has its own).", "",
            "Keras applications: weights=None (seeded), at the smallest input side each accepts (column input), "
            "each BatchNormalization's moving statistics from a training-mode pass over 16 noise images (variances "
            "floored at half their layer's mean, so that the random nets are well-conditioned), logits compared "
@@ -560,15 +566,16 @@ def render(rows: list[dict], device: str) -> str:
         rs = [r for r in rows if r["group"] == g]
         if not rs:
             continue
-        out += ["", f"## {g}", "", "| model | input | reference | result | rel err | bound | LiteRT spread | s |",
-                "|---|---|---|---|---|---|---|---|"]
+        out += ["", f"## {g}", "", "| model | input | reference | result | rel err | bound | LiteRT spread | s "
+                "| peak GiB |", "|---|---|---|---|---|---|---|---|---|"]
         for r in rs:
             err = f"{r['rel_error']:.2g}" if "rel_error" in r else ""
             bound = f"{r['rel_bound']:.2g}" if "rel_bound" in r else ""
             cell = _cell(r).replace("|", "\\|")
             spread = f"{r['litert_spread']:.2g}" if "litert_spread" in r else ""
+            peak = f"{r['peak_rss_gib']:.1f}" if "peak_rss_gib" in r else ""
             out.append(f"| {r['model']} | {r.get('detail', '')} | {r.get('reference', '')} | {cell} | {err} | "
-                       f"{bound} | {spread} | {r.get('seconds', 0):.0f} |")
+                       f"{bound} | {spread} | {r.get('seconds', 0):.0f} | {peak} |")
     return "\n".join(out) + "\n"
 
 
@@ -582,14 +589,57 @@ def _load(path: Path) -> list[dict]:
     return sorted(rows.values(), key=lambda r: GROUPS.index(r["group"]))   # stable: measured order within a group
 
 
+def _peak_gib(kib: int) -> float:
+    return round(kib / 2 ** 20, 2)   # ru_maxrss is in KiB on Linux
+
+
+def _worker(key: str) -> None:
+    """Measures one case (``group/name``) in this process and appends its row to ``--results``, with the
+    process's peak resident memory."""
+    group, name = key.split("/", 1)
+    case = next(c for c in _cases([group]) if c.name == name)
+    row = measure(case, tflfuse.Device(FLAGS.adapter))
+    row["peak_rss_gib"] = _peak_gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    with Path(FLAGS.results).open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _child(case: Case, results: Path) -> dict:
+    """Runs ``case`` in a child process (:func:`_worker`); its row, or a *not measured* row naming how the child
+    ended (a signal: killed, out of memory most likely) and its peak resident memory."""
+    cmd = [sys.executable, __file__, f"--worker={case.group}/{case.name}", f"--results={results}"]
+    cmd += [] if FLAGS["verbosity"].using_default_value else [f"--verbosity={FLAGS.verbosity}"]
+    cmd += [f"--adapter={FLAGS.adapter}"] if FLAGS.adapter else []
+    cmd += [f"--mediapipe_wheel={FLAGS.mediapipe_wheel}"] if FLAGS.mediapipe_wheel else []
+    cmd += [f"--ssd_model={p}" for p in FLAGS.ssd_model]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = code = os.waitstatus_to_exitcode(status)
+    rows = [r for r in _load(results) if (r["group"], r["model"]) == (case.group, case.name)]
+    if code == 0 and rows:
+        return rows[-1]
+    how = f"signal {-code}" + (" (SIGKILL: out of memory)" if code == -9 else "") if code < 0 else f"status {code}"
+    peak = _peak_gib(usage.ru_maxrss)
+    row = {"group": case.group, "model": case.name, "status": "not measured", "peak_rss_gib": peak,
+           "reason": f"its process ended with {how} at a peak resident memory of {peak:g} GiB",
+           "seconds": time.perf_counter() - start}
+    with results.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    return row
+
+
 def main(argv):
     del argv
     if not FLAGS.is_parsed() or FLAGS["verbosity"].using_default_value:
         logging.set_verbosity(logging.WARNING)
-        if set(FLAGS.groups) - {"mediapipe"}:
+        if FLAGS.worker or set(FLAGS.groups) - {"mediapipe"}:
             import tensorflow as tf
 
             tf.get_logger().setLevel("WARNING")    # the converter's SavedModel export logs every step at INFO
+    if FLAGS.worker:
+        _worker(FLAGS.worker)
+        return
     groups = [g for g in FLAGS.groups if g]
     unknown = sorted(set(groups) - set(GROUPS))
     if unknown:
@@ -600,7 +650,7 @@ def main(argv):
         if FLAGS.resume else set()
     if not FLAGS.resume and not FLAGS.render_only:
         results.write_text("")
-    device = tflfuse.Device(FLAGS.adapter)
+    device = tflfuse.Device(FLAGS.adapter)   # (only named here: each model runs on its child's own device)
     name = f"{device.describe()}, driver {device.info.get('description', '?')}"
     if not FLAGS.render_only:
         cases = [c for c in _cases(groups) if any(fnmatch.fnmatch(c.name, p) for p in FLAGS.select)
@@ -611,12 +661,11 @@ def main(argv):
             if FLAGS.budget_s is not None and time.perf_counter() - start > FLAGS.budget_s:
                 row = {"group": case.group, "model": case.name, "status": "not measured",
                        "reason": f"the run's time budget (--budget_s={FLAGS.budget_s:g}) was spent"}
+                with results.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
             else:
-                row = measure(case, device)
-            with results.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+                row = _child(case, results)
             tqdm.write(f"{case.group} {case.name}: {_cell(row)}")
-            gc.collect()
     Path(FLAGS.out).write_text(render(_load(results), name))
     print(f"wrote {FLAGS.out}")
 
@@ -636,4 +685,6 @@ if __name__ == "__main__":
     flags.DEFINE_string("mediapipe_wheel", None, "A local mediapipe==0.10.14 wheel for the two models tflfuse.zoo "
                         "does not list (default: pip downloads it).")
     flags.DEFINE_multi_string("ssd_model", [], "An SSD-style .tflite ending in TFLite_Detection_PostProcess.")
+    flags.DEFINE_string("worker", None, "internal: measure this one case (group/name) in this process, appending its "
+                        "row to --results")
     app.run(main)

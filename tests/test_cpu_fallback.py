@@ -567,16 +567,18 @@ def test_refused_op_with_a_run_time_shape_input(rng):
         strict.invoke()
 
 
-@pytest.mark.parametrize("op,value,litert", [
-    ("PAD", np.array([[1, -1], [0, 0]], np.int32), "refuses them"),   # negative paddings
-    ("RESHAPE", np.array([4, 4], np.int32), "refuses them"),          # 6 elements as [4, 4]
-    ("TRANSPOSE", np.array([0, 0], np.int32), "refuses them"),        # not a permutation
-    ("GATHER", np.array([0, 5], np.int32), "fails on them"),          # index 5 of 2 rows: LiteRT checks at invoke
+@pytest.mark.parametrize("op,value,then", [
+    ("PAD", np.array([[1, -1], [0, 0]], np.int32), "an invalid input"),   # negative paddings
+    ("RESHAPE", np.array([4, 4], np.int32), "an invalid input"),          # 6 elements as [4, 4]
+    ("TRANSPOSE", np.array([0, 0], np.int32), "an invalid input"),        # not a permutation
+    # index 5 of 2 rows: LiteRT checks at invoke
+    ("GATHER", np.array([0, 5], np.int32), "LiteRT's CPU interpreter, where it would run instead, fails on them too"),
 ])
-def test_malformed_op_is_named_whether_or_not_it_falls_back(op, value, litert):
-    """A file neither runtime can run: the GPU kernel refuses the op, and so does LiteRT once it falls back (when
-    the plan is made: a segment of such ops runs once on zeros then); both modes raise a one-line KernelError
-    that starts with the kernel's own message, naming the op and its index."""
+def test_malformed_op_is_named_whether_or_not_it_falls_back(op, value, then):
+    """A file neither runtime can run: the GPU kernel refuses the op; shape values that are invalid
+    (tflfuse.runtime.validate: PAD, RESHAPE, TRANSPOSE) are refused without falling back, other ops fall back and
+    LiteRT refuses them (when the plan is made: a segment of such ops runs once on zeros then); both modes raise
+    a one-line KernelError that starts with the kernel's own message, naming the op and its index."""
     from tflite_builder import build, t
 
     const = t(value.shape, type="INT32", data=value)
@@ -587,6 +589,5 @@ def test_malformed_op_is_named_whether_or_not_it_falls_back(op, value, litert):
     assert str(strict.value).startswith(f"{op} (operator 0 of subgraph 0): {op}: ")
     with pytest.raises(tflfuse.kernels.KernelError) as err:
         tflfuse.Interpreter(model_content=model).allocate_tensors()
-    assert str(err.value).startswith(f"{strict.value}; LiteRT's CPU interpreter, where it would run instead, "
-                                     f"{litert} too: ")
+    assert str(err.value).startswith(f"{strict.value}; {then}"), str(err.value)
     assert "\n" not in str(err.value)

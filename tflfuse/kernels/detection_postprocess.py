@@ -19,7 +19,10 @@ for float32 tensors:
   class of the largest, as ``ArgMaxVector``); NMS over those selects up to ``max_detections`` anchors. Detection
   ``k`` fills the slots ``k * max_classes_per_detection + j`` for its ``min(max_classes_per_detection,
   num_classes)`` best classes ``j`` (ties: the lower class first; TFLite's ``std::partial_sort`` leaves their
-  order unspecified). ``num_detections`` is the number of anchors selected.
+  order unspecified). ``num_detections`` is the number of anchors selected. A NaN class score is passed over,
+  as by TFLite's arg max, whose running maximum starts below every number: an anchor whose class 0 is NaN scores
+  its best other class; one of NaN scores alone is never selected. (The classes of a detection after its first
+  skip NaN scores too; TFLite's ``std::partial_sort`` has no order with NaN, and lists them anywhere.)
 * Regular NMS: NMS runs per class, selecting up to ``min(detections_per_class, max_detections)`` boxes each (the
   default ``detections_per_class`` is 100); the ``max_detections`` best of all classes are kept, in decreasing
   score order, ties by the lower class, then the order within the class (TFLite merges the classes in order with
@@ -107,7 +110,8 @@ class DetectionPostProcess(Kernel):
     for constant anchors, which are then checked.
 
     Raises:
-      KernelError: shapes, dtypes or options TFLite's kernel refuses (module docstring); the message names the op.
+      KernelError: shapes, dtypes or options TFLite's kernel refuses (module docstring), options of the wrong type
+        (a string for a number or a boolean); the message names the op and the option.
     """
 
     input_names = ("box_encodings", "class_predictions", "anchors")
@@ -165,7 +169,10 @@ class DetectionPostProcess(Kernel):
             ints[name] = int(value)
         self.max_det, self.mcpd, self.num_classes = (ints["max_detections"], ints["max_classes_per_detection"],
                                                      ints["num_classes"])
-        self.regular = bool(self.attr("use_regular_nms"))
+        regular = self.attr("use_regular_nms")
+        if not isinstance(regular, (bool, int, np.integer)):   # "false" would be true
+            raise self.fail(f"attribute 'use_regular_nms' must be a boolean, got {regular!r}")
+        self.regular = bool(regular)
         if self.max_det < 0 or self.mcpd < 0 or ints["detections_per_class"] < 0:
             raise self.fail(f"max_detections, max_classes_per_detection and detections_per_class must be >= 0, "
                             f"got {self.max_det}, {self.mcpd}, {ints['detections_per_class']}")
@@ -183,7 +190,12 @@ class DetectionPostProcess(Kernel):
             raise self.fail("regular NMS needs max_classes_per_detection > 0 (it writes max_detections slots)")
         if not self.regular and self.mcpd <= 0:
             raise self.fail(f"fast NMS needs max_classes_per_detection > 0, got {self.mcpd}")
-        floats = {name: float(self.attr(name)) for name in _FLOAT_OPTIONS}
+        floats = {}
+        for name in _FLOAT_OPTIONS:   # numbers only: float("0.5") would take a string
+            value = self.attr(name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise self.fail(f"attribute {name!r} must be a number, got {value!r}")
+            floats[name] = float(value)
         if not 0.0 < floats["nms_iou_threshold"] <= 1.0:
             raise self.fail(f"nms_iou_threshold must be in (0, 1], got {floats['nms_iou_threshold']}")
         for name in ("y_scale", "x_scale", "h_scale", "w_scale"):
@@ -267,7 +279,9 @@ class DetectionPostProcess(Kernel):
   var top = cls[r];
   for (var k = 1u; k < {c}u; k += 1u) {{
     let v = cls[r + k];
-    if (v > top) {{ top = v; }}
+    // a NaN score is passed over (TFLite's max starts below every number): only an anchor of NaN scores alone
+    // keeps NaN, which no threshold passes
+    if (v > top || (bitcast<u32>(top) & 0x7fffffffu) > 0x7f800000u) {{ top = v; }}
   }}
   best[idx] = top;"""
         decode = elementwise_program(f"{self.key}_decode", (box, cls, anc, dec, best), n, body, uniforms=uniforms,
@@ -361,7 +375,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       for (var k = 0u; k < {c}u; k += 1u) {{
         let v = cls[r + k];
         let after = j == 0u || v < prev || (v == prev && k > prev_c);
-        if (after && (top_c == {_NONE} || v > top)) {{ top = v; top_c = k; }}
+        let number = (bitcast<u32>(v) & 0x7fffffffu) <= 0x7f800000u;   // NaN scores are passed over
+        if (number && after && (top_c == {_NONE} || v > top)) {{ top = v; top_c = k; }}
       }}
       if (top_c == {_NONE}) {{ break; }}
       let s = idx * {m}u + j;

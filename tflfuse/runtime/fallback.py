@@ -3,13 +3,15 @@
 A builtin op without a tflfuse kernel, one whose GPU kernel refuses it (``partition``'s ``kernel_refused``, found
 by :mod:`tflfuse.runtime.specialise`), and (transitively) an op reading a tensor of a type the runtime does not
 hold (uint8, int8, float16...) that such an op or a subgraph input gives, or writing one from a runtime value,
-runs on ``ai_edge_litert.interpreter.Interpreter``. The subgraph is split in file (topological) order into GPU
-and CPU segments; only the tensors that cross between them move (read back from the GPU before a CPU segment,
-uploaded after it). The split is data, as the rest of the plan: each :class:`CpuSegment` (in
-``LoweredGraph.segments``) holds the bytes of a small .tflite with exactly its ops and their constants (written
-on LiteRT's schema by :func:`tflfuse.runtime.segment.segment_tflite`) and the tensor ids it takes and gives;
-:func:`partition` decides the split without a GPU, :func:`lower_split` lowers the GPU ops around it, and
-:class:`SegmentRunner` runs both.
+runs on ``ai_edge_litert.interpreter.Interpreter`` with its builtin kernels (:data:`OP_RESOLVER`), as does a
+custom op LiteRT has a kernel for (:data:`LITERT_CUSTOM_OPS`). An op its GPU kernel refuses for shape values that
+are invalid (:mod:`tflfuse.runtime.validate`) does not fall back: it is refused. The subgraph is split in file
+(topological) order into GPU and CPU segments; only the tensors that cross between them move (read back from the
+GPU before a CPU segment, uploaded after it). The split is data, as the rest of the plan: each
+:class:`CpuSegment` (in ``LoweredGraph.segments``) holds the bytes of a small .tflite with exactly its ops and
+their constants (written on LiteRT's schema by :func:`tflfuse.runtime.segment.segment_tflite`) and the tensor ids
+it takes and gives; :func:`partition` decides the split without a GPU, :func:`lower_split` lowers the GPU ops
+around it, and :class:`SegmentRunner` runs both.
 
 This module does not import TensorFlow; LiteRT's interpreter is imported when a CPU segment is first made.
 """
@@ -33,11 +35,31 @@ from .lower import _DTYPE_NAMES, LoweredGraph, Probe, _has_fused_kernel, check_s
 from .plan import ExecutionPlan, _pass_recorder
 from .segment import _is_constant, called_subgraphs, segment_tflite  # noqa: F401 (re-exported)
 
-__all__ = ["CpuSegment", "FallbackOp", "Partition", "SegmentRunner", "ShapeChanged", "called_subgraphs",
-           "log_fallback", "lower_split", "partition", "segment_tflite"]
+__all__ = ["LITERT_CUSTOM_OPS", "OP_RESOLVER", "CpuSegment", "FallbackOp", "Partition", "SegmentRunner",
+           "ShapeChanged", "called_subgraphs", "litert_runs", "log_fallback", "lower_split", "partition",
+           "segment_tflite"]
+
+#: The op resolver of the segments' LiteRT interpreters: LiteRT's builtin kernels (tflite/kernels/*.cc), without
+#: the XNNPACK delegate that ``AUTO`` adds. A segment's run-time shape values are constants of its file (the plan
+#: is specialised on them), which XNNPACK takes as static: it clamps a SLICE whose begin and size leave the tensor
+#: (begin [2, 1], size [3, 2] of a [3, 4] input gives a [1, 2] result) where the builtin kernel fails ("Invalid
+#: begin and size"), as TensorFlow does; and the builtin kernels are the reference the tests hold every kernel to.
+#: Ops falling back are few and small (control flow, types the GPU does not hold), so XNNPACK's speed matters little:
+#: a Keras LSTM's WHILE (batch 2, 32 steps, 16 features, 64 units) invokes in 1.38 ms against XNNPACK's 1.22 ms.
+OP_RESOLVER = "BUILTIN_WITHOUT_DEFAULT_DELEGATES"
 
 #: Builtin codes that are no op LiteRT's CPU interpreter runs (markers of the schema, not ops).
 _NOT_OPS = frozenset({"DELEGATE", "PLACEHOLDER_FOR_GREATER_OP_CODES", "CUSTOM"})
+
+#: Custom ops that LiteRT's builtin op resolver runs beside the builtins (tflite/core/kernels/register.cc adds
+#: them): they fall back as builtins do.
+LITERT_CUSTOM_OPS = frozenset({"TFLite_Detection_PostProcess", "AudioSpectrogram", "Mfcc", "NumericVerify"})
+
+
+def litert_runs(name: str) -> bool:
+    """Whether LiteRT's CPU interpreter has a kernel for an op of this name (a builtin op, or one of
+    :data:`LITERT_CUSTOM_OPS`): one that may fall back."""
+    return (is_builtin_name(name) and name not in _NOT_OPS) or name in LITERT_CUSTOM_OPS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +107,9 @@ def partition(model: Model, subgraph: int, kernel_refused: Mapping[int, str] | N
     runtime value (``"writes UINT8 tensor..."``), or computes an int64 tensor from a runtime value with
     arithmetic that int32 (what the runtime holds int64 in) would wrap (:func:`tflfuse.runtime.int64.int64_arithmetic`,
     ``"int64 arithmetic (the GPU holds int64 as int32)"``). A custom op without a kernel cannot fall back (LiteRT has
-    none either): it is listed in ``refused``. ``kernel_refused`` (operator index -> reason): ops whose GPU kernel
-    refused them (:class:`tflfuse.runtime.lower.OpRefusal`, found by :mod:`tflfuse.runtime.specialise`), which
-    fall back too, with that reason.
+    none either; but those of :data:`LITERT_CUSTOM_OPS`): it is listed in ``refused``. ``kernel_refused`` (operator
+    index -> reason): ops whose GPU kernel refused them (:class:`tflfuse.runtime.lower.OpRefusal`, found by
+    :mod:`tflfuse.runtime.specialise`), which fall back too, with that reason.
 
     Returns:
       a :class:`Partition`; ``cpu`` is empty where every op runs on the GPU.
@@ -110,7 +132,7 @@ def partition(model: Model, subgraph: int, kernel_refused: Mapping[int, str] | N
     for oi, name in enumerate(names):
         if model.composite(subgraph, oi) is not None or name in known:
             continue   # a composite left by inline_composites has a fused kernel
-        if is_builtin_name(name) and name not in _NOT_OPS:
+        if litert_runs(name):
             cpu[oi] = "no GPU kernel"
         else:
             refused.append((name, subgraph, oi))
@@ -219,10 +241,12 @@ def segments(part: Partition, keep_all: bool = False) -> list[CpuSegment]:
 
 # ---- lowering and running -----------------------------------------------------------------------------------
 def _litert(part: Partition, seg: CpuSegment, what: str):
-    from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter
+    """LiteRT's interpreter of a segment, with its builtin kernels alone (:data:`OP_RESOLVER`)."""
+    from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter, OpResolverType
 
     try:
-        return LiteRTInterpreter(model_content=seg.tflite)
+        return LiteRTInterpreter(model_content=seg.tflite,
+                                 experimental_op_resolver_type=getattr(OpResolverType, OP_RESOLVER))
     except (ValueError, RuntimeError) as e:
         raise _refusal(part, seg, what, "cannot load them", e) from e
 
@@ -376,6 +400,24 @@ def lower_split(part: Partition, input_shapes: Mapping[int, Sequence[int]] | Non
     return graph, SegmentRunner(part, segs, interps, graph, shapes)
 
 
+def _output(lite, detail: dict, part: Partition, seg: CpuSegment, t: int) -> np.ndarray:
+    """Output ``t`` of a segment's LiteRT interpreter after its invoke. LiteRT's ``get_tensor`` fails on a tensor
+    of no elements ("Invalid tensor size": it holds no data); such an output is an empty array of the shape
+    LiteRT gives it now and its dtype.
+
+    Raises:
+      RuntimeError: LiteRT cannot give a non-empty output (naming the segment's ops and the tensor).
+    """
+    try:
+        return lite.get_tensor(detail["index"])
+    except ValueError as e:
+        shape = [int(d) for d in lite._get_tensor_details(detail["index"], 0)["shape"]]
+        if 0 in shape:
+            return np.zeros(shape, detail["dtype"])
+        raise RuntimeError(f"{_where(part, seg)}: LiteRT's CPU interpreter gives no value for its output tensor {t} "
+                           f"({part.model.tensor_name(part.subgraph, t)!r}) of shape {shape}: {e}") from e
+
+
 class ShapeChanged(RuntimeError):
     """A CPU segment's outputs came out of other shapes than planned; ``shapes``: tensor id -> the shape each
     output of that segment had."""
@@ -488,7 +530,7 @@ class SegmentRunner:
             except (ValueError, RuntimeError) as e:
                 raise RuntimeError(f"{_where(self.partition, seg)}: LiteRT's CPU interpreter failed: {e}"
                                    f"{_kernel_refusals(self.partition, seg)}") from e
-            got = {t: lite.get_tensor(d["index"]) for d, t in zip(outs, seg.outputs)}
+            got = {t: _output(lite, d, self.partition, seg, t) for d, t in zip(outs, seg.outputs)}
             changed = [t for t, value in got.items() if value.shape != self.shapes[t]]
             if changed:
                 t = changed[0]

@@ -10,10 +10,10 @@ import numpy as np
 
 from ..kernels import UnsupportedOpError
 from ..kernels.registry import missing_kernels_error
-from ..model import TENSOR_DTYPES, Model, is_builtin_name
+from ..model import TENSOR_DTYPES, Model
 from .device import Device
 from .profile import wall_seconds
-from .fallback import Partition, log_fallback, partition
+from .fallback import Partition, litert_runs, log_fallback, partition
 from .plan import PRECISIONS, ExecutionPlan, check_supported
 from .specialise import SubgraphPlanner
 
@@ -83,7 +83,7 @@ class Interpreter:
         try:
             check_supported(self._model)
         except UnsupportedOpError as e:   # builtins fall back to LiteRT's CPU interpreter, custom ops cannot
-            refused = [op for op in e.ops if not is_builtin_name(op[0])] if cpu_fallback else e.ops
+            refused = [op for op in e.ops if not litert_runs(op[0])] if cpu_fallback else e.ops   # (but LiteRT's)
             if refused:
                 raise missing_kernels_error(refused) from None
         self._device = device

@@ -6,7 +6,9 @@
 - an op whose kernel refuses it (its dtype, attributes or shapes; ``KernelError``) on inputs of known shapes runs
   on LiteRT's CPU interpreter with the others of the fallback (:func:`tflfuse.runtime.fallback.partition`'s
   ``kernel_refused``), the kernel's message as the reason, and the graph is split again, once (again only where
-  the new split lets a refusal further on show; ``cpu_fallback=False`` raises the kernel's error);
+  the new split lets a refusal further on show; ``cpu_fallback=False`` raises the kernel's error), unless the
+  shape values it reads are invalid (:mod:`tflfuse.runtime.validate`: no runtime runs it; a KernelError naming
+  the op, its index and the value);
 - an op whose shape input (SLICE's begin and size, RESHAPE's shape, MEAN's axis, PAD's paddings, TRANSPOSE's
   perm, TOPK_V2's k, TRANSPOSE_CONV's output_shape: a kernel's ``static_inputs``) is computed at run time,
   instead of folding at load from constants and from the inputs' shapes (SHAPE -> STRIDED_SLICE -> PACK ->
@@ -33,12 +35,13 @@ import numpy as np
 from absl import logging
 
 from ..kernels.base import KernelError
-from ..model import Model, is_builtin_name
+from ..model import Model
 from ..passes.portable import inline_composites
-from .fallback import FallbackOp, Partition, SegmentRunner, ShapeChanged, lower_split, partition
+from .fallback import FallbackOp, Partition, SegmentRunner, ShapeChanged, litert_runs, lower_split, partition
 from .lower import LoweredGraph, Probe, _has_fused_kernel, lower
 from .plan import ExecutionPlan
 from .segment import segment_tflite
+from .validate import invalid_values
 
 __all__ = ["MAX_SPECIALISED_PLANS", "SubgraphPlanner"]
 
@@ -125,25 +128,58 @@ class SubgraphPlanner:
         """Lowers with the ops whose kernels refuse them (on inputs of known shapes) moved to the CPU, splitting
         again until no such refusal is left. Returns ``(graph, runner, part, probe)``.
 
+        Starts from the refusals :meth:`decide` found at the file's shapes (``{}`` for :meth:`decide` itself); those
+        found with run-time values (``known``) hold for that plan alone (its :class:`Built`'s ``part``), so that
+        each plan's refusals, and the reasons :attr:`fallback_ops` gives, are those of its own values and shapes.
+
         Raises:
-          KernelError: a refusal with ``fallback`` off (the kernel's own error), or LiteRT refusing the ops that
-            fall back.
+          KernelError: a refusal with ``fallback`` off (the kernel's own error), an op refused for invalid shape
+            values (:meth:`_check_values`), or LiteRT refusing the ops that fall back.
         """
-        refused = dict(self.refused)
+        refused = dict(self.refused) if known is not None else {}
         for _ in range(len(self.planned.subgraphs[self.subgraph].operators or []) + 1):
             probe = Probe()
             graph, runner, part = self._lower(refused, target, known, probe)
             certain = probe.certain()
             if not certain:
-                self.refused = refused
+                if known is None:
+                    self.refused = refused
                 return graph, runner, part, probe
             if not self.fallback:
                 raise certain[0].error
-            custom = [r for r in certain if not is_builtin_name(r.name)]
+            for r in certain:   # invalid values: no runtime runs the op (and LiteRT's CPU kernels may not say so)
+                self._check_values(r, graph, known)
+            custom = [r for r in certain if not litert_runs(r.name)]
             if custom:   # a custom op or a fused composite: LiteRT has no kernel for it either
                 raise custom[0].error
             refused.update((r.index, r.reason) for r in certain)
         raise KernelError(f"subgraph {self.subgraph}: the ops whose GPU kernels refuse them do not settle")
+
+    def _check_values(self, refusal, graph: LoweredGraph, known: Mapping[int, np.ndarray] | None) -> None:
+        """Raises where the op its GPU kernel refused reads invalid shape values (:mod:`tflfuse.runtime.validate`):
+        such an op must not fall back to LiteRT's CPU interpreter, which clamps some of them (XNNPACK's SLICE) or
+        computes something for others (TRANSPOSE with a repeated axis).
+
+        Raises:
+          KernelError: the GPU kernel's refusal (naming the op and its index), then what is wrong with the value.
+        """
+        model, si, oi = self.planned, self.subgraph, refusal.index
+        shapes, values = {}, {}
+        for pos, t in enumerate(model.op_inputs(si, oi)):
+            if t < 0:
+                continue
+            if t in graph.specs:
+                shapes[pos] = graph.specs[t].shape
+            value = (known or {}).get(t)
+            value = graph.consts.get(t) if value is None else value
+            value = model.tensor_data(si, t) if value is None and t < len(model.subgraphs[si].tensors) else value
+            if value is not None:
+                values[pos] = np.asarray(value)
+                shapes.setdefault(pos, np.shape(value))
+        bad = invalid_values(model, si, oi, shapes, values)
+        if bad is not None:
+            raise KernelError(f"{refusal.error}; an invalid input, which no runtime runs (TensorFlow refuses it "
+                              f"too, and it does not fall back to LiteRT's CPU interpreter): {bad}; fix the value")
 
     def decide(self, target: str) -> None:
         """The probing lowering (once per target; no GPU): which ops fall back because their kernel refuses

@@ -80,8 +80,8 @@ def op_support(model: Model) -> list[OpSupport]:
       KernelError: a composite whose decomposition subgraph contains itself.
     """
     from ..kernels import UnsupportedOpError, supported_ops
-    from ..model import ModelError, is_builtin_name
-    from .fallback import called_subgraphs, partition
+    from ..model import ModelError
+    from .fallback import called_subgraphs, litert_runs, partition
     from .plan import _has_fused_kernel, check_supported
 
     try:
@@ -117,7 +117,7 @@ def op_support(model: Model) -> list[OpSupport]:
         for oi, name in enumerate(model.op_names(si)):
             comp = model.composite(si, oi)
             reason = ""
-            if (si, oi) in missing and is_builtin_name(name):
+            if (si, oi) in missing and litert_runs(name):
                 runs, reason = "cpu fallback", reasons.get((si, oi), "no GPU kernel")
             elif (si, oi) in missing:
                 runs = "missing"

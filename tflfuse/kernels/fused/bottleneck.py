@@ -52,6 +52,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from absl import logging
+
 from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, KernelError, Program, TensorSpec
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
@@ -70,6 +72,11 @@ _WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
 _GATE_THREADS = 64   # invocations of the squeeze-excite gate's workgroup (one per image)
 _SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; "strategy" is the one string
 _STRATEGIES = ("tiled", "staged", "blocked", "dw_projection", "expand_dw")
+#: The tuning attributes each strategy reads (the others it ignores): ``tiled`` its whole schedule, ``blocked``
+#: (:func:`.bottleneck_cpu.blocked_program`) its tile, output block and chunk, ``dw_projection`` its product's
+#: ``matmul_tile``, ``expand_dw`` its ``expand_tile``; ``staged`` none (each dispatch picks its own lanes).
+_READS = {"tiled": {"tile", "lanes", "out_block", "chunk", "splits"}, "blocked": {"tile", "out_block", "chunk"},
+          "dw_projection": {"matmul_tile"}, "expand_dw": {"expand_tile"}, "staged": set()}
 #: The software adapter runs the blocked strategy for blocks of at least this many multiply-adds, the staged
 #: one below. A blocked shader takes llvmpipe 1-3 s to compile, and saves about 11 ns per multiply-add
 #: (MobileNetV2's 17 blocks at 224x224, 269 M multiply-adds: 3,877 ms staged against 899 ms blocked,
@@ -165,6 +172,7 @@ class FusedBottleneck(CompositeKernel):
             raise self.fail(f"strategy 'expand_dw' needs an expand conv and input ({cin}) and expanded ({cexp}) "
                             f"channels that are multiples of 4")
         tile_attr(self)
+        self._check_reads()
         if self.strategy == "expand_dw":
             self._expand_tile()   # validates the expand_tile attribute
         if self.strategy != default["strategy"] and not self.empty:   # asked for: that strategy's own defaults
@@ -179,6 +187,21 @@ class FusedBottleneck(CompositeKernel):
 
     def output_specs(self):
         return (TensorSpec((self.input(0).shape[0], self.oh, self.ow, self.cout)),)
+
+    def _check_reads(self) -> None:
+        """Warns (absl) where ``strategy`` names a strategy that reads none of the tuning attributes also given:
+        they are ignored. Not an error: they are tuning only (every strategy computes the same values), and the
+        browser export pins ``staged`` on ops that may carry another's. No ``strategy``: the target's default
+        takes what it reads, silently (a file tuned for one target runs on another)."""
+        if not self.attrs.get("strategy"):
+            return
+        given = {k for k in self.extra_attrs if k != "strategy" and self.attrs.get(k) not in (None, "", 0)}
+        ignored = sorted(given - _READS[self.strategy])
+        if ignored:
+            readers = {k: [s for s in _STRATEGIES if k in _READS[s]] for k in ignored}
+            logging.warning("%s: strategy %r ignores the tuning attribute(s) %s (read by %s)", self.key,
+                            self.strategy, ", ".join(f"{k}={self.attrs[k]!r}" for k in ignored),
+                            "; ".join(f"{k}: {', '.join(v)}" for k, v in readers.items()))
 
     def _schedule(self, blocked: bool = True, dw_projection: bool = True) -> dict:
         """The default schedule for the ``target`` attribute: tile side, lanes per pixel, output channels
