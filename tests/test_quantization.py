@@ -114,8 +114,20 @@ def test_int8_without_composites_is_full_integer(model, data, device):
         assert {m.tensor_type_name(0, t) for t in m.op_inputs(0, i)[:1] + m.op_outputs(0, i)} == {"INT8"}, name
     got = _litert(result.tflite, x)
     np.testing.assert_allclose(got, expected, atol=0.05 * np.ptp(expected), rtol=0)
-    with pytest.raises(tflfuse.kernels.UnsupportedOpError, match="'QUANTIZE'"):   # no int8 kernels in tflfuse
-        tflfuse.Interpreter(model_content=result.tflite, device=device, cpu_fallback=False)
+    # tflfuse runs every op on its int8 kernels (cpu_fallback=False refuses any op it cannot) with TFLite's integer
+    # arithmetic: equal to LiteRT's builtin kernels (XNNPACK's int8 kernels round some products differently).
+    from ai_edge_litert.interpreter import OpResolverType
+
+    builtin = LiteRT(model_content=result.tflite,
+                     experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    builtin.allocate_tensors()
+    ours = tflfuse.Interpreter(model_content=result.tflite, device=device, cpu_fallback=False)
+    ours.allocate_tensors()
+    for it in (builtin, ours):
+        it.set_tensor(it.get_input_details()[0]["index"], x)
+        it.invoke()
+    np.testing.assert_array_equal(ours.get_tensor(ours.get_output_details()[0]["index"]),
+                                  builtin.get_tensor(builtin.get_output_details()[0]["index"]))
 
 
 def test_bad_arguments(model):

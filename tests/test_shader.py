@@ -132,6 +132,9 @@ CASES.update({
     "GATHER_ND": ([(4, 5, 3), (2, 3, 2)], {}, ["float32", "int32"]),
     "SCATTER_ND": ([(2, 1), (2, 3), None], {"shape": [4, 3]}, ["int32", "float32", "int32"]),
 })
+# int8/uint8 (tests/test_quant_models.py checks their values against LiteRT's builtin kernels): QUANTIZE is the
+# registered one; the other int8 kernels are chosen when a model is planned.
+CASES["QUANTIZE"] = ([(2, 7)], {"output_quantization": [{"scale": [0.05], "zero_point": [3]}], "output_dtype": "int8"})
 # Keys that run no shader: views of their input's buffer, and DEQUANTIZE, DENSIFY and SHAPE (folded into
 # constants at load).
 NO_SHADER = {"RESHAPE": ([(2, 3), None], {"shape": [3, 2]}), "SQUEEZE": ([(2, 1)], {}),

@@ -21,7 +21,8 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from flatbuffers import flexbuffers
 
-__all__ = ["CompositeOp", "Model", "ModelError", "OpRef", "TENSOR_DTYPES", "builtin_op_name", "is_builtin_name"]
+__all__ = ["CompositeOp", "Model", "ModelError", "OpRef", "Quantization", "TENSOR_DTYPES", "builtin_op_name",
+           "is_builtin_name"]
 
 _FILE_IDENTIFIER = b"TFL3"
 # The largest tensor the runtime accepts, in elements: past this a shape is a corrupt file, not a model.
@@ -103,6 +104,25 @@ def _flexbuffer_map(raw: bytes) -> dict:
     except Exception:  # not a flexbuffer: whatever the flexbuffers reader raises on foreign bytes
         opts = None
     return opts if isinstance(opts, dict) else {"_raw": raw}
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+    """A tensor's affine quantization (``QuantizationParameters``): real = scale * (q - zero_point).
+
+    Attributes:
+      scale: one float32 scale per tensor, or one per slice along ``axis`` (per-channel).
+      zero_point: as many zero points as scales (a file giving one for several scales has it repeated).
+      axis: the quantized dimension of per-channel parameters (0 for per-tensor ones).
+    """
+
+    scale: tuple[float, ...]
+    zero_point: tuple[int, ...]
+    axis: int = 0
+
+    @property
+    def per_channel(self) -> bool:
+        return len(self.scale) > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,6 +357,27 @@ class Model:
             raise ModelError(f"subgraph {subgraph} tensor {index} ({self.tensor_name(subgraph, index)!r}) "
                              f"has type {_TENSOR_TYPE_NAMES.get(t.type, t.type)}, which tflfuse does not read")
         return TENSOR_DTYPES[t.type]
+
+    def tensor_quantization(self, subgraph: int, index: int) -> Quantization | None:
+        """The tensor's affine quantization parameters, or None where the file gives no scale.
+
+        Raises:
+          ModelError: zero points that are neither one nor one per scale, or per-channel scales whose count is
+            not the size of their quantized dimension (the message names the tensor).
+        """
+        q = self.tensor(subgraph, index).quantization
+        if q is None or q.scale is None or not len(q.scale):
+            return None
+        scale = tuple(float(np.float32(s)) for s in q.scale)
+        zps = tuple(int(z) for z in (q.zeroPoint if q.zeroPoint is not None and len(q.zeroPoint) else [0]))
+        where = f"subgraph {subgraph} tensor {index} ({self.tensor_name(subgraph, index)!r})"
+        if len(zps) not in (1, len(scale)):
+            raise ModelError(f"{where} has {len(scale)} quantization scales but {len(zps)} zero points")
+        axis, shape = int(q.quantizedDimension), self.tensor_shape(subgraph, index)
+        if len(scale) > 1 and not (0 <= axis < len(shape) and shape[axis] == len(scale)):
+            raise ModelError(f"{where} of shape {list(shape)} has {len(scale)} quantization scales along "
+                             f"dimension {axis}; they must match that dimension's size")
+        return Quantization(scale, zps * len(scale) if len(zps) == 1 else zps, axis if len(scale) > 1 else 0)
 
     def tensor_type_name(self, subgraph: int, index: int) -> str:
         t = self.tensor(subgraph, index).type

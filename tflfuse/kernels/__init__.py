@@ -9,6 +9,7 @@ from . import layout, matmul_batch, reduce  # noqa: F401  (layout ops, BATCH_MAT
 from . import compare, gather_nd, scan  # noqa: F401  (comparisons, logic, SELECT, CAST; GATHER_ND; ARG_MAX, CUMSUM)
 from . import detection_postprocess  # noqa: F401  (TFLite_Detection_PostProcess)
 from . import fused  # noqa: F401  (each module of fused/ registers its kernels)
+from . import quant  # noqa: F401  (int8/uint8 kernels: QUANTIZE; the others through quant.quantized_kernel)
 from .base import CompositeKernel, Kernel, KernelError, Program, TensorSpec
 from .registry import UnsupportedOpError, kernel_class, register, supported_ops
 

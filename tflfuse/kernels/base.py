@@ -26,8 +26,9 @@ __all__ = [
 MAX_WORKGROUPS_PER_DIM = 65535
 
 #: dtype name -> WGSL storage element type. bool tensors (1 byte per element in a .tflite) are held as one i32
-#: per element, 0 or 1: WGSL storage has no 8-bit type.
-_WGSL_TYPES = {"float32": "f32", "int32": "i32", "uint32": "u32", "bool": "i32"}
+#: per element, 0 or 1: WGSL storage has no 8-bit type; int8 and uint8 (quantized) tensors likewise, one value
+#: per i32 (-128..127, 0..255), so that kernels that only move values run on them unchanged.
+_WGSL_TYPES = {"float32": "f32", "int32": "i32", "uint32": "u32", "bool": "i32", "int8": "i32", "uint8": "i32"}
 
 
 class KernelError(ValueError):

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..kernels import kernel_class, supported_ops
 from ..kernels.base import Kernel, KernelError, TensorSpec
+from ..kernels.quant import quantized_kernel
 from ..kernels.registry import missing_kernels_error
 from ..model import Model, is_builtin_name
 from ..passes.portable import inline_composites
@@ -27,10 +28,12 @@ __all__ = ["LoweredGraph", "LoweredOp", "MAX_FOLDED_ELEMENTS", "OpRefusal", "Pro
            "lower"]
 
 #: File dtype -> the dtype name of the runtime tensor holding it. bool is held as one i32 per element (0/1),
+#: as are int8 and uint8 (quantized tensors; their constants too, widened when the plan uploads them),
 #: int64 narrowed to int32 (its values must fit: set_tensor and constants are checked); set_tensor and get_tensor
 #: convert, so users see the file's dtypes (:meth:`tflfuse.runtime.plan.ExecutionPlan.host_dtype`).
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32", np.dtype(np.bool_): "bool",
-                np.dtype(np.int64): "int32"}
+                np.dtype(np.int64): "int32", np.dtype(np.int8): "int8", np.dtype(np.uint8): "uint8"}
+_QUANTIZED_TYPES = (9, 3)   # TensorType.INT8, UINT8: an op touching one is planned with quantized_kernel()
 
 
 def _narrow_int64(value: np.ndarray, what: str) -> np.ndarray:
@@ -142,7 +145,7 @@ def _runtime_spec(model: Model, sg: int, t: int, shape=None) -> TensorSpec:
     dtype = model.tensor_dtype(sg, t)
     if dtype not in _DTYPE_NAMES:
         raise KernelError(f"tensor {t} ({model.tensor_name(sg, t)!r}) is {dtype}; the WebGPU runtime "
-                          f"holds float32, int32, bool and int64 (as int32) tensors")
+                          f"holds float32, int32, bool, int8, uint8 and int64 (as int32) tensors")
     return TensorSpec(shape if shape is not None else model.tensor_shape(sg, t), _DTYPE_NAMES[dtype])
 
 
@@ -292,6 +295,8 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         if name == "STABLEHLO_COMPOSITE":   # kept by inline_composites: it has a fused kernel
             name = model.composite(subgraph, oi).name
         cls = kernel_class(name)
+        if _quantized_op(model, subgraph, oi):   # int8/uint8 tensors: TFLite's integer kernels, or a refusal
+            cls = quantized_kernel(name, cls)
         where = f"{name} (operator {oi} of subgraph {subgraph})"
         attrs = _op_attrs(model, subgraph, oi, cls, where)
         if "target" in cls.attr_defaults:
@@ -525,12 +530,22 @@ def _op_attrs(model: Model, sg: int, oi: int, cls: type[Kernel], where: str = ""
                                   f"scales along dimension {dim}; they must match that dimension's size")
             attrs["scale"], attrs["zero_point"], attrs["quantized_dimension"] = scale, zero_point, dim
     outs = model.op_outputs(sg, oi)
+    if getattr(cls, "needs_io_quantization", False):   # int8/uint8 kernels: every tensor's scales, zero points
+        attrs["input_quantization"] = [model.tensor_quantization(sg, t) if t >= 0 else None for t in ins]
+        attrs["output_quantization"] = [model.tensor_quantization(sg, t) if t >= 0 else None for t in outs]
     if getattr(cls, "needs_output_dtype", False) and outs and outs[0] >= 0:   # CAST: the file's output type
         attrs["output_dtype"] = str(model.tensor_dtype(sg, outs[0]))
     if getattr(cls, "needs_sparsity", False) and ins and ins[0] >= 0:  # DENSIFY: its constant's format
         attrs["sparsity"] = model.tensor(sg, ins[0]).sparsity
         attrs["dense_shape"] = list(model.tensor_shape(sg, ins[0]))
     return attrs
+
+
+def _quantized_op(model: Model, sg: int, oi: int) -> bool:
+    """Whether operator ``oi`` reads or writes an int8 or uint8 tensor."""
+    tensors = model.subgraphs[sg].tensors
+    return any(0 <= t < len(tensors) and tensors[t].type in _QUANTIZED_TYPES
+               for t in model.op_inputs(sg, oi) + model.op_outputs(sg, oi))
 
 
 def _stored_values(model: Model, sg: int, t: int) -> np.ndarray | None:

@@ -134,7 +134,8 @@ class ExecutionPlan:
         for t, value in g.consts.items():
             if t in gpu_read:
                 data = np.ascontiguousarray(value, dtype=np.float32 if value.dtype.kind == "f" else
-                                            np.int32 if value.dtype.kind == "b" else value.dtype)
+                                            np.int32 if value.dtype.kind == "b" or value.dtype.itemsize == 1
+                                            else value.dtype)   # bool, int8, uint8: one per i32
                 if self._is_half(t):
                     data = _half_bytes(data)
                 if data.nbytes > limit:
@@ -238,7 +239,8 @@ class ExecutionPlan:
         tensor held as int32 (:data:`_DTYPE_NAMES`)."""
         if tensor in self.graph.narrowed:
             return np.dtype(np.int64)
-        return np.dtype({"float32": np.float32, "bool": np.bool_}.get(self.graph.specs[tensor].dtype, np.int32))
+        return np.dtype({"float32": np.float32, "bool": np.bool_, "int8": np.int8, "uint8": np.uint8}.get(
+            self.graph.specs[tensor].dtype, np.int32))
 
     def write(self, tensor: int, value: np.ndarray, source: str | None = None) -> None:
         """Uploads ``value`` (of the tensor's dtype and shape) into an input's buffer; a float16 plan rounds
@@ -246,7 +248,7 @@ class ExecutionPlan:
         are stored as int32 0/1, int64 ones as int32 (KernelError naming the tensor, or ``source``, what
         computed the value, if one does not fit)."""
         value = np.ascontiguousarray(value)
-        if value.dtype == np.bool_:
+        if value.dtype in (np.bool_, np.int8, np.uint8):   # held one per i32
             value = value.astype(np.int32)
         elif value.dtype == np.int64:
             what = (f"{self.graph.describe(tensor)}, computed by {source} and read by a GPU op," if source else
@@ -293,7 +295,7 @@ class ExecutionPlan:
             return value.astype(np.int64) if tensor in self.graph.narrowed else value
         spec = self.graph.specs[tensor]
         dtype = np.float32 if spec.dtype == "float32" else np.int32
-        if spec.dtype == "bool" or tensor in self.graph.narrowed:   # held as int32: the file's dtype back
+        if spec.dtype in ("bool", "int8", "uint8") or tensor in self.graph.narrowed:   # held as int32: the file's dtype
             return self._read_raw(tensor, spec, dtype).astype(self.host_dtype(tensor))
         return self._read_raw(tensor, spec, dtype)
 

@@ -1,0 +1,135 @@
+"""Full-integer (int8, and uint8 at the edges) Keras models converted by TensorFlow's converter with a seeded
+representative dataset, run by tflfuse's int8 kernels on the GPU adapter and by LiteRT's builtin kernels
+(BUILTIN_WITHOUT_DEFAULT_DELEGATES: XNNPACK, LiteRT's default, rounds differently) on the same file.
+
+Tolerance: none. Every output element must equal LiteRT's, bit for bit: quantized outputs are integers computed
+with the same fixed-point arithmetic (tflfuse.kernels.quant.arith), and the one float output (DEQUANTIZE) is
+computed with LiteRT's own rounding of the same f32 operations. Each model also runs with cpu_fallback=False, so
+every op ran on the GPU. A sigmoid (LOGISTIC int8, no GPU kernel) falls back to LiteRT's CPU and still matches.
+"""
+
+import numpy as np
+import pytest
+
+import tflfuse
+from ai_edge_litert.interpreter import Interpreter as LiteRT
+from ai_edge_litert.interpreter import OpResolverType
+from conftest import SEED
+from tflfuse.kernels import KernelError
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+L = keras.layers
+
+
+def _convert(model, shapes, io="int8", samples=8):
+    """Full-integer conversion, calibrated on ``samples`` seeded normal inputs (input k scaled by k + 1)."""
+    def rep():
+        rng = np.random.default_rng(SEED)
+        for _ in range(samples):
+            yield [rng.standard_normal(s).astype(np.float32) * (k + 1) for k, s in enumerate(shapes)]
+
+    conv = tf.lite.TFLiteConverter.from_keras_model(model)
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    conv.representative_dataset = rep
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    if io is not None:
+        conv.inference_input_type = conv.inference_output_type = {"int8": tf.int8, "uint8": tf.uint8}[io]
+    return conv.convert()
+
+
+def _single(build, shape, io="int8"):
+    x = keras.Input(shape[1:], batch_size=shape[0])
+    return _convert(keras.Model(x, build(x)), [shape], io)
+
+
+def _pools(x):
+    y = L.Conv2D(6, 3, padding="same", activation="relu")(x)
+    y = L.MaxPooling2D(2, padding="same")(y)
+    y = L.AveragePooling2D(2, padding="same")(y)
+    y = L.ZeroPadding2D(1)(y)
+    return L.Dense(5)(L.Flatten()(y))
+
+
+def _add_broadcast():
+    a, b = keras.Input((6, 5, 8), batch_size=2), keras.Input((1, 5, 8), batch_size=2)
+    return _convert(keras.Model([a, b], L.Add()([a, b])), [(2, 6, 5, 8), (2, 1, 5, 8)])
+
+
+MODELS = {
+    # stride 2 SAME, odd channels (3 -> 5), batch 2, fused RELU
+    "conv_s2_same": lambda: _single(lambda x: L.Conv2D(5, 3, strides=2, padding="same", activation="relu")(x),
+                                    (2, 9, 7, 3)),
+    # a 1x1 conv with many outputs: the halfway cases of the requantization occur (q_mul_up's rounding)
+    "conv_1x1": lambda: _single(lambda x: L.Conv2D(16, 1)(x), (2, 12, 12, 8)),
+    "depthwise_mult2_relu6": lambda: _single(
+        lambda x: L.DepthwiseConv2D(3, depth_multiplier=2, padding="same", activation="relu6")(x), (2, 8, 7, 5)),
+    "dense": lambda: _single(lambda x: L.Dense(33)(L.Flatten()(x)), (7, 4, 10)),
+    "conv_add": lambda: _single(lambda x: L.Add()([L.Conv2D(7, 1)(x), L.Conv2D(7, 3, padding="same")(x)]),
+                                (2, 6, 5, 3)),
+    "add_broadcast": _add_broadcast,
+    # value-moving ops on int8 (the registered kernels on one-i32 storage): CONCATENATION, RESHAPE, TRANSPOSE
+    "concat_reshape_transpose": lambda: _single(lambda x: L.Permute((2, 1))(L.Reshape((30, 7))(
+        L.Concatenate()([L.Conv2D(4, 1)(x), L.Conv2D(3, 3, padding="same")(x)]))), (2, 6, 5, 3)),
+    # float in and out: QUANTIZE and DEQUANTIZE around conv, pools, PAD (zero point fill), RESHAPE, dense
+    "float_io_pools": lambda: _single(_pools, (2, 9, 7, 3), io=None),
+    "float_io_conv": lambda: _single(lambda x: L.Conv2D(13, 3, strides=2, padding="same")(x), (2, 9, 7, 3),
+                                     io=None),
+    # uint8 in and out: QUANTIZE uint8 -> int8 and int8 -> uint8 (requantizing)
+    "uint8_io_pools": lambda: _single(_pools, (2, 9, 7, 3), io="uint8"),
+}
+
+
+@pytest.fixture(scope="module")
+def files():
+    keras.utils.set_random_seed(SEED)
+    return {name: make() for name, make in MODELS.items()}   # converted once for the module
+
+
+def _inputs(details, rng):
+    out = []
+    for d in details:
+        if d["dtype"] == np.float32:
+            out.append((rng.standard_normal(d["shape"]) * 2).astype(np.float32))
+        else:
+            info = np.iinfo(d["dtype"])
+            out.append(rng.integers(info.min, info.max, d["shape"], endpoint=True).astype(d["dtype"]))
+    return out
+
+
+def _run(interp, xs):
+    interp.allocate_tensors()
+    for d, x in zip(interp.get_input_details(), xs):
+        interp.set_tensor(d["index"], x)
+    interp.invoke()
+    return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_matches_litert_bit_for_bit(files, device, name):
+    data = files[name]
+    ref = LiteRT(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    ref.allocate_tensors()
+    xs = _inputs(ref.get_input_details(), np.random.default_rng(SEED))
+    want = _run(ref, xs)
+    gpu = tflfuse.Interpreter(model_content=data, device=device, cpu_fallback=False)   # every op on the GPU
+    got = _run(gpu, xs)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        assert g.dtype == w.dtype   # the file's dtype: int8, uint8 or float32
+        differ = int((g != w).sum())
+        assert differ == 0, f"{name}: {differ} of {w.size} elements differ from LiteRT"
+
+
+def test_int8_op_without_kernel_falls_back(device):
+    keras.utils.set_random_seed(SEED)
+    data = _single(lambda x: L.Dense(6, activation="sigmoid")(x), (3, 9))   # FULLY_CONNECTED, LOGISTIC int8
+    with pytest.raises(KernelError, match="LOGISTIC.*int8/uint8"):
+        tflfuse.Interpreter(model_content=data, device=device, cpu_fallback=False).allocate_tensors()
+    it = tflfuse.Interpreter(model_content=data, device=device)
+    ref = LiteRT(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    ref.allocate_tensors()
+    xs = _inputs(ref.get_input_details(), np.random.default_rng(1))
+    got, want = _run(it, xs), _run(ref, xs)
+    assert [name for _, name, _ in it.fallback_ops] == ["LOGISTIC"]   # FULLY_CONNECTED stayed on the GPU
+    np.testing.assert_array_equal(got[0], want[0])

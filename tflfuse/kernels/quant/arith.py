@@ -1,0 +1,150 @@
+"""TFLite's integer arithmetic: fixed-point multipliers (host side) and their WGSL (device side).
+
+Host side, as TFLite computes them at prepare time (``kernels/internal/quantization_util.cc``,
+``kernels/kernel_util.cc``): :func:`quantize_multiplier` turns a real multiplier (a float64) into an int32
+significand and a power-of-two exponent; :func:`activation_range` gives a fused activation's clamp in the
+quantized domain (``CalculateActivationRangeQuantized``).
+
+Device side, :data:`WGSL`: ``q_high_mul`` (``SaturatingRoundingDoublingHighMul``), ``q_div_pot``
+(``RoundingDivideByPOT``) and ``q_mul`` (``MultiplyByQuantizedMultiplier``), TFLite's reference path of
+``kernels/internal/common.h`` (the double-rounding one, not the ``TFLITE_SINGLE_ROUNDING`` variant). ``q_mul_up``
+is the same high-half multiply followed by a right shift that rounds halves up (toward +infinity) instead of
+away from zero: what LiteRT's optimized CONV_2D, DEPTHWISE_CONV_2D and FULLY_CONNECTED kernels compute (NEON's
+``vqrdmulh`` then ``vrshl``, also on x86 through NEON_2_SSE, and ruy's kernels). The two differ only for a
+negative value exactly halfway after the high-half multiply; measured against LiteRT's builtin kernels
+(``BUILTIN_WITHOUT_DEFAULT_DELEGATES``), ``q_mul`` left 20 of 8,192 outputs of a 1x1 CONV_2D one step off,
+``q_mul_up`` none (``tests/test_quant_models.py``). WGSL has no 64-bit integers: the 64-bit product of the
+high-half multiply is built from 16-bit halves in u32. ``q_round`` is ``TfLiteRound`` on f32 (``std::round``:
+halves away from zero).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["INT8_RANGE", "WGSL", "activation_range", "quant_range", "quantize_multiplier"]
+
+#: dtype name -> (qmin, qmax) of the quantized types held one element per i32.
+INT8_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+def quant_range(dtype: str) -> tuple[int, int]:
+    """``(qmin, qmax)`` of a quantized dtype name (``"int8"``, ``"uint8"``). Raises ValueError for another."""
+    try:
+        return INT8_RANGE[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype!r} is not a quantized type the runtime holds (int8, uint8)") from None
+
+
+def _round_away(x: float) -> int:
+    """``std::round``: to nearest, halves away from zero."""
+    t = math.trunc(x)
+    return t + (1 if x > 0 else -1) if abs(x - t) >= 0.5 else t
+
+
+def quantize_multiplier(real: float) -> tuple[int, int]:
+    """TFLite's ``QuantizeMultiplier``: ``real ~= significand * 2**(shift - 31)``.
+
+    Args:
+      real: the real multiplier as a float64 (TFLite computes it in double from the float32 scales), >= 0.
+    Returns:
+      ``(significand, shift)``: significand an int32 in ``[2**30, 2**31)`` (0 for a zero or negligible
+      multiplier), shift an int (positive: left shift).
+    Raises:
+      ValueError: a negative, NaN or infinite multiplier.
+    """
+    real = float(real)
+    if not math.isfinite(real) or real < 0:
+        raise ValueError(f"a quantized multiplier must be finite and >= 0, got {real}")
+    if real == 0.0:
+        return 0, 0
+    q, shift = math.frexp(real)
+    fixed = _round_away(q * float(1 << 31))   # exact in double: q has 53 bits, the product only moves them
+    if fixed == 1 << 31:
+        fixed //= 2
+        shift += 1
+    if shift < -31:
+        return 0, 0
+    return int(fixed), int(shift)
+
+
+def activation_range(activation: str | None, scale: float, zero_point: int, dtype: str) -> tuple[int, int]:
+    """The clamp of a fused activation in the quantized domain (``CalculateActivationRangeQuantized``):
+    ``quantize(f) = zero_point + round(f / scale)`` (float32 division, halves away from zero), intersected
+    with the type's range.
+
+    Raises:
+      ValueError: an activation other than NONE, RELU, RELU6 and RELU_N1_TO_1 (TFLite's quantized kernels
+        take no other), or a dtype that is not int8/uint8.
+    """
+    qmin, qmax = quant_range(dtype)
+    act = str(activation or "NONE").upper()
+
+    def quantize(f: float) -> int:
+        return int(zero_point) + _round_away(float(np.float32(f) / np.float32(scale)))
+
+    if act == "NONE":
+        return qmin, qmax
+    if act == "RELU":
+        return max(qmin, quantize(0.0)), qmax
+    if act == "RELU6":
+        return max(qmin, quantize(0.0)), min(qmax, quantize(6.0))
+    if act == "RELU_N1_TO_1":
+        return max(qmin, quantize(-1.0)), min(qmax, quantize(1.0))
+    raise ValueError(f"fused activation {activation!r} has no quantized form; TFLite's int8 kernels take NONE, "
+                     f"RELU, RELU6 and RELU_N1_TO_1")
+
+
+#: The WGSL functions of TFLite's fixed-point arithmetic (see the module docstring).
+WGSL = """
+// SaturatingRoundingDoublingHighMul(a, b): (a * b + nudge) / 2^31 over 64 bits, truncated toward zero, with
+// nudge 2^30 (a * b >= 0) or 1 - 2^30; a = b = INT32_MIN saturates to INT32_MAX.
+fn q_high_mul(a: i32, b: i32) -> i32 {
+  let imin = bitcast<i32>(0x80000000u);
+  if (a == imin && b == imin) { return 2147483647; }
+  let neg = (a < 0) != (b < 0);
+  let ua = select(bitcast<u32>(a), 0u - bitcast<u32>(a), a < 0);
+  let ub = select(bitcast<u32>(b), 0u - bitcast<u32>(b), b < 0);
+  let a0 = ua & 0xffffu; let a1 = ua >> 16u; let b0 = ub & 0xffffu; let b1 = ub >> 16u;
+  let t0 = a0 * b0;
+  let t1 = a1 * b0 + (t0 >> 16u);
+  let t2 = a0 * b1 + (t1 & 0xffffu);
+  let hi = a1 * b1 + (t1 >> 16u) + (t2 >> 16u);
+  let lo = (t2 << 16u) | (t0 & 0xffffu);
+  // |a * b| + 2^30, or + 2^30 - 1 for a negative product (whose quotient is then truncated toward zero)
+  let sum = lo + select(0x40000000u, 0x3fffffffu, neg);
+  let q = ((hi + select(0u, 1u, sum < lo)) << 1u) | (sum >> 31u);
+  return select(bitcast<i32>(q), 0 - bitcast<i32>(q), neg);
+}
+
+// RoundingDivideByPOT(x, e): x / 2^e rounded to nearest, halves away from zero (0 <= e <= 31).
+fn q_div_pot(x: i32, e: u32) -> i32 {
+  let mask = bitcast<i32>((1u << e) - 1u);
+  let threshold = (mask >> 1u) + select(0, 1, x < 0);
+  return (x >> e) + select(0, 1, (x & mask) > threshold);
+}
+
+// MultiplyByQuantizedMultiplier(x, m, shift): x * m * 2^(shift - 31), TFLite's reference rounding.
+fn q_mul(x: i32, m: i32, shift: i32) -> i32 {
+  let left = u32(max(shift, 0));
+  let right = u32(max(-shift, 0));
+  return q_div_pot(q_high_mul(x * (1 << left), m), right);
+}
+
+// The same with the right shift rounding halves up (toward +infinity): (hm + 2^(e-1)) >> e.
+fn q_mul_up(x: i32, m: i32, shift: i32) -> i32 {
+  let left = u32(max(shift, 0));
+  let right = u32(max(-shift, 0));
+  let hm = q_high_mul(x * (1 << left), m);
+  if (right == 0u) { return hm; }
+  return (hm >> right) + ((hm >> (right - 1u)) & 1);
+}
+
+// TfLiteRound on f32: to nearest, halves away from zero (trunc and an exact difference, no 0.5 added first).
+fn q_round(v: f32) -> f32 {
+  let t = trunc(v);
+  return select(t, t + sign(v), abs(v - t) >= 0.5);
+}
+"""

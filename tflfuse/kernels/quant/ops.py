@@ -1,0 +1,471 @@
+"""int8/uint8 kernels with TFLite's integer arithmetic: QUANTIZE, DEQUANTIZE, FULLY_CONNECTED, CONV_2D,
+DEPTHWISE_CONV_2D, ADD, SUB, PAD/PADV2, MAX_POOL_2D and AVERAGE_POOL_2D.
+
+Quantized tensors are held one element per i32 (as bool is), so their bindings are ``array<i32>``; int8 and
+uint8 weights are widened to i32 when loaded. Every kernel reads the quantization parameters of its inputs and
+outputs from the attributes ``input_quantization`` and ``output_quantization`` (one
+:class:`~tflfuse.model.Quantization` or None per tensor, which the planner takes from the file) and the output's
+dtype from ``output_dtype``. Fixed-point multipliers are computed on the host as TFLite's prepare step does and
+baked into the WGSL; the arithmetic is :data:`tflfuse.kernels.quant.arith.WGSL`.
+
+Semantics: TFLite's reference integer kernels (``kernels/internal/reference/integer_ops/``: fully_connected.h,
+conv.h, depthwise_conv.h, add.h; ``reference/quantize.h``, ``dequantize.h``, ``requantize.h``,
+``pooling.h``) and the parameters their ``Prepare`` computes (``kernels/conv.cc``, ``depthwise_conv.cc``,
+``fully_connected.cc``, ``add.cc``, ``sub.cc``, ``quantize.cc``, ``pooling.cc``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...model import Quantization
+from ..base import Kernel, TensorSpec
+from ..conv import conv_output_size, window_body
+from ..elementwise import broadcast_index
+from ..registry import register
+from ..shape_ops import Dequantize
+from ..wgsl import elementwise_program, fmt_f32
+from .arith import WGSL, activation_range, quant_range, quantize_multiplier
+
+__all__ = ["QuantKernel", "QuantizedAdd", "QuantizedConv2D", "QuantizedDepthwiseConv2D", "QuantizedDequantize",
+           "QuantizedFullyConnected", "QuantizedPad", "QuantizedPool", "Quantize"]
+
+QUANTIZED = ("int8", "uint8")
+
+
+class QuantKernel(Kernel):
+    """Base of the int8/uint8 kernels: access to the quantization parameters the planner gives."""
+
+    extra_attrs = ("input_quantization", "output_quantization", "output_dtype")
+    needs_output_dtype = True      # the planner sets ``output_dtype`` from the file's output tensor
+    needs_io_quantization = True   # ... and ``input_quantization``/``output_quantization``
+
+    def q_in(self, i: int, per_channel: bool = False):
+        return self._q("input_quantization", i, per_channel)
+
+    def q_out(self, per_channel: bool = False):
+        return self._q("output_quantization", 0, per_channel)
+
+    def _q(self, attr: str, i: int, per_channel: bool):
+        qs = self.attrs.get(attr) or ()
+        q = _as_quantization(qs[i] if i < len(qs) else None)
+        what = f"{'input' if attr.startswith('input') else 'output'} {i}"
+        if q is None:
+            raise self.fail(f"{what} has no quantization parameters (scale, zero point); a quantized op needs them")
+        if not per_channel and len(q.scale) != 1:
+            raise self.fail(f"{what} has per-channel quantization ({len(q.scale)} scales), which this op's "
+                            f"int8 kernel does not take")
+        if any(not (s > 0 and math.isfinite(s)) for s in q.scale):
+            raise self.fail(f"{what} has a quantization scale that is not positive and finite: {list(q.scale)}")
+        return q
+
+    def quantized_input(self, i: int) -> TensorSpec:
+        spec = self.input(i)
+        if spec.dtype not in QUANTIZED:
+            raise self.fail(f"input {i} must be int8 or uint8, got {spec.dtype}")
+        return spec
+
+    def output_dtype(self) -> str:
+        dtype = str(self.attrs.get("output_dtype") or self.input(0).dtype)
+        if dtype not in QUANTIZED:
+            raise self.fail(f"the output must be int8 or uint8, got {dtype}")
+        return dtype
+
+    def clamp(self) -> tuple[int, int]:
+        """The fused activation's clamp in the output's quantized domain."""
+        q = self.q_out()
+        try:
+            return activation_range(self.attrs.get("fused_activation_function"), q.scale[0], q.zero_point[0],
+                                    self.output_dtype())
+        except ValueError as e:
+            raise self.fail(str(e)) from None
+
+
+def _as_quantization(q) -> Quantization | None:
+    """A :class:`~tflfuse.model.Quantization` from one, or from ``{"scale": [...], "zero_point": [...],
+    "axis": 0}`` (``get_shader``'s JSON attributes), or None."""
+    if q is None or isinstance(q, Quantization):
+        return q
+    if isinstance(q, dict):
+        scale = tuple(float(np.float32(v)) for v in np.ravel(q.get("scale", ())))
+        zps = tuple(int(v) for v in np.ravel(q.get("zero_point", (0,))))
+        return Quantization(scale, zps * len(scale) if len(zps) == 1 else zps, int(q.get("axis", 0)))
+    raise TypeError(f"quantization parameters must be a Quantization or a dict of scale and zero_point, got {q!r}")
+
+
+def _int_array(name: str, values) -> str:
+    """A WGSL private array of i32 literals."""
+    values = [int(v) for v in values]
+    n, text = len(values), ", ".join(map(str, values))
+    return f"var<private> {name}: array<i32, {n}> = array<i32, {n}>({text});\n"
+
+
+def _requant(mults: list[tuple[int, int]], index: str) -> tuple[str, str]:
+    """WGSL declarations and the call that requantizes ``acc`` by per-channel (indexed by ``index``) or
+    per-tensor fixed-point multipliers: ``q_mul_up``, the rounding of LiteRT's optimized convolution and matrix
+    kernels (see :mod:`tflfuse.kernels.quant.arith`)."""
+    if len(set(mults)) == 1:
+        m, s = mults[0]
+        return "", f"q_mul_up(acc, {m}, {s})"
+    decls = _int_array("q_m", [m for m, _ in mults]) + _int_array("q_s", [s for _, s in mults])
+    return decls, f"q_mul_up(acc, q_m[{index}], q_s[{index}])"
+
+
+@register("QUANTIZE")
+class Quantize(QuantKernel):
+    """QUANTIZE: float32 ``[...]`` -> int8/uint8 ``q = clamp(round(x / scale) + zero_point)`` (reference
+    ``AffineQuantize``, halves away from zero), or int8/uint8 -> int8/uint8 requantized
+    (``q = clamp(MultiplyByQuantizedMultiplier(x - zp_in, in_scale / out_scale) + zp_out)``, reference
+    ``Requantize``); per-tensor parameters. The output's shape is the input's."""
+
+    input_names = ("input",)
+
+    def check(self):
+        x = self.input(0)
+        if x.dtype not in ("float32",) + QUANTIZED:
+            raise self.fail(f"input must be float32, int8 or uint8, got {x.dtype}")
+        self.dtype = self.output_dtype()
+        self.qo = self.q_out()
+        if x.dtype != "float32":
+            qi = self.q_in(0)
+            self.mult = quantize_multiplier(float(qi.scale[0]) / float(self.qo.scale[0]))
+            self.zp_in = qi.zero_point[0]
+
+    def output_specs(self):
+        return (TensorSpec(self.input(0).shape, self.dtype),)
+
+    def programs(self):
+        lo, hi = quant_range(self.dtype)
+        zp = self.qo.zero_point[0]
+        if self.input(0).dtype == "float32":
+            body = (f"  let r = clamp(q_round(x[idx] / {fmt_f32(self.qo.scale[0])}), -1.0e9, 1.0e9);\n"
+                    f"  y[idx] = clamp(i32(r) + {zp}, {lo}, {hi});")
+        else:
+            m, s = self.mult
+            body = f"  y[idx] = clamp(q_mul(x[idx] - {self.zp_in}, {m}, {s}) + {zp}, {lo}, {hi});"
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), self.input(0).size, body, WGSL)]
+
+
+class QuantizedDequantize(Dequantize, QuantKernel):
+    """DEQUANTIZE of int8/uint8 ``[...]`` -> float32 ``scale * (q - zero_point)`` (reference ``Dequantize``:
+    the product of the scale and a small integer is exact in double, so one f32 multiply rounds it alike;
+    elements in whole blocks of 8 as LiteRT's optimized kernel computes them, see :meth:`programs`).
+    Constants are decoded at load (:class:`~tflfuse.kernels.shape_ops.Dequantize`); a runtime tensor runs
+    on the GPU with per-tensor parameters."""
+
+    extra_attrs = Dequantize.extra_attrs + QuantKernel.extra_attrs
+
+    def check(self):   # a runtime input only (constants are folded without it)
+        self.quantized_input(0)
+        q = self.q_in(0)
+        self.scale, self.zp = q.scale[0], q.zero_point[0]
+
+    def output_specs(self):
+        self.check()
+        return (TensorSpec(self.input(0).shape, "float32"),)
+
+    def programs(self):
+        self.check()
+        # LiteRT's optimized Dequantize computes blocks of 8 as f32(q) * scale + f32(-zp * scale) (two roundings,
+        # NEON's vmla, also through NEON_2_SSE on x86) and the rest as f32(scale * (q - zp)); the same here.
+        n = self.input(0).size
+        zts = fmt_f32(float(np.float32(-self.zp * float(self.scale))))
+        s = fmt_f32(self.scale)
+        body = (f"  if (idx < {n - n % 8}u) {{ y[idx] = f32(x[idx]) * {s} + {zts}; return; }}\n"
+                f"  y[idx] = {s} * f32(x[idx] - {self.zp});")
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), self.input(0).size, body)]
+
+
+def _bias_terms(kernel: QuantKernel, cout: int) -> str:
+    if not kernel.has_input(2):
+        return ""
+    b = kernel.input(2)
+    if b.dtype != "int32" or b.shape != (cout,):
+        raise kernel.fail(f"bias must be int32 [{cout}], got {b.dtype} {list(b.shape)}")
+    return "  acc += b[co];\n"
+
+
+class _Accumulating(QuantKernel):
+    """FULLY_CONNECTED and the convolutions: an int32 sum of ``(x - zp_x) * (w - zp_w)``, the bias added, then
+    requantized per output channel by ``in_scale * w_scale[c] / out_scale`` (float64, as TFLite's
+    ``PopulateConvolutionQuantizationParams``), the output zero point added and clamped."""
+
+    optional_inputs = frozenset({2})
+    input_names = ("input", "filter", "bias")
+    weight_axis = 0
+
+    def _quant_setup(self, cout: int):
+        self.quantized_input(0)
+        w = self.quantized_input(1)
+        if w.dtype != self.input(0).dtype and w.dtype != "int8":
+            raise self.fail(f"filter must be int8 or the input's dtype, got {w.dtype}")
+        self.dtype = self.output_dtype()
+        qi, qw, qo = self.q_in(0), self.q_in(1, per_channel=True), self.q_out()
+        if len(qw.scale) not in (1, cout) or (len(qw.scale) > 1 and qw.axis != self.weight_axis):
+            raise self.fail(f"filter has {len(qw.scale)} scales along dimension {qw.axis}; the op takes one, or "
+                            f"one per output channel ({cout}) along dimension {self.weight_axis}")
+        if len(set(qw.zero_point)) != 1:
+            raise self.fail(f"filter zero points differ between channels: {list(qw.zero_point)}")
+        scales = qw.scale if len(qw.scale) > 1 else qw.scale * cout
+        in_scale, out_scale = float(qi.scale[0]), float(qo.scale[0])
+        self.mults = [quantize_multiplier(in_scale * float(s) / out_scale) for s in scales]
+        self.x_off, self.w_off, self.y_off = -qi.zero_point[0], -qw.zero_point[0], qo.zero_point[0]
+        self.lo, self.hi = self.clamp()
+        self.bias = _bias_terms(self, cout)
+
+    def _store(self) -> tuple[str, str]:
+        decls, call = _requant(self.mults, "co")
+        return decls, f"  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
+
+    @staticmethod
+    def _term(v: str, off: int) -> str:
+        return f"({v} + {off})" if off else v
+
+
+class QuantizedFullyConnected(_Accumulating):
+    """FULLY_CONNECTED int8/uint8: input ``[..., Cin]`` (flattened to ``[B, Cin]``), filter ``[Cout, Cin]``
+    (per-tensor, or per-channel along 0), bias int32 ``[Cout]`` (optional) -> ``[B, Cout]`` or
+    ``[..., Cout]`` with ``keep_num_dims``. Reference ``integer_ops/fully_connected.h``."""
+
+    attr_defaults = {"fused_activation_function": "NONE", "keep_num_dims": False}
+    extra_attrs = QuantKernel.extra_attrs + ("weights_format", "asymmetric_quantize_inputs")
+
+    def check(self):
+        x, w = self.input(0), self.input(1)
+        if len(w.shape) != 2:
+            raise self.fail(f"filter must be [Cout, Cin], got shape {list(w.shape)}")
+        if str(self.attrs.get("weights_format", "DEFAULT")) not in ("DEFAULT", "0"):
+            raise self.fail(f"weights_format {self.attrs.get('weights_format')!r} is not supported")
+        self.cout, self.cin = w.shape
+        if self.cin == 0 or x.size % self.cin:
+            raise self.fail(f"input of {x.size} elements does not flatten to rows of {self.cin}")
+        if self.attr("keep_num_dims") and x.shape[-1] != self.cin:
+            raise self.fail(f"keep_num_dims needs the input's last dimension to be {self.cin}")
+        self.rows = x.size // self.cin
+        self._quant_setup(self.cout)
+
+    def output_specs(self):
+        if self.attr("keep_num_dims"):
+            return (TensorSpec(self.input(0).shape[:-1] + (self.cout,), self.dtype),)
+        return (TensorSpec((self.rows, self.cout), self.dtype),)
+
+    def programs(self):
+        decls, store = self._store()
+        x = self._term(f"x[r * {self.cin}u + k]", self.x_off)
+        w = self._term(f"w[co * {self.cin}u + k]", self.w_off)
+        body = f"""  let co = idx % {self.cout}u;
+  let r = idx / {self.cout}u;
+  var acc = 0;
+  for (var k = 0u; k < {self.cin}u; k++) {{ acc += {x} * {w}; }}
+{self.bias}{store}"""
+        names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
+        total = self.rows * self.cout
+        return [elementwise_program(self.key, self.io_bindings(names), total, body, WGSL + decls,
+                                    loop_trips=self.cin)]
+
+
+class _QuantizedWindow(_Accumulating):
+    attr_defaults = {"padding": "VALID", "stride_h": 1, "stride_w": 1, "dilation_h_factor": 1,
+                     "dilation_w_factor": 1, "fused_activation_function": "NONE", "depth_multiplier": 1}
+
+    def _geometry(self, kh: int, kw: int) -> dict:
+        x = self.input(0)
+        if len(x.shape) != 4:
+            raise self.fail(f"input must be NHWC, got shape {list(x.shape)}")
+        n, h, w, _ = x.shape
+        sh, sw = int(self.attr("stride_h")), int(self.attr("stride_w"))
+        dh, dw = int(self.attr("dilation_h_factor")), int(self.attr("dilation_w_factor"))
+        if min(sh, sw, dh, dw) < 1:
+            raise self.fail(f"strides and dilations must be >= 1, got stride ({sh}, {sw}) dilation ({dh}, {dw})")
+        pad = str(self.attr("padding"))
+        if pad not in ("SAME", "VALID"):
+            raise self.fail(f"padding must be SAME or VALID, got {pad!r}")
+        oh, pt = conv_output_size(h, kh, sh, dh, pad)
+        ow, pl = conv_output_size(w, kw, sw, dw, pad)
+        return dict(N=n, H=h, W=w, OH=oh, OW=ow, SH=sh, SW=sw, DH=dh, DW=dw, PT=pt, PL=pl, KH=kh, KW=kw)
+
+    def output_specs(self):
+        g = self.g
+        return (TensorSpec((g["N"], g["OH"], g["OW"], self.cout), self.dtype),)
+
+    def _program(self, inner: str, trips: int):
+        decls, store = self._store()
+        body = window_body(self.g, self.cout, "  var acc = 0;", inner, "", store=f"\n{self.bias}{store}".strip())
+        names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
+        total = math.prod(self.output_specs()[0].shape)
+        return [elementwise_program(self.key, self.io_bindings(names), total, body, WGSL + decls,
+                                    loop_trips=trips)]
+
+
+class QuantizedConv2D(_QuantizedWindow):
+    """CONV_2D int8/uint8: input NHWC, filter ``[Cout, KH, KW, Cin / groups]`` (per-channel along 0), bias
+    int32 ``[Cout]`` -> NHWC; SAME/VALID padding (taps in the padding add nothing: ``x - zp_x`` is 0 there),
+    strides, dilations. Reference ``integer_ops/conv.h``."""
+
+    def check(self):
+        w = self.input(1)
+        if len(w.shape) != 4:
+            raise self.fail(f"filter must be [Cout, KH, KW, Cin], got shape {list(w.shape)}")
+        self.cout, kh, kw, self.wcin = w.shape
+        self.g = self._geometry(kh, kw)
+        cin = self.input(0).shape[3]
+        if self.wcin == 0 or cin % self.wcin or self.cout % (cin // self.wcin):
+            raise self.fail(f"input channels {cin} are not a whole number of groups of the filter's {self.wcin}")
+        self.cin, self.per_group = cin, self.cout // (cin // self.wcin)
+        self._quant_setup(self.cout)
+
+    def programs(self):
+        g, cin, wcin = self.g, self.cin, self.wcin
+        base = f"(co / {self.per_group}u) * {wcin}u" if cin != wcin else "0u"
+        x = self._term(f"x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + c0 + ci]", self.x_off)
+        w = self._term(f"w[((co * {g['KH']}u + u32(ky)) * {g['KW']}u + u32(kx)) * {wcin}u + ci]", self.w_off)
+        inner = (f"    let c0 = {base};\n"
+                 f"    for (var ci = 0u; ci < {wcin}u; ci++) {{ acc += {x} * {w}; }}")
+        return self._program(inner, g["KH"] * g["KW"] * (wcin + 1))
+
+
+class QuantizedDepthwiseConv2D(_QuantizedWindow):
+    """DEPTHWISE_CONV_2D int8/uint8: input NHWC ``[N, H, W, Cin]``, filter ``[1, KH, KW, Cin * multiplier]``
+    (per-channel along 3), bias int32 -> NHWC with ``Cin * depth_multiplier`` channels. Reference
+    ``integer_ops/depthwise_conv.h``."""
+
+    weight_axis = 3
+
+    def check(self):
+        w = self.input(1)
+        if len(w.shape) != 4 or w.shape[0] != 1:
+            raise self.fail(f"filter must be [1, KH, KW, Cout], got shape {list(w.shape)}")
+        _, kh, kw, self.cout = w.shape
+        self.g = self._geometry(kh, kw)
+        cin = self.input(0).shape[3]
+        if cin == 0 or self.cout % cin:
+            raise self.fail(f"filter channels {self.cout} are not a multiple of the input's {cin}")
+        self.cin, self.mult = cin, self.cout // cin
+        self._quant_setup(self.cout)
+
+    def programs(self):
+        g = self.g
+        x = self._term(f"x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {self.cin}u + co / {self.mult}u]",
+                       self.x_off)
+        w = self._term(f"w[(u32(ky) * {g['KW']}u + u32(kx)) * {self.cout}u + co]", self.w_off)
+        return self._program(f"    acc += {x} * {w};", g["KH"] * (g["KW"] + 1))
+
+
+class QuantizedAdd(QuantKernel):
+    """ADD and SUB int8/uint8, broadcasting (rank <= 6): each input's ``x - zp`` shifted left by 20 bits and
+    scaled by ``scale / (2 * max scale)``, summed (or subtracted), scaled by
+    ``2 * max scale / (2**20 * out_scale)``, the output zero point added and clamped. Reference
+    ``integer_ops/add.h`` and ``add.cc``/``sub.cc``'s prepare (``left_shift`` 20 for 8-bit types)."""
+
+    input_names = ("x", "y")
+    attr_defaults = {"fused_activation_function": "NONE", "pot_scale_int16": True}
+
+    def check(self):
+        a, b = self.quantized_input(0), self.quantized_input(1)
+        if a.dtype != b.dtype:
+            raise self.fail(f"inputs have different dtypes {a.dtype} and {b.dtype}")
+        rank = max(len(a.shape), len(b.shape))
+        if rank > 6:
+            raise self.fail(f"inputs of rank {rank}: at most 6")
+        pa, pb = (1,) * (rank - len(a.shape)) + a.shape, (1,) * (rank - len(b.shape)) + b.shape
+        if any(x != y and 1 not in (x, y) for x, y in zip(pa, pb)):
+            raise self.fail(f"shapes {list(a.shape)} and {list(b.shape)} do not broadcast")
+        self.out = tuple(max(x, y) if 0 not in (x, y) else 0 for x, y in zip(pa, pb))
+        self.dtype = self.output_dtype()
+        qa, qb, qo = self.q_in(0), self.q_in(1), self.q_out()
+        twice_max = 2.0 * max(float(qa.scale[0]), float(qb.scale[0]))
+        self.ma = quantize_multiplier(float(qa.scale[0]) / twice_max)
+        self.mb = quantize_multiplier(float(qb.scale[0]) / twice_max)
+        self.mo = quantize_multiplier(twice_max / (float(1 << 20) * float(qo.scale[0])))
+        self.za, self.zb, self.zo = qa.zero_point[0], qb.zero_point[0], qo.zero_point[0]
+        self.lo, self.hi = self.clamp()
+
+    def output_specs(self):
+        return (TensorSpec(self.out, self.dtype),)
+
+    def programs(self):
+        op = "-" if self.key == "SUB" else "+"
+        body = (broadcast_index(self.out, self.input(0).shape, "ia")
+                + broadcast_index(self.out, self.input(1).shape, "ib")
+                + f"  let sa = q_mul((a[ia] - {self.za}) * 1048576, {self.ma[0]}, {self.ma[1]});\n"
+                f"  let sb = q_mul((b[ib] - {self.zb}) * 1048576, {self.mb[0]}, {self.mb[1]});\n"
+                f"  let acc = sa {op} sb;\n"
+                f"  y[idx] = clamp(q_mul(acc, {self.mo[0]}, {self.mo[1]}) + {self.zo}, {self.lo}, {self.hi});")
+        return [elementwise_program(self.key, self.io_bindings(["a", "b", "y"]), math.prod(self.out), body, WGSL)]
+
+
+class QuantizedPad(QuantKernel):
+    """PAD/PADV2 int8/uint8: input ``[...]`` (rank <= 6), constant paddings ``[rank, 2]`` -> the padded
+    tensor, filled with the output's zero point (PAD, as TFLite's pad.cc) or PADV2's constant value (already
+    quantized in the file)."""
+
+    static_inputs = {1: "paddings", 2: "constant_values"}
+    optional_inputs = frozenset({2})
+    input_names = ("input", "paddings", "constant_values")
+
+    def check(self):
+        x = self.quantized_input(0)
+        pads = np.asarray(self.attrs.get("paddings") or [], dtype=np.int64).reshape(-1, 2)
+        if pads.shape[0] != len(x.shape) or (pads < 0).any() or not 1 <= len(x.shape) <= 6:
+            raise self.fail(f"paddings must be [rank={len(x.shape)}, 2] non-negative (rank 1 to 6), "
+                            f"got {self.attrs.get('paddings')}")
+        self.pads = pads
+        self.out = tuple(int(s + a + b) for s, (a, b) in zip(x.shape, pads))
+        self.dtype = self.output_dtype()
+        fill = self.attrs.get("constant_values")
+        self.fill = int(np.ravel(fill)[0]) if fill is not None and np.size(fill) else self.q_out().zero_point[0]
+
+    def output_specs(self):
+        return (TensorSpec(self.out, self.dtype),)
+
+    def programs(self):
+        shape = self.input(0).shape
+        lines, div, src = [], 1, []
+        for d in range(len(shape) - 1, -1, -1):
+            lines.append(f"  let c{d} = i32((idx / {div}u) % {self.out[d]}u) - {int(self.pads[d][0])};")
+            lines.append(f"  if (c{d} < 0 || c{d} >= {shape[d]}) {{ y[idx] = {self.fill}; return; }}")
+            src.append(f"u32(c{d}) * {math.prod(shape[d + 1:])}u")
+            div *= self.out[d]
+        body = "\n".join(lines) + f"\n  y[idx] = x[{' + '.join(src)}];"
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), math.prod(self.out), body)]
+
+
+class QuantizedPool(_QuantizedWindow):
+    """MAX_POOL_2D and AVERAGE_POOL_2D int8/uint8, NHWC, input and output of the same scale and zero point (as
+    TFLite's pooling.cc requires): the window's maximum, or its sum over the taps inside the image divided by
+    their count with halves rounded away from zero (reference ``integer_ops/pooling.h``), then the fused
+    activation's clamp."""
+
+    attr_defaults = {"padding": "VALID", "stride_h": 1, "stride_w": 1, "filter_height": 1, "filter_width": 1,
+                     "fused_activation_function": "NONE", "dilation_h_factor": 1, "dilation_w_factor": 1}
+    input_names = ("input",)
+    optional_inputs = frozenset()
+
+    def check(self):
+        x = self.quantized_input(0)
+        kh, kw = int(self.attr("filter_height")), int(self.attr("filter_width"))
+        if min(kh, kw) < 1:
+            raise self.fail(f"filter size must be >= 1, got ({kh}, {kw})")
+        self.g = self._geometry(kh, kw)
+        self.cout = x.shape[3]
+        self.dtype = self.output_dtype()
+        qi, qo = self.q_in(0), self.q_out()
+        if (qi.scale, qi.zero_point) != (qo.scale, qo.zero_point) or self.dtype != x.dtype:
+            raise self.fail("input and output must share dtype, scale and zero point")
+        self.lo, self.hi = self.clamp()
+
+    def programs(self):
+        g, c = self.g, self.cout
+        x = f"x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {c}u + co]"
+        if self.key == "MAX_POOL_2D":
+            pro, inner = "  var acc = -2147483647;", f"    acc = max(acc, {x});"
+            result = "acc"
+        else:
+            pro, inner = "  var acc = 0;\n  var cnt = 0;", f"    acc += {x};\n    cnt += 1;"
+            result = "select((acc - cnt / 2) / cnt, (acc + cnt / 2) / cnt, acc > 0)"
+        body = window_body(g, c, pro, inner, "", store=f"y[idx] = clamp({result}, {self.lo}, {self.hi});")
+        total = math.prod(self.output_specs()[0].shape)
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), total, body,
+                                    loop_trips=g["KH"] * (g["KW"] + 1))]
