@@ -4,16 +4,21 @@
 #   ./bootstrap.sh test     installs everything, then runs the test suite (pytest)
 # It installs the Mesa Vulkan driver (Debian package mesa-vulkan-drivers: the software WebGPU adapter
 # for machines without a GPU) and, for the tests, chromium-headless-shell (the browser tests/test_web.py
-# drives) when run as root, and prints the command to run otherwise; then makes a
-# Python virtual environment in .venv with the project and its dependencies.
+# drives; nodejs and npm where npm is missing) when run as root, and prints the command to run otherwise;
+# then makes a Python virtual environment in .venv with the project and its dependencies and, for the tests,
+# installs LiteRT.js (@litertjs/core, npm) into .web/, which the browser tests compare tflfuse.js with.
 set -euo pipefail
 cd "$(dirname "$0")"
 what=${1:-}
 case "$what" in demo|test) ;; *) echo "usage: ./bootstrap.sh demo|test" >&2; exit 2;; esac
 
 # The tests also drive a browser: chromium-headless-shell (WebGPU through SwiftShader, tests/test_web.py).
+# They compare it with LiteRT.js (@litertjs/core from npm): nodejs and npm where npm is missing.
 packages="mesa-vulkan-drivers"
-if [ "$what" = test ]; then packages="$packages chromium-headless-shell"; fi
+if [ "$what" = test ]; then
+  packages="$packages chromium-headless-shell"
+  command -v npm >/dev/null 2>&1 || packages="$packages nodejs npm"
+fi
 missing=""
 if command -v dpkg >/dev/null 2>&1; then
   for p in $packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
@@ -44,6 +49,13 @@ echo "== installing tflfuse and its dependencies into .venv"
 .venv/bin/python -m pip install -q --upgrade pip
 # PYTHONWARNINGS: setuptools warns about editable installs in general, which says nothing about this one.
 PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -e ".[test]"
+
+# LiteRT.js for the browser tests, into .web/ (git-ignored): the tests serve its dist/ and wasm/ folders from there.
+litertjs=2.5.3
+if [ "$what" = test ] && ! grep -qs "\"version\": \"$litertjs\"" .web/node_modules/@litertjs/core/package.json; then
+  echo "== installing @litertjs/core $litertjs into .web/"
+  npm install --prefix .web --no-save --no-audit --no-fund --loglevel=error "@litertjs/core@$litertjs" >/dev/null
+fi
 
 if [[ -z "${XDG_RUNTIME_DIR:-}" ]]; then   # only a folder of our own is created (and made private)
   export XDG_RUNTIME_DIR=/tmp/xdg-runtime-$(id -u)

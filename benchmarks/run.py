@@ -26,6 +26,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -549,8 +550,19 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
     lines += _gpu_time_lines(rows, peaks)
     lines += _product_lines(rows, peaks)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    kept = _kept_sections(out.read_text()) if out.exists() else []
+    out.write_text("\n".join(lines + [line for s in kept for line in ("", s)]) + "\n")
     print("\n".join(lines))
+
+
+#: A section another benchmark writes into the same file (``benchmarks/web.py``'s browser ratios), between
+#: ``<!-- NAME: begin -->`` and ``<!-- NAME: end -->``: a rewrite of the file keeps it as it was.
+_KEPT_SECTION = re.compile(r"<!-- (?P<name>[^>]+?): begin -->.*?<!-- (?P=name): end -->", re.S)
+
+
+def _kept_sections(text: str) -> list[str]:
+    """The sections of ``text`` other benchmarks own (see :data:`_KEPT_SECTION`), in file order."""
+    return [m.group(0) for m in _KEPT_SECTION.finditer(text)]
 
 
 def _litert_gpu_of(r: dict, by_name: dict, runtime: str, ratios: list, thr_ratios: list):

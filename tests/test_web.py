@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,14 +22,8 @@ from tflfuse import face_detection as fd
 from tflfuse import zoo
 from tflfuse.runtime.serialize import load_serialized
 from tflfuse.web import ExportError, export_web
+from tflfuse.web.browser import BROWSER_FLAGS, find_browser
 from tflfuse.web.executor import PlanDataExecutor
-
-#: Debian's chromium-headless-shell (bootstrap.sh installs it), and the flags that give it WebGPU on a machine
-#: without a GPU (SwiftShader's Vulkan), with nothing that reaches the network.
-BROWSER_PATHS = ("/usr/lib/chromium/chromium-headless-shell", "/usr/bin/chromium-headless-shell")
-BROWSER_FLAGS = ["--enable-unsafe-webgpu", "--enable-features=Vulkan", "--use-vulkan=swiftshader",
-                 "--use-webgpu-adapter=swiftshader", "--no-sandbox", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 
 #: The browser against tflfuse's Interpreter: the same WGSL, dispatches and weights, run by another WebGPU
 #: implementation (Chromium's Dawn on SwiftShader's Vulkan, against wgpu-native on Mesa's llvmpipe). Here they
@@ -134,10 +127,6 @@ def site(tmp_path_factory, device, small_fused, face_fused):
     server.server_close()
 
 
-def _browser_path() -> str | None:
-    return next((p for p in BROWSER_PATHS if Path(p).exists()), shutil.which("chromium-headless-shell"))
-
-
 @pytest.fixture(scope="module")
 def browser():
     """Chromium with WebGPU on SwiftShader. Where Playwright or the browser is missing the tests fail, naming the
@@ -146,12 +135,12 @@ def browser():
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.fail("Playwright is missing: pip install -e '.[test]' (or ./bootstrap.sh test)")
-    path = _browser_path()
+    path = find_browser()
     if path is None:
         pytest.fail("chromium-headless-shell is missing: apt-get install -y chromium-headless-shell "
                     "(./bootstrap.sh test does it as root)")
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=path, args=BROWSER_FLAGS)
+        chromium = p.chromium.launch(executable_path=path, args=list(BROWSER_FLAGS))
         try:
             yield chromium
         finally:

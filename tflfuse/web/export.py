@@ -4,8 +4,10 @@ The folder holds the plan as data (:mod:`tflfuse.runtime.serialize`: ``plan.json
 ``shaders/*.wgsl``), ``tflfuse.js`` (the runtime, one ES module without dependencies) and ``index.html`` (a demo
 page). For MediaPipe's face detector (a [1, 128, 128, 3] input, ``regressors`` and ``classificators`` outputs)
 the demo draws the detected face's box on a bundled photo (``demo/``: scikit-image's astronaut, the model input
-made from it, and the SSD anchors of :func:`tflfuse.face_detection.ssd_anchors`); for another model it runs on
-seeded random inputs and lists the outputs. Serve the folder over http (``python -m http.server -d DIR``):
+made from it, and the SSD anchors of :func:`tflfuse.face_detection.ssd_anchors`); for an image classifier (one
+[1, H, W, 3] input, one [1, classes] output: MobileNetV2 from composites) it shows its top classes on
+scikit-image's cat photo, by class index (no label file is bundled); for another model it runs on seeded
+random inputs and lists the outputs. Serve the folder over http (``python -m http.server -d DIR``):
 browsers give WebGPU to secure contexts only (https, or http on localhost).
 """
 
@@ -19,7 +21,7 @@ import numpy as np
 
 from ..runtime.serialize import SerializedPlan, serialize_plan
 
-__all__ = ["ExportError", "export_web", "plan_for_export"]
+__all__ = ["ExportError", "browser_schedules", "export_web", "plan_for_export"]
 
 _HERE = Path(__file__).parent
 #: The files copied into every export.
@@ -38,7 +40,7 @@ def plan_for_export(model, device, precision: str = "float32", target: str | Non
       device: the :class:`~tflfuse.runtime.device.Device` the plan is built on (its limits apply).
       precision: ``"float32"`` or ``"float16"`` (the plan's, as the Interpreter's ``precision``).
       target: ``"gpu"`` or ``"cpu"`` (the schedules; every schedule computes the same values), default: the
-        one the Interpreter picks on ``device`` (``"cpu"`` on a software adapter).
+        one the Interpreter picks on ``device`` (``"cpu"`` on a software adapter); see :func:`export_web`.
     Returns:
       the :class:`~tflfuse.runtime.plan.ExecutionPlan`.
     Raises:
@@ -62,6 +64,7 @@ def plan_for_export(model, device, precision: str = "float32", target: str | Non
     if part.cpu:
         raise _fallback_error(part.cpu)
     target = target or ("cpu" if device.is_software else "gpu")
+    model = browser_schedules(model, target)
     planner = SubgraphPlanner(model, 0, None, fallback=True, input_shapes=None, preserve=False,
                               precision=precision, device=lambda: device)
     planner.decide(target)
@@ -72,6 +75,45 @@ def plan_for_export(model, device, precision: str = "float32", target: str | Non
                           f"them); export needs static shapes: give the model constant shapes")
     planner.allocate(target)
     return planner.current.plan
+
+
+def browser_schedules(model, target: str):
+    """``model``, or for ``target="cpu"`` a copy whose ``fused_bottleneck`` ops that name no ``strategy``
+    attribute get ``strategy="staged"``: the schedules a browser's software adapter compiles.
+
+    The ``"cpu"`` target's default for a large block, the ``blocked`` strategy
+    (:mod:`tflfuse.kernels.fused.bottleneck_cpu`), is one long straight-line shader per block, made for Mesa's
+    llvmpipe, which compiles each in 1-3 s. Chromium's SwiftShader (the browser's CPU adapter) does not: on
+    hand_landmark_lite's 5x5 blocks (56 KB of WGSL, 364 ``let`` values, no workgroup memory, 8 invocations
+    per workgroup, all far inside the limits the adapter reports) its compiler ran past 90 s and 5 GB, until
+    the GPU process was lost ("A valid external Instance reference no longer exists"); the smaller blocked
+    shaders (36 KB) took 1.2 s each. The staged kernels are short loops (each under 0.7 s). Measured
+    2026-12-02 on a 2-core machine, Chromium 156. The values do not depend on the strategy (rounding only).
+    ``"gpu"`` plans are left alone: they are for GPUs, whose compilers take such shaders; on SwiftShader the
+    ``"gpu"`` target's dw_projection shader of hand_landmark_lite's first block (22 KB: a depthwise strip inlined
+    into a tiled product with workgroup barriers) did not compile within 25 s either.
+    """
+    if target != "cpu":
+        return model
+    from flatbuffers import flexbuffers
+
+    from ..annotate import decode_attrs, encode_attrs
+    from ..model import Model
+
+    names = model.op_names(0)
+    todo = []
+    for i, name in enumerate(names):
+        op = model.m.subgraphs[0].operators[i]
+        if name == "fused_bottleneck" and op.customOptions is not None:
+            attrs = decode_attrs(model.op_attrs(0, i))
+            if "strategy" not in attrs:
+                todo.append((i, {**attrs, "strategy": "staged"}))
+    if not todo:
+        return model
+    copy = Model(model.to_bytes())
+    for i, attrs in todo:
+        copy.m.subgraphs[0].operators[i].customOptions = list(flexbuffers.Dumps(encode_attrs(attrs)))
+    return copy
 
 
 def _fallback_error(ops) -> ExportError:
@@ -90,7 +132,9 @@ def export_web(model, out_dir, *, precision: str = "float32", target: str | None
       out_dir: the folder (made if missing; files of an earlier export are overwritten).
       precision: ``"float32"`` (default) or ``"float16"`` (float tensors stored as float16; the plan then
         requires the WebGPU feature ``shader-f16``, which tflfuse.js checks before it loads).
-      target: the kernels' schedules, ``"gpu"`` or ``"cpu"`` (default: the one for ``device``'s adapter).
+      target: the kernels' schedules, ``"gpu"`` or ``"cpu"`` (default: the one for ``device``'s adapter, as the
+        Interpreter's); for ``"cpu"``, fused_bottleneck ops run their staged strategy (see
+        :func:`browser_schedules`).
       device: the :class:`tflfuse.Device` to plan on (default: a new one on the best adapter); the weights are
         read back from it exactly as the kernels read them.
       demo: also write ``demo/`` (a photo and its model input for MediaPipe's face detector).
@@ -130,11 +174,35 @@ def _is_face_detector(plan: dict) -> bool:
             and outs.get("classificators") == [1, fd.NUM_ANCHORS, 1])
 
 
+def _is_classifier(plan: dict) -> bool:
+    """One float32 [1, H, W, 3] image in, one float32 [1, classes] out (MobileNetV2's form)."""
+    ins, outs = plan["inputs"], plan["outputs"]
+    return (len(ins) == 1 and len(ins[0]["shape"]) == 4 and ins[0]["shape"][0] == 1 and ins[0]["shape"][3] == 3
+            and ins[0]["dtype"] == "float32" and len(outs) == 1 and len(outs[0]["shape"]) == 2
+            and outs[0]["shape"][0] == 1 and outs[0]["shape"][1] >= 2 and outs[0]["dtype"] == "float32")
+
+
 def _write_demo(plan: dict, folder: Path) -> None:
-    """``demo/demo.json`` (what index.html shows) and, for the face detector, ``photo.png``, ``input.bin``
-    (the float32 model input :func:`tflfuse.zoo.sample_photo` makes from it) and the anchors in demo.json."""
+    """``demo/demo.json`` (what index.html shows) and, for the face detector or an image classifier,
+    ``photo.png``, ``input.bin`` (the float32 model input :func:`tflfuse.zoo.sample_photo` makes from it, in
+    [-1, 1]) and, for the face detector, the anchors in demo.json."""
     folder.mkdir(parents=True, exist_ok=True)
     info: dict = {"kind": "generic", "seed": 0}
+    if _is_classifier(plan):
+        try:
+            import skimage.data
+            from PIL import Image
+        except ImportError:
+            info["note"] = "install scikit-image (pip install 'tflfuse[demo]') for the classification demo"
+        else:
+            from .. import zoo
+
+            h, w = plan["inputs"][0]["shape"][1:3]
+            photo = skimage.data.chelsea()
+            Image.fromarray(photo).save(folder / "photo.png")
+            (folder / "input.bin").write_bytes(zoo.sample_photo((h, w), "chelsea").tobytes())
+            info = {"kind": "classification", "photo": "photo.png", "input": "input.bin",
+                    "classes": plan["outputs"][0]["shape"][1], "top": 5}
     if _is_face_detector(plan):
         try:
             import skimage.data
