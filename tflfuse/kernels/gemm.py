@@ -12,6 +12,18 @@ staging loads write zeros past the matrix's edges. Where the sizes are multiples
 
 The tile (:data:`TILES`) is chosen per shape by :func:`matmul_tile`. Sums run in another order than a
 serial loop's: results differ from it by rounding only.
+
+float16 plans (``precision="float16"``): every product is a :class:`~tflfuse.kernels.half.HalfMathProgram`
+carrying a second source in which the A and B slices are staged in workgroup memory as ``vec4<f16>`` (half the
+workgroup memory and half its traffic) and each slice's ``tk`` multiply-adds are ``vec4<f16>`` fmas into f16
+partial sums, added into the f32 accumulators once per slice: f16 math with f32 accumulation across the depth,
+as LiteRT's GPU delegate in FP16 mode. The stores are the float32 form's. :func:`tflfuse.kernels.half.half_storage`
+(applied by the plan after the kernels made their programs) takes that source; the float32 plan runs the first
+source, the same text as before f16 math existed. The second source rather than a ``precision`` argument: the
+kernels (CONV_2D, FULLY_CONNECTED, BATCH_MATMUL, the fused bottleneck) never learn the plan's precision, so none
+of them changes. Error: each output within ``(gamma(2 tk, 2**-11) + gamma(depth + 2, 2**-24)) (|A| @ |B|)``
+plus one f16 ulp of the f16-rounded operands' exact product (tests/half_math.py derives it; about 1.6% of
+``|A| @ |B|`` at tk = 16); a slice's partial sum must stay below f16's 65504.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ import dataclasses
 import re
 
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
+from .half import HalfMathProgram
 from .wgsl import prelude
 
 __all__ = ["MatmulTile", "TILES", "matmul_tile", "product_program", "resident_workgroups", "tile_attr",
@@ -169,7 +182,8 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
                          tile: MatmulTile | str | None = None, *, a_vec: str | None = None,
                          b_vec: str | None = None, store_vec: str | None = None,
                          a_strip: str | None = None) -> Program:
-    """``C = A @ B`` with ``A [rows, depth]`` and ``B [depth, cols]``, float32, tiled for a GPU.
+    """``C = A @ B`` with ``A [rows, depth]`` and ``B [depth, cols]``, float32, tiled for a GPU; with the float16
+    plan's form (f16 slices and multiply-adds, f32 accumulation; the module docstring) kept on the program.
 
     Args:
       name: the program's name.
@@ -191,9 +205,10 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
         mat4x4<f32>`` giving the 4 x 4 block ``A[r0 : r0 + 4, k : k + 4]`` (``r0`` and ``k`` multiples of 4),
         column ``i`` the vec4 of ``A[r0 .. r0 + 3, k + i]``; used instead of ``a`` and ``a_vec``, once per block,
         so that the function can share work between the four rows. It is called for blocks past the matrix's
-        rows or depth too and must then return finite values (zero past the depth).
+        rows or depth too and must then return finite values (zero past the depth). It stays f32; in the
+        float16 form its block is rounded to f16 as it is staged.
     Returns:
-      the :class:`~tflfuse.kernels.base.Program`, one workgroup per tile of ``C``.
+      the :class:`~tflfuse.kernels.half.HalfMathProgram`, one workgroup per tile of ``C``.
     Raises:
       KernelError: for a tile that is unknown or does not map onto the invocations, or a vector form where
         the sizes are not multiples of 4.
@@ -246,34 +261,50 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
                        f"b4({k0} + {e} / {tn // 4}u, c0 + ({e} % {tn // 4}u) * 4u); }}")
         return "\n".join(out)
 
-    stage = []
-    for j in range(a_loads):
-        e = f"(lidx + {j * threads}u)"
-        guard = "" if (j + 1) * threads <= a_groups else f"if ({e} < {a_groups}u) "
-        if a_strip:   # column i of the block is the vec4 of rows r0 .. r0 + 3 at depth k + i: one ta entry
-            stage.append(f"    {guard}{{ let r4 = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")
-            stage += [f"      ta[(k + {i}u) * {tm // 4}u + r4] = pa{j}[{i}];" for i in range(4)]
+    def staged(half: bool) -> str:
+        """The statements moving the registers' next slices into workgroup memory (as f16 where ``half``)."""
+        vec, one = ("vec4<f16>", "f16") if half else ("", "")
+        stage = []
+        for j in range(a_loads):
+            e = f"(lidx + {j * threads}u)"
+            guard = "" if (j + 1) * threads <= a_groups else f"if ({e} < {a_groups}u) "
+            if a_strip:   # column i of the block is the vec4 of rows r0 .. r0 + 3 at depth k + i: one ta entry
+                stage.append(f"    {guard}{{ let r4 = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")
+                stage += [f"      ta[(k + {i}u) * {tm // 4}u + r4] = {vec}(pa{j}[{i}]);" if half else
+                          f"      ta[(k + {i}u) * {tm // 4}u + r4] = pa{j}[{i}];" for i in range(4)]
+                stage.append("    }")
+                continue
+            stage.append(f"    {guard}{{ let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")
+            for i, comp in enumerate("xyzw"):
+                value = f"{one}(pa{j}.{comp})" if half else f"pa{j}.{comp}"
+                stage.append(f"      ta[(k + {i}u) * {tm // 4}u + r / 4u][r % 4u] = {value};")
             stage.append("    }")
-            continue
-        stage.append(f"    {guard}{{ let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")
-        for i, comp in enumerate("xyzw"):
-            stage.append(f"      ta[(k + {i}u) * {tm // 4}u + r / 4u][r % 4u] = pa{j}.{comp};")
-        stage.append("    }")
-    for j in range(b_loads):
-        guard = "" if (j + 1) * threads <= b_groups else f"if (lidx + {j * threads}u < {b_groups}u) "
-        stage.append(f"    {guard}{{ tb[lidx + {j * threads}u] = pb{j}; }}")
+        for j in range(b_loads):
+            guard = "" if (j + 1) * threads <= b_groups else f"if (lidx + {j * threads}u < {b_groups}u) "
+            value = f"{vec}(pb{j})" if half else f"pb{j}"
+            stage.append(f"    {guard}{{ tb[lidx + {j * threads}u] = {value}; }}")
+        return "\n".join(stage)
 
     def b_row(k: str) -> list[str]:
         return [f"      let b{h} = tb[{k} * {tn // 4}u + {h * gx}u + tx];" for h in range(rb)]
 
-    inner = []
-    for k in range(tk):   # the slice's steps written out one after another
-        inner.append("    {")
-        inner += [f"      let a{g} = ta[{k}u * {tm // 4}u + {g * gy}u + ty];" for g in range(ra)]
-        inner += b_row(f"{k}u")
-        inner += [f"      c{g}_{r}_{h} += a{g}.{comp} * b{h};" for g in range(ra)
-                  for r, comp in enumerate("xyzw") for h in range(rb)]
-        inner.append("    }")
+    lanes = [(g, r, comp, h) for g in range(ra) for r, comp in enumerate("xyzw") for h in range(rb)]
+
+    def multiplied(half: bool) -> str:
+        """The slice's ``tk`` steps written out one after another. Where ``half``, each step is a vec4<f16>
+        fma into the slice's f16 partial sums ``p``, added into the f32 accumulators ``c`` once per slice."""
+        inner = [f"    var p{g}_{r}_{h} = vec4<f16>(0.0);" for g, r, _, h in lanes] if half else []
+        for k in range(tk):
+            inner.append("    {")
+            inner += [f"      let a{g} = ta[{k}u * {tm // 4}u + {g * gy}u + ty];" for g in range(ra)]
+            inner += b_row(f"{k}u")
+            inner += [f"      p{g}_{r}_{h} = fma(vec4<f16>(a{g}.{comp}), b{h}, p{g}_{r}_{h});" if half else
+                      f"      c{g}_{r}_{h} += a{g}.{comp} * b{h};" for g, r, comp, h in lanes]
+            inner.append("    }")
+        if half:
+            inner += [f"    c{g}_{r}_{h} += vec4<f32>(p{g}_{r}_{h});" for g, r, _, h in lanes]
+        return "\n".join(inner)
+
     # Every accumulator is read by a constant component (.x, .y, .z, .w), never indexed at run time, so that it
     # can stay in registers.
     stores = []
@@ -306,14 +337,17 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     nl = "\n"
     a_load = _staging_load("a", "r", "k", rows, depth, a, a_vec)
     b_load = _staging_load("b", "k", "c", depth, cols, b, b_vec)
-    source = prelude(bindings, uniforms) + helpers + f"""
+
+    def source_for(half: bool) -> str:
+        t = "f16" if half else "f32"
+        return prelude(bindings, uniforms) + helpers + f"""
 // Staging loads without branches: the address is clamped into the matrix and the value zeroed past its edges.
 {a_load}
 
 {b_load}
 
-var<workgroup> ta: array<vec4<f32>, {tk * tm // 4}>;   // the A slice, [k][row / 4]
-var<workgroup> tb: array<vec4<f32>, {tk * tn // 4}>;   // the B slice, [k][col / 4]
+var<workgroup> ta: array<vec4<{t}>, {tk * tm // 4}>;   // the A slice, [k][row / 4]
+var<workgroup> tb: array<vec4<{t}>, {tk * tn // 4}>;   // the B slice, [k][col / 4]
 
 @compute @workgroup_size({threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -328,19 +362,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {load("0u")}
   for (var k0 = 0u; k0 < {depth}u; k0 += {tk}u) {{
     workgroupBarrier();
-{nl.join(stage)}
+{staged(half)}
     workgroupBarrier();
     if (k0 + {tk}u < {depth}u) {{
 {load(f"k0 + {tk}u")}
     }}
-{nl.join(inner)}
+{multiplied(half)}
   }}
 {nl.join(stores)}
 }}
 """
+    source = source_for(False)
     steps = -(-depth // tk)
-    return Program(name, source, (threads, 1, 1), linear_dispatch(tiles * threads, threads), bindings, uniforms,
-                   loop_trips=2 * steps)
+    return HalfMathProgram(name, source, (threads, 1, 1), linear_dispatch(tiles * threads, threads), bindings,
+                           uniforms, loop_trips=2 * steps, half_math=source_for(True),
+                           half_math_of=source)
 
 
 def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int, a: str, b: str,

@@ -1,11 +1,19 @@
-"""float16 storage for any program: the plan-level precision ``"float16"``.
+"""float16 storage, and f16 math in matrix products: the plan-level precision ``"float16"``.
 
 :func:`half_storage` rewrites one :class:`~tflfuse.kernels.base.Program` so that its float tensor bindings
 (roles ``input`` and ``output`` declared ``array<f32>``) hold IEEE binary16 values (``array<f16>``, WGSL's
 ``shader-f16`` feature): every read ``x[i]`` becomes ``f32(x[i])`` and every store ``y[i] = v`` becomes
-``y[i] = f16(v)`` (``array<vec4<f32>>`` bindings likewise become ``array<vec4<f16>>``). Arithmetic, accumulators, workgroup memory, uniforms and scratch buffers stay float32, so a
-reduction accumulates in f32 and rounds once, at the store, as LiteRT's GPU delegate does with
-``precision_loss_allowed`` (its FP16 mode also does the arithmetic in f16; here only storage is halved).
+``y[i] = f16(v)`` (``array<vec4<f32>>`` bindings likewise become ``array<vec4<f16>>``). Arithmetic,
+accumulators, workgroup memory, uniforms and scratch buffers stay float32, so a reduction accumulates in f32
+and rounds once, at the store, as LiteRT's GPU delegate does with ``precision_loss_allowed``.
+
+The exception is a :class:`HalfMathProgram`, which the matrix products
+(:func:`tflfuse.kernels.gemm.tiled_matmul_program`: 1x1 CONV_2D, FULLY_CONNECTED, BATCH_MATMUL and the fused
+bottleneck's products) return: it carries a second source whose workgroup memory and multiply-adds are f16,
+with f32 accumulation across the depth (LiteRT's FP16 mode: "f16 storage and math with f32 accumulation in
+reductions"), and :func:`half_storage` rewrites that source instead. The float32 plan never sees it, so its
+shaders are the same text with or without this mechanism; and the kernels that build products need no
+precision argument (the plan decides the precision after the kernels made their programs).
 
 Every kernel works unchanged because kernels touch storage only by indexing their bindings (``name[expr]``):
 the rewrite finds those by the binding names, with brackets balanced and statements ended at ``;``.
@@ -18,10 +26,21 @@ import re
 
 from .base import Binding, KernelError, Program
 
-__all__ = ["HALF_TYPES", "half_binding_size", "half_storage", "is_half_binding"]
+__all__ = ["HALF_TYPES", "HalfMathProgram", "half_binding_size", "half_storage", "is_half_binding"]
 
 #: A float binding's element type -> its type in a float16 plan.
 HALF_TYPES = {"f32": "f16", "vec4<f32>": "vec4<f16>"}
+
+
+@dataclasses.dataclass(frozen=True)
+class HalfMathProgram(Program):
+    """A :class:`~tflfuse.kernels.base.Program` that also carries its float16-plan form: ``half_math``, WGSL
+    with the same bindings (still declared f32: :func:`half_storage` retypes them as for any program) whose
+    arithmetic is partly f16, valid for the source ``half_math_of`` only. A program derived from it with another
+    source (``dataclasses.replace``) no longer matches, and :func:`half_storage` falls back to storage only."""
+
+    half_math: str = dataclasses.field(default="", repr=False, compare=False)
+    half_math_of: str = dataclasses.field(default="", repr=False, compare=False)
 
 
 def is_half_binding(b: Binding) -> bool:
@@ -35,7 +54,8 @@ def half_binding_size(elements: int) -> int:
 
 
 def half_storage(program: Program) -> Program:
-    """``program`` with its float tensor bindings as ``array<f16>`` (see the module docstring).
+    """``program`` with its float tensor bindings as ``array<f16>`` (see the module docstring), from its
+    ``half_math`` source where it is a :class:`HalfMathProgram` made for its current source; a plain Program.
 
     Raises:
       KernelError: a float binding is used other than by indexing (``&x``, ``arrayLength``), is not declared
@@ -43,19 +63,23 @@ def half_storage(program: Program) -> Program:
         program and the binding.
     """
     types = {b.name: b.elem_type for b in program.bindings if is_half_binding(b)}
-    if not types:
+    math = isinstance(program, HalfMathProgram) and program.half_math and program.half_math_of == program.source
+    if not types and not math:
         return program
-    source = _COMMENT.sub("", program.source)   # comments carry no code, and may hold a binding's name
+    # comments carry no code, and may hold a binding's name
+    source = _COMMENT.sub("", program.half_math if math else program.source)
     for name, t in types.items():
         declaration = f"> {name}: array<{t}>;"
         if source.count(declaration) != 1:
             raise KernelError(f"{program.name} (binding {name!r}): not declared once as array<{t}> by "
                               f"wgsl.prelude, so the float16 storage rewrite cannot retype it")
         source = source.replace(declaration, f"> {name}: array<{HALF_TYPES[t]}>;")
-    source = "enable f16;\n" + _rewrite(source, types, program.name)
+    source = "enable f16;\n" + (_rewrite_scoped(source, types, program.name) if types else source)
     bindings = tuple(dataclasses.replace(b, elem_type=HALF_TYPES[b.elem_type], size=half_binding_size(b.size // 4))
                      if is_half_binding(b) else b for b in program.bindings)
-    return dataclasses.replace(program, source=source, bindings=bindings)
+    # a Program again: its source is final, and no float16 form of it remains to choose
+    return Program(**{f.name: getattr(program, f.name) for f in dataclasses.fields(Program)} | {
+        "source": source, "bindings": bindings})
 
 
 _CLOSE = {"[": "]", "(": ")", "{": "}"}
@@ -90,6 +114,31 @@ def _statement_end(s: str, i: int, where: str) -> int:
             return j
         j += 1
     raise KernelError(f"{where}: a store without ';' after {s[max(0, i - 20):i + 20]!r}")
+
+
+_FN = re.compile(r"\bfn\s+\w+\s*\(")
+_PARAM = re.compile(r"(\w+)\s*:")
+
+
+def _rewrite_scoped(s: str, types: dict[str, str], program: str) -> str:
+    """:func:`_rewrite` over ``s``, except that inside a function whose parameters take a binding's name
+    (``fn f(x: i32)``) that name is the parameter and stays as it is."""
+    out, pos = [], 0
+    for m in _FN.finditer(s):
+        if m.start() < pos:
+            continue
+        close = _matching(s, m.end() - 1, program)
+        shadowed = set(_PARAM.findall(s[m.end():close])) & set(types)
+        if not shadowed:
+            continue
+        body = s.index("{", close)
+        end = _matching(s, body, program) + 1
+        out.append(_rewrite(s[pos:m.start()], types, program))
+        inner = {k: v for k, v in types.items() if k not in shadowed}
+        out.append(_rewrite(s[m.start():end], inner, program) if inner else s[m.start():end])
+        pos = end
+    out.append(_rewrite(s[pos:], types, program))
+    return "".join(out)
 
 
 def _rewrite(s: str, types: dict[str, str], program: str) -> str:

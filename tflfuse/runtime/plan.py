@@ -23,7 +23,8 @@ from .profile import SUSTAINED_REPS, gpu_time_plan, pass_gpu_us, profile_plan, w
 __all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "PRECISIONS", "check_supported", "lower"]
 
 #: The plan-level precisions: ``"float32"`` (the default) and ``"float16"`` (float tensors stored as IEEE
-#: binary16 on the GPU, arithmetic in f32: :mod:`tflfuse.kernels.half`; needs the ``shader-f16`` feature).
+#: binary16 on the GPU, arithmetic in f32 but the matrix products' f16 multiply-adds: :mod:`tflfuse.kernels.half`;
+#: needs the ``shader-f16`` feature).
 PRECISIONS = ("float32", "float16")
 
 
@@ -37,7 +38,8 @@ class ExecutionPlan:
       preserve_all_tensors: give every tensor its own buffer, so that intermediates can be read.
       precision: one of :data:`PRECISIONS`. ``"float16"`` stores every float32 tensor (inputs, outputs,
         intermediates, weights) as float16 on the GPU: :meth:`write` rounds float32 values to float16 and
-        :meth:`read` returns float32 again. int32 tensors, scratch buffers and the arithmetic stay 32-bit.
+        :meth:`read` returns float32 again. int32 tensors, scratch buffers and the arithmetic stay 32-bit,
+        except the tiled matrix products' slices (f16 multiply-adds, f32 across the depth).
     Raises:
       ValueError: an unknown ``precision``, or ``"float16"`` on a device without the ``shader-f16`` feature.
       KernelError: a tensor is larger than the device's max storage binding.

@@ -1,0 +1,163 @@
+"""The tiled matrix product in float32, float16 storage and float16 math, over MobileNetV2's 1x1 products.
+
+    python benchmarks/sweep_gemm_f16.py --batches=32 --out=gemm_f16.json [--limit=N] [--tiles=...]
+
+For each distinct product ``[rows, depth] x [depth, cols]`` of MobileNetV2 (224x224, alpha 1) with at least
+2**17 outputs, the GPU time (timestamp queries around --reps runs back to back in one compute pass, median of
+--repeats passes, after --warm_ms of the same work untimed) of ``y = x @ w + b`` as the library builds it
+(:func:`tflfuse.kernels.gemm.product_program`, its tile from :func:`~tflfuse.kernels.gemm.matmul_tile` or
+each of --tiles) in three forms:
+
+- ``f32``: the float32 plan's program;
+- ``f16_storage``: the same program with its tensors stored as f16 and its arithmetic in f32 (the float16
+  plan before f16 math: :func:`tflfuse.kernels.half.half_storage` on the program's float32 source);
+- ``f16_math``: what the float16 plan runs, f16 workgroup memory and multiply-adds, f32 across the depth.
+
+Each output is checked first: ``f32`` against float64 NumPy within 1e-4 of the output's scale, the f16 forms
+against float64 on the f16-rounded operands within ``(gamma(2 tk, 2**-11) + 2**-9) max(|x| @ |w| + |b|)``
+(tests/half_math.py derives the bound). Prints TFLOP/s and the share of the f32 and f16 FMA peaks measured in
+the same run (benchmarks/peaks.py). Needs no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import tflfuse  # noqa: E402
+from tflfuse.kernels.base import Binding, Program  # noqa: E402
+from tflfuse.kernels.gemm import MatmulTile, matmul_tile, product_program  # noqa: E402
+from tflfuse.kernels.half import half_storage  # noqa: E402
+from tflfuse.runtime.plan import pass_gpu_us  # noqa: E402
+
+from chain import products  # noqa: E402
+from peaks import measure_peaks, recorder  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("batches", ["32"], "Batch sizes.")
+flags.DEFINE_string("out", None, "JSON file for the results.")
+flags.DEFINE_integer("repeats", 7, "Timed passes per form and tile.")
+flags.DEFINE_integer("reps", 30, "Runs back to back per timed pass.")
+flags.DEFINE_integer("limit", 0, "Products to run (0: all), e.g. 1 on the software adapter.")
+flags.DEFINE_integer("max_rows", 0, "Cap on the rows of each product (0: none), to keep a software-adapter run "
+                                    "short; the GPU run leaves it at 0.")
+flags.DEFINE_float("warm_ms", 300.0, "GPU milliseconds run untimed before each form's timed passes.")
+flags.DEFINE_list("tiles", [], "Tiles to try besides matmul_tile's choice: TMxTN/RMxRN/TK.")
+
+FORMS = ("f32", "f16_storage", "f16_math")
+
+
+def gamma(n: int, u: float) -> float:
+    return n * u / (1 - n * u)
+
+
+def programs(rows: int, depth: int, cols: int, tile: MatmulTile) -> dict[str, Program]:
+    """The three forms of ``y = x @ w + b`` (module docstring), bound x, w, b, y."""
+    binds = (Binding("x", ("input", 0), "read", "f32", rows * depth * 4),
+             Binding("w", ("input", 1), "read", "f32", depth * cols * 4),
+             Binding("b", ("input", 2), "read", "f32", cols * 4),
+             Binding("y", ("output", 0), "read_write", "f32", rows * cols * 4))
+    f32 = product_program("gemm", binds, rows, depth, cols, "x", "w", "y", "y[idx] = acc + b[col];", tile=tile)
+    plain = Program(**{f.name: getattr(f32, f.name) for f in dataclasses.fields(Program)})   # no f16 math form
+    return {"f32": f32, "f16_storage": half_storage(plain), "f16_math": half_storage(f32)}
+
+
+def _bytes(a: np.ndarray, half: bool) -> bytes:
+    if not half:
+        return a.astype(np.float32).tobytes()
+    h = a.astype(np.float16).ravel()
+    return (np.concatenate([h, np.zeros(1, np.float16)]) if h.size % 2 else h).tobytes()
+
+
+def run_form(device, prog: Program, arrays, rows: int, cols: int):
+    """(GPU microseconds, output as float64) of ``prog`` over ``arrays`` (x, w, b)."""
+    half = "f16" in prog.bindings[-1].elem_type
+    bufs = [device.create_buffer(len(_bytes(a, half)), data=_bytes(a, half)) for a in arrays]
+    out = device.create_buffer(prog.bindings[-1].size)
+    record = recorder(device, prog, bufs + [out])
+    # The GPU clocks down while the CPU computes the references: keep it busy for about --warm_ms first
+    # (a short pass after an idle moment measured up to 5x slower on the H200).
+    first = pass_gpu_us(device, record, 1, reps=FLAGS.reps)
+    pass_gpu_us(device, record, min(1000, int(FLAGS.warm_ms * 1e3 / (first * FLAGS.reps)) + 1), reps=FLAGS.reps)
+    us = pass_gpu_us(device, record, FLAGS.repeats, reps=FLAGS.reps)
+    raw = device.device.queue.read_buffer(out, 0, prog.bindings[-1].size)
+    y = np.frombuffer(raw, np.float16 if half else np.float32)[:rows * cols]
+    return us, y.astype(np.float64)
+
+
+def main(argv):
+    device = tflfuse.Device()
+    print(f"adapter: {device.describe()}", flush=True)
+    if "shader-f16" not in device.features:
+        print("the adapter has no shader-f16: nothing to compare", flush=True)
+        return 1
+    peaks = measure_peaks(device)
+    print(f"peaks: f32 FMA {peaks['f32_tflops']:.2f} TFLOP/s, f16 FMA {peaks['f16_tflops']:.2f} TFLOP/s "
+          f"({peaks['f16_note']}), copy {peaks['copy_gb_per_s']:.0f} GB/s", flush=True)
+    rng = np.random.default_rng(0)
+    results = {"adapter": device.describe(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "peaks": peaks, "products": []}
+    totals = dict.fromkeys(FORMS, 0.0)
+    shapes = [(min(r, FLAGS.max_rows) if FLAGS.max_rows else r, d, c)
+              for n in map(int, FLAGS.batches) for r, d, c in products(n) if r * c >= (1 << 17)]
+    shapes = list(dict.fromkeys(shapes))[:FLAGS.limit or None]
+    for rows, depth, cols in shapes:
+        x = rng.standard_normal((rows, depth)).astype(np.float32)
+        w = (rng.standard_normal((depth, cols)) / np.sqrt(depth)).astype(np.float32)
+        b = rng.standard_normal(cols).astype(np.float32)
+        want32 = x.astype(np.float64) @ w + b
+        x16, w16, b16 = (a.astype(np.float16).astype(np.float64) for a in (x, w, b))
+        want16 = x16 @ w16 + b16
+        scale = float((np.abs(x16) @ np.abs(w16) + np.abs(b16)).max())
+        flop = 2 * rows * depth * cols
+        default = matmul_tile(rows, depth, cols)
+        tiles = list(dict.fromkeys([default] + [MatmulTile.parse(t) for t in FLAGS.tiles]))
+        row = {"rows": rows, "depth": depth, "cols": cols,
+               "default": f"{default.tm}x{default.tn}/{default.rm}x{default.rn}/{default.tk}", "us": {}}
+        for tile in tiles:
+            name = f"{tile.tm}x{tile.tn}/{tile.rm}x{tile.rn}/{tile.tk}"
+            for form, prog in programs(rows, depth, cols, tile).items():
+                us, y = run_form(device, prog, (x, w, b), rows, cols)
+                if form == "f32":
+                    err, tol = float(np.abs(y - want32.ravel()).max()), 1e-4 * max(1.0, float(np.abs(want32).max()))
+                else:
+                    err = float(np.abs(y - want16.ravel()).max())
+                    tol = (gamma(2 * tile.tk, 2.0 ** -11) + 2.0 ** -9) * scale + 2 * depth * 2.0 ** -14
+                if not err <= tol:
+                    print(f"  WRONG {form} {name} {rows}x{depth}x{cols}: max error {err:.3g} > {tol:.3g}", flush=True)
+                    continue
+                row["us"][f"{form} {name}"] = us
+        for form in FORMS:
+            mine = [v for k, v in row["us"].items() if k.split()[0] == form]
+            if mine:
+                totals[form] += min(mine)
+        parts = []
+        for form in FORMS:
+            mine = {k: v for k, v in row["us"].items() if k.split()[0] == form}
+            if not mine:
+                continue
+            best = min(mine, key=mine.get)
+            tflops = flop / mine[best] / 1e6
+            peak = peaks["f32_tflops"] if form == "f32" else peaks["f16_tflops"]
+            parts.append(f"{form} {mine[best]:.1f} us ({best.split()[1]}, {tflops:.3g} TFLOP/s, "
+                         f"{100 * tflops / peak:.0f}% of its peak)")
+        print(f"{rows}x{depth}x{cols} (default tile {row['default']}): " + "; ".join(parts), flush=True)
+        results["products"].append(row)
+    print("totals (us, best tile per product): " + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()), flush=True)
+    results["totals"] = totals
+    if FLAGS.out:
+        Path(FLAGS.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,47 @@
+"""The error bound of a float16 plan's matrix products (:func:`tflfuse.kernels.gemm.tiled_matmul_program`'s
+f16 form): workgroup memory and multiply-adds in f16, each ``tk``-deep slice's partial sums added into f32
+accumulators once per slice, the output rounded once to f16 at the store.
+
+For ``C = A @ B + bias`` with ``S = |A| @ |B| + |bias|`` (float64 NumPy, elementwise), one output obeys
+
+    |got - C| <= gamma(2 tk, 2**-11) S + gamma(depth + 2, 2**-24) S + 2 depth 2**-14 + 2**-10 max(|got|, |C|, 2**-14)
+
+- ``gamma(n, u) = n u / (1 - n u)``, the classic bound of a sum of products that went through ``n`` roundings
+  of unit roundoff ``u`` each (Higham, *Accuracy and Stability of Numerical Algorithms*, 3.1): within a slice
+  each of the ``tk`` f16 steps may round twice (WGSL's ``fma`` inherits the accuracy of ``x * y + z``), with
+  f16's unit roundoff ``2**-11``;
+- the f32 sum across the ``depth / tk`` slices, the bias and the conversions: fewer than ``depth + 2`` f32
+  roundings;
+- ``2 depth 2**-14``: WGSL lets f16 subnormals (below ``2**-14``) be flushed to zero, up to ``2**-14`` lost by
+  each of the two roundings of each of the ``depth`` steps;
+- ``2**-10 max(...)``: one f16 ulp at the store (WGSL lets a conversion to f16 round to either neighbour).
+
+Where ``A`` is rounded to f16 only as it is staged (a float32 scratch operand), add one f16 ulp of each of its
+values: ``2**-10 S``. With tk = 16 (the deepest slice of :data:`tflfuse.kernels.gemm.TILES`) the first term is
+about 1.6% of ``S``: the price of f16 math, against ``depth 2**-24`` of ``S`` for the float32 plan's sums.
+"""
+
+import numpy as np
+
+from tflfuse.kernels.gemm import TILES
+
+#: The deepest slice of any tile: the bound for a product whose tile is the plan's choice.
+MAX_TK = max(t.tk for t in TILES.values())
+
+
+def gamma(n: int, u: float) -> float:
+    return n * u / (1 - n * u)
+
+
+def half(a: np.ndarray) -> np.ndarray:
+    """``a`` rounded to float16 (round to nearest even, NumPy), as float32."""
+    return a.astype(np.float16).astype(np.float32)
+
+
+def product_bound(s: np.ndarray, got: np.ndarray, want: np.ndarray, depth: int, tk: int = MAX_TK,
+                  staged_a: bool = False) -> np.ndarray:
+    """The module docstring's bound on ``|got - want|``, elementwise: ``s = |A| @ |B| + |bias|``, ``want`` the
+    float64 product (through a 1-Lipschitz activation, which keeps the bound)."""
+    rel = gamma(2 * tk, 2.0 ** -11) + gamma(depth + 2, 2.0 ** -24) + (2.0 ** -10 if staged_a else 0.0)
+    mag = np.maximum(np.maximum(np.abs(got), np.abs(want)), 2.0 ** -14)
+    return rel * s + 2 * depth * 2.0 ** -14 + 2.0 ** -10 * mag
