@@ -22,7 +22,7 @@ import numpy as np
 
 from ...model import Quantization
 from ..base import Kernel, TensorSpec
-from ..conv import conv_output_size, window_body
+from ..conv import _Conv, window_body
 from ..elementwise import broadcast_index
 from ..registry import register
 from ..shape_ops import Dequantize
@@ -271,20 +271,11 @@ class _QuantizedWindow(_Accumulating):
                      "dilation_w_factor": 1, "fused_activation_function": "NONE", "depth_multiplier": 1}
 
     def _geometry(self, kh: int, kw: int) -> dict:
+        """The float convolutions' window geometry (:class:`tflfuse.kernels.conv._Conv`), on an NHWC input."""
         x = self.input(0)
         if len(x.shape) != 4:
             raise self.fail(f"input must be NHWC, got shape {list(x.shape)}")
-        n, h, w, _ = x.shape
-        sh, sw = int(self.attr("stride_h")), int(self.attr("stride_w"))
-        dh, dw = int(self.attr("dilation_h_factor")), int(self.attr("dilation_w_factor"))
-        if min(sh, sw, dh, dw) < 1:
-            raise self.fail(f"strides and dilations must be >= 1, got stride ({sh}, {sw}) dilation ({dh}, {dw})")
-        pad = str(self.attr("padding"))
-        if pad not in ("SAME", "VALID"):
-            raise self.fail(f"padding must be SAME or VALID, got {pad!r}")
-        oh, pt = conv_output_size(h, kh, sh, dh, pad)
-        ow, pl = conv_output_size(w, kw, sw, dw, pad)
-        return dict(N=n, H=h, W=w, OH=oh, OW=ow, SH=sh, SW=sw, DH=dh, DW=dw, PT=pt, PL=pl, KH=kh, KW=kw)
+        return _Conv._geometry(self, kh, kw)
 
     def output_specs(self):
         g = self.g
