@@ -55,7 +55,6 @@ import resource
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 from typing import Callable
 
@@ -262,12 +261,6 @@ def _unfused_baseline(conversion: tuple) -> Prepared:
 
 
 # ---- c. MediaPipe ------------------------------------------------------------------------------------------
-#: The two models of the wheel that tflfuse.zoo does not list (member path, input shape).
-EXTRA_MEDIAPIPE = {
-    "face_detection_full_range_sparse": ("mediapipe/modules/face_detection/face_detection_full_range_sparse.tflite",
-                                         (1, 192, 192, 3)),
-    "pose_detection": ("mediapipe/modules/pose_detection/pose_detection.tflite", (1, 224, 224, 3)),
-}
 #: Models fed [-1, 1] by their MediaPipe graphs; the others [0, 1]. Both runtimes see the same input.
 SIGNED_INPUT = {"face_detection_short_range", "face_detection_full_range_sparse", "pose_detection", "hand_recrop"}
 
@@ -275,25 +268,13 @@ SIGNED_INPUT = {"face_detection_short_range", "face_detection_full_range_sparse"
 def _mediapipe_names() -> list[str]:
     from tflfuse import zoo
 
-    return sorted([*zoo.BENCHMARK_MODELS, *zoo.OTHER_MODELS, *EXTRA_MEDIAPIPE])
+    return sorted(zoo.ALL_MODELS)
 
 
 def _mediapipe_file(name: str) -> tuple[bytes, tuple[int, ...]]:
     from tflfuse import zoo
 
-    if name not in EXTRA_MEDIAPIPE:
-        model = {**zoo.BENCHMARK_MODELS, **zoo.OTHER_MODELS}[name]
-        return zoo.fetch(name).read_bytes(), model.input_shape
-    member, shape = EXTRA_MEDIAPIPE[name]
-    path = zoo.default_cache_dir() / f"{name}.tflite"
-    if not path.is_file():
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="tflfuse-wheel-") as tmp:
-            wheel = Path(FLAGS.mediapipe_wheel) if FLAGS.mediapipe_wheel else zoo._download_wheel(Path(tmp))
-            with zipfile.ZipFile(wheel) as zf:
-                zoo._atomic_write(path, zf.read(member))
-    return path.read_bytes(), shape
+    return zoo.fetch(name).read_bytes(), zoo.ALL_MODELS[name].input_shape
 
 
 def _mediapipe(name: str) -> Prepared:
@@ -610,7 +591,6 @@ def _child(case: Case, results: Path) -> dict:
     cmd = [sys.executable, __file__, f"--worker={case.group}/{case.name}", f"--results={results}"]
     cmd += [] if FLAGS["verbosity"].using_default_value else [f"--verbosity={FLAGS.verbosity}"]
     cmd += [f"--adapter={FLAGS.adapter}"] if FLAGS.adapter else []
-    cmd += [f"--mediapipe_wheel={FLAGS.mediapipe_wheel}"] if FLAGS.mediapipe_wheel else []
     cmd += [f"--ssd_model={p}" for p in FLAGS.ssd_model]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
@@ -682,8 +662,6 @@ if __name__ == "__main__":
     flags.DEFINE_string("adapter", None, "WebGPU adapter name substring.")
     flags.DEFINE_float("budget_s", None, "Stop measuring after this many seconds; the models left are recorded as "
                        "not measured (a later --resume measures them).")
-    flags.DEFINE_string("mediapipe_wheel", None, "A local mediapipe==0.10.14 wheel for the two models tflfuse.zoo "
-                        "does not list (default: pip downloads it).")
     flags.DEFINE_multi_string("ssd_model", [], "An SSD-style .tflite ending in TFLite_Detection_PostProcess.")
     flags.DEFINE_string("worker", None, "internal: measure this one case (group/name) in this process, appending its "
                         "row to --results")

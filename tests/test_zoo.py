@@ -15,8 +15,8 @@ from tflfuse import zoo
 
 @pytest.fixture(scope="module")
 def real_models():
-    """Every zoo model, fetched for real (one wheel download on a fresh machine, then the cache)."""
-    return {name: zoo.fetch(name) for name in zoo.MODELS}
+    """Every model of the wheel, fetched for real (one wheel download on a fresh machine, then the cache)."""
+    return {name: zoo.fetch(name) for name in zoo.ALL_MODELS}
 
 
 def _fake_wheel(path: Path, sources: dict, corrupt: str | None = None) -> Path:
@@ -27,7 +27,7 @@ def _fake_wheel(path: Path, sources: dict, corrupt: str | None = None) -> Path:
             data = Path(src).read_bytes()
             if name == corrupt:
                 data = data[:-1] + bytes([data[-1] ^ 1])
-            zf.writestr(zoo.MODELS[name].member, data)
+            zf.writestr(zoo.ALL_MODELS[name].member, data)
     return path
 
 
@@ -59,7 +59,7 @@ def _sha256(path) -> str:
 def test_real_fetch_matches_recorded_sha256(real_models):
     for name, path in real_models.items():
         assert path.name == f"{name}.tflite"
-        assert _sha256(path) == zoo.MODELS[name].sha256, name
+        assert _sha256(path) == zoo.ALL_MODELS[name].sha256, name
         assert path.read_bytes()[4:8] == b"TFL3", name  # the flatbuffer file identifier of a .tflite
 
 
@@ -68,7 +68,7 @@ def test_models_declare_their_real_input_shapes(real_models):
 
     for name, path in real_models.items():
         (inp,) = Interpreter(model_path=str(path)).get_input_details()
-        assert tuple(inp["shape"]) == zoo.MODELS[name].input_shape, name
+        assert tuple(inp["shape"]) == zoo.ALL_MODELS[name].input_shape, name
         assert inp["dtype"] == np.float32, name
 
 
@@ -79,8 +79,8 @@ def test_fetch_downloads_once_then_uses_cache(tmp_path, monkeypatch, fake_downlo
     assert path == cache / "face_detection_short_range.tflite"
     assert _sha256(path) == zoo.MODELS["face_detection_short_range"].sha256
     assert len(calls) == 1
-    # One download extracted every model; nothing but .tflite files was written.
-    assert sorted(p.name for p in cache.iterdir()) == sorted(f"{n}.tflite" for n in zoo.MODELS)
+    # One download extracted every model of the wheel; nothing but .tflite files was written.
+    assert sorted(p.name for p in cache.iterdir()) == sorted(f"{n}.tflite" for n in zoo.ALL_MODELS)
 
     def no_download(dest):
         raise AssertionError("fetch downloaded although the model is cached")

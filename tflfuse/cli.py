@@ -486,11 +486,18 @@ _COMMANDS = {"demo": cmd_demo, "convert": cmd_convert, "run": cmd_run, "ops": cm
 def _quiet_tensorflow() -> None:
     """Sets ``TF_CPP_MIN_LOG_LEVEL`` (unless the user set it) before anything loads TensorFlow: its C++ logs
     (the CPU-feature banner, the converter's and the SavedModel loader's INFO and WARNING lines) follow
-    ``--verbosity`` (absl's levels: 0 INFO, -1 WARNING, -2 ERROR), and are errors only by default."""
+    ``--verbosity`` (absl's levels: 0 INFO, -1 WARNING, -2 ERROR), and are errors only by default.
+
+    Where INFO lines are hidden this way, ``TF_ENABLE_ONEDNN_OPTS=0`` is set too (unless the user set it):
+    TensorFlow 2.21 turns its oneDNN kernels on by itself on CPUs with AVX512_VNNI, AVX_VNNI or AMX and then
+    logs a banner saying so, whatever ``TF_CPP_MIN_LOG_LEVEL`` says. With it off, TensorFlow computes with
+    the same kernels on every x86 CPU, so a conversion does not depend on the CPU's instruction set either."""
     if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
         return
     level = FLAGS["verbosity"].value if FLAGS["verbosity"].present else -2
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = str(min(3, max(0, -level)))
+    if level < 0:
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
 def _stdout_closed() -> int:

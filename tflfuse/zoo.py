@@ -2,9 +2,8 @@
 
 The models are MediaPipe's own files with their real weights. They are not committed to this repository:
 :func:`fetch` downloads the PyPI wheel ``mediapipe==0.10.14`` (its CPython 3.11 manylinux x86_64 build, a
-zip file, whatever the platform running this), extracts only the ``mediapipe/modules/**.tflite`` files listed
-in :data:`MODELS` (or :data:`BENCHMARK_MODELS`), checks each against its recorded SHA-256 and keeps them in a
-cache directory. MediaPipe itself is never installed or imported.
+zip file, whatever the platform running this), extracts only its 14 ``mediapipe/modules/**.tflite`` files
+(:data:`ALL_MODELS`), checks each against its recorded SHA-256 and keeps them in a cache directory. MediaPipe itself is never installed or imported.
 
 :func:`sample_photo` gives a real photo (``skimage.data.astronaut()`` has a face, ``chelsea()`` a cat) at a
 model's input size, scaled to [-1, 1].
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from absl import logging
 
-__all__ = ["MODELS", "BENCHMARK_MODELS", "OTHER_MODELS", "ZooModel", "fetch", "default_cache_dir", "sample_photo",
+__all__ = ["MODELS", "BENCHMARK_MODELS", "OTHER_MODELS", "ALL_MODELS", "ZooModel", "fetch", "default_cache_dir", "sample_photo",
            "WHEEL_REQUIREMENT"]
 
 #: The one package release the models come from. Changing it means re-recording every SHA-256 below.
@@ -119,18 +118,25 @@ BENCHMARK_MODELS: dict[str, ZooModel] = {**MODELS, **_zoo(
 )}
 
 
-#: Models of the same wheel that :func:`fetch` knows but nothing times: face_landmark_with_attention, whose
-#: MediaPipe custom ops (Landmarks2TransformMatrix, TransformTensorBilinear, TransformLandmarks) stock LiteRT
-#: cannot run; tflfuse has kernels for them (:mod:`tflfuse.kernels.mediapipe_ops`).
+#: The wheel's other three models, which :func:`fetch` knows but the GPU benchmark does not time, since LiteRT's
+#: WebGPU accelerator does not run them fully: face_detection_full_range_sparse and pose_detection (DENSIFY:
+#: sparse weights, which tflfuse densifies at load) and face_landmark_with_attention, whose MediaPipe custom ops
+#: (Landmarks2TransformMatrix, TransformTensorBilinear, TransformLandmarks) stock LiteRT cannot run; tflfuse has
+#: kernels for them (:mod:`tflfuse.kernels.mediapipe_ops`).
 OTHER_MODELS: dict[str, ZooModel] = _zoo(
+    ZooModel("face_detection_full_range_sparse",
+             "mediapipe/modules/face_detection/face_detection_full_range_sparse.tflite", (1, 192, 192, 3),
+             "2c3728e6da56f21e21a320433396fb06d40d9088f2247c05e5635a688d45dfe1"),
     ZooModel("face_landmark_with_attention",
              "mediapipe/modules/face_landmark/face_landmark_with_attention.tflite", (1, 192, 192, 3),
              "e06a804e0144f9929eda782122916b35d60c697c3c9344013ca2bbe76a6ce2b4"),
+    ZooModel("pose_detection",
+             "mediapipe/modules/pose_detection/pose_detection.tflite", (1, 224, 224, 3),
+             "9ba9dd3d42efaaba86b4ff0122b06f29c4122e756b329d89dca1e297fd8f866c"),
 )
 
-
-def _known() -> dict[str, ZooModel]:
-    return {**BENCHMARK_MODELS, **OTHER_MODELS}
+#: Every model of the wheel (14): :data:`BENCHMARK_MODELS` and :data:`OTHER_MODELS`.
+ALL_MODELS: dict[str, ZooModel] = {**BENCHMARK_MODELS, **OTHER_MODELS}
 
 
 def default_cache_dir() -> Path:
@@ -148,7 +154,7 @@ def _lookup(name: str) -> ZooModel:
     if not isinstance(name, str):
         raise TypeError(f"name must be a str such as 'face_detection_short_range', got {type(name).__name__}")
     key = name[: -len(".tflite")] if name.endswith(".tflite") else name
-    known = _known()
+    known = ALL_MODELS
     if key not in known:
         raise ValueError(f"name={name!r} is not a known model; known: {', '.join(sorted(known))}")
     return known[key]
@@ -232,16 +238,13 @@ def fetch(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """Returns the local path of a zoo model, downloading it on first use.
 
     The first call downloads the ``mediapipe==0.10.14`` wheel once (about 36 MB) with
-    ``python -m pip download`` into a temporary directory, extracts every model of :data:`MODELS` that the
-    cache lacks (of :data:`BENCHMARK_MODELS` for one of the benchmark's extra models, of every known model for
-    one of :data:`OTHER_MODELS`; each
-    checked against its SHA-256, each written atomically) and deletes the wheel. Later calls find the file in
+    ``python -m pip download`` into a temporary directory, extracts every model of :data:`ALL_MODELS` that the
+    cache lacks (each checked against its SHA-256, each written atomically) and deletes the wheel. Later calls find the file in
     the cache and touch neither pip nor the network.
 
     Args:
-        name: a key of :data:`BENCHMARK_MODELS` (which holds :data:`MODELS`) or :data:`OTHER_MODELS`, with
-            or without ``.tflite``,
-            e.g. ``"face_detection_short_range"``.
+        name: a key of :data:`ALL_MODELS` (the wheel's 14 models), with or without ``.tflite``, e.g.
+            ``"face_detection_short_range"``.
         cache_dir: the directory to keep the .tflite files in; default :func:`default_cache_dir`
             (``$TFLFUSE_CACHE`` or ``~/.cache/tflfuse/models``). Created if missing.
 
@@ -265,8 +268,7 @@ def fetch(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
         logging.debug("Zoo model %s found in cache %s", model.name, cache)
         return path
     cache.mkdir(parents=True, exist_ok=True)
-    pool = MODELS if model.name in MODELS else BENCHMARK_MODELS if model.name in BENCHMARK_MODELS else _known()
-    missing = [m for m in pool.values() if not (cache / m.filename).is_file()]
+    missing = [m for m in ALL_MODELS.values() if not (cache / m.filename).is_file()]
     with tempfile.TemporaryDirectory(prefix="tflfuse-wheel-") as tmp:
         wheel = _download_wheel(Path(tmp))
         _extract(wheel, cache, missing)
