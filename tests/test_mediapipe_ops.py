@@ -195,6 +195,32 @@ def test_transform_landmarks(device, rng, shape, attrs, dims):
         np.testing.assert_array_equal(out.reshape(-1, 3)[:, 2], p.reshape(-1, 3)[:, 2])
 
 
+# Landmarks2TransformMatrix's atan2, cos and sin (kernels.mediapipe_ops._TRIG: adds, multiplies and divisions
+# only, so that every adapter computes them alike) against float64 NumPy. atan2: within 4 float32 ULP of the
+# result (the polynomial's 2e-7 relative, a division's 2.5 ULP, the reductions' roundings; measured 2.1 ULP),
+# signed zeros and quadrants exactly as C's; cos and sin: within 2 ULP of 1.0 (2.4e-7) for |r| <= 4 pi (measured
+# 1.2e-7), where Vulkan allows its built-ins 2**-11.
+def test_portable_atan2_cos_sin(device):
+    from test_quant_arith import _run
+
+    from tflfuse.kernels.mediapipe_ops import _TRIG
+
+    rng = np.random.default_rng(0)
+    scale = 10.0 ** rng.integers(-6, 4, (2, 4000))
+    y = np.concatenate([rng.standard_normal(4000) * scale[0], [0.0, -0.0, 0.0, -0.0, 1, -1, 1, -1, 3, 0]])
+    x = np.concatenate([rng.standard_normal(4000) * scale[1], [0.0, 0.0, -0.0, -0.0, 1, 1, -1, -1, 0, -2]])
+    y, x = y.astype(np.float32), x.astype(np.float32)
+    got = _run(device, "  y[idx] = mp_atan2(a[idx], b[idx]);", [y, x], np.float32, _TRIG).astype(np.float64)
+    want = np.arctan2(y.astype(np.float64), x.astype(np.float64))
+    ulp = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+    assert (np.abs(got - want) <= 4 * ulp).all(), np.abs(got - want).max()
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    r = np.concatenate([rng.uniform(-4 * np.pi, 4 * np.pi, 8000), np.arange(-16, 17) * np.pi / 4]).astype(np.float32)
+    for part, fn in ((".x", np.cos), (".y", np.sin)):
+        got = _run(device, f"  y[idx] = mp_cos_sin(a[idx]){part};", [r], np.float32, _TRIG)
+        np.testing.assert_allclose(got, fn(r.astype(np.float64)), rtol=0, atol=2.4e-7, err_msg=part)
+
+
 def test_transform_landmarks_decodes_flexbuffer_options():
     raw = bytes(flexbuffers.Dumps({"dimensions": 2, "scale": 0.5}))
     assert kernel_class("TransformLandmarks").decode_custom_options(_flexbuffer_map(raw)) == \

@@ -46,13 +46,14 @@ def mul(x, m, shift, up=False):
     return div_pot(hm, right)
 
 
-def _run(device, body: str, ins: list[np.ndarray], out_dtype=np.int32) -> np.ndarray:
-    """Runs ``body`` once per element of the (equal-length) inputs a, b, c; ``y[idx]`` is the result."""
+def _run(device, body: str, ins: list[np.ndarray], out_dtype=np.int32, helpers: str = WGSL) -> np.ndarray:
+    """Runs ``body`` once per element of the (equal-length) inputs a, b, c, after the WGSL functions
+    ``helpers``; ``y[idx]`` is the result."""
     n = len(ins[0])
     types = ["f32" if a.dtype == np.float32 else "i32" for a in ins]
     binds = tuple(Binding(nm, ("input", i), "read", tp, 4 * n) for i, (nm, tp) in enumerate(zip("abc", types)))
     binds += (Binding("y", ("output", 0), "read_write", "f32" if out_dtype == np.float32 else "i32", 4 * n),)
-    prog = Program("arith", prelude(binds) + WGSL + linear_main(64, n, body), (64, 1, 1), linear_dispatch(n, 64),
+    prog = Program("arith", prelude(binds) + helpers + linear_main(64, n, body), (64, 1, 1), linear_dispatch(n, 64),
                    binds)
     dev = device.device
     bufs = [device.create_buffer(4 * n, data=np.ascontiguousarray(a).tobytes()) for a in ins]

@@ -128,12 +128,13 @@ class Landmarks2TransformMatrix(Kernel):
     def programs(self):
         n = len(self.subset)
         idxs = ", ".join(f"{v}u" for v in self.subset)
-        helpers = f"var<private> subset: array<u32, {n}> = array<u32, {n}>({idxs});\n"
+        helpers = f"var<private> subset: array<u32, {n}> = array<u32, {n}>({idxs});\n" + _TRIG
         body = f"""  let dx = lm[{3 * self.right}u] - lm[{3 * self.left}u];
   let dy = lm[{3 * self.right + 1}u] - lm[{3 * self.left + 1}u];
-  let r = {fmt_f32(self.target)} - atan2(dy, dx);
-  let c = cos(r);
-  let s = sin(r);
+  let r = {fmt_f32(self.target)} - mp_atan2(dy, dx);
+  let cs = mp_cos_sin(r);
+  let c = cs.x;
+  let s = cs.y;
   var lo = vec2<f32>(0.0, 0.0);
   var hi = vec2<f32>(0.0, 0.0);
   for (var i = 0u; i < {n}u; i += 1u) {{
@@ -162,6 +163,49 @@ class Landmarks2TransformMatrix(Kernel):
   y[8] = 0.0; y[9] = 0.0; y[10] = 1.0; y[11] = 0.0;
   y[12] = 0.0; y[13] = 0.0; y[14] = 0.0; y[15] = 1.0;"""
         return [elementwise_program(self.key, self.io_bindings(["lm", "y"]), 1, body, helpers, loop_trips=n)]
+
+
+#: atan2, cos and sin in WGSL from adds, multiplies and divisions only. Vulkan holds the built-ins to an
+#: absolute error of 2**-11 (sin, cos on [-pi, pi]) and 4096 ULP (atan2) only, and implementations use that
+#: freedom: SwiftShader's rotated the attention crops of face_landmark_with_attention by enough to move its
+#: landmarks by 3e-4 of their range against llvmpipe's. These are the classic single-precision forms (the
+#: Cephes library's atanf, sinf and cosf): atan on [0, tan(pi/8)] after the reductions atan(t) = pi/4 +
+#: atan((t - 1) / (t + 1)) and atan(t) = pi/2 - atan(1/t), and sin and cos on [-pi/4, pi/4] after subtracting
+#: the nearest multiple of pi/2 in three parts (Cody and Waite); each polynomial is within 2e-7 relative on
+#: its interval, so the results are within a few float32 ULP on any conforming adapter. atan2's quadrants and
+#: signed zeros are C's (atan2(0, 0) = 0).
+_TRIG = """fn mp_atan_reduced(t: f32) -> f32 {
+  let z = t * t;
+  return (((0.0805374449538 * z - 0.138776856032) * z + 0.199777106478) * z - 0.333329491539) * z * t + t;
+}
+fn mp_atan2(y: f32, x: f32) -> f32 {
+  let ax = abs(x);
+  let ay = abs(y);
+  let big = max(ax, ay);
+  let t = select(min(ax, ay) / big, 0.0, big == 0.0);
+  var a = 0.0;
+  if (t > 0.41421356237) {
+    a = 0.78539816339 + mp_atan_reduced((t - 1.0) / (t + 1.0));
+  } else {
+    a = mp_atan_reduced(t);
+  }
+  if (ay > ax) { a = 1.57079632679 - a; }
+  if (x < 0.0 || (x == 0.0 && (bitcast<u32>(x) >> 31u) == 1u)) { a = 3.14159265359 - a; }
+  return select(a, -a, (bitcast<u32>(y) >> 31u) == 1u);
+}
+fn mp_cos_sin(r: f32) -> vec2<f32> {
+  let q = round(r * 0.636619772368);
+  let y = ((r - q * 1.5703125) - q * 4.837512969970703125e-4) - q * 7.54978995489188216e-8;
+  let z = y * y;
+  let sp = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 0.16666654611) * z * y + y;
+  let cp = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0;
+  let k = i32(q) & 3;
+  if (k == 0) { return vec2<f32>(cp, sp); }
+  if (k == 1) { return vec2<f32>(-sp, cp); }
+  if (k == 2) { return vec2<f32>(-cp, -sp); }
+  return vec2<f32>(sp, -cp);
+}
+"""
 
 
 @register("TransformTensorBilinear")
