@@ -178,9 +178,9 @@ _TRIG = """fn mp_atan_reduced(t: f32) -> f32 {
   let z = t * t;
   return (((0.0805374449538 * z - 0.138776856032) * z + 0.199777106478) * z - 0.333329491539) * z * t + t;
 }
-fn mp_atan2(y: f32, x: f32) -> f32 {
-  let ax = abs(x);
-  let ay = abs(y);
+fn mp_atan2(sy: f32, sx: f32) -> f32 {
+  let ax = abs(sx);
+  let ay = abs(sy);
   let big = max(ax, ay);
   let t = select(min(ax, ay) / big, 0.0, big == 0.0);
   var a = 0.0;
@@ -190,14 +190,14 @@ fn mp_atan2(y: f32, x: f32) -> f32 {
     a = mp_atan_reduced(t);
   }
   if (ay > ax) { a = 1.57079632679 - a; }
-  if (x < 0.0 || (x == 0.0 && (bitcast<u32>(x) >> 31u) == 1u)) { a = 3.14159265359 - a; }
-  return select(a, -a, (bitcast<u32>(y) >> 31u) == 1u);
+  if (sx < 0.0 || (sx == 0.0 && (bitcast<u32>(sx) >> 31u) == 1u)) { a = 3.14159265359 - a; }
+  return select(a, -a, (bitcast<u32>(sy) >> 31u) == 1u);
 }
 fn mp_cos_sin(r: f32) -> vec2<f32> {
   let q = round(r * 0.636619772368);
-  let y = ((r - q * 1.5703125) - q * 4.837512969970703125e-4) - q * 7.54978995489188216e-8;
-  let z = y * y;
-  let sp = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 0.16666654611) * z * y + y;
+  let u = ((r - q * 1.5703125) - q * 4.837512969970703125e-4) - q * 7.54978995489188216e-8;
+  let z = u * u;
+  let sp = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 0.16666654611) * z * u + u;
   let cp = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0;
   let k = i32(q) & 3;
   if (k == 0) { return vec2<f32>(cp, sp); }

@@ -2,8 +2,12 @@
 
 The plan is derived from a :class:`~tflfuse.model.Model` subgraph and never edited by hand. Building it
 has two halves: :func:`~tflfuse.runtime.lower.lower` (no GPU: kernel lookup, shape inference, load-time
-constant folding; re-exported here) and :class:`ExecutionPlan` (GPU: weight upload, reused buffers, pipelines
-and bind groups, built once).
+constant folding; re-exported here) and :class:`ExecutionPlan`. The plan first lays itself out as data, without
+the GPU: buffer records (size, kind, the constant a weights buffer holds), each tensor's buffer, and per dispatch
+its bindings (buffer, offset, size) and uniform bytes. Those are the records
+:func:`~tflfuse.runtime.serialize.serialize_plan` writes for ``tflfuse.js``; the plan then makes its GPU buffers
+and bind groups from them (:func:`make_bind_group`, which :class:`tflfuse.web.executor.PlanDataExecutor` uses on
+the serialised data too), so that the Python and browser runtimes execute the same data.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from .lower import (_DTYPE_NAMES, MAX_FOLDED_ELEMENTS, LoweredGraph, LoweredOp, 
                     _narrow_int64, check_supported, held, lower)
 from .profile import SUSTAINED_REPS, gpu_time_plan, pass_gpu_us, profile_plan, wall_seconds  # noqa: F401 (re-exported)
 
-__all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "PRECISIONS", "check_supported", "lower"]
+__all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "PRECISIONS", "check_supported", "lower", "make_bind_group"]
 
 #: The plan-level precisions: ``"float32"`` (the default) and ``"float16"`` (float tensors stored as IEEE
 #: binary16 on the GPU, arithmetic in f32 but the matrix products' f16 multiply-adds: :mod:`tflfuse.kernels.half`;
@@ -72,10 +76,10 @@ class ExecutionPlan:
         graph, device = self.graph, self.device
         self.steps: list[tuple[Program, object, object]] = []   # (program, pipeline, bind group)
         self.step_ops: list[LoweredOp] = []                      # the op of each step
+        self.dispatches: list[dict] = []                         # each step as data (_dispatch_record)
         for op in graph.ops:
             if op.kernel.view:
                 continue
-            scratch = self._scratch.get(op.index, [])
             for prog in op.kernel.programs():
                 if self._half:
                     prog = half_storage(prog)
@@ -91,7 +95,9 @@ class ExecutionPlan:
                     raise ShaderCompileError(
                         f"{op.name} (operator {op.index} of subgraph {graph.subgraph}, program {prog.name}, "
                         f"input shapes {[list(s.shape) if s else None for s in op.kernel.inputs]}): {e}") from e
-                self.steps.append((prog, pipeline, self._bind_group(op, prog, scratch)))
+                rec = self._dispatch_record(op, prog)
+                self.dispatches.append(rec)
+                self.steps.append((prog, pipeline, make_bind_group(device, pipeline, rec, self.gpu_buffers)))
                 self.step_ops.append(op)
         self._record = _pass_recorder(self.steps)
         # Outputs (the smallest first, up to _STAGING_LIMIT bytes in all) are copied to mappable buffers by each
@@ -128,26 +134,51 @@ class ExecutionPlan:
         spec = self.graph.specs[t]
         return half_binding_size(spec.size) if self._is_half(t) else spec.nbytes
 
+    def constant_data(self, t: int) -> bytes:
+        """Constant ``t`` exactly as its buffer holds it: float32 (float16 in a float16 plan), int32 (bool, int8 and
+        uint8 one per i32) or its own integer dtype, zero-padded to its buffer record's size."""
+        value = self.graph.consts[t]
+        data = np.ascontiguousarray(value, dtype=np.float32 if value.dtype.kind == "f" else
+                                    np.int32 if value.dtype.kind == "b" or value.dtype.itemsize == 1
+                                    else value.dtype)   # bool, int8, uint8: one per i32
+        raw = (_half_bytes(data) if self._is_half(t) else data).tobytes()
+        return raw + b"\0" * (_padded(len(raw)) - len(raw))
+
     def _alloc(self) -> None:
+        """Assigns buffers to tensors without the GPU (:attr:`buffer_records`, :attr:`tensor_buffer`,
+        :attr:`scratch_buffers`: the records :func:`~tflfuse.runtime.serialize.serialize_plan` writes), then
+        makes one GPU buffer per record, the weights filled."""
         g, dev = self.graph, self.device
         limit = dev.max_storage_binding
+        #: ``{id, size, kind, label}`` per buffer (``size`` in bytes, a multiple of 16; ``kind`` "weights" (with
+        #: ``tensor``, the constant it holds), "io" (an input's or output's own) or "work" (reused)).
+        self.buffer_records: list[dict] = []
+        self.tensor_buffer: dict[int, int] = {}    # tensor -> its buffer record's id (runtime tensors and weights)
+        self.scratch_buffers: dict[int, list[int]] = {}   # op index -> its scratch buffers' ids
+
+        def record(size: int, kind: str, label: str, **extra) -> int:
+            self.buffer_records.append({"id": len(self.buffer_records), "size": _padded(size), "kind": kind,
+                                        "label": label, **extra})
+            return len(self.buffer_records) - 1
+
         gpu_read = {t for op in g.ops for pos, t in enumerate(op.inputs)
                     if t >= 0 and pos not in op.kernel.static_inputs}
         for t, value in g.consts.items():
             if t in gpu_read:
-                data = np.ascontiguousarray(value, dtype=np.float32 if value.dtype.kind == "f" else
-                                            np.int32 if value.dtype.kind == "b" or value.dtype.itemsize == 1
-                                            else value.dtype)   # bool, int8, uint8: one per i32
-                if self._is_half(t):
-                    data = _half_bytes(data)
-                if data.nbytes > limit:
-                    raise KernelError(f"constant {g.describe(t)} {list(data.shape)} is {data.nbytes} bytes, over "
+                if value.dtype.kind == "f":
+                    nbytes = half_binding_size(value.size) if self._is_half(t) else value.size * 4
+                else:   # bool, int8, uint8: one per i32
+                    nbytes = value.size * (4 if value.dtype.kind == "b" or value.dtype.itemsize == 1
+                                           else value.dtype.itemsize)
+                if nbytes > limit:
+                    raise KernelError(f"constant {g.describe(t)} {list(value.shape)} is {nbytes} bytes, over "
                                       f"the device's max storage binding of {limit} bytes")
-                self.buffers[t] = dev.create_buffer(data.nbytes, data=data.tobytes(), label=f"const{t}")
-                self.constant_bytes += data.nbytes
+                self.tensor_buffer[t] = record(nbytes, "weights", f"const{t}", tensor=int(t))
+                self.constant_bytes += nbytes
         # Lifetimes over storage roots: first op writing, last op reading; inputs/outputs are pinned.
         keep = list(g.specs) if self.preserve_all_tensors else g.inputs + g.outputs + g.crossing
         pinned = {g.storage_root(t) for t in keep if t in g.specs}
+        io = {g.storage_root(t) for t in g.inputs + g.outputs if t in g.specs}
         last_use: dict[int, int] = {}
         first_def: dict[int, int] = {}
         for pos, op in enumerate(g.ops):
@@ -158,24 +189,22 @@ class ExecutionPlan:
                 r = g.storage_root(t)
                 first_def.setdefault(r, pos)
                 last_use[r] = max(last_use.get(r, pos), pos)
-        free: list[tuple[int, object]] = []
-        self._scratch: dict[int, list] = {}
+        free: list[int] = []
 
-        def take(size: int, label: str):
+        def take(size: int, label: str) -> int:
             if size > limit:
                 raise KernelError(f"{label} needs {size} bytes, over the device's max storage binding "
                                   f"of {limit} bytes")
-            fits = [(s, b) for s, b in free if s >= size]
+            fits = [i for i in free if self.buffer_records[i]["size"] >= size]
             if fits:
-                best = min(fits, key=lambda sb: sb[0])
+                best = min(fits, key=lambda i: self.buffer_records[i]["size"])
                 free.remove(best)
                 return best
             self.buffer_count += 1
-            size16 = max(16, -(-size // 16) * 16)
-            self.activation_bytes += size16
-            return size16, dev.create_buffer(size16, label=label)
+            self.activation_bytes += _padded(size)
+            return record(size, "work", label)
 
-        roots: dict[int, tuple[int, object]] = {}
+        roots: dict[int, int] = {}
         for r in sorted(pinned):
             nbytes = self.storage_nbytes(r)
             if nbytes > limit:
@@ -183,14 +212,14 @@ class ExecutionPlan:
                                   f"over the device's max storage binding of {limit} bytes")
             self.buffer_count += 1
             self.activation_bytes += nbytes
-            roots[r] = (0, dev.create_buffer(nbytes, label=f"io{r}"))
+            roots[r] = record(nbytes, "io" if r in io else "work", f"io{r}")
         for pos, op in enumerate(g.ops):
             for t in op.outputs:
                 r = g.storage_root(t)
                 if r not in roots:
                     roots[r] = take(self.storage_nbytes(r), f"{g.describe(t)} {list(g.specs[r].shape)}")
             scratch = [take(n, f"scratch of op {op.index}") for n in op.kernel.scratch_sizes()]
-            self._scratch[op.index] = [b for _, b in scratch]
+            self.scratch_buffers[op.index] = scratch
             free.extend(scratch)
             for r, last in list(last_use.items()):
                 if last == pos and r not in pinned and r in roots:
@@ -198,28 +227,34 @@ class ExecutionPlan:
         for t in g.specs:
             r = g.storage_root(t)
             if r in roots:
-                self.buffers[t] = roots[r][1]
+                self.tensor_buffer[t] = roots[r]
+        # The GPU buffers, one per record.
+        self.gpu_buffers = [dev.create_buffer(rec["size"], label=rec["label"],
+                                              data=self.constant_data(rec["tensor"]) if rec["kind"] == "weights"
+                                              else None)
+                            for rec in self.buffer_records]
+        self.buffers = {t: self.gpu_buffers[i] for t, i in self.tensor_buffer.items()}
 
-    def _bind_group(self, op: LoweredOp, prog: Program, scratch: list):
-        entries = []
+    def _dispatch_record(self, op: LoweredOp, prog: Program) -> dict:
+        """One dispatch as data (the record :func:`~tflfuse.runtime.serialize.serialize_plan` writes, less the
+        shader's file): its storage bindings' buffer ids and sizes, and its uniform bytes."""
+        binds = []
         for i, b in enumerate(prog.bindings):
             kind, k = b.role
             t = op.inputs[k] if kind == "input" else op.outputs[k] if kind == "output" else None
-            buf = scratch[k] if kind == "scratch" else self.buffers[t]
             if t is not None and self._half and ("f16" in b.elem_type) != self._is_half(t):
                 raise KernelError(f"{op.name} (operator {op.index}, program {prog.name}): binding {b.name!r} "
                                   f"declares {b.elem_type} for {self.graph.describe(t)}, stored as "
                                   f"{'f16' if self._is_half(t) else self._dtype_name(t)}")
+            buf = self.scratch_buffers[op.index][k] if kind == "scratch" else self.tensor_buffer[t]
             # A zero-size binding is invalid (wgpu-native aborts on it): an empty tensor binds its 16-byte
             # buffer, which the shader never reads (its invocations all return at once).
-            entries.append({"binding": i, "resource": {"buffer": buf, "offset": 0, "size": max(b.size, 16)}})
-        if prog.uniforms:
-            data = prog.uniform_bytes()
-            ubuf = self.device.create_buffer(len(data), data=data, uniform=True, label=f"{prog.name} params")
-            entries.append({"binding": len(prog.bindings), "resource": {"buffer": ubuf, "offset": 0,
-                                                                        "size": len(data)}})
-        pipeline = self.device.pipeline(prog)
-        return self.device.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+            binds.append({"binding": i, "buffer": buf, "offset": 0, "size": max(int(b.size), 16)})
+        uniform = {"binding": len(prog.bindings), "bytes": prog.uniform_bytes().hex()} if prog.uniforms else None
+        return {"op": op.name, "operator": int(op.index), "program": prog.name, "entry_point": prog.entry_point,
+                "workgroup_size": [int(v) for v in prog.workgroup_size],
+                "dispatch": [int(v) for v in (tuple(prog.dispatch) + (1, 1))[:3]], "bindings": binds,
+                "uniform": uniform}
 
     def memory_report(self) -> dict:
         """Bytes of GPU memory the plan holds, beside what one buffer per tensor would take.
@@ -325,6 +360,26 @@ class ExecutionPlan:
 
 
 _STAGING_LIMIT = 64 << 20
+
+
+def _padded(nbytes: int) -> int:
+    """A buffer's size for ``nbytes`` of values: a multiple of 16, at least 16 (as Device.create_buffer)."""
+    return max(16, -(-nbytes // 16) * 16)
+
+
+def make_bind_group(device, pipeline, dispatch: Mapping, buffers: Sequence):
+    """The bind group of a dispatch record (``bindings``: ``{binding, buffer, offset, size}`` with ``buffer`` an
+    index into ``buffers``; ``uniform``: ``{binding, bytes}`` (hex) or None, put in a uniform buffer of its own),
+    for ``pipeline``'s group 0. Both :class:`ExecutionPlan` and :class:`tflfuse.web.executor.PlanDataExecutor`
+    bind their dispatches this way."""
+    entries = [{"binding": b["binding"], "resource": {"buffer": buffers[b["buffer"]], "offset": b["offset"],
+                                                      "size": b["size"]}} for b in dispatch["bindings"]]
+    uniform = dispatch.get("uniform")
+    if uniform is not None:
+        data = bytes.fromhex(uniform["bytes"])
+        ubuf = device.create_buffer(len(data), data=data, uniform=True, label=f"{dispatch['program']} params")
+        entries.append({"binding": uniform["binding"], "resource": {"buffer": ubuf, "offset": 0, "size": len(data)}})
+    return device.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
 
 
 def _half_bytes(values: np.ndarray) -> np.ndarray:

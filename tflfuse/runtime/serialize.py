@@ -117,9 +117,10 @@ def _storage(plan, t: int) -> str:
 
 
 def serialize_plan(plan, signatures: Mapping[str, Mapping] | None = None) -> SerializedPlan:
-    """Serialises a built :class:`~tflfuse.runtime.plan.ExecutionPlan` (see the module's docstring).
-
-    The constants are read back from their GPU buffers, so ``weights`` holds exactly the bytes the kernels read.
+    """Serialises a built :class:`~tflfuse.runtime.plan.ExecutionPlan` (see the module's docstring): the plan's
+    own buffer and dispatch records (from which it made its GPU buffers and bind groups), the constants as their
+    buffers hold them (:meth:`~tflfuse.runtime.plan.ExecutionPlan.constant_data`) and the WGSL of its programs.
+    Nothing is read from the GPU.
 
     Args:
       plan: the plan, built on a live device, of a graph without CPU fallback segments.
@@ -134,38 +135,24 @@ def serialize_plan(plan, signatures: Mapping[str, Mapping] | None = None) -> Ser
     graph = plan.graph
     if graph.segments:
         raise ValueError(f"the plan has CPU fallback segments ({len(graph.segments)}); only GPU plans serialise")
-    device = plan.device
-    scratch = getattr(plan, "_scratch")   # op index -> its scratch buffers (ExecutionPlan has no public name)
-    buffer_ids: dict[int, int] = {}
-    buffers: list[dict] = []
+    # The plan's own records (ExecutionPlan lays its buffers and dispatches out as data before it makes GPU
+    # objects from them); the weights are the constants as their buffers hold them.
+    buffers = [{k: v for k, v in rec.items() if k != "tensor"} for rec in plan.buffer_records]
     weights = bytearray()
+    for rec, entry in zip(plan.buffer_records, buffers):
+        if rec["kind"] == "weights":
+            entry["weights_offset"] = len(weights)
+            weights.extend(plan.constant_data(rec["tensor"]))
 
-    def buffer_id(buf, kind: str, tensor: int | None = None) -> int:
-        key = id(buf)
-        if key not in buffer_ids:
-            entry = {"id": len(buffers), "size": int(buf.size), "kind": kind, "label": str(buf.label or "")}
-            if kind == "weights":
-                with device.guard("serialising the weights"):
-                    data = bytes(device.device.queue.read_buffer(buf))
-                entry["weights_offset"] = len(weights)
-                weights.extend(data)
-            buffer_ids[key] = entry["id"]
-            buffers.append(entry)
-        return buffer_ids[key]
-
-    pinned = {graph.storage_root(t) for t in graph.inputs + graph.outputs}
     tensors: dict[int, dict] = {}
-    for t in sorted(plan.buffers):
-        buf = plan.buffers[t]
-        const = t in graph.consts and t not in graph.specs
-        kind = "weights" if const else "io" if graph.storage_root(t) in pinned else "work"
+    for t in sorted(plan.tensor_buffer):
         shape = graph.specs[t].shape if t in graph.specs else graph.consts[t].shape
         storage = _storage(plan, t)
         size = int(np.prod(shape, dtype=np.int64))
         nbytes = plan.storage_nbytes(t) if t in graph.specs else half_binding_size(size) if storage == "f16" \
             else size * 4
         tensors[t] = {"index": int(t), "name": graph.names.get(t, f"tensor_{t}"), "shape": [int(d) for d in shape],
-                      "dtype": _dtype_name(plan, t), "storage": storage, "buffer": buffer_id(buf, kind),
+                      "dtype": _dtype_name(plan, t), "storage": storage, "buffer": plan.tensor_buffer[t],
                       "nbytes": int(nbytes)}
     for t in graph.outputs:
         if t not in tensors:
@@ -179,37 +166,26 @@ def serialize_plan(plan, signatures: Mapping[str, Mapping] | None = None) -> Ser
               "maxComputeWorkgroupsPerDimension": 1, "maxStorageBuffersPerShaderStage": 0,
               "maxComputeInvocationsPerWorkgroup": 1, "maxComputeWorkgroupSizeX": 1, "maxComputeWorkgroupSizeY": 1,
               "maxComputeWorkgroupSizeZ": 1, "maxUniformBufferBindingSize": 0}
-    for (prog, _, _), op in zip(plan.steps, plan.step_ops):
+    for (prog, _, _), rec in zip(plan.steps, plan.dispatches):
         if prog.cache_key not in shader_files:
             name = _shader_name(len(shaders), prog.name)
             shader_files[prog.cache_key] = name
             shaders[name] = prog.source
-        binds = []
-        for i, b in enumerate(prog.bindings):
-            kind, k = b.role
-            if kind == "scratch":
-                buf = scratch[op.index][k]
-            else:
-                buf = plan.buffers[op.inputs[k] if kind == "input" else op.outputs[k]]
-            size = max(int(b.size), 16)   # as ExecutionPlan: an empty tensor binds 16 bytes it never reads
-            binds.append({"binding": i, "buffer": buffer_id(buf, "work"), "offset": 0, "size": size})
-            limits["maxStorageBufferBindingSize"] = max(limits["maxStorageBufferBindingSize"], size)
-        uniform = None
-        if prog.uniforms:
-            data = prog.uniform_bytes()
-            uniform = {"binding": len(prog.bindings), "bytes": data.hex()}
-            limits["maxUniformBufferBindingSize"] = max(limits["maxUniformBufferBindingSize"], len(data))
-        wg = [int(v) for v in prog.workgroup_size]
-        grid = [int(v) for v in (tuple(prog.dispatch) + (1, 1))[:3]]
+        binds, uniform, wg, grid = rec["bindings"], rec["uniform"], rec["workgroup_size"], rec["dispatch"]
+        for b in binds:
+            limits["maxStorageBufferBindingSize"] = max(limits["maxStorageBufferBindingSize"], b["size"])
+        if uniform is not None:
+            limits["maxUniformBufferBindingSize"] = max(limits["maxUniformBufferBindingSize"],
+                                                        len(uniform["bytes"]) // 2)
         limits["maxComputeWorkgroupsPerDimension"] = max(limits["maxComputeWorkgroupsPerDimension"], *grid)
         limits["maxStorageBuffersPerShaderStage"] = max(limits["maxStorageBuffersPerShaderStage"], len(binds))
         limits["maxComputeInvocationsPerWorkgroup"] = max(limits["maxComputeInvocationsPerWorkgroup"],
                                                           wg[0] * wg[1] * wg[2])
         for axis, v in zip("XYZ", wg):
             limits[f"maxComputeWorkgroupSize{axis}"] = max(limits[f"maxComputeWorkgroupSize{axis}"], v)
-        dispatches.append({"op": op.name, "operator": int(op.index), "program": prog.name,
+        dispatches.append({"op": rec["op"], "operator": rec["operator"], "program": rec["program"],
                            "shader": list(shaders).index(shader_files[prog.cache_key]),
-                           "entry_point": prog.entry_point, "workgroup_size": wg, "dispatch": grid,
+                           "entry_point": rec["entry_point"], "workgroup_size": wg, "dispatch": grid,
                            "bindings": binds, "uniform": uniform})
 
     by_index = {t: tensors[t]["name"] for t in tensors}

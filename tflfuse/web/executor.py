@@ -11,6 +11,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..runtime.plan import make_bind_group
 from ..runtime.serialize import SerializedPlan
 
 __all__ = ["PlanDataExecutor"]
@@ -50,23 +51,13 @@ class PlanDataExecutor:
         modules = [gpu.create_shader_module(code=data.shaders[name], label=name) for name in self.plan["shaders"]]
         pipelines: dict[tuple[int, str], object] = {}
         self._steps = []
-        self._uniforms = []   # the uniform buffers, held as long as their bind groups
         for d in self.plan["dispatches"]:
             key = (d["shader"], d["entry_point"])
             if key not in pipelines:
                 pipelines[key] = gpu.create_compute_pipeline(
                     layout="auto", compute={"module": modules[d["shader"]], "entry_point": d["entry_point"]})
             pipeline = pipelines[key]
-            entries = [{"binding": b["binding"], "resource": {"buffer": self._buffers[b["buffer"]],
-                                                               "offset": b["offset"], "size": b["size"]}}
-                       for b in d["bindings"]]
-            if d["uniform"] is not None:
-                raw = bytes.fromhex(d["uniform"]["bytes"])
-                ubuf = gpu.create_buffer_with_data(data=raw, usage=wgpu.BufferUsage.UNIFORM)
-                self._uniforms.append(ubuf)
-                entries.append({"binding": d["uniform"]["binding"],
-                                "resource": {"buffer": ubuf, "offset": 0, "size": len(raw)}})
-            group = gpu.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+            group = make_bind_group(device, pipeline, d, self._buffers)   # as ExecutionPlan binds its records
             self._steps.append((pipeline, group, d["dispatch"]))
 
     def _upload(self, spec: Mapping, value) -> None:
