@@ -94,6 +94,21 @@ def prepare(folder: Path, fused_files: bool = False) -> None:
         result = tflfuse.convert(model, annotations=annotate, quantization="float16")
         (folder / f"mobilenet_v2_{tag}.tflite").write_bytes(result.tflite)
         print(f"mobilenet_v2 {tag}: {sum(result.report.op_counts.values())} ops")
+    # Full-integer int8 files (float input and output, QUANTIZE/DEQUANTIZE at the edges), calibrated on seeded
+    # inputs: MobileNetV2 of composites without annotations (its float twin is mobilenet_v2_unfused) and, as a
+    # MediaPipe-style net (hard_swish, squeeze-excite), MobileNetV3Small with its float twin.
+    def calibration():
+        rng = np.random.default_rng(0)
+        for _ in range(8):
+            yield [rng.uniform(-1, 1, (1, 224, 224, 3)).astype(np.float32)]
+
+    v3 = composites.mobilenet_v3_small(input_shape=(224, 224, 3), seed=0, batch_size=1)
+    for stem, net, quantization in (("mobilenet_v2_int8", model, "int8"), ("mobilenet_v3_small_int8", v3, "int8"),
+                                    ("mobilenet_v3_small_float", v3, "float16")):
+        result = tflfuse.convert(net, annotations=False, quantization=quantization,
+                                 representative_dataset=calibration if quantization == "int8" else None)
+        (folder / f"{stem}.tflite").write_bytes(result.tflite)
+        print(f"{stem}: {sum(result.report.op_counts.values())} ops")
     for name in zoo.BENCHMARK_MODELS:
         original = zoo.fetch(name).read_bytes()
         (folder / f"{name}_unfused.tflite").write_bytes(original)
@@ -235,7 +250,8 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
                                                reps=1 if device.is_software else SUSTAINED_REPS) / 1e3
     fns: dict = {}
     _timed(fns, "tflfuse", run_gpu, run_gpu_n)
-    if FLAGS.f16 and "shader-f16" in device.features:   # the same file with precision="float16"
+    quantized = path.stem.endswith("_int8")   # no float16 run: its tensors are int8 (held one per i32)
+    if FLAGS.f16 and "shader-f16" in device.features and not quantized:   # the same file, precision="float16"
         half = tflfuse.Interpreter(model_path=path, device=device, precision="float16")
         _allocate(half, batch)
         for d, x in zip(half.get_input_details(), xs):
@@ -538,6 +554,7 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
         lines += ["", "Ops on the CPU fallback (LiteRT's CPU interpreter inside tflfuse's invoke): "
                   + ("; ".join(fell) if fell else f"none, in all {len(counted)} rows") + "."]
     lines += _f16_lines(rows, by_name)
+    lines += _int8_lines(rows, by_name)
     lines += _torch_lines(rows)
     bandwidth = [r for r in rows if r.get("bottleneck_gb_per_s")]
     if bandwidth and peaks.get("copy_gb_per_s"):
@@ -609,6 +626,39 @@ def _f16_lines(rows: list[dict], by_name: dict) -> list[str]:
         lines += ["", f"Real models in float16: tflfuse / LiteRT WebGPU, geometric mean over {len(ratios)} models: "
                       f"latency {_geomean(ratios):.2f}x"
                       + (f", throughput {_geomean(thr_ratios):.2f}x" if thr_ratios else "") + "."]
+    return lines
+
+
+def _int8_lines(rows: list[dict], by_name: dict) -> list[str]:
+    """The int8 table: each full-integer file (``NAME_int8``) beside tflfuse on its float twin (``NAME_unfused``
+    or ``NAME_float``, the same net) and LiteRT WebGPU on the same int8 file."""
+    quant = [r for r in rows if r["model"].endswith("_int8") and r.get("tflfuse_ms")]
+    if not quant:
+        return []
+    lines = ["", "int8 (full-integer files, float input and output: TFLite's integer arithmetic in tflfuse's int8 "
+                 "kernels, values held one per i32 on the GPU, so the roofline's bytes count 4 per int8 value), "
+                 "beside tflfuse on the float twin of the same net and LiteRT WebGPU on the same int8 file (which "
+                 "dequantizes to float). Errors: max |x - LiteRT CPU (XNNPACK)| on the first output, in "
+                 "probability units.", "",
+             "| model | batch | dispatches | int8 ms | int8 thr. ms | int8 GPU ms | float twin ms, thr., GPU | "
+             "int8 / float (latency, thr., GPU) | LiteRT WebGPU ms, thr. | int8 / LiteRT WebGPU (latency, thr.) | "
+             "max abs err | CPU-fallback ops |",
+             "|---|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|"]
+    for r in quant:
+        base = r["model"][: -len("_int8")]
+        twin = by_name.get((f"{base}_unfused", r["batch"])) or by_name.get((f"{base}_float", r["batch"])) or {}
+        vs_float = ", ".join(x for x in (_ratio(r["tflfuse_ms"], twin.get("tflfuse_ms")),
+                                         _ratio(r.get("tflfuse_thr_ms"), twin.get("tflfuse_thr_ms")),
+                                         _ratio(r.get("gpu_one_pass_ms"), twin.get("gpu_one_pass_ms"))) if x)
+        lg, lg_thr = r.get("litert_gpu_ms"), r.get("litert_gpu_thr_ms")
+        vs_lite = ", ".join(x for x in (_ratio(r["tflfuse_ms"], lg), _ratio(r.get("tflfuse_thr_ms"), lg_thr)) if x)
+        lite = f"{_ms(lg)}, {_ms(lg_thr)}" if lg else r.get("litert_gpu_note", "")
+        err = r.get("max_abs_err_vs_litert")
+        twin_ms = (", ".join(_ms(twin.get(k)) for k in ("tflfuse_ms", "tflfuse_thr_ms", "gpu_one_pass_ms"))
+                   if twin else "")
+        lines.append(f"| {r['model']} | {r['batch']} | {r['dispatches']} | {_ms(r['tflfuse_ms'])} | "
+                     f"{_ms(r.get('tflfuse_thr_ms'))} | {_ms(r.get('gpu_one_pass_ms'))} | {twin_ms} | {vs_float} | "
+                     f"{lite} | {vs_lite} | {'' if err is None else f'{err:.2e}'} | {r['cpu_fallback_ops']} |")
     return lines
 
 

@@ -215,3 +215,24 @@ def test_product_table_gives_each_shape_against_the_fma_peak_and_its_roofline(be
     assert "| 10 x 100 x 10 | 1 | 1.0 | 0.0 | 0.2% | 0.84% |" in text
     # all: 80.02 MFLOP in 41 us (1.95 TFLOP/s, 20%); bounds 4 + 4 + 0.0084 us against 41 us: 20%
     assert "| all | 3 | 41 in all | 2.0 | 20% | 20% |" in text
+
+
+def test_int8_table_sets_each_int8_file_beside_its_float_twin_and_litert(bench, tmp_path):
+    rows = [{"model": "mobilenet_v2_int8", "batch": 1, "ops": 70, "dispatches": 66, "tflfuse_ms": 0.9,
+             "tflfuse_thr_ms": 0.6, "gpu_one_pass_ms": 0.5, "litert_gpu_ms": 1.8, "litert_gpu_thr_ms": 0.3,
+             "max_abs_err_vs_litert": 3.9e-3, "cpu_fallback_ops": 0},
+            {"model": "mobilenet_v2_unfused", "batch": 1, "ops": 70, "dispatches": 65, "tflfuse_ms": 0.6,
+             "tflfuse_thr_ms": 0.4, "gpu_one_pass_ms": 0.25},
+            {"model": "mobilenet_v3_small_int8", "batch": 1, "ops": 90, "dispatches": 80, "tflfuse_ms": 0.5,
+             "litert_gpu_note": "LiteRT WebGPU: RuntimeError: no adapter", "cpu_fallback_ops": 1}]
+    meta = {"date": "2026-12-01 13:00 UTC", "adapter": "Test GPU [DiscreteGPU, Vulkan]", "driver": "1.0",
+            "versions": "tflfuse 0", "repeats": 10, "warmup": 2, "rounds": 2, "throughput_n": 100,
+            "throughput_repeats": 4, "peaks": {}}
+    out = tmp_path / "r.md"
+    bench.write_table(rows, meta, out)
+    text = out.read_text()
+    # int8 / float: 0.9 / 0.6, 0.6 / 0.4, 0.5 / 0.25; int8 / LiteRT WebGPU: 0.9 / 1.8, 0.6 / 0.3
+    assert ("| mobilenet_v2_int8 | 1 | 66 | 0.90 | 0.60 | 0.50 | 0.60, 0.40, 0.25 | 1.50x, 1.50x, 2.00x | "
+            "1.80, 0.30 | 0.50x, 2.00x | 3.90e-03 | 0 |") in text
+    # no float twin, no LiteRT WebGPU: the note instead
+    assert "| mobilenet_v3_small_int8 | 1 | 80 | 0.50 |" in text and "no adapter" in text.split("int8 (full")[1]

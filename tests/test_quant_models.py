@@ -5,7 +5,7 @@ representative dataset, run by tflfuse's int8 kernels on the GPU adapter and by 
 Tolerance: none. Every output element must equal LiteRT's, bit for bit: quantized outputs are integers computed
 with the same fixed-point arithmetic (tflfuse.kernels.quant.arith), and the one float output (DEQUANTIZE) is
 computed with LiteRT's own rounding of the same f32 operations. Each model also runs with cpu_fallback=False, so
-every op ran on the GPU. A sigmoid (LOGISTIC int8, no GPU kernel) falls back to LiteRT's CPU and still matches.
+every op ran on the GPU. A MINIMUM (int8, no GPU kernel) falls back to LiteRT's CPU and still matches.
 """
 
 import numpy as np
@@ -123,13 +123,13 @@ def test_matches_litert_bit_for_bit(files, device, name):
 
 def test_int8_op_without_kernel_falls_back(device):
     keras.utils.set_random_seed(SEED)
-    data = _single(lambda x: L.Dense(6, activation="sigmoid")(x), (3, 9))   # FULLY_CONNECTED, LOGISTIC int8
-    with pytest.raises(KernelError, match="LOGISTIC.*int8/uint8"):
+    data = _single(lambda x: L.Lambda(lambda v: tf.minimum(v, 0.5))(L.Dense(6)(x)), (3, 9))   # FULLY_CONNECTED, MINIMUM
+    with pytest.raises(KernelError, match="MINIMUM.*int8/uint8"):
         tflfuse.Interpreter(model_content=data, device=device, cpu_fallback=False).allocate_tensors()
     it = tflfuse.Interpreter(model_content=data, device=device)
     ref = LiteRT(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     ref.allocate_tensors()
     xs = _inputs(ref.get_input_details(), np.random.default_rng(1))
     got, want = _run(it, xs), _run(ref, xs)
-    assert [name for _, name, _ in it.fallback_ops] == ["LOGISTIC"]   # FULLY_CONNECTED stayed on the GPU
+    assert [name for _, name, _ in it.fallback_ops] == ["MINIMUM"]   # FULLY_CONNECTED stayed on the GPU
     np.testing.assert_array_equal(got[0], want[0])

@@ -1,10 +1,13 @@
 """int8/uint8 (quantized) ops: which kernel runs an op whose tensors are quantized.
 
 An op reading or writing an int8 or uint8 tensor is planned with :func:`quantized_kernel`, not with the float
-kernel registered under its name: a kernel of :mod:`tflfuse.kernels.quant.ops` where TFLite's integer
-arithmetic is needed; the registered kernel itself, on one-i32-per-element storage, for the ops that only move
-values (RESHAPE, TRANSPOSE, SLICE, GATHER...: TFLite copies their bytes); and otherwise a kernel that refuses
-the op, naming it, so that the op runs on LiteRT's CPU interpreter (the CPU fallback).
+kernel registered under its name: a kernel of :mod:`tflfuse.kernels.quant.ops` or
+:mod:`tflfuse.kernels.quant.activations` (LOGISTIC, TANH, HARD_SWISH, LEAKY_RELU, PRELU, RELU, RELU6,
+RELU_N1_TO_1, RELU_0_TO_1, MUL) or :mod:`tflfuse.kernels.quant.reduce_resize` (MEAN, SOFTMAX, CONCATENATION,
+RESIZE_BILINEAR, RESIZE_NEAREST_NEIGHBOR) where TFLite's integer arithmetic is needed; the registered kernel itself,
+on one-i32-per-element storage, for the ops that only move values (RESHAPE, TRANSPOSE, SLICE, GATHER...:
+TFLite copies their bytes); and otherwise a kernel that refuses the op, naming it, so that the op runs on
+LiteRT's CPU interpreter (the CPU fallback).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from functools import lru_cache
 
 from ..base import Kernel, TensorSpec
 from . import ops  # noqa: F401  (QUANTIZE registers itself)
+from . import activations
+from . import reduce_resize
 from .arith import activation_range, quantize_multiplier
 
 __all__ = ["MOVES", "activation_range", "quantized_kernel", "quantize_multiplier"]
@@ -27,15 +32,24 @@ _KERNELS: dict[str, type[Kernel]] = {
         "DEPTHWISE_CONV_2D": ops.QuantizedDepthwiseConv2D, "ADD": ops.QuantizedAdd, "SUB": ops.QuantizedAdd,
         "PAD": ops.QuantizedPad, "PADV2": ops.QuantizedPad, "MAX_POOL_2D": ops.QuantizedPool,
         "AVERAGE_POOL_2D": ops.QuantizedPool,
+        "LOGISTIC": activations.QuantizedLookupTable, "TANH": activations.QuantizedLookupTable,
+        "HARD_SWISH": activations.QuantizedHardSwish, "LEAKY_RELU": activations.QuantizedLeakyRelu,
+        "PRELU": activations.QuantizedPrelu, "RELU": activations.QuantizedRelu, "RELU6": activations.QuantizedRelu,
+        "RELU_N1_TO_1": activations.QuantizedRelu, "RELU_0_TO_1": activations.QuantizedRelu,
+        "MUL": activations.QuantizedMul,
+        "MEAN": reduce_resize.QuantizedMean, "SOFTMAX": reduce_resize.QuantizedSoftmax,
+        "CONCATENATION": reduce_resize.QuantizedConcatenation,
+        "RESIZE_BILINEAR": reduce_resize.QuantizedResizeBilinear,
+        "RESIZE_NEAREST_NEIGHBOR": reduce_resize.QuantizedResizeNearestNeighbor,
     }.items()}
 
-#: Ops whose TFLite kernels copy values unchanged (whatever the quantization, bar CONCATENATION and PACK,
-#: whose inputs must share the output's scale and zero point here): their registered kernels run as they are on
-#: int8/uint8 tensors held as i32.
+#: Ops whose TFLite kernels copy values unchanged (whatever the quantization, bar PACK, whose inputs must share
+#: the output's scale and zero point here): their registered kernels run as they are on int8/uint8 tensors held
+#: as i32. (CONCATENATION has a kernel of its own in ``_KERNELS``, which requantizes uint8 inputs as LiteRT does.)
 MOVES = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "SLICE", "STRIDED_SLICE", "GATHER", "SPLIT",
-                   "SPLIT_V", "PACK", "UNPACK", "CONCATENATION", "DEPTH_TO_SPACE", "SPACE_TO_DEPTH", "TILE",
-                   "BROADCAST_TO", "REVERSE_V2"})
-_SAME_PARAMS = frozenset({"CONCATENATION", "PACK"})
+                   "SPLIT_V", "PACK", "UNPACK", "DEPTH_TO_SPACE", "SPACE_TO_DEPTH", "TILE", "BROADCAST_TO",
+                   "REVERSE_V2"})
+_SAME_PARAMS = frozenset({"PACK"})
 
 
 def quantized_kernel(name: str, registered: type[Kernel] | None) -> type[Kernel]:
