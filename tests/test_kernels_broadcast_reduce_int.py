@@ -94,6 +94,26 @@ def test_broadcast_args_of_shapes_that_do_not_broadcast_is_refused_naming_the_op
 
 
 # ---- rank 8 (BROADCAST_TO's limit; the converter broadcasts higher ranks with BROADCAST_TO first) ----------------
+def test_broadcast_args_of_input_shapes_that_do_not_broadcast_raises_instead_of_falling_back(device):
+    # BROADCAST_TO(x, BROADCAST_ARGS(SHAPE(x), SHAPE(y))) with inputs resized to [4, 3] and [2, 1]: LiteRT's CPU
+    # kernel would abort the process on them, so the shapes are checked before anything falls back.
+    spec = [tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([2, None], tf.float32)]
+    fn = tf.function(lambda x, y: tf.broadcast_to(x, tf.broadcast_dynamic_shape(tf.shape(x), tf.shape(y))),
+                     input_signature=spec)
+    model = tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function()], fn).convert()
+    it = tflfuse.Interpreter(model_content=model, device=device)
+    a, b = it.get_input_details()
+    it.resize_tensor_input(a["index"], [4, 3])
+    it.resize_tensor_input(b["index"], [2, 1])
+    with pytest.raises(KernelError, match=r"BROADCAST_ARGS.*\[4, 3\] and \[2, 1\] do not broadcast"):
+        it.allocate_tensors()
+    it.resize_tensor_input(a["index"], [1, 3])   # shapes that broadcast run, as LiteRT runs them
+    it.allocate_tensors()
+    x, y = np.arange(3, dtype=np.float32).reshape(1, 3), np.ones((2, 1), np.float32)
+    (got,) = _invoke(it, [x, y])
+    np.testing.assert_array_equal(got, np.broadcast_to(x, (2, 3)))
+
+
 def test_rank8_where_add_floor_div_through_broadcast_to(device, rng):
     def fn(x, y):
         return [tf.where(x < y, x, y), x + y, tf.math.floordiv(x, y + 8.0)]

@@ -106,6 +106,29 @@ def test_landmarks_to_transform_matrix(device, rng, n, subset, target, scale):
     _check_matrix(device, lm, attrs)
 
 
+@pytest.mark.parametrize("target", [40.0, -1e6, 3e9])
+def test_landmarks_to_transform_matrix_with_a_large_target_angle(device, rng, target):
+    # the target reduced modulo 2 pi on the host: the float64 reference's matrix for any target size
+    lm = (rng.uniform(0, 192, (1, 7, 3))).astype(np.float32)
+    attrs = {"subset_idxs": [0, 1, 2, 3, 4, 5], "left_rotation_idx": 0, "right_rotation_idx": 6,
+             "target_rotation_radians": target, "output_height": 192, "output_width": 160,
+             "scale_x": 1.0, "scale_y": 1.0}
+    _check_matrix(device, lm, attrs)
+
+
+@pytest.mark.parametrize("where", [(0, 0), (3, 1), (6, 1)])   # the left point, a subset point, the right point
+def test_landmarks_to_transform_matrix_gives_nan_for_a_nan_landmark(device, rng, where):
+    lm = (rng.uniform(0, 192, (1, 7, 3))).astype(np.float32)
+    lm[0, where[0], where[1]] = np.nan
+    attrs = {"subset_idxs": [0, 1, 2, 3], "left_rotation_idx": 0, "right_rotation_idx": 6,
+             "target_rotation_radians": 0.0, "output_height": 192, "output_width": 160, "scale_x": 1.0,
+             "scale_y": 1.0}
+    (m,) = run_op(device, "Landmarks2TransformMatrix", [lm], attrs)
+    flat = m.reshape(16)
+    assert np.isnan(flat[[0, 1, 3, 4, 5, 7]]).all(), flat
+    np.testing.assert_array_equal(flat[[2, 6, 8, 9, 10, 11, 12, 13, 14, 15]], [0, 0, 0, 0, 1, 0, 0, 0, 0, 1])
+
+
 def test_landmarks_to_transform_matrix_decodes_flexbuffer_options():
     raw = bytes(flexbuffers.Dumps({"subset_idxs": [1, 2, 3], "left_rotation_idx": 0, "right_rotation_idx": 1,
                                    "target_rotation_radians": 0.5, "output_height": 8, "output_width": 6,

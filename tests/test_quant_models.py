@@ -64,6 +64,9 @@ MODELS = {
     "conv_1x1": lambda: _single(lambda x: L.Conv2D(16, 1)(x), (2, 12, 12, 8)),
     "depthwise_mult2_relu6": lambda: _single(
         lambda x: L.DepthwiseConv2D(3, depth_multiplier=2, padding="same", activation="relu6")(x), (2, 8, 7, 5)),
+    # depths 12 and 4: LiteRT rounds the channels past its 8-wide vector loop with the reference rounding
+    "depthwise_12": lambda: _single(lambda x: L.DepthwiseConv2D(3, padding="same")(x), (2, 16, 16, 12)),
+    "depthwise_4_dilated": lambda: _single(lambda x: L.DepthwiseConv2D(3, dilation_rate=2)(x), (2, 16, 16, 4)),
     "dense": lambda: _single(lambda x: L.Dense(33)(L.Flatten()(x)), (7, 4, 10)),
     "conv_add": lambda: _single(lambda x: L.Add()([L.Conv2D(7, 1)(x), L.Conv2D(7, 3, padding="same")(x)]),
                                 (2, 6, 5, 3)),
@@ -133,3 +136,12 @@ def test_int8_op_without_kernel_falls_back(device):
     got, want = _run(it, xs), _run(ref, xs)
     assert [name for _, name, _ in it.fallback_ops] == ["MINIMUM"]   # FULLY_CONNECTED stayed on the GPU
     np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_int8_input_and_output_are_refused_by_the_browser_export(files, device, tmp_path):
+    from tflfuse.web import export_web
+    from tflfuse.web.export import ExportError
+
+    with pytest.raises(ExportError, match="int8/uint8, which tflfuse.js cannot take"):
+        export_web(files["dense"], tmp_path / "dense", device=device, demo=False)
+    assert not (tmp_path / "dense" / "plan.json").exists()

@@ -121,6 +121,8 @@ class Landmarks2TransformMatrix(Kernel):
         if not (self.sx > 0 and self.sy > 0):
             raise self.fail(f"scale_x and scale_y must be positive, got {self.sx}, {self.sy}")
         self.target = float(self.attr("target_rotation_radians"))
+        if not math.isfinite(self.target):
+            raise self.fail(f"target_rotation_radians must be finite, got {self.target}")
 
     def output_specs(self):
         return (TensorSpec((1, 4, 4)),)
@@ -131,7 +133,8 @@ class Landmarks2TransformMatrix(Kernel):
         helpers = f"var<private> subset: array<u32, {n}> = array<u32, {n}>({idxs});\n" + _TRIG
         body = f"""  let dx = lm[{3 * self.right}u] - lm[{3 * self.left}u];
   let dy = lm[{3 * self.right + 1}u] - lm[{3 * self.left + 1}u];
-  let r = {fmt_f32(self.target)} - mp_atan2(dy, dx);
+  let r = {fmt_f32(math.remainder(self.target, 2.0 * math.pi))} - mp_atan2(dy, dx);
+  var bad = mp_is_nan(dx) || mp_is_nan(dy);
   let cs = mp_cos_sin(r);
   let c = cs.x;
   let s = cs.y;
@@ -141,6 +144,7 @@ class Landmarks2TransformMatrix(Kernel):
     let px = lm[subset[i] * 3u];
     let py = lm[subset[i] * 3u + 1u];
     let q = vec2<f32>(c * px - s * py, s * px + c * py);
+    bad = bad || mp_is_nan(px) || mp_is_nan(py);
     if (i == 0u) {{ lo = q; hi = q; }}
     lo = min(lo, q);
     hi = max(hi, q);
@@ -161,7 +165,10 @@ class Landmarks2TransformMatrix(Kernel):
   y[0] = m00; y[1] = m01; y[2] = 0.0; y[3] = cx - m00 * hx - m01 * hy;
   y[4] = m10; y[5] = m11; y[6] = 0.0; y[7] = cy - m10 * hx - m11 * hy;
   y[8] = 0.0; y[9] = 0.0; y[10] = 1.0; y[11] = 0.0;
-  y[12] = 0.0; y[13] = 0.0; y[14] = 0.0; y[15] = 1.0;"""
+  y[12] = 0.0; y[13] = 0.0; y[14] = 0.0; y[15] = 1.0;
+  if (bad) {{   // a NaN landmark: NaN wherever it reaches, on every adapter (WGSL's min and max may drop NaNs)
+    for (var k = 0u; k < 8u; k += 1u) {{ if (k != 2u && k != 6u) {{ y[k] = bitcast<f32>(0x7fc00000u); }} }}
+  }}"""
         return [elementwise_program(self.key, self.io_bindings(["lm", "y"]), 1, body, helpers, loop_trips=n)]
 
 
@@ -173,8 +180,13 @@ class Landmarks2TransformMatrix(Kernel):
 #: atan((t - 1) / (t + 1)) and atan(t) = pi/2 - atan(1/t), and sin and cos on [-pi/4, pi/4] after subtracting
 #: the nearest multiple of pi/2 in three parts (Cody and Waite); each polynomial is within 2e-7 relative on
 #: its interval, so the results are within a few float32 ULP on any conforming adapter. atan2's quadrants and
-#: signed zeros are C's (atan2(0, 0) = 0).
-_TRIG = """fn mp_atan_reduced(t: f32) -> f32 {
+#: signed zeros are C's (atan2(0, 0) = 0). The op reduces its target angle modulo 2 pi on the host, so that r stays
+#: within [-3 pi, 3 pi], and writes NaN where a NaN landmark reaches (mp_is_nan reads the bits: WGSL lets a
+#: compiler assume that no value is NaN).
+_TRIG = """fn mp_is_nan(v: f32) -> bool {
+  return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+}
+fn mp_atan_reduced(t: f32) -> f32 {
   let z = t * t;
   return (((0.0805374449538 * z - 0.138776856032) * z + 0.199777106478) * z - 0.333329491539) * z * t + t;
 }

@@ -5,7 +5,8 @@ interpreter).
 
 The rules are TensorFlow's (what ``tf.slice``, ``tf.transpose``... refuse eagerly), which are LiteRT's too where
 LiteRT checks them (tflite/kernels/slice.cc, reshape.cc, pad.cc, mirror_pad.cc, reduce.cc, expand_dims.cc,
-tile.cc, topk_v2.cc, reverse.cc, split.cc, split_v.cc, strided_slice.cc, detection_postprocess.cc). Where
+tile.cc, topk_v2.cc, reverse.cc, split.cc, split_v.cc, strided_slice.cc, detection_postprocess.cc,
+broadcast_args.cc, whose failed check aborts the process). Where
 LiteRT's CPU kernels do not check, they compute something for an invalid value instead of failing: TRANSPOSE with
 a repeated axis in ``perm`` (``[1, 1]`` gives a [3, 3] tensor of a [2, 3] input), a reduction over an axis listed
 twice (summed once); and XNNPACK clamps an out-of-range SLICE of constant begin and size. So an op whose GPU
@@ -140,6 +141,13 @@ def _broadcast_to(shapes, values, attrs):
     return None
 
 
+def _broadcast_args(shapes, values, attrs):
+    a, b = _ints(values[0]), _ints(values[1])
+    if any(d < 0 for d in a + b) or any(x != y and 1 not in (x, y) for x, y in zip(a[::-1], b[::-1])):
+        return f"shapes {a} and {b} do not broadcast"
+    return None
+
+
 def _topk(shapes, values, attrs):
     x, k = shapes[0], _ints(values[1])
     if len(k) != 1:
@@ -219,7 +227,7 @@ _CHECKS: dict[str, tuple[tuple[int, ...], Callable]] = {
     "EXPAND_DIMS": ((1,), _expand_dims), "TILE": ((1,), _tile), "BROADCAST_TO": ((1,), _broadcast_to),
     "TOPK_V2": ((1,), _topk), "REVERSE_V2": ((1,), _reverse), "SPLIT": ((0,), _split),
     "SPLIT_V": ((1, 2), _split_v), **{name: ((1,), _reduce) for name in _REDUCTIONS},
-    "TFLite_Detection_PostProcess": ((), _detection),
+    "TFLite_Detection_PostProcess": ((), _detection), "BROADCAST_ARGS": ((0, 1), _broadcast_args),
 }
 
 
@@ -246,7 +254,7 @@ def invalid_values(model: Model, subgraph: int, index: int, shapes: Mapping[int,
     if name == "RESHAPE" and len(ins) > 1 and ins[1] >= 0 and 1 not in values:
         return None   # the shape input, still unknown (without one, the options' new_shape is read)
     data = 1 if name == "SPLIT" else 0
-    if data not in shapes:
+    if data not in shapes and name != "BROADCAST_ARGS":
         return None
     attrs = model.op_attrs(subgraph, index)
     try:

@@ -74,7 +74,16 @@ def plan_for_export(model, device, precision: str = "float32", target: str | Non
         raise ExportError(f"the plan depends on run-time values of tensors {planner.runtime} (shapes computed from "
                           f"them); export needs static shapes: give the model constant shapes")
     planner.allocate(target)
-    return planner.current.plan
+    plan = planner.current.plan
+    graph = plan.graph
+    quantized = [t for t in graph.inputs + graph.outputs if graph.specs.get(t) and graph.specs[t].dtype in
+                 ("int8", "uint8")]
+    if quantized:   # tflfuse.js takes and gives float32, int32, bool and int64 arrays only
+        raise ExportError(f"the model's {', '.join(graph.describe(t) for t in quantized)} "
+                          f"{'is' if len(quantized) == 1 else 'are'} int8/uint8, which tflfuse.js cannot take or "
+                          f"give yet; export a model with float input and output (full-integer conversion with "
+                          f"inference_input_type and inference_output_type left float32)")
+    return plan
 
 
 def browser_schedules(model, target: str):
