@@ -383,8 +383,8 @@ def _refuse_quantization(quantization: str, kind: str, traced: collections.Count
     raise ConversionError(
         f"quantization={quantization!r} does not apply to a {kind} with fused composites ({calls}): {why}. Use "
         f"quantization='float16' (weights stored as float16, every op float32: LiteRT and tflfuse run it), or "
-        f"convert with annotations=False for a quantized model of builtins only (LiteRT runs it; tflfuse has "
-        f"no int8 kernels)")
+        f"convert with annotations=False for a quantized model of builtins only (LiteRT runs it, and tflfuse "
+        f"runs full-integer files with its int8 kernels)")
 
 
 def _quantize(converter, quantization: str | None, representative_dataset) -> None:
