@@ -21,6 +21,7 @@ from ai_edge_litert.interpreter import OpResolverType
 import tflfuse
 from conftest import SEED
 from tflfuse.kernels import KernelError
+from test_quant_models import _run
 from tflite_builder import build, t
 
 ACT = schema.ActivationFunctionType
@@ -50,14 +51,6 @@ def _file(op, inputs, output, options=None):
         o["options"] = options
     runtime = [i for i, spec in enumerate(inputs) if spec[4] is None]
     return build(tensors, [o], runtime, [len(inputs)], edit=edit)
-
-
-def _run(interp, xs):
-    interp.allocate_tensors()
-    for d, x in zip(interp.get_input_details(), xs):
-        interp.set_tensor(d["index"], x)
-    interp.invoke()
-    return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
 
 
 def _litert(data):

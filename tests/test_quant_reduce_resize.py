@@ -24,32 +24,13 @@ from tflfuse.kernels.base import TensorSpec
 from tflfuse.kernels.quant import quantized_kernel
 from tflfuse.kernels.registry import kernel_class
 from tflfuse.model import Quantization
+from test_quant_models import _convert, _run, _single
 from tflite_builder import build, t
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 L = keras.layers
 ops = keras.ops
-
-
-def _convert(model, shapes, io="int8", samples=8):
-    """Full-integer conversion, calibrated on ``samples`` seeded normal inputs (input k scaled by k + 1)."""
-    def rep():
-        rng = np.random.default_rng(SEED)
-        for _ in range(samples):
-            yield [rng.standard_normal(s).astype(np.float32) * (k + 1) for k, s in enumerate(shapes)]
-
-    conv = tf.lite.TFLiteConverter.from_keras_model(model)
-    conv.optimizations = [tf.lite.Optimize.DEFAULT]
-    conv.representative_dataset = rep
-    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    conv.inference_input_type = conv.inference_output_type = {"int8": tf.int8, "uint8": tf.uint8}[io]
-    return conv.convert()
-
-
-def _single(build_fn, shape, io="int8"):
-    x = keras.Input(shape[1:], batch_size=shape[0])
-    return _convert(keras.Model(x, build_fn(x)), [shape], io)
 
 
 def _two_scales(x):
@@ -119,14 +100,6 @@ def _inputs(details, rng):
         info = np.iinfo(d["dtype"])
         out.append(rng.integers(info.min, info.max, d["shape"], endpoint=True).astype(d["dtype"]))
     return out
-
-
-def _run(interp, xs):
-    interp.allocate_tensors()
-    for d, x in zip(interp.get_input_details(), xs):
-        interp.set_tensor(d["index"], x)
-    interp.invoke()
-    return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
 
 
 def _op_names(data):

@@ -161,16 +161,25 @@ class _Join(Kernel):
             cond = "if"
             for i in group:
                 n, start = self.parts[i][self.axis], starts[i]
-                src = f"(outer * {n}u + a - {start}u) * {inner}u + inner"
-                lines.append(f"  {cond} (a < {start + n}u) {{ v = x{i}[{src}]; }}")
+                src = f"x{i}[(outer * {n}u + a - {start}u) * {inner}u + inner]"
+                lines.append(f"  {cond} (a < {start + n}u) {{ v = {self._value(i, src)}; }}")
                 cond = "else if"
             lines.append(f"  y[(outer * {along}u + a) * {inner}u + inner] = {'act(v)' if act else 'v'};")
             binds = tuple(Binding(f"x{i}", ("input", i), "read", out.wgsl_type, self.inputs[i].nbytes)
                           for i in group)
             binds += (Binding("y", ("output", 0), "read_write", out.wgsl_type, out.nbytes),)
             name = self.key if len(self.parts) <= JOIN_GROUP else f"{self.key}_{g0 // JOIN_GROUP}"
-            progs.append(elementwise_program(name, binds, total, "\n".join(lines), act))
+            helpers, uniforms = self._group_code(group)
+            progs.append(elementwise_program(name, binds, total, "\n".join(lines), act + helpers, uniforms))
         return progs
+
+    def _value(self, i: int, read: str) -> str:
+        """The WGSL value input ``i``'s element ``read`` (an indexing expression) contributes: itself."""
+        return read
+
+    def _group_code(self, group: list[int]) -> tuple[str, tuple]:
+        """WGSL helpers and uniforms a dispatch of the inputs ``group`` needs beside the activation: none."""
+        return "", ()
 
     def _same_dtype(self) -> str:
         dtypes = sorted({s.dtype for s in self.inputs})

@@ -267,39 +267,13 @@ class QuantizedConcatenation(Concatenation, QuantKernel):
             return v
         return f"clamp(i32(q_round(f32({v}) * params.s{i} + params.b{i})) + {self.zo}, 0, 255)"
 
-    def programs(self):
-        """As :meth:`tflfuse.kernels.shape_ops._Join.programs` (groups of :data:`JOIN_GROUP` inputs per
-        dispatch), each value passed through its input's requantization."""
-        inner, along = math.prod(self.out[self.axis + 1:]), self.out[self.axis]
-        starts = [0]
-        for p in self.parts:
-            starts.append(starts[-1] + p[self.axis])
-        out = self.output_specs()[0]
-        progs = []
-        for g0 in range(0, len(self.parts), JOIN_GROUP):
-            group = [i for i in range(g0, min(g0 + JOIN_GROUP, len(self.parts))) if self.parts[i][self.axis]]
-            lo, width = starts[g0], starts[min(g0 + JOIN_GROUP, len(self.parts))] - starts[g0]
-            total = math.prod(self.out) // max(along, 1) * width
-            if not group or total == 0:
-                continue
-            lines = [f"  let inner = idx % {inner}u;", f"  let a = (idx / {inner}u) % {width}u + {lo}u;",
-                     f"  let outer = idx / {inner * width}u;", "  var v = 0;"]
-            cond = "if"
-            for i in group:
-                n, start = self.parts[i][self.axis], starts[i]
-                src = f"x{i}[(outer * {n}u + a - {start}u) * {inner}u + inner]"
-                lines.append(f"  {cond} (a < {start + n}u) {{ v = {self._value(i, src)}; }}")
-                cond = "else if"
-            lines.append(f"  y[(outer * {along}u + a) * {inner}u + inner] = v;")
-            binds = tuple(Binding(f"x{i}", ("input", i), "read", "i32", self.inputs[i].nbytes) for i in group)
-            binds += (Binding("y", ("output", 0), "read_write", "i32", out.nbytes),)
-            name = self.key if len(self.parts) <= JOIN_GROUP else f"{self.key}_{g0 // JOIN_GROUP}"
-            scaled = [i for i in group if self.scaling[i] is not None]
-            uniforms = tuple(Uniform(f"{k}{i}", "f32", float(self.scaling[i][j])) for i in scaled
-                             for j, k in enumerate("sb"))
-            progs.append(elementwise_program(name, binds, total, "\n".join(lines), WGSL if scaled else "",
-                                             uniforms))
-        return progs
+    def _group_code(self, group: list[int]) -> tuple[str, tuple]:
+        """The requantized inputs' parameters as uniforms (constants in the WGSL let the compiler rewrite the
+        float expression, which moved 1 of 594 values on the software adapter) and the rounding helpers."""
+        scaled = [i for i in group if self.scaling[i] is not None]
+        uniforms = tuple(Uniform(f"{k}{i}", "f32", float(self.scaling[i][j])) for i in scaled
+                         for j, k in enumerate("sb"))
+        return (WGSL if scaled else ""), uniforms
 
 
 class _QuantizedResize(QuantKernel):
