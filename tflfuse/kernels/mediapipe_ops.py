@@ -167,7 +167,9 @@ class Landmarks2TransformMatrix(Kernel):
   y[8] = 0.0; y[9] = 0.0; y[10] = 1.0; y[11] = 0.0;
   y[12] = 0.0; y[13] = 0.0; y[14] = 0.0; y[15] = 1.0;
   if (bad) {{   // a NaN landmark: NaN wherever it reaches, on every adapter (WGSL's min and max may drop NaNs)
-    for (var k = 0u; k < 8u; k += 1u) {{ if (k != 2u && k != 6u) {{ y[k] = bitcast<f32>(0x7fc00000u); }} }}
+    // (made at run time: a constant NaN is a shader-creation error in WGSL)
+    let nan = bitcast<f32>(bitcast<u32>(dx) | 0x7fc00000u);
+    for (var k = 0u; k < 8u; k += 1u) {{ if (k != 2u && k != 6u) {{ y[k] = nan; }} }}
   }}"""
         return [elementwise_program(self.key, self.io_bindings(["lm", "y"]), 1, body, helpers, loop_trips=n)]
 
