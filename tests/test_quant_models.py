@@ -145,3 +145,24 @@ def test_int8_input_and_output_are_refused_by_the_browser_export(files, device, 
     with pytest.raises(ExportError, match="int8/uint8, which tflfuse.js cannot take"):
         export_web(files["dense"], tmp_path / "dense", device=device, demo=False)
     assert not (tmp_path / "dense" / "plan.json").exists()
+
+
+def test_int8_filter_with_a_nonzero_zero_point_runs_as_litert_runs_it(files, device):
+    # TFLite's int8 weights are symmetric (zero point 0): LiteRT's FULLY_CONNECTED reads another zero point as 0
+    # and its CONV_2D refuses it. The GPU kernel refuses it, naming the op, and the op runs on LiteRT's CPU.
+    from tflfuse.model import Model
+
+    model = Model(files["dense"])
+    sg = model.m.subgraphs[0]
+    fc = next(op for op in sg.operators if model.op_names(0)[sg.operators.index(op)] == "FULLY_CONNECTED")
+    q = sg.tensors[fc.inputs[1]].quantization
+    q.zeroPoint = [5] * len(q.zeroPoint)
+    data = model.to_bytes()
+    with pytest.raises(KernelError, match="FULLY_CONNECTED.*int8 filter has zero point 5"):
+        tflfuse.Interpreter(model_content=data, device=device, cpu_fallback=False).allocate_tensors()
+    it = tflfuse.Interpreter(model_content=data, device=device)
+    ref = LiteRT(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    xs = _inputs(ref.get_input_details(), np.random.default_rng(3))
+    got, want = _run(it, xs), _run(ref, xs)
+    assert [name for _, name, _ in it.fallback_ops] == ["FULLY_CONNECTED"]
+    np.testing.assert_array_equal(got[0], want[0])

@@ -208,6 +208,9 @@ class _Accumulating(QuantKernel):
                             f"one per output channel ({cout}) along dimension {self.weight_axis}")
         if len(set(qw.zero_point)) != 1:
             raise self.fail(f"filter zero points differ between channels: {list(qw.zero_point)}")
+        if w.dtype == "int8" and qw.zero_point[0] != 0:   # LiteRT refuses it (CONV_2D) or reads it as 0
+            raise self.fail(f"int8 filter has zero point {qw.zero_point[0]}; TFLite's int8 quantization takes 0 "
+                            f"only (symmetric weights)")
         scales = qw.scale if len(qw.scale) > 1 else qw.scale * cout
         in_scale, out_scale = float(qi.scale[0]), float(qo.scale[0])
         self.mults = [quantize_multiplier(in_scale * float(s) / out_scale) for s in scales]
