@@ -3,7 +3,8 @@
 The models are MediaPipe's own files with their real weights. They are not committed to this repository:
 :func:`fetch` downloads the PyPI wheel ``mediapipe==0.10.14`` (its CPython 3.11 manylinux x86_64 build, a
 zip file, whatever the platform running this), extracts only its 14 ``mediapipe/modules/**.tflite`` files
-(:data:`ALL_MODELS`), checks each against its recorded SHA-256 and keeps them in a cache directory. MediaPipe itself is never installed or imported.
+(:data:`ALL_MODELS`), checks each against its recorded SHA-256 and keeps them in a cache directory. MediaPipe
+itself is never installed or imported.
 
 :func:`sample_photo` gives a real photo (``skimage.data.astronaut()`` has a face, ``chelsea()`` a cat) at a
 model's input size, scaled to [-1, 1].
@@ -27,8 +28,8 @@ from pathlib import Path
 import numpy as np
 from absl import logging
 
-__all__ = ["MODELS", "BENCHMARK_MODELS", "OTHER_MODELS", "ALL_MODELS", "ZooModel", "fetch", "default_cache_dir", "sample_photo",
-           "WHEEL_REQUIREMENT"]
+__all__ = ["MODELS", "BENCHMARK_MODELS", "OTHER_MODELS", "ALL_MODELS", "ZooModel", "fetch", "default_cache_dir",
+           "sample_photo", "WHEEL_REQUIREMENT"]
 
 #: The one package release the models come from. Changing it means re-recording every SHA-256 below.
 WHEEL_REQUIREMENT = "mediapipe==0.10.14"
@@ -239,8 +240,8 @@ def fetch(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
 
     The first call downloads the ``mediapipe==0.10.14`` wheel once (about 36 MB) with
     ``python -m pip download`` into a temporary directory, extracts every model of :data:`ALL_MODELS` that the
-    cache lacks (each checked against its SHA-256, each written atomically) and deletes the wheel. Later calls find the file in
-    the cache and touch neither pip nor the network.
+    cache lacks (each checked against its SHA-256, each written atomically) and deletes the wheel. Later calls
+    find the file in the cache and touch neither pip nor the network.
 
     Args:
         name: a key of :data:`ALL_MODELS` (the wheel's 14 models), with or without ``.tflite``, e.g.
