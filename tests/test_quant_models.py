@@ -108,6 +108,21 @@ def _run(interp, xs):
     return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
 
 
+def assert_falls_back(device, data: bytes, op: str, match: str, xs=None, seed: int = 1) -> None:
+    """The GPU kernel refuses ``op`` (a KernelError matching ``match`` with ``cpu_fallback=False``); by default
+    ``op`` alone runs on LiteRT's CPU, and the first output equals LiteRT's builtin kernels' bit for bit on ``xs``
+    (default: seeded inputs of every dtype's full range)."""
+    with pytest.raises(KernelError, match=match):
+        tflfuse.Interpreter(model_content=data, device=device, cpu_fallback=False).allocate_tensors()
+    it = tflfuse.Interpreter(model_content=data, device=device)
+    ref = LiteRT(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    ref.allocate_tensors()
+    xs = _inputs(ref.get_input_details(), np.random.default_rng(seed)) if xs is None else xs
+    got, want = _run(it, xs), _run(ref, xs)
+    assert [name for _, name, _ in it.fallback_ops] == [op]
+    np.testing.assert_array_equal(got[0], want[0])
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_matches_litert_bit_for_bit(files, device, name):
     data = files[name]
@@ -127,15 +142,7 @@ def test_matches_litert_bit_for_bit(files, device, name):
 def test_int8_op_without_kernel_falls_back(device):
     keras.utils.set_random_seed(SEED)
     data = _single(lambda x: L.Lambda(lambda v: tf.minimum(v, 0.5))(L.Dense(6)(x)), (3, 9))   # FULLY_CONNECTED, MINIMUM
-    with pytest.raises(KernelError, match="MINIMUM.*int8/uint8"):
-        tflfuse.Interpreter(model_content=data, device=device, cpu_fallback=False).allocate_tensors()
-    it = tflfuse.Interpreter(model_content=data, device=device)
-    ref = LiteRT(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    ref.allocate_tensors()
-    xs = _inputs(ref.get_input_details(), np.random.default_rng(1))
-    got, want = _run(it, xs), _run(ref, xs)
-    assert [name for _, name, _ in it.fallback_ops] == ["MINIMUM"]   # FULLY_CONNECTED stayed on the GPU
-    np.testing.assert_array_equal(got[0], want[0])
+    assert_falls_back(device, data, "MINIMUM", "MINIMUM.*int8/uint8")   # FULLY_CONNECTED stayed on the GPU
 
 
 def test_int8_input_and_output_are_refused_by_the_browser_export(files, device, tmp_path):
@@ -157,12 +164,5 @@ def test_int8_filter_with_a_nonzero_zero_point_runs_as_litert_runs_it(files, dev
     fc = next(op for op in sg.operators if model.op_names(0)[sg.operators.index(op)] == "FULLY_CONNECTED")
     q = sg.tensors[fc.inputs[1]].quantization
     q.zeroPoint = [5] * len(q.zeroPoint)
-    data = model.to_bytes()
-    with pytest.raises(KernelError, match="FULLY_CONNECTED.*int8 filter has zero point 5"):
-        tflfuse.Interpreter(model_content=data, device=device, cpu_fallback=False).allocate_tensors()
-    it = tflfuse.Interpreter(model_content=data, device=device)
-    ref = LiteRT(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    xs = _inputs(ref.get_input_details(), np.random.default_rng(3))
-    got, want = _run(it, xs), _run(ref, xs)
-    assert [name for _, name, _ in it.fallback_ops] == ["FULLY_CONNECTED"]
-    np.testing.assert_array_equal(got[0], want[0])
+    assert_falls_back(device, model.to_bytes(), "FULLY_CONNECTED", "FULLY_CONNECTED.*int8 filter has zero point 5",
+                      seed=3)

@@ -24,7 +24,7 @@ from tflfuse.kernels.base import TensorSpec
 from tflfuse.kernels.quant import quantized_kernel
 from tflfuse.kernels.registry import kernel_class
 from tflfuse.model import Quantization
-from test_quant_models import _convert, _run, _single
+from test_quant_models import _convert, _inputs, _run, _single, assert_falls_back
 from tflite_builder import build, t
 
 tf = pytest.importorskip("tensorflow")
@@ -92,14 +92,6 @@ def _keras_file(name):
     if name == "gap_uint8_io":   # uint8 at the edges: QUANTIZE uint8 -> int8 around the int8 MEAN
         return _single(*MODELS["gap_keepdims"], io="uint8")
     return _single(*MODELS[name])
-
-
-def _inputs(details, rng):
-    out = []
-    for d in details:
-        info = np.iinfo(d["dtype"])
-        out.append(rng.integers(info.min, info.max, d["shape"], endpoint=True).astype(d["dtype"]))
-    return out
 
 
 def _op_names(data):
@@ -230,15 +222,7 @@ def test_uint8_resize_8x_half_pixel_falls_back(device):
     data = _quantized_file([shape, (2,), out], ["UINT8", "INT32", "UINT8"], [(0.05, 128), None, (0.05, 128)],
                            "RESIZE_BILINEAR", ("ResizeBilinearOptions", {"halfPixelCenters": True}),
                            consts={1: np.array(out[1:3], np.int32)})
-    with pytest.raises(KernelError, match="RESIZE_BILINEAR.*ResizeBilinear888Uint8"):
-        tflfuse.Interpreter(model_content=data, device=device, cpu_fallback=False).allocate_tensors()
-    it = tflfuse.Interpreter(model_content=data, device=device)
-    ref = LiteRT(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    ref.allocate_tensors()
-    xs = _inputs(ref.get_input_details(), np.random.default_rng(1))
-    got, want = _run(it, xs), _run(ref, xs)
-    assert [name for _, name, _ in it.fallback_ops] == ["RESIZE_BILINEAR"]
-    np.testing.assert_array_equal(got[0], want[0])
+    assert_falls_back(device, data, "RESIZE_BILINEAR", "RESIZE_BILINEAR.*ResizeBilinear888Uint8")
 
 
 def test_keras_mobilenet_v2_int8_runs_on_the_gpu(device):
