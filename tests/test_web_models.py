@@ -140,13 +140,8 @@ def _check(page, site, device, name: str, fused: bytes, stock: bytes, x: np.ndar
 
 @pytest.mark.parametrize("name", sorted(zoo.MODELS))
 def test_mediapipe_model_in_the_browser(page, site, device, name):
-    stock = zoo.fetch(name).read_bytes()
-    fused, report = tflfuse.fuse(stock)
-    assert sum(report.patterns.values()) > 0, str(report)
     case = CASES[name]
-    x = np.random.default_rng(sorted(zoo.MODELS).index(name)).uniform(
-        case.low, case.high, zoo.MODELS[name].input_shape).astype(np.float32)
-    _check(page, site, device, name, fused, stock, x, case.rel)
+    _check_zoo_model(page, site, device, name, OtherCase(case.low, case.high, case.rel), sorted(zoo.MODELS).index(name))
 
 
 def _litert_with_custom_op_references(stock: bytes, x: np.ndarray) -> dict[str, np.ndarray]:
@@ -211,12 +206,15 @@ def test_other_cases_are_the_rest_of_the_wheel():
 
 @pytest.mark.parametrize("name", sorted(OTHER_CASES))
 def test_other_mediapipe_model_in_the_browser(page, site, device, name):
+    _check_zoo_model(page, site, device, name, OTHER_CASES[name], sorted(zoo.ALL_MODELS).index(name))
+
+
+def _check_zoo_model(page, site, device, name: str, case: OtherCase, seed: int) -> None:
+    """A zoo model after tflfuse.fuse, on uniform inputs in ``case``'s range seeded with ``seed``, by :func:`_check`."""
     stock = zoo.fetch(name).read_bytes()
     fused, report = tflfuse.fuse(stock)
     assert sum(report.patterns.values()) > 0, str(report)
-    case = OTHER_CASES[name]
-    x = np.random.default_rng(sorted(zoo.ALL_MODELS).index(name)).uniform(
-        case.low, case.high, zoo.ALL_MODELS[name].input_shape).astype(np.float32)
+    x = np.random.default_rng(seed).uniform(case.low, case.high, zoo.ALL_MODELS[name].input_shape).astype(np.float32)
     reference = _litert_with_custom_op_references if case.litert is None else _litert_outputs
     _check(page, site, device, name, fused, stock, x, case.rel, case.rel_js, case.litert, reference)
 
