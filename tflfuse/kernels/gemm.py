@@ -39,6 +39,8 @@ __all__ = ["MatmulTile", "TILES", "matmul_tile", "product_program", "resident_wo
            "tiled_matmul_program", "use_tiled_matmul", "use_vec4"]
 
 _THREAD_COUNTS = (64, 128, 256)
+#: The element types of a tiled product (:func:`tiled_matmul_program`'s ``elem``) and their zero literals.
+_ZERO = {"f32": "0.0", "i32": "0"}
 #: :meth:`MatmulTile.parse`'s form: positive ASCII-digit integers (no sign, underscore or other digits).
 _TILE_FORM = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)/([1-9][0-9]*)x([1-9][0-9]*)/([1-9][0-9]*)", re.ASCII)
 
@@ -155,25 +157,27 @@ def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
     return min(TILES.values(), key=cost)
 
 
-def _staging_load(m: str, i: str, j: str, n_i: int, n_j: int, scalar: str, vec: str | None) -> str:
-    """WGSL ``fn {m}4(i0, j0) -> vec4<f32>``: the 4 elements ``[i, j : j + 4]`` of an ``n_i x n_j`` matrix
+def _staging_load(m: str, i: str, j: str, n_i: int, n_j: int, scalar: str, vec: str | None,
+                  elem: str = "f32") -> str:
+    """WGSL ``fn {m}4(i0, j0) -> vec4<elem>``: the 4 elements ``[i, j : j + 4]`` of an ``n_i x n_j`` matrix
     whose elements the expressions over the u32 names ``i`` and ``j`` give (``vec``: one vec4 load, ``j0`` a
     multiple of 4 and ``n_j`` of 4; else ``scalar`` four times), the address clamped into the matrix and the
     values zeroed past its edges, so the staging loads need no branch."""
+    zero = _ZERO[elem]
     if vec:
-        return f"""fn {m}4({i}0: u32, {j}0: u32) -> vec4<f32> {{
+        return f"""fn {m}4({i}0: u32, {j}0: u32) -> vec4<{elem}> {{
   let {i} = min({i}0, {max(n_i, 1) - 1}u);
   let {j} = min({j}0, {max(n_j, 4) - 4}u);
-  return select(vec4<f32>(0.0), {vec}, {i}0 < {n_i}u && {j}0 < {n_j}u);
+  return select(vec4<{elem}>({zero}), {vec}, {i}0 < {n_i}u && {j}0 < {n_j}u);
 }}"""
-    return f"""fn {m}_at({i}0: u32, {j}0: u32) -> f32 {{
+    return f"""fn {m}_at({i}0: u32, {j}0: u32) -> {elem} {{
   let {i} = min({i}0, {max(n_i, 1) - 1}u);
   let {j} = min({j}0, {max(n_j, 1) - 1}u);
-  return select(0.0, {scalar}, {i}0 < {n_i}u && {j}0 < {n_j}u);
+  return select({zero}, {scalar}, {i}0 < {n_i}u && {j}0 < {n_j}u);
 }}
 
-fn {m}4({i}: u32, {j}: u32) -> vec4<f32> {{
-  return vec4<f32>({m}_at({i}, {j}), {m}_at({i}, {j} + 1u), {m}_at({i}, {j} + 2u), {m}_at({i}, {j} + 3u));
+fn {m}4({i}: u32, {j}: u32) -> vec4<{elem}> {{
+  return vec4<{elem}>({m}_at({i}, {j}), {m}_at({i}, {j} + 1u), {m}_at({i}, {j} + 2u), {m}_at({i}, {j} + 3u));
 }}"""
 
 
@@ -181,9 +185,12 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
                          b: str, store: str, helpers: str = "", uniforms: tuple[Uniform, ...] = (),
                          tile: MatmulTile | str | None = None, *, a_vec: str | None = None,
                          b_vec: str | None = None, store_vec: str | None = None,
-                         a_strip: str | None = None) -> Program:
+                         a_strip: str | None = None, elem: str = "f32") -> Program:
     """``C = A @ B`` with ``A [rows, depth]`` and ``B [depth, cols]``, float32, tiled for a GPU; with the float16
     plan's form (f16 slices and multiply-adds, f32 accumulation; the module docstring) kept on the program.
+    With ``elem="i32"``, the operands, the workgroup memory and the sums are i32 (exact integer products, as
+    TFLite's int8 kernels accumulate in int32, wrapping modulo 2**32 where those would overflow), and there
+    is no float16 form.
 
     Args:
       name: the program's name.
@@ -207,12 +214,16 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
         so that the function can share work between the four rows. It is called for blocks past the matrix's
         rows or depth too and must then return finite values (zero past the depth). It stays f32; in the
         float16 form its block is rounded to f16 as it is staged.
+      elem: ``"f32"`` or ``"i32"``, the type of the operands and sums (``a``, ``b`` and ``acc``).
     Returns:
-      the :class:`~tflfuse.kernels.half.HalfMathProgram`, one workgroup per tile of ``C``.
+      the :class:`~tflfuse.kernels.half.HalfMathProgram` (a :class:`Program` for ``"i32"``), one workgroup per
+      tile of ``C``.
     Raises:
-      KernelError: for a tile that is unknown or does not map onto the invocations, or a vector form where
-        the sizes are not multiples of 4.
+      KernelError: for a tile that is unknown or does not map onto the invocations, a vector form where the
+        sizes are not multiples of 4, an unknown ``elem``, or ``a_strip`` with ``"i32"``.
     """
+    if elem not in _ZERO or (a_strip and elem != "f32"):
+        raise KernelError(f"{name}: a tiled product's elements are f32 or i32 (a_strip f32 only), got {elem!r}")
     if tile is None:
         tile = matmul_tile(rows, depth, cols)
     elif isinstance(tile, str):
@@ -233,13 +244,13 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     lines = []
     # registers: the next slices' values, loaded before the current slice is multiplied
     for j in range(a_loads):
-        lines.append(f"  var pa{j}: {'mat4x4<f32>' if a_strip else 'vec4<f32>'};")
+        lines.append(f"  var pa{j}: {'mat4x4<f32>' if a_strip else f'vec4<{elem}>'};")
     for j in range(b_loads):
-        lines.append(f"  var pb{j}: vec4<f32>;")
+        lines.append(f"  var pb{j}: vec4<{elem}>;")
     for g in range(ra):
         for r in range(4):
             for h in range(rb):
-                lines.append(f"  var c{g}_{r}_{h} = vec4<f32>(0.0);")
+                lines.append(f"  var c{g}_{r}_{h} = vec4<{elem}>({_ZERO[elem]});")
     decl = "\n".join(lines)
 
     def load(k0: str) -> str:
@@ -335,11 +346,11 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     }}
   }}""")
     nl = "\n"
-    a_load = _staging_load("a", "r", "k", rows, depth, a, a_vec)
-    b_load = _staging_load("b", "k", "c", depth, cols, b, b_vec)
+    a_load = _staging_load("a", "r", "k", rows, depth, a, a_vec, elem)
+    b_load = _staging_load("b", "k", "c", depth, cols, b, b_vec, elem)
 
     def source_for(half: bool) -> str:
-        t = "f16" if half else "f32"
+        t = "f16" if half else elem
         return prelude(bindings, uniforms) + helpers + f"""
 // Staging loads without branches: the address is clamped into the matrix and the value zeroed past its edges.
 {a_load}
@@ -374,6 +385,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
     source = source_for(False)
     steps = -(-depth // tk)
+    if elem != "f32":
+        return Program(name, source, (threads, 1, 1), linear_dispatch(tiles * threads, threads), bindings, uniforms,
+                       loop_trips=2 * steps)
     return HalfMathProgram(name, source, (threads, 1, 1), linear_dispatch(tiles * threads, threads), bindings,
                            uniforms, loop_trips=2 * steps, half_math=source_for(True),
                            half_math_of=source)
@@ -381,12 +395,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int, a: str, b: str,
                     out: str, store: str, helpers: str = "", uniforms: tuple[Uniform, ...] = (),
-                    tile: MatmulTile | str | None = None) -> Program:
+                    tile: MatmulTile | str | None = None, elem: str = "f32") -> Program:
     """:func:`tiled_matmul_program` for row-major operands: the binding named ``a`` holds ``A [rows, depth]``,
     ``b`` holds ``B [depth, cols]`` and ``store`` writes the output binding ``out`` once, as
     ``out[idx] = ...;``. Where :func:`use_vec4` holds and ``store`` and ``helpers`` read none of the three
-    otherwise, the three are bound as ``array<vec4<f32>>`` and read and written four floats at a time: ``store``
-    runs once per component (with its own ``acc``, ``col`` and ``idx``) into a vec4 stored at once.
+    otherwise, the three are bound as ``array<vec4<f32>>`` (``vec4<i32>`` for ``elem="i32"``) and read and
+    written four elements at a time: ``store`` runs once per component (with its own ``acc``, ``col`` and
+    ``idx``) into a vec4 stored at once.
 
     Raises:
       KernelError: ``store`` does not write ``out[idx] =`` exactly once; or as :func:`tiled_matmul_program`.
@@ -397,9 +412,10 @@ def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: 
     scalar = (f"{a}[r * {depth}u + k]", f"{b}[k * {cols}u + c]")
     others = store.replace(target, "") + helpers
     if not use_vec4(depth, cols) or re.search(rf"\b({a}|{b}|{out})\[", others):
-        return tiled_matmul_program(name, bindings, rows, depth, cols, *scalar, store, helpers, uniforms, tile)
+        return tiled_matmul_program(name, bindings, rows, depth, cols, *scalar, store, helpers, uniforms, tile,
+                                    elem=elem)
     vec = {a, b, out}
-    bindings = tuple(dataclasses.replace(x, elem_type="vec4<f32>") if x.name in vec else x for x in bindings)
+    bindings = tuple(dataclasses.replace(x, elem_type=f"vec4<{elem}>") if x.name in vec else x for x in bindings)
     parts = "".join(f"""
         {{
           let acc = acc4.{comp};
@@ -408,8 +424,8 @@ def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: 
           {store.replace(target, f"v.{comp} =")}
         }}""" for j, comp in enumerate("xyzw"))
     store_vec = f"""let acc4 = acc;
-        var v: vec4<f32>;{parts}
+        var v: vec4<{elem}>;{parts}
         {out}[idx4] = v;"""
     return tiled_matmul_program(name, bindings, rows, depth, cols, *scalar, store, helpers, uniforms, tile,
                                 a_vec=f"{a}[(r * {depth}u + k) / 4u]", b_vec=f"{b}[(k * {cols}u + c) / 4u]",
-                                store_vec=store_vec)
+                                store_vec=store_vec, elem=elem)
