@@ -1,6 +1,7 @@
 """tflfuse.convert(quantization=...) on a model with composites: float16 works in both fused-op formats (the
-fused op stays a float32 op fed by DEQUANTIZEd float16 weights); dynamic-range and int8 are refused with a
-ConversionError rather than a half-quantized file; int8 of the unfused model is full-integer.
+fused op stays a float32 op fed by DEQUANTIZEd float16 weights); dynamic-range is refused with a
+ConversionError rather than a half-quantized file; int8 makes int8 fused bottlenecks (tests/test_quant_bottleneck.py
+has their edge cases); int8 of the unfused model is full-integer.
 
 Tolerances: against Keras' float32 weights, FP16_WEIGHTS (conftest: weights rounded to 11 bits); tflfuse against
 LiteRT on the same float16 file: both compute with the same dequantized weights, in another summation order:
@@ -99,9 +100,10 @@ def test_dynamic_range_is_refused(model, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["custom", "composite"])
-def test_int8_is_refused(model, fmt):
-    with pytest.raises(ConversionError, match=r"'int8'.*fused_bottleneck: 2.*calibrates.*float16"):
-        tflfuse.convert(model, quantization="int8", representative_dataset=_rep, fused_op_format=fmt)
+def test_int8_fuses_each_bottleneck(model, fmt):
+    result = tflfuse.convert(model, quantization="int8", representative_dataset=_rep, fused_op_format=fmt)
+    c = result.report.composites["fused_bottleneck"]
+    assert (c.traced, c.fused) == (2, 2) and set(result.report.other_ops) == {"QUANTIZE", "CONV_2D", "DEQUANTIZE"}
 
 
 def test_int8_without_composites_is_full_integer(model, data, device):

@@ -33,9 +33,17 @@ Quantization (``quantization``), as TensorFlow 2.21's converter does it for a mo
 * ``"dynamic"`` (``optimizations=[DEFAULT]`` alone): refused for a model with composites. The converter
   makes CONV_2D and FULLY_CONNECTED hybrid ops (int8 weights, activations quantized at run time) but leaves
   each fused op float32 with float32 weights: a half-quantized file.
-* ``"int8"`` (full-integer with a representative dataset): refused for a model with composites. The
-  converter calibrates by running the model in the TFLite interpreter, which has no kernel for the fused
-  custom op ("unresolved custom ops"), and fused ops have no int8 form.
+* ``"int8"`` (full-integer with a representative dataset): for a Keras model with composites, the converter
+  calibrates through the composites' bodies (the model is traced again inside
+  :func:`tflfuse.annotate.annotations_disabled`, so the bodies convert as int8 builtins; the TFLite interpreter
+  that calibrates has no kernel for a fused custom op), and then each int8 builtin chain of a ``fused_bottleneck``
+  becomes one int8 fused op (:mod:`tflfuse.passes.fuse_int8`): it reads the chain's int8 tensors (filters
+  per-channel, biases int32, in the builtins' layouts) and carries the intermediate tensors' scales and zero
+  points as attributes; in the ``"composite"`` format its decomposition is the int8 builtin chain itself, which
+  stock LiteRT runs. The annotated calls traced are counted as for float, and every one must become an int8
+  fused op, whatever ``check``: a composite without an int8 form (:data:`INT8_COMPOSITES` lists those with one;
+  a squeeze-excite or hard_swish bottleneck) raises :class:`ConversionError` naming it rather than staying
+  builtins. A SavedModel or concrete functions with composites cannot be traced again and are refused.
 
 This module imports TensorFlow (the converter side); ``import tflfuse`` does not load it.
 """
@@ -54,18 +62,17 @@ from typing import Any, Mapping, Sequence
 from absl import logging
 
 from .annotate import FUSABLE_KEY, annotations_disabled, registry
+from .conversion_quant import (INT8_COMPOSITES, QUANTIZATIONS, check_fused_float, check_int8_fused,
+                               check_quantization, quantize, refuse_quantization)
 from .model import Model
 from .passes import apply_lowerings
 from .passes.prune import prune_unused_outputs
 
 __all__ = ["CompositeCount", "ConversionError", "ConversionResult", "FUSED_OP_FORMATS", "FusionError",
-           "FusionReport", "QUANTIZATIONS", "convert"]
+           "FusionReport", "INT8_COMPOSITES", "QUANTIZATIONS", "convert"]
 
 #: The forms a fused op can take in the file (module docstring).
 FUSED_OP_FORMATS = ("custom", "composite")
-#: The quantization modes of :func:`convert` (None: float32 throughout).
-QUANTIZATIONS = (None, "dynamic", "float16", "int8")
-
 
 #: Ops that hold weights in resource variables instead of constants.
 _VARIABLE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})
@@ -354,72 +361,6 @@ def _op_counts(m: Model) -> collections.Counter:
     return counts
 
 
-def _check_quantization(quantization, representative_dataset) -> None:
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
-    if quantization == "int8" and representative_dataset is None:
-        raise ValueError("quantization='int8' needs a representative_dataset (a callable returning an iterable "
-                         "of input lists, as tf.lite.TFLiteConverter.representative_dataset)")
-    if quantization != "int8" and representative_dataset is not None:
-        raise ValueError(f"representative_dataset applies to quantization='int8', not to {quantization!r}")
-    if representative_dataset is not None and not callable(representative_dataset):
-        raise TypeError(f"representative_dataset must be a callable returning an iterable of input lists, got "
-                        f"{type(representative_dataset).__name__}")
-
-
-def _refuse_quantization(quantization: str, kind: str, traced: collections.Counter) -> None:
-    """Refuses the quantization modes that leave fused ops half-quantized (module docstring)."""
-    calls = ", ".join(f"{n}: {c}" for n, c in sorted(traced.items()) if c)
-    if not calls:
-        return
-    why = {
-        "int8": "full-integer quantization calibrates by running the model in the TFLite interpreter, which has "
-                "no kernel for a fused custom op (TensorFlow 2.21 fails with 'unresolved custom ops'), and a "
-                "fused op has no int8 form (tflfuse's fused kernels compute in float32)",
-        "dynamic": "dynamic-range quantization makes CONV_2D and FULLY_CONNECTED hybrid ops (int8 weights, "
-                   "activations quantized at run time) but leaves each fused op float32 with float32 weights: "
-                   "a half-quantized file, whose hybrid ops tflfuse has no kernels for",
-    }[quantization]
-    raise ConversionError(
-        f"quantization={quantization!r} does not apply to a {kind} with fused composites ({calls}): {why}. Use "
-        f"quantization='float16' (weights stored as float16, every op float32: LiteRT and tflfuse run it), or "
-        f"convert with annotations=False for a quantized model of builtins only (LiteRT runs it, and tflfuse "
-        f"runs full-integer files with its int8 kernels)")
-
-
-def _quantize(converter, quantization: str | None, representative_dataset) -> None:
-    import tensorflow as tf
-
-    converter.optimizations = [] if quantization is None else [tf.lite.Optimize.DEFAULT]
-    if quantization == "float16":
-        converter.target_spec.supported_types = [tf.float16]
-    elif quantization == "int8":   # full-integer or an error: no op silently left float
-        converter.representative_dataset = representative_dataset
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-
-
-#: Tensor types of a quantized or reduced-precision value, which no fused op reads or writes.
-_QUANTIZED_TYPES = frozenset({"INT8", "UINT8", "INT16", "INT4", "FLOAT16"})
-
-
-def _check_fused_float(m: Model) -> None:
-    """No fused op reads or writes a quantized or float16 tensor (its weights are dequantized before it), or
-    ConversionError."""
-    specs = registry()
-    for sg in range(len(m.subgraphs)):
-        for i, name in enumerate(m.op_names(sg)):
-            comp = m.composite(sg, i)
-            name = comp.name if comp is not None else name
-            if name not in specs:
-                continue
-            bad = [(t, m.tensor_type_name(sg, t)) for t in m.op_inputs(sg, i) + m.op_outputs(sg, i)
-                   if t >= 0 and m.tensor_type_name(sg, t) in _QUANTIZED_TYPES]
-            if bad:
-                raise ConversionError(f"fused op {name!r} (operator {i} of subgraph {sg}) reads or writes "
-                                      f"{', '.join(f'tensor {t} as {ty}' for t, ty in bad)}; fused ops compute "
-                                      f"in float32, so this file would be half-quantized")
-
-
 def _is_keras_model(model) -> bool:
     try:
         import keras
@@ -431,7 +372,7 @@ def _is_keras_model(model) -> bool:
 def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[str] | None = None,
             batch_size: int | None = None, check: bool = True, fused_op_format: str = "custom",
             quantization: str | None = None, representative_dataset=None) -> ConversionResult:
-    """Converts a TensorFlow model to .tflite, fusing each annotated composite call into one custom op.
+    """Converts a TensorFlow model to .tflite, fusing each annotated composite call into one fused op.
 
     Args:
       model: a Keras 3 ``keras.Model`` (traced here as ``model(x, training=False)`` with static input shapes;
@@ -449,8 +390,10 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
         ``"composite"`` (a STABLEHLO_COMPOSITE with a decomposition subgraph: stock LiteRT runs it too);
         see the module docstring.
       quantization: None (float32), ``"float16"`` (float16 weights dequantized to float32 before each op,
-        fused ops included), ``"dynamic"`` or ``"int8"`` (TFLite's dynamic-range and full-integer
-        post-training quantization; refused for a model with composites, see the module docstring).
+        fused ops included), ``"dynamic"`` (TFLite's dynamic-range quantization; refused for a model with
+        composites) or ``"int8"`` (full-integer post-training quantization: int8 tensors throughout, float32
+        input and output behind QUANTIZE/DEQUANTIZE; each ``fused_bottleneck`` call becomes one int8 fused op,
+        calibrated through its body; see the module docstring).
       representative_dataset: for ``"int8"``: a callable returning an iterable of input lists.
 
     Returns:
@@ -462,8 +405,10 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
         not in the SavedModel or given for another kind; a Keras input of unknown shape; a bad ``batch_size``.
       FileNotFoundError: a SavedModel path without ``saved_model.pb``.
       ConversionError: the .tflite keeps weights in resource variables (VAR_HANDLE/READ_VARIABLE ops);
-        ``quantization`` ``"dynamic"`` or ``"int8"`` for a model with composites; a fused op reading or writing
-        anything but float32; with ``fused_op_format="composite"``, a composite whose body cannot be a
+        ``quantization="dynamic"`` for a model with composites; ``"int8"`` for a SavedModel or concrete
+        functions with composites, for a composite without an int8 form (named), or where an annotated call did
+        not become one int8 fused op (named, with both counts); a float fused op reading or writing anything but
+        float32; with ``fused_op_format="composite"``, a composite whose body cannot be a
         decomposition (a method needing ``self``, a body that does not trace alone at the op's shapes or
         does not convert to builtins).
       FusionError: with ``check``, the traced annotated calls and the fused ops in the file differ for
@@ -477,7 +422,7 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if fused_op_format not in FUSED_OP_FORMATS:
         raise ValueError(f"fused_op_format must be one of {FUSED_OP_FORMATS}, got {fused_op_format!r}")
-    _check_quantization(quantization, representative_dataset)
+    check_quantization(quantization, representative_dataset)
     start = time.perf_counter()
     if _is_keras_model(model):
         if signature_keys is not None:
@@ -523,13 +468,17 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
         keys = ["serving_default"] if len(funcs) == 1 else [f.graph.name for f in funcs]
         traced_by_key = {k: annotated_calls(f.graph.as_graph_def()) for k, f in zip(keys, funcs)}
         converter = _from_functions(funcs)
+    every: collections.Counter = collections.Counter()
+    for counts in traced_by_key.values():
+        every.update(counts)
     if quantization in ("dynamic", "int8"):
-        every: collections.Counter = collections.Counter()
-        for counts in traced_by_key.values():
-            every.update(counts)
-        _refuse_quantization(quantization, kind, every)
+        refuse_quantization(quantization, kind, every)
+    int8_fused = quantization == "int8" and any(every.values())
+    if int8_fused:   # calibrate through the bodies: the converter runs them as builtins, fused after it
+        with annotations_disabled():
+            converter = _from_functions([_keras_function(model, batch_size)])
     converter.allow_custom_ops = True
-    _quantize(converter, quantization, representative_dataset)
+    quantize(converter, quantization, representative_dataset)
     try:
         tflite = bytes(converter.convert())
     except Exception as e:
@@ -537,12 +486,18 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
             raise
         raise ConversionError(f"quantization='int8': the converter could not quantize every op to int8 "
                               f"({type(e).__name__}: {str(e)[:600]})") from e
-    # Outputs of fused ops that nothing reads: dropped through the attributes (an LSTM's unused states), else
-    # made absent (-1) in the custom form; LiteRT's STABLEHLO_COMPOSITE kernel needs every output (module doc).
-    tflite, _ = prune_unused_outputs(tflite, set(registry()) | {n for c in traced_by_key.values() for n in c},
-                                     absent=fused_op_format == "custom")
-    tflite, lowered = apply_lowerings(tflite)  # fused ops that have a TFLite builtin become that builtin
-    if fused_op_format == "composite":
+    lowered: collections.Counter = collections.Counter()
+    if int8_fused:
+        from .passes.fuse_int8 import fuse_int8_bottlenecks
+
+        tflite, _ = fuse_int8_bottlenecks(tflite, fused_op_format)
+    else:
+        # Outputs of fused ops that nothing reads: dropped through the attributes (an LSTM's unused states), else
+        # made absent (-1) in the custom form; LiteRT's STABLEHLO_COMPOSITE kernel needs every output (module doc).
+        tflite, _ = prune_unused_outputs(tflite, set(registry()) | {n for c in traced_by_key.values() for n in c},
+                                         absent=fused_op_format == "custom")
+        tflite, lowered = apply_lowerings(tflite)  # fused ops that have a TFLite builtin become that builtin
+    if fused_op_format == "composite" and not int8_fused:
         from .passes.portable import to_composite_format
 
         tflite, _ = to_composite_format(tflite)
@@ -574,7 +529,9 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
             f"saved with tf.saved_model.save() does this; save it with model.export(DIR) instead, or pass the "
             f"Keras model itself to convert().")
     if quantization is not None:
-        _check_fused_float(m)
+        check_fused_float(m, INT8_COMPOSITES if int8_fused else frozenset())
+    if int8_fused:
+        check_int8_fused(report)
     if check and not report.ok:
         lines = [f"composite {c.name!r}: {c.traced} annotated call(s) traced, {c.fused} {c.name!r} op(s) in "
                  f"the .tflite" for c in report.mismatches]

@@ -20,7 +20,8 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
 
 * ``bottleneck``: CONV_2D 1x1 (act A) -> DEPTHWISE_CONV_2D KxK, K 3 or 5, stride 1 or 2, SAME (act A) ->
   CONV_2D 1x1 (no act) [-> ADD of the block's input] with A = RELU6 or RELU; also without the first conv
-  (expansion 1): ``fused_bottleneck``.
+  (expansion 1): ``fused_bottleneck``; the same chain in int8 (full-integer files) becomes an int8
+  ``fused_bottleneck`` (:mod:`tflfuse.passes.fuse_int8`).
 * ``squeeze_excite``: global AVERAGE_POOL_2D (or MEAN over H, W) -> CONV_2D 1x1 + RELU -> CONV_2D 1x1 ->
   LOGISTIC -> MUL with the input: ``fused_squeeze_excite``.
 * ``pad_conv``: PAD of zeros exactly as SAME would pad, then a VALID CONV_2D / DEPTHWISE_CONV_2D: the conv
@@ -560,6 +561,11 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
     ops_before = _op_count(model)
     before = 0
     counts: collections.Counter = collections.Counter()
+    if "bottleneck" in names:   # int8 chains, which the float patterns below carry through
+        from .fuse_int8 import fuse_int8_bottlenecks
+
+        tflite, counts["bottleneck"] = fuse_int8_bottlenecks(tflite)
+        model = Model(tflite) if counts["bottleneck"] else model
     carried: collections.Counter = collections.Counter()
     for sg in range(len(model.m.subgraphs)):
         g = CarryingGraph(model, sg, target)
@@ -587,9 +593,9 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
                 counts[name] += 1
                 break
         g.commit()
-    if counts:
+    if +counts:
         drop_unused_buffers(model)
-    result = model.to_bytes() if counts else tflite
+    result = model.to_bytes() if +counts else tflite
     fused = Model(result)
     report = FuseReport(patterns={n: counts.get(n, 0) for n in names}, ops_before=ops_before,
                         ops_after=_op_count(fused),

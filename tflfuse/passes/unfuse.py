@@ -110,6 +110,10 @@ class Builder:
 @expansion("fused_bottleneck")
 def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
     ins, (out,) = g.inputs(oi), g.outputs_of(oi)
+    if str(g.model.tensor_dtype(g.index, ins[0])) == "int8":   # an int8 op: its own int8 builtin chain
+        from .fuse_int8 import expand_int8_bottleneck
+
+        return expand_int8_bottleneck(g, oi, attrs)
     b = Builder(g, oi)
     x = ins[0]
     n, h, w, cin = g.shapes[x]

@@ -19,6 +19,7 @@ import numpy as np
 from ..kernels import kernel_class, supported_ops
 from ..kernels.base import Kernel, KernelError, TensorSpec
 from ..kernels.quant import quantized_kernel
+from ..kernels.quant.hybrid import hybrid_kernel
 from ..kernels.registry import missing_kernels_error
 from ..model import Model, is_builtin_name
 from ..passes.portable import inline_composites
@@ -295,8 +296,8 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         if name == "STABLEHLO_COMPOSITE":   # kept by inline_composites: it has a fused kernel
             name = model.composite(subgraph, oi).name
         cls = kernel_class(name)
-        if _quantized_op(model, subgraph, oi):   # int8/uint8 tensors: TFLite's integer kernels, or a refusal
-            cls = quantized_kernel(name, cls)
+        if _quantized_op(model, subgraph, oi):   # int8/uint8: TFLite's integer (or dynamic-range) kernels
+            cls = hybrid_kernel(model, subgraph, oi) or quantized_kernel(name, cls)
         where = f"{name} (operator {oi} of subgraph {subgraph})"
         attrs = _op_attrs(model, subgraph, oi, cls, where)
         if "target" in cls.attr_defaults:

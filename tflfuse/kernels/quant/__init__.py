@@ -18,6 +18,9 @@ from ..base import Kernel, TensorSpec
 from . import ops  # noqa: F401  (QUANTIZE registers itself)
 from . import activations
 from . import reduce_resize
+from . import transpose_conv
+from . import cast
+from . import bottleneck
 from .arith import activation_range, quantize_multiplier
 
 __all__ = ["MOVES", "activation_range", "quantized_kernel", "quantize_multiplier"]
@@ -41,6 +44,9 @@ _KERNELS: dict[str, type[Kernel]] = {
         "CONCATENATION": reduce_resize.QuantizedConcatenation,
         "RESIZE_BILINEAR": reduce_resize.QuantizedResizeBilinear,
         "RESIZE_NEAREST_NEIGHBOR": reduce_resize.QuantizedResizeNearestNeighbor,
+        "TRANSPOSE_CONV": transpose_conv.QuantizedTransposeConv,
+        "CAST": cast.QuantizedCast,
+        "fused_bottleneck": bottleneck.QuantizedFusedBottleneck,
     }.items()}
 
 #: Ops whose TFLite kernels copy values unchanged (whatever the quantization, bar PACK, whose inputs must share

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-__all__ = ["INT8_RANGE", "WGSL", "activation_range", "quant_range", "quantize_multiplier"]
+__all__ = ["INT8_RANGE", "WGSL", "activation_range", "quant_range", "quantize_f32_wgsl", "quantize_multiplier"]
 
 #: dtype name -> (qmin, qmax) of the quantized types held one element per i32.
 INT8_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
@@ -147,4 +147,60 @@ fn q_round(v: f32) -> f32 {
   let t = trunc(v);
   return select(t, t + sign(v), abs(v - t) >= 0.5);
 }
+"""
+
+
+def quantize_f32_wgsl(scale: float) -> str:
+    """WGSL of ``q_quant_even(x)`` and ``q_quant_away(x)``: float32 ``x`` to the int32 that LiteRT's optimized
+    ``AffineQuantize`` (``kernels/internal/optimized/optimized_ops.h``, the QUANTIZE kernel of quantize.cc) adds
+    the zero point to, for the output scale ``scale`` (float32, > 0).
+
+    LiteRT computes whole blocks of 8 elements with vectors, ``x * (1.0f / scale)`` (the reciprocal of the
+    double scale, rounded to float32), converted with ties to even (``q_quant_even``: one correctly rounded
+    f32 multiply and WGSL's ``round``, also ties to even); the last ``size % 8`` elements as the reference
+    does, ``TfLiteRound(x / scale)`` in double (``q_quant_away``: the quotient rounded to nearest, halves away
+    from zero). The double quotient of two floats rounds to the same integer as the exact one, so
+    ``q_quant_away`` decides each rounding boundary ``(n + 1/2) * scale`` exactly: the scale is split into two
+    halves of 12 significant bits (``scale = hi + lo``), both products with ``n + 1/2`` (12 bits at most for
+    ``|n| <= 1024``) are exact, and ``x - (n + 1/2) * hi`` is exact wherever it decides the comparison
+    (Sterbenz). Quotients of 1024 and more saturate any int8/uint8 output, so their rounding does not matter.
+    A NaN, and a value whose rounded quotient is outside int32, gives INT_MIN as x86's conversion does (so
+    that +inf quantizes to the minimum, as LiteRT's does); within a few float32 units of +-2**31 the sign of
+    that saturation follows the f32 quotient.
+    """
+    s = float(np.float32(scale))
+    if not (s > 0 and math.isfinite(s)):
+        raise ValueError(f"a quantization scale must be positive and finite, got {scale}")
+    inv = float(np.float32(1.0 / s))
+    hi = float(np.frombuffer((np.float32(s).view(np.uint32) & np.uint32(0xFFFFF000)).tobytes(), np.float32)[0])
+    lo = s - hi    # exact: the low 12 bits of the significand
+
+    def lit(v: float) -> str:
+        return f"bitcast<f32>({int(np.float32(v).view(np.uint32))}u)"   # exact, also for subnormal halves
+
+    return f"""
+// round(x * (1 / scale)), ties to even; NaN or outside int32: INT_MIN
+fn q_quant_even(x: f32) -> i32 {{
+  let r = round(x * {lit(inv)});
+  if ((bitcast<u32>(r) & 0x7fffffffu) >= 0x4f000000u) {{ return bitcast<i32>(0x80000000u); }}
+  return i32(r);
+}}
+
+// a < h * scale, exactly (h > 0 with 12 significant bits at most)
+fn q_quant_below(a: f32, h: f32) -> bool {{
+  return a - h * {lit(hi)} < h * {lit(lo)};
+}}
+
+// x / scale rounded to nearest, halves away from zero (the exact quotient's rounding); NaN or outside int32:
+// INT_MIN
+fn q_quant_away(x: f32) -> i32 {{
+  let q = x / {lit(s)};
+  let b = bitcast<u32>(q) & 0x7fffffffu;
+  if (b >= 0x4f000000u) {{ return bitcast<i32>(0x80000000u); }}
+  if (b >= 0x44800000u) {{ return i32(q); }}   // |q| >= 1024: any 8-bit output saturates
+  let a = abs(x);
+  var n = floor(abs(q) + 0.5);
+  if (n > 0.0 && q_quant_below(a, n - 0.5)) {{ n -= 1.0; }} else if (!q_quant_below(a, n + 0.5)) {{ n += 1.0; }}
+  return select(i32(n), -i32(n), x < 0.0);
+}}
 """

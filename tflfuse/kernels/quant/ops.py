@@ -22,12 +22,14 @@ import numpy as np
 
 from ...model import Quantization
 from ..base import Kernel, TensorSpec
-from ..conv import _Conv, window_body
+from ..conv import _Conv, is_pointwise, window_body
+from ..gemm import tile_attr, use_tiled_matmul
 from ..elementwise import broadcast_index
 from ..registry import register
 from ..shape_ops import Dequantize
 from ..wgsl import elementwise_program, fmt_f32
-from .arith import WGSL, activation_range, quant_range, quantize_multiplier
+from .arith import WGSL, activation_range, quant_range, quantize_f32_wgsl, quantize_multiplier
+from .product import quantized_product_program
 
 __all__ = ["QuantKernel", "QuantizedAdd", "QuantizedConv2D", "QuantizedDepthwiseConv2D", "QuantizedDequantize",
            "QuantizedFullyConnected", "QuantizedPad", "QuantizedPool", "Quantize"]
@@ -60,6 +62,18 @@ class QuantKernel(Kernel):
         if any(not (s > 0 and math.isfinite(s)) for s in q.scale):
             raise self.fail(f"{what} has a quantization scale that is not positive and finite: {list(q.scale)}")
         return q
+
+    def multiplier(self, real: float, what: str = "the requantization") -> tuple[int, int]:
+        """:func:`~tflfuse.kernels.quant.arith.quantize_multiplier` of ``real``; multipliers below 2**-32 flush
+        to zero as TFLite's do. Raises KernelError (naming the op) for one of 2**30 or more (a left shift of 31
+        or more): LiteRT's kernels shift such products out of int32 each in their own way (the convolutions and
+        FULLY_CONNECTED give the zero point, QUANTIZE other codes), which the GPU kernels do not reproduce, so
+        the op runs on LiteRT's CPU."""
+        m, shift = quantize_multiplier(real)
+        if shift > 30:
+            raise self.fail(f"{what} multiplier {real:.6g} (input scale x filter scale / output scale, or its "
+                            f"like) is 2**30 or more; the GPU kernel takes smaller ones, the op runs on LiteRT's CPU")
+        return m, shift
 
     def quantized_input(self, i: int) -> TensorSpec:
         spec = self.input(i)
@@ -115,8 +129,10 @@ def _requant(mults: list[tuple[int, int]], index: str, fn: str = "q_mul_up") -> 
 
 @register("QUANTIZE")
 class Quantize(QuantKernel):
-    """QUANTIZE: float32 ``[...]`` -> int8/uint8 ``q = clamp(round(x / scale) + zero_point)`` (reference
-    ``AffineQuantize``, halves away from zero), or int8/uint8 -> int8/uint8 requantized
+    """QUANTIZE: float32 ``[...]`` -> int8/uint8 ``q = clamp(round(x / scale) + zero_point)`` rounded as LiteRT's
+    optimized ``AffineQuantize`` rounds (blocks of 8 elements ``x * (1 / scale)`` ties to even, the rest
+    ``x / scale`` halves away from zero; NaN and quotients outside int32 as INT_MIN: see
+    :func:`~tflfuse.kernels.quant.arith.quantize_f32_wgsl`), or int8/uint8 -> int8/uint8 requantized
     (``q = clamp(MultiplyByQuantizedMultiplier(x - zp_in, in_scale / out_scale) + zp_out)``, reference
     ``Requantize``); per-tensor parameters. The output's shape is the input's."""
 
@@ -130,7 +146,7 @@ class Quantize(QuantKernel):
         self.qo = self.q_out()
         if x.dtype != "float32":
             qi = self.q_in(0)
-            self.mult = quantize_multiplier(float(qi.scale[0]) / float(self.qo.scale[0]))
+            self.mult = self.multiplier(float(qi.scale[0]) / float(self.qo.scale[0]))
             self.zp_in = qi.zero_point[0]
 
     def output_specs(self):
@@ -139,9 +155,12 @@ class Quantize(QuantKernel):
     def programs(self):
         lo, hi = quant_range(self.dtype)
         zp = self.qo.zero_point[0]
-        if self.input(0).dtype == "float32":
-            body = (f"  let r = clamp(q_round(x[idx] / {fmt_f32(self.qo.scale[0])}), -1.0e9, 1.0e9);\n"
-                    f"  y[idx] = clamp(i32(r) + {zp}, {lo}, {hi});")
+        if self.input(0).dtype == "float32":   # LiteRT's blocks of 8, then its scalar tail (quantize_f32_wgsl)
+            n = self.input(0).size
+            body = (f"  let r = select(q_quant_away(x[idx]), q_quant_even(x[idx]), idx < {n - n % 8}u);\n"
+                    f"  y[idx] = clamp(r + {zp}, {lo}, {hi});")
+            return [elementwise_program(self.key, self.io_bindings(["x", "y"]), n, body,
+                                        quantize_f32_wgsl(self.qo.scale[0]))]
         else:
             m, s = self.mult
             body = f"  y[idx] = clamp(q_mul(x[idx] - {self.zp_in}, {m}, {s}) + {zp}, {lo}, {hi});"
@@ -213,7 +232,7 @@ class _Accumulating(QuantKernel):
                             f"only (symmetric weights)")
         scales = qw.scale if len(qw.scale) > 1 else qw.scale * cout
         in_scale, out_scale = float(qi.scale[0]), float(qo.scale[0])
-        self.mults = [quantize_multiplier(in_scale * float(s) / out_scale) for s in scales]
+        self.mults = [self.multiplier(in_scale * float(s) / out_scale) for s in scales]
         self.x_off, self.w_off, self.y_off = -qi.zero_point[0], -qw.zero_point[0], qo.zero_point[0]
         self.lo, self.hi = self.clamp()
         self.bias = _bias_terms(self, cout)
@@ -226,14 +245,25 @@ class _Accumulating(QuantKernel):
     def _term(v: str, off: int) -> str:
         return f"({v} + {off})" if off else v
 
+    def _product(self, names: list[str], rows: int, depth: int):
+        """The tiled product (:mod:`tflfuse.kernels.quant.product`) of weights laid out ``[depth, cout]``."""
+        decls, call = _requant(self.mults, "co")
+        return quantized_product_program(self, names, rows, depth, self.cout, x_off=self.x_off, w_off=self.w_off,
+                                         y_off=self.y_off, lo=self.lo, hi=self.hi, decls=decls, requant=call,
+                                         tile=tile_attr(self))
+
 
 class QuantizedFullyConnected(_Accumulating):
     """FULLY_CONNECTED int8/uint8: input ``[..., Cin]`` (flattened to ``[B, Cin]``), filter ``[Cout, Cin]``
     (per-tensor, or per-channel along 0), bias int32 ``[Cout]`` (optional) -> ``[B, Cout]`` or
     ``[..., Cout]`` with ``keep_num_dims``. Reference ``integer_ops/fully_connected.h``."""
 
-    attr_defaults = {"fused_activation_function": "NONE", "keep_num_dims": False}
-    extra_attrs = QuantKernel.extra_attrs + ("weights_format", "asymmetric_quantize_inputs")
+    attr_defaults = {"fused_activation_function": "NONE", "keep_num_dims": False, "weights_layout": "OI",
+                     "target": "gpu"}
+    extra_attrs = QuantKernel.extra_attrs + ("weights_format", "asymmetric_quantize_inputs", "matmul_tile")
+    #: as the float FULLY_CONNECTED's: a constant ``[Cout, Cin]`` filter is transposed at load for a GPU
+    #: (``weights_layout="IO"``), which the tiled product reads (:mod:`tflfuse.kernels.quant.product`)
+    relayout = {1: ("weights_layout", "IO", np.transpose)}
 
     def check(self):
         x, w = self.input(0), self.input(1)
@@ -241,7 +271,11 @@ class QuantizedFullyConnected(_Accumulating):
             raise self.fail(f"filter must be [Cout, Cin], got shape {list(w.shape)}")
         if str(self.attrs.get("weights_format", "DEFAULT")) not in ("DEFAULT", "0"):
             raise self.fail(f"weights_format {self.attrs.get('weights_format')!r} is not supported")
-        self.cout, self.cin = w.shape
+        self.layout = str(self.attr("weights_layout")).upper()
+        if self.layout not in ("OI", "IO"):
+            raise self.fail(f"weights_layout must be 'OI' or 'IO', got {self.attr('weights_layout')!r}")
+        tile_attr(self)
+        self.cout, self.cin = w.shape if self.layout == "OI" else w.shape[::-1]
         if self.cin == 0 or x.size % self.cin:
             raise self.fail(f"input of {x.size} elements does not flatten to rows of {self.cin}")
         if self.attr("keep_num_dims") and x.shape[-1] != self.cin:
@@ -255,15 +289,18 @@ class QuantizedFullyConnected(_Accumulating):
         return (TensorSpec((self.rows, self.cout), self.dtype),)
 
     def programs(self):
+        names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
+        if self.layout == "IO" and use_tiled_matmul(self.rows, self.cin, self.cout, self.target()):
+            return [self._product(names, self.rows, self.cin)]
         decls, store = self._store()
         x = self._term(f"x[r * {self.cin}u + k]", self.x_off)
-        w = self._term(f"w[co * {self.cin}u + k]", self.w_off)
+        w = self._term(f"w[co * {self.cin}u + k]" if self.layout == "OI" else f"w[k * {self.cout}u + co]",
+                       self.w_off)
         body = f"""  let co = idx % {self.cout}u;
   let r = idx / {self.cout}u;
   var acc = 0;
   for (var k = 0u; k < {self.cin}u; k++) {{ acc += {x} * {w}; }}
 {self.bias}{store}"""
-        names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
         total = self.rows * self.cout
         return [elementwise_program(self.key, self.io_bindings(names), total, body, WGSL + decls,
                                     loop_trips=self.cin)]
@@ -272,6 +309,7 @@ class QuantizedFullyConnected(_Accumulating):
 class _QuantizedWindow(_Accumulating):
     attr_defaults = {"padding": "VALID", "stride_h": 1, "stride_w": 1, "dilation_h_factor": 1,
                      "dilation_w_factor": 1, "fused_activation_function": "NONE", "depth_multiplier": 1}
+    layout = "OHWI"
 
     def _geometry(self, kh: int, kw: int) -> dict:
         """The float convolutions' window geometry (:class:`tflfuse.kernels.conv._Conv`), on an NHWC input."""
@@ -296,13 +334,28 @@ class _QuantizedWindow(_Accumulating):
 class QuantizedConv2D(_QuantizedWindow):
     """CONV_2D int8/uint8: input NHWC, filter ``[Cout, KH, KW, Cin / groups]`` (per-channel along 0), bias
     int32 ``[Cout]`` -> NHWC; SAME/VALID padding (taps in the padding add nothing: ``x - zp_x`` is 0 there),
-    strides, dilations. Reference ``integer_ops/conv.h``."""
+    strides, dilations. Reference ``integer_ops/conv.h``.
+
+    As the float CONV_2D, a constant filter is re-laid out HWIO ``[KH, KW, Cin, Cout]`` at load for a GPU
+    (``filter_layout="HWIO"``); a 1x1 stride-1 convolution of one group then runs as a tiled product
+    (:mod:`tflfuse.kernels.quant.product`)."""
+
+    attr_defaults = {**_QuantizedWindow.attr_defaults, "filter_layout": "OHWI", "target": "gpu"}
+    extra_attrs = _QuantizedWindow.extra_attrs + ("matmul_tile",)
+    relayout = {1: ("filter_layout", "HWIO", lambda f: f.transpose(1, 2, 3, 0))}
 
     def check(self):
         w = self.input(1)
         if len(w.shape) != 4:
             raise self.fail(f"filter must be [Cout, KH, KW, Cin], got shape {list(w.shape)}")
-        self.cout, kh, kw, self.wcin = w.shape
+        self.layout = str(self.attr("filter_layout")).upper()
+        if self.layout not in ("OHWI", "HWIO"):
+            raise self.fail(f"filter_layout must be 'OHWI' or 'HWIO', got {self.attr('filter_layout')!r}")
+        tile_attr(self)
+        if self.layout == "HWIO":
+            kh, kw, self.wcin, self.cout = w.shape
+        else:
+            self.cout, kh, kw, self.wcin = w.shape
         self.g = self._geometry(kh, kw)
         cin = self.input(0).shape[3]
         if self.wcin == 0 or cin % self.wcin or self.cout % (cin // self.wcin):
@@ -312,9 +365,17 @@ class QuantizedConv2D(_QuantizedWindow):
 
     def programs(self):
         g, cin, wcin = self.g, self.cin, self.wcin
+        rows = g["N"] * g["OH"] * g["OW"]
+        if (self.layout == "HWIO" and cin == wcin and is_pointwise(g)
+                and use_tiled_matmul(rows, cin, self.cout, self.target())):
+            return [self._product(["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"], rows, cin)]
         base = f"(co / {self.per_group}u) * {wcin}u" if cin != wcin else "0u"
         x = self._term(f"x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + c0 + ci]", self.x_off)
-        w = self._term(f"w[((co * {g['KH']}u + u32(ky)) * {g['KW']}u + u32(kx)) * {wcin}u + ci]", self.w_off)
+        if self.layout == "HWIO":
+            w = f"w[((u32(ky) * {g['KW']}u + u32(kx)) * {wcin}u + ci) * {self.cout}u + co]"
+        else:
+            w = f"w[((co * {g['KH']}u + u32(ky)) * {g['KW']}u + u32(kx)) * {wcin}u + ci]"
+        w = self._term(w, self.w_off)
         inner = (f"    let c0 = {base};\n"
                  f"    for (var ci = 0u; ci < {wcin}u; ci++) {{ acc += {x} * {w}; }}")
         return self._program(inner, g["KH"] * g["KW"] * (wcin + 1))
@@ -382,8 +443,18 @@ class QuantizedAdd(QuantKernel):
         twice_max = 2.0 * max(float(qa.scale[0]), float(qb.scale[0]))
         self.ma = quantize_multiplier(float(qa.scale[0]) / twice_max)
         self.mb = quantize_multiplier(float(qb.scale[0]) / twice_max)
-        self.mo = quantize_multiplier(twice_max / (float(1 << 20) * float(qo.scale[0])))
+        self.mo = self.multiplier(twice_max / (float(1 << 20) * float(qo.scale[0])), "the output")
         self.za, self.zb, self.zo = qa.zero_point[0], qb.zero_point[0], qo.zero_point[0]
+        # LiteRT's optimized int8 ADD narrows the requantized sum to int16 without saturating (NEON's vmovn)
+        # before it adds the zero point: a sum beyond int16 wraps there and not here, so outputs that can reach
+        # it are refused (the bound: each input's largest |x - zp| times its scale over the output scale).
+        ends = quant_range(a.dtype)
+        lim = sum(float(q.scale[0]) / float(qo.scale[0]) * max(abs(e - q.zero_point[0]) for e in ends)
+                  for q in (qa, qb))
+        if lim + abs(self.zo) >= 2 ** 15 - 1:
+            raise self.fail(f"output scale {float(qo.scale[0]):.6g} is so much finer than the inputs' that a sum "
+                            f"can pass int16 (up to {lim:.0f} output steps), where LiteRT's kernel wraps it; the "
+                            f"GPU kernel takes coarser output scales, the op runs on LiteRT's CPU")
         self.lo, self.hi = self.clamp()
 
     def output_specs(self):
@@ -403,7 +474,12 @@ class QuantizedAdd(QuantKernel):
 class QuantizedPad(QuantKernel):
     """PAD/PADV2 int8/uint8: input ``[...]`` (rank <= 6), constant paddings ``[rank, 2]`` -> the padded
     tensor, filled with the output's zero point (PAD, as TFLite's pad.cc) or PADV2's constant value (already
-    quantized in the file)."""
+    quantized in the file).
+
+    Raises:
+      KernelError: what pad.cc refuses: PAD's output zero point outside the type's range; a PADV2 constant
+        that is not one element of the output's dtype or not quantized with the output's scale and zero
+        point."""
 
     static_inputs = {1: "paddings", 2: "constant_values"}
     optional_inputs = frozenset({2})
@@ -418,8 +494,27 @@ class QuantizedPad(QuantKernel):
         self.pads = pads
         self.out = tuple(int(s + a + b) for s, (a, b) in zip(x.shape, pads))
         self.dtype = self.output_dtype()
-        fill = self.attrs.get("constant_values")
-        self.fill = int(np.ravel(fill)[0]) if fill is not None and np.size(fill) else self.q_out().zero_point[0]
+        fill, qo = self.attrs.get("constant_values"), self.q_out()
+        lo, hi = quant_range(self.dtype)
+        if fill is None:   # pad.cc: the output's zero point, which must be a code of the type
+            if not lo <= qo.zero_point[0] <= hi:
+                raise self.fail(f"output zero point {qo.zero_point[0]} is outside {self.dtype}'s range [{lo}, {hi}], "
+                                f"which LiteRT's pad.cc refuses; give the output a zero point in range")
+            self.fill = qo.zero_point[0]
+            return
+        # pad.cc: the constant value must be one element quantized as the output is (same scale and zero point)
+        qs = self.attrs.get("input_quantization") or ()
+        qc = _as_quantization(qs[2] if len(qs) > 2 else None)
+        if np.size(fill) != 1 or (self.has_input(2) and self.input(2).dtype != self.dtype):
+            raise self.fail(f"the constant value must be one {self.dtype} element, got {np.size(fill)} of "
+                            f"{self.input(2).dtype if self.has_input(2) else 'unknown dtype'}")
+        if qc is None or (float(np.float32(qc.scale[0])), qc.zero_point[0]) != (float(np.float32(qo.scale[0])),
+                                                                               qo.zero_point[0]):
+            got = "none" if qc is None else f"scale {qc.scale[0]}, zero point {qc.zero_point[0]}"
+            raise self.fail(f"the constant value's quantization ({got}) differs from the output's (scale "
+                            f"{qo.scale[0]}, zero point {qo.zero_point[0]}), which LiteRT's pad.cc refuses; "
+                            f"quantize the constant with the output's parameters")
+        self.fill = int(np.ravel(fill)[0])
 
     def output_specs(self):
         return (TensorSpec(self.out, self.dtype),)
