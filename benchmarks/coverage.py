@@ -30,6 +30,11 @@ CPU interpreter inside the same invoke: they are named), *refused* (an exception
 
     python benchmarks/coverage.py                                   # all groups -> benchmarks/COVERAGE.md
     python benchmarks/coverage.py --groups=applications --select='ResNet*' --resume
+    python benchmarks/coverage.py --quantization=int8               # applications, int8 -> COVERAGE_INT8.md
+
+``--quantization=int8`` converts the applications (built as above) with full-integer quantization from a seeded
+representative set and compares them with LiteRT's builtin kernels in output quantization steps
+(benchmarks/coverage_int8.py says how).
 
 Each model is prepared and measured in a child process of its own (this script with ``--worker``), so that the
 memory of one conversion (ConvNeXtXLarge's ~1.4 GB of weights, copied several times by the converter) is given
@@ -191,9 +196,11 @@ _APP_COST = {"MobileNetV3Small": 2.5, "MobileNetV2": 3.5, "MobileNet": 4.2, "NAS
              "ConvNeXtXLarge": 350}
 
 
-def _application(name: str) -> Prepared:
+def application_model(name: str):
+    """``keras.applications.<name>`` (weights=None, seeded, no softmax) at the smallest side it accepts, its
+    BatchNormalizations' statistics set as the module docstring says; (model, the calibration images [16, side,
+    side, 3] float32 as its ``preprocess_input`` gives them, side)."""
     import keras
-    import tensorflow as tf
 
     builder = getattr(keras.applications, name)
     preprocess = importlib.import_module(builder.__module__).preprocess_input
@@ -221,6 +228,14 @@ def _application(name: str) -> Prepared:
         if isinstance(layer, keras.layers.BatchNormalization):
             v = np.asarray(layer.moving_variance)
             layer.moving_variance.assign(np.maximum(v, _VARIANCE_FLOOR * float(np.mean(v))).astype(np.float32))
+    return base, images, side
+
+
+def _application(name: str) -> Prepared:
+    import keras
+    import tensorflow as tf
+
+    base, images, side = application_model(name)
     inp = keras.Input(batch_shape=(1, side, side, 3))
     data = _quiet_convert(tf.lite.TFLiteConverter.from_keras_model(keras.Model(inp, base(inp))).convert)
     x = [images[:1]]
@@ -578,8 +593,12 @@ def _worker(key: str) -> None:
     """Measures one case (``group/name``) in this process and appends its row to ``--results``, with the
     process's peak resident memory."""
     group, name = key.split("/", 1)
-    case = next(c for c in _cases([group]) if c.name == name)
-    row = measure(case, tflfuse.Device(FLAGS.adapter))
+    if FLAGS.quantization == "int8":
+        import coverage_int8
+
+        row = coverage_int8.measure(name, tflfuse.Device(FLAGS.adapter), application_model)
+    else:
+        row = measure(next(c for c in _cases([group]) if c.name == name), tflfuse.Device(FLAGS.adapter))
     row["peak_rss_gib"] = _peak_gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     with Path(FLAGS.results).open("a") as f:
         f.write(json.dumps(row) + "\n")
@@ -591,6 +610,7 @@ def _child(case: Case, results: Path) -> dict:
     cmd = [sys.executable, __file__, f"--worker={case.group}/{case.name}", f"--results={results}"]
     cmd += [] if FLAGS["verbosity"].using_default_value else [f"--verbosity={FLAGS.verbosity}"]
     cmd += [f"--adapter={FLAGS.adapter}"] if FLAGS.adapter else []
+    cmd += [f"--quantization={FLAGS.quantization}"]
     cmd += [f"--ssd_model={p}" for p in FLAGS.ssd_model]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
@@ -609,6 +629,11 @@ def _child(case: Case, results: Path) -> dict:
     return row
 
 
+#: --quantization=int8's default --results and --out.
+_INT8_RESULTS = Path.home() / ".cache" / "tflfuse" / "coverage_int8.jsonl"
+_INT8_OUT = ROOT / "benchmarks" / "COVERAGE_INT8.md"
+
+
 def main(argv):
     del argv
     if not FLAGS.is_parsed() or FLAGS["verbosity"].using_default_value:
@@ -624,6 +649,14 @@ def main(argv):
     unknown = sorted(set(groups) - set(GROUPS))
     if unknown:
         raise app.UsageError(f"unknown --groups {unknown}; known: {list(GROUPS)}")
+    int8 = FLAGS.quantization == "int8"
+    if int8:
+        if not FLAGS["groups"].using_default_value and groups != ["applications"]:
+            raise app.UsageError("--quantization=int8 measures the applications group only (--groups=applications)")
+        groups = ["applications"]
+        for flag, default in (("results", _INT8_RESULTS), ("out", _INT8_OUT)):
+            if FLAGS[flag].using_default_value:
+                FLAGS[flag].value = str(default)
     results = Path(FLAGS.results)
     results.parent.mkdir(parents=True, exist_ok=True)
     done = {(r["group"], r["model"]) for r in _load(results) if r["status"] not in ("not prepared", "not measured")} \
@@ -645,8 +678,14 @@ def main(argv):
                     f.write(json.dumps(row) + "\n")
             else:
                 row = _child(case, results)
-            tqdm.write(f"{case.group} {case.name}: {_cell(row)}")
-    Path(FLAGS.out).write_text(render(_load(results), name))
+            tqdm.write(f"{case.group} {case.name}: {_cell(row)}" + (
+                f"; {row['max_steps']} step(s), {row['off_by_one']} off by one" if "max_steps" in row else ""))
+    if int8:
+        import coverage_int8
+
+        Path(FLAGS.out).write_text(coverage_int8.render(_load(results), name, _application_names()))
+    else:
+        Path(FLAGS.out).write_text(render(_load(results), name))
     print(f"wrote {FLAGS.out}")
 
 
@@ -663,6 +702,10 @@ if __name__ == "__main__":
     flags.DEFINE_float("budget_s", None, "Stop measuring after this many seconds; the models left are recorded as "
                        "not measured (a later --resume measures them).")
     flags.DEFINE_multi_string("ssd_model", [], "An SSD-style .tflite ending in TFLite_Detection_PostProcess.")
+    flags.DEFINE_enum("quantization", "float", ["float", "int8"], "float: the files as the stock converter writes "
+                      "them; int8: the applications in full-integer int8 against LiteRT's builtin kernels "
+                      f"(benchmarks/coverage_int8.py; --results and --out default to {_INT8_RESULTS.name} and "
+                      f"{_INT8_OUT.relative_to(ROOT)}).")
     flags.DEFINE_string("worker", None, "internal: measure this one case (group/name) in this process, appending its "
                         "row to --results")
     app.run(main)

@@ -4,6 +4,7 @@ LiteRT's CPU interpreter; the counts, refusal causes and wrong cases go to ``ben
 
     python benchmarks/op_tests.py              # all families: 7 minutes on 2 cores, 1 minute with .optests/ filled
     python benchmarks/op_tests.py --ops=conv,mean --limit_per_op=20 --out=/tmp/OP_TESTS.md
+    python benchmarks/op_tests.py --quantized   # the fully-quantized sets (int8, uint8 I/O): OP_TESTS_INT8.md
 
 The cases run in a child process that appends one JSON line per case to ``--results``: should LiteRT or the
 adapter crash on a case, the case is recorded as ``crashed`` and a new child goes on after it. Converted files are
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import tflfuse  # noqa: E402,I001  (before TensorFlow: see tflfuse/_tfload.py)
 from absl import app, flags  # noqa: E402
 
-from optests import grids, harness  # noqa: E402
+from optests import grids, harness, harness_int8, quant_grids  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("ops", [], "families of tests/optests/grids.py to run (default: all)")
@@ -38,17 +39,22 @@ flags.DEFINE_string("out", str(ROOT / "benchmarks" / "OP_TESTS.md"), "the report
 flags.DEFINE_string("results", str(harness.CACHE_DIR / "results.jsonl"), "one JSON line per case")
 flags.DEFINE_list("dtypes", list(grids.DTYPES), "data dtypes to run (others count as out_of_scope); int64 too "
                   "measures the int64 narrowing")
+flags.DEFINE_bool("quantized", False, "run the fully-quantized sets of tests/optests/quant_grids.py instead "
+                  "(report: benchmarks/OP_TESTS_INT8.md unless --out is given)")
+flags.DEFINE_integer("case_timeout", 120, "seconds a case may run before its worker is ended and the case is "
+                     "recorded as crashed (timed out)")
 flags.DEFINE_string("worker", None, "internal: run the cases named in this file, appending to --results")
 
 
 def _selected() -> list[harness.Case]:
-    families = FLAGS.ops or list(grids.FAMILIES)
-    unknown = sorted(set(families) - set(grids.FAMILIES))
+    known = quant_grids.QUANT_FAMILIES if FLAGS.quantized else grids.FAMILIES
+    families = FLAGS.ops or list(known)
+    unknown = sorted(set(families) - set(known))
     if unknown:
-        raise app.UsageError(f"unknown --ops {unknown}; the families are {sorted(grids.FAMILIES)}")
+        raise app.UsageError(f"unknown --ops {unknown}; the families are {sorted(known)}")
     cases = []
     for f in families:
-        fc = harness.expand(f)
+        fc = harness_int8.expand(f) if FLAGS.quantized else harness.expand(f)
         cases += fc[:FLAGS.limit_per_op] if FLAGS.limit_per_op > 0 else fc
     return cases
 
@@ -68,15 +74,35 @@ def _worker(names_file: str) -> None:
     from tqdm import tqdm
     logging.set_verbosity(logging.WARNING)   # the converter logs a line per conversion
     names = Path(names_file).read_text().split()
-    by_name = {c.name: c for c in harness.all_cases({n.split("/")[0] for n in names})}
+    families = {n.split("/")[0] for n in names}
+    by_name = {c.name: c for c in (harness_int8 if FLAGS.quantized else harness).all_cases(families)}
     device = tflfuse.Device()
     results = Path(FLAGS.results)
     with results.open("a") as out, tqdm(names, desc="op tests", unit="case", mininterval=5) as bar:
         for name in bar:
             bar.set_postfix_str(name, refresh=False)
-            rec = harness.run_case(by_name[name], device, cache=FLAGS.cache, dtypes=tuple(FLAGS.dtypes))
+            if FLAGS.quantized:
+                rec = harness_int8.run_case(by_name[name], device, cache=FLAGS.cache)
+            else:
+                rec = harness.run_case(by_name[name], device, cache=FLAGS.cache, dtypes=tuple(FLAGS.dtypes))
             out.write(json.dumps(rec) + "\n")
             out.flush()
+
+
+def _supervise(cmd: list[str], results: Path) -> tuple[int, bool]:
+    """Runs one worker; ends it when no case finishes within --case_timeout seconds. ``(status, timed out)``."""
+    import time
+    child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    size, since = results.stat().st_size, time.monotonic()
+    while child.poll() is None:
+        time.sleep(2)
+        if results.stat().st_size != size:
+            size, since = results.stat().st_size, time.monotonic()
+        elif time.monotonic() - since > FLAGS.case_timeout:
+            child.kill()
+            child.wait()
+            return child.returncode, True
+    return child.returncode, False
 
 
 def _run_all(cases: list[harness.Case]) -> dict[str, dict]:
@@ -89,8 +115,8 @@ def _run_all(cases: list[harness.Case]) -> dict[str, dict]:
     while pending:
         names_file.write_text("\n".join(pending))
         cmd = [sys.executable, __file__, f"--worker={names_file}", f"--results={results}",
-               f"--cache={FLAGS.cache}", f"--dtypes={','.join(FLAGS.dtypes)}"]
-        rc = subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode
+               f"--cache={FLAGS.cache}", f"--dtypes={','.join(FLAGS.dtypes)}", f"--quantized={FLAGS.quantized}"]
+        rc, timed_out = _supervise(cmd, results)
         done = _read(results)
         pending = [n for n in pending if n not in done]
         if pending and rc != 0:
@@ -99,7 +125,9 @@ def _run_all(cases: list[harness.Case]) -> dict[str, dict]:
             case = next(c for c in cases if c.name == crashed)
             with results.open("a") as out:
                 out.write(json.dumps({"case": crashed, "family": family, "params": harness._canon(case.params),
-                                      "status": "crashed", "error": f"the process ended with status {rc}"}) + "\n")
+                                      "status": "crashed", "error": f"no result within {FLAGS.case_timeout} s: "
+                                      "the process was ended" if timed_out else
+                                      f"the process ended with status {rc}"}) + "\n")
         elif pending:
             raise RuntimeError(f"the worker ended without running {len(pending)} cases")
     names_file.unlink(missing_ok=True)
@@ -169,6 +197,9 @@ def report(records: list[dict], device: str) -> str:
         f"{fb['refused']} refused); {total['tf_invalid']} tf_invalid, {total['converter_failed']} converter_failed, "
         f"{total['litert_failed']} litert_failed, {total['crashed']} crashed, {total['out_of_scope']} out_of_scope, "
         f"{total['harness_error']} harness_error.**",
+        "",
+        "The fully-quantized sets of the same files (int8 inside, float32 or uint8 at the ends), judged bit for bit "
+        "against LiteRT: [OP_TESTS_INT8.md](OP_TESTS_INT8.md) (`python benchmarks/op_tests.py --quantized`).",
         "",
     ]
     if ran:
@@ -279,14 +310,22 @@ def main(argv):
     if FLAGS.worker:
         _worker(FLAGS.worker)
         return
+    if FLAGS.quantized and not FLAGS["results"].present:
+        FLAGS.results = str(harness.CACHE_DIR / "results_int8.jsonl")
     cases = _selected()
     records = _run_all(cases)
     order = {c.name: i for i, c in enumerate(cases)}
     ordered = sorted(records.values(), key=lambda r: order.get(r["case"], len(order)))
     device = tflfuse.Device().describe()
-    Path(FLAGS.out).write_text(report(ordered, device))
+    if FLAGS.quantized:
+        import op_tests_int8
+        out = FLAGS.out if FLAGS["out"].present else str(ROOT / "benchmarks" / "OP_TESTS_INT8.md")
+        Path(out).write_text(op_tests_int8.report(ordered, device))
+    else:
+        out = FLAGS.out
+        Path(out).write_text(report(ordered, device))
     total = collections.Counter(r["status"] for r in ordered)
-    print(f"{len(ordered)} cases: " + ", ".join(f"{k} {v}" for k, v in total.most_common()) + f"; wrote {FLAGS.out}")
+    print(f"{len(ordered)} cases: " + ", ".join(f"{k} {v}" for k, v in total.most_common()) + f"; wrote {out}")
 
 
 if __name__ == "__main__":

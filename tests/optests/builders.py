@@ -121,7 +121,8 @@ def _depthwise(c: _Ctx):
     shape = p["input_shape"]
     fshape = p["filter_size"] + [shape[3], p["channel_multiplier"]]
     c.arg(shape, "float32")
-    w = c.data("float32", fshape) if p["constant_filter"] else None
+    lo, hi = c.family.get("filter_range", (None, None))   # the quantized set's file draws the filter wider
+    w = c.data("float32", fshape, lo, hi) if p["constant_filter"] else None
     if w is None:
         c.arg(fshape, "float32")
 
@@ -176,6 +177,20 @@ def _transpose_conv(c: _Ctx):
         y = tf.nn.conv2d(x, f, strides=p["strides"], padding=p["padding"], data_format=p["data_format"])
         return tf.compat.v1.nn.conv2d_backprop_input(shape, f, y, strides=p["strides"], padding=p["padding"],
                                                      data_format=p["data_format"])
+    return body
+
+
+@builder("transpose_conv_q")
+def _transpose_conv_q(c: _Ctx):
+    p = c.p
+    c.arg(p["input_shape"], "float32")
+    w = c.data("float32", p["filter_size"], -1, 1)
+    bias = c.data("float32", [p["output_shape"][-1]], -1, 1) if p["has_bias"] else None
+
+    def body(x):   # the quantized sets of TF's file: conv2d_transpose of a constant filter [+ bias_add]
+        out = tf.nn.conv2d_transpose(x, tf.constant(w), p["output_shape"], strides=p["strides"],
+                                     padding=p["padding"], data_format=p["data_format"])
+        return tf.nn.bias_add(out, tf.constant(bias), data_format=p["data_format"]) if bias is not None else out
     return body
 
 
@@ -244,8 +259,8 @@ def _prelu(c: _Ctx):
     c.arg(shape, "float32")
     alpha = c.data("float32", [1 if d in shared else shape[d] for d in range(1, len(shape))], -5, 5)
 
-    def body(x):   # keras.layers.PReLU's call: relu(x) - alpha * relu(-x), which the converter makes PRELU
-        return tf.nn.relu(x) - tf.constant(alpha) * tf.nn.relu(-x)
+    def body(x):   # keras.layers.PReLU's call, relu(x) + -alpha * relu(-x), which the converter fuses to PRELU
+        return tf.nn.relu(x) + -tf.constant(alpha) * tf.nn.relu(-x)
     return body
 
 
