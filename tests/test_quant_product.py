@@ -5,7 +5,7 @@ float products' register-blocked tiles with i32 sums, its constant filter re-lai
 software adapter's plans use the per-output loops (``target="cpu"``), so each model runs twice here: with the
 GPU's schedules (the interpreter's target patched to ``"gpu"``, as tests/test_gemm_f16.py does) and with the
 adapter's own. Shapes: depth and columns multiples of 4 (vec4 loads and stores) and not (17 -> 67: scalar
-loads, partial tiles on every side), a FULLY_CONNECTED of 64 rows, batch 2, a fused RELU6; a windowed and a
+loads, partial tiles on every side), a FULLY_CONNECTED of 1,030 rows, batch 2, a fused RELU6; a windowed and a
 grouped CONV_2D, which read the HWIO filter in the per-output loop.
 
 Tolerance: none. Integer sums are exact in any order, and the requantization is the per-output kernels' own
@@ -31,8 +31,8 @@ MODELS = {
     "conv_1x1_vec4_relu6": (lambda x: L.Conv2D(100, 1, activation="relu6")(x), (2, 33, 31, 20), True),
     # depth 17 and 67 columns: scalar loads and stores
     "conv_1x1_scalar": (lambda x: L.Conv2D(67, 1)(x), (2, 40, 30, 17), True),
-    # 64 rows x 2052 columns
-    "dense_64_rows": (lambda x: L.Dense(2052)(x), (64, 40), True),
+    # 1030 rows x 132 columns
+    "dense_1030_rows": (lambda x: L.Dense(132)(x), (1030, 40), True),
     # HWIO filters read by the per-output loop: stride 2 SAME, and two groups
     "conv_3x3_s2_hwio": (lambda x: L.Conv2D(6, 3, strides=2, padding="same")(x), (2, 9, 7, 5), False),
     "conv_grouped_hwio": (lambda x: L.Conv2D(6, 3, groups=2, padding="same")(x), (2, 8, 8, 8), False),

@@ -28,10 +28,10 @@ import math
 import numpy as np
 
 from ..base import Binding, Kernel, Program, TensorSpec, linear_dispatch
-from ..conv import _Conv, window_body
+from ..conv import window_body
 from ..wgsl import activation_fn, elementwise_program, fmt_f32, linear_main, prelude
 from .arith import WGSL
-from .ops import QuantKernel
+from .ops import QuantKernel, WindowGeometry
 
 __all__ = ["HYBRID_KERNELS", "HybridConv2D", "HybridDepthwiseConv2D", "HybridFullyConnected", "hybrid_kernel",
            "hybrid_weights"]
@@ -208,21 +208,11 @@ class HybridFullyConnected(_Hybrid):
         return [self._params_program(), self._main(body, self.rows * cout, k)]
 
 
-class _HybridWindow(_Hybrid):
-    attr_defaults = {"padding": "VALID", "stride_h": 1, "stride_w": 1, "dilation_h_factor": 1,
-                     "dilation_w_factor": 1, "fused_activation_function": "NONE", "depth_multiplier": 1}
+class _HybridWindow(WindowGeometry, _Hybrid):
+    attr_defaults = WindowGeometry.attr_defaults
     extra_attrs = QuantKernel.extra_attrs + ("quantized_bias_type",)
     per_channel_only = True
-
-    def _geometry(self, kh: int, kw: int) -> dict:
-        x = self.input(0)
-        if len(x.shape) != 4:
-            raise self.fail(f"input must be NHWC, got shape {list(x.shape)}")
-        return _Conv._geometry(self, kh, kw)
-
-    def output_specs(self):
-        g = self.g
-        return (TensorSpec((g["N"], g["OH"], g["OW"], self.cout), "float32"),)
+    dtype = "float32"   # the output's
 
 
 class HybridConv2D(_HybridWindow):

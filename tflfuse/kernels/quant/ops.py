@@ -306,13 +306,14 @@ class QuantizedFullyConnected(_Accumulating):
                                     loop_trips=self.cin)]
 
 
-class _QuantizedWindow(_Accumulating):
+class WindowGeometry:
+    """The window attributes and geometry of the int8 and hybrid convolutions: the float convolutions'
+    (:class:`tflfuse.kernels.conv._Conv`) on an NHWC input; the output ``[N, OH, OW, cout]`` of ``self.dtype``."""
+
     attr_defaults = {"padding": "VALID", "stride_h": 1, "stride_w": 1, "dilation_h_factor": 1,
                      "dilation_w_factor": 1, "fused_activation_function": "NONE", "depth_multiplier": 1}
-    layout = "OHWI"
 
     def _geometry(self, kh: int, kw: int) -> dict:
-        """The float convolutions' window geometry (:class:`tflfuse.kernels.conv._Conv`), on an NHWC input."""
         x = self.input(0)
         if len(x.shape) != 4:
             raise self.fail(f"input must be NHWC, got shape {list(x.shape)}")
@@ -321,6 +322,11 @@ class _QuantizedWindow(_Accumulating):
     def output_specs(self):
         g = self.g
         return (TensorSpec((g["N"], g["OH"], g["OW"], self.cout), self.dtype),)
+
+
+class _QuantizedWindow(WindowGeometry, _Accumulating):
+    attr_defaults = WindowGeometry.attr_defaults
+    layout = "OHWI"
 
     def _program(self, inner: str, trips: int):
         decls, store = self._store()
