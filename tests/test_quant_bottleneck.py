@@ -152,6 +152,26 @@ def test_missing_representative_dataset_is_refused():
         tflfuse.convert(model, quantization="int8")
 
 
+@pytest.mark.parametrize("bad", ["inf", "nan", "empty"])
+def test_calibration_data_that_is_not_finite_or_empty_is_refused(bad):
+    """A sample holding infinity made TensorFlow's converter crash the process (a scale out of range); NaN and an
+    empty dataset gave a misleading fusion error. Each is refused naming the sample."""
+    def rep():
+        if bad == "empty":
+            return
+        for k in range(3):
+            x = np.full((1, 8, 8, 8), 0.5, np.float32)
+            if k == 1:
+                x[0, 1, 2, 3] = np.inf if bad == "inf" else np.nan
+            yield [x]
+
+    x = keras.Input((8, 8, 8), batch_size=1)
+    model = keras.Model(x, composites.InvertedResidual(8, 3, 1, seed=0)(x))
+    match = "yielded no samples" if bad == "empty" else "sample 1, input 0 holds NaN or infinity"
+    with pytest.raises(ConversionError, match=match):
+        tflfuse.convert(model, quantization="int8", representative_dataset=rep)
+
+
 def test_composite_without_an_int8_form_is_refused():
     x = keras.Input((8, 8, 4), batch_size=1)
     y = composites.FusedConv2D(4, 3, padding="same", activation="relu")(x)

@@ -64,6 +64,31 @@ def refuse_quantization(quantization: str, kind: str, traced: collections.Counte
         f"files with its int8 kernels)")
 
 
+def checked_dataset(representative_dataset):
+    """``representative_dataset`` as the converter calls it, each sample checked first: a sample holding NaN
+    or infinity (whose calibrated scale TensorFlow's converter cannot represent: it crashed the process), and a
+    dataset of no samples, raise ValueError naming the sample and the input; the converter reports it (and
+    :func:`tflfuse.convert` raises ConversionError with its text)."""
+    import numpy as np
+
+    def samples():
+        count = 0
+        for k, sample in enumerate(representative_dataset()):
+            values = sample.items() if isinstance(sample, dict) else enumerate(
+                sample if isinstance(sample, (list, tuple)) else [sample])
+            for name, value in values:
+                array = np.asarray(value)
+                if array.dtype.kind in "fc" and not np.isfinite(array).all():
+                    raise ValueError(f"representative_dataset: sample {k}, input {name!r} holds NaN or infinity; "
+                                     f"calibration needs finite values")
+            count += 1
+            yield sample
+        if count == 0:
+            raise ValueError("representative_dataset yielded no samples; calibration needs at least one")
+
+    return samples
+
+
 def quantize(converter, quantization: str | None, representative_dataset) -> None:
     import tensorflow as tf
 
@@ -71,7 +96,7 @@ def quantize(converter, quantization: str | None, representative_dataset) -> Non
     if quantization == "float16":
         converter.target_spec.supported_types = [tf.float16]
     elif quantization == "int8":   # full-integer or an error: no op silently left float
-        converter.representative_dataset = representative_dataset
+        converter.representative_dataset = checked_dataset(representative_dataset)
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
 
 
