@@ -92,14 +92,20 @@ class _TransposeConv(Kernel):
         return "NONE"
 
     def programs(self):
+        bias = "b[co]" if self.has_input(self._b) else "0.0"
+        return [self._window_program("0.0", "x[xb + {k}]", "w[wb + {k}]", f"  y[idx] = act(acc + {bias});",
+                                     activation_fn(self._activation()))]
+
+    def _window_program(self, zero: str, x_term: str, w_term: str, store: str, helpers: str):
+        """The per-output program: ``acc`` (starting at ``zero``) sums ``x_term * w_term`` (``{k}`` the input
+        channel; ``xb``/``wb`` the tap's bases) over the window taps that reach the output, then ``store``."""
         n, h, w, cin = self.input(self._x).shape
         cout, kh, kw = self.cout, self.kh, self.kw
-        bias = "b[co]" if self.has_input(self._b) else "0.0"
         body = f"""  let co = idx % {cout}u;
   let tx = i32((idx / {cout}u) % {self.ow}u) + {self.pl};
   let ty = i32((idx / {cout * self.ow}u) % {self.oh}u) + {self.pt};
   let nb = idx / {cout * self.ow * self.oh}u;
-  var acc = 0.0;
+  var acc = {zero};
   for (var ky = ty % {self.sh}; ky < {kh}; ky += {self.sh}) {{
     let iy = (ty - ky) / {self.sh};
     if (iy < 0) {{ break; }}
@@ -110,16 +116,16 @@ class _TransposeConv(Kernel):
       if (ix >= {w}) {{ continue; }}
       let xb = ((nb * {h}u + u32(iy)) * {w}u + u32(ix)) * {cin}u;
       let wb = ((co * {kh}u + u32(ky)) * {kw}u + u32(kx)) * {cin}u;
-      {dot(cin, 'x[xb + {k}]', 'w[wb + {k}]', 'acc')}
+      {dot(cin, x_term, w_term, 'acc')}
     }}
   }}
-  y[idx] = act(acc + {bias});"""
+{store}"""
         names = {self._x: "x", self._w: "w", self._b: "b"}
         present = [i for i in sorted(names) if self.has_input(i)]
         trips = -(-kh // self.sh) * (1 + -(-kw // self.sw) * (1 + cin // 4))
         total = n * self.oh * self.ow * cout
-        return [elementwise_program(self.key, self.io_bindings([names[i] for i in present] + ["y"]), total, body,
-                                    activation_fn(self._activation()), loop_trips=trips)]
+        return elementwise_program(self.key, self.io_bindings([names[i] for i in present] + ["y"]), total, body,
+                                   helpers, loop_trips=trips)
 
 
 @register("TRANSPOSE_CONV")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from ..base import TensorSpec
 from ..transpose_conv import TransposeConv
-from ..wgsl import dot, elementwise_program
 from .arith import WGSL
 from .ops import QuantKernel, _requant
 
@@ -69,8 +68,7 @@ class QuantizedTransposeConv(TransposeConv, QuantKernel):
         return (TensorSpec((self.input(self._x).shape[0], self.oh, self.ow, self.cout), self.dtype),)
 
     def programs(self):
-        n, h, w, cin = self.input(self._x).shape
-        cout, kh, kw = self.cout, self.kh, self.kw
+        cout = self.cout
         whole = cout - cout % 8   # LiteRT's vector loop over 8 channels at a time (halves up), then reference
         decls, up = _requant(self.mults, "co")
         _, ref = _requant(self.mults, "co", "q_mul")
@@ -78,28 +76,5 @@ class QuantizedTransposeConv(TransposeConv, QuantKernel):
         xt = "x[xb + {k}]" if not self.x_off else f"(x[xb + {{k}}] + {self.x_off})"
         wt = "w[wb + {k}]" if not self.w_off else f"(w[wb + {{k}}] + {self.w_off})"
         bias = "  acc += b[co];\n" if self.has_input(self._b) else ""
-        body = f"""  let co = idx % {cout}u;
-  let tx = i32((idx / {cout}u) % {self.ow}u) + {self.pl};
-  let ty = i32((idx / {cout * self.ow}u) % {self.oh}u) + {self.pt};
-  let nb = idx / {cout * self.ow * self.oh}u;
-  var acc = 0;
-  for (var ky = ty % {self.sh}; ky < {kh}; ky += {self.sh}) {{
-    let iy = (ty - ky) / {self.sh};
-    if (iy < 0) {{ break; }}
-    if (iy >= {h}) {{ continue; }}
-    for (var kx = tx % {self.sw}; kx < {kw}; kx += {self.sw}) {{
-      let ix = (tx - kx) / {self.sw};
-      if (ix < 0) {{ break; }}
-      if (ix >= {w}) {{ continue; }}
-      let xb = ((nb * {h}u + u32(iy)) * {w}u + u32(ix)) * {cin}u;
-      let wb = ((co * {kh}u + u32(ky)) * {kw}u + u32(kx)) * {cin}u;
-      {dot(cin, xt, wt, 'acc')}
-    }}
-  }}
-{bias}  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"""
-        names = {self._x: "x", self._w: "w", self._b: "b"}
-        present = [i for i in sorted(names) if self.has_input(i)]
-        trips = -(-kh // self.sh) * (1 + -(-kw // self.sw) * (1 + cin // 4))
-        total = n * self.oh * self.ow * cout
-        return [elementwise_program(self.key, self.io_bindings([names[i] for i in present] + ["y"]), total, body,
-                                    WGSL + decls, loop_trips=trips)]
+        store = f"{bias}  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
+        return [self._window_program("0", xt, wt, store, WGSL + decls)]
