@@ -95,17 +95,20 @@ def prepare(folder: Path, fused_files: bool = False) -> None:
         (folder / f"mobilenet_v2_{tag}.tflite").write_bytes(result.tflite)
         print(f"mobilenet_v2 {tag}: {sum(result.report.op_counts.values())} ops")
     # Full-integer int8 files (float input and output, QUANTIZE/DEQUANTIZE at the edges), calibrated on seeded
-    # inputs: MobileNetV2 of composites without annotations (its float twin is mobilenet_v2_unfused) and, as a
-    # MediaPipe-style net (hard_swish, squeeze-excite), MobileNetV3Small with its float twin.
+    # inputs: MobileNetV2 of composites and, as a MediaPipe-style net (hard_swish, squeeze-excite),
+    # MobileNetV3Small with its float twin.
     def calibration():
         rng = np.random.default_rng(0)
         for _ in range(8):
             yield [rng.uniform(-1, 1, (1, 224, 224, 3)).astype(np.float32)]
 
     v3 = composites.mobilenet_v3_small(input_shape=(224, 224, 3), seed=0, batch_size=1)
-    for stem, net, quantization in (("mobilenet_v2_int8", model, "int8"), ("mobilenet_v3_small_int8", v3, "int8"),
-                                    ("mobilenet_v3_small_float", v3, "float16")):
-        result = tflfuse.convert(net, annotations=False, quantization=quantization,
+    # MobileNetV2 in int8 twice: with its 17 bottlenecks fused into int8 fused_bottleneck ops (its float twin is
+    # mobilenet_v2_fused) and as the int8 builtins they decompose to (the twin LiteRT runs).
+    for stem, net, quantization, annotate in (
+            ("mobilenet_v2_fused_int8", model, "int8", True), ("mobilenet_v2_unfused_int8", model, "int8", False),
+            ("mobilenet_v3_small_int8", v3, "int8", False), ("mobilenet_v3_small_float", v3, "float16", False)):
+        result = tflfuse.convert(net, annotations=annotate, quantization=quantization,
                                  representative_dataset=calibration if quantization == "int8" else None)
         (folder / f"{stem}.tflite").write_bytes(result.tflite)
         print(f"{stem}: {sum(result.report.op_counts.values())} ops")
@@ -287,7 +290,7 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
                 row["litert_gpu_rel_err"] = _rel_err(first, want)
         except Exception as e:  # no WebGPU adapter for LiteRT, or an op its accelerator lacks
             row["litert_gpu_note"] = f"LiteRT WebGPU: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-    if fused_ops and path.stem.startswith("mobilenet_v2") and FLAGS.torch:
+    if fused_ops and path.stem == "mobilenet_v2_fused" and FLAGS.torch:
         try:
             runners, row["torch_info"] = _torch_runners(batch, FLAGS.throughput_n)
             for name, (lat, thr) in runners.items():
@@ -630,8 +633,8 @@ def _f16_lines(rows: list[dict], by_name: dict) -> list[str]:
 
 
 def _int8_lines(rows: list[dict], by_name: dict) -> list[str]:
-    """The int8 table: each full-integer file (``NAME_int8``) beside tflfuse on its float twin (``NAME_unfused``
-    or ``NAME_float``, the same net) and LiteRT WebGPU on the same int8 file."""
+    """The int8 table: each full-integer file (``NAME_int8``) beside tflfuse on its float twin (``NAME`` or
+    ``NAME_float``, the same net) and LiteRT WebGPU on the same int8 file (on its unfused twin for a fused one)."""
     quant = [r for r in rows if r["model"].endswith("_int8") and r.get("tflfuse_ms")]
     if not quant:
         return []
@@ -646,7 +649,7 @@ def _int8_lines(rows: list[dict], by_name: dict) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|"]
     for r in quant:
         base = r["model"][: -len("_int8")]
-        twin = by_name.get((f"{base}_unfused", r["batch"])) or by_name.get((f"{base}_float", r["batch"])) or {}
+        twin = next((by_name[k] for k in ((base, r["batch"]), (f"{base}_float", r["batch"])) if k in by_name), {})
         vs_float = ", ".join(x for x in (_ratio(r["tflfuse_ms"], twin.get("tflfuse_ms")),
                                          _ratio(r.get("tflfuse_thr_ms"), twin.get("tflfuse_thr_ms")),
                                          _ratio(r.get("gpu_one_pass_ms"), twin.get("gpu_one_pass_ms"))) if x)

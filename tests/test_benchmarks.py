@@ -218,7 +218,7 @@ def test_product_table_gives_each_shape_against_the_fma_peak_and_its_roofline(be
 
 
 def test_int8_table_sets_each_int8_file_beside_its_float_twin_and_litert(bench, tmp_path):
-    rows = [{"model": "mobilenet_v2_int8", "batch": 1, "ops": 70, "dispatches": 66, "tflfuse_ms": 0.9,
+    rows = [{"model": "mobilenet_v2_unfused_int8", "batch": 1, "ops": 70, "dispatches": 66, "tflfuse_ms": 0.9,
              "tflfuse_thr_ms": 0.6, "gpu_one_pass_ms": 0.5, "litert_gpu_ms": 1.8, "litert_gpu_thr_ms": 0.3,
              "max_abs_err_vs_litert": 3.9e-3, "cpu_fallback_ops": 0},
             {"model": "mobilenet_v2_unfused", "batch": 1, "ops": 70, "dispatches": 65, "tflfuse_ms": 0.6,
@@ -232,7 +232,7 @@ def test_int8_table_sets_each_int8_file_beside_its_float_twin_and_litert(bench, 
     bench.write_table(rows, meta, out)
     text = out.read_text()
     # int8 / float: 0.9 / 0.6, 0.6 / 0.4, 0.5 / 0.25; int8 / LiteRT WebGPU: 0.9 / 1.8, 0.6 / 0.3
-    assert ("| mobilenet_v2_int8 | 1 | 66 | 0.90 | 0.60 | 0.50 | 0.60, 0.40, 0.25 | 1.50x, 1.50x, 2.00x | "
+    assert ("| mobilenet_v2_unfused_int8 | 1 | 66 | 0.90 | 0.60 | 0.50 | 0.60, 0.40, 0.25 | 1.50x, 1.50x, 2.00x | "
             "1.80, 0.30 | 0.50x, 2.00x | 3.90e-03 | 0 |") in text
     # no float twin, no LiteRT WebGPU: the note instead
     assert "| mobilenet_v3_small_int8 | 1 | 80 | 0.50 |" in text and "no adapter" in text.split("int8 (full")[1]

@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .kernels import kernel_class
-from .kernels.base import KernelError, TensorSpec
+from .kernels.base import KernelError, TensorSpec, Uniform, pack_uniforms, uniform_layout
 from .kernels.half import half_storage
 
 __all__ = ["ShaderInfo", "catalog", "get_shader", "model_shaders", "run_shader"]
@@ -19,7 +19,8 @@ __all__ = ["ShaderInfo", "catalog", "get_shader", "model_shaders", "run_shader"]
 class ShaderInfo:
     """One dispatch of a kernel: WGSL text, entry point, workgroup size, dispatch size (in workgroups),
     bindings (name, access, element type, size in bytes; group 0, bindings 0..n-1 in order) and the uniform
-    layout (binding n: one 4-byte scalar per field, in order). ``programs`` holds every dispatch when the
+    layout (binding n: each member's name, type, value and byte offset; scalars take 4 bytes, arrays (a list
+    ``value``) are ``array<vec4<type>>`` aligned to 16 bytes, WGSL's layout). ``programs`` holds every dispatch when the
     op needs several; the top-level fields describe the first."""
 
     key: str
@@ -39,6 +40,13 @@ class ShaderInfo:
 
 
 _MAX_ELEMENTS = 1 << 32
+
+
+def _uniform_infos(uniforms: Sequence[Uniform]) -> tuple[dict, ...]:
+    """Each uniform's name, type, value (a list for an array) and byte offset in the block."""
+    offsets, _ = uniform_layout(uniforms)
+    return tuple({"name": u.name, "type": u.type, "value": list(u.value) if u.is_array else u.value, "offset": off}
+                 for u, off in zip(uniforms, offsets))
 
 
 def _check_shapes(input_shapes) -> None:
@@ -110,8 +118,7 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
     for p in programs:
         binds = tuple({"binding": i, "name": b.name, "role": list(b.role), "access": b.access,
                        "type": b.elem_type, "size": b.size} for i, b in enumerate(p.bindings))
-        unis = tuple({"name": u.name, "type": u.type, "value": u.value, "offset": 4 * i}
-                     for i, u in enumerate(p.uniforms))
+        unis = _uniform_infos(p.uniforms)
         infos.append(ShaderInfo(key, p.source, p.entry_point, p.workgroup_size, p.dispatch, binds, unis, outs))
     if not infos:
         raise KernelError(f"{key} runs no shader for these shapes: it is a view of its input's buffer, or its "
@@ -222,8 +229,7 @@ def _op_entry(op, files: dict[str, str], precision: str) -> dict:
         dispatches.append({"shader": fname, "entry_point": prog.entry_point,
                            "workgroup_size": list(prog.workgroup_size), "dispatch": list(prog.dispatch),
                            "bindings": binds,
-                           "uniforms": [{"name": u.name, "type": u.type, "value": u.value, "offset": 4 * j}
-                                        for j, u in enumerate(prog.uniforms)]})
+                           "uniforms": list(_uniform_infos(prog.uniforms))})
     return {"index": op.index, "op": op.name, "inputs": op.inputs, "outputs": op.outputs,
             "view": op.kernel.view, "dispatches": dispatches}
 
@@ -268,9 +274,8 @@ def run_shader(device, info: ShaderInfo, inputs: Sequence[np.ndarray | None]) ->
             entries.append({"binding": b["binding"], "resource": {"buffer": buffers[role], "offset": 0,
                                                                   "size": b["size"]}})
         if p.uniforms:
-            fmt = {"f32": "<f4", "i32": "<i4", "u32": "<u4"}
-            data = b"".join(np.array(u["value"], fmt[u["type"]]).tobytes() for u in p.uniforms)
-            data += b"\0" * (-len(data) % 16)
+            data = pack_uniforms([Uniform(u["name"], u["type"], tuple(u["value"]) if isinstance(u["value"], list)
+                                          else u["value"]) for u in p.uniforms])
             ubuf = dev.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.UNIFORM)
             entries.append({"binding": len(p.bindings), "resource": {"buffer": ubuf, "offset": 0, "size": len(data)}})
         module = dev.create_shader_module(code=p.wgsl)

@@ -19,7 +19,7 @@ from typing import ClassVar, Mapping, Sequence
 
 __all__ = [
     "Binding", "CompositeKernel", "Kernel", "KernelError", "Program", "TensorSpec", "Uniform", "linear_dispatch",
-    "MAX_WORKGROUPS_PER_DIM", "is_integral",
+    "MAX_WORKGROUPS_PER_DIM", "is_integral", "pack_uniforms", "uniform_layout",
 ]
 
 #: WebGPU's default ``maxComputeWorkgroupsPerDimension``.
@@ -79,13 +79,63 @@ class Binding:
     size: int
 
 
+_UNIFORM_FORMATS = {"f32": "f", "i32": "i", "u32": "I"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Uniform:
-    """A scalar in a program's uniform block (binding after the storage buffers)."""
+    """A member of a program's uniform block (binding after the storage buffers): a scalar of ``type``
+    (``"f32"``, ``"i32"`` or ``"u32"``), or, where ``value`` is a tuple, an array of them held as
+    ``array<vec4<type>, ceil(n / 4)>`` (WGSL's uniform arrays have a 16-byte stride, so four elements share
+    a vec4: element ``i`` is ``params.name[i / 4][i % 4]``)."""
 
     name: str
-    type: str  # "f32", "i32" or "u32"
-    value: float | int
+    type: str
+    value: float | int | tuple
+
+    @property
+    def is_array(self) -> bool:
+        return isinstance(self.value, tuple)
+
+    @property
+    def wgsl_type(self) -> str:
+        return f"array<vec4<{self.type}>, {self.nbytes // 16}>" if self.is_array else self.type
+
+    @property
+    def align(self) -> int:
+        """Its alignment in the block, bytes (WGSL's: 16 for an array of vec4, 4 for a scalar)."""
+        return 16 if self.is_array else 4
+
+    @property
+    def nbytes(self) -> int:
+        return 16 * max(1, -(-len(self.value) // 4)) if self.is_array else 4
+
+    def pack(self) -> bytes:
+        fmt = _UNIFORM_FORMATS[self.type]
+        if not self.is_array:
+            return struct.pack("<" + fmt, self.value)
+        values = list(self.value) + [0] * (self.nbytes // 4 - len(self.value))
+        return struct.pack(f"<{len(values)}{fmt}", *values)
+
+
+def uniform_layout(uniforms: Sequence[Uniform]) -> tuple[list[int], int]:
+    """The byte offset of each member of a uniform block, in order, with WGSL's alignment rules, and the
+    block's size (a multiple of 16)."""
+    offsets, end = [], 0
+    for u in uniforms:
+        offsets.append(-(-end // u.align) * u.align)
+        end = offsets[-1] + u.nbytes
+    return offsets, -(-end // 16) * 16
+
+
+def pack_uniforms(uniforms: Sequence[Uniform]) -> bytes:
+    """The bytes of a uniform block (little-endian, laid out by :func:`uniform_layout`)."""
+    offsets, size = uniform_layout(uniforms)
+    data = bytearray(size)
+    for u, off in zip(uniforms, offsets):
+        packed = u.pack()
+        data[off:off + len(packed)] = packed
+    return bytes(data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +159,7 @@ class Program:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
     def uniform_bytes(self) -> bytes:
-        fmt = {"f32": "f", "i32": "i", "u32": "I"}
-        data = b"".join(struct.pack("<" + fmt[u.type], u.value) for u in self.uniforms)
-        return data + b"\0" * (-len(data) % 16)
+        return pack_uniforms(self.uniforms)
 
 
 def is_integral(value) -> bool:

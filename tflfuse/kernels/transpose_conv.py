@@ -96,7 +96,7 @@ class _TransposeConv(Kernel):
         return [self._window_program("0.0", "x[xb + {k}]", "w[wb + {k}]", f"  y[idx] = act(acc + {bias});",
                                      activation_fn(self._activation()))]
 
-    def _window_program(self, zero: str, x_term: str, w_term: str, store: str, helpers: str):
+    def _window_program(self, zero: str, x_term: str, w_term: str, store: str, helpers: str, uniforms=()):
         """The per-output program: ``acc`` (starting at ``zero``) sums ``x_term * w_term`` (``{k}`` the input
         channel; ``xb``/``wb`` the tap's bases) over the window taps that reach the output, then ``store``."""
         n, h, w, cin = self.input(self._x).shape
@@ -125,7 +125,7 @@ class _TransposeConv(Kernel):
         trips = -(-kh // self.sh) * (1 + -(-kw // self.sw) * (1 + cin // 4))
         total = n * self.oh * self.ow * cout
         return elementwise_program(self.key, self.io_bindings([names[i] for i in present] + ["y"]), total, body,
-                                   helpers, loop_trips=trips)
+                                   helpers, uniforms, loop_trips=trips)
 
 
 @register("TRANSPOSE_CONV")

@@ -30,7 +30,7 @@ def prelude(bindings: Sequence[Binding], uniforms: Sequence[Uniform] = ()) -> st
         access = "read" if b.access == "read" else "read_write"
         lines.append(f"@group(0) @binding({i}) var<storage, {access}> {b.name}: array<{b.elem_type}>;")
     if uniforms:
-        fields = ", ".join(f"{u.name}: {u.type}" for u in uniforms)
+        fields = ", ".join(f"{u.name}: {u.wgsl_type}" for u in uniforms)
         lines.append(f"struct Params {{ {fields} }};")
         lines.append(f"@group(0) @binding({len(bindings)}) var<uniform> params: Params;")
     return "\n".join(lines) + "\n"

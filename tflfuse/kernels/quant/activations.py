@@ -25,7 +25,7 @@ from ..base import TensorSpec
 from ..elementwise import broadcast_index
 from ..wgsl import elementwise_program
 from .arith import WGSL, activation_range, quant_range, quantize_multiplier
-from .ops import QuantKernel, _int_array
+from .ops import QuantKernel, Tables
 
 __all__ = ["QuantizedHardSwish", "QuantizedLeakyRelu", "QuantizedLookupTable", "QuantizedMul", "QuantizedPrelu",
            "QuantizedRelu", "lookup_table"]
@@ -124,13 +124,15 @@ class _Unary(QuantKernel):
     def output_specs(self):
         return (TensorSpec(self.input(0).shape, self.dtype),)
 
-    def wgsl(self) -> tuple[str, str]:
+    def wgsl(self, tables: Tables) -> tuple[str, str]:
+        """WGSL helpers and the body computing ``y[idx]`` from ``x[idx]``; constant arrays go to ``tables``."""
         raise NotImplementedError
 
     def programs(self):
-        helpers, body = self.wgsl()
+        tables = Tables()
+        helpers, body = self.wgsl(tables)
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), self.input(0).size, body,
-                                    WGSL + helpers)]
+                                    WGSL + tables.decls + helpers, tables.uniforms)]
 
 
 class QuantizedLookupTable(_Unary):
@@ -147,8 +149,9 @@ class QuantizedLookupTable(_Unary):
         fn = _logistic if self.key == "LOGISTIC" else _tanh
         self.table = lookup_table(fn, self.s_in, self.z_in, self.s_out, self.z_out, self.dtype)
 
-    def wgsl(self):
-        return _int_array("q_lut", self.table), f"  y[idx] = q_lut[u32(x[idx] - {self.lo})];"
+    def wgsl(self, tables):
+        lut = tables.add("q_lut", self.table).format(i=f"x[idx] - {self.lo}")
+        return "", f"  y[idx] = {lut};"
 
 
 class QuantizedRelu(_Unary):
@@ -168,7 +171,7 @@ class QuantizedRelu(_Unary):
         self.clamp_lo = max(self.lo, quantize(lo_f))
         self.clamp_hi = self.hi if hi_f is None else min(self.hi, quantize(hi_f))
 
-    def wgsl(self):
+    def wgsl(self, tables):
         m, s = self.mult
         return "", (f"  let v = q_mul(x[idx] - {self.z_in}, {m}, {s}) + {self.z_out};\n"
                     f"  y[idx] = min(max(v, {self.clamp_lo}), {self.clamp_hi});")
@@ -190,7 +193,7 @@ class QuantizedLeakyRelu(_Unary):
             self.m_alpha = _signed_multiplier(float(_f32(self.s_in) * alpha / _f32(self.s_out)))
         self.m_id = quantize_multiplier(float(_f32(self.s_in) / _f32(self.s_out)))
 
-    def wgsl(self):
+    def wgsl(self, tables):
         (ma, sa), (mi, si) = self.m_alpha, self.m_id
         # A negative alpha multiplier is applied as its magnitude, the result negated (reference/leaky_relu.h:
         # MultiplyByQuantizedMultiplier takes only non-negative multipliers); -INT32_MIN wraps as in C++.
@@ -255,7 +258,7 @@ class QuantizedHardSwish(_Unary):
         m, self.rel_exp = quantize_multiplier(reluish_mult)
         self.rel_m16 = _int16_multiplier(m)
 
-    def wgsl(self):
+    def wgsl(self, tables):
         e = self.rel_exp
         lines = [f"  let v = (x[idx] - {self.z_in}) * 128;",
                  f"  let pre = q_srdhm16(v, {self.out_m16});",

@@ -29,9 +29,9 @@ import numpy as np
 
 from ..base import Binding, Kernel, Program, TensorSpec, linear_dispatch
 from ..conv import window_body
-from ..wgsl import activation_fn, elementwise_program, fmt_f32, linear_main, prelude
+from ..wgsl import activation_fn, elementwise_program, linear_main, prelude
 from .arith import WGSL
-from .ops import QuantKernel, WindowGeometry
+from .ops import QuantKernel, Tables, WindowGeometry
 
 __all__ = ["HYBRID_KERNELS", "HybridConv2D", "HybridDepthwiseConv2D", "HybridFullyConnected", "hybrid_kernel",
            "hybrid_weights"]
@@ -146,13 +146,13 @@ class _Hybrid(QuantKernel):
         return Program(f"{self.key}_row_params", src, (64, 1, 1), linear_dispatch(self.rows, 64), binds,
                        loop_trips=n)
 
-    def _helpers(self) -> str:
-        scales = ", ".join(fmt_f32(s) for s in self.scales)
+    def _helpers(self, tables: Tables) -> str:
+        scale = tables.add("w_scale", [float(np.float32(s)) for s in self.scales], "f32").format(i="c")
         if self.asymmetric:
             quant = "clamp(i32(q_round(p[4u * r + 1u] + v * p[4u * r + 2u])), -128, 127) - i32(p[4u * r + 1u])"
         else:
             quant = "clamp(i32(q_round(v * p[4u * r + 2u])), -127, 127)"
-        return (WGSL + f"var<private> w_scale: array<f32, {self.cout}> = array<f32, {self.cout}>({scales});\n"
+        return (WGSL + tables.decls + f"fn w_scale_of(c: u32) -> f32 {{ return {scale}; }}\n"
                 f"// the run-time code of v in row r, less the row's zero point\n"
                 f"fn hq(v: f32, r: u32) -> i32 {{ return {quant}; }}\n"
                 + activation_fn(self.attr("fused_activation_function")))
@@ -160,7 +160,9 @@ class _Hybrid(QuantKernel):
     def _main(self, body: str, total: int, trips: int) -> Program:
         names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
         binds = self.io_bindings(names) + (Binding("p", ("scratch", 0), "read_write", "f32", 16 * self.rows),)
-        return elementwise_program(self.key, binds, total, body, self._helpers(), loop_trips=trips)
+        tables = Tables()
+        helpers = self._helpers(tables)
+        return elementwise_program(self.key, binds, total, body, helpers, tables.uniforms, loop_trips=trips)
 
     def _bias(self) -> str:
         return "b[co]" if self.has_input(2) else "0.0"
@@ -204,7 +206,7 @@ class HybridFullyConnected(_Hybrid):
   let r = idx / {cout}u;
   var acc = 0;
   for (var j = 0u; j < {k}u; j++) {{ acc += w[co * {k}u + j] * hq(x[r * {k}u + j], r); }}
-  y[idx] = act({self._bias()} + f32(acc) * (p[4u * r] * w_scale[co]));"""
+  y[idx] = act({self._bias()} + f32(acc) * (p[4u * r] * w_scale_of(co)));"""
         return [self._params_program(), self._main(body, self.rows * cout, k)]
 
 
@@ -242,7 +244,7 @@ class HybridConv2D(_HybridWindow):
         xv = f"x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]"
         wv = f"w[((co * {g['KH']}u + u32(ky)) * {g['KW']}u + u32(kx)) * {cin}u + ci]"
         inner = f"    for (var ci = 0u; ci < {cin}u; ci++) {{ acc += {wv} * hq({xv}, n); }}"
-        store = f"y[idx] = act({self._bias()} + f32(acc) * (p[4u * n] * w_scale[co]));"
+        store = f"y[idx] = act({self._bias()} + f32(acc) * (p[4u * n] * w_scale_of(co)));"
         body = window_body(g, self.cout, "  var acc = 0;", inner, "", store=store)
         total = g["N"] * g["OH"] * g["OW"] * self.cout
         return [self._params_program(), self._main(body, total, g["KH"] * g["KW"] * (cin + 1))]
@@ -278,7 +280,7 @@ class HybridDepthwiseConv2D(_HybridWindow):
         xv = f"x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {self.cin}u + co / {self.mult}u]"
         wv = f"w[(u32(ky) * {g['KW']}u + u32(kx)) * {self.cout}u + co]"
         whole = self.cout - self.cout % 4
-        vec, tail = "(f32(acc) * w_scale[co]) * p[4u * n]", "(f32(acc) * p[4u * n]) * w_scale[co]"
+        vec, tail = "(f32(acc) * w_scale_of(co)) * p[4u * n]", "(f32(acc) * p[4u * n]) * w_scale_of(co)"
         scaled = vec if whole == self.cout else tail if whole == 0 else f"select({tail}, {vec}, co < {whole}u)"
         store = f"y[idx] = act({scaled} + {self._bias()});"
         body = window_body(g, self.cout, "  var acc = 0;", f"    acc += {wv} * hq({xv}, n);", "", store=store)

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from ...model import Quantization
-from ..base import Kernel, TensorSpec
+from ..base import Kernel, TensorSpec, Uniform
 from ..conv import _Conv, is_pointwise, window_body
 from ..gemm import tile_attr, use_tiled_matmul
 from ..elementwise import broadcast_index
@@ -31,7 +31,7 @@ from ..wgsl import elementwise_program, fmt_f32
 from .arith import WGSL, activation_range, quant_range, quantize_f32_wgsl, quantize_multiplier
 from .product import quantized_product_program
 
-__all__ = ["QuantKernel", "QuantizedAdd", "QuantizedConv2D", "QuantizedDepthwiseConv2D", "QuantizedDequantize",
+__all__ = ["QuantKernel", "Tables", "QuantizedAdd", "QuantizedConv2D", "QuantizedDepthwiseConv2D", "QuantizedDequantize",
            "QuantizedFullyConnected", "QuantizedPad", "QuantizedPool", "Quantize"]
 
 QUANTIZED = ("int8", "uint8")
@@ -109,22 +109,59 @@ def _as_quantization(q) -> Quantization | None:
     raise TypeError(f"quantization parameters must be a Quantization or a dict of scale and zero_point, got {q!r}")
 
 
-def _int_array(name: str, values) -> str:
-    """A WGSL private array of i32 literals."""
-    values = [int(v) for v in values]
-    n, text = len(values), ", ".join(map(str, values))
-    return f"var<private> {name}: array<i32, {n}> = array<i32, {n}>({text});\n"
+#: Bytes a program's uniform block may hold: WebGPU's default ``maxUniformBufferBindingSize`` (65,536), less
+#: room for the scalar uniforms.
+UNIFORM_TABLE_BYTES = 65536 - 256
 
 
-def _requant(mults: list[tuple[int, int]], index: str, fn: str = "q_mul_up") -> tuple[str, str]:
-    """WGSL declarations and the call that requantizes ``acc`` by per-channel (indexed by ``index``) or
-    per-tensor fixed-point multipliers: ``q_mul_up``, the rounding of LiteRT's optimized convolution and matrix
-    kernels (see :mod:`tflfuse.kernels.quant.arith`), or ``fn``."""
+class Tables:
+    """The constant arrays of one program (per-channel multipliers and shifts, lookup tables, scales).
+
+    Each is a uniform array (:class:`~tflfuse.kernels.base.Uniform`) while the program's block has room
+    (:data:`UNIFORM_TABLE_BYTES`), read through a WGSL accessor ``name_at(i)``: the values stay out of the
+    source, so layers of one shape share one pipeline, and compilers handle them fast (a WGSL ``var<private>``
+    array of literals is copied into each invocation; the software adapter's compile time grows faster than
+    linearly with its length). Past that room, a private array of literals.
+
+    After adding every table, ``decls`` holds the WGSL declarations and ``uniforms`` the uniforms to give the
+    program (after its other uniforms, whose names must differ)."""
+
+    def __init__(self, room: int | None = None):
+        self.room = UNIFORM_TABLE_BYTES if room is None else room
+        self.decls, self.uniforms, self._refs = "", (), {}
+
+    def add(self, name: str, values, elem: str = "i32") -> str:
+        """Adds the array ``name`` of ``elem`` (``"i32"``, ``"u32"`` or ``"f32"``) once and returns the WGSL
+        expression of its element ``{i}`` (format it with ``i=``: a u32 or i32 index expression)."""
+        if name in self._refs:
+            return self._refs[name]
+        py = float if elem == "f32" else int
+        values = tuple(py(v) for v in values)
+        table = Uniform(name, elem, values)
+        if table.nbytes <= self.room:
+            self.room -= table.nbytes
+            self.uniforms += (table,)
+            self.decls += (f"fn {name}_at(i: u32) -> {elem} {{ return params.{name}[i >> 2u][i & 3u]; }}\n")
+            ref = f"{name}_at(u32({{i}}))"
+        else:
+            lit = fmt_f32 if elem == "f32" else (lambda v: f"{v}u") if elem == "u32" else str
+            n, text = len(values), ", ".join(lit(v) for v in values)
+            self.decls += f"var<private> {name}: array<{elem}, {n}> = array<{elem}, {n}>({text});\n"
+            ref = f"{name}[{{i}}]"
+        self._refs[name] = ref
+        return ref
+
+
+def _requant(tables: Tables, mults: list[tuple[int, int]], index: str, fn: str = "q_mul_up") -> str:
+    """The WGSL call that requantizes ``acc`` by per-channel (indexed by ``index``, the multipliers and shifts
+    added to ``tables``) or per-tensor fixed-point multipliers: ``q_mul_up``, the rounding of LiteRT's
+    optimized convolution and matrix kernels (see :mod:`tflfuse.kernels.quant.arith`), or ``fn``."""
     if len(set(mults)) == 1:
         m, s = mults[0]
-        return "", f"{fn}(acc, {m}, {s})"
-    decls = _int_array("q_m", [m for m, _ in mults]) + _int_array("q_s", [s for _, s in mults])
-    return decls, f"{fn}(acc, q_m[{index}], q_s[{index}])"
+        return f"{fn}(acc, {m}, {s})"
+    qm = tables.add("q_m", [m for m, _ in mults]).format(i=index)
+    qs = tables.add("q_s", [s for _, s in mults]).format(i=index)
+    return f"{fn}(acc, {qm}, {qs})"
 
 
 @register("QUANTIZE")
@@ -237,9 +274,9 @@ class _Accumulating(QuantKernel):
         self.lo, self.hi = self.clamp()
         self.bias = _bias_terms(self, cout)
 
-    def _store(self) -> tuple[str, str]:
-        decls, call = _requant(self.mults, "co")
-        return decls, f"  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
+    def _store(self, tables: Tables) -> str:
+        call = _requant(tables, self.mults, "co")
+        return f"  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
 
     @staticmethod
     def _term(v: str, off: int) -> str:
@@ -247,9 +284,10 @@ class _Accumulating(QuantKernel):
 
     def _product(self, names: list[str], rows: int, depth: int):
         """The tiled product (:mod:`tflfuse.kernels.quant.product`) of weights laid out ``[depth, cout]``."""
-        decls, call = _requant(self.mults, "co")
+        tables = Tables()
+        call = _requant(tables, self.mults, "co")
         return quantized_product_program(self, names, rows, depth, self.cout, x_off=self.x_off, w_off=self.w_off,
-                                         y_off=self.y_off, lo=self.lo, hi=self.hi, decls=decls, requant=call,
+                                         y_off=self.y_off, lo=self.lo, hi=self.hi, tables=tables, requant=call,
                                          tile=tile_attr(self))
 
 
@@ -292,7 +330,8 @@ class QuantizedFullyConnected(_Accumulating):
         names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
         if self.layout == "IO" and use_tiled_matmul(self.rows, self.cin, self.cout, self.target()):
             return [self._product(names, self.rows, self.cin)]
-        decls, store = self._store()
+        tables = Tables()
+        store = self._store(tables)
         x = self._term(f"x[r * {self.cin}u + k]", self.x_off)
         w = self._term(f"w[co * {self.cin}u + k]" if self.layout == "OI" else f"w[k * {self.cout}u + co]",
                        self.w_off)
@@ -302,8 +341,8 @@ class QuantizedFullyConnected(_Accumulating):
   for (var k = 0u; k < {self.cin}u; k++) {{ acc += {x} * {w}; }}
 {self.bias}{store}"""
         total = self.rows * self.cout
-        return [elementwise_program(self.key, self.io_bindings(names), total, body, WGSL + decls,
-                                    loop_trips=self.cin)]
+        return [elementwise_program(self.key, self.io_bindings(names), total, body, WGSL + tables.decls,
+                                    tables.uniforms, loop_trips=self.cin)]
 
 
 class WindowGeometry:
@@ -329,12 +368,13 @@ class _QuantizedWindow(WindowGeometry, _Accumulating):
     layout = "OHWI"
 
     def _program(self, inner: str, trips: int):
-        decls, store = self._store()
+        tables = Tables()
+        store = self._store(tables)
         body = window_body(self.g, self.cout, "  var acc = 0;", inner, "", store=f"\n{self.bias}{store}".strip())
         names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
         total = math.prod(self.output_specs()[0].shape)
-        return [elementwise_program(self.key, self.io_bindings(names), total, body, WGSL + decls,
-                                    loop_trips=trips)]
+        return [elementwise_program(self.key, self.io_bindings(names), total, body, WGSL + tables.decls,
+                                    tables.uniforms, loop_trips=trips)]
 
 
 class QuantizedConv2D(_QuantizedWindow):
@@ -406,15 +446,14 @@ class QuantizedDepthwiseConv2D(_QuantizedWindow):
         self.cin, self.mult = cin, self.cout // cin
         self._quant_setup(self.cout)
 
-    def _store(self) -> tuple[str, str]:
+    def _store(self, tables: Tables) -> str:
         # LiteRT's optimized per-channel depthwise kernel rounds halves up, as the convolutions do, on the output
         # channels its 8-wide vector loop covers, and with the reference rounding (halves away from zero) on the
         # rest (the last cout % 8); measured against LiteRT's builtin kernels on depths 3, 4, 5, 12, 8, 16, 24.
         whole = self.cout - self.cout % 8
-        decls, up = _requant(self.mults, "co")
-        _, ref = _requant(self.mults, "co", "q_mul")
+        up, ref = _requant(tables, self.mults, "co"), _requant(tables, self.mults, "co", "q_mul")
         call = up if whole == self.cout else ref if whole == 0 else f"select({ref}, {up}, co < {whole}u)"
-        return decls, f"  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
+        return f"  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
 
     def programs(self):
         g = self.g

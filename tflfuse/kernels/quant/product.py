@@ -24,7 +24,7 @@ __all__ = ["quantized_product_program"]
 
 
 def quantized_product_program(kernel, names: list[str], rows: int, depth: int, cols: int, *, x_off: int,
-                              w_off: int, y_off: int, lo: int, hi: int, decls: str, requant: str,
+                              w_off: int, y_off: int, lo: int, hi: int, tables, requant: str,
                               tile=None) -> Program:
     """The tiled int8/uint8 product of ``kernel`` (a QuantizedConv2D or QuantizedFullyConnected).
 
@@ -35,8 +35,9 @@ def quantized_product_program(kernel, names: list[str], rows: int, depth: int, c
       rows, depth, cols: the product's sizes.
       x_off, w_off: added to each input and weight value (minus their zero points).
       y_off, lo, hi: the output zero point and the clamp, in the output's quantized domain.
-      decls, requant: WGSL declarations and the requantizing expression over ``acc`` (the sum with the bias)
-        and ``co`` (the output channel), as :func:`tflfuse.kernels.quant.ops._requant` gives them.
+      tables, requant: the :class:`~tflfuse.kernels.quant.ops.Tables` of the per-channel multipliers and the
+        requantizing expression over ``acc`` (the sum with the bias) and ``co`` (the output channel), as
+        :func:`tflfuse.kernels.quant.ops._requant` gives them.
       tile: a :class:`~tflfuse.kernels.gemm.MatmulTile` or its name, or None for the model's choice.
     Returns:
       one :class:`~tflfuse.kernels.base.Program`, one workgroup per tile of the output.
@@ -66,9 +67,10 @@ def quantized_product_program(kernel, names: list[str], rows: int, depth: int, c
         y[idx4] = v;"""
         return tiled_matmul_program(
             kernel.key, bindings, rows, depth, cols, f"x[r * {depth}u + k]", f"w[k * {cols}u + c]",
-            "", WGSL + decls, tile=tile, a_vec=term(f"x[(r * {depth}u + k) / 4u]", x_off, True),
+            "", WGSL + tables.decls, tables.uniforms, tile=tile, a_vec=term(f"x[(r * {depth}u + k) / 4u]", x_off, True),
             b_vec=term(f"w[(k * {cols}u + c) / 4u]", w_off, True), store_vec=store_vec, elem="i32")
     store = f"var q = 0; {stored('acc', 'col')} y[idx] = q;"
     return tiled_matmul_program(kernel.key, bindings, rows, depth, cols, term(f"x[r * {depth}u + k]", x_off, False),
-                                term(f"w[k * {cols}u + c]", w_off, False), store, WGSL + decls, tile=tile,
+                                term(f"w[k * {cols}u + c]", w_off, False), store, WGSL + tables.decls,
+                                tables.uniforms, tile=tile,
                                 elem="i32")

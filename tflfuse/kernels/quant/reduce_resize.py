@@ -27,7 +27,7 @@ from ..shape_ops import JOIN_GROUP, Concatenation
 from ..wgsl import elementwise_program
 from .activations import _EXPF
 from .arith import WGSL, quant_range, quantize_multiplier
-from .ops import QUANTIZED, QuantKernel
+from .ops import QUANTIZED, QuantKernel, Tables
 
 __all__ = ["QuantizedConcatenation", "QuantizedMean", "QuantizedResizeBilinear", "QuantizedResizeNearestNeighbor",
            "QuantizedSoftmax"]
@@ -205,8 +205,8 @@ class QuantizedSoftmax(QuantKernel):
         if rows == 0:
             return []
         table = softmax_table(self.qi.scale[0], float(self.attr("beta")))
-        words = ", ".join(f"{int(w)}u" for w in table.view(np.uint32))
-        decl = f"var<private> tbl: array<u32, 256> = array<u32, 256>({words});\n"
+        tables = Tables()
+        tbl = tables.add("tbl", table.view(np.uint32), "u32")
         lo, hi = quant_range(self.dtype)
         if self.dtype == "int8":
             q = f"i32(q_round(p)) + {self.qo.zero_point[0]}"
@@ -217,14 +217,15 @@ class QuantizedSoftmax(QuantKernel):
   for (var k = 0u; k < {c}u; k++) {{ m = max(m, x[base + k]); }}
   let off = 255 - m;
   var s = 0.0;
-  for (var k = 0u; k < {c}u; k++) {{ s = s + bitcast<f32>(tbl[u32(off + x[base + k])]); }}
+  for (var k = 0u; k < {c}u; k++) {{ s = s + bitcast<f32>({tbl.format(i="off + x[base + k]")}); }}
   let inv = params.one / (s * params.out_scale);
   for (var k = 0u; k < {c}u; k++) {{
-    let p = bitcast<f32>(tbl[u32(off + x[base + k])]) * inv;
+    let p = bitcast<f32>({tbl.format(i="off + x[base + k]")}) * inv;
     y[base + k] = clamp({q}, {lo}, {hi});
   }}"""
-        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), rows, body, WGSL + decl,
-                                    _float_uniforms(out_scale=self.qo.scale[0]), loop_trips=3 * c)]
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), rows, body, WGSL + tables.decls,
+                                    _float_uniforms(out_scale=self.qo.scale[0]) + tables.uniforms,
+                                    loop_trips=3 * c)]
 
 
 class QuantizedConcatenation(Concatenation, QuantKernel):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..base import TensorSpec
 from ..transpose_conv import TransposeConv
 from .arith import WGSL
-from .ops import QuantKernel, _requant
+from .ops import QuantKernel, Tables, _requant
 
 __all__ = ["QuantizedTransposeConv"]
 
@@ -70,11 +70,11 @@ class QuantizedTransposeConv(TransposeConv, QuantKernel):
     def programs(self):
         cout = self.cout
         whole = cout - cout % 8   # LiteRT's vector loop over 8 channels at a time (halves up), then reference
-        decls, up = _requant(self.mults, "co")
-        _, ref = _requant(self.mults, "co", "q_mul")
+        tables = Tables()
+        up, ref = _requant(tables, self.mults, "co"), _requant(tables, self.mults, "co", "q_mul")
         call = up if whole == cout else ref if whole == 0 else f"select({ref}, {up}, co < {whole}u)"
         xt = "x[xb + {k}]" if not self.x_off else f"(x[xb + {{k}}] + {self.x_off})"
         wt = "w[wb + {k}]" if not self.w_off else f"(w[wb + {{k}}] + {self.w_off})"
         bias = "  acc += b[co];\n" if self.has_input(self._b) else ""
         store = f"{bias}  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
-        return [self._window_program("0", xt, wt, store, WGSL + decls)]
+        return [self._window_program("0", xt, wt, store, WGSL + tables.decls, tables.uniforms)]
