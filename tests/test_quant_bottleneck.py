@@ -145,6 +145,28 @@ def test_block_matches_litert_bit_for_bit(blocks, device, name):
     np.testing.assert_array_equal(_tflfuse(composite.tflite, x, device), want)
 
 
+def test_block_for_a_gpu_runs_its_1x1_stages_as_tiled_products(device, monkeypatch):
+    """With a GPU's plan (the interpreter's target patched to "gpu", as tests/test_quant_product.py does), the
+    1x1 filters are re-laid out HWIO at load and both 1x1 stages (3,280 rows x 96 and x 48 columns) run as the
+    tiled int8 product: still LiteRT's values bit for bit."""
+    from tflfuse.runtime.interpreter import Interpreter as _Interpreter
+
+    shape = (2, 40, 41, 16)
+    x_in = keras.Input(shape[1:], batch_size=shape[0])
+    model = keras.Model(x_in, composites.InvertedResidual(filters=48, expansion=6, stride=1, seed=3)(x_in))
+    composite, custom = _convert(model, shape, fused_op_format="composite"), _convert(model, shape)
+    x = _input(shape, seed=5)
+    want = _litert(composite.tflite, x)
+    monkeypatch.setattr(_Interpreter, "_target", lambda self: "gpu")
+    it = tflfuse.Interpreter(model_content=custom.tflite, device=device, cpu_fallback=False)
+    it.allocate_tensors()
+    it.set_tensor(it.get_input_details()[0]["index"], x)
+    it.invoke()
+    np.testing.assert_array_equal(it.get_tensor(it.get_output_details()[0]["index"]), want)
+    tiled = [p for p, _, _ in it._plan(0).steps if "var<workgroup> ta:" in p.source and "i32" in p.source]
+    assert len(tiled) == 2
+
+
 # ---- bad input --------------------------------------------------------------------------------------------
 def test_missing_representative_dataset_is_refused():
     model = composites.mobilenet_v2(input_shape=(32, 32, 3), alpha=0.35, classes=4, seed=0, batch_size=1)

@@ -318,6 +318,9 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
         unsure = any(t in uncertain for t in in_ids)
         # Output shapes checked against the file's unless they follow from run-time values or uncertain ones.
         free = bool(input_shapes) or unsure or any(t in dynamic for t in in_ids)
+        # constant inputs the kernel takes re-laid out: by position, or by position for this many inputs
+        relayouts = (cls.relayout_of(len(in_ids)) if hasattr(cls, "relayout_of") else getattr(cls, "relayout", {})) \
+            if target == "gpu" and relayout else {}
         try:
             in_specs: list[TensorSpec | None] = []
             runtime_static: list[int] = []
@@ -347,7 +350,7 @@ def lower(model: Model, subgraph: int = 0, input_shapes: Mapping[int, Sequence[i
                 elif t in consts:
                     if pos in getattr(cls, "constant_attrs", {}):  # also read at plan time (GATHER's range check)
                         attrs[cls.constant_attrs[pos]] = consts[t]
-                    layout = getattr(cls, "relayout", {}).get(pos) if target == "gpu" and relayout else None
+                    layout = relayouts.get(pos)
                     if layout is not None and layout[0] not in attrs:   # a weight re-laid out at load
                         attr, value, transform = layout
                         key = (t, value)

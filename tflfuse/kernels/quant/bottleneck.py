@@ -13,6 +13,10 @@ quantization are the file's:
 * ``project_w`` int8 ``[Cout, 1, 1, Cexp]`` (per-channel along 0), ``project_b`` int32 ``[Cout]``;
 * output int8 ``[N, ceil(H / stride), ceil(W / stride), Cout]``.
 
+For a GPU, the planner re-lays the two 1x1 filters out HWIO ``[1, 1, Cin, Cout]`` at load (attributes
+``expand_layout`` and ``project_layout`` ``"HWIO"``; ``"OHWI"`` by default), as it does a CONV_2D's, so that
+those stages run as the tiled int8 product.
+
 The scales and zero points of the tensors between the chain's ops, which the file no longer holds as tensors,
 are attributes of the op: ``expand_scale`` / ``expand_zero_point`` (the expanded tensor; with an expand conv),
 ``dw_scale`` / ``dw_zero_point`` (the depthwise output) and, with ``residual``, ``project_scale`` /
@@ -56,10 +60,30 @@ class QuantizedFusedBottleneck(ComposedKernel):
     input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b")
     attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "kernel_size": 3,
                      "squeeze_excite": False, "expand_scale": None, "expand_zero_point": None, "dw_scale": None,
-                     "dw_zero_point": None, "project_scale": None, "project_zero_point": None, "target": "gpu"}
+                     "dw_zero_point": None, "project_scale": None, "project_zero_point": None, "target": "gpu",
+                     "expand_layout": "OHWI", "project_layout": "OHWI"}
     extra_attrs = ("input_quantization", "output_quantization", "output_dtype")
     needs_io_quantization = True
     needs_output_dtype = True
+
+    @classmethod
+    def relayout_of(cls, n_inputs: int) -> dict:
+        """The constant 1x1 filters re-laid out HWIO at load for a GPU (``expand_layout``, ``project_layout``),
+        by input position (7 inputs, or 5 without the expand conv): the stages' CONV_2D then runs as the tiled
+        int8 product, as a CONV_2D of the file does."""
+        hwio = ("HWIO", lambda f: f.transpose(1, 2, 3, 0))
+        return {1: ("expand_layout", *hwio), 5: ("project_layout", *hwio)} if n_inputs == 7 else \
+            {3: ("project_layout", *hwio)}
+
+    def _filter(self, i: int, name: str) -> str:
+        """The layout of the 1x1 filter input ``i`` (attribute ``{name}_layout``), checked: OHWI
+        ``[Cout, 1, 1, Cin]`` or HWIO ``[1, 1, Cin, Cout]``."""
+        layout = str(self.attr(f"{name}_layout")).upper()
+        shape = self.input(i).shape
+        if layout not in ("OHWI", "HWIO") or shape[slice(1, 3) if layout == "OHWI" else slice(0, 2)] != (1, 1):
+            raise self.fail(f"{name}_w must be [C{'exp' if name == 'expand' else 'out'}, 1, 1, Cin] (OHWI) or "
+                            f"[1, 1, Cin, Cout] (HWIO), got {list(shape)} as {layout}")
+        return layout
 
     def check(self):
         n_in = len(self.inputs)
@@ -95,24 +119,24 @@ class QuantizedFusedBottleneck(ComposedKernel):
         h = ins[0]
         q_h = qin[0]
         if expand:
-            if self.input(1).shape[1:3] != (1, 1):
-                raise self.fail(f"expand_w must be [Cexp, 1, 1, Cin], got {list(self.input(1).shape)}")
+            layout = self._filter(1, "expand")
             q_e = self._intermediate("expand")
-            h = self._step("CONV_2D", [h, ins[1], ins[2]], [q_h, qin[1], qin[2]], q_e, fused_activation_function=fa)
+            h = self._step("CONV_2D", [h, ins[1], ins[2]], [q_h, qin[1], qin[2]], q_e, fused_activation_function=fa,
+                           filter_layout=layout, target=self.target())
             q_h, rest, qrest = q_e, ins[3:], qin[3:]
         else:
             rest, qrest = ins[1:], qin[1:]
         dw_w, dw_b, pw, pb = rest
         if dw_w.shape[:3] != (1, k, k):
             raise self.fail(f"dw_w must be [1, {k}, {k}, Cexp], got {list(dw_w.shape)}")
-        if pw.shape[1:3] != (1, 1):
-            raise self.fail(f"project_w must be [Cout, 1, 1, Cexp], got {list(pw.shape)}")
+        project_layout = self._filter(n_in - 2, "project")
         residual = bool(self.attr("residual"))
         q_d = self._intermediate("dw")
         h = self._step("DEPTHWISE_CONV_2D", [h, dw_w, dw_b], [q_h, qrest[0], qrest[1]], q_d, padding="SAME",
                        stride_h=stride, stride_w=stride, fused_activation_function=fa, depth_multiplier=1)
         q_p = self._intermediate("project") if residual else qout[0]
-        h = self._step("CONV_2D", [h, pw, pb], [q_d, qrest[2], qrest[3]], q_p)
+        h = self._step("CONV_2D", [h, pw, pb], [q_d, qrest[2], qrest[3]], q_p, filter_layout=project_layout,
+                       target=self.target())
         if residual:
             if stride != 1 or h.shape != x.shape:
                 raise self.fail(f"residual needs stride 1 and an output of the input's shape {list(x.shape)}, got "
