@@ -6,7 +6,8 @@ software adapter's plans use the per-output loops (``target="cpu"``), so each mo
 GPU's schedules (the interpreter's target patched to ``"gpu"``, as tests/test_gemm_f16.py does) and with the
 adapter's own. Shapes: depth and columns multiples of 4 (vec4 loads and stores) and not (17 -> 67: scalar
 loads, partial tiles on every side), a FULLY_CONNECTED of 1,030 rows, batch 2, a fused RELU6; a windowed and a
-grouped CONV_2D, which read the HWIO filter in the per-output loop.
+grouped CONV_2D, which read the HWIO filter in the per-output loop; a FULLY_CONNECTED of 3 rows and a 1x1
+CONV_2D of 25, whose sums a GPU's plan splits over lanes (depth 200 and 66: a tail past the unrolled groups).
 
 Tolerance: none. Integer sums are exact in any order, and the requantization is the per-output kernels' own
 (``q_mul_up``): every int8 output must equal LiteRT's bit for bit.
@@ -33,6 +34,9 @@ MODELS = {
     "conv_1x1_scalar": (lambda x: L.Conv2D(67, 1)(x), (2, 40, 30, 17), True),
     # 1030 rows x 132 columns
     "dense_1030_rows": (lambda x: L.Dense(132)(x), (1030, 40), True),
+    # fewer rows than a tile pays for (batch 1): on a GPU each sum split over lanes (a reduction_program)
+    "dense_3_rows": (lambda x: L.Dense(37)(x), (3, 200), False),
+    "conv_1x1_5x5": (lambda x: L.Conv2D(24, 1, activation="relu")(x), (1, 5, 5, 66), False),
     # HWIO filters read by the per-output loop: stride 2 SAME, and two groups
     "conv_3x3_s2_hwio": (lambda x: L.Conv2D(6, 3, strides=2, padding="same")(x), (2, 9, 7, 5), False),
     "conv_grouped_hwio": (lambda x: L.Conv2D(6, 3, groups=2, padding="same")(x), (2, 8, 8, 8), False),
@@ -62,6 +66,8 @@ def test_matches_litert_bit_for_bit(files, device, monkeypatch, name, target):
     (got,) = _run(ours, xs)
     tiled = MODELS[name][2] and target == "gpu"
     assert _tiled_programs(ours) == (1 if tiled else 0)
+    split = sum("var<workgroup> shares: array<i32" in prog.source for prog, _, _ in ours._plan(0).steps)
+    assert split == (1 if name in ("dense_3_rows", "conv_1x1_5x5") and target == "gpu" else 0)
     assert got.shape == want.shape and got.dtype == want.dtype == np.int8
     differ = int((got != want).sum())
     assert differ == 0, f"{name} ({target}): {differ} of {want.size} elements differ from LiteRT"

@@ -187,7 +187,7 @@ def split_lanes(outputs: int, terms: int, target: str = "gpu", unroll: int = 4, 
 
 def reduction_program(name: str, bindings: tuple[Binding, ...], total: int, body: str, store: str,
                       helpers: str = "", uniforms: tuple[Uniform, ...] = (), lanes: int = 1, acc: str = "acc",
-                      loop_trips: int = 0) -> Program:
+                      loop_trips: int = 0, acc_type: str = "f32") -> Program:
     """A program whose ``total`` output elements are each a sum that ``lanes`` invocations share.
 
     ``body`` decodes ``idx`` (the output element), declares ``var {acc} = 0.0`` and adds this invocation's
@@ -198,7 +198,8 @@ def reduction_program(name: str, bindings: tuple[Binding, ...], total: int, body
     workgroups of :data:`REDUCTION_WORKGROUP` invocations hold ``256 / lanes`` outputs each (neighbouring
     invocations take neighbouring outputs, so that their weight reads coalesce); the shares meet in workgroup
     memory by a tree of ``log2(lanes)`` steps, and lane 0 runs ``store``. The sum's order differs from the
-    serial one by rounding only. Raises :class:`KernelError` for ``lanes`` not a power of two up to 256.
+    serial one by rounding only (``acc_type="i32"``: integer sums, equal in any order). Raises
+    :class:`KernelError` for ``lanes`` not a power of two up to 256.
     """
     if lanes == 1:
         return elementwise_program(name, bindings, total, f"{body}\n  {store}", helpers, uniforms,
@@ -214,7 +215,7 @@ def reduction_program(name: str, bindings: tuple[Binding, ...], total: int, body
         step //= 2
     tree_src = "\n".join(tree)
     source = prelude(bindings, uniforms) + helpers + f"""
-var<workgroup> shares: array<f32, {wg}>;
+var<workgroup> shares: array<{acc_type}, {wg}>;
 
 @compute @workgroup_size({wg})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

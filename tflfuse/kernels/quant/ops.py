@@ -27,7 +27,7 @@ from ..gemm import tile_attr, use_tiled_matmul
 from ..elementwise import broadcast_index
 from ..registry import register
 from ..shape_ops import Dequantize
-from ..wgsl import elementwise_program, fmt_f32
+from ..wgsl import dot, elementwise_program, fmt_f32, reduction_program, split_lanes
 from .arith import WGSL, activation_range, quant_range, quantize_f32_wgsl, quantize_multiplier
 from .product import quantized_product_program
 
@@ -278,6 +278,24 @@ class _Accumulating(QuantKernel):
         call = _requant(tables, self.mults, "co")
         return f"  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
 
+    def _split_product(self, names: list[str], rows: int, depth: int) -> list:
+        """The product of weights laid out ``[depth, cout]`` for fewer rows than a tile pays for (a layer at
+        batch 1): each output's int32 sum split over :func:`~tflfuse.kernels.wgsl.split_lanes` invocations
+        that meet in workgroup memory (one invocation per output on the software adapter)."""
+        tables = Tables()
+        call = _requant(tables, self.mults, "co")
+        total, cout = rows * self.cout, self.cout
+        lanes = split_lanes(total, depth, self.target())
+        x = self._term(f"x[r * {depth}u + {{k}}]", self.x_off)
+        w = self._term(f"w[({{k}}) * {cout}u + co]", self.w_off)
+        body = (f"  let co = idx % {cout}u;\n  let r = idx / {cout}u;\n  var sum = 0;\n"
+                f"  {dot(depth, x, w, 'sum', lanes=lanes)}")
+        bias = " + b[co]" if self.has_input(2) else ""
+        store = f"let acc = sum{bias}; y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
+        return [reduction_program(self.key, self.io_bindings(names), total, body, store, WGSL + tables.decls,
+                                  tables.uniforms, lanes=lanes, acc="sum", acc_type="i32",
+                                  loop_trips=-(-(depth // 4) // lanes) + 1)]
+
     @staticmethod
     def _term(v: str, off: int) -> str:
         return f"({v} + {off})" if off else v
@@ -328,8 +346,10 @@ class QuantizedFullyConnected(_Accumulating):
 
     def programs(self):
         names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
-        if self.layout == "IO" and use_tiled_matmul(self.rows, self.cin, self.cout, self.target()):
-            return [self._product(names, self.rows, self.cin)]
+        if self.layout == "IO":
+            if use_tiled_matmul(self.rows, self.cin, self.cout, self.target()):
+                return [self._product(names, self.rows, self.cin)]
+            return self._split_product(names, self.rows, self.cin)
         tables = Tables()
         store = self._store(tables)
         x = self._term(f"x[r * {self.cin}u + k]", self.x_off)
@@ -409,12 +429,22 @@ class QuantizedConv2D(_QuantizedWindow):
         self.cin, self.per_group = cin, self.cout // (cin // self.wcin)
         self._quant_setup(self.cout)
 
+    def _store(self, tables: Tables) -> str:
+        # LiteRT's builtin kernels round a grouped int8 CONV_2D's halves away from zero (q_mul, the reference
+        # kernel's rounding) where one group's are rounded up (measured: tests/test_quant_product.py)
+        if self.cin == self.wcin:
+            return super()._store(tables)
+        call = _requant(tables, self.mults, "co", "q_mul")
+        return f"  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
+
     def programs(self):
         g, cin, wcin = self.g, self.cin, self.wcin
         rows = g["N"] * g["OH"] * g["OW"]
-        if (self.layout == "HWIO" and cin == wcin and is_pointwise(g)
-                and use_tiled_matmul(rows, cin, self.cout, self.target())):
-            return [self._product(["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"], rows, cin)]
+        if self.layout == "HWIO" and cin == wcin and is_pointwise(g):
+            names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
+            if use_tiled_matmul(rows, cin, self.cout, self.target()):
+                return [self._product(names, rows, cin)]
+            return self._split_product(names, rows, cin)
         base = f"(co / {self.per_group}u) * {wcin}u" if cin != wcin else "0u"
         x = self._term(f"x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + c0 + ci]", self.x_off)
         if self.layout == "HWIO":
