@@ -168,7 +168,7 @@ def test_mean_one_op(device, shape, axis, keep, dtype, qi, qo):
     assert _compare(data, device) == 3 * int(np.prod(out))
 
 
-@pytest.mark.parametrize("shape", [(3, 11), (2, 2, 256), (1, 5)])
+@pytest.mark.parametrize("shape", [(3, 11), (2, 2, 256), (1, 5), (1, 1001)])   # 64 or more: a workgroup per row
 @pytest.mark.parametrize("dtype,qi,qo,beta", [("UINT8", (0.07, 128), (1 / 256, 0), 1.0),
                                               ("UINT8", (0.2, 3), (1 / 256, 0), 0.6),
                                               ("INT8", (0.05, -3), (1 / 256, -128), 1.0),

@@ -212,20 +212,42 @@ class QuantizedSoftmax(QuantKernel):
             q = f"i32(q_round(p)) + {self.qo.zero_point[0]}"
         else:
             q = "i32(p + params.half)"
+        uniforms = _float_uniforms(out_scale=self.qo.scale[0]) + tables.uniforms
+        entry = tbl.format(i="off + x[base + k]")
+        if c >= _REDUCE_MIN:   # a workgroup per row: the maximum by a tree, the sum in order, the stores spread
+            body = f"""  let base = o * {c}u;
+  var m = -2147483647;
+  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ m = max(m, x[base + k]); }}
+  mx[lid] = m;
+{_tree("mx", "max({a}, {b})")}
+  let off = 255 - mx[0];
+  if (lid == 0u) {{   // LiteRT's float sum in the row's order, so that it rounds alike
+    var s = 0.0;
+    for (var k = 0u; k < {c}u; k++) {{ s = s + bitcast<f32>({entry}); }}
+    inv_sum = params.one / (s * params.out_scale);
+  }}
+  workgroupBarrier();
+  let inv = inv_sum;
+  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{
+    let p = bitcast<f32>({entry}) * inv;
+    y[base + k] = clamp({q}, {lo}, {hi});
+  }}"""
+            shared = f"var<workgroup> mx: array<i32, {_REDUCE_WG}>;\nvar<workgroup> inv_sum: f32;\n"
+            return [reduce_program(self.key, self.io_bindings(["x", "y"]), rows, body, WGSL + tables.decls + shared,
+                                   uniforms, loop_trips=c + 2 * -(-c // _REDUCE_WG))]
         body = f"""  let base = idx * {c}u;
   var m = -2147483647;
   for (var k = 0u; k < {c}u; k++) {{ m = max(m, x[base + k]); }}
   let off = 255 - m;
   var s = 0.0;
-  for (var k = 0u; k < {c}u; k++) {{ s = s + bitcast<f32>({tbl.format(i="off + x[base + k]")}); }}
+  for (var k = 0u; k < {c}u; k++) {{ s = s + bitcast<f32>({entry}); }}
   let inv = params.one / (s * params.out_scale);
   for (var k = 0u; k < {c}u; k++) {{
-    let p = bitcast<f32>({tbl.format(i="off + x[base + k]")}) * inv;
+    let p = bitcast<f32>({entry}) * inv;
     y[base + k] = clamp({q}, {lo}, {hi});
   }}"""
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), rows, body, WGSL + tables.decls,
-                                    _float_uniforms(out_scale=self.qo.scale[0]) + tables.uniforms,
-                                    loop_trips=3 * c)]
+                                    uniforms, loop_trips=3 * c)]
 
 
 class QuantizedConcatenation(Concatenation, QuantKernel):
