@@ -22,16 +22,10 @@ ONE_STEP_WHY: list[tuple[str, str]] = []
 #: (pattern over a refusal's cause, why refusing it is correct, or which kernel is missing): none is refused today.
 REFUSAL_WHY: list[tuple[str, str]] = []
 
-#: (pattern over a crashed case's family and parameters, why), measured where the case ends past the time limit.
-CRASH_WHY = [
-    (r"depthwiseconv.*3000",
-     "DEPTHWISE_CONV_2D over 3000 channels: its per-channel requantization multipliers and shifts are baked into "
-     "the WGSL as two `var<private>` arrays of 3000 literals each (`_int_array` in `tflfuse/kernels/quant/ops.py`), "
-     "and llvmpipe compiles that shader in a time superlinear in the channel count (the same [1, 3, 3, C] case, "
-     "first run: C=64 0.7 s, 256 6 s, 512 28 s, 1024 144 s; a second run, or a rerun with Mesa's shader cache "
-     "filled, < 0.1 s: the time is the compile), so the case runs past the limit: a fault of the kernel, to be "
-     "fixed there (the multipliers in a storage buffer), not a refusal"),
-]
+#: (pattern over a crashed case's family and parameters, why), measured where the case ends past the time limit:
+#: none is known today (DEPTHWISE_CONV_2D over 3000 channels compiled for minutes while its per-channel
+#: multipliers were private arrays of literals; they are uniforms now, see ``tflfuse.kernels.quant.ops.Tables``).
+CRASH_WHY: list[tuple[str, str]] = []
 
 
 def _why(text: str, table) -> str:
