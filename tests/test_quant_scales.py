@@ -129,3 +129,28 @@ def test_pad_fills_that_litert_refuses_are_refused(device, data, match):
     dtype = ref.get_input_details()[0]["dtype"]
     with pytest.raises(RuntimeError, match="PAD"):   # LiteRT's pad.cc refuses it at invoke
         _run(ref, [np.zeros((2, 3, 5), dtype)])
+
+
+@pytest.mark.parametrize("which", ["input", "output"])
+def test_zero_point_outside_the_type_falls_back_to_litert(device, which):
+    """An int8 ADD whose input or output zero point is outside int8 (200): the GPU kernel refuses it naming the
+    zero point, and the op runs on LiteRT's CPU, equal to its builtin kernels."""
+    zp_in, zp_out = (200, -3) if which == "input" else (2, 200)
+    data = _file("ADD", [((3, 9), "int8", 0.5, zp_in, None), ((3, 9), "int8", 0.25, 1, None)],
+                 ((3, 9), "int8", 1.0, zp_out))
+    label = "input 0" if which == "input" else "output"
+    assert_falls_back(device, data, "ADD", rf"ADD: {label} zero point 200 is outside int8's range \[-128, 127\]",
+                      xs=_xs(data, np.random.default_rng(41)))
+
+
+def test_dequantize_of_a_scale_near_the_float32_limit_matches_litert(device):
+    """DEQUANTIZE with scale 1e38 and zero point 3: -zp * scale is infinite in float32; the GPU kernel gives
+    LiteRT's values (infinities included) instead of failing to write the constant into the WGSL."""
+    data = _file("DEQUANTIZE", [((4, 5), "int8", 1e38, 3, None)], ((4, 5), "float32", 1.0, 0))
+    x = [np.arange(-10, 10, dtype=np.int8).reshape(4, 5)]
+    ref = _litert(data)
+    ref.allocate_tensors()
+    it = tflfuse.Interpreter(model_content=data, device=device, cpu_fallback=False)
+    got, want = _run(it, x), _run(ref, x)
+    assert np.isinf(want[0]).any()
+    np.testing.assert_array_equal(got[0], want[0])

@@ -61,6 +61,17 @@ class QuantKernel(Kernel):
                             f"int8 kernel does not take")
         if any(not (s > 0 and math.isfinite(s)) for s in q.scale):
             raise self.fail(f"{what} has a quantization scale that is not positive and finite: {list(q.scale)}")
+        if attr.startswith("input"):
+            dtype = self.inputs[i].dtype if i < len(self.inputs) and self.inputs[i] is not None else None
+        else:
+            dtype = self.attrs.get("output_dtype")
+        if dtype in QUANTIZED:   # a code outside the type: the GPU kernels do not reproduce what LiteRT makes of it
+            lo, hi = quant_range(dtype)
+            bad = sorted({z for z in q.zero_point if not lo <= z <= hi})
+            if bad:
+                label = what if attr.startswith("input") else "output"
+                raise self.fail(f"{label} zero point {bad[0]} is outside {dtype}'s range [{lo}, {hi}]; give the "
+                                f"tensor a zero point in range (the op runs on LiteRT's CPU)")
         return q
 
     def multiplier(self, real: float, what: str = "the requantization") -> tuple[int, int]:
@@ -226,12 +237,16 @@ class QuantizedDequantize(Dequantize, QuantKernel):
         self.check()
         # LiteRT's optimized Dequantize computes blocks of 8 as f32(q) * scale + f32(-zp * scale) (two roundings,
         # NEON's vmla, also through NEON_2_SSE on x86) and the rest as f32(scale * (q - zp)); the same here.
+        # The two constants are uniforms: a scale near float32's largest makes -zp * scale infinite, which no
+        # WGSL literal writes (LiteRT computes inf there too).
         n = self.input(0).size
-        zts = fmt_f32(float(np.float32(-self.zp * float(self.scale))))
-        s = fmt_f32(self.scale)
-        body = (f"  if (idx < {n - n % 8}u) {{ y[idx] = f32(x[idx]) * {s} + {zts}; return; }}\n"
-                f"  y[idx] = {s} * f32(x[idx] - {self.zp});")
-        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), self.input(0).size, body)]
+        with np.errstate(over="ignore"):
+            zts = float(np.float32(-self.zp * float(self.scale)))
+        consts = (Uniform("scale", "f32", float(np.float32(self.scale))), Uniform("zts", "f32", zts))
+        body = (f"  if (idx < {n - n % 8}u) {{ y[idx] = f32(x[idx]) * params.scale + params.zts; return; }}\n"
+                f"  y[idx] = params.scale * f32(x[idx] - {self.zp});")
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), self.input(0).size, body,
+                                    uniforms=consts)]
 
 
 def _bias_terms(kernel: QuantKernel, cout: int) -> str:
