@@ -12,6 +12,8 @@ the float32/fixed-point error of the multiplier, far below a step), and for HARD
 fixed-point "relu-ish" factor carries 2^-15-relative errors, scaled by |x| / out_scale up to a few steps).
 """
 
+import math
+
 import numpy as np
 import pytest
 from ai_edge_litert import schema_py_generated as schema
@@ -96,17 +98,22 @@ def _hard_swish(x):
 
 UNARY_REAL = {
     "LOGISTIC": lambda x, _: 1 / (1 + np.exp(-x)), "TANH": lambda x, _: np.tanh(x),
+    "GELU": lambda x, approximate: 0.5 * x * (1 + (np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)) if approximate
+                                                  else np.vectorize(math.erf)(x / np.sqrt(2)))),
     "HARD_SWISH": lambda x, _: _hard_swish(x), "LEAKY_RELU": lambda x, a: np.where(x >= 0, x, a * x),
     "RELU": lambda x, _: np.maximum(x, 0), "RELU6": lambda x, _: np.clip(x, 0, 6),
     "RELU_N1_TO_1": lambda x, _: np.clip(x, -1, 1), "RELU_0_TO_1": lambda x, _: np.clip(x, 0, 1),
 }
 
-# (op, dtype, input scale, input zero point, output scale, output zero point, LEAKY_RELU alpha)
+# (op, dtype, input scale, input zero point, output scale, output zero point, LEAKY_RELU alpha or GELU approximate)
 UNARY = [
     ("LOGISTIC", "int8", 0.0625, 0, 1 / 256, -128, None),
     ("LOGISTIC", "int8", 0.031, -17, 1 / 256, -128, None),
     ("LOGISTIC", "uint8", 0.1, 131, 1 / 256, 0, None),
     ("LOGISTIC", "int8", 0.043, 9, 1 / 256, 3, None),          # a zero point LiteRT's table path takes as is
+    ("GELU", "int8", 0.05, -10, 0.03, -90, False),
+    ("GELU", "int8", 0.1, 20, 0.02, -110, True),                # approximate: the tanh form
+    ("GELU", "uint8", 0.04, 128, 0.025, 10, False),
     ("TANH", "int8", 0.02, 4, 1 / 128, 0, None),
     ("TANH", "uint8", 0.045, 120, 1 / 128, 128, None),
     ("TANH", "int8", 0.01, -60, 0.005, -30, None),              # any output scale: clamped at the type's range
@@ -136,7 +143,8 @@ UNARY = [
 @pytest.mark.parametrize("op, dtype, s_in, z_in, s_out, z_out, alpha", UNARY,
                          ids=[f"{u[0]}-{u[1]}-{i}" for i, u in enumerate(UNARY)])
 def test_unary_matches_litert_on_every_code(device, rng, op, dtype, s_in, z_in, s_out, z_out, alpha):
-    options = ("LeakyReluOptions", {"alpha": alpha}) if op == "LEAKY_RELU" else None
+    options = (("LeakyReluOptions", {"alpha": alpha}) if op == "LEAKY_RELU" else
+               ("GeluOptions", {"approximate": alpha}) if op == "GELU" else None)
     data = _file(op, [(UNARY_SHAPE, dtype, s_in, z_in, None)], (UNARY_SHAPE, dtype, s_out, z_out), options)
     x = _all_codes(dtype, UNARY_SHAPE, rng)
     (got,) = _compare(data, [x], device)

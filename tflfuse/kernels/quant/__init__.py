@@ -2,7 +2,7 @@
 
 An op reading or writing an int8 or uint8 tensor is planned with :func:`quantized_kernel`, not with the float
 kernel registered under its name: a kernel of :mod:`tflfuse.kernels.quant.ops` or
-:mod:`tflfuse.kernels.quant.activations` (LOGISTIC, TANH, HARD_SWISH, LEAKY_RELU, PRELU, RELU, RELU6,
+:mod:`tflfuse.kernels.quant.activations` (LOGISTIC, TANH, GELU, HARD_SWISH, LEAKY_RELU, PRELU, RELU, RELU6,
 RELU_N1_TO_1, RELU_0_TO_1, MUL) or :mod:`tflfuse.kernels.quant.reduce_resize` (MEAN, SOFTMAX, CONCATENATION,
 RESIZE_BILINEAR, RESIZE_NEAREST_NEIGHBOR) where TFLite's integer arithmetic is needed; the registered kernel itself,
 on one-i32-per-element storage, for the ops that only move values (RESHAPE, TRANSPOSE, SLICE, GATHER...:
@@ -36,6 +36,7 @@ _KERNELS: dict[str, type[Kernel]] = {
         "PAD": ops.QuantizedPad, "PADV2": ops.QuantizedPad, "MAX_POOL_2D": ops.QuantizedPool,
         "AVERAGE_POOL_2D": ops.QuantizedPool,
         "LOGISTIC": activations.QuantizedLookupTable, "TANH": activations.QuantizedLookupTable,
+        "GELU": activations.QuantizedGelu,
         "HARD_SWISH": activations.QuantizedHardSwish, "LEAKY_RELU": activations.QuantizedLeakyRelu,
         "PRELU": activations.QuantizedPrelu, "RELU": activations.QuantizedRelu, "RELU6": activations.QuantizedRelu,
         "RELU_N1_TO_1": activations.QuantizedRelu, "RELU_0_TO_1": activations.QuantizedRelu,

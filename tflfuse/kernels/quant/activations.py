@@ -69,7 +69,7 @@ def _libm_function(name: str):
     return fn
 
 
-_EXPF, _TANHF = _libm_function("expf"), _libm_function("tanhf")
+_EXPF, _TANHF, _ERFCF = _libm_function("expf"), _libm_function("tanhf"), _libm_function("erfcf")
 
 
 def _logistic(v: np.float32) -> np.float32:
@@ -79,6 +79,26 @@ def _logistic(v: np.float32) -> np.float32:
 
 def _tanh(v: np.float32) -> np.float32:
     return _f32(_TANHF(float(v))) if _TANHF else _f32(math.tanh(float(v)))
+
+
+def _erfc(v: np.float32) -> np.float32:
+    return _f32(_ERFCF(float(v))) if _ERFCF else _f32(math.erfc(float(v)))
+
+
+#: ``static_cast<float>(-M_SQRT1_2)`` and ``sqrt(2 / pi)`` as float32, reference/gelu.h's constants.
+_MINUS_SQRT1_2 = _f32(-0.70710678118654752440)
+_SQRT_2_OVER_PI = _f32(2.0 / math.sqrt(math.pi) * 0.70710678118654752440)
+
+
+def _gelu(v: np.float32) -> np.float32:
+    """reference/gelu.h's ``GeluTransform``: ``0.5f * x * erfcf(x * -sqrt(1/2))``, float32 steps in order."""
+    return _f32(_f32(0.5) * v) * _erfc(_f32(v * _MINUS_SQRT1_2))
+
+
+def _gelu_tanh(v: np.float32) -> np.float32:
+    """``GeluTransformApproximate``: ``0.5f * x * (1 + tanhf(sqrt(2/pi) * (x + 0.044715f * x * x * x)))``."""
+    cube = _f32(_f32(_f32(_f32(0.044715) * v) * v) * v)
+    return _f32(_f32(0.5) * v) * _f32(_f32(1.0) + _tanh(_f32(_SQRT_2_OVER_PI * _f32(v + cube))))
 
 
 def _round_away(x: float) -> float:
@@ -147,6 +167,23 @@ class QuantizedLookupTable(_Unary):
             raise self.fail(f"the output scale must be 1/256 (LiteRT's int8/uint8 LOGISTIC requires it), "
                             f"got {self.s_out}")
         fn = _logistic if self.key == "LOGISTIC" else _tanh
+        self.table = lookup_table(fn, self.s_in, self.z_in, self.s_out, self.z_out, self.dtype)
+
+    def wgsl(self, tables):
+        lut = tables.add("q_lut", self.table).format(i=f"x[idx] - {self.lo}")
+        return "", f"  y[idx] = {lut};"
+
+
+class QuantizedGelu(_Unary):
+    """GELU int8/uint8 ``[...]``: a 256-entry table over the input codes (:func:`lookup_table` of
+    reference/gelu.h's ``GeluTransform``, or ``GeluTransformApproximate`` with ``approximate``), as LiteRT's
+    gelu.cc builds it at prepare; the C library's ``erfcf``/``tanhf`` where one loads (else Python's double
+    erfc / NumPy's tanh, rounded to float32). Any output scale."""
+
+    attr_defaults = {"approximate": False}
+
+    def setup(self):
+        fn = _gelu_tanh if self.attr("approximate") else _gelu
         self.table = lookup_table(fn, self.s_in, self.z_in, self.s_out, self.z_out, self.dtype)
 
     def wgsl(self, tables):

@@ -5,8 +5,9 @@ Quantized tensors are held one element per i32 (as bool is), so their bindings a
 uint8 weights are widened to i32 when loaded. Every kernel reads the quantization parameters of its inputs and
 outputs from the attributes ``input_quantization`` and ``output_quantization`` (one
 :class:`~tflfuse.model.Quantization` or None per tensor, which the planner takes from the file) and the output's
-dtype from ``output_dtype``. Fixed-point multipliers are computed on the host as TFLite's prepare step does and
-baked into the WGSL; the arithmetic is :data:`tflfuse.kernels.quant.arith.WGSL`.
+dtype from ``output_dtype``. Fixed-point multipliers are computed on the host as TFLite's prepare step does: a
+per-tensor one is written into the WGSL, per-channel ones (and lookup tables) are uniform arrays
+(:class:`Tables`); the arithmetic is :data:`tflfuse.kernels.quant.arith.WGSL`.
 
 Semantics: TFLite's reference integer kernels (``kernels/internal/reference/integer_ops/``: fully_connected.h,
 conv.h, depthwise_conv.h, add.h; ``reference/quantize.h``, ``dequantize.h``, ``requantize.h``,
@@ -31,8 +32,8 @@ from ..wgsl import dot, elementwise_program, fmt_f32, reduction_program, split_l
 from .arith import WGSL, activation_range, quant_range, quantize_f32_wgsl, quantize_multiplier
 from .product import quantized_product_program
 
-__all__ = ["QuantKernel", "Tables", "QuantizedAdd", "QuantizedConv2D", "QuantizedDepthwiseConv2D", "QuantizedDequantize",
-           "QuantizedFullyConnected", "QuantizedPad", "QuantizedPool", "Quantize"]
+__all__ = ["QuantKernel", "QuantizedAdd", "QuantizedConv2D", "QuantizedDepthwiseConv2D", "QuantizedDequantize",
+           "QuantizedFullyConnected", "QuantizedPad", "QuantizedPool", "Quantize", "Tables"]
 
 QUANTIZED = ("int8", "uint8")
 
