@@ -15,9 +15,10 @@ from ai_edge_litert.interpreter import OpResolverType
 from conftest import SEED
 from tflfuse.kernels.base import Binding, Program, Uniform, uniform_layout
 from tflfuse.kernels.quant import ops as quant_ops
+from test_quant_activations import _file
 from tflfuse.kernels.wgsl import linear_main, prelude
 from tflfuse.shader import ShaderInfo, _uniform_infos, run_shader
-from test_quant_models import _inputs, _run, _single
+from test_quant_models import _inputs, _run, _single, assert_falls_back
 
 keras = pytest.importorskip("keras")
 L = keras.layers
@@ -75,14 +76,9 @@ def files():
     return {name: build() for name, build in MODELS.items()}
 
 
-# depthwise_3000 as private arrays is what took minutes to compile on the software adapter: uniforms only
-@pytest.mark.parametrize("name, room", [(name, room) for name in MODELS for room in ("uniform", "private")
-                                        if (name, room) != ("depthwise_3000", "private")])
-def test_tables_match_litert_as_uniforms_and_as_private_arrays(files, device, monkeypatch, name, room):
-    """With room in the uniform block, the tables are uniforms (no per-channel literal in the WGSL); without
-    (``UNIFORM_TABLE_BYTES`` 0, what a table past 64 KiB gets), private arrays. Both equal LiteRT."""
-    if room == "private":
-        monkeypatch.setattr(quant_ops, "UNIFORM_TABLE_BYTES", 0)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_tables_are_uniforms_and_match_litert(files, device, name):
+    """The tables are uniforms (no private array of literals in the WGSL); the values equal LiteRT's."""
     data = files[name]
     ref = LiteRT(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     ref.allocate_tensors()
@@ -92,11 +88,26 @@ def test_tables_match_litert_as_uniforms_and_as_private_arrays(files, device, mo
     got = _run(ours, xs)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
-        assert int((g != w).sum()) == 0, f"{name} ({room}): {int((g != w).sum())} of {w.size} elements differ"
-    sources = [prog.source for prog, _, _ in ours._plan(0).steps]
-    private = sum("var<private>" in s for s in sources)
-    tables = sum(any(u.is_array for u in prog.uniforms) for prog, _, _ in ours._plan(0).steps)
-    assert (private == 0 and tables >= 1) if room == "uniform" else (private >= 1 and tables == 0), (private, tables)
+        assert int((g != w).sum()) == 0, f"{name}: {int((g != w).sum())} of {w.size} elements differ"
+    steps = ours._plan(0).steps
+    assert not any("var<private>" in prog.source for prog, _, _ in steps)
+    assert any(u.is_array for prog, _, _ in steps for u in prog.uniforms)
+
+
+def test_tables_past_the_uniform_block_fall_back_to_litert(device):
+    """A per-channel FULLY_CONNECTED of 9,000 output channels: its multipliers and shifts (72,000 bytes) pass the
+    64 KiB uniform block, and as private arrays the shader took minutes; refused naming the op, it runs on
+    LiteRT's CPU and equals its builtin kernels."""
+    rng = np.random.default_rng(SEED)
+    cout, depth = 9000, 3
+    ws = rng.uniform(0.001, 0.01, cout)
+    data = _file("FULLY_CONNECTED", [((1, depth), "int8", 0.05, 2, None),
+                                     ((cout, depth), "int8", ws, np.zeros(cout, int),
+                                      rng.integers(-127, 128, (cout, depth)).astype(np.int8)),
+                                     ((cout,), "int32", 0.05 * ws, np.zeros(cout, int),
+                                      rng.integers(-3000, 3000, cout).astype(np.int32))],
+                 ((1, cout), "int8", 0.05, -3))
+    assert_falls_back(device, data, "FULLY_CONNECTED", r"FULLY_CONNECTED: 9000 output channels need 72000 bytes")
 
 
 def test_layers_of_one_shape_share_one_pipeline():

@@ -102,6 +102,7 @@ class _Hybrid(QuantKernel):
             raise self.fail(f"quantizes rows of {row_size} elements at run time; the GPU kernel takes up to "
                             f"{MAX_ROW}")
         self.scales = list(qw.scale) if len(qw.scale) > 1 else list(qw.scale) * cout
+        self.check_table_room(cout, arrays=1)
         self.cout, self.rows, self.row_size = cout, rows, row_size
         if self.has_input(2):
             b = self.input(2)

@@ -22,13 +22,13 @@ import math
 import numpy as np
 
 from ...model import Quantization
-from ..base import Kernel, TensorSpec, Uniform
+from ..base import Kernel, KernelError, TensorSpec, Uniform
 from ..conv import _Conv, is_pointwise, window_body
 from ..gemm import tile_attr, use_tiled_matmul
 from ..elementwise import broadcast_index
 from ..registry import register
 from ..shape_ops import Dequantize
-from ..wgsl import dot, elementwise_program, fmt_f32, reduction_program, split_lanes
+from ..wgsl import dot, elementwise_program, reduction_program, split_lanes
 from .arith import WGSL, activation_range, quant_range, quantize_f32_wgsl, quantize_multiplier
 from .product import quantized_product_program
 
@@ -75,6 +75,16 @@ class QuantKernel(Kernel):
                                 f"tensor a zero point in range (the op runs on LiteRT's CPU)")
         return q
 
+    def check_table_room(self, channels: int, arrays: int = 2) -> None:
+        """Raises KernelError (naming the op) where ``arrays`` per-channel tables of ``channels`` entries (a
+        requantization's multipliers and shifts) pass the uniform block's room (:data:`UNIFORM_TABLE_BYTES`,
+        about 8,000 channels for two): as private arrays they would take minutes to compile, so the op runs on
+        LiteRT's CPU."""
+        need = arrays * 16 * -(-channels // 4)
+        if need > UNIFORM_TABLE_BYTES:
+            raise self.fail(f"{channels} output channels need {need} bytes of per-channel tables, past the "
+                            f"{UNIFORM_TABLE_BYTES} a uniform block holds here; the op runs on LiteRT's CPU")
+
     def multiplier(self, real: float, what: str = "the requantization") -> tuple[int, int]:
         """:func:`~tflfuse.kernels.quant.arith.quantize_multiplier` of ``real``; multipliers below 2**-32 flush
         to zero as TFLite's do. Raises KernelError (naming the op) for one of 2**30 or more (a left shift of 31
@@ -111,7 +121,7 @@ class QuantKernel(Kernel):
 
 def _as_quantization(q) -> Quantization | None:
     """A :class:`~tflfuse.model.Quantization` from one, or from ``{"scale": [...], "zero_point": [...],
-    "axis": 0}`` (``get_shader``'s JSON attributes), or None."""
+    "axis": 0}`` (attributes written as JSON), or None."""
     if q is None or isinstance(q, Quantization):
         return q
     if isinstance(q, dict):
@@ -127,41 +137,40 @@ UNIFORM_TABLE_BYTES = 65536 - 256
 
 
 class Tables:
-    """The constant arrays of one program (per-channel multipliers and shifts, lookup tables, scales).
+    """The constant arrays of one program (per-channel multipliers and shifts, lookup tables, scales), as
+    uniform arrays (:class:`~tflfuse.kernels.base.Uniform`) read through a WGSL accessor ``name_at(i)``.
 
-    Each is a uniform array (:class:`~tflfuse.kernels.base.Uniform`) while the program's block has room
-    (:data:`UNIFORM_TABLE_BYTES`), read through a WGSL accessor ``name_at(i)``: the values stay out of the
-    source, so layers of one shape share one pipeline, and compilers handle them fast (a WGSL ``var<private>``
-    array of literals is copied into each invocation; the software adapter's compile time grows faster than
-    linearly with its length). Past that room, a private array of literals.
+    The values stay out of the source, so layers of one shape share one pipeline, and compilers handle them
+    fast: a WGSL ``var<private>`` array of literals is copied into each invocation, and the software adapter's
+    compile time grows faster than linearly with its length (1,024 entries took 144 s). A program's block holds
+    :data:`UNIFORM_TABLE_BYTES`; kernels refuse larger tables when they are made
+    (:meth:`QuantKernel.check_table_room`), so that the op runs on LiteRT's CPU.
 
-    After adding every table, ``decls`` holds the WGSL declarations and ``uniforms`` the uniforms to give the
+    After adding every table, ``decls`` holds the WGSL accessors and ``uniforms`` the uniforms to give the
     program (after its other uniforms, whose names must differ)."""
 
-    def __init__(self, room: int | None = None):
-        self.room = UNIFORM_TABLE_BYTES if room is None else room
-        self.decls, self.uniforms, self._refs = "", (), {}
+    def __init__(self):
+        self.room, self.decls, self.uniforms, self._refs = UNIFORM_TABLE_BYTES, "", (), {}
 
     def add(self, name: str, values, elem: str = "i32") -> str:
         """Adds the array ``name`` of ``elem`` (``"i32"``, ``"u32"`` or ``"f32"``) once and returns the WGSL
-        expression of its element ``{i}`` (format it with ``i=``: a u32 or i32 index expression)."""
+        expression of its element ``{i}`` (format it with ``i=``: a u32 or i32 index expression).
+
+        Raises:
+          KernelError: the program's tables pass :data:`UNIFORM_TABLE_BYTES` (a kernel's own check should
+            have refused it first)."""
         if name in self._refs:
             return self._refs[name]
         py = float if elem == "f32" else int
-        values = tuple(py(v) for v in values)
-        table = Uniform(name, elem, values)
-        if table.nbytes <= self.room:
-            self.room -= table.nbytes
-            self.uniforms += (table,)
-            self.decls += (f"fn {name}_at(i: u32) -> {elem} {{ return params.{name}[i >> 2u][i & 3u]; }}\n")
-            ref = f"{name}_at(u32({{i}}))"
-        else:
-            lit = fmt_f32 if elem == "f32" else (lambda v: f"{v}u") if elem == "u32" else str
-            n, text = len(values), ", ".join(lit(v) for v in values)
-            self.decls += f"var<private> {name}: array<{elem}, {n}> = array<{elem}, {n}>({text});\n"
-            ref = f"{name}[{{i}}]"
-        self._refs[name] = ref
-        return ref
+        table = Uniform(name, elem, tuple(py(v) for v in values))
+        if table.nbytes > self.room:
+            raise KernelError(f"table {name} of {len(table.value)} entries passes the uniform block's room "
+                              f"({self.room} bytes left of {UNIFORM_TABLE_BYTES})")
+        self.room -= table.nbytes
+        self.uniforms += (table,)
+        self.decls += f"fn {name}_at(i: u32) -> {elem} {{ return params.{name}[i >> 2u][i & 3u]; }}\n"
+        self._refs[name] = f"{name}_at(u32({{i}}))"
+        return self._refs[name]
 
 
 def _requant(tables: Tables, mults: list[tuple[int, int]], index: str, fn: str = "q_mul_up") -> str:
@@ -286,6 +295,8 @@ class _Accumulating(QuantKernel):
         scales = qw.scale if len(qw.scale) > 1 else qw.scale * cout
         in_scale, out_scale = float(qi.scale[0]), float(qo.scale[0])
         self.mults = [self.multiplier(in_scale * float(s) / out_scale) for s in scales]
+        if len(set(self.mults)) > 1:
+            self.check_table_room(cout)
         self.x_off, self.w_off, self.y_off = -qi.zero_point[0], -qw.zero_point[0], qo.zero_point[0]
         self.lo, self.hi = self.clamp()
         self.bias = _bias_terms(self, cout)

@@ -57,6 +57,8 @@ class QuantizedTransposeConv(TransposeConv, QuantKernel):
             raise self.fail(f"filter zero points must be one value, 0 for int8, got {list(qw.zero_point)}")
         scales = qw.scale if len(qw.scale) > 1 else qw.scale * self.cout
         self.mults = [self.multiplier(float(qi.scale[0]) * float(s) / float(qo.scale[0])) for s in scales]
+        if len(set(self.mults)) > 1:
+            self.check_table_room(self.cout)
         self.x_off, self.w_off, self.y_off = -qi.zero_point[0], -qw.zero_point[0], qo.zero_point[0]
         self.lo, self.hi = self.clamp()
         if self.has_input(self._b):
