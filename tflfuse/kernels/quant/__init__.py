@@ -2,9 +2,11 @@
 
 An op reading or writing an int8 or uint8 tensor is planned with :func:`quantized_kernel`, not with the float
 kernel registered under its name: a kernel of :mod:`tflfuse.kernels.quant.ops` or
-:mod:`tflfuse.kernels.quant.activations` (LOGISTIC, TANH, GELU, HARD_SWISH, LEAKY_RELU, PRELU, RELU, RELU6,
-RELU_N1_TO_1, RELU_0_TO_1, MUL) or :mod:`tflfuse.kernels.quant.reduce_resize` (MEAN, SOFTMAX, CONCATENATION,
-RESIZE_BILINEAR, RESIZE_NEAREST_NEIGHBOR) where TFLite's integer arithmetic is needed; the registered kernel itself,
+:mod:`tflfuse.kernels.quant.activations` (LOGISTIC, TANH, GELU, HARD_SWISH, LEAKY_RELU, PRELU, RELU,
+RELU6, RELU_N1_TO_1, RELU_0_TO_1, MUL), :mod:`tflfuse.kernels.quant.reduce_resize` (MEAN, SOFTMAX, CONCATENATION,
+RESIZE_BILINEAR, RESIZE_NEAREST_NEIGHBOR), :mod:`~tflfuse.kernels.quant.transpose_conv` (TRANSPOSE_CONV),
+:mod:`~tflfuse.kernels.quant.cast` (CAST) or :mod:`~tflfuse.kernels.quant.bottleneck` (the int8
+``fused_bottleneck``) where TFLite's integer arithmetic is needed; the registered kernel itself,
 on one-i32-per-element storage, for the ops that only move values (RESHAPE, TRANSPOSE, SLICE, GATHER...:
 TFLite copies their bytes); and otherwise a kernel that refuses the op, naming it, so that the op runs on
 LiteRT's CPU interpreter (the CPU fallback).
