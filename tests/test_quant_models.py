@@ -123,9 +123,9 @@ def assert_falls_back(device, data: bytes, op: str, match: str, xs=None, seed: i
     np.testing.assert_array_equal(got[0], want[0])
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_matches_litert_bit_for_bit(files, device, name):
-    data = files[name]
+def assert_matches_litert(data: bytes, device, name: str):
+    """Runs ``data`` on LiteRT's builtin kernels and on tflfuse with every op on the GPU, on seeded inputs;
+    asserts every output equal bit for bit (shape and dtype too) and returns the tflfuse interpreter."""
     ref = LiteRT(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     ref.allocate_tensors()
     xs = _inputs(ref.get_input_details(), np.random.default_rng(SEED))
@@ -137,6 +137,12 @@ def test_matches_litert_bit_for_bit(files, device, name):
         assert g.dtype == w.dtype   # the file's dtype: int8, uint8 or float32
         differ = int((g != w).sum())
         assert differ == 0, f"{name}: {differ} of {w.size} elements differ from LiteRT"
+    return gpu
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_matches_litert_bit_for_bit(files, device, name):
+    assert_matches_litert(files[name], device, name)
 
 
 def test_int8_op_without_kernel_falls_back(device):

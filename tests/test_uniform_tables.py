@@ -9,16 +9,13 @@ kernels for the models. Tolerance: none; values are copied or computed in intege
 import numpy as np
 import pytest
 
-import tflfuse
-from ai_edge_litert.interpreter import Interpreter as LiteRT
-from ai_edge_litert.interpreter import OpResolverType
 from conftest import SEED
 from tflfuse.kernels.base import Binding, Program, Uniform, uniform_layout
 from tflfuse.kernels.quant import ops as quant_ops
-from test_quant_activations import _file
 from tflfuse.kernels.wgsl import linear_main, prelude
 from tflfuse.shader import ShaderInfo, _uniform_infos, run_shader
-from test_quant_models import _inputs, _run, _single, assert_falls_back
+from test_quant_activations import _file
+from test_quant_models import _single, assert_falls_back, assert_matches_litert
 
 keras = pytest.importorskip("keras")
 L = keras.layers
@@ -79,17 +76,7 @@ def files():
 @pytest.mark.parametrize("name", list(MODELS))
 def test_tables_are_uniforms_and_match_litert(files, device, name):
     """The tables are uniforms (no private array of literals in the WGSL); the values equal LiteRT's."""
-    data = files[name]
-    ref = LiteRT(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    ref.allocate_tensors()
-    xs = _inputs(ref.get_input_details(), np.random.default_rng(SEED))
-    want = _run(ref, xs)
-    ours = tflfuse.Interpreter(model_content=data, device=device, cpu_fallback=False)
-    got = _run(ours, xs)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        assert int((g != w).sum()) == 0, f"{name}: {int((g != w).sum())} of {w.size} elements differ"
-    steps = ours._plan(0).steps
+    steps = assert_matches_litert(files[name], device, name)._plan(0).steps
     assert not any("var<private>" in prog.source for prog, _, _ in steps)
     assert any(u.is_array for prog, _, _ in steps for u in prog.uniforms)
 
