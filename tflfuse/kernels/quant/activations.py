@@ -174,7 +174,7 @@ class QuantizedLookupTable(_Unary):
         return "", f"  y[idx] = {lut};"
 
 
-class QuantizedGelu(_Unary):
+class QuantizedGelu(QuantizedLookupTable):
     """GELU int8/uint8 ``[...]``: a 256-entry table over the input codes (:func:`lookup_table` of
     reference/gelu.h's ``GeluTransform``, or ``GeluTransformApproximate`` with ``approximate``), as LiteRT's
     gelu.cc builds it at prepare; the C library's ``erfcf``/``tanhf`` where one loads (else Python's double
@@ -185,10 +185,6 @@ class QuantizedGelu(_Unary):
     def setup(self):
         fn = _gelu_tanh if self.attr("approximate") else _gelu
         self.table = lookup_table(fn, self.s_in, self.z_in, self.s_out, self.z_out, self.dtype)
-
-    def wgsl(self, tables):
-        lut = tables.add("q_lut", self.table).format(i=f"x[idx] - {self.lo}")
-        return "", f"  y[idx] = {lut};"
 
 
 class QuantizedRelu(_Unary):

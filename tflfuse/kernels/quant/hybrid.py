@@ -148,12 +148,12 @@ class _Hybrid(QuantKernel):
                        loop_trips=n)
 
     def _helpers(self, tables: Tables) -> str:
-        scale = tables.add("w_scale", [float(np.float32(s)) for s in self.scales], "f32").format(i="c")
+        tables.add("w_scale", [float(np.float32(s)) for s in self.scales], "f32")   # read as w_scale_at(co)
         if self.asymmetric:
             quant = "clamp(i32(q_round(p[4u * r + 1u] + v * p[4u * r + 2u])), -128, 127) - i32(p[4u * r + 1u])"
         else:
             quant = "clamp(i32(q_round(v * p[4u * r + 2u])), -127, 127)"
-        return (WGSL + tables.decls + f"fn w_scale_of(c: u32) -> f32 {{ return {scale}; }}\n"
+        return (WGSL + tables.decls +
                 f"// the run-time code of v in row r, less the row's zero point\n"
                 f"fn hq(v: f32, r: u32) -> i32 {{ return {quant}; }}\n"
                 + activation_fn(self.attr("fused_activation_function")))
@@ -207,7 +207,7 @@ class HybridFullyConnected(_Hybrid):
   let r = idx / {cout}u;
   var acc = 0;
   for (var j = 0u; j < {k}u; j++) {{ acc += w[co * {k}u + j] * hq(x[r * {k}u + j], r); }}
-  y[idx] = act({self._bias()} + f32(acc) * (p[4u * r] * w_scale_of(co)));"""
+  y[idx] = act({self._bias()} + f32(acc) * (p[4u * r] * w_scale_at(co)));"""
         return [self._params_program(), self._main(body, self.rows * cout, k)]
 
 
@@ -245,7 +245,7 @@ class HybridConv2D(_HybridWindow):
         xv = f"x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]"
         wv = f"w[((co * {g['KH']}u + u32(ky)) * {g['KW']}u + u32(kx)) * {cin}u + ci]"
         inner = f"    for (var ci = 0u; ci < {cin}u; ci++) {{ acc += {wv} * hq({xv}, n); }}"
-        store = f"y[idx] = act({self._bias()} + f32(acc) * (p[4u * n] * w_scale_of(co)));"
+        store = f"y[idx] = act({self._bias()} + f32(acc) * (p[4u * n] * w_scale_at(co)));"
         body = window_body(g, self.cout, "  var acc = 0;", inner, "", store=store)
         total = g["N"] * g["OH"] * g["OW"] * self.cout
         return [self._params_program(), self._main(body, total, g["KH"] * g["KW"] * (cin + 1))]
@@ -281,7 +281,7 @@ class HybridDepthwiseConv2D(_HybridWindow):
         xv = f"x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {self.cin}u + co / {self.mult}u]"
         wv = f"w[(u32(ky) * {g['KW']}u + u32(kx)) * {self.cout}u + co]"
         whole = self.cout - self.cout % 4
-        vec, tail = "(f32(acc) * w_scale_of(co)) * p[4u * n]", "(f32(acc) * p[4u * n]) * w_scale_of(co)"
+        vec, tail = "(f32(acc) * w_scale_at(co)) * p[4u * n]", "(f32(acc) * p[4u * n]) * w_scale_at(co)"
         scaled = vec if whole == self.cout else tail if whole == 0 else f"select({tail}, {vec}, co < {whole}u)"
         store = f"y[idx] = act({scaled} + {self._bias()});"
         body = window_body(g, self.cout, "  var acc = 0;", f"    acc += {wv} * hq({xv}, n);", "", store=store)

@@ -301,16 +301,21 @@ class _Accumulating(QuantKernel):
         self.lo, self.hi = self.clamp()
         self.bias = _bias_terms(self, cout)
 
-    def _store(self, tables: Tables) -> str:
-        call = _requant(tables, self.mults, "co")
+    #: the requantization's rounding (see :func:`_requant`)
+    rounding = "q_mul_up"
+
+    def _clamped(self, call: str) -> str:
+        """The store of requantized ``call``: the output zero point added, the activation's clamp."""
         return f"  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
+
+    def _store(self, tables: Tables) -> str:
+        return self._clamped(_requant(tables, self.mults, "co", self.rounding))
 
     def _split_product(self, names: list[str], rows: int, depth: int) -> list:
         """The product of weights laid out ``[depth, cout]`` for fewer rows than a tile pays for (a layer at
         batch 1): each output's int32 sum split over :func:`~tflfuse.kernels.wgsl.split_lanes` invocations
         that meet in workgroup memory (one invocation per output on the software adapter)."""
         tables = Tables()
-        call = _requant(tables, self.mults, "co")
         total, cout = rows * self.cout, self.cout
         lanes = split_lanes(total, depth, self.target())
         x = self._term(f"x[r * {depth}u + {{k}}]", self.x_off)
@@ -318,7 +323,7 @@ class _Accumulating(QuantKernel):
         body = (f"  let co = idx % {cout}u;\n  let r = idx / {cout}u;\n  var sum = 0;\n"
                 f"  {dot(depth, x, w, 'sum', lanes=lanes)}")
         bias = " + b[co]" if self.has_input(2) else ""
-        store = f"let acc = sum{bias}; y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
+        store = f"let acc = sum{bias};{self._store(tables)}"
         return [reduction_program(self.key, self.io_bindings(names), total, body, store, WGSL + tables.decls,
                                   tables.uniforms, lanes=lanes, acc="sum", acc_type="i32",
                                   loop_trips=-(-(depth // 4) // lanes) + 1)]
@@ -456,13 +461,11 @@ class QuantizedConv2D(_QuantizedWindow):
         self.cin, self.per_group = cin, self.cout // (cin // self.wcin)
         self._quant_setup(self.cout)
 
-    def _store(self, tables: Tables) -> str:
+    @property
+    def rounding(self) -> str:
         # LiteRT's builtin kernels round a grouped int8 CONV_2D's halves away from zero (q_mul, the reference
         # kernel's rounding) where one group's are rounded up (measured: tests/test_quant_product.py)
-        if self.cin == self.wcin:
-            return super()._store(tables)
-        call = _requant(tables, self.mults, "co", "q_mul")
-        return f"  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
+        return "q_mul_up" if self.cin == self.wcin else "q_mul"
 
     def programs(self):
         g, cin, wcin = self.g, self.cin, self.wcin
@@ -510,7 +513,7 @@ class QuantizedDepthwiseConv2D(_QuantizedWindow):
         whole = self.cout - self.cout % 8
         up, ref = _requant(tables, self.mults, "co"), _requant(tables, self.mults, "co", "q_mul")
         call = up if whole == self.cout else ref if whole == 0 else f"select({ref}, {up}, co < {whole}u)"
-        return f"  y[idx] = clamp({call} + {self.y_off}, {self.lo}, {self.hi});"
+        return self._clamped(call)
 
     def programs(self):
         g = self.g
