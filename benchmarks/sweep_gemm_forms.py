@@ -37,9 +37,14 @@ flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
 flags.DEFINE_string("out", None, "JSON file for the results.")
 flags.DEFINE_integer("repeats", 7, "Timed passes per form and tile.")
 flags.DEFINE_integer("reps", 30, "Runs back to back per timed pass.")
-flags.DEFINE_list("tiles", list(TILES) + ["64x64/4x8/16", "128x64/8x8/16", "64x128/8x8/16", "64x64/8x8/16",
-                                          "32x64/4x8/16", "128x64/8x4/16", "64x32/4x4/16"],
-                  "Tiles to try: TMxTN/RMxRN/TK.")
+flags.DEFINE_list("tiles", list(dict.fromkeys(list(TILES) + [
+    "64x64/4x8/16", "128x64/8x8/16", "64x128/8x8/16", "64x64/8x8/16", "32x64/4x8/16", "128x64/8x4/16",
+    "64x32/4x4/16", "64x64/4x4/8", "128x64/8x4/8", "32x64/4x8/16/4", "32x64/4x4/16/2", "32x32/4x4/16/4",
+    "32x32/4x4/32/4", "32x32/4x4/32/2", "64x32/4x8/16/4", "64x32/8x4/16/4", "64x32/4x4/16/2"])),
+                  "Tiles to try: TMxTN/RMxRN/TK or TMxTN/RMxRN/TK/SK (MatmulTile.parse).")
+flags.DEFINE_bool("library_form", False, "Only the form the library runs for each product (use_vec4).")
+flags.DEFINE_list("extra", [], "More products to time, ROWSxDEPTHxCOLS (e.g. 2048x2048x2048, the kernel's "
+                  "rate on a large square product).")
 flags.DEFINE_list("forms", ["scalar", "vload", "vstore", "vload_vstore"],
                   "Forms: scalar loads and stores; vload (vec4 loads of A and B); vstore (vec4 stores).")
 
@@ -104,7 +109,8 @@ def main(argv):
                "f32_tflops": peak, "products": []}
     totals: dict[str, float] = {}
     for n in map(int, FLAGS.batches):
-        for rows, depth, cols in products(n):
+        shapes = products(n) + [tuple(int(v) for v in e.split("x")) for e in FLAGS.extra if n == int(FLAGS.batches[0])]
+        for rows, depth, cols in shapes:
             if rows * cols < (1 << 17):
                 continue
             x = rng.standard_normal((rows, depth)).astype(np.float32)
@@ -115,7 +121,10 @@ def main(argv):
             bufs = [device.create_buffer(a.nbytes, data=a.tobytes()) for a in (x, w, b)]
             out = device.create_buffer(rows * cols * 4)
             row = {"batch": n, "rows": rows, "depth": depth, "cols": cols, "us": {}}
+            library_form = "vload_vstore" if use_vec4(depth, cols) else "scalar"
             for form in FLAGS.forms:
+                if FLAGS.library_form and form != library_form:
+                    continue
                 for name in FLAGS.tiles:
                     try:
                         prog = program(rows, depth, cols, MatmulTile.parse(name), form)
@@ -132,17 +141,21 @@ def main(argv):
                     row["us"][f"{form} {name}"] = us
             default = matmul_tile(rows, depth, cols)
             # what the library runs: its form (use_vec4) with its tile (matmul_tile)
-            row["default"] = (f"{'vload_vstore' if use_vec4(depth, cols) else 'scalar'} "
-                              f"{default.tm}x{default.tn}/{default.rm}x{default.rn}/{default.tk}")
+            row["default"] = f"{library_form} {default.name}"
             row["cublas_us"] = torch_us(rows, depth, cols)
             best = min(row["us"], key=row["us"].get)
-            for form in FLAGS.forms:
+            unsliced = [k for k in row["us"] if MatmulTile.parse(k.split()[1]).sk == 1]
+            row["extra"] = (rows, depth, cols) not in products(n)
+            for form in FLAGS.forms if not row["extra"] else ():
                 mine = {k: v for k, v in row["us"].items() if k.split()[0] == form}
                 if mine:
                     totals[form] = totals.get(form, 0.0) + min(mine.values())
-            totals["current"] = totals.get("current", 0.0) + row["us"].get(row["default"], float("nan"))
-            totals["best"] = totals.get("best", 0.0) + row["us"][best]
-            if row["cublas_us"]:
+            if not row["extra"]:
+                totals["current"] = totals.get("current", 0.0) + row["us"].get(row["default"], float("nan"))
+                totals["best"] = totals.get("best", 0.0) + row["us"][best]
+                if unsliced:
+                    totals["best_unsliced"] = totals.get("best_unsliced", 0.0) + min(row["us"][k] for k in unsliced)
+            if row["cublas_us"] and not row["extra"]:
                 totals["cublas"] = totals.get("cublas", 0.0) + row["cublas_us"]
             cub = (f"; cuBLAS {row['cublas_us']:.1f} us ({flop / row['cublas_us'] / 1e6:.1f} TFLOP/s)"
                    if row["cublas_us"] else "")

@@ -1,6 +1,7 @@
 """The error bound of a float16 plan's matrix products (:func:`tflfuse.kernels.gemm.tiled_matmul_program`'s
-f16 form): workgroup memory and multiply-adds in f16, each ``tk``-deep slice's partial sums added into f32
-accumulators once per slice, the output rounded once to f16 at the store.
+f16 form): workgroup memory and multiply-adds in f16, the partial sums of each ``tk`` steps (a tile's
+``slice_depth``: its staged slice's depth over its slice groups) added into f32 accumulators, the output rounded
+once to f16 at the store.
 
 For ``C = A @ B + bias`` with ``S = |A| @ |B| + |bias|`` (float64 NumPy, elementwise), one output obeys
 
@@ -17,7 +18,7 @@ For ``C = A @ B + bias`` with ``S = |A| @ |B| + |bias|`` (float64 NumPy, element
 - ``2**-10 max(...)``: one f16 ulp at the store (WGSL lets a conversion to f16 round to either neighbour).
 
 Where ``A`` is rounded to f16 only as it is staged (a float32 scratch operand), add one f16 ulp of each of its
-values: ``2**-10 S``. With tk = 16 (the deepest slice of :data:`tflfuse.kernels.gemm.TILES`) the first term is
+values: ``2**-10 S``. With tk = 16 (the largest ``slice_depth`` of :data:`tflfuse.kernels.gemm.TILES`) the first term is
 about 1.6% of ``S``: the price of f16 math, against ``depth 2**-24`` of ``S`` for the float32 plan's sums.
 """
 
@@ -25,8 +26,8 @@ import numpy as np
 
 from tflfuse.kernels.gemm import TILES
 
-#: The deepest slice of any tile: the bound for a product whose tile is the plan's choice.
-MAX_TK = max(t.tk for t in TILES.values())
+#: The most f16 steps of any tile's partial sums: the bound for a product whose tile is the plan's choice.
+MAX_TK = max(t.slice_depth for t in TILES.values())
 
 
 def gamma(n: int, u: float) -> float:

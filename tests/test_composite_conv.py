@@ -98,7 +98,7 @@ CONV_CASES = [  # (N, H, W, Cin, KH, KW, Cout, strides, dilations, padding)
 CASE_ACTS = ["relu6", "gelu", "prelu", "leaky_relu", "hard_swish", "elu", "tanh"]  # one per case, rotating
 
 
-def conv_run(device, rng, op, case, act, residual, target=None):
+def conv_run(device, rng, op, case, act, residual, target=None, tuning=None):
     n, h, w, cin, kh, kw, cout, strides, dil, pad = case
     x = rng.standard_normal((n, h, w, cin)).astype(np.float32)
     # The float64 NumPy references (tests/npref.py), not TF's CPU kernels: TF's choice of kernel depends on
@@ -121,8 +121,12 @@ def conv_run(device, rng, op, case, act, residual, target=None):
     extra, attrs, reference = epilogue_inputs(rng, z.shape, z.shape[-1], act, residual)
     if target:
         attrs["target"] = target
+    attrs.update(tuning or {})
     (y,) = run_op(device, op, main + extra, dict(strides=list(strides), dilations=list(dil), padding=pad, **attrs))
     assert_close(y, reference(z))
+    return [p.source for p in kernel_class(op)([TensorSpec(a.shape) for a in main + extra],
+                                               dict(strides=list(strides), dilations=list(dil), padding=pad,
+                                                    **attrs)).programs()]
 
 
 CONV_OPS = ["fused_conv2d", "fused_depthwise_conv2d", "fused_separable_conv2d"]
@@ -260,6 +264,31 @@ def test_separable_schedule():
     assert dispatches((1, 7, 7, 1024), (3, 3, 1024, 1), (1, 1, 1024, 1024), "gpu") == 2
 
 
+@pytest.mark.parametrize("lanes", [None, 1, 2, 8, 16])
+@pytest.mark.parametrize("case", [(2, 9, 11, 12, 3, 3, 71, (2, 2), (1, 1), "SAME"),
+                                  (1, 7, 6, 40, 3, 3, 33, (1, 1), (2, 2), "VALID")], ids=["s2-mult2", "d2-valid"])
+def test_separable_one_dispatch_lanes(device, rng, case, lanes):
+    """The one-dispatch schedule on a GPU with each count of lanes sharing a 1x1 sum (``pointwise_lanes``;
+    None: :func:`tflfuse.kernels.fused.conv.pointwise_split`'s choice), the shares added by a tree in workgroup
+    memory: output channels that fill no whole chunk of a workgroup (71, 33), depth multiplier 2, stride 2
+    SAME and dilation 2 VALID, batch 2, residual and PReLU epilogue, against the float64 NumPy reference."""
+    tuning = {} if lanes is None else {"pointwise_lanes": lanes}
+    (source,) = conv_run(device, rng, "fused_separable_conv2d", case, "prelu", residual=True, target="gpu",
+                         tuning=tuning)
+    assert ("var<workgroup> shares:" in source) == (lanes != 1)
+
+
+def test_separable_lanes_choice():
+    """pointwise_split against benchmarks/sweep_separable.py on an H200 (2026-12-02): many lanes where the
+    outputs are few and the sums long ((1, 6, 6, 256) -> 256: 8 lanes 39 us, one 82 us), fewer where the
+    outputs fill the GPU ((1, 24, 24, 128) -> 128: 2 lanes 55 us, 8 lanes 94 us)."""
+    from tflfuse.kernels.fused.conv import pointwise_split
+    assert pointwise_split(36, 1, 256, 256)[2] == 8
+    assert pointwise_split(576, 2, 128, 128)[2] == 2
+    block, chunk, lanes = pointwise_split(4096, 8, 24, 24)   # 24 channels: a pixel's outputs in one chunk
+    assert block * chunk * lanes == 256 and chunk >= 24
+
+
 @pytest.mark.parametrize("target", ["gpu", "cpu"])
 def test_zero_output_channels(device, rng, target):
     """Filters with no output channels give an empty output of the right shape (as CONV_2D does)."""
@@ -301,6 +330,8 @@ def test_gelu_accuracy(device):
     ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,)], {"padding": "FULL"}, "padding"),
     ("fused_depthwise_conv2d", [(1, 5, 5, 3), (3, 3, 2, 2), (6,)], {}, "Cin 3"),
     ("fused_separable_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (1, 1, 5, 4), (4,)], {}, "pointwise_filter"),
+    *[("fused_separable_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (1, 1, 6, 4), (4,)], {"pointwise_lanes": bad},
+       "pointwise_lanes must be a power of two") for bad in (3, 0, 32, True, "4")],
     ("fused_matmul", [(2, 4, 5), (6, 3), (3,)], {}, "inner dimensions differ"),
     ("fused_matmul", [(2, 4, 5), (3, 5, 3), (3,)], {}, "do not broadcast"),
 ])

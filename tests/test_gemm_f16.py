@@ -59,7 +59,7 @@ def test_float16_products_against_float64(device, rng, key, xshape, wshape, tile
     w2 = w.reshape(depth, cols).astype(np.float64)
     want = _relu6(a2 @ w2 + b)
     s = np.abs(a2) @ np.abs(w2) + np.abs(b)
-    tk = MatmulTile.parse(tile).tk if tile else matmul_tile(a2.shape[0], depth, cols).tk
+    tk = (MatmulTile.parse(tile) if tile else matmul_tile(a2.shape[0], depth, cols)).slice_depth
     got2 = got.reshape(want.shape).astype(np.float64)
     np.testing.assert_array_equal(got, half(got))   # stored as float16
     assert (np.abs(got2 - want) <= product_bound(s, got2, want, depth, tk)).all()

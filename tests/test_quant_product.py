@@ -32,8 +32,10 @@ MODELS = {
     "conv_1x1_vec4_relu6": (lambda x: L.Conv2D(100, 1, activation="relu6")(x), (2, 33, 31, 20), True),
     # depth 17 and 67 columns: scalar loads and stores
     "conv_1x1_scalar": (lambda x: L.Conv2D(67, 1)(x), (2, 40, 30, 17), True),
-    # 1030 rows x 132 columns
+    # 1030 rows x 132 columns: few output tiles, so a sliced tile (two slice groups of the depth)
     "dense_1030_rows": (lambda x: L.Dense(132)(x), (1030, 40), True),
+    # a deep product with few output tiles: four slice groups
+    "dense_sliced_deep": (lambda x: L.Dense(120)(x), (1100, 520), True),
     # fewer rows than a tile pays for (batch 1): on a GPU each sum split over lanes (a reduction_program)
     "dense_3_rows": (lambda x: L.Dense(37)(x), (3, 200), False),
     "conv_1x1_5x5": (lambda x: L.Conv2D(24, 1, activation="relu")(x), (1, 5, 5, 66), False),
@@ -66,6 +68,8 @@ def test_matches_litert_bit_for_bit(files, device, monkeypatch, name, target):
     (got,) = _run(ours, xs)
     tiled = MODELS[name][2] and target == "gpu"
     assert _tiled_programs(ours) == (1 if tiled else 0)
+    sliced = sum("var<workgroup> red: array<vec4<i32>" in prog.source for prog, _, _ in ours._plan(0).steps)
+    assert sliced == (1 if name in ("dense_1030_rows", "dense_sliced_deep") and target == "gpu" else 0)
     split = sum("var<workgroup> shares: array<i32" in prog.source for prog, _, _ in ours._plan(0).steps)
     assert split == (1 if name in ("dense_3_rows", "conv_1x1_5x5") and target == "gpu" else 0)
     assert got.shape == want.shape and got.dtype == want.dtype == np.int8

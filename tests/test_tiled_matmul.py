@@ -108,9 +108,10 @@ def test_fused_bottleneck_expand_and_project(device, rng, side, cout, residual):
 
 
 def test_every_tile(device, rng):
-    """Each tile of TILES on products that leave partial tiles on every side: scalar loads and stores (rows
-    1000, depth 37 (not a multiple of 4 or of any slice), 150 columns) and vec4 ones (1000 x 36 x 148); and a
-    product of whole tiles (512 x 64 x 256, vec4)."""
+    """Each tile of TILES (the sliced ones too) on products that leave partial tiles on every side: scalar
+    loads and stores (rows 1000, depth 37 (not a multiple of 4 or of any slice), 150 columns) and vec4 ones
+    (1000 x 36 x 148); and a product of whole tiles (512 x 64 x 256, vec4)."""
+    assert any(t.sk > 1 for t in TILES.values())
     for rows, depth, cols in ((1000, 37, 150), (1000, 36, 148), (512, 64, 256)):
         x, w = rng.standard_normal((rows, depth)).astype(np.float32), _w(rng, (depth, cols), depth)
         b = rng.standard_normal(cols).astype(np.float32)
@@ -135,11 +136,17 @@ def test_tile_choice():
     assert matmul_tile(100352, 24, 144) != TILES["64x64/4x4/16"]
     # 16 columns: no tile wider than 32 columns (the rest would be padding)
     assert matmul_tile(401408, 32, 16).tn == 32
+    # deep products with few output tiles: sliced tiles (sweep of 2026-12-02: 1568 x 960 x 160 31 us against
+    # 39 us for 64 x 32 / 4 x 4 / 16; 6272 x 384 x 64 18 against 22 us); not where output tiles are many
+    assert matmul_tile(1568, 960, 160) == TILES["32x32/4x4/32/4"]
+    assert matmul_tile(6272, 384, 64) == TILES["32x32/4x4/32/2"]
+    assert matmul_tile(6272, 96, 576).sk == matmul_tile(100352, 144, 24).sk == 1
 
 
 @pytest.mark.parametrize("tile, message", [
     ("banana", "not 'TMxTN/RMxRN/TK'"), ("128x128/8x8/3", "multiples of 4"),
-    ("128x128/4x8/16", "in (64, 128, 256)"), (5, "must be a string"),
+    ("128x128/4x8/16", "in (64, 128, 256)"), (5, "must be a string"), ("32x32/4x4/32/3", "sk dividing tk"),
+    ("64x64/8x8/16/4", "bytes of workgroup memory"), ("32x32/4x4/32/0", "positive integers (ASCII digits)"),
     *[(bad, "positive integers (ASCII digits)") for bad in
       ("64x64/4x4/0", "64x64/4x4/-4", "0x64/4x4/16", "64x64/4x4/+16", "64x64/4x4/1_6", "64x64/4x4/\u0661\u0666",
        " 64x64/4x4/16", "64x64/4x4/016")]])
@@ -177,5 +184,5 @@ def test_float16_storage(device, rng, depth, cols):
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     want = np.maximum(x64 @ w64 + b, 0.0)
     s = np.abs(x64) @ np.abs(w64) + np.abs(b)
-    bound = product_bound(s, got.astype(np.float64), want, depth, matmul_tile(1000, depth, cols).tk)
+    bound = product_bound(s, got.astype(np.float64), want, depth, matmul_tile(1000, depth, cols).slice_depth)
     assert np.all(np.abs(got.astype(np.float64) - want) <= bound)

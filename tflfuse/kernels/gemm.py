@@ -8,22 +8,26 @@ tn``) are read from memory once per tile into workgroup memory, while the next s
 into registers (the loads of step ``k + 1`` overlap the arithmetic of step ``k``). The inner loop reads only
 workgroup memory, ``rm / 4 + rn / 4`` vec4 loads per ``rm * rn`` multiply-adds, with no bounds checks: the
 staging loads write zeros past the matrix's edges. Where the sizes are multiples of 4 (:func:`use_vec4`),
-``A`` and ``B`` are read and ``C`` stored as vec4s.
+``A`` and ``B`` are read and ``C`` stored as vec4s. A sliced tile (``sk > 1``, :class:`MatmulTile`) holds
+``sk`` groups of invocations for the same outputs, each multiplying its share of every staged slice's depths; the
+groups' sums meet in workgroup memory before the store, so a product with few output tiles and a deep
+reduction keeps more invocations on each SM.
 
 The tile (:data:`TILES`) is chosen per shape by :func:`matmul_tile`. Sums run in another order than a
 serial loop's: results differ from it by rounding only.
 
 float16 plans (``precision="float16"``): every product is a :class:`~tflfuse.kernels.half.HalfMathProgram`
 carrying a second source in which the A and B slices are staged in workgroup memory as ``vec4<f16>`` (half the
-workgroup memory and half its traffic) and each slice's ``tk`` multiply-adds are ``vec4<f16>`` fmas into f16
-partial sums, added into the f32 accumulators once per slice: f16 math with f32 accumulation across the depth,
-as LiteRT's GPU delegate in FP16 mode. The stores are the float32 form's. :func:`tflfuse.kernels.half.half_storage`
+workgroup memory and half its traffic) and each invocation's ``slice_depth`` multiply-adds of a slice are
+``vec4<f16>`` fmas into f16 partial sums, added into the f32 accumulators once per slice: f16 math with f32
+accumulation across the depth, as LiteRT's GPU delegate in FP16 mode. The stores are the float32 form's. :func:`tflfuse.kernels.half.half_storage`
 (applied by the plan after the kernels made their programs) takes that source; the float32 plan runs the first
 source, the same text as before f16 math existed. The second source rather than a ``precision`` argument: the
 kernels (CONV_2D, FULLY_CONNECTED, BATCH_MATMUL, the fused bottleneck) never learn the plan's precision, so none
-of them changes. Error: each output within ``(gamma(2 tk, 2**-11) + gamma(depth + 2, 2**-24)) (|A| @ |B|)``
+of them changes. Error: each output within ``(gamma(2 t, 2**-11) + gamma(depth + 2, 2**-24)) (|A| @ |B|)``
+(``t`` the ``slice_depth``)
 plus one f16 ulp of the f16-rounded operands' exact product (tests/half_math.py derives it; about 1.6% of
-``|A| @ |B|`` at tk = 16); a slice's partial sum must stay below f16's 65504.
+``|A| @ |B|`` at 16 steps, a tile's ``slice_depth``); a slice's partial sum must stay below f16's 65504.
 """
 
 from __future__ import annotations
@@ -42,54 +46,79 @@ _THREAD_COUNTS = (64, 128, 256)
 #: The element types of a tiled product (:func:`tiled_matmul_program`'s ``elem``) and their zero literals.
 _ZERO = {"f32": "0.0", "i32": "0"}
 #: :meth:`MatmulTile.parse`'s form: positive ASCII-digit integers (no sign, underscore or other digits).
-_TILE_FORM = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)/([1-9][0-9]*)x([1-9][0-9]*)/([1-9][0-9]*)", re.ASCII)
+_TILE_FORM = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)/([1-9][0-9]*)x([1-9][0-9]*)/([1-9][0-9]*)(?:/([1-9][0-9]*))?",
+                        re.ASCII)
+#: WebGPU's default maxComputeWorkgroupStorageSize: every tile fits it, so a plan runs on any adapter.
+_WG_BYTES = 16384
 
 
 @dataclasses.dataclass(frozen=True)
 class MatmulTile:
-    """``tm x tn`` outputs per workgroup, ``rm x rn`` per invocation, ``tk`` depth per staged slice."""
+    """``tm x tn`` outputs per workgroup, ``rm x rn`` per invocation, ``tk`` depth per staged slice, and ``sk``
+    slices of the depth: with ``sk > 1`` the workgroup holds ``sk`` groups of invocations for the same
+    ``tm x tn`` outputs, group ``s`` multiplying depths ``[s tk / sk, (s + 1) tk / sk)`` of each staged slice,
+    and the groups' sums are added in workgroup memory before the store (CUTLASS's "sliced-K"): ``sk`` times the
+    invocations on a product with few output tiles and a deep reduction."""
 
     tm: int
     tn: int
     rm: int
     rn: int
     tk: int
+    sk: int = 1
 
     def __post_init__(self):
-        if min(self.tm, self.tn, self.rm, self.rn, self.tk) <= 0 or self.threads not in _THREAD_COUNTS or \
-                self.rm % 4 or self.rn % 4 or \
-                self.tm % self.rm or self.tn % self.rn or self.tk % 4 or self.workgroup_bytes > 16384:
+        if min(self.tm, self.tn, self.rm, self.rn, self.tk, self.sk) <= 0 or self.threads not in _THREAD_COUNTS or \
+                self.rm % 4 or self.rn % 4 or self.tm % self.rm or self.tn % self.rn or self.tk % 4 or \
+                self.tk % self.sk or self.workgroup_bytes > _WG_BYTES:
             raise KernelError(f"matmul tile {self} does not map onto invocations in vec4 groups: it needs "
-                              f"positive sizes, (tm / rm) * (tn / rn) in {_THREAD_COUNTS}, rm, rn and tk multiples "
-                              f"of 4, and "
-                              f"4 * tk * (tm + tn) <= 16384 bytes of workgroup memory")
+                              f"positive sizes, (tm / rm) * (tn / rn) * sk in {_THREAD_COUNTS}, rm, rn and tk "
+                              f"multiples of 4, sk dividing tk, and 4 * tk * (tm + tn) (plus 4 * tm * tn where "
+                              f"sk > 1) <= {_WG_BYTES} bytes of workgroup memory")
 
     @classmethod
     def parse(cls, text: str) -> "MatmulTile":
-        """``"TMxTN/RMxRN/TK"``, e.g. ``"128x128/8x8/16"`` (the form of :data:`TILES`' names). Raises
-        :class:`KernelError` for anything else."""
+        """``"TMxTN/RMxRN/TK"`` or ``"TMxTN/RMxRN/TK/SK"``, e.g. ``"128x128/8x8/16"`` or ``"32x64/4x8/16/4"``
+        (the forms of :data:`TILES`' names, :attr:`name`). Raises :class:`KernelError` for anything else."""
         found = _TILE_FORM.fullmatch(text) if isinstance(text, str) else None
         if found is None:
-            raise KernelError(f"matmul tile {text!r} is not 'TMxTN/RMxRN/TK' of positive integers (ASCII digits), "
-                              f"e.g. {next(iter(TILES), '128x128/8x8/16')!r}")
-        return cls(*(int(v) for v in found.groups()))
+            raise KernelError(f"matmul tile {text!r} is not 'TMxTN/RMxRN/TK' or 'TMxTN/RMxRN/TK/SK' of positive "
+                              f"integers (ASCII digits), e.g. {next(iter(TILES), '128x128/8x8/16')!r}")
+        return cls(*(int(v) for v in found.groups() if v is not None))
+
+    @property
+    def name(self) -> str:
+        """The form :meth:`parse` reads."""
+        return f"{self.tm}x{self.tn}/{self.rm}x{self.rn}/{self.tk}" + (f"/{self.sk}" if self.sk > 1 else "")
+
+    @property
+    def slice_depth(self) -> int:
+        """The depths of a staged slice one invocation multiplies, ``tk / sk``: in the float16 form, the f16
+        multiply-adds into each partial sum before it is added into its f32 accumulator."""
+        return self.tk // self.sk
 
     @property
     def threads(self) -> int:
-        """Invocations per workgroup, one per ``rm x rn`` block."""
-        return (self.tm // max(self.rm, 1)) * (self.tn // max(self.rn, 1))
+        """Invocations per workgroup, one per ``rm x rn`` block and slice of the depth."""
+        return (self.tm // max(self.rm, 1)) * (self.tn // max(self.rn, 1)) * self.sk
 
     @property
     def workgroup_bytes(self) -> int:
-        return 4 * self.tk * (self.tm + self.tn)
+        """The staged slices of A and B, and with ``sk > 1`` one slice group's ``tm x tn`` sums."""
+        return 4 * self.tk * (self.tm + self.tn) + (4 * self.tm * self.tn if self.sk > 1 else 0)
 
 
 #: The tiles :func:`matmul_tile` chooses between, named as :meth:`MatmulTile.parse` reads them: each was the
-#: fastest of the sweep on some 1x1 product of MobileNetV2 (``benchmarks/sweep_gemm_forms.py``, H200).
+#: fastest of the sweep on some 1x1 product of MobileNetV2 (``benchmarks/sweep_gemm_forms.py``, H200); the last
+#: two are the sliced ones (:data:`_SLICED`).
 TILES: dict[str, MatmulTile] = {}
 _TILE_NAMES = ("128x128/8x8/16", "128x64/8x4/16", "256x32/8x4/8", "128x32/4x4/8", "64x64/8x8/16",
-               "64x64/4x8/16", "64x64/4x4/16", "64x32/4x4/16", "32x64/4x8/16")
+               "64x64/4x8/16", "64x64/4x4/16", "64x32/4x4/16", "32x64/4x8/16", "32x32/4x4/32/2", "32x32/4x4/32/4")
 TILES.update({name: MatmulTile.parse(name) for name in _TILE_NAMES})
+#: :func:`matmul_tile`'s sliced tiles: 32 x 32 outputs, two slice groups of the depth below
+#: :data:`_SLICED_DEEP`, four from it.
+_SLICED, _SLICED_DEEP = TILES["32x32/4x4/32/2"], TILES["32x32/4x4/32/4"]
+_SLICED_MIN_DEPTH, _SLICED_DEEP_MIN_DEPTH = 32, 512
 
 #: Outputs from which a GPU's matrix products (1x1 convolutions, FULLY_CONNECTED) run tiled: below, the GPU
 #: holds every output's invocation at once and the per-output form (with ``split_lanes``) is quicker.
@@ -123,10 +152,12 @@ def use_tiled_matmul(rows: int, depth: int, cols: int, target: str) -> bool:
 def use_vec4(depth: int, cols: int) -> bool:
     """Whether a tiled product reads ``A`` and ``B`` and stores ``C`` four floats at a time (the ``a_vec``,
     ``b_vec`` and ``store_vec`` forms of :func:`tiled_matmul_program`): where ``depth`` and ``cols`` are
-    multiples of 4 and ``cols`` is over 16. Measured on the H200 over MobileNetV2's products at batch 32
+    multiples of 4 and ``cols`` is at least 16. Measured on the H200 over MobileNetV2's products at batch 32
     (``benchmarks/sweep_gemm_forms.py``, 2026-12-01): 765 us in all with the best tile of each, against 871 us
-    for scalar loads and stores; but with 16 columns (401408 x 32 x 16) 172 us against 73 us."""
-    return depth % 4 == 0 and cols % 4 == 0 and cols > 16
+    for scalar loads and stores; with 16 columns (2026-12-02, the best of 7 tiles in each form) 401408 x 32 x 16
+    took 44 us against 70 us, 100352 x 32 x 16 13 against 21 us, and the MediaPipe models' 9216 x 16 x 16 and
+    16384 x 24 x 16 3.4 and 4.5 us against 4.1 and 5.6 us."""
+    return depth % 4 == 0 and cols % 4 == 0 and cols >= 16
 
 
 def resident_workgroups(t: MatmulTile) -> int:
@@ -140,21 +171,30 @@ def resident_workgroups(t: MatmulTile) -> int:
 
 
 def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
-    """The tile of :data:`TILES` with the least modelled time for ``[rows, depth] x [depth, cols]``: waves
-    of :func:`resident_workgroups` per SM over :data:`_SMS` SMs, each wave as long as one SM's multiply-adds
-    in it (``resident x tm x tn x depth``, padding included); ties go to more workgroups.
+    """The tile for ``[rows, depth] x [depth, cols]``: of :data:`TILES`' unsliced tiles the one with the least
+    modelled time (waves of :func:`resident_workgroups` per SM over :data:`_SMS` SMs, each wave as long as one
+    SM's multiply-adds in it, ``resident x tm x tn x depth`` with padding; ties go to more workgroups); but
+    where that tile leaves fewer than two workgroups per SM and the depth is at least 32, a sliced tile
+    (:data:`_SLICED`, :data:`_SLICED_DEEP` from a depth of 512), whose slice groups put more invocations on
+    each SM.
 
-    Fitted to the sweep of MobileNetV2's 23 tiled products at batch 1 and 32 on an H200 (2026-12-01,
-    ``benchmarks/sweep_gemm_forms.py``, vec4 forms, GPU time of 30 back-to-back runs per pass): the tiles this
-    picks took 624 us in all, against 589 us for the best tile of each product and 1076 us for the scalar
-    forms with the previous choice. Tuning only: every tile computes the same values in the same order.
+    The model was fitted to the sweep of MobileNetV2's 23 tiled products at batch 1 and 32 on an H200
+    (2026-12-01, ``benchmarks/sweep_gemm_forms.py``, vec4 forms, GPU time of 30 back-to-back runs per pass),
+    the sliced rule to the sweep of 2026-12-02 (MobileNetV2's products at batch 8 and 32 and the MediaPipe
+    models' at batch 1, 55 products, the library's form of each): 950 us in all with the rule, against 978 us
+    without it and 885 us for the best of 26 tiles on each product; MobileNetV2's 1568 x 960 x 160 at batch
+    32 took 31 us against 39 us, 6272 x 384 x 64 18 us against 22 us. Tuning only: the tiles differ in the
+    order of the sums, so in rounding only.
     """
     def cost(t: MatmulTile) -> tuple[float, int]:
         resident = resident_workgroups(t)
         groups = -(-rows // t.tm) * -(-cols // t.tn)
         waves = -(-groups // (_SMS * resident))
         return waves * resident * t.tm * t.tn * -(-depth // t.tk) * t.tk, -groups
-    return min(TILES.values(), key=cost)
+    best = min((t for t in TILES.values() if t.sk == 1), key=cost)
+    if depth >= _SLICED_MIN_DEPTH and -(-rows // best.tm) * -(-cols // best.tn) < 2 * _SMS:
+        return _SLICED_DEEP if depth >= _SLICED_DEEP_MIN_DEPTH else _SLICED
+    return best
 
 
 def _staging_load(m: str, i: str, j: str, n_i: int, n_j: int, scalar: str, vec: str | None,
@@ -230,8 +270,9 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
         tile = MatmulTile.parse(tile)
     if ((a_vec or a_strip) and depth % 4) or ((b_vec or store_vec) and cols % 4):
         raise KernelError(f"{name}: vec4 operands need depth ({depth}) and cols ({cols}) multiples of 4")
-    tm, tn, rm, rn, tk = tile.tm, tile.tn, tile.rm, tile.rn, tile.tk
+    tm, tn, rm, rn, tk, sk = tile.tm, tile.tn, tile.rm, tile.rn, tile.tk, tile.sk
     threads = tile.threads
+    tks = tk // sk                       # the depths of a staged slice each slice group multiplies
     col_tiles = -(-cols // tn)
     tiles = -(-rows // tm) * col_tiles
     gy, gx = tm // rm, tn // rn          # invocations along the tile's rows and columns
@@ -296,8 +337,8 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
             stage.append(f"    {guard}{{ tb[lidx + {j * threads}u] = {value}; }}")
         return "\n".join(stage)
 
-    def b_row(k: str) -> list[str]:
-        return [f"      let b{h} = tb[{k} * {tn // 4}u + {h * gx}u + tx];" for h in range(rb)]
+    def b_row(k: int) -> list[str]:
+        return [f"      let b{h} = tb[{'kb + ' if sk > 1 else ''}{k * tn // 4 + h * gx}u + tx];" for h in range(rb)]
 
     lanes = [(g, r, comp, h) for g in range(ra) for r, comp in enumerate("xyzw") for h in range(rb)]
 
@@ -305,10 +346,13 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
         """The slice's ``tk`` steps written out one after another. Where ``half``, each step is a vec4<f16>
         fma into the slice's f16 partial sums ``p``, added into the f32 accumulators ``c`` once per slice."""
         inner = [f"    var p{g}_{r}_{h} = vec4<f16>(0.0);" for g, r, _, h in lanes] if half else []
-        for k in range(tk):
+        if sk > 1:   # this slice group's depths of the staged slice
+            inner += [f"    let ka = ks * {tks * tm // 4}u;", f"    let kb = ks * {tks * tn // 4}u;"]
+        for k in range(tks):
             inner.append("    {")
-            inner += [f"      let a{g} = ta[{k}u * {tm // 4}u + {g * gy}u + ty];" for g in range(ra)]
-            inner += b_row(f"{k}u")
+            inner += [f"      let a{g} = ta[{'ka + ' if sk > 1 else ''}{k * tm // 4 + g * gy}u + ty];"
+                      for g in range(ra)]
+            inner += b_row(k)
             inner += [f"      p{g}_{r}_{h} = fma(vec4<f16>(a{g}.{comp}), b{h}, p{g}_{r}_{h});" if half else
                       f"      c{g}_{r}_{h} += a{g}.{comp} * b{h};" for g, r, comp, h in lanes]
             inner.append("    }")
@@ -346,8 +390,29 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     }}
   }}""")
     nl = "\n"
+    # Slice groups 1 .. sk - 1 hand their sums to group 0 through workgroup memory, one group at a time (red
+    # holds one group's sums, [accumulator][invocation of the group]); group 0 stores.
+    base = gy * gx
+    slice_id, reduced, stored = "", "", nl.join(stores)
+    if sk > 1:
+        slice_id = f"\n  let ks = lidx / {base}u;   // the slice group\n  let lane = lidx % {base}u;"
+        cells = [f"c{g}_{r}_{h}" for g in range(ra) for r in range(4) for h in range(rb)]
+        rounds = []
+        for grp in range(1, sk):
+            if grp > 1:
+                rounds.append("  workgroupBarrier();")
+            rounds.append(f"  if (ks == {grp}u) {{")
+            rounds += [f"    red[{i * base}u + lane] = {c};" for i, c in enumerate(cells)]
+            rounds += ["  }", "  workgroupBarrier();", "  if (ks == 0u) {"]
+            rounds += [f"    {c} += red[{i * base}u + lane];" for i, c in enumerate(cells)]
+            rounds.append("  }")
+        reduced = nl.join(rounds) + nl
+        stored = "  if (ks == 0u) {\n" + stored + "\n  }"
     a_load = _staging_load("a", "r", "k", rows, depth, a, a_vec, elem)
     b_load = _staging_load("b", "k", "c", depth, cols, b, b_vec, elem)
+
+    red_decl = (f"\nvar<workgroup> red: array<vec4<{elem}>, {tm * tn // 4}>;   // a slice group's sums"
+                if sk > 1 else "")
 
     def source_for(half: bool) -> str:
         t = "f16" if half else elem
@@ -358,7 +423,7 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
 {b_load}
 
 var<workgroup> ta: array<vec4<{t}>, {tk * tm // 4}>;   // the A slice, [k][row / 4]
-var<workgroup> tb: array<vec4<{t}>, {tk * tn // 4}>;   // the B slice, [k][col / 4]
+var<workgroup> tb: array<vec4<{t}>, {tk * tn // 4}>;   // the B slice, [k][col / 4]{red_decl}
 
 @compute @workgroup_size({threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -366,7 +431,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let tile = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
   if (tile >= {tiles}u) {{ return; }}   // a whole workgroup: the barriers stay uniform
   let tx = lidx % {gx}u;
-  let ty = lidx / {gx}u;
+  let ty = {f"(lidx / {gx}u) % {gy}u" if sk > 1 else f"lidx / {gx}u"};{slice_id}
   let r0 = (tile / {col_tiles}u) * {tm}u;
   let c0 = (tile % {col_tiles}u) * {tn}u;
 {decl}
@@ -380,7 +445,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }}
 {multiplied(half)}
   }}
-{nl.join(stores)}
+{reduced}{stored}
 }}
 """
     source = source_for(False)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import CompositeKernel, Program, TensorSpec, linear_dispatch
+from ..base import CompositeKernel, KernelError, Program, TensorSpec, linear_dispatch
 from ..conv import (SUM_STORED_LATER, conv_output_size, conv_strip, conv_strip_program, depthwise_program,
                     is_pointwise, window_body, window_lanes, window_taps)
 from ..elementwise import broadcast_index
@@ -265,6 +265,9 @@ class FusedSeparableConv2D(_FusedWindow):
 
     main_inputs = ("x", "depthwise_filter", "pointwise_filter")
     input_names = main_inputs + FusedEpilogue.input_names
+    #: tuning only: ``pointwise_lanes``, the lanes of the one-dispatch schedule's 1x1 sums (a power of two up
+    #: to 16; :func:`pointwise_split` chooses where absent).
+    extra_attrs = ("pointwise_lanes",)
 
     def check(self):
         x, dwf = self.expect_rank(0, 4), self.expect_rank(1, 4)
@@ -281,6 +284,10 @@ class FusedSeparableConv2D(_FusedWindow):
         cout = pwf.shape[-1]
         self.check_epilogue((x.shape[0], self.g["OH"], self.g["OW"], cout), cout)
         self.target()
+        lanes = self.attrs.get("pointwise_lanes")
+        if lanes is not None and (isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1
+                                  or lanes > _MAX_LANES or lanes & (lanes - 1)):
+            raise self.fail(f"pointwise_lanes must be a power of two from 1 to {_MAX_LANES}, got {lanes!r}")
 
     def scratch_sizes(self):
         if self._pixel_block():
@@ -323,9 +330,13 @@ class FusedSeparableConv2D(_FusedWindow):
 
     def _one_dispatch(self) -> Program:
         binds = self.io_bindings(["x", "w", "pw"] + self.epilogue_names() + ["y"])
+        g = self.g
+        block, chunk, lanes = pointwise_split(g["N"] * g["OH"] * g["OW"], self._pixel_block(), self.cmid, self.cout,
+                                              self.attrs.get("pointwise_lanes"))
         return depthwise_pointwise_program(
-            self.key, binds, self.g, self.input(0).shape[3], self.mult, self.cout, self._pixel_block(),
-            "y[idx] = epilogue(acc, idx, co);", self.epilogue_fn(), self.epilogue_uniforms())
+            self.key, binds, self.g, self.input(0).shape[3], self.mult, self.cout, block,
+            "y[idx] = epilogue(acc, idx, co);", self.epilogue_fn(), self.epilogue_uniforms(), chunk=chunk,
+            lanes=lanes)
 
 
 def pixel_block(rows: int, cmid: int, cout: int, target: str) -> int:
@@ -354,14 +365,56 @@ def pixel_block(rows: int, cmid: int, cout: int, target: str) -> int:
     return block
 
 
+#: :func:`pointwise_split`'s model: invocations in flight at once and the most lanes it picks, fitted to
+#: ``benchmarks/sweep_separable.py`` on an NVIDIA H200 (2026-12-02); ``pointwise_lanes`` may ask for up to 16.
+_IN_FLIGHT, _SPLIT_MAX_LANES, _MAX_LANES = 1 << 17, 8, 16
+
+
+def pointwise_split(npix: int, block: int, cmid: int, cout: int, lanes: int | None = None) -> tuple[int, int, int]:
+    """``(block, chunk, lanes)`` of a :func:`depthwise_pointwise_program` on a GPU, given the pixels per
+    workgroup :func:`pixel_block` chose: ``lanes`` invocations share each 1x1 sum of ``cmid`` terms, and a
+    workgroup computes ``chunk`` of the ``cout`` output channels of ``block`` pixels.
+
+    A small layer at batch 1 is bound by the latency of each invocation's serial chain of loads, not by its
+    arithmetic. Unless given, the lanes are the power of two up to 8 with the least modelled time: ``max(1,
+    npix * cout * lanes / 2**17)`` waves of invocations times the steps of one invocation, ``ceil(cmid / (4
+    lanes))`` unrolled groups of loads plus a quarter step for each level of the tree that adds the shares
+    (ties to fewer lanes). Fitted to ``benchmarks/sweep_separable.py`` over the 41 distinct one-dispatch
+    separable convs of the MediaPipe models (92 in all) on an NVIDIA H200 (2026-12-02): 2968 us in all against
+    4496 us with one invocation per sum (the schedule before), 3274 us with 2 lanes everywhere and 2927 us
+    for the best lanes of each; (1, 12, 12, 256) -> 256 (11 of them) 61 against 84 us, (1, 6, 6, 256) -> 256
+    39 against 82 us. With lanes, the workgroup's 256 invocations hold ``256 /
+    lanes`` outputs: ``block`` pixels (a power of two, fewer than given where the channels fill it) of
+    ``chunk`` channels each; each chunk of channels recomputes its pixels' depthwise values (``KH * KW``
+    multiply-adds each). ``lanes == 1``: the given block, every channel (``chunk == cout``).
+    """
+    outputs = npix * cout
+    if lanes is None:
+        lanes = min((1 << i for i in range(_SPLIT_MAX_LANES.bit_length()) if (1 << i) * 4 <= max(cmid, 4)),
+                    key=lambda n: (max(1.0, outputs * n / _IN_FLIGHT) * (-(-cmid // (4 * n)) + (n.bit_length() - 1) / 4),
+                                   n))
+    if lanes == 1:
+        return block, cout, 1
+    per = 256 // lanes
+    block = 1
+    while block * 2 * cout <= per and (block * 2) * cmid <= _SEP_SHARED_FLOATS - 256:
+        block *= 2
+    return block, per // block, lanes
+
+
 def depthwise_pointwise_program(name: str, binds, g: dict, cin: int, mult: int, cout: int, block: int, store: str,
-                                helpers: str = "", uniforms=()) -> Program:
+                                helpers: str = "", uniforms=(), chunk: int | None = None,
+                                lanes: int = 1) -> Program:
     """One dispatch of a depthwise conv (``x [N, H, W, cin]``, filter ``w [KH, KW, cin * mult]``, geometry
     ``g`` of :func:`~tflfuse.kernels.conv.window_body`) then a 1x1 conv (``pw [cin * mult, cout]``).
 
     A workgroup of 256 invocations owns ``block`` output pixels (:func:`pixel_block`): it writes their
     depthwise values to workgroup memory, then computes their outputs from there. ``store`` runs once per
     output with ``acc`` (the 1x1 sum), ``q`` (the output pixel), ``co`` and ``idx = q * cout + co``.
+
+    With ``lanes > 1`` (:func:`pointwise_split`), a workgroup owns ``chunk`` output channels of its
+    ``block`` pixels (``block * chunk * lanes == 256``), ``lanes`` invocations share each 1x1 sum (the
+    unrolled groups of :func:`~tflfuse.kernels.wgsl.dot`) and the shares meet in workgroup memory by a tree.
 
     Four output channels per invocation of the second phase (vec4 loads of ``pw``, the block unchanged)
     measured slower on an NVIDIA H200 (2026-12-01): fused_separable_conv2d took 660 against 478-529 us
@@ -373,10 +426,11 @@ def depthwise_pointwise_program(name: str, binds, g: dict, cin: int, mult: int, 
     """
     cmid = cin * mult
     npix = g["N"] * g["OH"] * g["OW"]
+    if lanes > 1:
+        return _split_pointwise_program(name, binds, g, cin, mult, cout, block, chunk or cout, lanes, store,
+                                        helpers, uniforms)
     groups = -(-npix // block)
     trips = -(-block * cmid // 256) * (1 + g["KH"] * (1 + g["KW"])) + -(-block * cout // 256) * (1 + cmid // 4)
-    taps = window_taps(g, f"""          v += x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]
-               * w[(u32(ky) * {g['KW']}u + u32(kx)) * {cmid}u + c];""", indent="      ")
     source = prelude(binds, uniforms) + helpers + f"""
 var<workgroup> dsh: array<f32, {block * cmid}>;   // the depthwise values of the workgroup's pixels
 
@@ -386,19 +440,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let grp = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
   if (grp >= {groups}u) {{ return; }}   // a whole workgroup: the barrier stays uniform
   let pix0 = grp * {block}u;
-  for (var i = lidx; i < {block * cmid}u; i += 256u) {{
-    let q = pix0 + i / {cmid}u;
-    let c = i % {cmid}u;
-    var v = 0.0;
-    if (q < {npix}u) {{
-      let ox = i32(q % {g['OW']}u);
-      let oy = i32((q / {g['OW']}u) % {g['OH']}u);
-      let n = q / {g['OW'] * g['OH']}u;
-      let ci = c / {mult}u;
-{taps}
-    }}
-    dsh[i] = v;
-  }}
+{_depthwise_phase(g, cin, mult, block, npix, "pix0")}
   workgroupBarrier();
   for (var i = lidx; i < {block * cout}u; i += 256u) {{
     let q = pix0 + i / {cout}u;
@@ -413,3 +455,81 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }}
 """
     return Program(name, source, (256, 1, 1), linear_dispatch(groups * 256, 256), binds, uniforms, loop_trips=trips)
+
+
+def _depthwise_phase(g: dict, cin: int, mult: int, block: int, npix: int, pix0: str) -> str:
+    """WGSL filling ``dsh`` with the depthwise values of the ``block`` pixels from ``pix0`` (zero past the
+    tensor): phase 1 of :func:`depthwise_pointwise_program`."""
+    cmid = cin * mult
+    taps = window_taps(g, f"""          v += x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]
+               * w[(u32(ky) * {g['KW']}u + u32(kx)) * {cmid}u + c];""", indent="      ")
+    return f"""  for (var i = lidx; i < {block * cmid}u; i += 256u) {{
+    let q = {pix0} + i / {cmid}u;
+    let c = i % {cmid}u;
+    var v = 0.0;
+    if (q < {npix}u) {{
+      let ox = i32(q % {g['OW']}u);
+      let oy = i32((q / {g['OW']}u) % {g['OH']}u);
+      let n = q / {g['OW'] * g['OH']}u;
+      let ci = c / {mult}u;
+{taps}
+    }}
+    dsh[i] = v;
+  }}"""
+
+
+def _split_pointwise_program(name: str, binds, g: dict, cin: int, mult: int, cout: int, block: int, chunk: int,
+                             lanes: int, store: str, helpers: str, uniforms) -> Program:
+    """:func:`depthwise_pointwise_program` with ``lanes`` invocations per 1x1 sum and ``chunk`` output channels
+    per workgroup."""
+    cmid = cin * mult
+    npix = g["N"] * g["OH"] * g["OW"]
+    per = 256 // lanes
+    if block * chunk != per or block * cmid > _SEP_SHARED_FLOATS - 256:
+        raise KernelError(f"{name}: {block} pixels x {chunk} channels x {lanes} lanes must be 256 invocations "
+                          f"and {block} x {cmid} depthwise values fit in workgroup memory")
+    chunks = -(-cout // chunk)
+    groups = -(-npix // block) * chunks
+    tree, step = [], lanes // 2
+    while step:
+        tree.append(f"  if (lane < {step}u) {{ shares[lidx] += shares[lidx + {step * per}u]; }}\n"
+                    f"  workgroupBarrier();")
+        step //= 2
+    nl = "\n"
+    trips = (-(-block * cmid // 256) * (1 + g["KH"] * (1 + g["KW"])) + -(-cmid // (4 * lanes)) + 1
+             + lanes.bit_length())
+    source = prelude(binds, uniforms) + helpers + f"""
+var<workgroup> dsh: array<f32, {block * cmid}>;   // the depthwise values of the workgroup's pixels
+var<workgroup> shares: array<f32, 256>;           // the lanes' shares of the 1x1 sums
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {{
+  let grp = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
+  if (grp >= {groups}u) {{ return; }}   // a whole workgroup: the barriers stay uniform
+  let part = grp % {chunks}u;           // the chunk of output channels
+  let pix0 = (grp / {chunks}u) * {block}u;
+{_depthwise_phase(g, cin, mult, block, npix, "pix0")}
+  workgroupBarrier();
+  let lane = lidx / {per}u;
+  let o = lidx % {per}u;
+  let q = pix0 + o / {chunk}u;
+  let co = part * {chunk}u + o % {chunk}u;
+  let live = q < {npix}u && co < {cout}u;
+  var acc = 0.0;
+  if (live) {{
+    let base = (o / {chunk}u) * {cmid}u;
+    {dot(cmid, 'dsh[base + {k}]', f'pw[({{k}}) * {cout}u + co]', 'acc', lanes=lanes)}
+  }}
+  shares[lidx] = acc;
+  workgroupBarrier();
+{nl.join(tree)}
+  if (lane == 0u && live) {{
+    let acc = shares[lidx];
+    let idx = q * {cout}u + co;
+    {store}
+  }}
+}}
+"""
+    return Program(name, source, (256, 1, 1), linear_dispatch(groups * 256, 256), binds, uniforms, loop_trips=trips)
+
