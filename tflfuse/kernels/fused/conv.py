@@ -251,7 +251,8 @@ class FusedSeparableConv2D(_FusedWindow):
     Two schedules, the same values:
 
     * one dispatch (GPUs, small layers: :func:`pixel_block`): a workgroup computes the depthwise values of
-      a block of output pixels into workgroup memory, then those pixels' outputs from them;
+      a block of output pixels into workgroup memory, then those pixels' outputs from them, each 1x1 sum
+      shared between lanes where the model of :func:`pointwise_split` says so;
     * two dispatches (the software adapter, large layers): the depthwise conv into a scratch buffer
       ``[N, OH, OW, Cin * M]`` (DEPTHWISE_CONV_2D's program: :func:`~tflfuse.kernels.conv.depthwise_program`), then the pointwise conv with bias, residual and activation (tiled in
       workgroup memory where it is large, :func:`~tflfuse.kernels.wgsl.use_tiled_matmul`).
