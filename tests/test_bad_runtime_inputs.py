@@ -61,14 +61,43 @@ def test_get_tensor_of_an_unused_constant_matches_litert(add_const_model, device
     ([[2, 3]], TypeError, "1-D sequence of ints"),
     ([2.5, 3], ValueError, "whole numbers"),        # once truncated to [2, 3]
     ([True, 3], TypeError, "must hold ints"),
-    ([0, 3], ValueError, "must be positive"),
-    ([-1, 3], ValueError, "must be positive"),
+    ([-1, 3], ValueError, "must not be negative"),
+    ([2, -3], ValueError, "must not be negative"),
     ([2 ** 31, 3], ValueError, "does not fit"),
 ])
 def test_resize_tensor_input_bad_sizes(add_const_model, size, error, match):
     interp = tflfuse.Interpreter(model_content=add_const_model)
     with pytest.raises(error, match=match):
         interp.resize_tensor_input(0, size)
+
+
+def test_resize_to_an_empty_batch_matches_litert(device):
+    """An input resized to batch 0 (LiteRT accepts it): every op (CONV_2D, DEPTHWISE_CONV_2D, MEAN,
+    FULLY_CONNECTED, SOFTMAX, ADD) computes an empty tensor, and the outputs have the shapes and dtypes of
+    LiteRT's builtin kernels (XNNPACK, its default delegate, refuses the empty batch)."""
+    from ai_edge_litert.interpreter import OpResolverType
+
+    tf = pytest.importorskip("tensorflow")
+    keras = pytest.importorskip("keras")
+    L = keras.layers
+    inp = keras.Input((9, 7, 3))
+    x = L.Conv2D(4, 3, padding="same", activation="relu")(inp)
+    x = L.Add()([x, L.DepthwiseConv2D(3, padding="same")(x)])
+    x = L.Softmax()(L.Dense(5)(L.GlobalAveragePooling2D()(x)))
+    data = tf.lite.TFLiteConverter.from_keras_model(keras.Model(inp, x)).convert()
+    found = []
+    builtin = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    for make in (lambda **kw: LiteRTInterpreter(experimental_op_resolver_type=builtin, **kw),
+                 lambda **kw: tflfuse.Interpreter(device=device, cpu_fallback=False, **kw)):
+        interp = make(model_content=data)
+        index = interp.get_input_details()[0]["index"]
+        interp.resize_tensor_input(index, [0, 9, 7, 3])
+        interp.allocate_tensors()
+        interp.set_tensor(index, np.zeros((0, 9, 7, 3), np.float32))
+        interp.invoke()
+        out = interp.get_tensor(interp.get_output_details()[0]["index"])
+        found.append((out.shape, out.dtype))
+    assert found[0] == found[1] == ((0, 5), np.float32)
 
 
 def test_resize_past_the_storage_binding_limit(device):

@@ -330,6 +330,8 @@ def test_gelu_accuracy(device):
     ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,)], {"padding": "FULL"}, "padding"),
     ("fused_depthwise_conv2d", [(1, 5, 5, 3), (3, 3, 2, 2), (6,)], {}, "Cin 3"),
     ("fused_separable_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (1, 1, 5, 4), (4,)], {}, "pointwise_filter"),
+    ("fused_separable_conv2d", [(1, 5, 5, 0), (3, 3, 0, 1), (1, 1, 0, 8), (8,)], {}, "no channels"),
+    ("fused_conv2d", [(1, 5, 5, 0), (3, 3, 0, 2), (2,)], {}, "no channels"),
     *[("fused_separable_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (1, 1, 6, 4), (4,)], {"pointwise_lanes": bad},
        "pointwise_lanes must be a power of two") for bad in (3, 0, 32, True, "4")],
     ("fused_matmul", [(2, 4, 5), (6, 3), (3,)], {}, "inner dimensions differ"),

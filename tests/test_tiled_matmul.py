@@ -42,6 +42,13 @@ def _both_targets(device, key, arrays, attrs, want, tiled_program=0):
         np.testing.assert_allclose(y, want, **ACCUMULATION, err_msg=f"target {target}")
 
 
+@pytest.mark.parametrize("sizes", [(32, 32, 4, 4, 32, 2.0), (32.0, 32, 4, 4, 32), (32, 32, 4, 4, 32, True)])
+def test_tile_sizes_must_be_ints(sizes):
+    from tflfuse.kernels.gemm import MatmulTile
+    with pytest.raises(KernelError, match="must be ints"):
+        MatmulTile(*sizes)
+
+
 def test_choice():
     assert use_tiled_matmul(2112, 30, 70, "gpu")
     assert not use_tiled_matmul(2112, 30, 70, "cpu")

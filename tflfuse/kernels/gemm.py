@@ -68,7 +68,10 @@ class MatmulTile:
     sk: int = 1
 
     def __post_init__(self):
-        if min(self.tm, self.tn, self.rm, self.rn, self.tk, self.sk) <= 0 or self.threads not in _THREAD_COUNTS or \
+        sizes = (self.tm, self.tn, self.rm, self.rn, self.tk, self.sk)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
+            raise KernelError(f"matmul tile {self}: its sizes must be ints")
+        if min(sizes) <= 0 or self.threads not in _THREAD_COUNTS or \
                 self.rm % 4 or self.rn % 4 or self.tm % self.rm or self.tn % self.rn or self.tk % 4 or \
                 self.tk % self.sk or self.workgroup_bytes > _WG_BYTES:
             raise KernelError(f"matmul tile {self} does not map onto invocations in vec4 groups: it needs "

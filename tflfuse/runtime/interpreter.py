@@ -190,11 +190,12 @@ class Interpreter:
             raise ValueError(f"tensor_index {tensor_index!r} is out of range; subgraph {subgraph} has {n} tensors")
 
     def resize_tensor_input(self, input_index: int, tensor_size: Sequence[int], strict: bool = False) -> None:
-        """Sets a new shape for an input; takes effect at the next :meth:`allocate_tensors`.
+        """Sets a new shape for an input; takes effect at the next :meth:`allocate_tensors`. Sizes of 0 are
+        valid (an empty batch, as in LiteRT): the ops then compute empty tensors.
 
         Raises:
           TypeError: ``tensor_size`` is not a 1-D sequence of ints (a str, a scalar, None, a nested list).
-          ValueError: not an input, a non-positive or fractional size, a size past int32, or (``strict``) a size
+          ValueError: not an input, a negative or fractional size, a size past int32, or (``strict``) a size
             that changes a dimension the shape signature fixes.
         """
         self._resize(0, input_index, tensor_size, strict)
@@ -205,8 +206,8 @@ class Interpreter:
         if input_index not in inputs:
             raise ValueError(f"tensor {input_index} is not an input of subgraph {subgraph}; inputs: {inputs}")
         shape = _shape_arg(tensor_size)
-        if any(d <= 0 for d in shape):
-            raise ValueError(f"tensor_size must be positive, got {list(shape)}")
+        if any(d < 0 for d in shape):
+            raise ValueError(f"tensor_size must not be negative, got {list(shape)}")
         sig = self._model.tensor_shape_signature(subgraph, input_index)
         if strict and (len(sig) != len(shape) or any(s != -1 and s != d for s, d in zip(sig, shape))):
             raise ValueError(f"strict resize of input {input_index}: {list(shape)} disagrees with the "

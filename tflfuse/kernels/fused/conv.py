@@ -46,6 +46,9 @@ _SEP_SHARED_FLOATS = 4096
 #: convs, measured faster in one dispatch, need 128-256).
 _PIXEL_BLOCK_MAX_TERMS = 512
 
+#: The fused convs' refusal of an input without channels (a sum of no terms: nothing to fuse).
+_NO_CHANNELS = ("the input has no channels (Cin 0): the conv's sums have no terms; give the op at least one "
+                "input channel")
 #: Activations of the fused ops (Keras' semantics; ``prelu`` takes its slopes from an input tensor).
 FUSED_ACTIVATIONS = ("linear", "relu", "relu6", "elu", "leaky_relu", "prelu", "sigmoid", "tanh", "hard_swish",
                      "gelu", "gelu_tanh")
@@ -177,6 +180,8 @@ class FusedConv2D(_FusedWindow):
         if fcin != x.shape[3]:
             raise self.fail(f"filters [KH, KW, Cin, Cout] have Cin {fcin}, the input has {x.shape[3]} channels "
                             f"(grouped convolution is not supported)")
+        if fcin == 0:
+            raise self.fail(_NO_CHANNELS)
         self.g = self.geometry(kh, kw)
         self.check_epilogue((x.shape[0], self.g["OH"], self.g["OW"], cout), cout)
 
@@ -277,6 +282,8 @@ class FusedSeparableConv2D(_FusedWindow):
         if fcin != x.shape[3] or self.mult < 1:
             raise self.fail(f"depthwise_filter [KH, KW, Cin, M] must have Cin {x.shape[3]} (the input's) and "
                             f"M >= 1, got {list(dwf.shape)}")
+        if fcin == 0:
+            raise self.fail(_NO_CHANNELS)
         self.cmid = fcin * self.mult
         if pwf.shape[:-2] not in ((), (1, 1)) or pwf.shape[-2] != self.cmid:
             raise self.fail(f"pointwise_filter must be [1, 1, {self.cmid}, Cout] or [{self.cmid}, Cout] "
@@ -384,10 +391,11 @@ def pointwise_split(npix: int, block: int, cmid: int, cout: int, lanes: int | No
     separable convs of the MediaPipe models (92 in all) on an NVIDIA H200 (2026-12-02): 2968 us in all against
     4496 us with one invocation per sum (the schedule before), 3274 us with 2 lanes everywhere and 2927 us
     for the best lanes of each; (1, 12, 12, 256) -> 256 (11 of them) 61 against 84 us, (1, 6, 6, 256) -> 256
-    39 against 82 us. With lanes, the workgroup's 256 invocations hold ``256 /
-    lanes`` outputs: ``block`` pixels (a power of two, fewer than given where the channels fill it) of
-    ``chunk`` channels each; each chunk of channels recomputes its pixels' depthwise values (``KH * KW``
-    multiply-adds each). ``lanes == 1``: the given block, every channel (``chunk == cout``).
+    39 against 82 us. With lanes, the workgroup's 256 invocations hold ``256 / lanes`` outputs: ``block``
+    pixels of ``chunk`` channels each, the block the largest power of two whose pixels' channels fit those
+    outputs (at most ``npix``, its depthwise values in workgroup memory; the given block is not used); each
+    chunk of channels recomputes its pixels' depthwise values (``KH * KW`` multiply-adds each). ``lanes ==
+    1``: the given block, every channel (``chunk == cout``).
     """
     outputs = npix * cout
     if lanes is None:
@@ -398,7 +406,7 @@ def pointwise_split(npix: int, block: int, cmid: int, cout: int, lanes: int | No
         return block, cout, 1
     per = 256 // lanes
     block = 1
-    while block * 2 * cout <= per and (block * 2) * cmid <= _SEP_SHARED_FLOATS - 256:
+    while block * 2 * cout <= per and block * 2 <= npix and (block * 2) * cmid <= _SEP_SHARED_FLOATS - 256:
         block *= 2
     return block, per // block, lanes
 
