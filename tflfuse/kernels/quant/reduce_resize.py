@@ -16,14 +16,12 @@ come from the attributes ``input_quantization`` and ``output_quantization``. Sem
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ..base import Binding, TensorSpec, Uniform
+from ..base import TensorSpec, Uniform
 from ..pool import _REDUCE_MIN, _REDUCE_WG, _axes, _tree, reduce_indexing, reduce_program
 from ..resize import ResizeBilinear, ResizeNearestNeighbor, resize_scale
-from ..shape_ops import JOIN_GROUP, Concatenation
+from ..shape_ops import Concatenation
 from ..wgsl import elementwise_program
 from .activations import _EXPF
 from .arith import WGSL, quant_range, quantize_multiplier
