@@ -10,7 +10,7 @@ from typing import Sequence
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
 __all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "activation_fn", "activation_uniforms", "dot", "elementwise_program",
-           "prelude", "linear_main", "fmt_f32", "reduction_program", "split_lanes"]
+           "lane_tree", "prelude", "linear_main", "fmt_f32", "reduction_program", "split_lanes"]
 
 
 def fmt_f32(x: float) -> str:
@@ -185,6 +185,18 @@ def split_lanes(outputs: int, terms: int, target: str = "gpu", unroll: int = 4, 
     return lanes
 
 
+def lane_tree(lanes: int, per: int) -> str:
+    """WGSL adding the ``lanes`` shares of each of ``per`` sums in ``var<workgroup> shares`` (share ``lane`` of
+    sum ``i`` at ``lane * per + i``, indexed by ``lidx``) into lane 0's entry: ``log2(lanes)`` halving steps, each
+    behind a barrier (every invocation of the workgroup must reach it)."""
+    tree, step = [], lanes // 2
+    while step:
+        tree.append(f"  if (lane < {step}u) {{ shares[lidx] += shares[lidx + {step * per}u]; }}\n"
+                    f"  workgroupBarrier();")
+        step //= 2
+    return "\n".join(tree)
+
+
 def reduction_program(name: str, bindings: tuple[Binding, ...], total: int, body: str, store: str,
                       helpers: str = "", uniforms: tuple[Uniform, ...] = (), lanes: int = 1, acc: str = "acc",
                       loop_trips: int = 0, acc_type: str = "f32") -> Program:
@@ -208,12 +220,7 @@ def reduction_program(name: str, bindings: tuple[Binding, ...], total: int, body
     if lanes > wg or lanes & (lanes - 1):
         raise KernelError(f"{name}: lanes must be a power of two up to {wg}, got {lanes}")
     per = wg // lanes
-    tree, step = [], lanes // 2
-    while step:
-        tree.append(f"  if (lane < {step}u) {{ shares[lidx] += shares[lidx + {step * per}u]; }}\n"
-                    f"  workgroupBarrier();")
-        step //= 2
-    tree_src = "\n".join(tree)
+    tree_src = lane_tree(lanes, per)
     source = prelude(bindings, uniforms) + helpers + f"""
 var<workgroup> shares: array<{acc_type}, {wg}>;
 

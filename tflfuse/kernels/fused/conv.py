@@ -34,8 +34,8 @@ from ..conv import (SUM_STORED_LATER, conv_output_size, conv_strip, conv_strip_p
 from ..elementwise import broadcast_index
 from ..registry import register
 from ..gemm import product_program, use_tiled_matmul
-from ..wgsl import (activation_fn, activation_uniforms, dot, elementwise_program, prelude, reduction_program,
-                    split_lanes)
+from ..wgsl import (activation_fn, activation_uniforms, dot, elementwise_program, lane_tree, prelude,
+                    reduction_program, split_lanes)
 
 __all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpilogue", "FusedSeparableConv2D",
            "depthwise_pointwise_program", "pixel_block"]
@@ -499,12 +499,6 @@ def _split_pointwise_program(name: str, binds, g: dict, cin: int, mult: int, cou
                           f"and {block} x {cmid} depthwise values fit in workgroup memory")
     chunks = -(-cout // chunk)
     groups = -(-npix // block) * chunks
-    tree, step = [], lanes // 2
-    while step:
-        tree.append(f"  if (lane < {step}u) {{ shares[lidx] += shares[lidx + {step * per}u]; }}\n"
-                    f"  workgroupBarrier();")
-        step //= 2
-    nl = "\n"
     trips = (-(-block * cmid // 256) * (1 + g["KH"] * (1 + g["KW"])) + -(-cmid // (4 * lanes)) + 1
              + lanes.bit_length())
     source = prelude(binds, uniforms) + helpers + f"""
@@ -532,7 +526,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }}
   shares[lidx] = acc;
   workgroupBarrier();
-{nl.join(tree)}
+{lane_tree(lanes, per)}
   if (lane == 0u && live) {{
     let acc = shares[lidx];
     let idx = q * {cout}u + co;
