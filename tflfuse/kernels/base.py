@@ -24,6 +24,9 @@ __all__ = [
 
 #: WebGPU's default ``maxComputeWorkgroupsPerDimension``.
 MAX_WORKGROUPS_PER_DIM = 65535
+#: WebGPU's default ``maxComputeWorkgroupStorageSize`` (bytes): every kernel's workgroup memory fits it, so that a
+#: plan runs on any adapter.
+MAX_WORKGROUP_STORAGE = 16384
 
 #: dtype name -> WGSL storage element type. bool tensors (1 byte per element in a .tflite) are held as one i32
 #: per element, 0 or 1: WGSL storage has no 8-bit type; int8 and uint8 (quantized) tensors likewise, one value

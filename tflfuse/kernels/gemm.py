@@ -20,8 +20,8 @@ float16 plans (``precision="float16"``): every product is a :class:`~tflfuse.ker
 carrying a second source in which the A and B slices are staged in workgroup memory as ``vec4<f16>`` (half the
 workgroup memory and half its traffic) and each invocation's ``slice_depth`` multiply-adds of a slice are
 ``vec4<f16>`` fmas into f16 partial sums, added into the f32 accumulators once per slice: f16 math with f32
-accumulation across the depth, as LiteRT's GPU delegate in FP16 mode. The stores are the float32 form's. :func:`tflfuse.kernels.half.half_storage`
-(applied by the plan after the kernels made their programs) takes that source; the float32 plan runs the first
+accumulation across the depth, as LiteRT's GPU delegate in FP16 mode. The stores are the float32 form's.
+:func:`tflfuse.kernels.half.half_storage` (applied by the plan after the kernels made their programs) takes that source; the float32 plan runs the first
 source, the same text as before f16 math existed. The second source rather than a ``precision`` argument: the
 kernels (CONV_2D, FULLY_CONNECTED, BATCH_MATMUL, the fused bottleneck) never learn the plan's precision, so none
 of them changes. Error: each output within ``(gamma(2 t, 2**-11) + gamma(depth + 2, 2**-24)) (|A| @ |B|)``
@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from .base import Binding, KernelError, Program, Uniform, linear_dispatch
+from .base import MAX_WORKGROUP_STORAGE, Binding, KernelError, Program, Uniform, linear_dispatch
 from .half import HalfMathProgram
 from .wgsl import prelude
 
@@ -48,8 +48,7 @@ _ZERO = {"f32": "0.0", "i32": "0"}
 #: :meth:`MatmulTile.parse`'s form: positive ASCII-digit integers (no sign, underscore or other digits).
 _TILE_FORM = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)/([1-9][0-9]*)x([1-9][0-9]*)/([1-9][0-9]*)(?:/([1-9][0-9]*))?",
                         re.ASCII)
-#: WebGPU's default maxComputeWorkgroupStorageSize: every tile fits it, so a plan runs on any adapter.
-_WG_BYTES = 16384
+_WG_BYTES = MAX_WORKGROUP_STORAGE
 
 
 @dataclasses.dataclass(frozen=True)

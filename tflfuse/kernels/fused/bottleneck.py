@@ -54,7 +54,7 @@ import re
 
 from absl import logging
 
-from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, KernelError, Program, TensorSpec
+from ..base import MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel, KernelError, Program, TensorSpec
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule
@@ -68,7 +68,7 @@ __all__ = ["FusedBottleneck"]
 #: Workgroups a GPU needs in flight to be busy (an H200 has 132 SMs); tiles shrink until a dispatch has this many.
 _GPU_WORKGROUPS = 1024
 _MAX_CHUNK = 16      # expanded channels per pass through workgroup memory
-_WG_BYTES = 16384    # WebGPU's default maxComputeWorkgroupStorageSize
+_WG_BYTES = MAX_WORKGROUP_STORAGE
 _GATE_THREADS = 64   # invocations of the squeeze-excite gate's workgroup (one per image)
 _SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; "strategy" is the one string
 _STRATEGIES = ("tiled", "staged", "blocked", "dw_projection", "expand_dw")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import CompositeKernel, KernelError, Program, TensorSpec, linear_dispatch
+from ..base import MAX_WORKGROUP_STORAGE, CompositeKernel, KernelError, Program, TensorSpec, linear_dispatch
 from ..conv import (SUM_STORED_LATER, conv_output_size, conv_strip, conv_strip_program, depthwise_program,
                     is_pointwise, window_body, window_lanes, window_taps)
 from ..elementwise import broadcast_index
@@ -41,7 +41,7 @@ __all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpi
            "depthwise_pointwise_program", "pixel_block"]
 
 #: Workgroup memory (floats) of the one-dispatch separable schedule: 16 KiB, WebGPU's default limit.
-_SEP_SHARED_FLOATS = 4096
+_SEP_SHARED_FLOATS = MAX_WORKGROUP_STORAGE // 4
 #: Most 1x1 terms one invocation of the one-dispatch separable schedule may sum alone (MediaPipe's separable
 #: convs, measured faster in one dispatch, need 128-256).
 _PIXEL_BLOCK_MAX_TERMS = 512
@@ -399,9 +399,10 @@ def pointwise_split(npix: int, block: int, cmid: int, cout: int, lanes: int | No
     """
     outputs = npix * cout
     if lanes is None:
+        def cost(n: int) -> tuple[float, int]:   # waves x (unrolled steps + a quarter step per tree level)
+            return max(1.0, outputs * n / _IN_FLIGHT) * (-(-cmid // (4 * n)) + (n.bit_length() - 1) / 4), n
         lanes = min((1 << i for i in range(_SPLIT_MAX_LANES.bit_length()) if (1 << i) * 4 <= max(cmid, 4)),
-                    key=lambda n: (max(1.0, outputs * n / _IN_FLIGHT) * (-(-cmid // (4 * n)) + (n.bit_length() - 1) / 4),
-                                   n))
+                    key=cost)
     if lanes == 1:
         return block, cout, 1
     per = 256 // lanes

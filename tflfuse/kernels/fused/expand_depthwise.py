@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..base import Binding, KernelError, Program, linear_dispatch
+from ..base import MAX_WORKGROUP_STORAGE, Binding, KernelError, Program, linear_dispatch
 from ..wgsl import activation_fn, prelude
 
 __all__ = ["expand_depthwise_program", "expand_depthwise_fits", "expand_depthwise_shape"]
 
 _THREADS = 256
-_WG_BYTES = 16384   # WebGPU's default maxComputeWorkgroupStorageSize
+_WG_BYTES = MAX_WORKGROUP_STORAGE
 
 
 def expand_depthwise_fits(cin: int, cexp: int) -> bool:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..base import MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec
+from ..base import MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec
 from ..registry import register
 from ..wgsl import ACTIVATIONS, activation_fn, dot, elementwise_program, fmt_f32, prelude
 from .pool import reduce_hw_chunks, reduce_hw_programs
@@ -38,7 +38,7 @@ __all__ = ["FusedSqueezeExcite", "GATES"]
 
 _GATE_WG = 256          # invocations of the gate's workgroup (one workgroup per image)
 _CHUNK = 16             # pixels per partial sum before the gate (past 32 pixels)
-_WG_BYTES = 16384       # WebGPU's default maxComputeWorkgroupStorageSize
+_WG_BYTES = MAX_WORKGROUP_STORAGE
 _GATE_MAX_TRIPS = 16384  # loop iterations per invocation of the gate, well inside the software adapter's cap
 
 _NAN = "(bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u"
