@@ -1,6 +1,7 @@
 """Sweep of fused_bottleneck's ``dw_projection`` strategy (the depthwise conv computed inside the projection's
 product) and ``expand_dw`` strategy (the expansion and the depthwise conv in one dispatch) against its
-``staged`` strategy, on MobileNetV2's block shapes.
+``staged`` strategy, on MobileNetV2's block shapes; expand_dw with each tile of --expand_tiles and each input
+load count of --unrolls.
 
     python benchmarks/sweep_bottleneck_strategies.py --batches=1,32 --out=sweep.json
 
@@ -37,6 +38,10 @@ flags.DEFINE_integer("repeats", 10, "Timed passes per plan (the median is kept).
 flags.DEFINE_integer("reps", 20, "Runs of the plan back to back in each timed pass.")
 flags.DEFINE_list("expand_tiles", ["4x8/32", "4x8/16", "2x8/32", "2x8/16", "4x4/32", "8x8/16", "2x4/32", "8x4/16"],
                   "expand_dw tiles (THxTW/chunk) to try.")
+flags.DEFINE_bool("dw_projection", True, "Also time dw_projection with each tile.")
+flags.DEFINE_list("unrolls", ["1", "2", "4", "8"],
+                  "expand_dw input loads in flight (THxTW/chunk/U) to try with each tile, where U divides Cin / 4; "
+                  "'all' for Cin / 4.")
 
 
 def sweep_block(device, n, h, cin, t, cout, s, rng):
@@ -56,9 +61,12 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
     inputs = [x] + [w[k] for k in (["ew", "eb"] if expand else []) + ["dw", "db", "pw", "pb"]]
     specs = [TensorSpec(a.shape) for a in inputs]
     runs = [("staged", {"strategy": "staged"}), ("default", {})] + [
-        (f"dw_projection {name}", {"strategy": "dw_projection", "matmul_tile": name}) for name in TILES]
+        (f"dw_projection {name}", {"strategy": "dw_projection", "matmul_tile": name})
+        for name in (TILES if FLAGS.dw_projection else ())]
     if expand:
-        runs += [(f"expand_dw {t}", {"strategy": "expand_dw", "expand_tile": t}) for t in FLAGS.expand_tiles]
+        unrolls = sorted({cin // 4 if u == "all" else int(u) for u in FLAGS.unrolls})
+        runs += [(f"expand_dw {t}/{u}", {"strategy": "expand_dw", "expand_tile": f"{t}/{u}"})
+                 for t in FLAGS.expand_tiles for u in unrolls if (cin // 4) % u == 0]
     for label, attrs in runs:
         try:
             k = kernel_class("fused_bottleneck")(specs, {"expansion": t, "stride": s,

@@ -104,14 +104,17 @@ SCHEDULES.update({"dw_proj": {"strategy": "dw_projection"},
                   "dw_proj_256x32": {"strategy": "dw_projection", "matmul_tile": "256x32/8x4/8"}})
 # The expand_dw strategy (the expansion and the depthwise conv in one dispatch) on the blocks with an expand conv
 # and channels that are multiples of 4: its default tile, 1x1 tiles of 4 channels, and 2x4 tiles of 8 (tiles
-# cut at the edges of odd maps, several chunks).
+# cut at the edges of odd maps, several chunks), and 2x4 tiles loading two input vec4s at once (where Cin / 4
+# is even).
 SCHEDULES.update({"expand_dw": {"strategy": "expand_dw"},
                   "expand_dw_1x1": {"strategy": "expand_dw", "expand_tile": "1x1/4"},
-                  "expand_dw_2x4": {"strategy": "expand_dw", "expand_tile": "2x4/8"}})
+                  "expand_dw_2x4": {"strategy": "expand_dw", "expand_tile": "2x4/8"},
+                  "expand_dw_unroll2": {"strategy": "expand_dw", "expand_tile": "2x4/8/2"}})
 RUNS = [pytest.param(c, s, id=f"{_IDS[c]}-{s}") for c in CASES for s in sorted(SCHEDULES)
         if not (s in ("lane1", "split3", "blocked_odd") and c[3] * c[4] >= 512)
         and not (s.startswith("dw_proj") and ((c[3] * c[4]) % 4 or c[5] % 4))
-        and not (s.startswith("expand_dw") and (c[4] == 1 or c[3] % 4 or (c[3] * c[4]) % 4))]
+        and not (s.startswith("expand_dw") and (c[4] == 1 or c[3] % 4 or (c[3] * c[4]) % 4))
+        and not (s == "expand_dw_unroll2" and c[3] % 8)]
 
 
 @pytest.mark.parametrize("case, schedule", RUNS)
@@ -272,6 +275,7 @@ def _se_specs(cin=8, t=6, cout=8, h=8, k=5, csq=12):
     ({"strategy": "expand_dw", "expand_tile": "4x8"}, _specs(), "expand_tile must be 'THxTW/C'"),
     ({"strategy": "expand_dw", "expand_tile": "4x8/6"}, _specs(), "chunk must be a multiple of 4"),
     ({"strategy": "expand_dw", "expand_tile": "30x30/48"}, _specs(), "fits 16384 bytes"),
+    ({"strategy": "expand_dw", "expand_tile": "4x8/16/3"}, _specs(), "unroll 3 must divide"),
     ({"kernel_size": 5, "squeeze_excite": True}, _se_specs(cin=400, t=10, csq=100), "workgroup memory"),
 ])
 def test_fused_bottleneck_rejects_bad_v3_shapes_and_attrs(attrs, specs, message):

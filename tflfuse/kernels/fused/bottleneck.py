@@ -59,7 +59,8 @@ from ..conv import conv_output_size, depthwise_program
 from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule
 from .depthwise_product import depthwise_product_program, fits_depthwise_product
-from .expand_depthwise import expand_depthwise_fits, expand_depthwise_program, expand_depthwise_shape
+from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, expand_depthwise_shape,
+                               expand_depthwise_unroll)
 from ..gemm import product_program, tile_attr, use_tiled_matmul
 from ..wgsl import activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes
 
@@ -98,8 +99,8 @@ class FusedBottleneck(CompositeKernel):
 
     #: tuning only: the schedule (see :meth:`_schedule`) and ``matmul_tile``, the tile of the ``dw_projection``
     #: strategy's product by name (:class:`~tflfuse.kernels.gemm.MatmulTile`).
-    #: ``expand_tile``: the ``expand_dw`` strategy's output tile and chunk of expanded channels, ``"THxTW/C"``
-    #: (:func:`.expand_depthwise.expand_depthwise_shape`).
+    #: ``expand_tile``: the ``expand_dw`` strategy's output tile and chunk of expanded channels, ``"THxTW/C"``,
+    #: optionally with the input loads in flight, ``"THxTW/C/U"`` (:meth:`_expand_tile`).
     extra_attrs = ('strategy', 'tile', 'lanes', 'out_block', 'chunk', 'splits', 'matmul_tile', 'expand_tile')
 
     input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b", "se_w1", "se_b1",
@@ -275,18 +276,25 @@ class FusedBottleneck(CompositeKernel):
         expand = n * h * w * self.cin * self.cexp if self.has_expand else 0
         return expand + n * self.oh * self.ow * self.cexp * (self.k * self.k + self.cout)
 
-    def _expand_tile(self) -> tuple[int, int, int]:
-        """``(tile_h, tile_w, chunk)`` of the ``expand_dw`` strategy: the ``expand_tile`` attribute
-        (``"THxTW/C"``, e.g. ``"4x8/32"``) or :func:`.expand_depthwise.expand_depthwise_shape`'s default."""
+    def _expand_tile(self) -> tuple[int, int, int, int]:
+        """``(tile_h, tile_w, chunk, unroll)`` of the ``expand_dw`` strategy: the ``expand_tile`` attribute
+        (``"THxTW/C"`` or ``"THxTW/C/U"``, e.g. ``"4x8/32"``, ``"4x8/16/4"``; U: the input vec4s an invocation
+        loads at once, :func:`.expand_depthwise.expand_depthwise_program`) or the defaults
+        (:func:`.expand_depthwise.expand_depthwise_shape`, :func:`.expand_depthwise.expand_depthwise_unroll`)."""
         text = self.attrs.get("expand_tile") or ""
-        found = re.fullmatch(r"([1-9][0-9]?)x([1-9][0-9]?)/([1-9][0-9]?)", text, re.ASCII) if isinstance(
-            text, str) else None
+        found = re.fullmatch(r"([1-9][0-9]?)x([1-9][0-9]?)/([1-9][0-9]?)(?:/([1-9][0-9]?))?", text, re.ASCII) \
+            if isinstance(text, str) else None
         if text and found is None:
-            raise self.fail(f"expand_tile must be 'THxTW/C' of positive integers below 100, e.g. '4x8/32', "
-                            f"got {text!r}")
+            raise self.fail(f"expand_tile must be 'THxTW/C' or 'THxTW/C/U' of positive integers below 100, e.g. "
+                            f"'4x8/32' or '4x8/16/4', got {text!r}")
         g = dict(SH=self.stride, SW=self.stride, KH=self.k, KW=self.k, DH=1, DW=1)
+        unroll = int(found.group(4)) if found and found.group(4) else expand_depthwise_unroll(self.cin)
+        if self.cin % (4 * unroll):
+            raise self.fail(f"expand_tile's unroll {unroll} must divide the input channels / 4 ({self.cin // 4})")
         try:
-            return expand_depthwise_shape(g, self.cin, self.cexp, *(int(v) for v in found.groups()) if found else ())
+            shape = expand_depthwise_shape(g, self.cin, self.cexp, *(int(v) for v in found.groups()[:3]) if found
+                                           else ())
+            return (*shape, unroll)
         except KernelError as e:
             raise self.fail(str(e)) from None
 
