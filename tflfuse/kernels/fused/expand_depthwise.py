@@ -6,7 +6,8 @@ A workgroup owns a tile of ``tile_h x tile_w`` output pixels of one image and a 
 channels. It stages the chunk's expand weights in workgroup memory, computes the expansion of the tile's input
 halo (``((tile_h - 1) * stride + K) x ((tile_w - 1) * stride + K)`` pixels; zero outside the image, the
 depthwise conv's SAME padding) into workgroup memory, then the depthwise conv of the tile from there, four
-channels per invocation (vec4). Neighbouring tiles recompute the expansion of their shared halo rows and
+channels per invocation (vec4). Each invocation of the expansion loads several input vec4s of its halo pixel
+before it multiplies them (:func:`expand_depthwise_unroll`), so that the loads are in flight together. Neighbouring tiles recompute the expansion of their shared halo rows and
 columns: at stride 2 with 4 x 8 tiles and a 3x3 window, 153 halo pixels for the 128 input pixels the tile
 owns (1.2x the expand conv's multiply-adds), for a tensor ``Cexp / Cin`` times the input that is neither
 written nor read back. MobileNet's inverted residual block at stride 2 is where that pays most.
