@@ -7,7 +7,7 @@ load count of --unrolls.
 
 For each block: the GPU time of the whole block (timestamp queries around --reps runs back to back, median
 of --repeats passes) staged, with the default strategy, dw_projection with each tile of
-``tflfuse.kernels.gemm.TILES`` and expand_dw with each of --expand_tiles; every output checked against the
+``tflfuse.kernels.gemm.TILES`` and expand_dw with each of --expand_tiles and --unrolls; every output checked against the
 unfused ops' (CONV_2D 1x1, DEPTHWISE_CONV_2D 3x3, CONV_2D 1x1) first. Needs no TensorFlow.
 """
 
@@ -42,6 +42,8 @@ flags.DEFINE_bool("dw_projection", True, "Also time dw_projection with each tile
 flags.DEFINE_list("unrolls", ["1", "2", "4", "8"],
                   "expand_dw input loads in flight (THxTW/chunk/U) to try with each tile, where U divides Cin / 4; "
                   "'all' for Cin / 4.")
+flags.register_validator("unrolls", lambda v: all(u == "all" or (u.isdigit() and int(u) > 0) for u in v),
+                         "--unrolls takes positive integers and 'all'")
 
 
 def sweep_block(device, n, h, cin, t, cout, s, rng):

@@ -105,16 +105,17 @@ SCHEDULES.update({"dw_proj": {"strategy": "dw_projection"},
 # The expand_dw strategy (the expansion and the depthwise conv in one dispatch) on the blocks with an expand conv
 # and channels that are multiples of 4: its default tile, 1x1 tiles of 4 channels, and 2x4 tiles of 8 (tiles
 # cut at the edges of odd maps, several chunks), and 2x4 tiles loading two input vec4s at once (where Cin / 4
-# is even).
+# is even) or three (where 3 divides it).
 SCHEDULES.update({"expand_dw": {"strategy": "expand_dw"},
                   "expand_dw_1x1": {"strategy": "expand_dw", "expand_tile": "1x1/4"},
                   "expand_dw_2x4": {"strategy": "expand_dw", "expand_tile": "2x4/8"},
-                  "expand_dw_unroll2": {"strategy": "expand_dw", "expand_tile": "2x4/8/2"}})
+                  "expand_dw_unroll2": {"strategy": "expand_dw", "expand_tile": "2x4/8/2"},
+                  "expand_dw_unroll3": {"strategy": "expand_dw", "expand_tile": "2x4/8/3"}})
 RUNS = [pytest.param(c, s, id=f"{_IDS[c]}-{s}") for c in CASES for s in sorted(SCHEDULES)
         if not (s in ("lane1", "split3", "blocked_odd") and c[3] * c[4] >= 512)
         and not (s.startswith("dw_proj") and ((c[3] * c[4]) % 4 or c[5] % 4))
         and not (s.startswith("expand_dw") and (c[4] == 1 or c[3] % 4 or (c[3] * c[4]) % 4))
-        and not (s == "expand_dw_unroll2" and c[3] % 8)]
+        and not (s == "expand_dw_unroll2" and c[3] % 8) and not (s == "expand_dw_unroll3" and c[3] % 12)]
 
 
 @pytest.mark.parametrize("case, schedule", RUNS)

@@ -24,7 +24,8 @@ import dataclasses
 from ..base import MAX_WORKGROUP_STORAGE, Binding, KernelError, Program, linear_dispatch
 from ..wgsl import activation_fn, prelude
 
-__all__ = ["expand_depthwise_program", "expand_depthwise_fits", "expand_depthwise_shape", "expand_depthwise_unroll"]
+__all__ = [
+    "expand_depthwise_program", "expand_depthwise_fits", "expand_depthwise_shape", "expand_depthwise_unroll"]
 
 _THREADS = 256
 _WG_BYTES = MAX_WORKGROUP_STORAGE
@@ -95,7 +96,7 @@ def expand_depthwise_program(name: str, bindings: tuple[Binding, ...], g: dict, 
         channels); it must divide ``cin / 4``.
     Raises:
       KernelError: channels that are not multiples of 4, a tile and chunk past workgroup memory, or an
-        ``unroll`` that does not divide ``cin / 4``.
+        ``unroll`` that is not a positive int dividing ``cin / 4``.
     """
     if not expand_depthwise_fits(cin, cexp):
         raise KernelError(f"{name}: expand_depthwise needs input ({cin}) and expanded ({cexp}) channels that are "
