@@ -7,8 +7,8 @@ load count of --unrolls.
 
 For each block: the GPU time of the whole block (timestamp queries around --reps runs back to back, median
 of --repeats passes) staged, with the default strategy, dw_projection with each tile of
-``tflfuse.kernels.gemm.TILES`` and expand_dw with each of --expand_tiles and --unrolls; every output checked against the
-unfused ops' (CONV_2D 1x1, DEPTHWISE_CONV_2D 3x3, CONV_2D 1x1) first. Needs no TensorFlow.
+``tflfuse.kernels.gemm.TILES`` and expand_dw with each of --expand_tiles and --unrolls; every output checked
+against the unfused ops' (CONV_2D 1x1, DEPTHWISE_CONV_2D 3x3, CONV_2D 1x1) first. Needs no TensorFlow.
 """
 
 from __future__ import annotations

@@ -7,10 +7,11 @@ channels. It stages the chunk's expand weights in workgroup memory, computes the
 halo (``((tile_h - 1) * stride + K) x ((tile_w - 1) * stride + K)`` pixels; zero outside the image, the
 depthwise conv's SAME padding) into workgroup memory, then the depthwise conv of the tile from there, four
 channels per invocation (vec4). Each invocation of the expansion loads several input vec4s of its halo pixel
-before it multiplies them (:func:`expand_depthwise_unroll`), so that the loads are in flight together. Neighbouring tiles recompute the expansion of their shared halo rows and
-columns: at stride 2 with 4 x 8 tiles and a 3x3 window, 153 halo pixels for the 128 input pixels the tile
-owns (1.2x the expand conv's multiply-adds), for a tensor ``Cexp / Cin`` times the input that is neither
-written nor read back. MobileNet's inverted residual block at stride 2 is where that pays most.
+before it multiplies them (:func:`expand_depthwise_unroll`), so that the loads are in flight together.
+Neighbouring tiles recompute the expansion of their shared halo rows and columns: at stride 2 with 4 x 8
+tiles and a 3x3 window, 153 halo pixels for the 128 input pixels the tile owns (1.2x the expand conv's
+multiply-adds), for a tensor ``Cexp / Cin`` times the input that is neither written nor read back.
+MobileNet's inverted residual block at stride 2 is where that pays most.
 
 Semantics: TFLite's CONV_2D 1x1 then DEPTHWISE_CONV_2D (depth multiplier 1, SAME padding), with their fused
 activations (tensorflow/lite/kernels/conv.cc, depthwise_conv.cc); sums run in another order than TFLite's,
