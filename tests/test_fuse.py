@@ -413,6 +413,75 @@ def test_squeeze_excite_pattern(device, rng):
     assert [n for n in Model(fused).op_names(0) if n != "DEQUANTIZE"] == ["fused_squeeze_excite"]
 
 
+# ---- a residual widened by a channel PAD (BlazeFace's and BlazePalm's blocks) ---------------------------
+def _widened_residual(x_shape, cout, stride=1, kind="separable", pads=None, act="relu"):
+    """act(conv(x) + b + PAD(r)), r = x (stride 1) or max_pool2d(x, 2, 2) (stride 2, as BlazeFace), the PAD
+    ``pads`` on the last axis (default zero channels at the end up to cout), converted by the stock converter."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(1)
+    n, h, w, cin = x_shape
+    dw = tf.constant((rng.standard_normal((3, 3, cin, 1)) / 3).astype(np.float32))
+    pw = tf.constant((rng.standard_normal((1, 1, cin, cout)) / np.sqrt(cin)).astype(np.float32))
+    full = tf.constant((rng.standard_normal((3, 3, cin, cout)) / np.sqrt(9 * cin)).astype(np.float32))
+    b = tf.constant(rng.standard_normal(cout).astype(np.float32))
+    pads = [[0, 0]] * 3 + [pads or [0, cout - cin]]
+
+    def f(x):
+        if kind == "separable":
+            y = tf.nn.conv2d(tf.nn.depthwise_conv2d(x, dw, [1, stride, stride, 1], "SAME"), pw, 1, "VALID")
+        else:
+            y = tf.nn.conv2d(x, full, stride, "SAME")
+        r = x if stride == 1 else tf.nn.max_pool2d(x, 2, 2, "SAME")
+        y = y + b + tf.pad(r, pads)
+        return tf.nn.relu6(y) if act == "relu6" else tf.nn.relu(y)
+
+    cf = tf.function(f, input_signature=[tf.TensorSpec(x_shape)]).get_concrete_function()
+    return tflfuse.convert([cf]).tflite
+
+
+WIDENED = {
+    # (input shape, output channels, stride, conv kind, activation): channels not divisible by 4, batch 2,
+    # stride 2 SAME on odd sizes with BlazeFace's max-pooled residual
+    "separable_stride1": ((1, 9, 7, 6), 10, 1, "separable", "relu"),
+    "separable_stride2_pooled": ((2, 9, 9, 5), 8, 2, "separable", "relu"),
+    "conv3x3_relu6": ((1, 6, 5, 3), 7, 1, "conv", "relu6"),
+}
+
+
+@pytest.mark.parametrize("case", list(WIDENED), ids=list(WIDENED))
+def test_channel_pad_of_the_residual_folds_into_the_fused_op(case, device, rng):
+    shape, cout, stride, kind, act = WIDENED[case]
+    original = _widened_residual(shape, cout, stride, kind, act=act)
+    assert "PAD" in Model(original).op_names(0)
+    pattern = "separable_conv" if kind == "separable" else "conv_activation"
+    # The residual's zeros add nothing: the same sums as LiteRT's, in another order (ACCUMULATION).
+    fused, report = _check_fused(original, device, rng, {pattern: 1})
+    names = Model(fused).op_names(0)
+    assert "PAD" not in names and "ADD" not in names, names
+    assert report.dispatches_after < report.dispatches_before, str(report)
+
+
+@pytest.mark.parametrize("pads, cin", [([2, 3], 5), ([0, 6], 1)], ids=["channels_at_the_front", "from_one_channel"])
+def test_channel_pads_the_fused_op_cannot_take_stay(pads, cin, device, rng):
+    # Zeros before the channels, or a PAD of one channel (which a fused op's residual would broadcast): the
+    # PAD stays an op and its output is the fused op's residual.
+    original = _widened_residual((1, 6, 6, cin), cin + sum(pads), pads=pads)
+    fused, _ = _check_fused(original, device, rng, {"separable_conv": 1})
+    assert "PAD" in Model(fused).op_names(0)
+
+
+def test_residual_of_wrong_channels_is_refused_by_name(rng):
+    from tflfuse.kernels import kernel_class
+    from tflfuse.kernels.base import TensorSpec
+
+    x, dw, pw = TensorSpec((1, 4, 4, 3)), TensorSpec((3, 3, 3, 1)), TensorSpec((1, 1, 3, 6))
+    attrs = {"strides": [1, 1], "dilations": [1, 1], "padding": "SAME", "has_bias": False, "has_residual": True}
+    for res in ((1, 4, 4, 7), (1, 4, 3, 4), (1, 4, 4, 0)):
+        with pytest.raises(KernelError, match=r"residual of shape .* is not \[1, 4, 4, Cr\] with 1 < Cr < 6"):
+            kernel_class("fused_separable_conv2d")([x, dw, pw, TensorSpec(res)], attrs)
+
+
 # ---- what fusion must leave alone, and what unfuse cannot expand ----------------------------------------
 def test_patterns_the_kernels_cannot_take_are_left_alone(device, rng):
     # Each original runs on LiteRT and tflfuse; the fused kernel would refuse (or mis-compute) these, so the
@@ -632,7 +701,7 @@ def test_face_landmark_with_attention_fuses_around_mediapipe_custom_ops(renamed)
     assert [_op_record(after, i) for i in new] == [_op_record(before, i) for i in old]
     # Structure (LiteRT cannot run MediaPipe's ops): the same subgraph inputs and outputs; every tensor an op
     # reads is a subgraph input, a constant or written by an earlier op; every op the patterns did not take
-    # (no conv, PRELU or ADD) is still there.
+    # (no conv, PRELU, ADD or the channel PAD of a residual) is still there.
     sg, sg0 = after.m.subgraphs[0], before.m.subgraphs[0]
     assert list(sg.inputs) == list(sg0.inputs) and list(sg.outputs) == list(sg0.outputs)
     ready = {int(i) for i in sg.inputs}
@@ -641,6 +710,6 @@ def test_face_landmark_with_attention_fuses_around_mediapipe_custom_ops(renamed)
             assert i < 0 or i in ready or after.tensor_data(0, int(i)) is not None, (oi, after.op_name(0, oi), i)
         ready |= {int(o) for o in op.outputs}
     assert set(sg.outputs) <= ready
-    taken = {"CONV_2D", "DEPTHWISE_CONV_2D", "PRELU", "ADD", "DEQUANTIZE"}
+    taken = {"CONV_2D", "DEPTHWISE_CONV_2D", "PRELU", "ADD", "PAD", "DEQUANTIZE"}
     keep = collections.Counter(n for n in before.op_names(0) if n not in taken)
     assert collections.Counter(n for n in after.op_names(0) if (n not in taken and n.isupper()) or n in custom) == keep

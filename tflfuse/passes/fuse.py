@@ -30,6 +30,10 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   ``fused_separable_conv2d``.
 * ``conv_activation``: CONV_2D / DEPTHWISE_CONV_2D -> [ADD residual] -> [an activation op TFLite cannot fold:
   PRELU, HARD_SWISH, LOGISTIC, TANH, LEAKY_RELU, ELU, RELU]: ``fused_conv2d`` / ``fused_depthwise_conv2d``.
+
+  In both, a residual that a PAD (or PADV2 of zeros) extends with zero channels at the end of the last axis
+  (BlazeFace's and BlazePalm's blocks that widen their channels) is taken before the PAD, which goes with the
+  chain: the fused op zero-extends it (:func:`~tflfuse.kernels.fused.conv.padded_channels`).
 * ``hard_swish``: x * relu6(x + 3) / 6 spelled out: the builtin HARD_SWISH.
 * ``clip``: MINIMUM + MAXIMUM with scalar constants: RELU6 / RELU_N1_TO_1 / RELU_0_TO_1, else ``fused_clip``.
 * ``pool_activation``: MAX_POOL_2D / AVERAGE_POOL_2D then RELU / RELU6 / RELU_N1_TO_1 (folded into the pool)
@@ -191,6 +195,9 @@ def _epilogue(g: Graph, last: int, out: int, chain: list[int]) -> dict | None:
                 g.shapes.get(other[0]) == g.shapes.get(out):
             chain.append(nxt)
             found["residual"], out = other[0], g.outputs_of(nxt)[0]
+            pad = _channel_pad(g, other[0], nxt)
+            if pad is not None:   # the residual's channel PAD folds into the fused op (zero-extended there)
+                found["residual"], found["folded"] = g.inputs(pad)[0], [pad]
             if act != "NONE":
                 found["activation"] = _ACT_OPS[act]
                 found["out"] = out
@@ -217,6 +224,26 @@ def _epilogue(g: Graph, last: int, out: int, chain: list[int]) -> dict | None:
     return found
 
 
+def _channel_pad(g: Graph, t: int, reader: int) -> int | None:
+    """The op writing ``t`` where it is a PAD (or PADV2 with a zero constant) of zeros at the end of the last
+    axis alone, from more than one channel, read by ``reader`` alone: the residual of a fused conv op takes its
+    input instead (:func:`~tflfuse.kernels.fused.conv.padded_channels`); else None."""
+    from ..kernels.fused.conv import padded_channels
+
+    pad = g.producer.get(t)
+    if pad is None or g.op_name(pad) not in ("PAD", "PADV2") or not g.private(t, reader):
+        return None
+    ins = g.inputs(pad)
+    if g.op_name(pad) == "PADV2" and (len(ins) < 3 or _scalar(g, ins[2]) != 0.0):
+        return None
+    pads = g.const(ins[1]) if len(ins) > 1 else None
+    src = ins[0]
+    if pads is None or not g.is_runtime(src) or g.shapes.get(src) is None or \
+            pads.shape != (len(g.shapes[src]), 2) or pads[:-1].any() or pads[-1, 0] != 0:
+        return None
+    return pad if padded_channels(g.shapes[t], g.shapes[src]) else None
+
+
 def _conv_geometry(a: dict) -> dict:
     return {"strides": [int(a.get("stride_h", 1)), int(a.get("stride_w", 1))],
             "dilations": [int(a.get("dilation_h_factor", 1)), int(a.get("dilation_w_factor", 1))],
@@ -227,6 +254,7 @@ def _fused_conv_op(g: Graph, chain: list[int], x: int, weights: list, bias, geom
     tail = _epilogue(g, chain[-1], g.outputs_of(chain[-1])[0], chain)
     if tail is None or not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])):
         return None
+    chain = tail.get("folded", []) + chain   # replaced with the chain; the new op stands at its last op
     inputs = [x, *weights, bias]
     if tail["residual"] is not None:
         inputs.append(tail["residual"])

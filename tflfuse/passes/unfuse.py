@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ..model import Model, is_builtin_name
+from ..kernels.fused.conv import padded_channels
 from .graph import Graph, drop_unused_buffers
 
 __all__ = ["LITERT_CUSTOM_OPS", "UnfuseError", "expansion", "expansions", "unexpandable_ops", "unfuse"]
@@ -169,6 +170,10 @@ def _epilogue(b: Builder, g: Graph, attrs: dict, y_shape, extra: list[int], out:
         return
     y = conv(0, None)
     if residual is not None:
+        res_shape = tuple(g.shapes[residual])
+        if padded_channels(tuple(y_shape), res_shape):   # fewer channels: TFLite's PAD of the last axis
+            pads = [[0, 0]] * (len(res_shape) - 1) + [[0, int(y_shape[-1]) - res_shape[-1]]]
+            residual = b.op("PAD", [residual, b.weight_i32(pads)], y_shape, ("PadOptions", {}))
         last = foldable
         y = b.op("ADD", [y, residual], y_shape, ("AddOptions", {"fusedActivationFunction": code if last else 0}),
                  out=out if last else None)

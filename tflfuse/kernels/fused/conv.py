@@ -13,7 +13,9 @@ layouts (not TFLite's):
   the 1x1 pointwise conv.
 
 then, present as the flags say (the composite sets them; absent inputs are not in the op at all):
-``bias [Cout]`` (``has_bias``), ``residual`` broadcastable to the output (``has_residual``), PReLU slopes
+``bias [Cout]`` (``has_bias``), ``residual`` broadcastable to the output or ``[N, OH, OW, Cr]`` with ``1 < Cr <
+Cout`` channels, zero-extended at the end as TFLite's PAD of the last axis would (``has_residual``; the form
+:func:`tflfuse.fuse` folds a channel PAD before the residual ADD into), PReLU slopes
 broadcastable to the output, e.g. ``[Cout]``, ``[1, 1, Cout]`` or ``[OH, OW, Cout]`` (``has_prelu``, with
 ``activation="prelu"``). Output ``[N, OH, OW, Cout]``, ``OH`` as TensorFlow computes it for the padding.
 
@@ -38,7 +40,7 @@ from ..wgsl import (activation_fn, activation_uniforms, dot, elementwise_program
                     reduction_program, split_lanes)
 
 __all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpilogue", "FusedSeparableConv2D",
-           "depthwise_pointwise_program", "pixel_block"]
+           "depthwise_pointwise_program", "padded_channels", "pixel_block"]
 
 #: Workgroup memory (floats) of the one-dispatch separable schedule: 16 KiB, WebGPU's default limit.
 _SEP_SHARED_FLOATS = MAX_WORKGROUP_STORAGE // 4
@@ -54,6 +56,14 @@ FUSED_ACTIVATIONS = ("linear", "relu", "relu6", "elu", "leaky_relu", "prelu", "s
                      "gelu", "gelu_tanh")
 _FLAGS = ("has_bias", "has_residual", "has_prelu")
 _OPTIONAL_NAMES = {"has_bias": "bias", "has_residual": "res", "has_prelu": "slope"}
+
+
+def padded_channels(out_shape: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether a residual of ``shape`` is the output's shape with fewer channels (``1 < Cr < Cout``, the last
+    axis), which the fused ops zero-extend at the end: TFLite's PAD of the last axis by ``[0, Cout - Cr]``.
+    One channel broadcasts instead, as TensorFlow's ADD would."""
+    return (len(shape) == len(out_shape) >= 1 and tuple(shape[:-1]) == tuple(out_shape[:-1])
+            and 1 < shape[-1] < out_shape[-1])
 
 
 class FusedEpilogue(CompositeKernel):
@@ -101,10 +111,14 @@ class FusedEpilogue(CompositeKernel):
                     ok = np.broadcast_shapes(out_shape, spec.shape) == tuple(out_shape)
                 except ValueError:
                     ok = False
+                if not ok and flag == "has_residual" and padded_channels(out_shape, spec.shape):
+                    ok = True   # fewer channels, zero-extended at the end (a folded channel PAD)
                 if not ok:
                     what = "residual" if flag == "has_residual" else "prelu_alpha"
                     raise self.fail(f"{what} of shape {list(spec.shape)} does not broadcast to the output "
-                                    f"shape {list(out_shape)}")
+                                    f"shape {list(out_shape)}"
+                                    + (f" and is not [{', '.join(map(str, out_shape[:-1]))}, Cr] with 1 < Cr < "
+                                       f"{cout}" if flag == "has_residual" and out_shape else ""))
             self.optional.append((_OPTIONAL_NAMES[flag], spec))
             pos += 1
 
@@ -117,6 +131,10 @@ class FusedEpilogue(CompositeKernel):
         for name, spec in self.optional:
             if name == "bias":
                 terms.append("bias[co]")
+            elif name == "res" and padded_channels(self.out_shape, spec.shape):
+                cr = spec.shape[-1]   # channels co >= cr are the PAD's zeros; the index stays in bounds
+                lines.append(f"  let ri = (idx / {self.cout}u) * {cr}u + min(co, {cr - 1}u);\n")
+                terms.append(f"select(0.0, res[ri], co < {cr}u)")
             elif name == "res":
                 lines.append(broadcast_index(self.out_shape, spec.shape, "ri"))
                 terms.append("res[ri]")

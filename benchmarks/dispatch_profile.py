@@ -1,0 +1,105 @@
+"""GPU time of every dispatch of a model, beside the one-pass time of the whole plan: where a model's GPU time
+goes, dispatch by dispatch, and how much of it is the gaps between dispatches (the one-pass time less the sum
+of the dispatches' own times).
+
+    python benchmarks/dispatch_profile.py --models=.bench [--select=selfie*,hand_recrop*] [--batch=1]
+                                          [--out=DISPATCHES.md] [--json_out=dispatches.json]
+
+Real models of ``--models`` (``NAME_unfused.tflite``) are fused at load with :func:`tflfuse.fuse`, as
+``benchmarks/run.py`` does; both the fused and the unfused file are profiled. Times are GPU microseconds from
+timestamp queries, each dispatch run :data:`~tflfuse.runtime.profile.SUSTAINED_REPS` times back to back in a
+pass of its own (so that the GPU's clocks are those of sustained work), medians over ``--repeats`` passes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tflfuse  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("models", ".bench", "folder of .tflite models")
+flags.DEFINE_list("select", ["*"], "globs of file stems to profile")
+flags.DEFINE_integer("batch", 1, "batch size (the first input dimension)")
+flags.DEFINE_integer("repeats", 5, "passes per dispatch (median)")
+flags.DEFINE_string("out", None, "also write the tables here (Markdown)")
+flags.DEFINE_string("json_out", None, "also write the raw results here (JSON)")
+
+
+def profile_model(data: bytes, batch: int, repeats: int) -> dict:
+    """The one-pass GPU time and each dispatch's GPU time (with its program's name, workgroup size and
+    dispatch size) of a model at ``batch``. Raises ``RuntimeError`` where the adapter has no timestamps."""
+    from tflfuse.runtime.plan import ExecutionPlan
+    from tflfuse.runtime.profile import SUSTAINED_REPS, gpu_time_plan, profile_plan
+
+    interp = tflfuse.Interpreter(model_content=data)
+    for d in interp.get_input_details():
+        if d["shape"][0] != batch:
+            interp.resize_tensor_input(d["index"], [batch, *d["shape"][1:]])
+    interp.allocate_tensors()
+    rng = np.random.default_rng(0)
+    for d in interp.get_input_details():
+        interp.set_tensor(d["index"], rng.uniform(-1, 1, d["shape"]).astype(d["dtype"]))
+    interp.invoke()
+    plan = interp._plan(0)
+    if not isinstance(plan, ExecutionPlan):
+        raise TypeError(f"expected one ExecutionPlan, got {type(plan).__name__}")
+    one_pass = gpu_time_plan(plan, repeats=max(5, repeats), reps=SUSTAINED_REPS)
+    rows = profile_plan(plan, repeats=repeats, reps=SUSTAINED_REPS)
+    for r, (prog, _, _) in zip(rows, plan.steps):
+        r["workgroup"] = list(prog.workgroup_size)
+        r["dispatch"] = list(prog.dispatch)
+        r["invocations"] = int(np.prod(prog.workgroup_size) * np.prod(prog.dispatch))
+    return {"one_pass_us": one_pass, "dispatches": rows, "sum_us": sum(r["us"] for r in rows)}
+
+
+def _tables(results: dict, adapter: str, batch: int) -> str:
+    lines = [f"Dispatch profile, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {adapter}, "
+             f"batch {batch}", "", "| model | dispatches | one-pass us | sum of dispatches us | gaps us |",
+             "|---|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {len(r['dispatches'])} | {r['one_pass_us']:.1f} | {r['sum_us']:.1f} | "
+                     f"{r['one_pass_us'] - r['sum_us']:.1f} |")
+    for name, r in results.items():
+        lines += ["", f"### {name}", "", "| # | op | index | program | workgroup | dispatch | us |",
+                  "|---:|---|---:|---|---|---|---:|"]
+        for i, d in enumerate(r["dispatches"]):
+            lines.append(f"| {i} | {d['op']} | {d['index']} | {d['program'][:60]} | {d['workgroup']} | "
+                         f"{d['dispatch']} | {d['us']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv) -> None:
+    del argv
+    folder = Path(FLAGS.models)
+    adapter = tflfuse.Device().describe()
+    results = {}
+    for path in sorted(folder.glob("*.tflite")):
+        if not any(fnmatch.fnmatch(path.stem, g) for g in FLAGS.select):
+            continue
+        data = path.read_bytes()
+        name = path.stem
+        if name.endswith("_unfused") and not (folder / f"{name[:-8]}_fused.tflite").exists():
+            fused, _ = tflfuse.fuse(data)
+            results[f"{name[:-8]}_fused"] = profile_model(fused, FLAGS.batch, FLAGS.repeats)
+        results[name] = profile_model(data, FLAGS.batch, FLAGS.repeats)
+        print(name, f"{results[name]['one_pass_us']:.1f} us", flush=True)
+    text = _tables(results, adapter, FLAGS.batch)
+    print(text)
+    if FLAGS.out:
+        Path(FLAGS.out).write_text(text)
+    if FLAGS.json_out:
+        Path(FLAGS.json_out).write_text(json.dumps({"adapter": adapter, "batch": FLAGS.batch, "models": results}))
+
+
+if __name__ == "__main__":
+    app.run(main)
