@@ -206,6 +206,8 @@ SES = [  # (input shape, Cr, activation, gate, weight form)
     ((2, 1, 1, 5), 1, "relu", "hard_sigmoid", "dense"),
     ((1, 3, 2, 3900), 20, "relu", "sigmoid", "dense"),  # C + Cr past one workgroup's memory: stepwise
     ((2, 130, 129, 3), 2, "relu", "sigmoid", "conv"),    # 16,770 pixels: partial sums of 1,049 chunks first
+    ((1, 16, 16, 96), 24, "relu", "sigmoid", "conv"),    # selfie_segmentation's: 8 and 2 lanes per sum
+    ((2, 5, 3, 301), 37, "relu", "hard_sigmoid", "dense"),  # 301 gates: two passes of 256, odd tails
 ]
 
 

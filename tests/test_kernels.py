@@ -535,6 +535,7 @@ LARGE_WINDOW_CASES = {
     "global_128": ((1, 128, 128, 5), (128, 128), 128, "VALID", None),
     "same_9x9_stride2_odd": ((2, 19, 23, 5), (9, 9), 2, "SAME", None),
     "valid_8x16_relu6": ((1, 17, 33, 3), (8, 16), (3, 5), "VALID", tf.nn.relu6),
+    "global_20x21_batch2": ((2, 20, 21, 7), (20, 21), 1, "VALID", None),   # 420 taps: 2 of 4 loads in flight
 }
 
 
