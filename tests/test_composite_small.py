@@ -232,6 +232,34 @@ def test_squeeze_excite_matches_keras_layers(device, rng, shape, cr, activation,
     np.testing.assert_allclose(ours, ref, **ACCUMULATION)
 
 
+@pytest.mark.parametrize("shape, cr, activation, gate, form", SES)
+def test_squeeze_excite_gpu_schedule_merges_gate_and_scale(device, rng, shape, cr, activation, gate, form):
+    """The GPU schedule (every workgroup of the scaling computes its image's gate) and the software adapter's
+    (a gate dispatch, then the scaling) against the Keras layers; the software adapter's plans never emit the
+    first, so it runs here through ``run_op`` with ``target="gpu"``."""
+    from tflfuse.kernels import kernel_class
+    from tflfuse.kernels.base import TensorSpec
+    from tflfuse.runtime.plan import run_op
+
+    c = shape[-1]
+    x = rng.uniform(-2, 2, shape).astype(np.float32)
+    w1 = (rng.standard_normal((c, cr)) / np.sqrt(c)).astype(np.float32)
+    b1 = (0.3 * rng.standard_normal(cr)).astype(np.float32)
+    w2 = (rng.standard_normal((cr, c)) / np.sqrt(cr)).astype(np.float32)
+    b2 = (0.3 * rng.standard_normal(c)).astype(np.float32)
+    ref = keras_se(x, w1, b1, w2, b2, activation, gate)
+    arrays = [x, w1, b1, w2, b2]
+    for target in ("gpu", "cpu"):
+        attrs = {"activation": activation, "gate": gate, "target": target}
+        names = [p.name for p in kernel_class("fused_squeeze_excite")([TensorSpec(a.shape) for a in arrays],
+                                                                       attrs).programs()]
+        stepwise = 2 * c + cr + 256 > 4096   # the channels past one workgroup's memory: four or five dispatches
+        assert stepwise or (names[-1].endswith("_gate_scale") == (target == "gpu")), names
+        (y,) = run_op(device, "fused_squeeze_excite", arrays, attrs)
+        assert y.shape == shape and y.dtype == np.float32
+        np.testing.assert_allclose(y, ref, **ACCUMULATION, err_msg=f"target {target}")
+
+
 @pytest.fixture(scope="module")
 def mobilenet_v3():
     keras.utils.set_random_seed(SEED)   # weights=None: the initializers' draws, the same in every run

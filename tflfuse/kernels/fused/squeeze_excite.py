@@ -20,17 +20,19 @@ Dispatches: where one workgroup per image holds the C + Cr channels in workgroup
 partial sum of each chunk of 16 pixels per channel (many invocations, so one workgroup does not walk every
 pixel), then the gate (the workgroup's invocations share the rows of each block of channels, reduce them in
 workgroup memory, then run both fully-connected layers, each sum shared by up to 16 lanes that meet by a tree
-in workgroup memory) and the scaling (one invocation per element of
-``y``): two or three. Otherwise four or five: the
+in workgroup memory) and the scaling (one invocation per element of ``y``): two or three. On a GPU, where the
+gate's 2C + Cr values fit in workgroup memory, the gate and the scaling are one dispatch: each of its
+workgroups computes its image's gate, then scales 2,048 elements with it (one dispatch fewer, whose fixed cost
+on an NVIDIA H200 is 2-3 microseconds of GPU time and more of the host's). Otherwise four or five: the
 mean as a two-pass parallel reduction (:func:`~tflfuse.kernels.fused.pool.reduce_hw_programs`), the two
 fully-connected layers (one invocation per output), and the scaling, through scratch buffers.
 """
 
 from __future__ import annotations
 
-import dataclasses
 
-from ..base import MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec
+from ..base import (MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec,
+                    linear_dispatch)
 from ..registry import register
 from ..wgsl import ACTIVATIONS, activation_fn, dot, elementwise_program, fmt_f32, lane_tree, prelude
 from .pool import reduce_hw_chunks, reduce_hw_programs
@@ -41,6 +43,9 @@ _GATE_WG = 256          # invocations of the gate's workgroup (one workgroup per
 _CHUNK = 16             # pixels per partial sum before the gate (past 32 pixels)
 _WG_BYTES = MAX_WORKGROUP_STORAGE
 _GATE_MAX_TRIPS = 16384  # loop iterations per invocation of the gate, well inside the software adapter's cap
+#: Elements each invocation of the merged gate-and-scale dispatch scales (GPUs): every workgroup computes its
+#: image's gate first, so fewer, fuller workgroups repeat that work less often.
+_SCALE_PER_INVOCATION = 8
 
 _NAN = "(bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u"
 #: gate name -> WGSL body of ``fn gate(v: f32) -> f32`` (NaN stays NaN, as in TensorFlow).
@@ -101,7 +106,7 @@ class FusedSqueezeExcite(CompositeKernel):
     an unknown activation or gate."""
 
     input_names = ("x", "w1", "b1", "w2", "b2")
-    attr_defaults = {"activation": "relu", "gate": "sigmoid"}
+    attr_defaults = {"activation": "relu", "gate": "sigmoid", "target": "gpu"}
 
     def _matrix(self, i: int, name: str) -> tuple[int, int]:
         shape = self.expect_rank(i, 2, 4).shape
@@ -136,7 +141,8 @@ class FusedSqueezeExcite(CompositeKernel):
         n, h, w, c = self.input(0).shape
         if self._two_dispatches():
             rows = self._rows()
-            return (n * c * 4,) + ((n * rows * c * 4,) if rows != h * w else ())
+            partial = (n * rows * c * 4,) if rows != h * w else ()
+            return partial if self._merged() else (n * c * 4,) + partial
         _, chunks = reduce_hw_chunks(h * w)
         sizes = (n * c * 4, n * self.cr * 4, n * c * 4)
         return sizes + ((n * chunks * c * 4,) if chunks > 1 else ())
@@ -163,18 +169,28 @@ class FusedSqueezeExcite(CompositeKernel):
         return -(-c // cb) * (-(-self._rows() // lanes) + lanes) + _layer_trips(c, self.cr) + \
             _layer_trips(self.cr, c)
 
+    def _merged(self) -> bool:
+        """Whether the gate and the scaling share one dispatch (GPUs: every workgroup of the scaling computes its
+        image's gate first, in workgroup memory, rather than reading it from a dispatch of one workgroup per
+        image)."""
+        c = self.input(0).shape[3]
+        return self.target() == "gpu" and (2 * c + self.cr + _GATE_WG) * 4 <= _WG_BYTES
+
     def _gate_and_scale(self):
         """Two or three dispatches: (past 32 pixels, partial sums over chunks of pixels,) one workgroup per
         image computing the gate ``[N, C]`` (the mean, the two fully-connected layers in workgroup memory),
-        then one invocation per element scaling ``x``."""
+        then one invocation per element scaling ``x``. On a GPU (:meth:`_merged`) the last two are one: each
+        workgroup of the scaling computes its image's gate, then scales :data:`_SCALE_PER_INVOCATION` elements
+        per invocation with it."""
         n, h, w, c = self.input(0).shape
         cr, pixels, rows = self.cr, h * w, self._rows()
+        merged = self._merged()
         cb = min(c, _GATE_WG)           # channels per pass of the mean
         lanes = _GATE_WG // cb          # invocations sharing one channel's rows
         x, w1, b1, w2, b2, y = self.io_bindings(["x", "w1", "b1", "w2", "b2", "y"])
         g_w = self.binding("g", "scratch", 0, n * c * 4)
         g_r = self.binding("g", "scratch", 0, n * c * 4, access="read")
-        progs, src = [], x
+        progs, src, slot = [], x, 0 if merged else 1
         if rows != pixels:   # partial sums over chunks of pixels, one invocation per (image, chunk, channel)
             size = n * rows * c * 4
             body = f"""  let ch = idx % {c}u;
@@ -183,24 +199,13 @@ class FusedSqueezeExcite(CompositeKernel):
   var v = 0.0;
   for (var p = k * {_CHUNK}u; p < min((k + 1u) * {_CHUNK}u, {pixels}u); p++) {{ v += x[(img * {pixels}u + p) * {c}u + ch]; }}
   s[idx] = v;"""
-            progs.append(elementwise_program(f"{self.key}_partial", (x, self.binding("s", "scratch", 1, size)),
+            progs.append(elementwise_program(f"{self.key}_partial", (x, self.binding("s", "scratch", slot, size)),
                                              n * rows * c, body, loop_trips=_CHUNK))
-            src = dataclasses.replace(self.binding("s", "scratch", 1, size, access="read"), name="x")
-        source = prelude((src, w1, b1, w2, b2, g_w)) + activation_fn(self.activation) + \
-            f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n" + f"""
-var<workgroup> shares: array<f32, {_GATE_WG}>;
-var<workgroup> pooled: array<f32, {c}>;
-var<workgroup> squeezed: array<f32, {cr}>;
-
-@compute @workgroup_size({_GATE_WG})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32) {{
-  let n = wid.x;
-  let cl = lidx % {cb}u;
-  let part = lidx / {cb}u;
-  for (var c0 = 0u; c0 < {c}u; c0 += {cb}u) {{
+            src = self.binding("s", "scratch", slot, size, access="read")
+        mean = f"""  for (var c0 = 0u; c0 < {c}u; c0 += {cb}u) {{
     var v = 0.0;
     if (c0 + cl < {c}u && part < {lanes}u) {{
-      for (var p = part; p < {rows}u; p += {lanes}u) {{ v += x[(n * {rows}u + p) * {c}u + c0 + cl]; }}
+      for (var p = part; p < {rows}u; p += {lanes}u) {{ v += {src.name}[(n * {rows}u + p) * {c}u + c0 + cl]; }}
     }}
     shares[lidx] = v;
     workgroupBarrier();
@@ -211,7 +216,46 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }}
     workgroupBarrier();
   }}
-{_shared_layer("pooled", "w1", "b1", c, cr, "squeezed[j] = act(acc + b1[j]);")}
+{_shared_layer("pooled", "w1", "b1", c, cr, "squeezed[j] = act(acc + b1[j]);")}"""
+        helpers = activation_fn(self.activation) + f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n" + f"""
+var<workgroup> shares: array<f32, {_GATE_WG}>;
+var<workgroup> pooled: array<f32, {c}>;
+var<workgroup> squeezed: array<f32, {cr}>;
+"""
+        if merged:
+            per = _GATE_WG * _SCALE_PER_INVOCATION          # elements each workgroup scales
+            blocks = -(-pixels * c // per)
+            groups = n * blocks
+            binds = tuple(dict.fromkeys((src, x, w1, b1, w2, b2, y)))
+            source = prelude(binds) + helpers + f"""var<workgroup> gates: array<f32, {c}>;
+
+@compute @workgroup_size({_GATE_WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {{
+  let grp = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
+  if (grp >= {groups}u) {{ return; }}   // a whole workgroup: the barriers stay uniform
+  let n = grp / {blocks}u;
+  let first = (grp % {blocks}u) * {per}u;
+  let cl = lidx % {cb}u;
+  let part = lidx / {cb}u;
+{mean}
+{_shared_layer("squeezed", "w2", "b2", cr, c, "gates[j] = gate(acc + b2[j]);")}
+  for (var e = first + lidx; e < min(first + {per}u, {pixels * c}u); e += {_GATE_WG}u) {{
+    let idx = n * {pixels * c}u + e;
+    y[idx] = x[idx] * gates[e % {c}u];
+  }}
+}}
+"""
+            trips = self._gate_trips() + _SCALE_PER_INVOCATION
+            return progs + [Program(f"{self.key}_gate_scale", source, (_GATE_WG, 1, 1),
+                                    linear_dispatch(groups * _GATE_WG, _GATE_WG), binds, loop_trips=trips)]
+        source = prelude((src, w1, b1, w2, b2, g_w)) + helpers + f"""
+@compute @workgroup_size({_GATE_WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32) {{
+  let n = wid.x;
+  let cl = lidx % {cb}u;
+  let part = lidx / {cb}u;
+{mean}
 {_shared_layer("squeezed", "w2", "b2", cr, c, f"g[n * {c}u + j] = gate(acc + b2[j]);")}
 }}
 """
