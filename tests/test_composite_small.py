@@ -260,6 +260,52 @@ def test_squeeze_excite_gpu_schedule_merges_gate_and_scale(device, rng, shape, c
         np.testing.assert_allclose(y, ref, **ACCUMULATION, err_msg=f"target {target}")
 
 
+@pytest.mark.parametrize("x_shape, scaled_shape, cr, addend", [
+    ((2, 9, 7, 6), (2, 9, 7, 6), 3, True),         # MediaPipe's decoder: another tensor scaled, a skip added
+    ((1, 16, 16, 32), (1, 16, 16, 128), 8, False),  # 32 channels pooled, 128 gated
+    ((2, 37, 41, 5), (2, 3, 4, 10), 2, True),       # two-pass mean; the scaled tensor of other pixels
+])
+def test_squeeze_excite_scaling_another_tensor(device, rng, x_shape, scaled_shape, cr, addend):
+    """has_scaled / has_addend on both targets against float64 NumPy (the op's stated semantics; Keras has no
+    layer for it): y = scaled * sigmoid(relu(mean(x) @ w1 + b1) @ w2 + b2) [+ addend]."""
+    from tflfuse.runtime.plan import run_op
+
+    c, cg = x_shape[-1], scaled_shape[-1]
+    x = rng.uniform(-2, 2, x_shape).astype(np.float32)
+    scaled = rng.uniform(-2, 2, scaled_shape).astype(np.float32)
+    t = rng.uniform(-2, 2, scaled_shape).astype(np.float32)
+    w1 = (rng.standard_normal((c, cr)) / np.sqrt(c)).astype(np.float32)
+    b1 = (0.3 * rng.standard_normal(cr)).astype(np.float32)
+    w2 = (rng.standard_normal((cr, cg)) / np.sqrt(cr)).astype(np.float32)
+    b2 = (0.3 * rng.standard_normal(cg)).astype(np.float32)
+    s = np.maximum(x.astype(np.float64).mean(axis=(1, 2)) @ w1 + b1, 0.0) @ w2 + b2
+    ref = scaled * (1.0 / (1.0 + np.exp(-s)))[:, None, None, :] + (t if addend else 0.0)
+    arrays = [x, w1, b1, w2, b2, scaled] + ([t] if addend else [])
+    for target in ("gpu", "cpu"):
+        attrs = {"has_scaled": True, "has_addend": addend, "target": target}
+        (y,) = run_op(device, "fused_squeeze_excite", arrays, attrs)
+        assert y.shape == scaled_shape and y.dtype == np.float32
+        np.testing.assert_allclose(y, ref, **ACCUMULATION, err_msg=f"target {target}")
+
+
+def test_squeeze_excite_refuses_tensors_that_do_not_fit():
+    from tflfuse.kernels import KernelError, kernel_class
+    from tflfuse.kernels.base import TensorSpec
+
+    base = [TensorSpec(s) for s in ((1, 4, 4, 6), (6, 2), (2,), (2, 8), (8,))]
+    se = kernel_class("fused_squeeze_excite")
+    with pytest.raises(KernelError, match=r"w2 \[Cr, 6\]"):   # 8 gates for x's 6 channels, nothing else scaled
+        se(base, {})
+    with pytest.raises(KernelError, match=r"expects 7 inputs \(x, w1, b1, w2, b2, scaled, addend\)"):
+        se(base + [TensorSpec((1, 4, 4, 8))], {"has_scaled": True, "has_addend": True})
+    with pytest.raises(KernelError, match=r"addend \[1, 4, 4, 6\] must have the output's shape \[1, 4, 4, 8\]"):
+        se(base + [TensorSpec((1, 4, 4, 8)), TensorSpec((1, 4, 4, 6))], {"has_scaled": True, "has_addend": True})
+    with pytest.raises(KernelError, match=r"must have the batch of x"):
+        se(base + [TensorSpec((2, 4, 4, 8))], {"has_scaled": True})
+    with pytest.raises(KernelError, match=r"attribute has_addend must be a bool"):
+        se(base[:3] + [TensorSpec((2, 6)), TensorSpec((6,))], {"has_addend": "yes"})
+
+
 @pytest.fixture(scope="module")
 def mobilenet_v3():
     keras.utils.set_random_seed(SEED)   # weights=None: the initializers' draws, the same in every run

@@ -482,6 +482,49 @@ def test_residual_of_wrong_channels_is_refused_by_name(rng):
             kernel_class("fused_separable_conv2d")([x, dw, pw, TensorSpec(res)], attrs)
 
 
+def _channel_attention(a_shape, scaled_channels=None, addend=True):
+    """A segmentation decoder's channel attention (MediaPipe's selfie segmentation): the gate pooled from
+    ``a + t`` scales ``a`` and ``t`` is added; or (``scaled_channels``) the gate pooled from ``a`` scales
+    ``relu(conv1x1(a))`` of that many channels. Converted by the stock converter."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(2)
+    n, h, w, c = a_shape
+    cg = scaled_channels or c
+
+    def weights(*shape):
+        return tf.constant((rng.standard_normal(shape) / np.sqrt(shape[-2])).astype(np.float32))
+
+    wc, w1, w2 = weights(1, 1, c, cg), weights(1, 1, c, 3), weights(1, 1, 3, cg)
+    b1, b2 = tf.constant(rng.standard_normal(3).astype(np.float32)), tf.constant(rng.standard_normal(cg).astype(np.float32))
+
+    def gate(x):
+        s = tf.reduce_mean(x, [1, 2], keepdims=True)
+        s = tf.nn.relu(tf.nn.conv2d(s, w1, 1, "VALID") + b1)
+        return tf.sigmoid(tf.nn.conv2d(s, w2, 1, "VALID") + b2)
+
+    if scaled_channels:
+        cf = tf.function(lambda a: tf.nn.relu(tf.nn.conv2d(a, wc, 1, "VALID")) * gate(a),
+                         input_signature=[tf.TensorSpec(a_shape)]).get_concrete_function()
+    else:
+        cf = tf.function(lambda a, t: a * gate(a + t) + t if addend else a * gate(a + t),
+                         input_signature=[tf.TensorSpec(a_shape)] * 2).get_concrete_function()
+    return tflfuse.convert([cf]).tflite
+
+
+@pytest.mark.parametrize("kind", ["scaled_and_addend", "scaled_only", "wider_scaled"])
+def test_channel_attention_fuses_into_squeeze_excite(kind, device, rng):
+    # Batch 2, odd sizes, 6 channels; the wider case pools 5 channels and gates 10.
+    original = (_channel_attention((2, 9, 7, 5), scaled_channels=10) if kind == "wider_scaled" else
+                _channel_attention((2, 9, 7, 6), addend=kind == "scaled_and_addend"))
+    fused, _ = _check_fused(original, device, rng, {"squeeze_excite": 1})
+    m = Model(fused)
+    i = m.op_names(0).index("fused_squeeze_excite")
+    attrs = tflfuse.annotate.decode_attrs(m.op_attrs(0, i))
+    assert attrs.get("has_scaled") is True and attrs.get("has_addend", False) == (kind == "scaled_and_addend"), attrs
+    assert "MUL" not in m.op_names(0) and "LOGISTIC" not in m.op_names(0), m.op_names(0)
+
+
 # ---- what fusion must leave alone, and what unfuse cannot expand ----------------------------------------
 def test_patterns_the_kernels_cannot_take_are_left_alone(device, rng):
     # Each original runs on LiteRT and tflfuse; the fused kernel would refuse (or mis-compute) these, so the

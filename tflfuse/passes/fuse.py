@@ -23,7 +23,9 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   (expansion 1): ``fused_bottleneck``; the same chain in int8 (full-integer files) becomes an int8
   ``fused_bottleneck`` (:mod:`tflfuse.passes.fuse_int8`).
 * ``squeeze_excite``: global AVERAGE_POOL_2D (or MEAN over H, W) -> CONV_2D 1x1 + RELU -> CONV_2D 1x1 ->
-  LOGISTIC -> MUL with the input: ``fused_squeeze_excite``.
+  LOGISTIC -> MUL with the input [-> ADD]: ``fused_squeeze_excite``; the MUL may scale another tensor than the
+  one pooled (``has_scaled``, the channel attention of MediaPipe's selfie segmentation decoder), and an ADD of a
+  tensor of the same shape after it goes with it (``has_addend``).
 * ``pad_conv``: PAD of zeros exactly as SAME would pad, then a VALID CONV_2D / DEPTHWISE_CONV_2D: the conv
   with SAME padding (a builtin still).
 * ``separable_conv``: DEPTHWISE_CONV_2D -> CONV_2D 1x1 [-> ADD residual] [-> activation op]:
@@ -481,7 +483,8 @@ _FOLD_CODES = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3, "TANH": 4, "
 
 def _squeeze_excite(g: Graph, oi: int):
     """Global AVERAGE_POOL_2D (or MEAN over H, W with keep_dims) of x -> CONV_2D 1x1 + RELU (fused or an
-    op) -> CONV_2D 1x1 -> LOGISTIC -> MUL with x: ``fused_squeeze_excite`` (gate sigmoid)."""
+    op) -> CONV_2D 1x1 -> LOGISTIC -> MUL with x, or with another tensor of the output's shape (``has_scaled``)
+    [-> ADD of a tensor of that shape (``has_addend``)]: ``fused_squeeze_excite`` (gate sigmoid)."""
     name = g.op_name(oi)
     x = g.inputs(oi)[0] if g.inputs(oi) else -1
     if not g.is_runtime(x) or len(g.shapes.get(x, ())) != 4:
@@ -519,15 +522,32 @@ def _squeeze_excite(g: Graph, oi: int):
     if sig is None or g.op_name(sig) != "LOGISTIC":
         return None
     chain.append(sig)
-    mul = g.sole_reader(g.outputs_of(sig)[0])
-    if mul is None or g.op_name(mul) != "MUL" or _other(g, mul, g.outputs_of(sig)[0]) != x or \
-            g.attrs(mul).get("fused_activation_function", "NONE") != "NONE":
+    gate = g.outputs_of(sig)[0]
+    mul = g.sole_reader(gate)
+    if mul is None or g.op_name(mul) != "MUL" or g.attrs(mul).get("fused_activation_function", "NONE") != "NONE":
         return None
+    scaled = _other(g, mul, gate)
+    out = g.outputs_of(mul)[0]
+    if scaled is None or not g.is_runtime(scaled) or g.shapes.get(scaled) != g.shapes.get(out) or \
+            len(g.shapes[out]) != 4 or g.shapes[out][0] != n or g.shapes[gate] != (n, 1, 1, g.shapes[out][3]):
+        return None   # the gate, one value per channel of each image, scales a tensor of the output's shape
     chain.append(mul)
+    inputs = [x, first["w"], first["b"], second["w"], second["b"]]
+    attrs = {"activation": "relu", "gate": "sigmoid"}
+    if scaled != x:   # a channel-attention block: the gate pooled from x scales another tensor
+        inputs.append(scaled)
+        attrs["has_scaled"] = True
+    add = g.sole_reader(out)
+    if add is not None and g.op_name(add) == "ADD" and g.attrs(add).get("fused_activation_function", "NONE") == "NONE":
+        addend = _other(g, add, out)
+        if addend is not None and g.is_runtime(addend) and g.shapes.get(addend) == g.shapes[out] and \
+                g.shapes.get(g.outputs_of(add)[0]) == g.shapes[out]:
+            chain.append(add)
+            inputs.append(addend)
+            attrs["has_addend"], out = True, g.outputs_of(add)[0]
     if not all(g.private(g.outputs_of(a)[0], b) for a, b in zip(chain, chain[1:])):
         return None
-    return chain, [x, first["w"], first["b"], second["w"], second["b"]], g.outputs_of(mul)[0], \
-        "fused_squeeze_excite", {"activation": "relu", "gate": "sigmoid"}
+    return chain, inputs, out, "fused_squeeze_excite", attrs
 
 
 #: name -> matcher(graph, op index) -> (ops, inputs (tensor index or constant array), output, op name, attrs)

@@ -326,17 +326,23 @@ def _squeeze_excite(g: Graph, oi: int, attrs: dict) -> list:
     act = str(attrs.get("activation", "relu")).lower()
     s = b.conv_1x1(s, w1, b1, (n, 1, 1, w1.shape[1]), act)
     gate = str(attrs.get("gate", "sigmoid")).lower()
+    cg = w2.shape[1]   # the gate's channels: those of the tensor it scales
     if gate == "sigmoid":
-        s = b.conv_1x1(s, w2, b2, (n, 1, 1, c), "sigmoid")
+        s = b.conv_1x1(s, w2, b2, (n, 1, 1, cg), "sigmoid")
     elif gate == "hard_sigmoid":                      # relu6(v + 3) / 6
-        s = b.conv_1x1(s, w2, b2 + 3.0, (n, 1, 1, c), "relu6")
-        s = b.op("MUL", [s, b.weight(np.float32([1 / 6]))], (n, 1, 1, c), ("MulOptions", {"fusedActivationFunction": 0}))
+        s = b.conv_1x1(s, w2, b2 + 3.0, (n, 1, 1, cg), "relu6")
+        s = b.op("MUL", [s, b.weight(np.float32([1 / 6]))], (n, 1, 1, cg), ("MulOptions", {"fusedActivationFunction": 0}))
     elif gate == "hard_sigmoid_keras2":               # clip(0.2 v + 0.5, 0, 1)
-        s = b.conv_1x1(s, w2 * 0.2, b2 * 0.2 + 0.5, (n, 1, 1, c))
-        s = b.op("RELU_0_TO_1", [s], (n, 1, 1, c))
+        s = b.conv_1x1(s, w2 * 0.2, b2 * 0.2 + 0.5, (n, 1, 1, cg))
+        s = b.op("RELU_0_TO_1", [s], (n, 1, 1, cg))
     else:
         raise UnfuseError(f"fused_squeeze_excite (operator {oi}): gate {gate!r} has no builtin expansion")
-    b.op("MUL", [ins[0], s], options=("MulOptions", {"fusedActivationFunction": 0}), out=out)
+    scaled = ins[5] if attrs.get("has_scaled") else ins[0]
+    if attrs.get("has_addend"):
+        y = b.op("MUL", [scaled, s], g.shapes[out], ("MulOptions", {"fusedActivationFunction": 0}))
+        b.op("ADD", [y, ins[-1]], options=("AddOptions", {"fusedActivationFunction": 0}), out=out)
+    else:
+        b.op("MUL", [scaled, s], options=("MulOptions", {"fusedActivationFunction": 0}), out=out)
     return b.ops
 
 

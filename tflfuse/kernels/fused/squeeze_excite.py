@@ -9,7 +9,15 @@ Semantics (``composites.squeeze_excite.squeeze_excite``), for ``x [N, H, W, C]``
 
 Op inputs: ``x``, ``w1`` ([C, Cr], or a 1x1 conv kernel [1, 1, C, Cr]), ``b1 [Cr]``, ``w2`` ([Cr, C] or
 [1, 1, Cr, C]), ``b2 [C]``. Attributes: ``activation`` (a name of :data:`tflfuse.kernels.wgsl.ACTIVATIONS`) and
-``gate``, one of :data:`GATES`:
+``gate``, one of :data:`GATES`, and two flags for the channel-attention blocks of segmentation decoders
+(MediaPipe's selfie segmentation: a gate pooled from one tensor scales another, then a skip is added), each
+adding an input after ``b2`` when set:
+
+* ``has_scaled``: the gate scales ``scaled [N, H', W', C']`` instead of ``x`` (``w2`` is then ``[Cr, C']``):
+  ``y = scaled * s[:, None, None, :]``;
+* ``has_addend``: ``addend``, of the output's shape, is added last: ``y = ... * s[:, None, None, :] + addend``.
+
+The gate's values:
 
 * ``"sigmoid"``: ``1 / (1 + exp(-v))``;
 * ``"hard_sigmoid"``: ``relu6(v + 3) * (1 / 6)``, MobileNetV3's (``keras.applications.mobilenet_v3``); Keras 3's
@@ -21,7 +29,7 @@ partial sum of each chunk of 16 pixels per channel (many invocations, so one wor
 pixel), then the gate (the workgroup's invocations share the rows of each block of channels, reduce them in
 workgroup memory, then run both fully-connected layers, each sum shared by up to 16 lanes that meet by a tree
 in workgroup memory) and the scaling (one invocation per element of ``y``): two or three. On a GPU, where the
-gate's 2C + Cr values fit in workgroup memory, the gate and the scaling are one dispatch: each of its
+gate's C + C' + Cr values fit in workgroup memory, the gate and the scaling are one dispatch: each of its
 workgroups computes its image's gate, then scales 2,048 elements with it (one dispatch fewer, whose fixed cost
 on an NVIDIA H200 is 2-3 microseconds of GPU time and more of the host's). Otherwise four or five: the
 mean as a two-pass parallel reduction (:func:`~tflfuse.kernels.fused.pool.reduce_hw_programs`), the two
@@ -30,6 +38,7 @@ fully-connected layers (one invocation per output), and the scaling, through scr
 
 from __future__ import annotations
 
+import numpy as np
 
 from ..base import (MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec,
                     linear_dispatch)
@@ -102,11 +111,15 @@ def _shared_layer(src: str, w: str, b: str, rows: int, cols: int, store: str) ->
 @register("fused_squeeze_excite")
 class FusedSqueezeExcite(CompositeKernel):
     """``x [N, H, W, C]`` float32 and the two layers' weights -> ``x * gate(act(mean(x) @ w1 + b1) @ w2 + b2)``,
-    ``[N, H, W, C]``. Raises :class:`~tflfuse.kernels.KernelError` for weights whose shapes disagree with C,
-    an unknown activation or gate."""
+    ``[N, H, W, C]``; with ``has_scaled`` the gate scales ``scaled [N, H', W', C']`` instead (the output's
+    shape), with ``has_addend`` ``addend`` is added (see the module doc). Raises
+    :class:`~tflfuse.kernels.KernelError` for weights whose shapes disagree with C and C', a scaled tensor of
+    another batch, an addend not of the output's shape, flags that are not bools, an unknown activation or
+    gate."""
 
-    input_names = ("x", "w1", "b1", "w2", "b2")
-    attr_defaults = {"activation": "relu", "gate": "sigmoid", "target": "gpu"}
+    input_names = ("x", "w1", "b1", "w2", "b2", "scaled", "addend")   # the last two as the has_* flags say
+    attr_defaults = {"activation": "relu", "gate": "sigmoid", "has_scaled": False, "has_addend": False,
+                     "target": "gpu"}
 
     def _matrix(self, i: int, name: str) -> tuple[int, int]:
         shape = self.expect_rank(i, 2, 4).shape
@@ -115,16 +128,31 @@ class FusedSqueezeExcite(CompositeKernel):
         return shape[-2], shape[-1]
 
     def check(self):
-        if len(self.inputs) != 5:
-            raise self.fail(f"expects 5 inputs (x, w1, b1, w2, b2), got {len(self.inputs)}")
+        flags = {}
+        for f in ("has_scaled", "has_addend"):
+            v = self.attr(f)
+            if not isinstance(v, (bool, int, np.bool_)) or int(v) not in (0, 1):
+                raise self.fail(f"attribute {f} must be a bool, got {v!r}")
+            flags[f] = bool(v)
+        self.has_scaled, self.has_addend = flags["has_scaled"], flags["has_addend"]
+        names = ["x", "w1", "b1", "w2", "b2"] + ["scaled"] * self.has_scaled + ["addend"] * self.has_addend
+        if len(self.inputs) != len(names):
+            raise self.fail(f"expects {len(names)} inputs ({', '.join(names)}), got {len(self.inputs)}")
         n, h, w, c = self.expect_rank(0, 4).shape
+        out = self.expect_rank(5, 4).shape if self.has_scaled else (n, h, w, c)
+        cg = out[3]   # the gate's channels: those of the tensor it scales
         (c1, cr), (cr2, c2) = self._matrix(1, "w1"), self._matrix(3, "w2")
         b1, b2 = self.expect_rank(2, 1).shape, self.expect_rank(4, 1).shape
-        if c1 != c or cr2 != cr or c2 != c or b1 != (cr,) or b2 != (c,):
-            raise self.fail(f"weights do not fit {c} channels: w1 must be [{c}, Cr], b1 [Cr], w2 [Cr, {c}], "
-                            f"b2 [{c}]; got w1 {list(self.input(1).shape)}, b1 {list(b1)}, "
+        if c1 != c or cr2 != cr or c2 != cg or b1 != (cr,) or b2 != (cg,):
+            raise self.fail(f"weights do not fit {c} channels in and {cg} gates: w1 must be [{c}, Cr], b1 [Cr], "
+                            f"w2 [Cr, {cg}], b2 [{cg}]; got w1 {list(self.input(1).shape)}, b1 {list(b1)}, "
                             f"w2 {list(self.input(3).shape)}, b2 {list(b2)}")
-        self.c, self.cr = c, cr
+        if out[0] != n:
+            raise self.fail(f"scaled {list(out)} must have the batch of x {list(self.input(0).shape)}")
+        if self.has_addend and self.input(len(names) - 1).shape != tuple(out):
+            raise self.fail(f"addend {list(self.input(len(names) - 1).shape)} must have the output's shape "
+                            f"{list(out)}")
+        self.c, self.cr, self.cg, self.out_shape = c, cr, cg, tuple(out)
         act, gate = str(self.attr("activation")).lower(), str(self.attr("gate")).lower()
         if act not in ACTIVATIONS:
             raise self.fail(f"unsupported activation {self.attr('activation')!r}; supported: {sorted(ACTIVATIONS)}")
@@ -133,18 +161,33 @@ class FusedSqueezeExcite(CompositeKernel):
         self.activation, self.gate = act, gate
 
     def output_specs(self):
-        return (TensorSpec(self.input(0).shape),)
+        return (TensorSpec(self.out_shape),)
+
+    def _binds(self) -> dict:
+        """Binding name -> binding of every input and the output ``y``."""
+        names = ["x", "w1", "b1", "w2", "b2"] + ["scaled"] * self.has_scaled + ["addend"] * self.has_addend
+        return {b.name: b for b in self.io_bindings(names + ["y"])}
+
+    def _scaling(self, g: str, gi: str) -> tuple[tuple, str]:
+        """The scaling's bindings (the tensor scaled, the addend, ``y``; not the gate ``g``) and its WGSL
+        statement for output ``idx``, the element's gate read as ``{g}[{gi}]``."""
+        binds = self._binds()
+        src = "scaled" if self.has_scaled else "x"
+        names = [src] + ["addend"] * self.has_addend + ["y"]
+        add = " + addend[idx]" if self.has_addend else ""
+        return tuple(binds[n] for n in names), f"y[idx] = {src}[idx] * {g}[{gi}]{add};"
 
     def scratch_sizes(self):
-        """Bytes of the gate ``[N, C]`` (two dispatches); or, stepwise, of the mean ``[N, C]``, the hidden layer
-        ``[N, Cr]``, the gate ``[N, C]`` and (where the reduction takes two passes) its partial sums."""
+        """Bytes of the gate ``[N, C']`` (two dispatches) and the partial sums (past 32 pixels; on a GPU these
+        alone); or, stepwise, of the mean ``[N, C]``, the hidden layer ``[N, Cr]``, the gate ``[N, C']`` and
+        (where the reduction takes two passes) its partial sums."""
         n, h, w, c = self.input(0).shape
         if self._two_dispatches():
             rows = self._rows()
             partial = (n * rows * c * 4,) if rows != h * w else ()
-            return partial if self._merged() else (n * c * 4,) + partial
+            return partial if self._merged() else (n * self.cg * 4,) + partial
         _, chunks = reduce_hw_chunks(h * w)
-        sizes = (n * c * 4, n * self.cr * 4, n * c * 4)
+        sizes = (n * c * 4, n * self.cr * 4, n * self.cg * 4)
         return sizes + ((n * chunks * c * 4,) if chunks > 1 else ())
 
     def programs(self):
@@ -167,14 +210,14 @@ class FusedSqueezeExcite(CompositeKernel):
         cb = min(c, _GATE_WG)
         lanes = _GATE_WG // cb
         return -(-c // cb) * (-(-self._rows() // lanes) + lanes) + _layer_trips(c, self.cr) + \
-            _layer_trips(self.cr, c)
+            _layer_trips(self.cr, self.cg)
 
     def _merged(self) -> bool:
         """Whether the gate and the scaling share one dispatch (GPUs: every workgroup of the scaling computes its
         image's gate first, in workgroup memory, rather than reading it from a dispatch of one workgroup per
         image)."""
         c = self.input(0).shape[3]
-        return self.target() == "gpu" and (2 * c + self.cr + _GATE_WG) * 4 <= _WG_BYTES
+        return self.target() == "gpu" and (c + self.cg + self.cr + _GATE_WG) * 4 <= _WG_BYTES
 
     def _gate_and_scale(self):
         """Two or three dispatches: (past 32 pixels, partial sums over chunks of pixels,) one workgroup per
@@ -183,13 +226,14 @@ class FusedSqueezeExcite(CompositeKernel):
         workgroup of the scaling computes its image's gate, then scales :data:`_SCALE_PER_INVOCATION` elements
         per invocation with it."""
         n, h, w, c = self.input(0).shape
-        cr, pixels, rows = self.cr, h * w, self._rows()
+        cr, cg, pixels, rows = self.cr, self.cg, h * w, self._rows()
+        size_out = int(np.prod(self.out_shape[1:]))   # elements of one image's output
         merged = self._merged()
         cb = min(c, _GATE_WG)           # channels per pass of the mean
         lanes = _GATE_WG // cb          # invocations sharing one channel's rows
-        x, w1, b1, w2, b2, y = self.io_bindings(["x", "w1", "b1", "w2", "b2", "y"])
-        g_w = self.binding("g", "scratch", 0, n * c * 4)
-        g_r = self.binding("g", "scratch", 0, n * c * 4, access="read")
+        x, w1, b1, w2, b2 = (self._binds()[k] for k in ("x", "w1", "b1", "w2", "b2"))
+        g_w = self.binding("g", "scratch", 0, n * cg * 4)
+        g_r = self.binding("g", "scratch", 0, n * cg * 4, access="read")
         progs, src, slot = [], x, 0 if merged else 1
         if rows != pixels:   # partial sums over chunks of pixels, one invocation per (image, chunk, channel)
             size = n * rows * c * 4
@@ -224,10 +268,11 @@ var<workgroup> squeezed: array<f32, {cr}>;
 """
         if merged:
             per = _GATE_WG * _SCALE_PER_INVOCATION          # elements each workgroup scales
-            blocks = -(-pixels * c // per)
+            blocks = max(1, -(-size_out // per))
             groups = n * blocks
-            binds = tuple(dict.fromkeys((src, x, w1, b1, w2, b2, y)))
-            source = prelude(binds) + helpers + f"""var<workgroup> gates: array<f32, {c}>;
+            scale_binds, scale = self._scaling("gates", f"e % {cg}u")
+            binds = tuple(dict.fromkeys((src, w1, b1, w2, b2) + scale_binds))   # x where read: the mean, the scaling
+            source = prelude(binds) + helpers + f"""var<workgroup> gates: array<f32, {cg}>;
 
 @compute @workgroup_size({_GATE_WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -239,10 +284,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let cl = lidx % {cb}u;
   let part = lidx / {cb}u;
 {mean}
-{_shared_layer("squeezed", "w2", "b2", cr, c, "gates[j] = gate(acc + b2[j]);")}
-  for (var e = first + lidx; e < min(first + {per}u, {pixels * c}u); e += {_GATE_WG}u) {{
-    let idx = n * {pixels * c}u + e;
-    y[idx] = x[idx] * gates[e % {c}u];
+{_shared_layer("squeezed", "w2", "b2", cr, cg, "gates[j] = gate(acc + b2[j]);")}
+  for (var e = first + lidx; e < min(first + {per}u, {size_out}u); e += {_GATE_WG}u) {{
+    let idx = n * {size_out}u + e;
+    {scale}
   }}
 }}
 """
@@ -256,20 +301,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let cl = lidx % {cb}u;
   let part = lidx / {cb}u;
 {mean}
-{_shared_layer("squeezed", "w2", "b2", cr, c, f"g[n * {c}u + j] = gate(acc + b2[j]);")}
+{_shared_layer("squeezed", "w2", "b2", cr, cg, f"g[n * {cg}u + j] = gate(acc + b2[j]);")}
 }}
 """
         progs.append(Program(f"{self.key}_gate", source, (_GATE_WG, 1, 1), (n, 1, 1), (src, w1, b1, w2, b2, g_w),
                              loop_trips=self._gate_trips()))
-        scale = f"  y[idx] = x[idx] * g[(idx / {pixels * c}u) * {c}u + idx % {c}u];"
-        return progs + [elementwise_program(f"{self.key}_scale", (x, g_r, y), n * pixels * c, scale)]
+        scale_binds, scale = self._scaling("g", f"(idx / {size_out}u) * {cg}u + idx % {cg}u")
+        return progs + [elementwise_program(f"{self.key}_scale", (scale_binds[0], g_r) + scale_binds[1:],
+                                            n * size_out, "  " + scale)]
 
     def _stepwise(self):
         """Where one workgroup per image cannot hold the channels (or would loop too long): the mean as a
         two-pass parallel reduction, each fully-connected layer, and the scaling, through scratch buffers."""
         n, h, w, c = self.input(0).shape
-        cr = self.cr
-        x, w1, b1, w2, b2, y = self.io_bindings(["x", "w1", "b1", "w2", "b2", "y"])
+        cr, cg = self.cr, self.cg
+        size_out = int(np.prod(self.out_shape[1:]))
+        x, w1, b1, w2, b2 = (self._binds()[k] for k in ("x", "w1", "b1", "w2", "b2"))
         sizes = self.scratch_sizes()
         s_w, hid_w, g_w = (self.binding(nm, "scratch", i, sizes[i]) for i, nm in enumerate(("s", "hid", "g")))
         s_r, hid_r, g_r = (self.binding(nm, "scratch", i, sizes[i], access="read")
@@ -281,10 +328,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                + dot(c, f"s[img * {c}u + {{k}}]", f"w1[({{k}}) * {cr}u + r]") + "\n  hid[idx] = act(v);")
         progs.append(elementwise_program(f"{self.key}_fc1", (s_r, w1, b1, hid_w), n * cr, fc1,
                                          activation_fn(self.activation), loop_trips=c // 4))
-        fc2 = (f"  let ch = idx % {c}u;\n  let img = idx / {c}u;\n  var v = b2[ch];\n  "
-               + dot(cr, f"hid[img * {cr}u + {{k}}]", f"w2[({{k}}) * {c}u + ch]") + "\n  g[idx] = gate(v);")
-        progs.append(elementwise_program(f"{self.key}_fc2", (hid_r, w2, b2, g_w), n * c, fc2,
+        fc2 = (f"  let ch = idx % {cg}u;\n  let img = idx / {cg}u;\n  var v = b2[ch];\n  "
+               + dot(cr, f"hid[img * {cr}u + {{k}}]", f"w2[({{k}}) * {cg}u + ch]") + "\n  g[idx] = gate(v);")
+        progs.append(elementwise_program(f"{self.key}_fc2", (hid_r, w2, b2, g_w), n * cg, fc2,
                                          f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n", loop_trips=cr // 4))
-        scale = f"  y[idx] = x[idx] * g[(idx / {h * w * c}u) * {c}u + idx % {c}u];"
-        progs.append(elementwise_program(f"{self.key}_scale", (x, g_r, y), n * h * w * c, scale))
+        scale_binds, scale = self._scaling("g", f"(idx / {size_out}u) * {cg}u + idx % {cg}u")
+        progs.append(elementwise_program(f"{self.key}_scale", (scale_binds[0], g_r) + scale_binds[1:],
+                                         n * size_out, "  " + scale))
         return progs
