@@ -402,6 +402,46 @@ def test_pad_conv_pattern(case, device, rng):
     assert m.op_names(0) == [op] and m.op_attrs(0, 0)["padding"] == "SAME"
 
 
+AFFINE_CASES = {
+    # (input shape, conv kernel, stride, conv padding, activation op after, folded?)
+    "2x2_valid_stride2_prelu": ((1, 9, 8, 5), 2, 2, "VALID", "PRELU", True),   # hand_recrop's block
+    "2x2_valid_batch2_alone": ((2, 5, 7, 6), 2, 1, "VALID", None, True),       # nothing after the conv
+    "3x3_same_padding_counts": ((1, 6, 6, 3), 3, 1, "SAME", "RELU", False),    # the padding's zeros are not shifted
+}
+
+
+@pytest.mark.parametrize("case", list(AFFINE_CASES), ids=list(AFFINE_CASES))
+def test_affine_depthwise_folds_into_the_conv(case, device, rng):
+    shape, k, s, padding, act, folds = AFFINE_CASES[case]
+    n, h, w, c = shape
+    cout = 4
+    oh, ow = (-(-h // s), -(-w // s)) if padding == "SAME" else ((h - k) // s + 1, (w - k) // s + 1)
+    scale = rng.uniform(0.5, 2, (1, 1, 1, c)).astype(np.float32)
+    shift = rng.standard_normal(c).astype(np.float32)
+    filt = (rng.standard_normal((cout, k, k, c)) / np.sqrt(k * k * c)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    tensors = [t(shape), t(scale.shape, data=scale), t((c,), data=shift), t(shape), t(filt.shape, data=filt),
+               t((cout,), data=bias), t((n, oh, ow, cout))]
+    ops = [dict(op="DEPTHWISE_CONV_2D", inputs=[0, 1, 2], outputs=[3],
+                options=("DepthwiseConv2DOptions", {"padding": 1, "strideH": 1, "strideW": 1, "depthMultiplier": 1})),
+           dict(op="CONV_2D", inputs=[3, 4, 5], outputs=[6],
+                options=("Conv2DOptions", {"padding": 0 if padding == "SAME" else 1, "strideH": s, "strideW": s}))]
+    if act == "PRELU":
+        slopes = rng.uniform(0.1, 0.3, (1, 1, cout)).astype(np.float32)
+        tensors += [t(slopes.shape, data=slopes), t((n, oh, ow, cout))]
+        ops.append(dict(op="PRELU", inputs=[6, 7], outputs=[8]))
+    elif act == "RELU":
+        tensors.append(t((n, oh, ow, cout)))
+        ops.append(dict(op="RELU", inputs=[6], outputs=[7]))
+    original = build(tensors, ops, [0], [len(tensors) - 1])
+    # Scale and shift folded in float64: the same sums as LiteRT's up to rounding (ACCUMULATION).
+    fused, report = _check_fused(original, device, rng, {"affine_conv": int(folds)})
+    names = Model(fused).op_names(0)
+    assert ("DEPTHWISE_CONV_2D" in names) != folds, names
+    if folds:
+        assert [nm for nm in names if nm != "DEQUANTIZE"] == ["fused_conv2d"], names
+
+
 def test_squeeze_excite_pattern(device, rng):
     def build_se(x):
         s = keras.layers.GlobalAveragePooling2D(keepdims=True)(x)

@@ -30,6 +30,9 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   with SAME padding (a builtin still).
 * ``separable_conv``: DEPTHWISE_CONV_2D -> CONV_2D 1x1 [-> ADD residual] [-> activation op]:
   ``fused_separable_conv2d``.
+* ``affine_conv``: DEPTHWISE_CONV_2D 1x1, multiplier 1 (a per-channel scale and shift) -> CONV_2D whose taps
+  never fall in padding [-> ADD residual] [-> activation op]: ``fused_conv2d``, the scale and shift folded
+  into its filter and bias.
 * ``conv_activation``: CONV_2D / DEPTHWISE_CONV_2D -> [ADD residual] -> [an activation op TFLite cannot fold:
   PRELU, HARD_SWISH, LOGISTIC, TANH, LEAKY_RELU, ELU, RELU]: ``fused_conv2d`` / ``fused_depthwise_conv2d``.
 
@@ -335,6 +338,46 @@ def _separable(g: Graph, oi: int):
     return found
 
 
+def _affine_conv(g: Graph, oi: int):
+    """DEPTHWISE_CONV_2D 1x1 with multiplier 1 (a per-channel scale and shift: a BatchNorm left in the file, as
+    in MediaPipe's hand_recrop) -> CONV_2D whose taps never fall in padding (VALID, or a 1x1 kernel) [-> ADD
+    residual] [-> activation op]: ``fused_conv2d`` with the scale folded into its filter and the shift into its
+    bias (``W'[ky, kx, c, o] = W s[c]``, ``b'[o] = b[o] + sum W t[c]``, in float64)."""
+    if g.op_name(oi) != "DEPTHWISE_CONV_2D":
+        return None
+    a, ins = g.attrs(oi), g.inputs(oi)
+    k = g.const(ins[1])
+    x = ins[0]
+    if a.get("fused_activation_function", "NONE") != "NONE" or k is None or k.ndim != 4 or \
+            k.shape[:3] != (1, 1, 1) or not g.is_runtime(x) or g.shapes.get(x, (0,))[-1] != k.shape[3] or \
+            a.get("stride_h", 1) != 1 or a.get("stride_w", 1) != 1:
+        return None
+    shift = _bias(g, ins, k.shape[3])
+    conv = g.sole_reader(g.outputs_of(oi)[0])
+    if shift is None or conv is None or g.op_name(conv) != "CONV_2D" or g.inputs(conv)[0] != g.outputs_of(oi)[0]:
+        return None
+    ca, cins = g.attrs(conv), g.inputs(conv)
+    w = g.const(cins[1])
+    if w is None or w.ndim != 4 or w.shape[3] != k.shape[3] or ca.get("fused_activation_function", "NONE") != "NONE" \
+            or not (ca.get("padding") == "VALID" or w.shape[1:3] == (1, 1)):
+        return None
+    b = _bias(g, cins, w.shape[0])
+    if b is None:
+        return None
+    hwio = w.transpose(1, 2, 3, 0).astype(np.float64)
+    scale, shift = k.reshape(-1).astype(np.float64), shift.astype(np.float64)
+    weights = (hwio * scale[None, None, :, None]).astype(np.float32)
+    bias = (b.astype(np.float64) + np.einsum("hwio,i->o", hwio, shift)).astype(np.float32)
+    geometry = _conv_geometry(ca)
+    found = _fused_conv_op(g, [oi, conv], x, [weights], bias, geometry, "fused_conv2d")
+    if found is None:   # nothing after the conv: the two ops still become one
+        if not g.private(g.outputs_of(oi)[0], conv):
+            return None
+        found = ([oi, conv], [x, weights, bias], g.outputs_of(conv)[0], "fused_conv2d",
+                 {**geometry, "activation": "linear", "has_bias": True, "has_residual": False, "has_prelu": False})
+    return found
+
+
 def _scalar(g: Graph, t: int) -> float | None:
     """The value of a constant holding one number (any shape of size 1), else None."""
     v = g.const(t)
@@ -554,7 +597,8 @@ def _squeeze_excite(g: Graph, oi: int):
 #: where ``attrs`` is a fused op's attributes (a dict), or ``(options table, fields)`` for a builtin, or None.
 PATTERNS: dict[str, Callable] = {
     "bottleneck": _bottleneck, "squeeze_excite": _squeeze_excite, "pad_conv": _pad_conv,
-    "separable_conv": _separable, "conv_activation": _conv_act, "hard_swish": _hard_swish, "clip": _clip,
+    "separable_conv": _separable, "affine_conv": _affine_conv, "conv_activation": _conv_act,
+    "hard_swish": _hard_swish, "clip": _clip,
     "pool_activation": _pool_act,
 }
 
