@@ -473,7 +473,7 @@ def _widened_residual(x_shape, cout, stride=1, kind="separable", pads=None, act=
         else:
             y = tf.nn.conv2d(x, full, stride, "SAME")
         r = x if stride == 1 else tf.nn.max_pool2d(x, 2, 2, "SAME")
-        y = y + b + tf.pad(r, pads)
+        y = y + b + (tf.pad(r, pads) if cout != cin else r)
         return tf.nn.relu6(y) if act == "relu6" else tf.nn.relu(y)
 
     cf = tf.function(f, input_signature=[tf.TensorSpec(x_shape)]).get_concrete_function()
@@ -486,6 +486,9 @@ WIDENED = {
     "separable_stride1": ((1, 9, 7, 6), 10, 1, "separable", "relu"),
     "separable_stride2_pooled": ((2, 9, 9, 5), 8, 2, "separable", "relu"),
     "conv3x3_relu6": ((1, 6, 5, 3), 7, 1, "conv", "relu6"),
+    # even sizes: the 2x2 max pool of the residual folds too (residual_pool 2), with or without the PAD
+    "separable_stride2_pool_and_pad": ((2, 10, 8, 6), 10, 2, "separable", "relu"),
+    "conv_stride2_pool_only": ((1, 8, 12, 5), 5, 2, "conv", "relu"),
 }
 
 
@@ -493,12 +496,14 @@ WIDENED = {
 def test_channel_pad_of_the_residual_folds_into_the_fused_op(case, device, rng):
     shape, cout, stride, kind, act = WIDENED[case]
     original = _widened_residual(shape, cout, stride, kind, act=act)
-    assert "PAD" in Model(original).op_names(0)
+    assert ("PAD" in Model(original).op_names(0)) == (cout != shape[-1])
     pattern = "separable_conv" if kind == "separable" else "conv_activation"
     # The residual's zeros add nothing: the same sums as LiteRT's, in another order (ACCUMULATION).
     fused, report = _check_fused(original, device, rng, {pattern: 1})
     names = Model(fused).op_names(0)
     assert "PAD" not in names and "ADD" not in names, names
+    # SAME pooling of odd sizes reaches past the edge: that pool stays an op
+    assert ("MAX_POOL_2D" in names) == (stride == 2 and shape[1] % 2 == 1), names
     assert report.dispatches_after < report.dispatches_before, str(report)
 
 
@@ -520,6 +525,11 @@ def test_residual_of_wrong_channels_is_refused_by_name(rng):
     for res in ((1, 4, 4, 7), (1, 4, 3, 4), (1, 4, 4, 0)):
         with pytest.raises(KernelError, match=r"residual of shape .* is not \[1, 4, 4, Cr\] with 1 < Cr < 6"):
             kernel_class("fused_separable_conv2d")([x, dw, pw, TensorSpec(res)], attrs)
+    for res in ((1, 10, 8, 6), (1, 8, 8, 7), (2, 8, 8, 6)):   # pooled 5x4, more channels, another batch
+        with pytest.raises(KernelError, match=r"with residual_pool 2 must be \[1, H, W, Cr\] with H // 2 = 4"):
+            kernel_class("fused_separable_conv2d")([x, dw, pw, TensorSpec(res)], {**attrs, "residual_pool": 2})
+    with pytest.raises(KernelError, match=r"residual_pool must be 1 \(none\) or 2"):
+        kernel_class("fused_separable_conv2d")([x, dw, pw, TensorSpec((1, 8, 8, 6))], {**attrs, "residual_pool": 3})
 
 
 def _channel_attention(a_shape, scaled_channels=None, addend=True):
@@ -784,7 +794,7 @@ def test_face_landmark_with_attention_fuses_around_mediapipe_custom_ops(renamed)
     assert [_op_record(after, i) for i in new] == [_op_record(before, i) for i in old]
     # Structure (LiteRT cannot run MediaPipe's ops): the same subgraph inputs and outputs; every tensor an op
     # reads is a subgraph input, a constant or written by an earlier op; every op the patterns did not take
-    # (no conv, PRELU, ADD or the channel PAD of a residual) is still there.
+    # (no conv, PRELU, ADD, or the channel PAD or 2x2 max pool of a residual) is still there.
     sg, sg0 = after.m.subgraphs[0], before.m.subgraphs[0]
     assert list(sg.inputs) == list(sg0.inputs) and list(sg.outputs) == list(sg0.outputs)
     ready = {int(i) for i in sg.inputs}
@@ -793,6 +803,6 @@ def test_face_landmark_with_attention_fuses_around_mediapipe_custom_ops(renamed)
             assert i < 0 or i in ready or after.tensor_data(0, int(i)) is not None, (oi, after.op_name(0, oi), i)
         ready |= {int(o) for o in op.outputs}
     assert set(sg.outputs) <= ready
-    taken = {"CONV_2D", "DEPTHWISE_CONV_2D", "PRELU", "ADD", "PAD", "DEQUANTIZE"}
+    taken = {"CONV_2D", "DEPTHWISE_CONV_2D", "PRELU", "ADD", "PAD", "MAX_POOL_2D", "DEQUANTIZE"}
     keep = collections.Counter(n for n in before.op_names(0) if n not in taken)
     assert collections.Counter(n for n in after.op_names(0) if (n not in taken and n.isupper()) or n in custom) == keep

@@ -38,7 +38,9 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
 
   In both, a residual that a PAD (or PADV2 of zeros) extends with zero channels at the end of the last axis
   (BlazeFace's and BlazePalm's blocks that widen their channels) is taken before the PAD, which goes with the
-  chain: the fused op zero-extends it (:func:`~tflfuse.kernels.fused.conv.padded_channels`).
+  chain: the fused op zero-extends it (:func:`~tflfuse.kernels.fused.conv.padded_channels`); and one that a
+  2x2 MAX_POOL_2D of stride 2 brings to the output's pixels (their downsampling blocks), before the pool, which
+  goes with the chain too (``residual_pool`` 2).
 * ``hard_swish``: x * relu6(x + 3) / 6 spelled out: the builtin HARD_SWISH.
 * ``clip``: MINIMUM + MAXIMUM with scalar constants: RELU6 / RELU_N1_TO_1 / RELU_0_TO_1, else ``fused_clip``.
 * ``pool_activation``: MAX_POOL_2D / AVERAGE_POOL_2D then RELU / RELU6 / RELU_N1_TO_1 (folded into the pool)
@@ -199,10 +201,15 @@ def _epilogue(g: Graph, last: int, out: int, chain: list[int]) -> dict | None:
         if len(ins) == 2 and len(other) == 1 and g.is_runtime(other[0]) and act in ("NONE", "RELU", "RELU6") and \
                 g.shapes.get(other[0]) == g.shapes.get(out):
             chain.append(nxt)
-            found["residual"], out = other[0], g.outputs_of(nxt)[0]
-            pad = _channel_pad(g, other[0], nxt)
+            out = g.outputs_of(nxt)[0]
+            res, reader, folded = other[0], nxt, []
+            pad = _channel_pad(g, res, reader)
             if pad is not None:   # the residual's channel PAD folds into the fused op (zero-extended there)
-                found["residual"], found["folded"] = g.inputs(pad)[0], [pad]
+                res, reader, folded = g.inputs(pad)[0], pad, [pad]
+            pool = _residual_pool(g, res, reader)
+            if pool is not None:  # and the 2x2 max pool before it (BlazeFace's downsampling blocks)
+                res, folded, found["residual_pool"] = g.inputs(pool)[0], folded + [pool], 2
+            found["residual"], found["folded"] = res, folded
             if act != "NONE":
                 found["activation"] = _ACT_OPS[act]
                 found["out"] = out
@@ -249,6 +256,23 @@ def _channel_pad(g: Graph, t: int, reader: int) -> int | None:
     return pad if padded_channels(g.shapes[t], g.shapes[src]) else None
 
 
+def _residual_pool(g: Graph, t: int, reader: int) -> int | None:
+    """The op writing ``t`` where it is a MAX_POOL_2D 2x2 of stride 2 without activation whose windows never
+    reach padding (VALID, or SAME on even sizes), read by ``reader`` alone: the fused conv ops pool their
+    residual so (``residual_pool`` 2); else None."""
+    pool = g.producer.get(t)
+    if pool is None or g.op_name(pool) != "MAX_POOL_2D" or not g.private(t, reader):
+        return None
+    a, src = g.attrs(pool), g.inputs(pool)[0]
+    shape = g.shapes.get(src, ())
+    if not g.is_runtime(src) or len(shape) != 4 or \
+            [a.get(k) for k in ("filter_height", "filter_width", "stride_h", "stride_w")] != [2, 2, 2, 2] or \
+            a.get("fused_activation_function", "NONE") != "NONE" or \
+            not (a.get("padding") == "VALID" or (shape[1] % 2 == 0 and shape[2] % 2 == 0)):
+        return None
+    return pool
+
+
 def _conv_geometry(a: dict) -> dict:
     return {"strides": [int(a.get("stride_h", 1)), int(a.get("stride_w", 1))],
             "dilations": [int(a.get("dilation_h_factor", 1)), int(a.get("dilation_w_factor", 1))],
@@ -267,6 +291,8 @@ def _fused_conv_op(g: Graph, chain: list[int], x: int, weights: list, bias, geom
         inputs.append(tail["prelu"])
     attrs = {**geometry, "activation": tail["activation"], "has_bias": True,
              "has_residual": tail["residual"] is not None, "has_prelu": tail["prelu"] is not None}
+    if tail.get("residual_pool", 1) != 1:
+        attrs["residual_pool"] = tail["residual_pool"]
     if tail["alpha"] is not None:
         attrs["alpha"] = tail["alpha"]
     return chain, inputs, tail["out"], op_name, attrs

@@ -171,6 +171,10 @@ def _epilogue(b: Builder, g: Graph, attrs: dict, y_shape, extra: list[int], out:
     y = conv(0, None)
     if residual is not None:
         res_shape = tuple(g.shapes[residual])
+        if attrs.get("residual_pool", 1) == 2:   # a 2x2 max pool of stride 2 first
+            res_shape = (res_shape[0], res_shape[1] // 2, res_shape[2] // 2, res_shape[3])
+            residual = b.op("MAX_POOL_2D", [residual], res_shape, ("Pool2DOptions", {
+                "padding": 1, "strideH": 2, "strideW": 2, "filterHeight": 2, "filterWidth": 2}))
         if padded_channels(tuple(y_shape), res_shape):   # fewer channels: TFLite's PAD of the last axis
             pads = [[0, 0]] * (len(res_shape) - 1) + [[0, int(y_shape[-1]) - res_shape[-1]]]
             residual = b.op("PAD", [residual, b.weight_i32(pads)], y_shape, ("PadOptions", {}))

@@ -15,11 +15,14 @@ layouts (not TFLite's):
 then, present as the flags say (the composite sets them; absent inputs are not in the op at all):
 ``bias [Cout]`` (``has_bias``), ``residual`` broadcastable to the output or ``[N, OH, OW, Cr]`` with ``1 < Cr <
 Cout`` channels, zero-extended at the end as TFLite's PAD of the last axis would (``has_residual``; the form
-:func:`tflfuse.fuse` folds a channel PAD before the residual ADD into), PReLU slopes
+:func:`tflfuse.fuse` folds a channel PAD before the residual ADD into; with ``residual_pool`` 2 the residual is
+``[N, H, W, Cr]`` that a 2x2 max pool of stride 2, VALID, brings to ``OH = H // 2``, ``OW = W // 2`` first:
+BlazeFace's and BlazePalm's downsampling blocks), PReLU slopes
 broadcastable to the output, e.g. ``[Cout]``, ``[1, 1, Cout]`` or ``[OH, OW, Cout]`` (``has_prelu``, with
 ``activation="prelu"``). Output ``[N, OH, OW, Cout]``, ``OH`` as TensorFlow computes it for the padding.
 
 Attributes: ``strides`` and ``dilations`` (lists of 2 ints), ``padding`` (``"SAME"``/``"VALID"``),
+``residual_pool`` (1, the default, or 2: see above),
 ``activation`` (one of :data:`FUSED_ACTIVATIONS`), ``alpha`` (float: leaky_relu's negative slope, elu's
 alpha; default Keras'), ``has_bias``, ``has_residual``, ``has_prelu`` (bools).
 
@@ -74,7 +77,7 @@ class FusedEpilogue(CompositeKernel):
     main_inputs: tuple[str, ...] = ()
     input_names = ("bias", "residual", "prelu_alpha")  # after main_inputs, each present as its flag says
     attr_defaults = {"activation": "linear", "alpha": None, "has_bias": True, "has_residual": False,
-                     "has_prelu": False, "target": "gpu"}
+                     "has_prelu": False, "residual_pool": 1, "target": "gpu"}
 
     def check_epilogue(self, out_shape: tuple[int, ...], cout: int) -> None:
         """Validates the flags against the inputs, their shapes, and the activation; sets ``self.flags``."""
@@ -98,6 +101,12 @@ class FusedEpilogue(CompositeKernel):
         if alpha is not None and not isinstance(alpha, (int, float)):
             raise self.fail(f"attribute alpha must be a float, got {alpha!r}")
         self.out_shape, self.cout = tuple(out_shape), cout
+        self.residual_pool = self.attr("residual_pool")
+        if self.residual_pool not in (1, 2) or isinstance(self.residual_pool, bool):
+            raise self.fail(f"attribute residual_pool must be 1 (none) or 2 (a 2x2 max pool of stride 2), got "
+                            f"{self.residual_pool!r}")
+        if self.residual_pool == 2 and not self.flags["has_residual"]:
+            raise self.fail("residual_pool 2 pools the residual: it needs has_residual")
         pos = len(self.main_inputs)
         self.optional = []  # binding names of the present optional inputs, in order
         for flag in _FLAGS:
@@ -106,7 +115,9 @@ class FusedEpilogue(CompositeKernel):
             spec = self.expect_rank(pos, *range(0, 7))
             if flag == "has_bias" and spec.shape != (cout,):
                 raise self.fail(f"bias must have shape [{cout}], got {list(spec.shape)}")
-            if flag != "has_bias":
+            if flag == "has_residual" and self.residual_pool == 2:
+                self._check_pooled_residual(spec.shape)
+            elif flag != "has_bias":
                 try:
                     ok = np.broadcast_shapes(out_shape, spec.shape) == tuple(out_shape)
                 except ValueError:
@@ -122,6 +133,27 @@ class FusedEpilogue(CompositeKernel):
             self.optional.append((_OPTIONAL_NAMES[flag], spec))
             pos += 1
 
+    def _check_pooled_residual(self, shape: tuple[int, ...]) -> None:
+        """A residual that a 2x2 max pool of stride 2 (VALID) brings to the output's pixels: ``[N, H, W, Cr]``
+        with ``H // 2 == OH``, ``W // 2 == OW`` and ``Cr`` the output's channels or fewer (zero-extended)."""
+        if len(self.out_shape) != 4:
+            raise self.fail(f"residual_pool 2 needs an NHWC output, got {list(self.out_shape)}")
+        n, oh, ow, cout = self.out_shape
+        if len(shape) != 4 or shape[0] != n or shape[1] // 2 != oh or shape[2] // 2 != ow or \
+                not (shape[3] == cout or padded_channels(self.out_shape, (n, oh, ow, shape[3]))):
+            raise self.fail(f"residual of shape {list(shape)} with residual_pool 2 must be [{n}, H, W, Cr] with H // 2 "
+                            f"= {oh}, W // 2 = {ow} and Cr = {cout} or 1 < Cr < {cout}")
+
+    def _pooled_residual(self, cr: int) -> tuple[str, str]:
+        """WGSL lines and the term of the residual pooled by a 2x2 max pool of stride 2 at output ``idx``."""
+        _, oh, ow, cout = self.out_shape
+        rh, rw = dict(self.optional)["res"].shape[1:3]
+        lines = (f"  let rq = idx / {cout}u;\n  let rox = rq % {ow}u;\n  let roy = (rq / {ow}u) % {oh}u;\n"
+                 f"  let rb = (((rq / {ow * oh}u) * {rh}u + 2u * roy) * {rw}u + 2u * rox) * {cr}u + "
+                 f"min(co, {cr - 1}u);\n"
+                 f"  let rv = max(max(res[rb], res[rb + {cr}u]), max(res[rb + {rw * cr}u], res[rb + {(rw + 1) * cr}u]));\n")
+        return lines, ("rv" if cr == cout else f"select(0.0, rv, co < {cr}u)")
+
     def epilogue_names(self) -> list[str]:
         return [name for name, _ in self.optional]
 
@@ -131,6 +163,10 @@ class FusedEpilogue(CompositeKernel):
         for name, spec in self.optional:
             if name == "bias":
                 terms.append("bias[co]")
+            elif name == "res" and self.residual_pool == 2:
+                pooled, term = self._pooled_residual(spec.shape[-1])
+                lines.append(pooled)
+                terms.append(term)
             elif name == "res" and padded_channels(self.out_shape, spec.shape):
                 cr = spec.shape[-1]   # channels co >= cr are the PAD's zeros; the index stays in bounds
                 lines.append(f"  let ri = (idx / {self.cout}u) * {cr}u + min(co, {cr - 1}u);\n")
