@@ -14,7 +14,6 @@ pass of its own (so that the GPU's clocks are those of sustained work), medians 
 from __future__ import annotations
 
 import datetime
-import fnmatch
 import json
 import sys
 from pathlib import Path
@@ -25,6 +24,9 @@ import tflfuse  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("models", ".bench", "folder of .tflite models")
@@ -83,14 +85,7 @@ def main(argv) -> None:
     folder = Path(FLAGS.models)
     adapter = tflfuse.Device().describe()
     results = {}
-    for path in sorted(folder.glob("*.tflite")):
-        if not any(fnmatch.fnmatch(path.stem, g) for g in FLAGS.select):
-            continue
-        data = path.read_bytes()
-        name = path.stem
-        if name.endswith("_unfused") and not (folder / f"{name[:-8]}_fused.tflite").exists():
-            fused, _ = tflfuse.fuse(data)
-            results[f"{name[:-8]}_fused"] = profile_model(fused, FLAGS.batch, FLAGS.repeats)
+    for name, data in selected_models(folder, FLAGS.select):
         results[name] = profile_model(data, FLAGS.batch, FLAGS.repeats)
         print(name, f"{results[name]['one_pass_us']:.1f} us", flush=True)
     text = _tables(results, adapter, FLAGS.batch)

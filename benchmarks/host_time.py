@@ -14,7 +14,6 @@ Real models of ``--models`` (``NAME_unfused.tflite``) are fused at load with :fu
 from __future__ import annotations
 
 import datetime
-import fnmatch
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,9 @@ import tflfuse  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("models", ".bench", "folder of .tflite models")
@@ -90,14 +92,7 @@ def main(argv) -> None:
     folder = Path(FLAGS.models)
     rows = []
     adapter = tflfuse.Device().describe()
-    for path in sorted(folder.glob("*.tflite")):
-        if not any(fnmatch.fnmatch(path.stem, g) for g in FLAGS.select):
-            continue
-        data = path.read_bytes()
-        name = path.stem
-        if name.endswith("_unfused") and not (folder / f"{name[:-8]}_fused.tflite").exists():
-            fused, _ = tflfuse.fuse(data)
-            rows.append((f"{name[:-8]}_fused", _time_model(fused)))
+    for name, data in selected_models(folder, FLAGS.select):
         rows.append((name, _time_model(data)))
         print(rows[-1], flush=True)
     lines = [f"Host time per invoke, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {adapter}",
