@@ -57,10 +57,9 @@ def _bottleneck_flops(ins, out) -> int:
 
 def _squeeze_excite_flops(ins, out) -> int:
     """fused_squeeze_excite (x [N, H, W, C], w1, b1, w2, b2[, scaled][, addend]): two layers per image, 1 per
-    element of x for the pool, 1 per output element for the scaling (and 1 for the addend where both optional
-    inputs are present; a sixth input alone is counted as the scaled tensor)."""
-    return 2 * ins[0][0] * (math.prod(ins[1]) + math.prod(ins[3])) + math.prod(ins[0]) + \
-        math.prod(out) * (2 if len(ins) == 7 else 1)
+    element of x for the pool, 1 per output element for the scaling (an addend's add, like the fused convs'
+    residual, is not counted)."""
+    return 2 * ins[0][0] * (math.prod(ins[1]) + math.prod(ins[3])) + math.prod(ins[0]) + math.prod(out)
 
 
 def _matmul_flops(ins, out, kernel) -> int:   # [..., M, K] x [..., K, N]: K from the kernel, else a's last dim
