@@ -215,10 +215,11 @@ def _interpreter(path: Path, device, batch: int, xs):
 
 
 def _keep_busy(interp, out: int, seconds: float = 0.3) -> None:
-    """Invokes ``interp`` back to back for ``seconds`` (then reads output ``out``), so that the GPU's clocks are
-    those of sustained work when its time is taken next: after LiteRT CPU's timing left it idle, the first
-    model of a run (face_detection_short_range_fused, 23 dispatches) measured 0.48 ms of one-pass GPU time
-    on an H200 in two runs, against 0.12-0.13 ms in its per-op profile and in another script's pass."""
+    """Invokes ``interp`` back to back for ``seconds`` (then reads output ``out``), so that the GPU has been
+    busy when its time is taken next. The first model of a run (face_detection_short_range_fused, 23
+    dispatches) measured 0.48 ms of one-pass GPU time on an H200 in two runs of 2026-12-04, right after LiteRT
+    CPU's timing, against 0.12 ms for the sum of its dispatches in the same run and 0.13 ms in
+    ``benchmarks/dispatch_profile.py``; idle clocks are the suspected cause, not yet confirmed."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         for _ in range(10):
