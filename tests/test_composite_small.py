@@ -302,6 +302,10 @@ def test_squeeze_excite_refuses_tensors_that_do_not_fit():
         se(base + [TensorSpec((1, 4, 4, 8)), TensorSpec((1, 4, 4, 6))], {"has_scaled": True, "has_addend": True})
     with pytest.raises(KernelError, match=r"must have the batch of x"):
         se(base + [TensorSpec((2, 4, 4, 8))], {"has_scaled": True})
+    with pytest.raises(KernelError, match=r"the mean and the squeeze need channels: x has 6 and w1 0"):
+        se([base[0], TensorSpec((6, 0)), TensorSpec((0,)), TensorSpec((0, 6)), TensorSpec((6,))], {})
+    with pytest.raises(KernelError, match=r"the mean and the squeeze need channels: x has 0 and w1 2"):
+        se([TensorSpec((1, 4, 4, 0)), TensorSpec((0, 2)), base[2], TensorSpec((2, 0)), TensorSpec((0,))], {})
     with pytest.raises(KernelError, match=r"attribute has_addend must be a bool"):
         se(base[:3] + [TensorSpec((2, 6)), TensorSpec((6,))], {"has_addend": "yes"})
 

@@ -516,9 +516,10 @@ def test_channel_pads_the_fused_op_cannot_take_stay(pads, cin, device, rng):
     assert "PAD" in Model(fused).op_names(0)
 
 
-def test_residual_of_wrong_channels_is_refused_by_name(rng):
+def test_residual_of_wrong_channels_is_refused_by_name(device, rng):
     from tflfuse.kernels import kernel_class
     from tflfuse.kernels.base import TensorSpec
+    from tflfuse.runtime.plan import run_op
 
     x, dw, pw = TensorSpec((1, 4, 4, 3)), TensorSpec((3, 3, 3, 1)), TensorSpec((1, 1, 3, 6))
     attrs = {"strides": [1, 1], "dilations": [1, 1], "padding": "SAME", "has_bias": False, "has_residual": True}
@@ -528,6 +529,11 @@ def test_residual_of_wrong_channels_is_refused_by_name(rng):
     for res in ((1, 10, 8, 6), (1, 8, 8, 7), (2, 8, 8, 6)):   # pooled 5x4, more channels, another batch
         with pytest.raises(KernelError, match=r"with residual_pool 2 must be \[1, H, W, Cr\] with H // 2 = 4"):
             kernel_class("fused_separable_conv2d")([x, dw, pw, TensorSpec(res)], {**attrs, "residual_pool": 2})
+    # no output channels: an empty output, and a shader that still compiles
+    (y,) = run_op(device, "fused_conv2d", [rng.standard_normal((1, 4, 4, 1)).astype(np.float32),
+                                           np.zeros((3, 3, 1, 0), np.float32), np.zeros((1, 8, 8, 0), np.float32)],
+                  {"padding": "SAME", "has_bias": False, "has_residual": True, "residual_pool": 2, "target": "gpu"})
+    assert y.shape == (1, 4, 4, 0)
     with pytest.raises(KernelError, match=r"residual_pool must be 1 \(none\) or 2"):
         kernel_class("fused_separable_conv2d")([x, dw, pw, TensorSpec((1, 8, 8, 6))], {**attrs, "residual_pool": 3})
 

@@ -150,7 +150,7 @@ class FusedEpilogue(CompositeKernel):
         rh, rw = dict(self.optional)["res"].shape[1:3]
         lines = (f"  let rq = idx / {cout}u;\n  let rox = rq % {ow}u;\n  let roy = (rq / {ow}u) % {oh}u;\n"
                  f"  let rb = (((rq / {ow * oh}u) * {rh}u + 2u * roy) * {rw}u + 2u * rox) * {cr}u + "
-                 f"min(co, {cr - 1}u);\n"
+                 f"min(co, {max(cr - 1, 0)}u);\n"
                  f"  let rv = max(max(res[rb], res[rb + {cr}u]), max(res[rb + {rw * cr}u], res[rb + {(rw + 1) * cr}u]));\n")
         return lines, ("rv" if cr == cout else f"select(0.0, rv, co < {cr}u)")
 
@@ -169,7 +169,7 @@ class FusedEpilogue(CompositeKernel):
                 terms.append(term)
             elif name == "res" and padded_channels(self.out_shape, spec.shape):
                 cr = spec.shape[-1]   # channels co >= cr are the PAD's zeros; the index stays in bounds
-                lines.append(f"  let ri = (idx / {self.cout}u) * {cr}u + min(co, {cr - 1}u);\n")
+                lines.append(f"  let ri = (idx / {self.cout}u) * {cr}u + min(co, {max(cr - 1, 0)}u);\n")
                 terms.append(f"select(0.0, res[ri], co < {cr}u)")
             elif name == "res":
                 lines.append(broadcast_index(self.out_shape, spec.shape, "ri"))

@@ -114,8 +114,8 @@ class FusedSqueezeExcite(CompositeKernel):
     ``[N, H, W, C]``; with ``has_scaled`` the gate scales ``scaled [N, H', W', C']`` instead (the output's
     shape), with ``has_addend`` ``addend`` is added (see the module doc). Raises
     :class:`~tflfuse.kernels.KernelError` for weights whose shapes disagree with C and C', a scaled tensor of
-    another batch, an addend not of the output's shape, flags that are not bools, an unknown activation or
-    gate."""
+    another batch, an addend not of the output's shape, no channels in x or in the squeeze (C or Cr 0), flags
+    that are not bools, an unknown activation or gate."""
 
     input_names = ("x", "w1", "b1", "w2", "b2", "scaled", "addend")   # the last two as the has_* flags say
     attr_defaults = {"activation": "relu", "gate": "sigmoid", "has_scaled": False, "has_addend": False,
@@ -149,6 +149,9 @@ class FusedSqueezeExcite(CompositeKernel):
                             f"w2 {list(self.input(3).shape)}, b2 {list(b2)}")
         if out[0] != n:
             raise self.fail(f"scaled {list(out)} must have the batch of x {list(self.input(0).shape)}")
+        if c == 0 or cr == 0:
+            raise self.fail(f"the mean and the squeeze need channels: x has {c} and w1 {cr} (give both at least "
+                            f"one)")
         if self.has_addend and self.input(len(names) - 1).shape != tuple(out):
             raise self.fail(f"addend {list(self.input(len(names) - 1).shape)} must have the output's shape "
                             f"{list(out)}")
@@ -207,7 +210,7 @@ class FusedSqueezeExcite(CompositeKernel):
 
     def _gate_trips(self) -> int:
         n, h, w, c = self.input(0).shape
-        cb = min(c, _GATE_WG)
+        cb = max(1, min(c, _GATE_WG))
         lanes = _GATE_WG // cb
         return -(-c // cb) * (-(-self._rows() // lanes) + lanes) + _layer_trips(c, self.cr) + \
             _layer_trips(self.cr, self.cg)
@@ -229,7 +232,7 @@ class FusedSqueezeExcite(CompositeKernel):
         cr, cg, pixels, rows = self.cr, self.cg, h * w, self._rows()
         size_out = int(np.prod(self.out_shape[1:]))   # elements of one image's output
         merged = self._merged()
-        cb = min(c, _GATE_WG)           # channels per pass of the mean
+        cb = max(1, min(c, _GATE_WG))           # channels per pass of the mean
         lanes = _GATE_WG // cb          # invocations sharing one channel's rows
         x, w1, b1, w2, b2 = (self._binds()[k] for k in ("x", "w1", "b1", "w2", "b2"))
         g_w = self.binding("g", "scratch", 0, n * cg * 4)
@@ -263,8 +266,8 @@ class FusedSqueezeExcite(CompositeKernel):
 {_shared_layer("pooled", "w1", "b1", c, cr, "squeezed[j] = act(acc + b1[j]);")}"""
         helpers = activation_fn(self.activation) + f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n" + f"""
 var<workgroup> shares: array<f32, {_GATE_WG}>;
-var<workgroup> pooled: array<f32, {c}>;
-var<workgroup> squeezed: array<f32, {cr}>;
+var<workgroup> pooled: array<f32, {max(c, 1)}>;       // (WGSL has no arrays of 0 elements)
+var<workgroup> squeezed: array<f32, {max(cr, 1)}>;
 """
         if merged:
             per = _GATE_WG * _SCALE_PER_INVOCATION          # elements each workgroup scales
@@ -272,7 +275,7 @@ var<workgroup> squeezed: array<f32, {cr}>;
             groups = n * blocks
             scale_binds, scale = self._scaling("gates", f"e % {cg}u")
             binds = tuple(dict.fromkeys((src, w1, b1, w2, b2) + scale_binds))   # x where read: the mean, the scaling
-            source = prelude(binds) + helpers + f"""var<workgroup> gates: array<f32, {cg}>;
+            source = prelude(binds) + helpers + f"""var<workgroup> gates: array<f32, {max(cg, 1)}>;
 
 @compute @workgroup_size({_GATE_WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
