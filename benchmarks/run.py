@@ -219,7 +219,8 @@ def _keep_busy(interp, out: int, seconds: float = 0.3) -> None:
     busy when its time is taken next. The first model of a run (face_detection_short_range_fused, 23
     dispatches) measured 0.48 ms of one-pass GPU time on an H200 in two runs of 2026-12-04, right after LiteRT
     CPU's timing, against 0.12 ms for the sum of its dispatches in the same run and 0.13 ms in
-    ``benchmarks/dispatch_profile.py``; idle clocks are the suspected cause, not yet confirmed."""
+    ``benchmarks/dispatch_profile.py``; with this first (``--select='face_detection*'``, 01:09 UTC) it measured
+    0.12 ms."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         for _ in range(10):
