@@ -1,14 +1,18 @@
-"""Where the host's time goes in one invoke: recording the command buffer, finishing it, submitting it.
+"""Where an invoke's time goes when invokes run back to back: the host's phases, and whether the GPU waits.
 
 In throughput (invokes back to back, one read-back at the end) an invoke costs the longer of its GPU time and
-its host time, since the next command buffer is recorded while the GPU runs the last one. This splits the host
-time per model, beside the measured time per invoke back to back, so that one can tell a GPU-bound model from a
-host-bound one:
+its host time, since the next command buffer is recorded while the GPU runs the last one. This runs ``--n``
+invokes the way :meth:`tflfuse.runtime.plan.ExecutionPlan.run` does (check the device, submit the command
+buffer recorded during the last invoke, record the next one) and times each phase on the host; each command
+buffer also writes timestamps at its compute pass's start and end, so that the GPU's busy time per invoke
+and its idle time between invokes (the next pass's start less this one's end) come from the same run:
 
     python benchmarks/host_time.py --models=.bench [--select=hand_*] [--out=HOST_TIME.md]
 
-Real models of ``--models`` (``NAME_unfused.tflite``) are fused at load with :func:`tflfuse.fuse`, as
-``benchmarks/run.py`` does. Times are medians, in microseconds, wall clock on the host.
+A host-bound model shows GPU idle time between invokes near its host time less its GPU time; a GPU-bound
+one shows almost none. Real models of ``--models`` (``NAME_unfused.tflite``) are fused at load with
+:func:`tflfuse.fuse`, as ``benchmarks/run.py`` does. Times are medians over the invokes, in microseconds
+(host: wall clock; GPU: timestamp queries, which need the adapter's ``timestamp-query`` feature).
 """
 
 from __future__ import annotations
@@ -31,15 +35,15 @@ from selection import selected_models  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_string("models", ".bench", "folder of .tflite models")
 flags.DEFINE_list("select", ["*"], "globs of file stems to time")
-flags.DEFINE_integer("n", 100, "command buffers per sample")
+flags.DEFINE_integer("n", 200, "invokes back to back per model")
 flags.DEFINE_string("out", None, "also write the table here (Markdown)")
 
-
-def _median_us(samples) -> float:
-    return float(np.median(samples)) * 1e6
+_PHASES = ("check", "submit", "begin", "record", "finish")
 
 
-def _time_model(data: bytes) -> dict:
+def _time_model(data: bytes, n: int) -> dict:
+    """Medians (us) of each host phase of an invoke, the host's whole invoke, the GPU's pass per invoke and
+    the GPU's idle gap before the next pass, over ``n`` invokes back to back; and the wall time per invoke."""
     from tflfuse.runtime.plan import ExecutionPlan
 
     interp = tflfuse.Interpreter(model_content=data)
@@ -48,60 +52,83 @@ def _time_model(data: bytes) -> dict:
     for d in interp.get_input_details():
         interp.set_tensor(d["index"], rng.random(d["shape"], np.float32))
     interp.invoke()
-    plan = interp._planners[0].current.plan   # the main subgraph's plan (a model without CPU segments)
+    plan = interp._plan(0)
     if not isinstance(plan, ExecutionPlan):
         raise TypeError(f"expected one ExecutionPlan, got {type(plan).__name__}")
-    device = plan.device.device
-    n = FLAGS.n
-    begin, record, finish = [], [], []
-    buffers = []
-    for _ in range(n):
+    dev = plan.device
+    wgpu, device = dev._wgpu, dev.device
+    timed = "timestamp-query" in dev.features
+    if timed:
+        qs = device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
+        resolve = device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+
+    def encode(i: int, clock: dict):
+        """ExecutionPlan._encode, with the pass's timestamps and each phase timed."""
         t0 = time.perf_counter()
         encoder = device.create_command_encoder()
-        cpass = encoder.begin_compute_pass()
+        cpass = encoder.begin_compute_pass(timestamp_writes={
+            "query_set": qs, "beginning_of_pass_write_index": 2 * i,
+            "end_of_pass_write_index": 2 * i + 1}) if timed else encoder.begin_compute_pass()
         t1 = time.perf_counter()
         plan._record(cpass)
-        cpass.end()
         t2 = time.perf_counter()
-        buffers.append(encoder.finish())
+        cpass.end()
+        for tensor, staging in plan._staging.items():
+            encoder.copy_buffer_to_buffer(plan.buffers[tensor], 0, staging, 0, plan.storage_nbytes(tensor))
+        if timed and i == n - 1:
+            encoder.resolve_query_set(qs, 0, 2 * n, resolve, 0)
+        cb = encoder.finish()
         t3 = time.perf_counter()
-        begin.append(t1 - t0)
-        record.append(t2 - t1)
-        finish.append(t3 - t2)
-    submit = []
-    for cb in buffers:
-        t0 = time.perf_counter()
-        device.queue.submit([cb])
-        submit.append(time.perf_counter() - t0)
+        clock["begin"].append(t1 - t0)
+        clock["record"].append(t2 - t1)
+        clock["finish"].append(t3 - t2)
+        return cb
+
+    clock = {k: [] for k in _PHASES}
+    whole = []
     out = interp.get_output_details()[0]["index"]
-    interp.get_tensor(out)
-    samples = []
-    for _ in range(5):
+    interp.get_tensor(out)   # the GPU idle before the loop
+    cb = encode(0, {k: [] for k in _PHASES})
+    start = time.perf_counter()
+    for i in range(n):
         t0 = time.perf_counter()
-        for _ in range(n):
-            interp.invoke()
-        interp.get_tensor(out)
-        samples.append((time.perf_counter() - t0) / n)
-    return {"dispatches": len(plan._record.objects) if hasattr(plan._record, "objects") else None,
-            "begin": _median_us(begin), "record": _median_us(record), "finish": _median_us(finish),
-            "submit": _median_us(submit), "invoke": _median_us(samples)}
+        dev.check_alive()
+        t1 = time.perf_counter()
+        device.queue.submit([cb])
+        t2 = time.perf_counter()
+        cb = encode(i + 1, clock) if i + 1 < n else None
+        clock["check"].append(t1 - t0)
+        clock["submit"].append(t2 - t1)
+        whole.append(time.perf_counter() - t0)
+    wall = (time.perf_counter() - start) / n
+    row = {k: float(np.median(v)) * 1e6 for k, v in clock.items()}
+    row.update(dispatches=plan.dispatch_count, host=float(np.median(whole)) * 1e6)
+    if timed:
+        ticks = np.frombuffer(device.queue.read_buffer(resolve, 0, 16 * n), np.uint64).astype(np.float64) / 1e3
+        begins, ends = ticks[0::2], ticks[1::2]
+        row.update(gpu=float(np.median(ends - begins)), idle=float(np.median(begins[1:] - ends[:-1])),
+                   wall_gpu=float((ends[-1] - begins[0]) / n))
+    interp.get_tensor(out)
+    row["wall"] = wall * 1e6
+    return row
 
 
 def main(argv) -> None:
     del argv
-    folder = Path(FLAGS.models)
     rows = []
     adapter = tflfuse.Device().describe()
-    for name, data in selected_models(folder, FLAGS.select):
-        rows.append((name, _time_model(data)))
-        print(rows[-1], flush=True)
-    lines = [f"Host time per invoke, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {adapter}",
-             "", "| model | dispatches | begin us | record us | finish us | submit us | host sum us | "
-             "invoke back to back us |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, data in selected_models(Path(FLAGS.models), FLAGS.select):
+        rows.append((name, _time_model(data, FLAGS.n)))
+        print(name, {k: round(v, 1) for k, v in rows[-1][1].items()}, flush=True)
+    lines = [f"Host and GPU time per invoke, {FLAGS.n} invokes back to back, "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {adapter}", "",
+             "| model | dispatches | check us | submit us | begin us | record us | finish us | host invoke us | "
+             "GPU pass us | GPU idle between passes us | GPU start to end per invoke us | wall per invoke us |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in rows:
-        host = r["begin"] + r["record"] + r["finish"] + r["submit"]
-        lines.append(f"| {name} | {r['dispatches']} | {r['begin']:.0f} | {r['record']:.0f} | {r['finish']:.0f} | "
-                     f"{r['submit']:.0f} | {host:.0f} | {r['invoke']:.0f} |")
+        gpu = " | ".join(f"{r[k]:.0f}" if k in r else "" for k in ("gpu", "idle", "wall_gpu"))
+        lines.append(f"| {name} | {r['dispatches']} | " + " | ".join(f"{r[k]:.0f}" for k in _PHASES) +
+                     f" | {r['host']:.0f} | {gpu} | {r['wall']:.0f} |")
     text = "\n".join(lines)
     print(text)
     if FLAGS.out:

@@ -459,3 +459,72 @@ def test_float16_storage_rounds_each_block_output_once(device, strategy, case):
         depth = w["pw"].shape[0]
         bound = product_bound(s, got, want, depth, staged_a=True) + gamma(depth + 2, 2.0 ** -24) * s
     assert (np.abs(got - want) <= bound).all()
+
+
+# ---- output_activation: a RELU6 / RELU after the projection (and the residual) ----------------------------------
+# Cases where the projection's sums reach past 6 and below 0 (its weights scaled up), so that both clamps act;
+# the last has 200 output channels, whose blocked schedule sums in the output buffer itself (the activation
+# then runs over the block after the last chunk) rather than in registers.
+OUT_ACT_CASES = [
+    (1, 8, 8, 16, 6, 16, 1, True, "relu6"),
+    (2, 9, 7, 8, 6, 12, 2, False, "relu"),
+    (1, 15, 15, 16, 1, 16, 1, True, "relu6"),
+    (1, 64, 64, 16, 1, 32, 1, False, "relu6"),     # a staged GPU projection past 2**17 outputs: the tiled product
+    (1, 7, 7, 32, 6, 200, 1, False, "relu6"),
+]
+OUT_ACT_SCHEDULES = {k: SCHEDULES[k] for k in ("cpu", "gpu", "cpu_staged", "split3", "gpu_blocked", "blocked_tile1",
+                                                 "dw_proj", "expand_dw")}
+OUT_ACT_SCHEDULES["gpu_staged"] = {"target": "gpu", "strategy": "staged"}
+OUT_ACT_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:4]))}-t{c[4]}-o{c[5]}-s{c[6]}-{c[8]}-{s}")
+                for c in OUT_ACT_CASES for s in sorted(OUT_ACT_SCHEDULES)
+                if not (s == "split3" and c[3] * c[4] >= 512)
+                and not (s == "dw_proj" and ((c[3] * c[4]) % 4 or c[5] % 4))
+                and not (s == "expand_dw" and (c[4] == 1 or c[3] % 4))]
+
+
+@pytest.mark.parametrize("case, schedule", OUT_ACT_RUNS)
+def test_output_activation_matches_tf(device, case, schedule):
+    """y = output_act(projection + bias (+ x)) against TensorFlow's ops; tolerance as the module's: the
+    activation is applied to a value within it and is 1-Lipschitz."""
+    import tensorflow as tf
+
+    n, h, w_, cin, t, cout, stride, residual, out_act = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
+    w = _weights(rng, cin, t, cout)
+    w["pw"] = 8 * w["pw"]
+    inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb") if k in w]
+    (y,) = run_op(device, "fused_bottleneck", inputs,
+                  {"expansion": t, "stride": stride, "residual": residual, "output_activation": out_act,
+                   **OUT_ACT_SCHEDULES[schedule]})
+    pre = _tf_reference(x, w, stride, residual, "relu6")
+    assert pre.min() < 0 and (out_act == "relu" or pre.max() > 6)   # the clamps act
+    ref = {"relu6": tf.nn.relu6, "relu": tf.nn.relu}[out_act](pre).numpy()
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
+
+
+def test_output_activation_in_the_blocked_output_buffer_path():
+    """The last OUT_ACT_CASES case takes the blocked schedule that sums in y (so the test above covers it)."""
+    n, h, w_, cin, t, cout, *_ = OUT_ACT_CASES[-1]
+    e = cin * t
+    specs = [TensorSpec(s) for s in ((n, h, w_, cin), (cin, e), (e,), (3, 3, e), (e,), (e, cout), (cout,))]
+    (prog,) = kernel_class("fused_bottleneck")(specs, {"expansion": t, "output_activation": "relu6",
+                                                        **SCHEDULES["blocked_tile1"]}).programs()
+    assert "= oact(y[" in prog.source
+
+
+@pytest.mark.parametrize("value", ["tanh", "RELU_N1_TO_1", 6])
+def test_output_activation_refuses_other_values(value):
+    with pytest.raises(KernelError, match="output_activation must be one of 'linear', 'relu', 'relu6'"):
+        kernel_class("fused_bottleneck")(_specs(), {"output_activation": value})
+
+
+def test_linear_output_activation_leaves_the_shaders_unchanged():
+    for schedule in OUT_ACT_SCHEDULES.values():
+        if schedule.get("strategy") == "dw_projection":
+            continue   # 48 expanded channels of _specs() fit; 8 output channels too
+        plain = kernel_class("fused_bottleneck")(_specs(), dict(schedule)).programs()
+        linear = kernel_class("fused_bottleneck")(_specs(), {**schedule, "output_activation": "linear"}).programs()
+        assert [p.source for p in plain] == [p.source for p in linear]
+        assert all("oact" not in p.source for p in plain)

@@ -79,12 +79,18 @@ def _check_fused(original, device, rng, expect: dict, tol=ACCUMULATION):
     return fused, report
 
 
-def _bottleneck(cexp, cout, k=3, stride=1, act="relu6", residual=False, expand=True):
+def _bottleneck(cexp, cout, k=3, stride=1, act="relu6", residual=False, expand=True, out_act=None):
+    """The block; ``out_act`` ("relu6" / "relu") after the projection, or after the residual ADD (the
+    converter folds it into the ADD's fused activation), as MediaPipe's pose landmark model has it."""
     def build(x):
         y = keras.layers.Conv2D(cexp, 1, activation=act)(x) if expand else x
         y = keras.layers.DepthwiseConv2D(k, stride, padding="same", activation=act)(y)
-        y = keras.layers.Conv2D(cout, 1)(y)
-        return keras.layers.Add()([x, y]) if residual else y
+        y = keras.layers.Conv2D(cout, 1, activation=None if residual else out_act)(y)
+        if residual:
+            y = keras.layers.Add()([x, y])
+            if out_act:
+                y = keras.layers.ReLU(6.0 if out_act == "relu6" else None)(y)
+        return y
     return build
 
 
@@ -93,6 +99,9 @@ BOTTLENECK_CASES = {
     "stride2_odd_channels": (dict(cexp=15, cout=6, stride=2), (9, 11, 5), 2),
     "relu_k5": (dict(cexp=12, cout=3, k=5, act="relu"), (6, 5, 3), 1),
     "expansion1": (dict(cexp=5, cout=7, expand=False), (8, 8, 5), 3),
+    "expansion1_projection_relu6": (dict(cexp=5, cout=7, expand=False, out_act="relu6"), (8, 8, 5), 1),
+    "residual_add_relu6": (dict(cexp=24, cout=4, residual=True, out_act="relu6"), (7, 9, 4), 2),
+    "stride2_projection_relu": (dict(cexp=12, cout=6, stride=2, out_act="relu"), (9, 9, 4), 1),
 }
 
 
@@ -100,10 +109,16 @@ BOTTLENECK_CASES = {
 def test_bottleneck_pattern(case, device, rng):
     kw, shape, batch = BOTTLENECK_CASES[case]
     original = _stock(_bottleneck(**kw), shape, batch)
+    names = Model(original).op_names(0)
+    if kw.get("out_act") and kw.get("residual"):   # the activation is the ADD's, not an op of its own
+        assert "RELU6" not in names and "RELU" not in names, names
     fused, _ = _check_fused(original, device, rng, {"bottleneck": 1})
-    names = Model(fused).op_names(0)
+    m = Model(fused)
+    names = m.op_names(0)
     assert names.count("fused_bottleneck") == 1
-    assert not {"CONV_2D", "DEPTHWISE_CONV_2D", "ADD"} & set(names), names
+    assert not {"CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "RELU", "RELU6"} & set(names), names
+    attrs = m.op_attrs(0, names.index("fused_bottleneck"))
+    assert attrs.get("output_activation", "linear") == (kw.get("out_act") or "linear")
 
 
 def test_no_fusion_across_a_tensor_read_twice(device, rng):

@@ -100,11 +100,13 @@ _ERFC = """fn erfc_approx(z: f32) -> f32 {
 _HELPERS = {"is_nan(": _IS_NAN, "erfc_approx(": _ERFC}
 
 
-def activation_fn(name: str | None, fn_name: str = "act", uniform_alpha: bool = False) -> str:
+def activation_fn(name: str | None, fn_name: str = "act", uniform_alpha: bool = False, declared: str = "") -> str:
     """``fn act(v: f32) -> f32`` for a TFLite fused activation (``"RELU6"``) or a composite's (``"relu6"``).
 
     Activations in :data:`ACTIVATION_ALPHA` read ``params.alpha`` when ``uniform_alpha`` (the program must
     then declare the uniforms of :func:`activation_uniforms`); otherwise Keras' default alpha is written in.
+    The helper functions the body calls are declared with it, except those already in ``declared`` (WGSL of
+    the same program, e.g. another activation's function: WGSL refuses a function declared twice).
     """
     key = (name or "none").lower()
     if key not in ACTIVATIONS:
@@ -112,7 +114,7 @@ def activation_fn(name: str | None, fn_name: str = "act", uniform_alpha: bool = 
     body = ACTIVATIONS[key]
     if key in ACTIVATION_ALPHA and not uniform_alpha:
         body = body.replace("params.alpha", fmt_f32(ACTIVATION_ALPHA[key]))
-    helpers = "".join(h for call, h in _HELPERS.items() if call in body)
+    helpers = "".join(h for call, h in _HELPERS.items() if call in body and h not in declared)
     return f"{helpers}fn {fn_name}(v: f32) -> f32 {{ {body} }}\n"
 
 

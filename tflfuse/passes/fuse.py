@@ -19,8 +19,9 @@ checked, as the runtime would: a malformed op is refused, named with its index.
 Patterns (:data:`PATTERNS`, tried in this order at every op):
 
 * ``bottleneck``: CONV_2D 1x1 (act A) -> DEPTHWISE_CONV_2D KxK, K 3 or 5, stride 1 or 2, SAME (act A) ->
-  CONV_2D 1x1 (no act) [-> ADD of the block's input] with A = RELU6 or RELU; also without the first conv
-  (expansion 1): ``fused_bottleneck``; the same chain in int8 (full-integer files) becomes an int8
+  CONV_2D 1x1 [-> ADD of the block's input] with A = RELU6 or RELU; also without the first conv
+  (expansion 1): ``fused_bottleneck``. A RELU6 or RELU on the projection CONV_2D, or fused into the ADD after
+  it (MediaPipe's pose landmark model), becomes its ``output_activation``; the same chain in int8 (full-integer files) becomes an int8
   ``fused_bottleneck`` (:mod:`tflfuse.passes.fuse_int8`).
 * ``squeeze_excite``: global AVERAGE_POOL_2D (or MEAN over H, W) -> CONV_2D 1x1 + RELU -> CONV_2D 1x1 ->
   LOGISTIC -> MUL with the input [-> ADD]: ``fused_squeeze_excite``; the MUL may scale another tensor than the
@@ -160,23 +161,25 @@ def _bottleneck(g: Graph, oi: int):
     project = g.sole_reader(g.outputs_of(dw)[0])
     if project is None:
         return None
-    proj = _conv_1x1(g, project, {"NONE"})
+    proj = _conv_1x1(g, project, {"NONE", "RELU6", "RELU"})
     if proj is None:
         return None
     chain.append(project)
-    out, residual = proj["out"], False
-    add = g.sole_reader(out)
+    out, residual, out_act = proj["out"], False, proj["act"]
+    add = g.sole_reader(out) if out_act == "NONE" else None   # an activated projection: the activation ends it
     if add is not None and g.op_name(add) == "ADD" and \
-            g.attrs(add).get("fused_activation_function", "NONE") == "NONE" and \
+            g.attrs(add).get("fused_activation_function", "NONE") in _ACT and \
             sorted(g.inputs(add)) == sorted([out, x]) and stride == 1 and \
             g.shapes.get(x) == g.shapes.get(out):
         chain.append(add)
-        out, residual = g.outputs_of(add)[0], True
+        out, residual, out_act = g.outputs_of(add)[0], True, g.attrs(add).get("fused_activation_function", "NONE")
     cexp = k.shape[3]
     weights = ([expand["w"], expand["b"]] if expand else []) + [k[0], dw_b, proj["w"], proj["b"]]
     attrs = {"expansion": max(1, cexp // g.shapes[x][-1]) if expand else 1, "stride": int(stride),
              "residual": residual, "activation": _ACT[act], "kernel_size": int(k.shape[1]),
              "squeeze_excite": False}
+    if out_act != "NONE":
+        attrs["output_activation"] = _ACT[out_act]
     if not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])):
         return None
     return chain, [x] + weights, out, "fused_bottleneck", attrs

@@ -149,11 +149,15 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
                  ("MulOptions", {"fusedActivationFunction": 0}))
         d = b.op("MUL", [d, s], (n, oh, ow, cexp), ("MulOptions", {"fusedActivationFunction": 0}))
     cout = pw.shape[1]
+    out_act = str(attrs.get("output_activation", "linear")).lower()
+    if out_act not in ("linear", "relu", "relu6"):
+        raise ValueError(f"fused_bottleneck (operator {oi}): output_activation {out_act!r} is not one of 'linear', "
+                         f"'relu', 'relu6'")
     if attrs.get("residual"):
         p = b.conv_1x1(d, pw, pb, (n, oh, ow, cout))
-        b.op("ADD", [p, x], options=("AddOptions", {"fusedActivationFunction": 0}), out=out)
+        b.op("ADD", [p, x], options=("AddOptions", {"fusedActivationFunction": _FUSED_CODES[out_act]}), out=out)
     else:
-        b.conv_1x1(d, pw, pb, (n, oh, ow, cout), out=out)
+        b.conv_1x1(d, pw, pb, (n, oh, ow, cout), out_act, out=out)
     return b.ops
 
 

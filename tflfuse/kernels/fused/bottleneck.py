@@ -7,14 +7,17 @@ Semantics (``composites.bottleneck.fused_bottleneck``, BatchNorm folded): for in
     g = hard_sigmoid(relu(mean_hw(d) @ se_w1 + se_b1) @ se_w2 + se_b2)   # [N, Cexp] (squeeze_excite)
     d = d * g                                             # (squeeze_excite)
     y = d @ project_w + project_b (+ x when residual)     # 1x1 projection, linear, [N, OH, OW, Cout]
+    y = output_act(y)                                     # (output_activation; default linear)
 
 with ``act`` one of relu6 (default), relu, hard_swish (``v * relu6(v + 3) / 6``) and ``hard_sigmoid(v) =
 relu6(v + 3) / 6``. Op inputs, in order: ``x``; ``expand_w [Cin, Cexp]`` and ``expand_b [Cexp]`` when
 expansion > 1; ``dw_w [K, K, Cexp]``, ``dw_b [Cexp]``, ``project_w [Cexp, Cout]``, ``project_b [Cout]``; with
 squeeze_excite ``se_w1 [Cexp, Csq]``, ``se_b1 [Csq]``, ``se_w2 [Csq, Cexp]``, ``se_b2 [Cexp]``. Attributes:
 ``expansion`` (int), ``stride`` (1 or 2), ``residual`` (bool), ``activation`` (str), ``kernel_size`` (int,
-default 3) and ``squeeze_excite`` (bool, default False): files written before the last two existed read as
-MobileNetV2's block.
+default 3), ``squeeze_excite`` (bool, default False) and ``output_activation`` (``"linear"``, the default,
+``"relu"`` or ``"relu6"``: applied after the residual, as TFLite's ADD with a fused RELU6 after a block, or a
+projection CONV_2D with a fused activation; :func:`tflfuse.fuse` folds both): files written before the last
+three existed read as MobileNetV2's block.
 
 Without squeeze-excite, five strategies, chosen from the ``target`` attribute and the shapes (all compute
 the same values; see :meth:`FusedBottleneck._schedule`; the ``strategy`` attribute picks one on any target):
@@ -64,7 +67,7 @@ from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, 
 from ..gemm import product_program, tile_attr, use_tiled_matmul
 from ..wgsl import activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes
 
-__all__ = ["FusedBottleneck"]
+__all__ = ["FusedBottleneck", "OUTPUT_ACTIVATIONS"]
 
 #: Workgroups a GPU needs in flight to be busy (an H200 has 132 SMs); tiles shrink until a dispatch has this many.
 _GPU_WORKGROUPS = 1024
@@ -73,6 +76,8 @@ _WG_BYTES = MAX_WORKGROUP_STORAGE
 _GATE_THREADS = 64   # invocations of the squeeze-excite gate's workgroup (one per image)
 _SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; "strategy" is the one string
 _STRATEGIES = ("tiled", "staged", "blocked", "dw_projection", "expand_dw")
+#: ``output_activation``'s values: TFLite's fused activations that a block's last op may carry.
+OUTPUT_ACTIVATIONS = ("linear", "relu", "relu6")
 #: The tuning attributes each strategy reads (the others it ignores): ``tiled`` its whole schedule, ``blocked``
 #: (:func:`.bottleneck_cpu.blocked_program`) its tile, output block and chunk, ``dw_projection`` its product's
 #: ``matmul_tile``, ``expand_dw`` its ``expand_tile``; ``staged`` none (each dispatch picks its own lanes).
@@ -106,7 +111,7 @@ class FusedBottleneck(CompositeKernel):
     input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b", "se_w1", "se_b1",
                    "se_w2", "se_b2")
     attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "target": "gpu",
-                     "kernel_size": 3, "squeeze_excite": False}
+                     "kernel_size": 3, "squeeze_excite": False, "output_activation": "linear"}
 
     def check(self):
         x = self.expect_rank(0, 4)
@@ -157,6 +162,10 @@ class FusedBottleneck(CompositeKernel):
             raise self.fail(f"residual needs stride 1 and Cin == Cout, got stride {self.stride}, "
                             f"Cin {cin}, Cout {self.cout}")
         activation_fn(self.attr("activation"))  # validates the name
+        self.out_act = str(self.attr("output_activation")).lower()
+        if self.out_act not in OUTPUT_ACTIVATIONS:
+            raise self.fail(f"output_activation must be one of {', '.join(map(repr, OUTPUT_ACTIVATIONS))} (applied "
+                            f"after the projection and the residual), got {self.attr('output_activation')!r}")
         self.oh, self.pt = conv_output_size(h, k, self.stride, 1, "SAME")
         self.ow, self.pl = conv_output_size(w, k, self.stride, 1, "SAME")
         # an empty output (no pixels or no output channels) has nothing to compute: no dispatch, as CONV_2D's
@@ -188,6 +197,22 @@ class FusedBottleneck(CompositeKernel):
 
     def output_specs(self):
         return (TensorSpec((self.input(0).shape[0], self.oh, self.ow, self.cout)),)
+
+    def out_activated(self, value: str) -> str:
+        """``value`` (a WGSL f32 or vec4<f32> expression of the block's output) through the output activation:
+        ``oact(value)`` (:meth:`out_act_fn` declares it), or ``value`` itself for ``linear``, so that the
+        shaders of blocks without one are unchanged."""
+        return value if self.out_act == "linear" else f"oact({value})"
+
+    def out_act_fn(self, vec4: bool = False, declared: str = "") -> str:
+        """The WGSL ``fn oact`` that :meth:`out_activated` calls (f32, or vec4<f32> with ``vec4``); "" for
+        ``linear``. ``declared``: WGSL already in the program (its helpers are not declared again)."""
+        if self.out_act == "linear":
+            return ""
+        if not vec4:
+            return activation_fn(self.out_act, "oact", declared=declared)
+        return (activation_fn(self.out_act, "oact1", declared=declared) + "fn oact(v: vec4<f32>) -> vec4<f32> { "
+                "return vec4<f32>(oact1(v.x), oact1(v.y), oact1(v.z), oact1(v.w)); }\n")
 
     def _check_reads(self) -> None:
         """Warns (absl) where ``strategy`` names a strategy that reads none of the tuning attributes also given:
@@ -417,9 +442,11 @@ class FusedBottleneck(CompositeKernel):
             res = (dataclasses.replace(inputs["x"], name="res"),) if self.residual else ()
             binds = (dataclasses.replace(src, name="x"), inputs["dw"], inputs["db"], inputs["pw"], inputs["pb"],
                      *res, self.binding("y", "output", 0, self.output_specs()[0]))
-            store = f"y[idx4] = acc + pb[col4 / 4u]{' + res[idx4]' if self.residual else ''};"
+            value = self.out_activated(f"acc + pb[col4 / 4u]{' + res[idx4]' if self.residual else ''}")
+            helpers = self.out_act_fn(True, declared=activation_fn(self.attr("activation")))   # beside its dact
             progs.append(depthwise_product_program(f"{self.key}_dw_project", binds, g, cexp, cout,
-                                                   self.attr("activation"), store, tile_attr(self)))
+                                                   self.attr("activation"), f"y[idx4] = {value};", tile_attr(self),
+                                                   helpers=helpers))
             return progs
         residual = f" + x[pix * {cin}u + co]" if self.residual else ""
         out = self.binding("y", "output", 0, self.output_specs()[0])
@@ -442,13 +469,15 @@ class FusedBottleneck(CompositeKernel):
         if not self.has_se and use_tiled_matmul(total // cout, cexp, cout, self.target()):
             progs.append(product_program(
                 f"{self.key}_project", proj_binds, total // cout, cexp, cout, "d", "pw", "y",
-                f"let co = col;\n          let pix = row;\n          y[idx] = acc + pb[co]{residual};"))
+                f"let co = col;\n          let pix = row;\n          y[idx] = {self.out_activated(f'acc + pb[co]{residual}')};",
+                self.out_act_fn()))
             return progs
         lanes = split_lanes(total, cexp, self.target())
         body = (f"  let co = idx % {cout}u;\n  let pix = idx / {cout}u;\n  var v = 0.0;\n  "
                 + dot(cexp, f"d[pix * {cexp}u + {{k}}]{gated}", f"pw[({{k}}) * {cout}u + co]", lanes=lanes))
         progs.append(reduction_program(f"{self.key}_project", proj_binds, total, body,
-                                       f"y[idx] = v + pb[co]{residual};", lanes=lanes, acc="v",
+                                       f"y[idx] = {self.out_activated(f'v + pb[co]{residual}')};",
+                                       self.out_act_fn(), lanes=lanes, acc="v",
                                        loop_trips=-(-(cexp // 4) // lanes)))
         return progs
 
@@ -540,9 +569,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         lanes = self.lanes
         proj = " + ".join(f"dv[p * {ec}u + {c}u] * pw[(e0 + {c}u) * {cout}u + co]" for c in range(ec))
         out_at = f"((n * {self.oh}u + u32(oy)) * {self.ow}u + u32(ox)) * {cout}u + co"
-        finish = (f"y[{out_at}] = acc[j] + pb[co]{residual};" if splits == 1 else
+        finish = (f"y[{out_at}] = {self.out_activated(f'acc[j] + pb[co]{residual}')};" if splits == 1 else
                   f"part[split * {pixels * cout}u + {out_at}] = acc[j];")
-        source = prelude(binds) + activation_fn(self.attr("activation")) + f"""
+        act_fn = activation_fn(self.attr("activation"))
+        source = prelude(binds) + act_fn + self.out_act_fn(declared=act_fn) + f"""
 var<workgroup> halo: array<f32, {hw * hw * ec}>;   // expanded input halo, one chunk of channels
 var<workgroup> dv: array<f32, {T * T * ec}>;          // depthwise results of the tile, same chunk
 {stage_decl}
@@ -609,7 +639,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         res = f" + x[(idx / {cout}u) * {cin}u + idx % {cout}u]" if self.residual else ""
         body = (f"  var v = pb[idx % {cout}u]{res};\n"
                 f"  for (var s = 0u; s < {splits}u; s++) {{ v += part[s * {pixels * cout}u + idx]; }}\n"
-                f"  y[idx] = v;")
+                f"  y[idx] = {self.out_activated('v')};")
         sum_binds = ((by_name["x"],) if self.residual else ()) + (by_name["pb"], part, by_name["y"])
         total = pixels * cout
-        return [main, elementwise_program(f"{self.key}_sum", sum_binds, total, body, loop_trips=splits)]
+        return [main, elementwise_program(f"{self.key}_sum", sum_binds, total, body, self.out_act_fn(),
+                                          loop_trips=splits)]

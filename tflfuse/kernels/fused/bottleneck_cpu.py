@@ -11,7 +11,7 @@ counts loads, not FLOPs:
   ``(tile - 1) * stride + K`` columns) for the chunk into registers (each input value loaded once per
   chunk serves ``chunk`` expanded channels, each expand weight serves the whole halo), applies the KxK
   depthwise filter and folds the result into the projection sums (a private array; for wide outputs the
-  output buffer itself, bias and residual written first);
+  output buffer itself, bias and residual written first, the output activation applied after the last chunk);
 * the expanded and depthwise tensors never reach memory, and the weights are read once per invocation, not
   once per output element as the separate ops read them.
 
@@ -134,8 +134,9 @@ def blocked_program(k, bindings) -> Program:
                "  let bias = pb[co];"]
         for p in range(tw):
             residual = f" + x[{res_at.format(p=p, co='co')}]" if k.residual else ""
-            out.append(f"  if (ox0 + {p} < {k.ow}) {{ y[{out_at.format(p=p, co='co')}] = {sums.format(p=p * alloc)}"
-                       f"bias{residual}; }}")
+            value = f"{sums.format(p=p * alloc)}bias{residual}"
+            out.append(f"  if (ox0 + {p} < {k.ow}) {{ y[{out_at.format(p=p, co='co')}] = "
+                       f"{k.out_activated(value) if sums else value}; }}")
         return out + ["}"]
     if private:
         L += [f"var acc: array<f32, {tw * alloc}>;   // projection sums: pixel p, channel co0 + c at p * {alloc} + c"]
@@ -181,8 +182,15 @@ def blocked_program(k, bindings) -> Program:
     L += ["  " + b for b in B] + ["}"]
     if private:
         L += store_loop("acc[{p}u + c] + ")
+    elif k.out_act != "linear":   # the sums are complete in y: the output activation over the block
+        L += [f"for (var c = 0u; c < {G}u; c++) {{", "  let co = co0 + c;", f"  if (co >= {cout}u) {{ break; }}"]
+        for p in range(tw):
+            at = out_at.format(p=p, co="co")
+            L.append(f"  if (ox0 + {p} < {k.ow}) {{ y[{at}] = oact(y[{at}]); }}")
+        L += ["}"]
     total = g["invocations"]
-    source = prelude(bindings) + activation_fn(k.attr("activation")) + linear_main(
+    act_fn = activation_fn(k.attr("activation"))
+    source = prelude(bindings) + act_fn + k.out_act_fn(declared=act_fn) + linear_main(
         WORKGROUP, total, "\n".join("  " + line for line in L))
     return Program(k.key, source, (WORKGROUP, 1, 1), linear_dispatch(total, WORKGROUP), bindings,
                    loop_trips=blocked_loop_trips(k))

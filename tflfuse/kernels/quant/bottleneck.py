@@ -61,7 +61,7 @@ class QuantizedFusedBottleneck(ComposedKernel):
     attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "kernel_size": 3,
                      "squeeze_excite": False, "expand_scale": None, "expand_zero_point": None, "dw_scale": None,
                      "dw_zero_point": None, "project_scale": None, "project_zero_point": None, "target": "gpu",
-                     "expand_layout": "OHWI", "project_layout": "OHWI"}
+                     "expand_layout": "OHWI", "project_layout": "OHWI", "output_activation": "linear"}
     extra_attrs = ("input_quantization", "output_quantization", "output_dtype")
     needs_io_quantization = True
     needs_output_dtype = True
@@ -92,6 +92,9 @@ class QuantizedFusedBottleneck(ComposedKernel):
                             f"project_b) or 5 without the expand conv, got {n_in}")
         if self.attr("squeeze_excite"):
             raise self.fail("squeeze_excite has no int8 form")
+        if str(self.attr("output_activation")).lower() != "linear":
+            raise self.fail(f"output_activation {self.attr('output_activation')!r} has no int8 form (the int8 "
+                            f"output's quantization clamps it); give 'linear' or leave it out")
         act = str(self.attr("activation"))
         if act not in _ACTS:
             raise self.fail(f"activation {act!r} has no int8 form here; supported: {sorted(_ACTS)}")
