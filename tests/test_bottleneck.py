@@ -50,14 +50,19 @@ def _weights(rng, cin, t, cout, k=3, csq=0):
     return w
 
 
-def _tf_reference(x, w, stride, residual, activation):
+def _tf_reference(x, w, stride, residual, activation, padding="SAME"):
+    """The block with TensorFlow's ops; ``padding`` of the depthwise conv: "SAME", "VALID", or (top, bottom,
+    left, right), a tf.pad of zeros then VALID."""
     import tensorflow as tf
 
     act = {"relu6": tf.nn.relu6, "relu": tf.nn.relu, "hard_swish": lambda v: v * tf.nn.relu6(v + 3) / 6}[activation]
     h = tf.constant(x)
     if "ew" in w:
         h = act(tf.nn.conv2d(h, w["ew"][None, None], 1, "SAME") + w["eb"])
-    h = act(tf.nn.depthwise_conv2d(h, w["dw"][..., None], [1, stride, stride, 1], "SAME") + w["db"])
+    if not isinstance(padding, str):
+        t, b, lf, r = padding
+        h, padding = tf.pad(h, [[0, 0], [t, b], [lf, r], [0, 0]]), "VALID"
+    h = act(tf.nn.depthwise_conv2d(h, w["dw"][..., None], [1, stride, stride, 1], padding) + w["db"])
     if "sw1" in w:  # squeeze-excite: global average pool, 1x1 conv + ReLU, 1x1 conv + hard_sigmoid, scale
         s = tf.nn.relu(tf.nn.conv2d(tf.reduce_mean(h, [1, 2], keepdims=True), w["sw1"][None, None], 1, "SAME")
                        + w["sb1"])
@@ -143,7 +148,7 @@ def _specs(cin=8, t=6, cout=8, h=8):
 @pytest.mark.parametrize("attrs, specs, message", [
     ({"stride": 3}, _specs(), "stride must be 1 or 2"),
     ({"stride": 2, "residual": True}, _specs(), "residual needs stride 1"),
-    ({"residual": True}, _specs(cout=9), "residual needs stride 1 and Cin == Cout"),
+    ({"residual": True}, _specs(cout=9), "residual needs stride 1, Cin == Cout"),
     ({"activation": "swoosh"}, _specs(), "unsupported activation"),
     ({}, _specs()[:6], "expects 5 inputs"),
     ({}, _specs()[:3] + [TensorSpec((5, 5, 48))] + _specs()[4:], "dw_w must be [3, 3, 48]"),
@@ -528,3 +533,64 @@ def test_linear_output_activation_leaves_the_shaders_unchanged():
         linear = kernel_class("fused_bottleneck")(_specs(), {**schedule, "output_activation": "linear"}).programs()
         assert [p.source for p in plain] == [p.source for p in linear]
         assert all("oact" not in p.source for p in plain)
+
+
+# ---- padding: VALID, and EXPLICIT pads (a PAD of zeros before a VALID depthwise conv) ---------------------------
+# (N, H, W, Cin, expansion, Cout, stride, kernel_size, padding): MediaPipe pose's PAD (1, 1) and (2, 2) before
+# stride-2 3x3 and 5x5 depthwise convs (not SAME's (0, 1) on even sizes), pads on one side only, odd sizes,
+# VALID, and a residual block whose pads keep the size.
+PAD_CASES = [
+    (1, 16, 16, 16, 6, 24, 2, 3, (1, 1, 1, 1)),
+    (1, 12, 12, 8, 6, 16, 2, 5, (2, 2, 2, 2)),
+    (2, 9, 7, 8, 1, 12, 2, 3, (0, 2, 1, 0)),
+    (1, 11, 10, 4, 3, 8, 1, 3, "VALID"),
+    (1, 8, 8, 16, 1, 16, 1, 3, (1, 1, 1, 1)),
+]
+PAD_SCHEDULES = {k: SCHEDULES[k] for k in ("cpu", "gpu", "cpu_staged", "split3", "gpu_blocked", "blocked_tile1",
+                                             "dw_proj", "expand_dw", "tile1")}
+PAD_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:4]))}-t{c[4]}-o{c[5]}-s{c[6]}-k{c[7]}-"
+                         f"{c[8] if isinstance(c[8], str) else 'p' + ''.join(map(str, c[8]))}-{s}")
+            for c in PAD_CASES for s in sorted(PAD_SCHEDULES)
+            if not (s == "dw_proj" and ((c[3] * c[4]) % 4 or c[5] % 4))
+            and not (s == "expand_dw" and (c[4] == 1 or c[3] % 4))]
+
+
+def _pad_attrs(padding) -> dict:
+    if isinstance(padding, str):
+        return {"padding": padding}
+    t, b, lf, r = padding
+    return {"padding": "EXPLICIT", "explicit_paddings": [0, 0, t, b, lf, r, 0, 0]}
+
+
+@pytest.mark.parametrize("case, schedule", PAD_RUNS)
+def test_padding_matches_tf(device, case, schedule):
+    n, h, w_, cin, t, cout, stride, k, padding = case
+    residual = cin == cout and stride == 1
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
+    w = _weights(rng, cin, t, cout, k=k)
+    inputs = [x] + [w[key] for key in ("ew", "eb", "dw", "db", "pw", "pb") if key in w]
+    (y,) = run_op(device, "fused_bottleneck", inputs,
+                  {"expansion": t, "stride": stride, "residual": residual, "kernel_size": k, **_pad_attrs(padding),
+                   **PAD_SCHEDULES[schedule]})
+    ref = _tf_reference(x, w, stride, residual, "relu6", padding)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"padding": "EXPLICIT"}, "explicit_paddings must be 8 ints"),
+    ({"padding": "EXPLICIT", "explicit_paddings": [0, 0, 1, 1, 1, 1]}, "explicit_paddings must be 8 ints"),
+    ({"padding": "EXPLICIT", "explicit_paddings": [0, 0, 3, 0, 0, 0, 0, 0]}, "each of the four in 0..2"),
+    ({"padding": "EXPLICIT", "explicit_paddings": [1, 0, 1, 1, 1, 1, 0, 0]}, "explicit_paddings must be 8 ints"),
+    ({"padding": "EXPLICIT", "explicit_paddings": [0, 0, -1, 1, 1, 1, 0, 0]}, "explicit_paddings must be 8 ints"),
+    ({"padding": "SAME", "explicit_paddings": [0, 0, 1, 1, 1, 1, 0, 0]}, "needs padding 'EXPLICIT'"),
+    ({"padding": "FULL"}, "padding must be 'SAME', 'VALID' or 'EXPLICIT'"),
+    ({"padding": "VALID", "residual": True, "expansion": 6}, "an output of the input's size"),
+])
+def test_padding_refuses_bad_values(attrs, message):
+    specs = _specs()
+    if attrs.get("residual"):
+        specs = _specs(cout=8)
+    with pytest.raises(KernelError, match=message):
+        kernel_class("fused_bottleneck")(specs, attrs)

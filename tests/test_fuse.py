@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from ai_edge_litert.interpreter import Interpreter as LiteRT
 
+from tflfuse.annotate import decode_attrs
 from tflfuse.kernels import KernelError, UnsupportedOpError
 from tflfuse.model import Model
 from tflfuse.passes.fuse import fuse
@@ -79,12 +80,16 @@ def _check_fused(original, device, rng, expect: dict, tol=ACCUMULATION):
     return fused, report
 
 
-def _bottleneck(cexp, cout, k=3, stride=1, act="relu6", residual=False, expand=True, out_act=None):
+def _bottleneck(cexp, cout, k=3, stride=1, act="relu6", residual=False, expand=True, out_act=None, pad=None):
     """The block; ``out_act`` ("relu6" / "relu") after the projection, or after the residual ADD (the
-    converter folds it into the ADD's fused activation), as MediaPipe's pose landmark model has it."""
+    converter folds it into the ADD's fused activation), as MediaPipe's pose landmark model has it; ``pad``
+    ((top, bottom), (left, right)): a ZeroPadding2D before a VALID depthwise conv, as that model has too, or
+    "valid" for a VALID depthwise conv alone."""
     def build(x):
         y = keras.layers.Conv2D(cexp, 1, activation=act)(x) if expand else x
-        y = keras.layers.DepthwiseConv2D(k, stride, padding="same", activation=act)(y)
+        if pad not in (None, "valid"):
+            y = keras.layers.ZeroPadding2D(pad)(y)
+        y = keras.layers.DepthwiseConv2D(k, stride, padding="same" if pad is None else "valid", activation=act)(y)
         y = keras.layers.Conv2D(cout, 1, activation=None if residual else out_act)(y)
         if residual:
             y = keras.layers.Add()([x, y])
@@ -102,6 +107,11 @@ BOTTLENECK_CASES = {
     "expansion1_projection_relu6": (dict(cexp=5, cout=7, expand=False, out_act="relu6"), (8, 8, 5), 1),
     "residual_add_relu6": (dict(cexp=24, cout=4, residual=True, out_act="relu6"), (7, 9, 4), 2),
     "stride2_projection_relu": (dict(cexp=12, cout=6, stride=2, out_act="relu"), (9, 9, 4), 1),
+    "pad_1_1_stride2": (dict(cexp=12, cout=6, stride=2, pad=((1, 1), (1, 1))), (10, 10, 4), 1),
+    "pad_2_2_k5_expansion1": (dict(cexp=5, cout=6, k=5, stride=2, expand=False, pad=((2, 2), (2, 2))),
+                              (12, 11, 5), 2),
+    "pad_uneven_residual": (dict(cexp=8, cout=4, residual=True, pad=((0, 2), (2, 0))), (7, 6, 4), 1),
+    "valid": (dict(cexp=8, cout=5, pad="valid"), (9, 8, 4), 1),
 }
 
 
@@ -116,9 +126,13 @@ def test_bottleneck_pattern(case, device, rng):
     m = Model(fused)
     names = m.op_names(0)
     assert names.count("fused_bottleneck") == 1
-    assert not {"CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "RELU", "RELU6"} & set(names), names
-    attrs = m.op_attrs(0, names.index("fused_bottleneck"))
+    assert not {"CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "RELU", "RELU6", "PAD"} & set(names), names
+    attrs = decode_attrs(m.op_attrs(0, names.index("fused_bottleneck")))
     assert attrs.get("output_activation", "linear") == (kw.get("out_act") or "linear")
+    pad = kw.get("pad")
+    assert attrs.get("padding", "SAME") == {None: "SAME", "valid": "VALID"}.get(pad, "EXPLICIT")
+    if pad not in (None, "valid"):
+        assert list(attrs["explicit_paddings"]) == [0, 0, *pad[0], *pad[1], 0, 0]
 
 
 def test_no_fusion_across_a_tensor_read_twice(device, rng):

@@ -18,7 +18,8 @@ checked, as the runtime would: a malformed op is refused, named with its index.
 
 Patterns (:data:`PATTERNS`, tried in this order at every op):
 
-* ``bottleneck``: CONV_2D 1x1 (act A) -> DEPTHWISE_CONV_2D KxK, K 3 or 5, stride 1 or 2, SAME (act A) ->
+* ``bottleneck``: CONV_2D 1x1 (act A) -> DEPTHWISE_CONV_2D KxK, K 3 or 5, stride 1 or 2, SAME or VALID, or a
+  PAD of zeros (H and W, less than K on each side) then VALID (act A) ->
   CONV_2D 1x1 [-> ADD of the block's input] with A = RELU6 or RELU; also without the first conv
   (expansion 1): ``fused_bottleneck``. A RELU6 or RELU on the projection CONV_2D, or fused into the ADD after
   it (MediaPipe's pose landmark model), becomes its ``output_activation``; the same chain in int8 (full-integer files) becomes an int8
@@ -137,19 +138,28 @@ def _bottleneck(g: Graph, oi: int):
         dw = g.sole_reader(expand["out"])
         chain.append(oi)
         x = expand["x"]
-    elif first == "DEPTHWISE_CONV_2D":
+    elif first in ("DEPTHWISE_CONV_2D", "PAD", "PADV2"):
         expand, dw = None, oi
         x = g.inputs(oi)[0]
     else:
         return None
+    pads = _hw_zero_pads(g, dw) if dw is not None else None
+    if pads is not None:   # a PAD of zeros before a VALID depthwise conv: the block's explicit padding
+        chain.append(dw)
+        padded = g.outputs_of(dw)[0]
+        dw = g.sole_reader(padded)
+        if dw is None or g.inputs(dw)[0] != padded:
+            return None
     if dw is None or g.op_name(dw) != "DEPTHWISE_CONV_2D":
         return None
     a, ins = g.attrs(dw), g.inputs(dw)
     act = a.get("fused_activation_function", "NONE")
     k = g.const(ins[1])
     stride = a.get("stride_h", 1)
+    padding = a.get("padding")
     if k is None or k.ndim != 4 or k.shape[0] != 1 or k.shape[1] != k.shape[2] or k.shape[1] not in (3, 5) or \
-            a.get("depth_multiplier", 1) != 1 or a.get("padding") != "SAME" or stride not in (1, 2) or \
+            a.get("depth_multiplier", 1) != 1 or padding not in ("SAME", "VALID") or stride not in (1, 2) or \
+            (pads is not None and (padding != "VALID" or pads.max() >= k.shape[1])) or \
             a.get("stride_w", 1) != stride or a.get("dilation_h_factor", 1) != 1 or \
             a.get("dilation_w_factor", 1) != 1 or act not in ("RELU6", "RELU") or \
             (expand is not None and expand["act"] != act) or not g.is_runtime(x):
@@ -180,6 +190,10 @@ def _bottleneck(g: Graph, oi: int):
              "squeeze_excite": False}
     if out_act != "NONE":
         attrs["output_activation"] = _ACT[out_act]
+    if pads is not None:
+        attrs.update(padding="EXPLICIT", explicit_paddings=[int(v) for v in pads.ravel()])
+    elif padding == "VALID":
+        attrs["padding"] = "VALID"
     if not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])):
         return None
     return chain, [x] + weights, out, "fused_bottleneck", attrs
@@ -515,18 +529,28 @@ def _pool_act(g: Graph, oi: int):
         "padding": str(a.get("padding", "VALID")).lower(), "activation": _POOL_ACTS[act]}
 
 
-def _pad_conv(g: Graph, oi: int):
-    """PAD (zeros, H and W only) then a VALID CONV_2D / DEPTHWISE_CONV_2D whose padding is exactly what SAME
-    would add (TensorFlow's split: the odd pixel at the bottom/right): the conv with SAME padding."""
+def _hw_zero_pads(g: Graph, oi: int) -> np.ndarray | None:
+    """Op ``oi``'s paddings ``[4, 2]`` where it is a PAD (or PADV2 of zeros) of an NHWC tensor's H and W only,
+    with constant paddings; else None."""
     if g.op_name(oi) not in ("PAD", "PADV2"):
         return None
     ins = g.inputs(oi)
     pads = g.const(ins[1]) if len(ins) > 1 else None
     if g.op_name(oi) == "PADV2" and (len(ins) < 3 or _scalar(g, ins[2]) != 0.0):
         return None
-    conv = g.sole_reader(g.outputs_of(oi)[0])
-    if pads is None or pads.shape != (4, 2) or pads[0].any() or pads[3].any() or conv is None or \
-            g.op_name(conv) not in ("CONV_2D", "DEPTHWISE_CONV_2D") or g.inputs(conv)[0] != g.outputs_of(oi)[0]:
+    if pads is None or pads.shape != (4, 2) or pads[0].any() or pads[3].any() or (pads < 0).any():
+        return None
+    return pads
+
+
+def _pad_conv(g: Graph, oi: int):
+    """PAD (zeros, H and W only) then a VALID CONV_2D / DEPTHWISE_CONV_2D whose padding is exactly what SAME
+    would add (TensorFlow's split: the odd pixel at the bottom/right): the conv with SAME padding."""
+    pads = _hw_zero_pads(g, oi)
+    ins = g.inputs(oi)
+    conv = g.sole_reader(g.outputs_of(oi)[0]) if pads is not None else None
+    if conv is None or g.op_name(conv) not in ("CONV_2D", "DEPTHWISE_CONV_2D") or \
+            g.inputs(conv)[0] != g.outputs_of(oi)[0]:
         return None
     a = g.attrs(conv)
     w = g.const(g.inputs(conv)[1])

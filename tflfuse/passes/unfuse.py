@@ -132,10 +132,24 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
     else:
         e, cexp = x, cin
     dw, db, pw, pb, *sev = vals
-    oh, ow = -(-h // stride), -(-w // stride)
+    k = dw.shape[0]
+    padding = str(attrs.get("padding", "SAME")).upper()
+    p = list(attrs.get("explicit_paddings") or [])
+    if padding not in ("SAME", "VALID", "EXPLICIT") or (padding == "EXPLICIT") != (len(p) == 8):
+        raise ValueError(f"fused_bottleneck (operator {oi}): padding {attrs.get('padding')!r} with explicit_paddings "
+                         f"{attrs.get('explicit_paddings')!r}: expected 'SAME', 'VALID', or 'EXPLICIT' with 8 ints")
+    if padding == "EXPLICIT":   # a PAD of zeros, then the VALID depthwise conv
+        p = [int(v) for v in p]
+        h, w = h + p[2] + p[3], w + p[4] + p[5]
+        e = b.op("PAD", [e, b.weight_i32(np.array(p, np.int32).reshape(4, 2))], (n, h, w, cexp), ("PadOptions", {}))
+    if padding == "SAME":
+        oh, ow = -(-h // stride), -(-w // stride)
+    else:
+        oh, ow = max(0, (h - k) // stride + 1), max(0, (w - k) // stride + 1)
     code = _FUSED_CODES.get(act.lower())
     d = b.op("DEPTHWISE_CONV_2D", [e, b.weight(dw[None]), b.weight(db)], (n, oh, ow, cexp),
-             ("DepthwiseConv2DOptions", {"padding": 0, "strideW": stride, "strideH": stride, "depthMultiplier": 1,
+             ("DepthwiseConv2DOptions", {"padding": 0 if padding == "SAME" else 1, "strideW": stride,
+                                         "strideH": stride, "depthMultiplier": 1,
                                          "dilationWFactor": 1, "dilationHFactor": 1,
                                          "fusedActivationFunction": code or 0}))
     if code is None:

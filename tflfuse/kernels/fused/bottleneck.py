@@ -3,7 +3,7 @@
 Semantics (``composites.bottleneck.fused_bottleneck``, BatchNorm folded): for input ``x [N, H, W, Cin]``
 
     e = act(x @ expand_w + expand_b)                      # 1x1 expand, [N, H, W, Cexp]   (expansion > 1)
-    d = act(depthwiseKxK(e, dw_w, stride, SAME) + dw_b)   # [N, OH, OW, Cexp], K = kernel_size (3 or 5)
+    d = act(depthwiseKxK(e, dw_w, stride, padding) + dw_b)   # [N, OH, OW, Cexp], K = kernel_size (3 or 5)
     g = hard_sigmoid(relu(mean_hw(d) @ se_w1 + se_b1) @ se_w2 + se_b2)   # [N, Cexp] (squeeze_excite)
     d = d * g                                             # (squeeze_excite)
     y = d @ project_w + project_b (+ x when residual)     # 1x1 projection, linear, [N, OH, OW, Cout]
@@ -16,8 +16,11 @@ squeeze_excite ``se_w1 [Cexp, Csq]``, ``se_b1 [Csq]``, ``se_w2 [Csq, Cexp]``, ``
 ``expansion`` (int), ``stride`` (1 or 2), ``residual`` (bool), ``activation`` (str), ``kernel_size`` (int,
 default 3), ``squeeze_excite`` (bool, default False) and ``output_activation`` (``"linear"``, the default,
 ``"relu"`` or ``"relu6"``: applied after the residual, as TFLite's ADD with a fused RELU6 after a block, or a
-projection CONV_2D with a fused activation; :func:`tflfuse.fuse` folds both): files written before the last
-three existed read as MobileNetV2's block.
+projection CONV_2D with a fused activation; :func:`tflfuse.fuse` folds both), ``padding`` (``"SAME"``, the
+default, ``"VALID"`` or ``"EXPLICIT"`` with ``explicit_paddings``: eight ints, TensorFlow's NHWC
+``[0, 0, top, bottom, left, right, 0, 0]``, each of the four below ``kernel_size``; a PAD of zeros before a
+VALID depthwise conv, as in MediaPipe's pose landmark model, is this): files written before the last
+five existed read as MobileNetV2's block.
 
 Without squeeze-excite, five strategies, chosen from the ``target`` attribute and the shapes (all compute
 the same values; see :meth:`FusedBottleneck._schedule`; the ``strategy`` attribute picks one on any target):
@@ -55,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
 from absl import logging
 
 from ..base import MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel, KernelError, Program, TensorSpec
@@ -111,7 +115,8 @@ class FusedBottleneck(CompositeKernel):
     input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b", "se_w1", "se_b1",
                    "se_w2", "se_b2")
     attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "target": "gpu",
-                     "kernel_size": 3, "squeeze_excite": False, "output_activation": "linear"}
+                     "kernel_size": 3, "squeeze_excite": False, "output_activation": "linear", "padding": "SAME",
+                     "explicit_paddings": None}
 
     def check(self):
         x = self.expect_rank(0, 4)
@@ -157,17 +162,16 @@ class FusedBottleneck(CompositeKernel):
         self.stride = int(self.attr("stride"))
         if self.stride not in (1, 2):
             raise self.fail(f"stride must be 1 or 2, got {self.stride}")
+        self._padding(h, w)
         self.residual = bool(self.attr("residual"))
-        if self.residual and (self.stride != 1 or cin != self.cout):
-            raise self.fail(f"residual needs stride 1 and Cin == Cout, got stride {self.stride}, "
-                            f"Cin {cin}, Cout {self.cout}")
+        if self.residual and (self.stride != 1 or cin != self.cout or (self.oh, self.ow) != (h, w)):
+            raise self.fail(f"residual needs stride 1, Cin == Cout and an output of the input's size, got stride "
+                            f"{self.stride}, Cin {cin}, Cout {self.cout}, output {self.oh}x{self.ow} of {h}x{w}")
         activation_fn(self.attr("activation"))  # validates the name
         self.out_act = str(self.attr("output_activation")).lower()
         if self.out_act not in OUTPUT_ACTIVATIONS:
             raise self.fail(f"output_activation must be one of {', '.join(map(repr, OUTPUT_ACTIVATIONS))} (applied "
                             f"after the projection and the residual), got {self.attr('output_activation')!r}")
-        self.oh, self.pt = conv_output_size(h, k, self.stride, 1, "SAME")
-        self.ow, self.pl = conv_output_size(w, k, self.stride, 1, "SAME")
         # an empty output (no pixels or no output channels) has nothing to compute: no dispatch, as CONV_2D's
         self.empty = not (n * self.oh * self.ow * self.cout)
         default = dict(_EMPTY_SCHEDULE) if self.empty else self._schedule()
@@ -194,6 +198,31 @@ class FusedBottleneck(CompositeKernel):
                 self.out_block, self.chunk, self.splits) < 1:
             raise self.fail(f"tile must be 1, 2, 4 or 8, lanes 1..16 (a power of two), out_block, chunk and "
                             f"splits >= 1; got {schedule}")
+
+    def _padding(self, h: int, w: int) -> None:
+        """The depthwise conv's output size and padding before (``oh``, ``ow``, ``pt``, ``pl``) from ``padding``:
+        ``"SAME"`` and ``"VALID"`` as TFLite computes them, or ``"EXPLICIT"`` with ``explicit_paddings``, eight
+        ints as ``tf.nn.conv2d`` takes them for NHWC (``[0, 0, top, bottom, left, right, 0, 0]``, each of the
+        four between 0 and ``kernel_size - 1``): TFLite's PAD of zeros then a VALID DEPTHWISE_CONV_2D."""
+        pad, k, s = str(self.attr("padding")).upper(), self.k, self.stride
+        given = self.attrs.get("explicit_paddings")
+        if pad in ("SAME", "VALID"):
+            if given not in (None, [], ()):
+                raise self.fail(f"explicit_paddings {given!r} needs padding 'EXPLICIT', got {pad!r}")
+            self.oh, self.pt = conv_output_size(h, k, s, 1, pad)
+            self.ow, self.pl = conv_output_size(w, k, s, 1, pad)
+        elif pad == "EXPLICIT":
+            p = list(given) if isinstance(given, (list, tuple)) else None
+            if p is None or len(p) != 8 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                                   for v in p) \
+                    or any(p[i] for i in (0, 1, 6, 7)) or not all(0 <= v < k for v in p[2:6]):
+                raise self.fail(f"explicit_paddings must be 8 ints [0, 0, top, bottom, left, right, 0, 0] (NHWC, "
+                                f"as tf.nn.conv2d takes them) with each of the four in 0..{k - 1}, got {given!r}")
+            t, b, lf, r = (int(v) for v in p[2:6])
+            self.oh, self.pt = max(0, (h + t + b - k) // s + 1), t
+            self.ow, self.pl = max(0, (w + lf + r - k) // s + 1), lf
+        else:
+            raise self.fail(f"padding must be 'SAME', 'VALID' or 'EXPLICIT', got {self.attr('padding')!r}")
 
     def output_specs(self):
         return (TensorSpec((self.input(0).shape[0], self.oh, self.ow, self.cout)),)
@@ -593,7 +622,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let lx = (ox - tx0) * {s};
   var acc: array<f32, {jb}>;
   for (var e0 = split * {per_split}u; e0 < min(split * {per_split}u + {per_split}u, {cexp}u); e0 += {ec}u) {{
-{stage}    // 1x1 expansion of the input halo for channels e0..e0+{ec}; zero outside the image (SAME padding).
+{stage}    // 1x1 expansion of the input halo for channels e0..e0+{ec}; zero outside the image (the padding).
     for (var i = lidx; i < {hw * hw * ec}u; i += {threads}u) {{
       let c = i % {ec}u;
       let e = e0 + c;
