@@ -260,3 +260,23 @@ def test_unfuse_of_an_int8_file_gives_the_chain_litert_runs(blocks):
     assert "fused_bottleneck" not in Model(data).op_names(0)
     x = _input(BLOCKS[name][0], seed=6)
     np.testing.assert_array_equal(_litert(data, x), _litert(composite.tflite, x))
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"output_activation": "relu6"}, "output_activation 'relu6' has no int8 form"),
+    ({"padding": "EXPLICIT", "explicit_paddings": [0, 0, 1, 1, 1, 1, 0, 0]}, "padding 'EXPLICIT' has no int8 form"),
+])
+def test_kernel_refuses_float_only_attributes(small, extra, message):
+    """The float block's output activation and padding have no int8 form: refused by name, never ignored."""
+    m = small["custom"].model()
+    op = m.op_names(0).index("fused_bottleneck")
+    attrs = tflfuse.annotate.decode_attrs(m.op_attrs(0, op))
+    from tflfuse.kernels.base import TensorSpec
+    from tflfuse.kernels.quant import quantized_kernel
+
+    ins = m.op_inputs(0, op)
+    specs = [TensorSpec(m.tensor_shape(0, t), str(m.tensor_dtype(0, t))) for t in ins]
+    with pytest.raises(KernelError, match=message):
+        quantized_kernel("fused_bottleneck", None)(specs, {
+            **attrs, **extra, "input_quantization": [m.tensor_quantization(0, t) for t in ins],
+            "output_quantization": [m.tensor_quantization(0, m.op_outputs(0, op)[0])]})

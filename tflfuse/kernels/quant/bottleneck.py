@@ -61,7 +61,8 @@ class QuantizedFusedBottleneck(ComposedKernel):
     attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "kernel_size": 3,
                      "squeeze_excite": False, "expand_scale": None, "expand_zero_point": None, "dw_scale": None,
                      "dw_zero_point": None, "project_scale": None, "project_zero_point": None, "target": "gpu",
-                     "expand_layout": "OHWI", "project_layout": "OHWI", "output_activation": "linear"}
+                     "expand_layout": "OHWI", "project_layout": "OHWI", "output_activation": "linear",
+                     "padding": "SAME", "explicit_paddings": None}
     extra_attrs = ("input_quantization", "output_quantization", "output_dtype")
     needs_io_quantization = True
     needs_output_dtype = True
@@ -95,6 +96,9 @@ class QuantizedFusedBottleneck(ComposedKernel):
         if str(self.attr("output_activation")).lower() != "linear":
             raise self.fail(f"output_activation {self.attr('output_activation')!r} has no int8 form (the int8 "
                             f"output's quantization clamps it); give 'linear' or leave it out")
+        if str(self.attr("padding")).upper() != "SAME" or self.attrs.get("explicit_paddings"):
+            raise self.fail(f"padding {self.attr('padding')!r} has no int8 form here (the int8 block is SAME); "
+                            f"give 'SAME' or leave it out")
         act = str(self.attr("activation"))
         if act not in _ACTS:
             raise self.fail(f"activation {act!r} has no int8 form here; supported: {sorted(_ACTS)}")
