@@ -63,20 +63,24 @@ def keras_activation(name, alpha=None, slopes=None):
     return act.get(name) or keras.activations.get(name)
 
 
-def epilogue_inputs(rng, out_shape, cout, act, residual):
-    """(optional inputs, attrs, reference epilogue) for the kernels."""
+def epilogue_inputs(rng, out_shape, cout, act, residual, after=False, post=False):
+    """(optional inputs, attrs, reference epilogue) for the kernels; ``after``: the residual added after the
+    activation (``residual_after_activation``); ``post``: per-channel scales and shifts applied last
+    (``post_affine``)."""
     bias = rng.standard_normal(cout).astype(np.float32)
     res = rng.standard_normal(out_shape).astype(np.float32) if residual else None
     slopes = rng.uniform(-0.5, 0.5, (1, 1, cout) if len(out_shape) == 4 else (cout,)).astype(np.float32) \
         if act == "prelu" else None
+    affine = np.stack([rng.uniform(-2, 2, cout), rng.standard_normal(cout)]).astype(np.float32) if post else None
     attrs = dict(activation=act, alpha=ALPHA.get(act), has_bias=True, has_residual=residual,
-                 has_prelu=act == "prelu")
+                 has_prelu=act == "prelu", has_post_affine=post, residual_after_activation=after)
     f = keras_activation(act, ALPHA.get(act), slopes)
 
     def reference(z):
-        z = z + bias + (res if residual else 0)
-        return np.asarray(f(tf.constant(z, tf.float32)))
-    return [a for a in (bias, res, slopes) if a is not None], attrs, reference
+        z = z + bias + (res if residual and not after else 0)
+        y = np.asarray(f(tf.constant(z, tf.float32))) + (res if after else 0)
+        return y * affine[0] + affine[1] if post else y
+    return [a for a in (bias, res, slopes, affine) if a is not None], attrs, reference
 
 
 def scaled(rng, shape, fan_in, gain=3.0):
@@ -98,7 +102,7 @@ CONV_CASES = [  # (N, H, W, Cin, KH, KW, Cout, strides, dilations, padding)
 CASE_ACTS = ["relu6", "gelu", "prelu", "leaky_relu", "hard_swish", "elu", "tanh"]  # one per case, rotating
 
 
-def conv_run(device, rng, op, case, act, residual, target=None, tuning=None):
+def conv_run(device, rng, op, case, act, residual, target=None, tuning=None, after=False, post=False):
     n, h, w, cin, kh, kw, cout, strides, dil, pad = case
     x = rng.standard_normal((n, h, w, cin)).astype(np.float32)
     # The float64 NumPy references (tests/npref.py), not TF's CPU kernels: TF's choice of kernel depends on
@@ -118,7 +122,7 @@ def conv_run(device, rng, op, case, act, residual, target=None, tuning=None):
         pwf = scaled(rng, (1, 1, cin * mult, cout), cin * mult)
         z = npref.separable_conv2d(x, dwf, pwf, strides, pad, dil)
         main = [x, dwf, pwf if cout % 2 else pwf[0, 0]]   # the [Cin * M, Cout] form too
-    extra, attrs, reference = epilogue_inputs(rng, z.shape, z.shape[-1], act, residual)
+    extra, attrs, reference = epilogue_inputs(rng, z.shape, z.shape[-1], act, residual, after, post)
     if target:
         attrs["target"] = target
     attrs.update(tuning or {})
@@ -193,6 +197,23 @@ def test_every_activation_with_residual(device, rng, op, target, act):
                  target=target)
 
 
+@pytest.mark.parametrize("op, target", OPS + [("fused_matmul", None)])
+@pytest.mark.parametrize("after, post", [(True, False), (False, True), (True, True)],
+                         ids=["residual_after", "post_affine", "both"])
+@pytest.mark.parametrize("act", ["relu", "prelu", "hard_swish"])
+def test_residual_after_activation_and_post_affine(device, rng, op, target, after, post, act):
+    """``act(conv + bias) + residual`` (TFLite's ADD after a conv with a fused RELU) and a per-channel scale and
+    shift after everything (a DEPTHWISE_CONV_2D 1x1 after the activation), against float64 NumPy convs and
+    Keras' activations; tolerance as the module's (the added terms are O(1) and exact in float32 but for one
+    rounding each)."""
+    residual = after or op != "fused_depthwise_conv2d"   # the post affine alone too, on the depthwise op
+    if op == "fused_matmul":
+        matmul_run(device, rng, ((2, 3, 4, 9), (9, 6), False, False), act, residual, after, post)
+    else:
+        conv_run(device, rng, op, (2, 7, 6, 5, 3, 3, 6, (2, 2), (1, 1), "SAME"), act, residual, target=target,
+                 after=after, post=post)
+
+
 MATMUL_CASES = [  # (a shape, b shape, transpose_a, transpose_b)
     ((2, 3, 4, 5), (5, 6), False, False),      # rank-4 a, a Dense kernel b
     ((2, 1, 4, 5), (3, 5, 6), False, False),   # broadcast batches
@@ -204,13 +225,13 @@ MATMUL_CASES = [  # (a shape, b shape, transpose_a, transpose_b)
 ]
 
 
-def matmul_run(device, rng, case, act, residual):
+def matmul_run(device, rng, case, act, residual, after=False, post=False):
     sa, sb, ta, tb = case
     a = rng.standard_normal(sa).astype(np.float32)
     k = sa[-2] if ta else sa[-1]
     b = scaled(rng, sb, k)
     z = tf.linalg.matmul(a, b, transpose_a=ta, transpose_b=tb).numpy()
-    extra, attrs, reference = epilogue_inputs(rng, z.shape, z.shape[-1], act, residual)
+    extra, attrs, reference = epilogue_inputs(rng, z.shape, z.shape[-1], act, residual, after, post)
     (y,) = run_op(device, "fused_matmul", [a, b] + extra, dict(transpose_a=ta, transpose_b=tb, **attrs))
     assert_close(y, reference(z))
 
@@ -328,6 +349,11 @@ def test_gelu_accuracy(device):
     ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,)], {"activation": "swish"}, "unsupported activation"),
     ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (3,)], {}, "bias must have shape"),
     ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,)], {"padding": "FULL"}, "padding"),
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,)], {"residual_after_activation": True}, "it needs has_residual"),
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,), (1, 3, 3, 2)], {"has_residual": True,
+                                                                        "residual_after_activation": "yes"},
+     "residual_after_activation must be a bool"),
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,), (2,)], {"has_post_affine": True}, r"post_affine must have shape \[2, 2\]"),
     ("fused_depthwise_conv2d", [(1, 5, 5, 3), (3, 3, 2, 2), (6,)], {}, "Cin 3"),
     ("fused_separable_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (1, 1, 5, 4), (4,)], {}, "pointwise_filter"),
     ("fused_separable_conv2d", [(1, 5, 5, 0), (3, 3, 0, 1), (1, 1, 0, 8), (8,)], {}, "no channels"),

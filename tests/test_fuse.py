@@ -229,6 +229,25 @@ CONV_CASES = {
     "separable_stride2_elu": (
         lambda x: keras.layers.ELU()(keras.layers.Conv2D(5, 1)(keras.layers.DepthwiseConv2D(5, 2, "same")(x))),
         (9, 9, 3), 1, {"separable_conv": 1}, "fused_separable_conv2d"),
+    # The residual added after a fused RELU / RELU6 (MediaPipe's selfie segmentation decoder), and a per-channel
+    # scale and shift (a DEPTHWISE_CONV_2D 1x1) after the activation (its hand_recrop), alone and together.
+    "conv_relu_then_residual": (
+        lambda x: keras.layers.Add()([keras.layers.Conv2D(5, 3, padding="same", activation="relu")(x), x]),
+        (6, 7, 5), 2, {"conv_activation": 1}, "fused_conv2d"),
+    "depthwise_relu6_then_residual": (
+        lambda x: keras.layers.Add()([x, keras.layers.DepthwiseConv2D(3, padding="same", activation="relu6")(x)]),
+        (7, 5, 6), 1, {"conv_activation": 1}, "fused_depthwise_conv2d"),
+    "conv_prelu_then_affine": (
+        lambda x: keras.layers.DepthwiseConv2D(1)(_prelu()(keras.layers.Conv2D(6, 3, 2, "same")(x))),
+        (9, 8, 3), 1, {"conv_activation": 1}, "fused_conv2d"),
+    "separable_elu_then_affine": (
+        lambda x: keras.layers.DepthwiseConv2D(1)(keras.layers.ELU()(
+            keras.layers.Conv2D(5, 1)(keras.layers.DepthwiseConv2D(3, padding="same")(x)))),
+        (6, 6, 4), 1, {"separable_conv": 1}, "fused_separable_conv2d"),
+    "conv_relu_residual_then_affine": (
+        lambda x: keras.layers.DepthwiseConv2D(1)(keras.layers.Add()([
+            keras.layers.Conv2D(5, 3, padding="same", activation="relu")(x), x])),
+        (5, 6, 5), 1, {"conv_activation": 1}, "fused_conv2d"),
 }
 
 

@@ -36,7 +36,10 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   never fall in padding [-> ADD residual] [-> activation op]: ``fused_conv2d``, the scale and shift folded
   into its filter and bias.
 * ``conv_activation``: CONV_2D / DEPTHWISE_CONV_2D -> [ADD residual] -> [an activation op TFLite cannot fold:
-  PRELU, HARD_SWISH, LOGISTIC, TANH, LEAKY_RELU, ELU, RELU]: ``fused_conv2d`` / ``fused_depthwise_conv2d``.
+  PRELU, HARD_SWISH, LOGISTIC, TANH, LEAKY_RELU, ELU, RELU]: ``fused_conv2d`` / ``fused_depthwise_conv2d``;
+  also a conv with a fused RELU / RELU6 -> ADD of a tensor of its shape (``residual_after_activation``). After
+  the activation (of these and of the two patterns above), a DEPTHWISE_CONV_2D 1x1 of multiplier 1 without
+  activation (a per-channel scale and shift) goes with the chain (``post_affine``).
 
   In both, a residual that a PAD (or PADV2 of zeros) extends with zero channels at the end of the last axis
   (BlazeFace's and BlazePalm's blocks that widen their channels) is taken before the PAD, which goes with the
@@ -229,7 +232,7 @@ def _epilogue(g: Graph, last: int, out: int, chain: list[int]) -> dict | None:
             found["residual"], found["folded"] = res, folded
             if act != "NONE":
                 found["activation"] = _ACT_OPS[act]
-                found["out"] = out
+                found["out"] = _post_affine(g, out, chain, found)
                 return found
             nxt = g.sole_reader(out)
     if nxt is not None and g.op_name(nxt) in _ACT_OPS:
@@ -247,10 +250,65 @@ def _epilogue(g: Graph, last: int, out: int, chain: list[int]) -> dict | None:
         if ok:
             chain.append(nxt)
             found["activation"], out = _ACT_OPS[name], g.outputs_of(nxt)[0]
+    if found["activation"] != "linear":   # a residual and a scale and shift after the activation
+        if found["residual"] is None:
+            out = _residual_after(g, out, chain, found)
+        out = _post_affine(g, out, chain, found)
     if len(chain) == 1:
         return None
     found["out"] = out
     return found
+
+
+def _activated_epilogue(g: Graph, out: int, chain: list[int], act: str) -> dict | None:
+    """After a conv with a fused RELU / RELU6 (``act``): an ADD of a runtime tensor of the output's shape (the
+    residual added after the activation: ``residual_after_activation``, as MediaPipe's selfie segmentation adds
+    its decoder blocks' inputs) and/or a scale and shift (:func:`_post_affine`). Extends ``chain``; returns the
+    fused op's epilogue or None when nothing follows."""
+    found: dict = {"residual": None, "activation": _ACT[act], "alpha": None, "prelu": None}
+    out = _post_affine(g, _residual_after(g, out, chain, found), chain, found)
+    if len(chain) == 1:
+        return None
+    found["out"] = out
+    return found
+
+
+def _residual_after(g: Graph, out: int, chain: list[int], found: dict) -> int:
+    """Where ``out``'s sole reader is an ADD without activation of a runtime tensor of ``out``'s shape: appends
+    it to ``chain``, sets ``found``'s residual (added after the activation) and returns the ADD's output; else
+    returns ``out``."""
+    add = g.sole_reader(out)
+    if add is None or g.op_name(add) != "ADD" or g.attrs(add).get("fused_activation_function", "NONE") != "NONE":
+        return out
+    res = _other(g, add, out)
+    if res is None or not g.is_runtime(res) or g.shapes.get(res) != g.shapes.get(out) or \
+            g.shapes.get(g.outputs_of(add)[0]) != g.shapes.get(out):
+        return out
+    chain.append(add)
+    found.update(residual=res, residual_after_activation=True)
+    return g.outputs_of(add)[0]
+
+
+def _post_affine(g: Graph, out: int, chain: list[int], found: dict) -> int:
+    """Where ``out``'s sole reader is a DEPTHWISE_CONV_2D 1x1 of multiplier 1, stride 1, without activation,
+    with constant weights (a per-channel scale and shift: a BatchNorm after the activation, as MediaPipe's
+    hand_recrop has): appends it to ``chain``, sets ``found["post_affine"]`` ([2, C]: scales, shifts) and
+    returns its output; else returns ``out``."""
+    dw = g.sole_reader(out)
+    if dw is None or g.op_name(dw) != "DEPTHWISE_CONV_2D" or g.inputs(dw)[0] != out:
+        return out
+    a, ins = g.attrs(dw), g.inputs(dw)
+    k = g.const(ins[1])
+    channels = g.shapes.get(out, (0,))[-1]
+    if a.get("fused_activation_function", "NONE") != "NONE" or k is None or k.shape != (1, 1, 1, channels) or \
+            a.get("stride_h", 1) != 1 or a.get("stride_w", 1) != 1:
+        return out
+    shift = _bias(g, ins, channels)
+    if shift is None:
+        return out
+    chain.append(dw)
+    found["post_affine"] = np.stack([k.reshape(-1), shift.reshape(-1)]).astype(np.float32)
+    return g.outputs_of(dw)[0]
 
 
 def _channel_pad(g: Graph, t: int, reader: int) -> int | None:
@@ -296,8 +354,13 @@ def _conv_geometry(a: dict) -> dict:
             "padding": str(a.get("padding", "VALID"))}
 
 
-def _fused_conv_op(g: Graph, chain: list[int], x: int, weights: list, bias, geometry: dict, op_name: str):
-    tail = _epilogue(g, chain[-1], g.outputs_of(chain[-1])[0], chain)
+def _fused_conv_op(g: Graph, chain: list[int], x: int, weights: list, bias, geometry: dict, op_name: str,
+                   fused_act: str = "NONE"):
+    """The fused conv op of ``chain`` (its conv last) and what follows it (:func:`_epilogue`; after a conv with
+    a fused RELU / RELU6 ``fused_act``, :func:`_activated_epilogue`), or None when nothing follows."""
+    out = g.outputs_of(chain[-1])[0]
+    tail = _epilogue(g, chain[-1], out, chain) if fused_act == "NONE" else _activated_epilogue(g, out, chain,
+                                                                                                fused_act)
     if tail is None or not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])):
         return None
     chain = tail.get("folded", []) + chain   # replaced with the chain; the new op stands at its last op
@@ -306,8 +369,14 @@ def _fused_conv_op(g: Graph, chain: list[int], x: int, weights: list, bias, geom
         inputs.append(tail["residual"])
     if tail["prelu"] is not None:
         inputs.append(tail["prelu"])
+    if tail.get("post_affine") is not None:
+        inputs.append(tail["post_affine"])
     attrs = {**geometry, "activation": tail["activation"], "has_bias": True,
              "has_residual": tail["residual"] is not None, "has_prelu": tail["prelu"] is not None}
+    if tail.get("post_affine") is not None:
+        attrs["has_post_affine"] = True
+    if tail.get("residual_after_activation"):
+        attrs["residual_after_activation"] = True
     if tail.get("residual_pool", 1) != 1:
         attrs["residual_pool"] = tail["residual_pool"]
     if tail["alpha"] is not None:
@@ -328,8 +397,8 @@ def _conv_act(g: Graph, oi: int):
         return None
     a, ins = g.attrs(oi), g.inputs(oi)
     w = g.const(ins[1])
-    if a.get("fused_activation_function", "NONE") != "NONE" or w is None or w.ndim != 4 or \
-            not g.is_runtime(ins[0]):
+    fused_act = a.get("fused_activation_function", "NONE")
+    if fused_act not in _ACT or w is None or w.ndim != 4 or not g.is_runtime(ins[0]):
         return None
     cin = g.shapes[ins[0]][-1]
     if name == "CONV_2D":
@@ -344,7 +413,7 @@ def _conv_act(g: Graph, oi: int):
     bias = _bias(g, ins, cout)
     if bias is None:
         return None
-    return _fused_conv_op(g, [oi], ins[0], weights, bias, _conv_geometry(a), op_name)
+    return _fused_conv_op(g, [oi], ins[0], weights, bias, _conv_geometry(a), op_name, fused_act)
 
 
 def _separable(g: Graph, oi: int):

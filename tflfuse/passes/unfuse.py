@@ -177,15 +177,38 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
 
 def _epilogue(b: Builder, g: Graph, attrs: dict, y_shape, extra: list[int], out: int, conv) -> None:
     """Emits ``conv(fused_activation)`` then the residual ADD and the activation of a fused conv op, in the
-    order the fused op applies them (bias, residual, activation), writing ``out``."""
+    order the fused op applies them (bias, residual, activation; or the residual after the activation with
+    ``residual_after_activation``; then the ``post_affine`` scale and shift as a DEPTHWISE_CONV_2D 1x1),
+    writing ``out``."""
     act = str(attrs.get("activation", "linear")).lower()
     residual = extra.pop(0) if attrs.get("has_residual") else None
     slopes = extra.pop(0) if attrs.get("has_prelu") else None
+    post = extra.pop(0) if attrs.get("has_post_affine") else None
+    after = residual if attrs.get("residual_after_activation") else None
+    if after is not None:
+        residual = None
+    activated = _activated(b, g, attrs, act, y_shape, residual, slopes, conv,
+                           None if after is not None or post is not None else out)
+    if after is not None:
+        activated = b.op("ADD", [activated, after], y_shape, ("AddOptions", {"fusedActivationFunction": 0}),
+                         out=None if post is not None else out)
+    if post is not None:
+        affine = g.const(post)
+        if affine is None or affine.shape != (2, y_shape[-1]):
+            raise UnfuseError(f"post_affine must be a constant [2, {y_shape[-1]}] to unfuse")
+        b.op("DEPTHWISE_CONV_2D", [activated, b.weight(affine[0].reshape(1, 1, 1, -1)), b.weight(affine[1])],
+             y_shape, ("DepthwiseConv2DOptions", {"padding": 1, "strideW": 1, "strideH": 1, "depthMultiplier": 1,
+                                                  "dilationWFactor": 1, "dilationHFactor": 1,
+                                                  "fusedActivationFunction": 0}), out=out)
+
+
+def _activated(b: Builder, g: Graph, attrs: dict, act: str, y_shape, residual, slopes, conv, out) -> int:
+    """``act(conv + residual)`` as builtins (the activation folded into the conv or the ADD where TFLite can),
+    writing ``out`` (None: a new tensor); returns the tensor."""
     foldable = act in _FUSED_CODES
     code = _FUSED_CODES.get(act, 0)
     if residual is None and foldable:
-        conv(code, out)
-        return
+        return conv(code, out)
     y = conv(0, None)
     if residual is not None:
         res_shape = tuple(g.shapes[residual])
@@ -196,21 +219,19 @@ def _epilogue(b: Builder, g: Graph, attrs: dict, y_shape, extra: list[int], out:
         if padded_channels(tuple(y_shape), res_shape):   # fewer channels: TFLite's PAD of the last axis
             pads = [[0, 0]] * (len(res_shape) - 1) + [[0, int(y_shape[-1]) - res_shape[-1]]]
             residual = b.op("PAD", [residual, b.weight_i32(pads)], y_shape, ("PadOptions", {}))
-        last = foldable
-        y = b.op("ADD", [y, residual], y_shape, ("AddOptions", {"fusedActivationFunction": code if last else 0}),
-                 out=out if last else None)
-        if last:
-            return
+        y = b.op("ADD", [y, residual], y_shape, ("AddOptions", {"fusedActivationFunction": code if foldable else 0}),
+                 out=out if foldable else None)
+        if foldable:
+            return y
     if act == "prelu":
-        b.op("PRELU", [y, slopes], out=out)
-    elif act == "leaky_relu":
+        return b.op("PRELU", [y, slopes], y_shape, out=out)
+    if act == "leaky_relu":
         alpha = attrs.get("alpha")
-        b.op("LEAKY_RELU", [y], options=("LeakyReluOptions", {"alpha": 0.2 if alpha is None else float(alpha)}),
-             out=out)
-    elif act == "elu" and attrs.get("alpha") not in (None, 1.0):
+        return b.op("LEAKY_RELU", [y], y_shape,
+                    options=("LeakyReluOptions", {"alpha": 0.2 if alpha is None else float(alpha)}), out=out)
+    if act == "elu" and attrs.get("alpha") not in (None, 1.0):
         raise UnfuseError(f"elu with alpha {attrs.get('alpha')} has no TFLite builtin (ELU's alpha is 1)")
-    else:
-        _act_after(b, y, y_shape, act, out=out)
+    return _act_after(b, y, y_shape, act, out=out)
 
 
 def _geometry_options(kind: str, attrs: dict, code: int, **more) -> tuple[str, dict]:

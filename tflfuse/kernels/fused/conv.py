@@ -19,12 +19,17 @@ Cout`` channels, zero-extended at the end as TFLite's PAD of the last axis would
 ``[N, H, W, Cr]`` that a 2x2 max pool of stride 2, VALID, brings to ``OH = H // 2``, ``OW = W // 2`` first:
 BlazeFace's and BlazePalm's downsampling blocks), PReLU slopes
 broadcastable to the output, e.g. ``[Cout]``, ``[1, 1, Cout]`` or ``[OH, OW, Cout]`` (``has_prelu``, with
-``activation="prelu"``). Output ``[N, OH, OW, Cout]``, ``OH`` as TensorFlow computes it for the padding.
+``activation="prelu"``), and ``post_affine [2, Cout]`` (``has_post_affine``): per-channel scales, then shifts,
+applied last, ``y = y * post_affine[0] + post_affine[1]`` (TFLite's DEPTHWISE_CONV_2D 1x1 of multiplier 1 after
+the activation, a BatchNorm left in the file, as in MediaPipe's hand_recrop). Output ``[N, OH, OW, Cout]``,
+``OH`` as TensorFlow computes it for the padding.
 
 Attributes: ``strides`` and ``dilations`` (lists of 2 ints), ``padding`` (``"SAME"``/``"VALID"``),
 ``residual_pool`` (1, the default, or 2: see above),
 ``activation`` (one of :data:`FUSED_ACTIVATIONS`), ``alpha`` (float: leaky_relu's negative slope, elu's
-alpha; default Keras'), ``has_bias``, ``has_residual``, ``has_prelu`` (bools).
+alpha; default Keras'), ``has_bias``, ``has_residual``, ``has_prelu``, ``has_post_affine`` (bools), and
+``residual_after_activation`` (bool, default False: ``act(conv(x) + bias) + residual``, as TFLite's ADD after
+a conv with a fused RELU computes it).
 
 :class:`FusedEpilogue` (bias, residual, activation) is shared with ``fused_matmul``.
 """
@@ -57,8 +62,8 @@ _NO_CHANNELS = ("the input has no channels (Cin 0): the conv's sums have no term
 #: Activations of the fused ops (Keras' semantics; ``prelu`` takes its slopes from an input tensor).
 FUSED_ACTIVATIONS = ("linear", "relu", "relu6", "elu", "leaky_relu", "prelu", "sigmoid", "tanh", "hard_swish",
                      "gelu", "gelu_tanh")
-_FLAGS = ("has_bias", "has_residual", "has_prelu")
-_OPTIONAL_NAMES = {"has_bias": "bias", "has_residual": "res", "has_prelu": "slope"}
+_FLAGS = ("has_bias", "has_residual", "has_prelu", "has_post_affine")
+_OPTIONAL_NAMES = {"has_bias": "bias", "has_residual": "res", "has_prelu": "slope", "has_post_affine": "post"}
 
 
 def padded_channels(out_shape: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -75,9 +80,10 @@ class FusedEpilogue(CompositeKernel):
     bias (``b[co]``) and residual (broadcast from output index ``idx``) and applies the activation."""
 
     main_inputs: tuple[str, ...] = ()
-    input_names = ("bias", "residual", "prelu_alpha")  # after main_inputs, each present as its flag says
+    input_names = ("bias", "residual", "prelu_alpha", "post_affine")  # after main_inputs, as their flags say
     attr_defaults = {"activation": "linear", "alpha": None, "has_bias": True, "has_residual": False,
-                     "has_prelu": False, "residual_pool": 1, "target": "gpu"}
+                     "has_prelu": False, "residual_pool": 1, "target": "gpu", "residual_after_activation": False,
+                     "has_post_affine": False}
 
     def check_epilogue(self, out_shape: tuple[int, ...], cout: int) -> None:
         """Validates the flags against the inputs, their shapes, and the activation; sets ``self.flags``."""
@@ -107,6 +113,12 @@ class FusedEpilogue(CompositeKernel):
                             f"{self.residual_pool!r}")
         if self.residual_pool == 2 and not self.flags["has_residual"]:
             raise self.fail("residual_pool 2 pools the residual: it needs has_residual")
+        after = self.attr("residual_after_activation")
+        if not isinstance(after, (bool, int, np.bool_)) or int(after) not in (0, 1):
+            raise self.fail(f"attribute residual_after_activation must be a bool, got {after!r}")
+        self.residual_after = bool(after)
+        if self.residual_after and not self.flags["has_residual"]:
+            raise self.fail("residual_after_activation adds the residual after the activation: it needs has_residual")
         pos = len(self.main_inputs)
         self.optional = []  # binding names of the present optional inputs, in order
         for flag in _FLAGS:
@@ -115,9 +127,12 @@ class FusedEpilogue(CompositeKernel):
             spec = self.expect_rank(pos, *range(0, 7))
             if flag == "has_bias" and spec.shape != (cout,):
                 raise self.fail(f"bias must have shape [{cout}], got {list(spec.shape)}")
+            if flag == "has_post_affine" and spec.shape != (2, cout):
+                raise self.fail(f"post_affine must have shape [2, {cout}] (per-channel scales, then shifts), got "
+                                f"{list(spec.shape)}")
             if flag == "has_residual" and self.residual_pool == 2:
                 self._check_pooled_residual(spec.shape)
-            elif flag != "has_bias":
+            elif flag not in ("has_bias", "has_post_affine"):
                 try:
                     ok = np.broadcast_shapes(out_shape, spec.shape) == tuple(out_shape)
                 except ValueError:
@@ -158,8 +173,10 @@ class FusedEpilogue(CompositeKernel):
         return [name for name, _ in self.optional]
 
     def epilogue_fn(self) -> str:
-        """WGSL ``fn epilogue(v: f32, idx: u32, co: u32) -> f32`` (and ``act``)."""
-        lines, terms = [], ["v"]
+        """WGSL ``fn epilogue(v: f32, idx: u32, co: u32) -> f32`` (and ``act``): ``v + bias + residual`` through
+        the activation; with ``residual_after_activation`` the residual is added after it instead; then, with
+        ``has_post_affine``, ``* post_affine[0, co] + post_affine[1, co]``."""
+        lines, terms, after = [], ["v"], []
         for name, spec in self.optional:
             if name == "bias":
                 terms.append("bias[co]")
@@ -174,14 +191,23 @@ class FusedEpilogue(CompositeKernel):
             elif name == "res":
                 lines.append(broadcast_index(self.out_shape, spec.shape, "ri"))
                 terms.append("res[ri]")
+        if self.residual_after:   # the residual's term (the last one taken) goes after the activation
+            after.append(terms.pop())
         if self.activation == "prelu":
             slope = dict(self.optional)["slope"]
             lines.append(broadcast_index(self.out_shape, slope.shape, "si"))
-            finish = "  return select(r * slope[si], r, r >= 0.0);"
+            activated = "select(r * slope[si], r, r >= 0.0)"
             act = ""
         else:
-            finish = "  return act(r);"
+            activated = "act(r)"
             act = activation_fn(self.activation, uniform_alpha=True)
+        if not after and not self.flags["has_post_affine"]:
+            finish = f"  return {activated};"
+        else:
+            finish = f"  var o = {' + '.join([activated] + after)};\n"
+            if self.flags["has_post_affine"]:
+                finish += f"  o = o * post[co] + post[{self.cout}u + co];\n"
+            finish += "  return o;"
         return (act + "fn epilogue(v: f32, idx: u32, co: u32) -> f32 {\n" + "".join(lines)
                 + f"  let r = {' + '.join(terms)};\n{finish}\n}}\n")
 
