@@ -254,3 +254,26 @@ def test_tensor_past_a_low_storage_binding_limit(make, limit, match, device, mon
     ref.invoke()
     out = ref.get_output_details()[0]["index"]
     np.testing.assert_allclose(interp.get_tensor(out), ref.get_tensor(out), **ACCUMULATION)  # <= 64-term sums
+
+
+# ---- command buffers through wgpu-native's C entry points ------------------------------------------------------
+
+def test_command_buffers_after_the_first_go_through_the_c_entry_points(model, device):
+    """The first invoke's command buffer goes through wgpu's API (which raises for what wgpu-native refuses);
+    the next ones through its C entry points: every invoke, each on a new input, matches LiteRT's CPU
+    interpreter, and an unsubmitted command buffer is released when the plan drops it."""
+    from tflfuse.runtime.plan import _NativeCommandBuffer
+
+    interp = tflfuse.Interpreter(model_content=model, device=device)
+    interp.allocate_tensors()
+    xs = [_inputs(k)[0] for k in range(4)]
+    got = [_run(interp, x) for x in xs]
+    plan = interp._plan(0)
+    assert plan._native is not None and isinstance(plan._next, _NativeCommandBuffer)
+    for g, r in zip(got, _litert(model, xs)):
+        np.testing.assert_allclose(g, r, **ACCUMULATION)
+    pending = plan._next
+    plan._next = None
+    pending.release()   # what dropping it does (its __del__)
+    assert pending.handle is None
+    np.testing.assert_allclose(_run(interp, xs[0]), got[0], **ACCUMULATION)   # encodes anew, then runs on

@@ -116,6 +116,10 @@ class ExecutionPlan:
         self.activation_bytes += staged_bytes
         self._staged: set[int] = set()   # outputs whose read-back buffer holds the last run's values
         self._next = None   # the next run's command buffer, recorded ahead
+        # After the first command buffer, recorded and checked through wgpu's API, the same commands through
+        # wgpu-native's C entry points (None on another backend): _NativeCommands.
+        self._native = _NativeCommands.of(self)
+        self._checked = False   # whether a command buffer went through wgpu's API (its errors raised there)
 
     # ---- buffers ---------------------------------------------------------------------------------
     def _is_half(self, t: int) -> bool:
@@ -299,7 +303,11 @@ class ExecutionPlan:
 
     def _encode(self):
         """One command buffer: every dispatch in one compute pass, then the outputs' copies to their
-        read-back buffers."""
+        read-back buffers. The first goes through wgpu's API, which raises for a command wgpu-native refuses;
+        the next ones, the same commands, through its C entry points where the backend is wgpu-native."""
+        if self._checked and self._native is not None:
+            return self._native.encode()
+        self._checked = True
         encoder = self.device.device.create_command_encoder()
         cpass = encoder.begin_compute_pass()
         self._record(cpass)
@@ -322,7 +330,10 @@ class ExecutionPlan:
                 command_buffer = self._encode()
             else:
                 self.device.check_alive()   # a buffer recorded before a loss must never be submitted
-            self.device.device.queue.submit([command_buffer])
+            if isinstance(command_buffer, _NativeCommandBuffer):
+                command_buffer.submit()
+            else:
+                self.device.device.queue.submit([command_buffer])
             self._staged = set(self._staging)
             self._next = self._encode()
 
@@ -390,14 +401,82 @@ def _half_bytes(values: np.ndarray) -> np.ndarray:
     return np.concatenate([half, np.zeros(1, np.float16)]) if half.size % 2 else half
 
 
+class _NativeCommandBuffer:
+    """A command buffer from :meth:`_NativeCommands.encode`: submitted once, released after its submit or
+    when dropped unsubmitted (a plan rebuilt, an interpreter closed)."""
+
+    __slots__ = ("handle", "_commands")
+
+    def __init__(self, handle, commands: "_NativeCommands"):
+        self.handle, self._commands = handle, commands
+
+    def submit(self) -> None:
+        c = self._commands
+        c.submitted[0] = self.handle
+        c.lib.wgpuQueueSubmit(c.queue, 1, c.submitted)
+        self.release()
+
+    def release(self) -> None:
+        if self.handle is not None:
+            self._commands.lib.wgpuCommandBufferRelease(self.handle)
+            self.handle = None
+
+    __del__ = release
+
+
+class _NativeCommands:
+    """An invoke's command buffer recorded through wgpu-native's C entry points: create the encoder, begin the
+    compute pass, record the dispatches (:func:`_pass_recorder`'s ``native``), end it, copy the outputs to
+    their read-back buffers, finish; and the submit. wgpu's Python wrappers of these calls (error capture,
+    descriptor structs, wrapper objects) cost about 10 us per invoke on a 2-core CPU, about a third of the
+    calls' time (2026-12-04). Errors: a plan's first command buffer goes through wgpu's API, which raises
+    for whatever wgpu-native refuses; the next ones are the same commands on the same objects."""
+
+    def __init__(self, plan: "ExecutionPlan", api, record_native):
+        self.lib, null = api.lib, api.ffi.NULL
+        self.null = null
+        self.device = plan.device.device._internal
+        self.queue = plan.device.device.queue._internal
+        self.submitted = api.ffi.new("WGPUCommandBuffer[1]")
+        self.record = record_native
+        self.copies = [(plan.buffers[t]._internal, staging._internal, plan.storage_nbytes(t))
+                       for t, staging in plan._staging.items()]
+        self._objects = (plan.steps, list(plan._staging.values()), plan.gpu_buffers)   # the handles' owners
+
+    @classmethod
+    def of(cls, plan: "ExecutionPlan") -> "_NativeCommands | None":
+        native = getattr(plan._record, "native", None)
+        if native is None:
+            return None
+        from wgpu.backends.wgpu_native import _api
+
+        if not all(isinstance(b, _api.GPUBuffer) for b in list(plan._staging.values()) + list(plan.buffers.values())):
+            return None
+        return cls(plan, _api, native)
+
+    def encode(self) -> _NativeCommandBuffer:
+        lib, null = self.lib, self.null
+        encoder = lib.wgpuDeviceCreateCommandEncoder(self.device, null)
+        cpass = lib.wgpuCommandEncoderBeginComputePass(encoder, null)
+        self.record(cpass)
+        lib.wgpuComputePassEncoderEnd(cpass)
+        lib.wgpuComputePassEncoderRelease(cpass)
+        for src, dst, nbytes in self.copies:
+            lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, src, 0, dst, 0, nbytes)
+        handle = lib.wgpuCommandEncoderFinish(encoder, null)
+        lib.wgpuCommandEncoderRelease(encoder)
+        return _NativeCommandBuffer(handle, self)
+
+
 def _pass_recorder(steps: Sequence[tuple[Program, object, object]]):
     """A function that records every step (set pipeline, set bind group, dispatch) into a compute pass.
 
     With wgpu's wgpu-native backend it calls the three C entry points directly on the objects' handles:
     the Python wrappers' per-call error capture and argument conversion cost more than wgpu-native's own
     recording (about 250 of 740 microseconds for 53 dispatches on the H200's host). Errors still surface:
-    wgpu-native validates a pass when the encoder finishes, which goes through the Python API. Any other
-    backend records through the Python API.
+    wgpu-native validates a pass when the encoder finishes, which for a plan's first command buffer goes
+    through the Python API (:class:`_NativeCommands`). Any other backend records through the Python API (and
+    the function's ``native`` is None).
     """
     try:
         from wgpu.backends.wgpu_native import _api
@@ -413,6 +492,7 @@ def _pass_recorder(steps: Sequence[tuple[Program, object, object]]):
                 cpass.set_pipeline(pipeline)
                 cpass.set_bind_group(0, bind_group)
                 cpass.dispatch_workgroups(*prog.dispatch)
+        record.native = None
         return record
 
     set_pipeline = lib.wgpuComputePassEncoderSetPipeline
@@ -420,13 +500,16 @@ def _pass_recorder(steps: Sequence[tuple[Program, object, object]]):
     dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
     handles = [(p._internal, b._internal, *(tuple(prog.dispatch) + (1, 1))[:3]) for prog, p, b in steps]
 
-    def record(cpass) -> None:
-        h = cpass._internal
+    def native(h) -> None:
         for pipeline, bind_group, x, y, z in handles:
             set_pipeline(h, pipeline)
             set_bind_group(h, 0, bind_group, 0, null)
             dispatch(h, x, y, z)
+
+    def record(cpass) -> None:
+        native(cpass._internal)
     record.objects = steps   # the handles stay valid while the wrappers live
+    record.native = native   # the same on a pass's C handle (_NativeCommands)
     return record
 
 
