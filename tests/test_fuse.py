@@ -244,6 +244,14 @@ CONV_CASES = {
         lambda x: keras.layers.DepthwiseConv2D(1)(keras.layers.ELU()(
             keras.layers.Conv2D(5, 1)(keras.layers.DepthwiseConv2D(3, padding="same")(x)))),
         (6, 6, 4), 1, {"separable_conv": 1}, "fused_separable_conv2d"),
+    # FULLY_CONNECTED of a [batch, K] input, then an activation op (MediaPipe's hand landmark heads), or an ADD
+    # and one, or after a fused RELU an ADD.
+    "dense_sigmoid": (lambda x: keras.layers.Dense(3, activation="sigmoid")(x), (37,), 2,
+                      {"dense_activation": 1}, "fused_matmul"),
+    "dense_residual_tanh": (lambda x: keras.layers.Activation("tanh")(keras.layers.Add()([keras.layers.Dense(9)(x), x])),
+                            (9,), 3, {"dense_activation": 1}, "fused_matmul"),
+    "dense_relu_then_residual": (lambda x: keras.layers.Add()([keras.layers.Dense(6, activation="relu")(x), x]),
+                                 (6,), 2, {"dense_activation": 1}, "fused_matmul"),
     "conv_relu_residual_then_affine": (
         lambda x: keras.layers.DepthwiseConv2D(1)(keras.layers.Add()([
             keras.layers.Conv2D(5, 3, padding="same", activation="relu")(x), x])),

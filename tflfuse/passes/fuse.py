@@ -46,6 +46,8 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   chain: the fused op zero-extends it (:func:`~tflfuse.kernels.fused.conv.padded_channels`); and one that a
   2x2 MAX_POOL_2D of stride 2 brings to the output's pixels (their downsampling blocks), before the pool, which
   goes with the chain too (``residual_pool`` 2).
+* ``dense_activation``: FULLY_CONNECTED of a ``[batch, K]`` input with constant float weights -> [ADD
+  residual] -> [an activation op, as above]: ``fused_matmul``.
 * ``hard_swish``: x * relu6(x + 3) / 6 spelled out: the builtin HARD_SWISH.
 * ``clip``: MINIMUM + MAXIMUM with scalar constants: RELU6 / RELU_N1_TO_1 / RELU_0_TO_1, else ``fused_clip``.
 * ``pool_activation``: MAX_POOL_2D / AVERAGE_POOL_2D then RELU / RELU6 / RELU_N1_TO_1 (folded into the pool)
@@ -416,6 +418,27 @@ def _conv_act(g: Graph, oi: int):
     return _fused_conv_op(g, [oi], ins[0], weights, bias, _conv_geometry(a), op_name, fused_act)
 
 
+def _dense_act(g: Graph, oi: int):
+    """FULLY_CONNECTED of a [batch, K] input with constant float weights ``[N, K]`` (a fused RELU / RELU6 or
+    none) -> [ADD residual] -> [an activation op]: ``fused_matmul`` of the input and the weights transposed
+    (MediaPipe's hand landmark models end in FULLY_CONNECTED -> LOGISTIC)."""
+    if g.op_name(oi) != "FULLY_CONNECTED":
+        return None
+    a, ins = g.attrs(oi), g.inputs(oi)
+    w, x = g.const(ins[1]), ins[0]
+    fused_act = a.get("fused_activation_function", "NONE")
+    shape = g.shapes.get(x, ())
+    if w is None or w.ndim != 2 or not np.issubdtype(w.dtype, np.floating) or fused_act not in _ACT or \
+            not g.is_runtime(x) or len(shape) != 2 or shape[1] != w.shape[1] or \
+            g.shapes.get(g.outputs_of(oi)[0]) != (shape[0], w.shape[0]):
+        return None
+    bias = _bias(g, ins, w.shape[0])
+    if bias is None:
+        return None
+    return _fused_conv_op(g, [oi], x, [np.ascontiguousarray(w.T.astype(np.float32))], bias,
+                          {"transpose_a": False, "transpose_b": False}, "fused_matmul", fused_act)
+
+
 def _separable(g: Graph, oi: int):
     """DEPTHWISE_CONV_2D (no bias or a zero one, no activation) -> CONV_2D 1x1 (no activation) -> [ADD
     residual] -> [activation op]: ``fused_separable_conv2d``."""
@@ -720,6 +743,7 @@ def _squeeze_excite(g: Graph, oi: int):
 PATTERNS: dict[str, Callable] = {
     "bottleneck": _bottleneck, "squeeze_excite": _squeeze_excite, "pad_conv": _pad_conv,
     "separable_conv": _separable, "affine_conv": _affine_conv, "conv_activation": _conv_act,
+    "dense_activation": _dense_act,
     "hard_swish": _hard_swish, "clip": _clip,
     "pool_activation": _pool_act,
 }
