@@ -594,3 +594,49 @@ def test_padding_refuses_bad_values(attrs, message):
         specs = _specs(cout=8)
     with pytest.raises(KernelError, match=message):
         kernel_class("fused_bottleneck")(specs, attrs)
+
+
+# ---- residual_pool 2: a stride-2 block plus the 2x2 max pool of its input (BlazePose's and the hand landmark
+# models' downsampling blocks), with and without the output activation after the sum ------------------------------
+POOL_CASES = [
+    (1, 16, 16, 16, 4, 16, "linear"),
+    (2, 8, 6, 8, 1, 8, "relu6"),
+    (1, 10, 14, 12, 6, 12, "relu"),
+]
+POOL_SCHEDULES = {k: {**SCHEDULES, **OUT_ACT_SCHEDULES}[k] for k in (
+    "cpu", "gpu", "cpu_staged", "gpu_staged", "split3", "gpu_blocked", "blocked_tile1", "expand_dw", "tile1")}
+POOL_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:4]))}-t{c[4]}-{c[6]}-{s}")
+             for c in POOL_CASES for s in sorted(POOL_SCHEDULES)
+             if not (s == "expand_dw" and (c[4] == 1 or c[3] % 4))]
+
+
+@pytest.mark.parametrize("case, schedule", POOL_RUNS)
+def test_pooled_residual_matches_tf(device, case, schedule):
+    """y = out_act(block(x) + max_pool2x2(x)) against TensorFlow's ops (tf.nn.max_pool2d, VALID, stride 2)."""
+    import tensorflow as tf
+
+    n, h, w_, cin, t, cout, out_act = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
+    w = _weights(rng, cin, t, cout)
+    inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb") if k in w]
+    (y,) = run_op(device, "fused_bottleneck", inputs,
+                  {"expansion": t, "stride": 2, "residual": True, "residual_pool": 2, "output_activation": out_act,
+                   **POOL_SCHEDULES[schedule]})
+    ref = _tf_reference(x, w, 2, False, "relu6") + tf.nn.max_pool2d(x, 2, 2, "VALID").numpy()
+    ref = {"linear": lambda v: v, "relu6": tf.nn.relu6, "relu": tf.nn.relu}[out_act](ref)
+    ref = np.asarray(ref)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"residual_pool": 2, "stride": 2}, "residual_pool 2 .* needs residual"),
+    ({"residual_pool": 2, "stride": 1, "residual": True}, "needs residual, stride 2"),
+    ({"residual_pool": 3}, "residual_pool must be 1"),
+    ({"residual_pool": True}, "residual_pool must be 1"),
+    ({"residual_pool": 2, "stride": 2, "residual": True, "strategy": "dw_projection"}, "does not pool the residual"),
+])
+def test_pooled_residual_refuses(attrs, message):
+    with pytest.raises(KernelError, match=message):
+        kernel_class("fused_bottleneck")(_specs(cout=8), attrs)

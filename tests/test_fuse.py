@@ -80,11 +80,12 @@ def _check_fused(original, device, rng, expect: dict, tol=ACCUMULATION):
     return fused, report
 
 
-def _bottleneck(cexp, cout, k=3, stride=1, act="relu6", residual=False, expand=True, out_act=None, pad=None):
+def _bottleneck(cexp, cout, k=3, stride=1, act="relu6", residual=False, expand=True, out_act=None, pad=None,
+                pooled=False):
     """The block; ``out_act`` ("relu6" / "relu") after the projection, or after the residual ADD (the
     converter folds it into the ADD's fused activation), as MediaPipe's pose landmark model has it; ``pad``
     ((top, bottom), (left, right)): a ZeroPadding2D before a VALID depthwise conv, as that model has too, or
-    "valid" for a VALID depthwise conv alone."""
+    "valid" for a VALID depthwise conv alone; ``pooled``: the residual is the input's 2x2 max pool (stride 2)."""
     def build(x):
         y = keras.layers.Conv2D(cexp, 1, activation=act)(x) if expand else x
         if pad not in (None, "valid"):
@@ -92,7 +93,7 @@ def _bottleneck(cexp, cout, k=3, stride=1, act="relu6", residual=False, expand=T
         y = keras.layers.DepthwiseConv2D(k, stride, padding="same" if pad is None else "valid", activation=act)(y)
         y = keras.layers.Conv2D(cout, 1, activation=None if residual else out_act)(y)
         if residual:
-            y = keras.layers.Add()([x, y])
+            y = keras.layers.Add()([keras.layers.MaxPooling2D(2)(x) if pooled else x, y])
             if out_act:
                 y = keras.layers.ReLU(6.0 if out_act == "relu6" else None)(y)
         return y
@@ -112,6 +113,9 @@ BOTTLENECK_CASES = {
                               (12, 11, 5), 2),
     "pad_uneven_residual": (dict(cexp=8, cout=4, residual=True, pad=((0, 2), (2, 0))), (7, 6, 4), 1),
     "valid": (dict(cexp=8, cout=5, pad="valid"), (9, 8, 4), 1),
+    "pooled_residual_stride2": (dict(cexp=12, cout=4, stride=2, residual=True, pooled=True), (8, 10, 4), 2),
+    "pooled_residual_relu6_expansion1": (dict(cexp=6, cout=6, stride=2, residual=True, pooled=True, expand=False,
+                                              out_act="relu6"), (6, 6, 6), 1),
 }
 
 
@@ -126,9 +130,10 @@ def test_bottleneck_pattern(case, device, rng):
     m = Model(fused)
     names = m.op_names(0)
     assert names.count("fused_bottleneck") == 1
-    assert not {"CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "RELU", "RELU6", "PAD"} & set(names), names
+    assert not {"CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "RELU", "RELU6", "PAD", "MAX_POOL_2D"} & set(names), names
     attrs = decode_attrs(m.op_attrs(0, names.index("fused_bottleneck")))
     assert attrs.get("output_activation", "linear") == (kw.get("out_act") or "linear")
+    assert attrs.get("residual_pool", 1) == (2 if kw.get("pooled") else 1)
     pad = kw.get("pad")
     assert attrs.get("padding", "SAME") == {None: "SAME", "valid": "VALID"}.get(pad, "EXPLICIT")
     if pad not in (None, "valid"):

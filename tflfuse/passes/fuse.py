@@ -22,7 +22,9 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   PAD of zeros (H and W, less than K on each side) then VALID (act A) ->
   CONV_2D 1x1 [-> ADD of the block's input] with A = RELU6 or RELU; also without the first conv
   (expansion 1): ``fused_bottleneck``. A RELU6 or RELU on the projection CONV_2D, or fused into the ADD after
-  it (MediaPipe's pose landmark model), becomes its ``output_activation``; the same chain in int8 (full-integer files) becomes an int8
+  it (MediaPipe's pose landmark model), becomes its ``output_activation``; at stride 2 the ADD may add the
+  2x2 MAX_POOL_2D of stride 2 of the block's input (``residual_pool`` 2: MediaPipe's pose and hand landmark
+  models); the same chain in int8 (full-integer files) becomes an int8
   ``fused_bottleneck`` (:mod:`tflfuse.passes.fuse_int8`).
 * ``squeeze_excite``: global AVERAGE_POOL_2D (or MEAN over H, W) -> CONV_2D 1x1 + RELU -> CONV_2D 1x1 ->
   LOGISTIC -> MUL with the input [-> ADD]: ``fused_squeeze_excite``; the MUL may scale another tensor than the
@@ -180,14 +182,18 @@ def _bottleneck(g: Graph, oi: int):
     if proj is None:
         return None
     chain.append(project)
-    out, residual, out_act = proj["out"], False, proj["act"]
+    out, residual, out_act, folded = proj["out"], False, proj["act"], []
     add = g.sole_reader(out) if out_act == "NONE" else None   # an activated projection: the activation ends it
-    if add is not None and g.op_name(add) == "ADD" and \
-            g.attrs(add).get("fused_activation_function", "NONE") in _ACT and \
-            sorted(g.inputs(add)) == sorted([out, x]) and stride == 1 and \
-            g.shapes.get(x) == g.shapes.get(out):
-        chain.append(add)
-        out, residual, out_act = g.outputs_of(add)[0], True, g.attrs(add).get("fused_activation_function", "NONE")
+    if add is not None and g.op_name(add) == "ADD" and g.attrs(add).get("fused_activation_function", "NONE") in _ACT:
+        other = _other(g, add, out)
+        pool = _residual_pool(g, other, add) if other is not None and stride == 2 else None
+        if other == x and stride == 1 and g.shapes.get(x) == g.shapes.get(out):
+            residual = True
+        elif pool is not None and g.inputs(pool)[0] == x and g.shapes.get(other) == g.shapes.get(out):
+            residual, folded = True, [pool]   # x's 2x2 max pool, read by the block (residual_pool 2)
+        if residual:
+            chain.append(add)
+            out, out_act = g.outputs_of(add)[0], g.attrs(add).get("fused_activation_function", "NONE")
     cexp = k.shape[3]
     weights = ([expand["w"], expand["b"]] if expand else []) + [k[0], dw_b, proj["w"], proj["b"]]
     attrs = {"expansion": max(1, cexp // g.shapes[x][-1]) if expand else 1, "stride": int(stride),
@@ -195,13 +201,15 @@ def _bottleneck(g: Graph, oi: int):
              "squeeze_excite": False}
     if out_act != "NONE":
         attrs["output_activation"] = _ACT[out_act]
+    if folded:
+        attrs["residual_pool"] = 2
     if pads is not None:
         attrs.update(padding="EXPLICIT", explicit_paddings=[int(v) for v in pads.ravel()])
     elif padding == "VALID":
         attrs["padding"] = "VALID"
     if not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])):
         return None
-    return chain, [x] + weights, out, "fused_bottleneck", attrs
+    return folded + chain, [x] + weights, out, "fused_bottleneck", attrs
 
 
 #: Activation ops after a conv, as the fused conv ops name them (LiteRT's semantics: HARD_SWISH is

@@ -169,7 +169,11 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
                          f"'relu', 'relu6'")
     if attrs.get("residual"):
         p = b.conv_1x1(d, pw, pb, (n, oh, ow, cout))
-        b.op("ADD", [p, x], options=("AddOptions", {"fusedActivationFunction": _FUSED_CODES[out_act]}), out=out)
+        res = x
+        if attrs.get("residual_pool", 1) == 2:   # x's 2x2 max pool of stride 2
+            res = b.op("MAX_POOL_2D", [x], (n, oh, ow, cout), ("Pool2DOptions", {
+                "padding": 1, "strideH": 2, "strideW": 2, "filterHeight": 2, "filterWidth": 2}))
+        b.op("ADD", [p, res], options=("AddOptions", {"fusedActivationFunction": _FUSED_CODES[out_act]}), out=out)
     else:
         b.conv_1x1(d, pw, pb, (n, oh, ow, cout), out_act, out=out)
     return b.ops

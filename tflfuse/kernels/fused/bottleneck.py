@@ -116,7 +116,7 @@ class FusedBottleneck(CompositeKernel):
                    "se_w2", "se_b2")
     attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "target": "gpu",
                      "kernel_size": 3, "squeeze_excite": False, "output_activation": "linear", "padding": "SAME",
-                     "explicit_paddings": None}
+                     "explicit_paddings": None, "residual_pool": 1}
 
     def check(self):
         x = self.expect_rank(0, 4)
@@ -164,7 +164,18 @@ class FusedBottleneck(CompositeKernel):
             raise self.fail(f"stride must be 1 or 2, got {self.stride}")
         self._padding(h, w)
         self.residual = bool(self.attr("residual"))
-        if self.residual and (self.stride != 1 or cin != self.cout or (self.oh, self.ow) != (h, w)):
+        self.residual_pool = self.attr("residual_pool")
+        if self.residual_pool not in (1, 2) or isinstance(self.residual_pool, bool):
+            raise self.fail(f"residual_pool must be 1 (none) or 2 (a 2x2 max pool of stride 2 of x), got "
+                            f"{self.residual_pool!r}")
+        pooled = self.residual_pool == 2
+        if pooled and not (self.residual and self.stride == 2 and h % 2 == 0 and w % 2 == 0 and
+                           (self.oh, self.ow) == (h // 2, w // 2) and cin == self.cout):
+            raise self.fail(f"residual_pool 2 (x's 2x2 max pool added to the output) needs residual, stride 2, even "
+                            f"sizes, an output of half the input's size and Cin == Cout; got residual "
+                            f"{self.residual}, stride {self.stride}, output {self.oh}x{self.ow} of {h}x{w}, Cin {cin}, "
+                            f"Cout {self.cout}")
+        if self.residual and not pooled and (self.stride != 1 or cin != self.cout or (self.oh, self.ow) != (h, w)):
             raise self.fail(f"residual needs stride 1, Cin == Cout and an output of the input's size, got stride "
                             f"{self.stride}, Cin {cin}, Cout {self.cout}, output {self.oh}x{self.ow} of {h}x{w}")
         activation_fn(self.attr("activation"))  # validates the name
@@ -179,6 +190,8 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy not in _STRATEGIES or (self.has_se and self.strategy != "staged"):
             raise self.fail(f"strategy must be one of {', '.join(map(repr, _STRATEGIES))} ('staged' with "
                             f"squeeze_excite), got {self.strategy!r}")
+        if self.strategy == "dw_projection" and pooled:
+            raise self.fail("strategy 'dw_projection' does not pool the residual (residual_pool 2); give another")
         if self.strategy == "dw_projection" and not fits_depthwise_product(cexp, self.cout):
             raise self.fail(f"strategy 'dw_projection' needs expanded ({cexp}) and output ({self.cout}) channels "
                             f"that are multiples of 4")
@@ -226,6 +239,23 @@ class FusedBottleneck(CompositeKernel):
 
     def output_specs(self):
         return (TensorSpec((self.input(0).shape[0], self.oh, self.ow, self.cout)),)
+
+    def residual_term(self, pix: str, co: str, direct: str) -> str:
+        """`` + `` the residual of output pixel ``pix`` (``n * OH * OW + oy * OW + ox``), channel ``co``: the
+        strategy's own expression ``direct`` of x, or with ``residual_pool`` 2 ``res_at(pix, co)`` (the 2x2 max
+        of x there, :meth:`residual_fn`); "" without a residual."""
+        if not self.residual:
+            return ""
+        return f" + res_at({pix}, {co})" if self.residual_pool == 2 else f" + {direct}"
+
+    def residual_fn(self) -> str:
+        """WGSL ``fn res_at(pix, co) -> f32`` (reading the binding ``x``) with ``residual_pool`` 2, else ""."""
+        if not self.residual or self.residual_pool != 2:
+            return ""
+        n, h, w, c = self.input(0).shape
+        return (f"fn res_at(pix: u32, co: u32) -> f32 {{\n  let ox = pix % {self.ow}u;\n  let oy = (pix / {self.ow}u) % "
+                f"{self.oh}u;\n  let b = (((pix / {self.ow * self.oh}u) * {h}u + 2u * oy) * {w}u + 2u * ox) * {c}u + co;\n"
+                f"  return max(max(x[b], x[b + {c}u]), max(x[b + {w * c}u], x[b + {(w + 1) * c}u]));\n}}\n")
 
     def out_activated(self, value: str) -> str:
         """``value`` (a WGSL f32 or vec4<f32> expression of the block's output) through the output activation:
@@ -477,7 +507,7 @@ class FusedBottleneck(CompositeKernel):
                                                    self.attr("activation"), f"y[idx4] = {value};", tile_attr(self),
                                                    helpers=helpers))
             return progs
-        residual = f" + x[pix * {cin}u + co]" if self.residual else ""
+        residual = self.residual_term("pix", "co", f"x[pix * {cin}u + co]")
         out = self.binding("y", "output", 0, self.output_specs()[0])
         rows = n * self.oh * self.ow
         dw_binds = (src, dataclasses.replace(inputs["dw"], name="w"), dataclasses.replace(inputs["db"], name="b"),
@@ -499,14 +529,14 @@ class FusedBottleneck(CompositeKernel):
             progs.append(product_program(
                 f"{self.key}_project", proj_binds, total // cout, cexp, cout, "d", "pw", "y",
                 f"let co = col;\n          let pix = row;\n          y[idx] = {self.out_activated(f'acc + pb[co]{residual}')};",
-                self.out_act_fn()))
+                self.out_act_fn() + self.residual_fn()))
             return progs
         lanes = split_lanes(total, cexp, self.target())
         body = (f"  let co = idx % {cout}u;\n  let pix = idx / {cout}u;\n  var v = 0.0;\n  "
                 + dot(cexp, f"d[pix * {cexp}u + {{k}}]{gated}", f"pw[({{k}}) * {cout}u + co]", lanes=lanes))
         progs.append(reduction_program(f"{self.key}_project", proj_binds, total, body,
                                        f"y[idx] = {self.out_activated(f'v + pb[co]{residual}')};",
-                                       self.out_act_fn(), lanes=lanes, acc="v",
+                                       self.out_act_fn() + self.residual_fn(), lanes=lanes, acc="v",
                                        loop_trips=-(-(cexp // 4) // lanes)))
         return progs
 
@@ -594,14 +624,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         K = self.k
         taps = " + ".join(f"halo[(u32(ly + {ky}) * {hw}u + u32(lx + {kx})) * {ec}u + c]"
                           f" * dw[{ky * K + kx}u * {cexp}u + e]" for ky in range(K) for kx in range(K))
-        residual = f" + x[((n * {h}u + u32(oy)) * {w}u + u32(ox)) * {cin}u + co]" if self.residual else ""
+        residual = self.residual_term(f"(n * {self.oh}u + u32(oy)) * {self.ow}u + u32(ox)", "co",
+                                      f"x[((n * {h}u + u32(oy)) * {w}u + u32(ox)) * {cin}u + co]")
         lanes = self.lanes
         proj = " + ".join(f"dv[p * {ec}u + {c}u] * pw[(e0 + {c}u) * {cout}u + co]" for c in range(ec))
         out_at = f"((n * {self.oh}u + u32(oy)) * {self.ow}u + u32(ox)) * {cout}u + co"
         finish = (f"y[{out_at}] = {self.out_activated(f'acc[j] + pb[co]{residual}')};" if splits == 1 else
                   f"part[split * {pixels * cout}u + {out_at}] = acc[j];")
         act_fn = activation_fn(self.attr("activation"))
-        source = prelude(binds) + act_fn + self.out_act_fn(declared=act_fn) + f"""
+        source = prelude(binds) + act_fn + self.out_act_fn(declared=act_fn) + self.residual_fn() + f"""
 var<workgroup> halo: array<f32, {hw * hw * ec}>;   // expanded input halo, one chunk of channels
 var<workgroup> dv: array<f32, {T * T * ec}>;          // depthwise results of the tile, same chunk
 {stage_decl}
@@ -665,11 +696,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if splits == 1:
             return [main]
         # The second pass: y = project_b + the splits' shares (+ x), one invocation per output element.
-        res = f" + x[(idx / {cout}u) * {cin}u + idx % {cout}u]" if self.residual else ""
+        res = self.residual_term(f"idx / {cout}u", f"idx % {cout}u", f"x[(idx / {cout}u) * {cin}u + idx % {cout}u]")
         body = (f"  var v = pb[idx % {cout}u]{res};\n"
                 f"  for (var s = 0u; s < {splits}u; s++) {{ v += part[s * {pixels * cout}u + idx]; }}\n"
                 f"  y[idx] = {self.out_activated('v')};")
         sum_binds = ((by_name["x"],) if self.residual else ()) + (by_name["pb"], part, by_name["y"])
         total = pixels * cout
-        return [main, elementwise_program(f"{self.key}_sum", sum_binds, total, body, self.out_act_fn(),
-                                          loop_trips=splits)]
+        return [main, elementwise_program(f"{self.key}_sum", sum_binds, total, body,
+                                          self.out_act_fn() + self.residual_fn(), loop_trips=splits)]

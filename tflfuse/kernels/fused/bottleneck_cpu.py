@@ -133,7 +133,8 @@ def blocked_program(k, bindings) -> Program:
         out = [f"for (var c = 0u; c < {G}u; c++) {{", "  let co = co0 + c;", f"  if (co >= {cout}u) {{ break; }}",
                "  let bias = pb[co];"]
         for p in range(tw):
-            residual = f" + x[{res_at.format(p=p, co='co')}]" if k.residual else ""
+            residual = k.residual_term(f"(n * {k.oh}u + u32(oy)) * {k.ow}u + u32(ox0 + {p})", "co",
+                                       f"x[{res_at.format(p=p, co='co')}]")
             value = f"{sums.format(p=p * alloc)}bias{residual}"
             out.append(f"  if (ox0 + {p} < {k.ow}) {{ y[{out_at.format(p=p, co='co')}] = "
                        f"{k.out_activated(value) if sums else value}; }}")
@@ -190,7 +191,7 @@ def blocked_program(k, bindings) -> Program:
         L += ["}"]
     total = g["invocations"]
     act_fn = activation_fn(k.attr("activation"))
-    source = prelude(bindings) + act_fn + k.out_act_fn(declared=act_fn) + linear_main(
+    source = prelude(bindings) + act_fn + k.out_act_fn(declared=act_fn) + k.residual_fn() + linear_main(
         WORKGROUP, total, "\n".join("  " + line for line in L))
     return Program(k.key, source, (WORKGROUP, 1, 1), linear_dispatch(total, WORKGROUP), bindings,
                    loop_trips=blocked_loop_trips(k))
