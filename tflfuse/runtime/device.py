@@ -197,9 +197,15 @@ class Device:
 
         wgpu-native aborts the process when a command buffer recorded before a loss is submitted after it,
         so a plan calls this before submitting the command buffer it recorded ahead. Creating an empty bind
-        group layout is the cheapest device call found that raises on a lost device (about 14 microseconds
-        on a 2-core CPU), whatever the logging configuration."""
-        self.device.create_bind_group_layout(entries=[])
+        group layout is the cheapest device call found that raises on a lost device, whatever the logging
+        configuration. With wgpu-native it is made from a descriptor built once, through wgpu's
+        error-capturing binding of the C entry point (which raises as wgpu's API does), and released at once:
+        about 1.2 microseconds on a 2-core CPU against 4.3 through wgpu's API (2026-12-04)."""
+        if self._alive_check is None:
+            self._alive_check = _alive_check(self.device)
+        self._alive_check()
+
+    _alive_check = None   # set by check_alive on first use
 
     @contextlib.contextmanager
     def guard(self, what: str):
@@ -265,3 +271,25 @@ class Device:
             data = bytes(data) + b"\0" * (size - len(data))
             return self.device.create_buffer_with_data(data=data, usage=usage, label=label)
         return self.device.create_buffer(size=size, usage=usage, label=label)
+
+
+def _alive_check(device):
+    """A function creating and releasing an empty bind group layout on wgpu device ``device`` (see
+    :meth:`Device.check_alive`): through wgpu-native's error-capturing C binding with a descriptor built once,
+    or through wgpu's API on another backend."""
+    try:
+        from wgpu.backends.wgpu_native import _api
+
+        if not isinstance(device, _api.GPUDevice):
+            raise TypeError(type(device).__name__)
+        descriptor = _api.new_struct_p("WGPUBindGroupLayoutDescriptor *", label=_api.to_c_string_view(""),
+                                       entries=_api.ffi.NULL, entryCount=0)
+        create, release, handle = (_api.libf.wgpuDeviceCreateBindGroupLayout, _api.lib.wgpuBindGroupLayoutRelease,
+                                   device._internal)
+    except (ImportError, AttributeError, TypeError):
+        return lambda: device.create_bind_group_layout(entries=[])
+
+    def check() -> None:
+        release(create(handle, descriptor))
+    check.objects = (device, descriptor)   # kept alive with the function
+    return check
