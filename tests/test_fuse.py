@@ -257,6 +257,15 @@ CONV_CASES = {
                             (9,), 3, {"dense_activation": 1}, "fused_matmul"),
     "dense_relu_then_residual": (lambda x: keras.layers.Add()([keras.layers.Dense(6, activation="relu")(x), x]),
                                  (6,), 2, {"dense_activation": 1}, "fused_matmul"),
+    # RESIZE_BILINEAR then ADD (a feature pyramid's upsample-and-add; MediaPipe's pose landmark model), with the
+    # ADD's fused RELU6 too
+    "resize_add": (lambda x: keras.layers.Add()([keras.layers.UpSampling2D(2, interpolation="bilinear")(x),
+                                                 keras.layers.MaxPooling2D(2)(keras.layers.UpSampling2D(4)(x))]),
+                   (5, 4, 3), 2, {"resize_add": 1}, None),
+    "resize_add_relu6": (lambda x: keras.layers.ReLU(6.0)(keras.layers.Add()([
+        keras.layers.Resizing(9, 7, interpolation="bilinear")(x),
+        keras.layers.MaxPooling2D(2)(keras.layers.Resizing(18, 14, interpolation="nearest")(x))])),
+        (5, 4, 3), 1, {"resize_add": 1}, None),
     "conv_relu_residual_then_affine": (
         lambda x: keras.layers.DepthwiseConv2D(1)(keras.layers.Add()([
             keras.layers.Conv2D(5, 3, padding="same", activation="relu")(x), x])),
@@ -270,6 +279,9 @@ def test_conv_patterns(case, device, rng):
     original = _stock(build, shape, batch)
     fused, report = _check_fused(original, device, rng, expect)
     names = Model(fused).op_names(0)
+    if op is None:   # resize_add: one fused_resize_bilinear beside the other ops
+        assert names.count("fused_resize_bilinear") == 1 and "ADD" not in names, names
+        return
     assert names.count(op) == 1 and not [n for n in names if n not in (op, "DEQUANTIZE")], names
 
 

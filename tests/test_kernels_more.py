@@ -520,3 +520,40 @@ def test_fully_connected_io_layout(device, rng):
     w = (rng.standard_normal((37, 10)) / np.sqrt(37)).astype(np.float32)
     (y,) = run_op(device, "FULLY_CONNECTED", [x, w], {"weights_layout": "IO"})
     np.testing.assert_allclose(y, (x.astype(np.float64) @ w).astype(np.float32), **ACCUMULATION)
+
+
+# ---- fused_resize_bilinear: RESIZE_BILINEAR + ADD (+ the ADD's fused activation) ---------------------------------
+@pytest.mark.parametrize("activation", ["linear", "relu", "relu6"])
+@pytest.mark.parametrize("flags", BILINEAR_FLAGS, ids=_flag_id)
+@pytest.mark.parametrize("shapes", list(RESIZE_SHAPES), ids=list(RESIZE_SHAPES))
+def test_fused_resize_bilinear_matches_tf(shapes, flags, activation, device, rng):
+    """act(resize_bilinear(x) + addend) against TF's resize_bilinear, add and activation: ELEMENTWISE (the
+    four products and three sums of the interpolation, then one addition)."""
+    from tflfuse.runtime.plan import run_op
+
+    shape, size = RESIZE_SHAPES[shapes]
+    x = rng.standard_normal(shape).astype(np.float32)
+    addend = (4 * rng.standard_normal((shape[0], *size, shape[3]))).astype(np.float32)   # past 6 and below 0
+    (y,) = run_op(device, "fused_resize_bilinear", [x, addend],
+                  {"size": list(size), "align_corners": flags[0], "half_pixel_centers": flags[1],
+                   "activation": activation}, constant=[False, False])
+    ref = tf.compat.v1.image.resize_bilinear(x, size, align_corners=flags[0], half_pixel_centers=flags[1]) + addend
+    ref = {"linear": lambda v: v, "relu": tf.nn.relu, "relu6": tf.nn.relu6}[activation](ref).numpy()
+    np.testing.assert_allclose(y, ref, **ELEMENTWISE)
+
+
+@pytest.mark.parametrize("attrs, addend, message", [
+    ({"size": [4, 4]}, (1, 4, 5, 3), "must have the resized shape"),
+    ({"size": [4]}, (1, 4, 4, 3), "size must be two positive ints"),
+    ({"size": [4, 0]}, (1, 4, 0, 3), "size must be two positive ints"),
+    ({"size": [4, True]}, (1, 4, 1, 3), "size must be two positive ints"),
+    ({"size": [4, 4], "align_corners": True, "half_pixel_centers": True}, (1, 4, 4, 3), "cannot both be true"),
+    ({"size": [4, 4], "activation": "tanh"}, (1, 4, 4, 3), "activation must be one of"),
+    ({}, (1, 4, 4, 3), "missing attribute 'size'"),
+])
+def test_fused_resize_bilinear_refuses(attrs, addend, message):
+    from tflfuse.kernels import KernelError, kernel_class
+    from tflfuse.kernels.base import TensorSpec
+
+    with pytest.raises(KernelError, match=message):
+        kernel_class("fused_resize_bilinear")([TensorSpec((1, 2, 2, 3)), TensorSpec(addend)], attrs)

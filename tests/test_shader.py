@@ -70,6 +70,8 @@ CASES = {
     "fused_pool2d": ([(2, 9, 7, 5)], {"pooling": "avg", "pool_size": [3, 3], "strides": [2, 2], "padding": "same",
                                       "activation": "hard_swish"}),
     "fused_global_pool2d": ([(2, 23, 19, 5)], {"pooling": "max", "activation": "relu6", "keepdims": True}),
+    "fused_resize_bilinear": ([(2, 5, 4, 3), (2, 9, 7, 3)], {"size": [9, 7], "half_pixel_centers": True,
+                                                             "activation": "relu6"}),
     "fused_squeeze_excite": ([(2, 17, 16, 6), (6, 3), (3,), (1, 1, 3, 6), (6,)],
                              {"activation": "relu", "gate": "hard_sigmoid"}),
     "fused_bottleneck": ([(1, 8, 8, 4), (4, 24), (24,), (3, 3, 24), (24,), (24, 4), (4,)],

@@ -88,13 +88,19 @@ class ResizeBilinear(_Resize):
             raise self.fail("align_corners and half_pixel_centers cannot both be true (TFLite refuses it)")
 
     def programs(self):
+        total = self.output_specs()[0].size
+        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), total,
+                                    self.bilinear_body() + "\n  y[idx] = v;")]
+
+    def bilinear_body(self) -> str:
+        """WGSL statements giving ``v``, the interpolated value of output element ``idx`` (from binding ``x``)."""
         _, h, w, c = self.input(0).shape
         sy, sx = self._scales()
 
         def coord(o: str, scale: str) -> str:
             return f"(f32({o}) + 0.5) * {scale} - 0.5" if self.half else f"f32({o}) * {scale}"
 
-        body = self._decode() + f"""  let fy = {coord('oy', sy)};
+        return self._decode() + f"""  let fy = {coord('oy', sy)};
   let fx = {coord('ox', sx)};
   let y0 = max(i32(floor(fy)), 0);
   let y1 = min(i32(ceil(fy)), {h - 1});
@@ -108,9 +114,7 @@ class ResizeBilinear(_Resize):
   let v10 = x[r1 + u32(x0) * {c}u];
   let v01 = x[r0 + u32(x1) * {c}u];
   let v11 = x[r1 + u32(x1) * {c}u];
-  y[idx] = v00 * (1.0 - dy) * (1.0 - dx) + v10 * dy * (1.0 - dx) + v01 * (1.0 - dy) * dx + v11 * dy * dx;"""
-        total = self.output_specs()[0].size
-        return [elementwise_program(self.key, self.io_bindings(["x", "y"]), total, body)]
+  let v = v00 * (1.0 - dy) * (1.0 - dx) + v10 * dy * (1.0 - dx) + v01 * (1.0 - dy) * dx + v11 * dy * dx;"""
 
 
 @register("RESIZE_NEAREST_NEIGHBOR")

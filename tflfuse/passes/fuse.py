@@ -50,6 +50,8 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   goes with the chain too (``residual_pool`` 2).
 * ``dense_activation``: FULLY_CONNECTED of a ``[batch, K]`` input with constant float weights -> [ADD
   residual] -> [an activation op, as above]: ``fused_matmul``.
+* ``resize_add``: RESIZE_BILINEAR -> ADD of a tensor of its output's shape (with the ADD's fused activation):
+  ``fused_resize_bilinear``.
 * ``hard_swish``: x * relu6(x + 3) / 6 spelled out: the builtin HARD_SWISH.
 * ``clip``: MINIMUM + MAXIMUM with scalar constants: RELU6 / RELU_N1_TO_1 / RELU_0_TO_1, else ``fused_clip``.
 * ``pool_activation``: MAX_POOL_2D / AVERAGE_POOL_2D then RELU / RELU6 / RELU_N1_TO_1 (folded into the pool)
@@ -447,6 +449,26 @@ def _dense_act(g: Graph, oi: int):
                           {"transpose_a": False, "transpose_b": False}, "fused_matmul", fused_act)
 
 
+def _resize_add(g: Graph, oi: int):
+    """RESIZE_BILINEAR (float, constant size) -> ADD of a runtime tensor of its output's shape, with the ADD's
+    fused activation: ``fused_resize_bilinear`` (a feature pyramid's upsample-and-add)."""
+    if g.op_name(oi) != "RESIZE_BILINEAR":
+        return None
+    ins, out = g.inputs(oi), g.outputs_of(oi)[0]
+    size = g.const(ins[1]) if len(ins) > 1 else None
+    add = g.sole_reader(out)
+    if size is None or size.size != 2 or not g.is_runtime(ins[0]) or add is None or g.op_name(add) != "ADD":
+        return None
+    addend, act = _other(g, add, out), g.attrs(add).get("fused_activation_function", "NONE")
+    if addend is None or act not in _ACT or not g.is_runtime(addend) or g.shapes.get(addend) != g.shapes.get(out) or \
+            g.shapes.get(g.outputs_of(add)[0]) != g.shapes.get(out) or not g.private(out, add):
+        return None
+    a = g.attrs(oi)
+    return [oi, add], [ins[0], addend], g.outputs_of(add)[0], "fused_resize_bilinear", {
+        "size": [int(v) for v in size.ravel()], "align_corners": bool(a.get("align_corners", False)),
+        "half_pixel_centers": bool(a.get("half_pixel_centers", False)), "activation": _ACT[act]}
+
+
 def _separable(g: Graph, oi: int):
     """DEPTHWISE_CONV_2D (no bias or a zero one, no activation) -> CONV_2D 1x1 (no activation) -> [ADD
     residual] -> [activation op]: ``fused_separable_conv2d``."""
@@ -751,7 +773,7 @@ def _squeeze_excite(g: Graph, oi: int):
 PATTERNS: dict[str, Callable] = {
     "bottleneck": _bottleneck, "squeeze_excite": _squeeze_excite, "pad_conv": _pad_conv,
     "separable_conv": _separable, "affine_conv": _affine_conv, "conv_activation": _conv_act,
-    "dense_activation": _dense_act,
+    "dense_activation": _dense_act, "resize_add": _resize_add,
     "hard_swish": _hard_swish, "clip": _clip,
     "pool_activation": _pool_act,
 }

@@ -348,6 +348,22 @@ def _pool(g: Graph, oi: int, attrs: dict) -> list:
     return b.ops
 
 
+@expansion("fused_resize_bilinear")
+def _resize_add(g: Graph, oi: int, attrs: dict) -> list:
+    """RESIZE_BILINEAR, then the ADD of the addend with the activation fused into it."""
+    b, (out,) = Builder(g, oi), g.outputs_of(oi)
+    x, addend = g.inputs(oi)[:2]
+    act = str(attrs.get("activation", "linear")).lower()
+    if act not in ("linear", "relu", "relu6"):
+        raise UnfuseError(f"fused_resize_bilinear (operator {oi}): activation {act!r} is not one of 'linear', "
+                          f"'relu', 'relu6'")
+    y = b.op("RESIZE_BILINEAR", [x, b.weight_i32([int(v) for v in attrs["size"]])], g.shapes[out],
+             ("ResizeBilinearOptions", {"alignCorners": bool(attrs.get("align_corners", False)),
+                                        "halfPixelCenters": bool(attrs.get("half_pixel_centers", False))}))
+    b.op("ADD", [y, addend], options=("AddOptions", {"fusedActivationFunction": _FUSED_CODES[act]}), out=out)
+    return b.ops
+
+
 @expansion("fused_global_pool2d")
 def _global_pool(g: Graph, oi: int, attrs: dict) -> list:
     b, (out,) = Builder(g, oi), g.outputs_of(oi)
