@@ -121,12 +121,13 @@ class TestOpFlops:
     def test_fusion_keeps_a_real_models_conv_flops(self, bench, name):
         """Lowered as for a GPU (re-laid-out weights) and fused, a MediaPipe model's convolution FLOPs stay the
         same: the fused ops' count is the sum of the convolutions they replace (a squeeze-excite's with its
-        pool, MEAN or AVERAGE_POOL_2D, and scaling, MUL)."""
+        pool, MEAN or AVERAGE_POOL_2D, and scaling, MUL; a fused_matmul's with its FULLY_CONNECTED)."""
         import tflfuse
         from tflfuse import zoo
         from tflfuse.runtime.plan import lower
 
-        names = set(sys.modules['roofline']._MACS) | {"fused_bottleneck", "fused_squeeze_excite", "MEAN", "AVERAGE_POOL_2D", "MUL"}
+        names = set(sys.modules['roofline']._MACS) | {"fused_bottleneck", "fused_squeeze_excite", "MEAN", "AVERAGE_POOL_2D", "MUL",
+                                                        "fused_matmul"}
 
         def conv_flops(data):
             graph = lower(tflfuse.Model(data), 0, target="gpu")
