@@ -10,7 +10,10 @@ and its idle time between invokes (the next pass's start less this one's end) co
     python benchmarks/host_time.py --models=.bench [--select=hand_*] [--out=HOST_TIME.md]
 
 A host-bound model shows GPU idle time between invokes near its host time less its GPU time; a GPU-bound
-one shows almost none. Real models of ``--models`` (``NAME_unfused.tflite``) are fused at load with
+one shows almost none. The phases are recorded through wgpu's Python API (the pass needs its timestamp
+writes), while the interpreter's invoke records and submits through wgpu-native's C entry points after its
+first command buffer: the host times here are an upper bound of an invoke's (``benchmarks/run.py``'s
+throughput column is the interpreter's own). Real models of ``--models`` (``NAME_unfused.tflite``) are fused at load with
 :func:`tflfuse.fuse`, as ``benchmarks/run.py`` does. Times are medians over the invokes, in microseconds
 (host: wall clock; GPU: timestamp queries, which need the adapter's ``timestamp-query`` feature).
 """
