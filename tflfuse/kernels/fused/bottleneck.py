@@ -253,8 +253,10 @@ class FusedBottleneck(CompositeKernel):
         if not self.residual or self.residual_pool != 2:
             return ""
         n, h, w, c = self.input(0).shape
-        return (f"fn res_at(pix: u32, co: u32) -> f32 {{\n  let ox = pix % {self.ow}u;\n  let oy = (pix / {self.ow}u) % "
-                f"{self.oh}u;\n  let b = (((pix / {self.ow * self.oh}u) * {h}u + 2u * oy) * {w}u + 2u * ox) * {c}u + co;\n"
+        return (f"fn res_at(pix: u32, co: u32) -> f32 {{\n"
+                f"  let ox = pix % {self.ow}u;\n"
+                f"  let oy = (pix / {self.ow}u) % {self.oh}u;\n"
+                f"  let b = (((pix / {self.ow * self.oh}u) * {h}u + 2u * oy) * {w}u + 2u * ox) * {c}u + co;\n"
                 f"  return max(max(x[b], x[b + {c}u]), max(x[b + {w * c}u], x[b + {(w + 1) * c}u]));\n}}\n")
 
     def out_activated(self, value: str) -> str:
@@ -526,9 +528,10 @@ class FusedBottleneck(CompositeKernel):
         proj_binds = ((inputs["x"],) if self.residual else ()) + (d_read,) + gate_binds + (
             inputs["pw"], inputs["pb"], out)
         if not self.has_se and use_tiled_matmul(total // cout, cexp, cout, self.target()):
+            value = self.out_activated(f"acc + pb[co]{residual}")
             progs.append(product_program(
                 f"{self.key}_project", proj_binds, total // cout, cexp, cout, "d", "pw", "y",
-                f"let co = col;\n          let pix = row;\n          y[idx] = {self.out_activated(f'acc + pb[co]{residual}')};",
+                f"let co = col;\n          let pix = row;\n          y[idx] = {value};",
                 self.out_act_fn() + self.residual_fn()))
             return progs
         lanes = split_lanes(total, cexp, self.target())
