@@ -265,9 +265,11 @@ def test_unfuse_of_an_int8_file_gives_the_chain_litert_runs(blocks):
 @pytest.mark.parametrize("extra, message", [
     ({"output_activation": "relu6"}, "output_activation 'relu6' has no int8 form"),
     ({"padding": "EXPLICIT", "explicit_paddings": [0, 0, 1, 1, 1, 1, 0, 0]}, "padding 'EXPLICIT' has no int8 form"),
+    ({"residual_pool": 2}, "residual_pool 2 has no int8 form"),
 ])
 def test_kernel_refuses_float_only_attributes(small, extra, message):
-    """The float block's output activation and padding have no int8 form: refused by name, never ignored."""
+    """The float block's output activation, padding and pooled residual have no int8 form: refused by name,
+    never ignored."""
     m = small["custom"].model()
     op = m.op_names(0).index("fused_bottleneck")
     attrs = tflfuse.annotate.decode_attrs(m.op_attrs(0, op))

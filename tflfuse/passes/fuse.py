@@ -285,6 +285,32 @@ def _activated_epilogue(g: Graph, out: int, chain: list[int], act: str) -> dict 
     return found
 
 
+def _runtime_addend(g: Graph, add: int, out: int) -> int | None:
+    """The other input of ADD ``add`` reading ``out`` where it is a runtime tensor of ``out``'s shape and the
+    ADD's output has that shape too (no broadcast); else None."""
+    addend = _other(g, add, out)
+    if addend is None or not g.is_runtime(addend) or g.shapes.get(addend) != g.shapes.get(out) or \
+            g.shapes.get(g.outputs_of(add)[0]) != g.shapes.get(out):
+        return None
+    return addend
+
+
+def _channel_affine(g: Graph, dw: int) -> np.ndarray | None:
+    """``[2, C]`` (scales, shifts) where op ``dw`` is a DEPTHWISE_CONV_2D 1x1 of multiplier 1, stride 1, without
+    activation, with constant weights, over a runtime input of C channels (a per-channel scale and shift: a
+    BatchNorm left in the file, as in MediaPipe's hand_recrop); else None."""
+    if g.op_name(dw) != "DEPTHWISE_CONV_2D":
+        return None
+    a, ins = g.attrs(dw), g.inputs(dw)
+    k, x = g.const(ins[1]), ins[0]
+    channels = g.shapes.get(x, (0,))[-1]
+    if a.get("fused_activation_function", "NONE") != "NONE" or k is None or k.shape != (1, 1, 1, channels) or \
+            not g.is_runtime(x) or a.get("stride_h", 1) != 1 or a.get("stride_w", 1) != 1:
+        return None
+    shift = _bias(g, ins, channels)
+    return None if shift is None else np.stack([k.reshape(-1), shift.reshape(-1)])
+
+
 def _residual_after(g: Graph, out: int, chain: list[int], found: dict) -> int:
     """Where ``out``'s sole reader is an ADD without activation of a runtime tensor of ``out``'s shape: appends
     it to ``chain``, sets ``found``'s residual (added after the activation) and returns the ADD's output; else
@@ -292,9 +318,8 @@ def _residual_after(g: Graph, out: int, chain: list[int], found: dict) -> int:
     add = g.sole_reader(out)
     if add is None or g.op_name(add) != "ADD" or g.attrs(add).get("fused_activation_function", "NONE") != "NONE":
         return out
-    res = _other(g, add, out)
-    if res is None or not g.is_runtime(res) or g.shapes.get(res) != g.shapes.get(out) or \
-            g.shapes.get(g.outputs_of(add)[0]) != g.shapes.get(out):
+    res = _runtime_addend(g, add, out)
+    if res is None:
         return out
     chain.append(add)
     found.update(residual=res, residual_after_activation=True)
@@ -307,19 +332,11 @@ def _post_affine(g: Graph, out: int, chain: list[int], found: dict) -> int:
     hand_recrop has): appends it to ``chain``, sets ``found["post_affine"]`` ([2, C]: scales, shifts) and
     returns its output; else returns ``out``."""
     dw = g.sole_reader(out)
-    if dw is None or g.op_name(dw) != "DEPTHWISE_CONV_2D" or g.inputs(dw)[0] != out:
-        return out
-    a, ins = g.attrs(dw), g.inputs(dw)
-    k = g.const(ins[1])
-    channels = g.shapes.get(out, (0,))[-1]
-    if a.get("fused_activation_function", "NONE") != "NONE" or k is None or k.shape != (1, 1, 1, channels) or \
-            a.get("stride_h", 1) != 1 or a.get("stride_w", 1) != 1:
-        return out
-    shift = _bias(g, ins, channels)
-    if shift is None:
+    affine = _channel_affine(g, dw) if dw is not None and g.inputs(dw)[0] == out else None
+    if affine is None:
         return out
     chain.append(dw)
-    found["post_affine"] = np.stack([k.reshape(-1), shift.reshape(-1)]).astype(np.float32)
+    found["post_affine"] = affine.astype(np.float32)
     return g.outputs_of(dw)[0]
 
 
@@ -459,9 +476,8 @@ def _resize_add(g: Graph, oi: int):
     add = g.sole_reader(out)
     if size is None or size.size != 2 or not g.is_runtime(ins[0]) or add is None or g.op_name(add) != "ADD":
         return None
-    addend, act = _other(g, add, out), g.attrs(add).get("fused_activation_function", "NONE")
-    if addend is None or act not in _ACT or not g.is_runtime(addend) or g.shapes.get(addend) != g.shapes.get(out) or \
-            g.shapes.get(g.outputs_of(add)[0]) != g.shapes.get(out) or not g.private(out, add):
+    addend, act = _runtime_addend(g, add, out), g.attrs(add).get("fused_activation_function", "NONE")
+    if addend is None or act not in _ACT or not g.private(out, add):
         return None
     a = g.attrs(oi)
     return [oi, add], [ins[0], addend], g.outputs_of(add)[0], "fused_resize_bilinear", {
@@ -508,29 +524,24 @@ def _affine_conv(g: Graph, oi: int):
     in MediaPipe's hand_recrop) -> CONV_2D whose taps never fall in padding (VALID, or a 1x1 kernel) [-> ADD
     residual] [-> activation op]: ``fused_conv2d`` with the scale folded into its filter and the shift into its
     bias (``W'[ky, kx, c, o] = W s[c]``, ``b'[o] = b[o] + sum W t[c]``, in float64)."""
-    if g.op_name(oi) != "DEPTHWISE_CONV_2D":
+    affine = _channel_affine(g, oi)
+    if affine is None:
         return None
-    a, ins = g.attrs(oi), g.inputs(oi)
-    k = g.const(ins[1])
-    x = ins[0]
-    if a.get("fused_activation_function", "NONE") != "NONE" or k is None or k.ndim != 4 or \
-            k.shape[:3] != (1, 1, 1) or not g.is_runtime(x) or g.shapes.get(x, (0,))[-1] != k.shape[3] or \
-            a.get("stride_h", 1) != 1 or a.get("stride_w", 1) != 1:
-        return None
-    shift = _bias(g, ins, k.shape[3])
+    x = g.inputs(oi)[0]
     conv = g.sole_reader(g.outputs_of(oi)[0])
-    if shift is None or conv is None or g.op_name(conv) != "CONV_2D" or g.inputs(conv)[0] != g.outputs_of(oi)[0]:
+    if conv is None or g.op_name(conv) != "CONV_2D" or g.inputs(conv)[0] != g.outputs_of(oi)[0]:
         return None
     ca, cins = g.attrs(conv), g.inputs(conv)
     w = g.const(cins[1])
-    if w is None or w.ndim != 4 or w.shape[3] != k.shape[3] or ca.get("fused_activation_function", "NONE") != "NONE" \
-            or not (ca.get("padding") == "VALID" or w.shape[1:3] == (1, 1)):
+    if w is None or w.ndim != 4 or w.shape[3] != affine.shape[1] or \
+            ca.get("fused_activation_function", "NONE") != "NONE" or \
+            not (ca.get("padding") == "VALID" or w.shape[1:3] == (1, 1)):
         return None
     b = _bias(g, cins, w.shape[0])
     if b is None:
         return None
     hwio = w.transpose(1, 2, 3, 0).astype(np.float64)
-    scale, shift = k.reshape(-1).astype(np.float64), shift.astype(np.float64)
+    scale, shift = affine.astype(np.float64)
     weights = (hwio * scale[None, None, :, None]).astype(np.float32)
     bias = (b.astype(np.float64) + np.einsum("hwio,i->o", hwio, shift)).astype(np.float32)
     geometry = _conv_geometry(ca)
@@ -757,9 +768,8 @@ def _squeeze_excite(g: Graph, oi: int):
         attrs["has_scaled"] = True
     add = g.sole_reader(out)
     if add is not None and g.op_name(add) == "ADD" and g.attrs(add).get("fused_activation_function", "NONE") == "NONE":
-        addend = _other(g, add, out)
-        if addend is not None and g.is_runtime(addend) and g.shapes.get(addend) == g.shapes[out] and \
-                g.shapes.get(g.outputs_of(add)[0]) == g.shapes[out]:
+        addend = _runtime_addend(g, add, out)
+        if addend is not None:
             chain.append(add)
             inputs.append(addend)
             attrs["has_addend"], out = True, g.outputs_of(add)[0]

@@ -65,6 +65,7 @@ from ..base import MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKerne
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule
+from .conv import max_pool_2x2
 from .depthwise_product import depthwise_product_program, fits_depthwise_product
 from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, expand_depthwise_shape,
                                expand_depthwise_unroll)
@@ -257,7 +258,7 @@ class FusedBottleneck(CompositeKernel):
                 f"  let ox = pix % {self.ow}u;\n"
                 f"  let oy = (pix / {self.ow}u) % {self.oh}u;\n"
                 f"  let b = (((pix / {self.ow * self.oh}u) * {h}u + 2u * oy) * {w}u + 2u * ox) * {c}u + co;\n"
-                f"  return max(max(x[b], x[b + {c}u]), max(x[b + {w * c}u], x[b + {(w + 1) * c}u]));\n}}\n")
+                f"  return {max_pool_2x2('x', 'b', c, w)};\n}}\n")
 
     def out_activated(self, value: str) -> str:
         """``value`` (a WGSL f32 or vec4<f32> expression of the block's output) through the output activation:

@@ -48,7 +48,7 @@ from ..wgsl import (activation_fn, activation_uniforms, dot, elementwise_program
                     reduction_program, split_lanes)
 
 __all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpilogue", "FusedSeparableConv2D",
-           "depthwise_pointwise_program", "padded_channels", "pixel_block"]
+           "depthwise_pointwise_program", "max_pool_2x2", "padded_channels", "pixel_block"]
 
 #: Workgroup memory (floats) of the one-dispatch separable schedule: 16 KiB, WebGPU's default limit.
 _SEP_SHARED_FLOATS = MAX_WORKGROUP_STORAGE // 4
@@ -64,6 +64,14 @@ FUSED_ACTIVATIONS = ("linear", "relu", "relu6", "elu", "leaky_relu", "prelu", "s
                      "gelu", "gelu_tanh")
 _FLAGS = ("has_bias", "has_residual", "has_prelu", "has_post_affine")
 _OPTIONAL_NAMES = {"has_bias": "bias", "has_residual": "res", "has_prelu": "slope", "has_post_affine": "post"}
+
+
+def max_pool_2x2(buf: str, base: str, channels: int, width: int) -> str:
+    """WGSL of the max of a 2x2 window of NHWC binding ``buf`` whose top-left element is at index ``base``, in
+    rows of ``width`` pixels of ``channels`` channels: TFLite's MAX_POOL_2D 2x2 at one output element."""
+    c, w = channels, width
+    return (f"max(max({buf}[{base}], {buf}[{base} + {c}u]), "
+            f"max({buf}[{base} + {w * c}u], {buf}[{base} + {(w + 1) * c}u]))")
 
 
 def padded_channels(out_shape: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -166,7 +174,7 @@ class FusedEpilogue(CompositeKernel):
         lines = (f"  let rq = idx / {cout}u;\n  let rox = rq % {ow}u;\n  let roy = (rq / {ow}u) % {oh}u;\n"
                  f"  let rb = (((rq / {ow * oh}u) * {rh}u + 2u * roy) * {rw}u + 2u * rox) * {cr}u + "
                  f"min(co, {max(cr - 1, 0)}u);\n"
-                 f"  let rv = max(max(res[rb], res[rb + {cr}u]), max(res[rb + {rw * cr}u], res[rb + {(rw + 1) * cr}u]));\n")
+                 f"  let rv = {max_pool_2x2('res', 'rb', cr, rw)};\n")
         return lines, ("rv" if cr == cout else f"select(0.0, rv, co < {cr}u)")
 
     def epilogue_names(self) -> list[str]:

@@ -62,7 +62,7 @@ class QuantizedFusedBottleneck(ComposedKernel):
                      "squeeze_excite": False, "expand_scale": None, "expand_zero_point": None, "dw_scale": None,
                      "dw_zero_point": None, "project_scale": None, "project_zero_point": None, "target": "gpu",
                      "expand_layout": "OHWI", "project_layout": "OHWI", "output_activation": "linear",
-                     "padding": "SAME", "explicit_paddings": None}
+                     "padding": "SAME", "explicit_paddings": None, "residual_pool": 1}
     extra_attrs = ("input_quantization", "output_quantization", "output_dtype")
     needs_io_quantization = True
     needs_output_dtype = True
@@ -99,6 +99,9 @@ class QuantizedFusedBottleneck(ComposedKernel):
         if str(self.attr("padding")).upper() != "SAME" or self.attrs.get("explicit_paddings"):
             raise self.fail(f"padding {self.attr('padding')!r} has no int8 form here (the int8 block is SAME); "
                             f"give 'SAME' or leave it out")
+        if self.attr("residual_pool") != 1:
+            raise self.fail(f"residual_pool {self.attr('residual_pool')!r} has no int8 form here (the int8 residual "
+                            f"is x itself); give 1 or leave it out")
         act = str(self.attr("activation"))
         if act not in _ACTS:
             raise self.fail(f"activation {act!r} has no int8 form here; supported: {sorted(_ACTS)}")
