@@ -214,6 +214,36 @@ def test_residual_after_activation_and_post_affine(device, rng, op, target, afte
                  after=after, post=post)
 
 
+INPUT_PRELU_CASES = {  # (N, H, W, Cin, KH, KW, Cout, strides, padding, target)
+    "2x2_valid_stride2": (1, 9, 8, 5, 2, 2, 4, (2, 2), "VALID", "gpu"),      # hand_recrop's blocks, odd sizes
+    "3x3_same_stride2_batch2": (2, 7, 6, 6, 3, 3, 5, (2, 2), "SAME", "gpu"),  # padding read: it stays zero
+    "1x1_tiled_otherwise": (1, 64, 64, 16, 1, 1, 32, (1, 1), "VALID", "gpu"),  # 131072 outputs: a tiled product
+    "strip_otherwise_cpu": (1, 8, 8, 8, 3, 3, 8, (1, 1), "SAME", "cpu"),      # the strip form on the adapter
+}
+
+
+@pytest.mark.parametrize("case", list(INPUT_PRELU_CASES), ids=list(INPUT_PRELU_CASES))
+@pytest.mark.parametrize("act", ["linear", "prelu"])
+def test_input_prelu(device, rng, case, act):
+    """``conv(prelu(x))`` (``has_input_prelu``): keras.layers.PReLU with per-channel slopes (shared over H and
+    W) on the input, then the float64 NumPy conv, bias and the epilogue's activation; positive and negative
+    slopes (a sign flip shows a slope read for the wrong channel); tolerance as the module's."""
+    n, h, w, cin, kh, kw, cout, strides, pad, target = INPUT_PRELU_CASES[case]
+    x = rng.standard_normal((n, h, w, cin)).astype(np.float32)
+    in_slopes = rng.uniform(-0.8, 0.8, cin).astype(np.float32)
+    prelu = keras.layers.PReLU(shared_axes=[1, 2])
+    prelu.build(x.shape)
+    prelu.set_weights([in_slopes.reshape(1, 1, cin)])
+    f = scaled(rng, (kh, kw, cin, cout), kh * kw * cin)
+    z = npref.conv2d(np.asarray(prelu(tf.constant(x))).astype(np.float64), f, strides, pad, (1, 1))
+    extra, attrs, reference = epilogue_inputs(rng, z.shape, cout, act, residual=False)
+    attrs.update(target=target, has_input_prelu=True)
+    shape = (1, 1, cin) if cin % 2 else (cin,)   # both forms of the slopes
+    (y,) = run_op(device, "fused_conv2d", [x, f] + extra + [in_slopes.reshape(shape)],
+                  dict(strides=list(strides), padding=pad, **attrs))
+    assert_close(y, reference(z))
+
+
 MATMUL_CASES = [  # (a shape, b shape, transpose_a, transpose_b)
     ((2, 3, 4, 5), (5, 6), False, False),      # rank-4 a, a Dense kernel b
     ((2, 1, 4, 5), (3, 5, 6), False, False),   # broadcast batches
@@ -354,6 +384,15 @@ def test_gelu_accuracy(device):
                                                                         "residual_after_activation": "yes"},
      "residual_after_activation must be a bool"),
     ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,), (2,)], {"has_post_affine": True}, r"post_affine must have shape \[2, 2\]"),
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,), (2, 3)], {"has_input_prelu": True},
+     r"input_prelu_alpha must hold one slope per input channel, \[3\]"),
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,), (4,)], {"has_input_prelu": True}, "one slope per input"),
+    ("fused_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (2,)], {"has_input_prelu": True}, "expects 4 inputs"),
+    ("fused_depthwise_conv2d", [(1, 5, 5, 3), (3, 3, 3, 1), (3,), (3,)], {"has_input_prelu": True},
+     "taken by fused_conv2d only"),
+    ("fused_separable_conv2d", [(1, 5, 5, 3), (3, 3, 3, 1), (1, 1, 3, 4), (4,), (3,)], {"has_input_prelu": True},
+     "taken by fused_conv2d only"),
+    ("fused_matmul", [(2, 5), (5, 3), (3,), (5,)], {"has_input_prelu": True}, "taken by fused_conv2d only"),
     ("fused_depthwise_conv2d", [(1, 5, 5, 3), (3, 3, 2, 2), (6,)], {}, "Cin 3"),
     ("fused_separable_conv2d", [(1, 5, 5, 3), (3, 3, 3, 2), (1, 1, 5, 4), (4,)], {}, "pointwise_filter"),
     ("fused_separable_conv2d", [(1, 5, 5, 0), (3, 3, 0, 1), (1, 1, 0, 8), (8,)], {}, "no channels"),

@@ -515,6 +515,48 @@ def test_affine_depthwise_folds_into_the_conv(case, device, rng):
         assert [nm for nm in names if nm != "DEQUANTIZE"] == ["fused_conv2d"], names
 
 
+INPUT_PRELU_CASES = {
+    # (input shape, conv kernel, stride, conv padding, output channels, DEPTHWISE_CONV_2D 1x1 between?, fused?)
+    "hand_recrop_block": ((1, 9, 8, 5), 2, 2, "VALID", 6, True, True),   # PRELU -> scale and shift -> 2x2 conv
+    "3x3_same_batch2": ((2, 7, 6, 3), 3, 2, "SAME", 5, False, True),     # the conv's padding stays zero
+    "1x1_tiled": ((1, 64, 64, 16), 1, 1, "VALID", 32, False, False),    # a tiled product: the PRELU stays
+    "3x3_strip": ((1, 9, 8, 5), 3, 1, "SAME", 8, False, False),         # 4-channel strips: the PRELU stays
+}
+
+
+@pytest.mark.parametrize("case", list(INPUT_PRELU_CASES), ids=list(INPUT_PRELU_CASES))
+def test_input_prelu_pattern(case, device, rng):
+    """A PRELU whose input another op reads too (a MAX_POOL_2D here, an output of the graph, as hand_recrop's
+    next block's residual) goes into the conv after it (``has_input_prelu``) where that conv runs one
+    invocation per output; against LiteRT on the original, and unfused back (a PRELU op again)."""
+    shape, k, s, padding, cout, affine, fused = INPUT_PRELU_CASES[case]
+    n, h, w, c = shape
+    oh, ow = (-(-h // s), -(-w // s)) if padding == "SAME" else ((h - k) // s + 1, (w - k) // s + 1)
+    slopes = rng.uniform(-0.5, 0.5, (1, 1, c)).astype(np.float32)
+    filt = (rng.standard_normal((cout, k, k, c)) / np.sqrt(k * k * c)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    tensors = [t(shape), t(slopes.shape, data=slopes), t(shape), t(filt.shape, data=filt), t((cout,), data=bias),
+               t((n, oh, ow, cout)), t((n, h // 2, w // 2, c))]
+    ops = [dict(op="PRELU", inputs=[0, 1], outputs=[2]),
+           dict(op="MAX_POOL_2D", inputs=[0], outputs=[6], options=("Pool2DOptions", {
+               "padding": 1, "strideH": 2, "strideW": 2, "filterHeight": 2, "filterWidth": 2}))]
+    conv_in = 2
+    if affine:
+        scale = rng.uniform(0.5, 2, (1, 1, 1, c)).astype(np.float32)
+        tensors += [t(scale.shape, data=scale), t((c,), data=rng.standard_normal(c).astype(np.float32)), t(shape)]
+        ops.append(dict(op="DEPTHWISE_CONV_2D", inputs=[2, 7, 8], outputs=[9], options=(
+            "DepthwiseConv2DOptions", {"padding": 1, "strideH": 1, "strideW": 1, "depthMultiplier": 1})))
+        conv_in = 9
+    ops.append(dict(op="CONV_2D", inputs=[conv_in, 3, 4], outputs=[5], options=(
+        "Conv2DOptions", {"padding": 0 if padding == "SAME" else 1, "strideH": s, "strideW": s})))
+    original = build(tensors, ops, [0], [5, 6])
+    result, _ = _check_fused(original, device, rng, {"input_prelu": int(fused)})
+    names = [nm for nm in Model(result).op_names(0) if nm != "DEQUANTIZE"]
+    assert ("PRELU" in names) != fused, names
+    if fused:
+        assert sorted(names) == ["MAX_POOL_2D", "fused_conv2d"], names
+
+
 def test_squeeze_excite_pattern(device, rng):
     def build_se(x):
         s = keras.layers.GlobalAveragePooling2D(keepdims=True)(x)

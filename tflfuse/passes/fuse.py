@@ -37,6 +37,10 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
 * ``affine_conv``: DEPTHWISE_CONV_2D 1x1, multiplier 1 (a per-channel scale and shift) -> CONV_2D whose taps
   never fall in padding [-> ADD residual] [-> activation op]: ``fused_conv2d``, the scale and shift folded
   into its filter and bias.
+* ``input_prelu``: PRELU (per-channel constant slopes) -> what ``affine_conv`` or ``conv_activation`` make
+  ``fused_conv2d`` of, where that conv runs one invocation per output: the PRELU applied as the conv reads its
+  input (``has_input_prelu``; MediaPipe's hand_recrop, whose blocks' sums feed both a PRELU and the next
+  block's residual).
 * ``conv_activation``: CONV_2D / DEPTHWISE_CONV_2D -> [ADD residual] -> [an activation op TFLite cannot fold:
   PRELU, HARD_SWISH, LOGISTIC, TANH, LEAKY_RELU, ELU, RELU]: ``fused_conv2d`` / ``fused_depthwise_conv2d``;
   also a conv with a fused RELU / RELU6 -> ADD of a tensor of its shape (``residual_after_activation``). After
@@ -554,6 +558,51 @@ def _affine_conv(g: Graph, oi: int):
     return found
 
 
+def _input_prelu(g: Graph, oi: int):
+    """PRELU with constant per-channel slopes (``[C]`` or ``[1, ..., 1, C]``) -> what :func:`_affine_conv` or
+    :func:`_conv_act` make ``fused_conv2d`` of: that op with the PRELU applied as it reads its input
+    (``has_input_prelu``). It takes a PRELU that no conv before it can (MediaPipe's hand_recrop: each block's
+    sum feeds the PRELU and the next block's pooled residual), and only where the conv runs the per-output form
+    anyway (:meth:`~tflfuse.kernels.fused.conv.FusedConv2D.reads_per_output`), which alone applies it."""
+    if g.op_name(oi) != "PRELU":
+        return None
+    ins, out = g.inputs(oi), g.outputs_of(oi)[0]
+    slopes = g.const(ins[1]) if len(ins) > 1 else None
+    shape = g.shapes.get(ins[0], ())
+    if slopes is None or not g.is_runtime(ins[0]) or len(shape) != 4 or not np.issubdtype(slopes.dtype, np.floating) \
+            or slopes.ndim < 1 or slopes.shape[-1] != shape[-1] or slopes.size != shape[-1]:
+        return None
+    conv = g.sole_reader(out)
+    if conv is None or g.op_name(conv) not in ("DEPTHWISE_CONV_2D", "CONV_2D") or g.inputs(conv)[0] != out:
+        return None
+    found = _affine_conv(g, conv) if g.op_name(conv) == "DEPTHWISE_CONV_2D" else \
+        _conv_act(g, conv) or _lone_conv(g, conv)
+    if found is None or found[3] != "fused_conv2d" or found[1][0] != out:
+        return None
+    chain, inputs, last, op_name, attrs = found
+    kernel = _fused_kernel(g, inputs, op_name, attrs)
+    if kernel is None or not kernel.reads_per_output():
+        return None
+    return ([oi, *chain], [ins[0], *inputs[1:], slopes.reshape(-1).astype(np.float32)], last, op_name,
+            {**attrs, "has_input_prelu": True})
+
+
+def _lone_conv(g: Graph, oi: int):
+    """A CONV_2D (constant filter, not grouped; its fused activation none, RELU or RELU6) with nothing to fuse
+    after it, as ``fused_conv2d``: for :func:`_input_prelu`, which gives it the PRELU before it."""
+    a, ins = g.attrs(oi), g.inputs(oi)
+    w = g.const(ins[1])
+    act = a.get("fused_activation_function", "NONE")
+    if w is None or w.ndim != 4 or act not in _ACT or not g.is_runtime(ins[0]) or \
+            w.shape[3] != g.shapes.get(ins[0], (0,))[-1]:
+        return None
+    bias = _bias(g, ins, w.shape[0])
+    if bias is None:
+        return None
+    return [oi], [ins[0], w.transpose(1, 2, 3, 0), bias], g.outputs_of(oi)[0], "fused_conv2d", {
+        **_conv_geometry(a), "activation": _ACT[act], "has_bias": True, "has_residual": False, "has_prelu": False}
+
+
 def _scalar(g: Graph, t: int) -> float | None:
     """The value of a constant holding one number (any shape of size 1), else None."""
     v = g.const(t)
@@ -783,6 +832,7 @@ def _squeeze_excite(g: Graph, oi: int):
 PATTERNS: dict[str, Callable] = {
     "bottleneck": _bottleneck, "squeeze_excite": _squeeze_excite, "pad_conv": _pad_conv,
     "separable_conv": _separable, "affine_conv": _affine_conv, "conv_activation": _conv_act,
+    "input_prelu": _input_prelu,
     "dense_activation": _dense_act, "resize_add": _resize_add,
     "hard_swish": _hard_swish, "clip": _clip,
     "pool_activation": _pool_act,
@@ -794,17 +844,23 @@ def _kernel_accepts(g: Graph, inputs: list, out: int, op_name: str, attrs) -> bo
     pattern that matched what its kernel cannot compute is left alone, not rewritten)."""
     if op_name.isupper():   # builtins the patterns make keep their input's shape or a conv's geometry
         return True
+    kernel = _fused_kernel(g, inputs, op_name, attrs)
+    return kernel is not None and kernel.output_specs()[0].shape == tuple(g.shapes[out])
+
+
+def _fused_kernel(g: Graph, inputs: list, op_name: str, attrs):
+    """The kernel of fused op ``op_name`` on these inputs (tensor indices or constant arrays) and attributes,
+    or None where it refuses them (logged at debug level)."""
     from ..kernels import KernelError, kernel_class
     from ..kernels.base import TensorSpec
 
     specs = [TensorSpec(np.shape(t) if not isinstance(t, (int, np.integer)) else g.shapes[int(t)])
              for t in inputs]
     try:
-        kernel = kernel_class(op_name)(specs, attrs)
-        return kernel.output_specs()[0].shape == tuple(g.shapes[out])
+        return kernel_class(op_name)(specs, attrs)
     except KernelError as e:
         logging.debug("pattern for %s left alone: %s", op_name, e)
-        return False
+        return None
 
 
 def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gpu") -> tuple[bytes, FuseReport]:

@@ -267,9 +267,15 @@ def _conv_parts(g: Graph, oi: int, attrs: dict, n_weights: int):
 @expansion("fused_conv2d")
 def _conv2d(g: Graph, oi: int, attrs: dict) -> list:
     ins, out, b, (w,), extra, shape, bias = _conv_parts(g, oi, attrs, 1)
+    x = ins[0]
+    if attrs.get("has_input_prelu"):   # the input's PRELU (its slopes the last input) as its own op first
+        slopes = g.const(extra.pop())
+        if slopes is None:
+            raise UnfuseError("input_prelu_alpha must be a constant to unfuse")
+        x = b.op("PRELU", [x, b.weight(slopes.reshape(1, 1, -1))], g.shapes[x])
     filt = b.weight(w.transpose(3, 0, 1, 2))   # HWIO -> OHWI
     _epilogue(b, g, attrs, shape, extra, out, lambda code, o: b.op(
-        "CONV_2D", [ins[0], filt, bias], shape, _geometry_options("Conv2DOptions", attrs, code), out=o))
+        "CONV_2D", [x, filt, bias], shape, _geometry_options("Conv2DOptions", attrs, code), out=o))
     return b.ops
 
 

@@ -21,13 +21,16 @@ BlazeFace's and BlazePalm's downsampling blocks), PReLU slopes
 broadcastable to the output, e.g. ``[Cout]``, ``[1, 1, Cout]`` or ``[OH, OW, Cout]`` (``has_prelu``, with
 ``activation="prelu"``), and ``post_affine [2, Cout]`` (``has_post_affine``): per-channel scales, then shifts,
 applied last, ``y = y * post_affine[0] + post_affine[1]`` (TFLite's DEPTHWISE_CONV_2D 1x1 of multiplier 1 after
-the activation, a BatchNorm left in the file, as in MediaPipe's hand_recrop). Output ``[N, OH, OW, Cout]``,
+the activation, a BatchNorm left in the file, as in MediaPipe's hand_recrop); and for ``fused_conv2d`` alone,
+``input_prelu_alpha [Cin]`` (``has_input_prelu``): the PReLU slopes of a PRELU applied to ``x`` before the conv.
+Output ``[N, OH, OW, Cout]``,
 ``OH`` as TensorFlow computes it for the padding.
 
 Attributes: ``strides`` and ``dilations`` (lists of 2 ints), ``padding`` (``"SAME"``/``"VALID"``),
 ``residual_pool`` (1, the default, or 2: see above),
 ``activation`` (one of :data:`FUSED_ACTIVATIONS`), ``alpha`` (float: leaky_relu's negative slope, elu's
-alpha; default Keras'), ``has_bias``, ``has_residual``, ``has_prelu``, ``has_post_affine`` (bools), and
+alpha; default Keras'), ``has_bias``, ``has_residual``, ``has_prelu``, ``has_post_affine``, ``has_input_prelu``
+(bools), and
 ``residual_after_activation`` (bool, default False: ``act(conv(x) + bias) + residual``, as TFLite's ADD after
 a conv with a fused RELU computes it).
 
@@ -62,8 +65,9 @@ _NO_CHANNELS = ("the input has no channels (Cin 0): the conv's sums have no term
 #: Activations of the fused ops (Keras' semantics; ``prelu`` takes its slopes from an input tensor).
 FUSED_ACTIVATIONS = ("linear", "relu", "relu6", "elu", "leaky_relu", "prelu", "sigmoid", "tanh", "hard_swish",
                      "gelu", "gelu_tanh")
-_FLAGS = ("has_bias", "has_residual", "has_prelu", "has_post_affine")
-_OPTIONAL_NAMES = {"has_bias": "bias", "has_residual": "res", "has_prelu": "slope", "has_post_affine": "post"}
+_FLAGS = ("has_bias", "has_residual", "has_prelu", "has_post_affine", "has_input_prelu")
+_OPTIONAL_NAMES = {"has_bias": "bias", "has_residual": "res", "has_prelu": "slope", "has_post_affine": "post",
+                   "has_input_prelu": "in_slope"}
 
 
 def max_pool_2x2(buf: str, base: str, channels: int, width: int) -> str:
@@ -88,10 +92,13 @@ class FusedEpilogue(CompositeKernel):
     bias (``b[co]``) and residual (broadcast from output index ``idx``) and applies the activation."""
 
     main_inputs: tuple[str, ...] = ()
-    input_names = ("bias", "residual", "prelu_alpha", "post_affine")  # after main_inputs, as their flags say
+    #: after main_inputs, as their flags say
+    input_names = ("bias", "residual", "prelu_alpha", "post_affine", "input_prelu_alpha")
     attr_defaults = {"activation": "linear", "alpha": None, "has_bias": True, "has_residual": False,
                      "has_prelu": False, "residual_pool": 1, "target": "gpu", "residual_after_activation": False,
-                     "has_post_affine": False}
+                     "has_post_affine": False, "has_input_prelu": False}
+    #: Whether the op takes ``has_input_prelu`` (a PReLU of its input, applied as the input is read).
+    takes_input_prelu = False
 
     def check_epilogue(self, out_shape: tuple[int, ...], cout: int) -> None:
         """Validates the flags against the inputs, their shapes, and the activation; sets ``self.flags``."""
@@ -133,14 +140,16 @@ class FusedEpilogue(CompositeKernel):
             if not self.flags[flag]:
                 continue
             spec = self.expect_rank(pos, *range(0, 7))
-            if flag == "has_bias" and spec.shape != (cout,):
+            if flag == "has_input_prelu":
+                self._check_input_prelu(spec.shape)
+            elif flag == "has_bias" and spec.shape != (cout,):
                 raise self.fail(f"bias must have shape [{cout}], got {list(spec.shape)}")
             if flag == "has_post_affine" and spec.shape != (2, cout):
                 raise self.fail(f"post_affine must have shape [2, {cout}] (per-channel scales, then shifts), got "
                                 f"{list(spec.shape)}")
             if flag == "has_residual" and self.residual_pool == 2:
                 self._check_pooled_residual(spec.shape)
-            elif flag not in ("has_bias", "has_post_affine"):
+            elif flag not in ("has_bias", "has_post_affine", "has_input_prelu"):
                 try:
                     ok = np.broadcast_shapes(out_shape, spec.shape) == tuple(out_shape)
                 except ValueError:
@@ -155,6 +164,24 @@ class FusedEpilogue(CompositeKernel):
                                        f"{cout}" if flag == "has_residual" and out_shape else ""))
             self.optional.append((_OPTIONAL_NAMES[flag], spec))
             pos += 1
+
+    def _check_input_prelu(self, shape: tuple[int, ...]) -> None:
+        """``input_prelu_alpha``: one slope per input channel, ``[Cin]`` or ``[1, ..., 1, Cin]`` (TFLite's PRELU
+        slopes of a per-channel PReLU: Keras' ``PReLU(shared_axes=[1, 2])``), on an op that takes it."""
+        if not self.takes_input_prelu:
+            raise self.fail("has_input_prelu (a PReLU of the input, applied as it is read) is taken by fused_conv2d "
+                            "only: run the PRELU as its own op before this one")
+        cin = self.input(0).shape[-1]
+        if not shape or shape[-1] != cin or any(d != 1 for d in shape[:-1]):
+            raise self.fail(f"input_prelu_alpha must hold one slope per input channel, [{cin}] or [1, ..., 1, "
+                            f"{cin}], got {list(shape)}")
+
+    def input_prelu_fn(self) -> str:
+        """WGSL ``fn xin(i: u32, c: u32) -> f32``: the input's element ``x[i]`` of channel ``c`` through the input
+        PReLU where ``has_input_prelu`` (TFLite's PRELU: ``x >= 0 ? x : x * alpha[c]``; NaN stays NaN), else
+        ``x[i]``."""
+        value = "select(v * in_slope[c], v, v >= 0.0)" if self.flags["has_input_prelu"] else "v"
+        return f"fn xin(i: u32, c: u32) -> f32 {{\n  let v = x[i];\n  return {value};\n}}\n"
 
     def _check_pooled_residual(self, shape: tuple[int, ...]) -> None:
         """A residual that a 2x2 max pool of stride 2 (VALID) brings to the output's pixels: ``[N, H, W, Cr]``
@@ -255,12 +282,17 @@ class _FusedWindow(FusedEpilogue):
 class FusedConv2D(_FusedWindow):
     """``act(tf.nn.conv2d(x, filters, strides, padding, dilations) + bias + residual)``: input
     ``x [N, H, W, Cin]``, ``filters [KH, KW, Cin, Cout]`` (HWIO) -> ``[N, OH, OW, Cout]`` float32. One
-    invocation per output element. Raises :class:`~tflfuse.kernels.KernelError` for filters whose Cin
+    invocation per output element. With ``has_input_prelu``, ``input_prelu_alpha`` (``[Cin]`` or ``[1, ..., 1,
+    Cin]``, the last optional input) makes it ``conv(prelu(x))``: TFLite's PRELU of the input, applied as each
+    element is read (padding stays zero), in the per-output form (the tiled 1x1 and 4-channel strip forms read
+    the input directly): a PRELU whose input another op reads too, such as MediaPipe's hand_recrop's, then needs
+    no dispatch of its own. Raises :class:`~tflfuse.kernels.KernelError` for filters whose Cin
     differs from the input's (grouped convolution is not supported), bad strides/dilations/padding, flags
     that disagree with the inputs, an unknown activation."""
 
     main_inputs = ("x", "filters")
     input_names = main_inputs + FusedEpilogue.input_names
+    takes_input_prelu = True
 
     def check(self):
         x, f = self.expect_rank(0, 4), self.expect_rank(1, 4)
@@ -273,16 +305,28 @@ class FusedConv2D(_FusedWindow):
         self.g = self.geometry(kh, kw)
         self.check_epilogue((x.shape[0], self.g["OH"], self.g["OW"], cout), cout)
 
+    def reads_per_output(self) -> bool:
+        """Whether the op runs one invocation (or a few lanes) per output element, the form that alone applies
+        ``has_input_prelu``: always with it; without it, where the conv is neither a tiled 1x1 product nor a
+        strip of four channels (:func:`~tflfuse.kernels.conv.conv_strip`)."""
+        g, cin = self.g, self.input(0).shape[3]
+        if self.flags["has_input_prelu"]:
+            return True
+        rows = g["N"] * g["OH"] * g["OW"]
+        return not (is_pointwise(g) and use_tiled_matmul(rows, cin, self.cout, self.target())) and \
+            not conv_strip(g, cin, self.cout, self.target())
+
     def programs(self):
         g, cin, cout = self.g, self.input(0).shape[3], self.cout
         total = int(np.prod(self.out_shape))
         names = ["x", "w"] + self.epilogue_names() + ["y"]
         rows = g["N"] * g["OH"] * g["OW"]
-        if is_pointwise(g) and use_tiled_matmul(rows, cin, cout, self.target()):
+        pre = self.flags["has_input_prelu"]   # the per-output form alone reads the input through xin()
+        if not pre and is_pointwise(g) and use_tiled_matmul(rows, cin, cout, self.target()):
             return [product_program(self.key, self.io_bindings(names), rows, cin, cout, "x", "w", "y",
                                     "y[idx] = epilogue(acc, idx, col);", self.epilogue_fn(),
                                     self.epilogue_uniforms())]
-        strip = conv_strip(g, cin, cout, self.target())
+        strip = 0 if pre else conv_strip(g, cin, cout, self.target())
         if strip:   # four output channels and a strip of pixels per invocation; the epilogue per channel
             comps = ", ".join(f"epilogue(acc.{c}, base + {j}u, c * 4u + {j}u)" for j, c in enumerate("xyzw"))
             store = f"let base = pix * {cout}u + c * 4u;\n    y[pix * {cout // 4}u + c] = vec4<f32>({comps});"
@@ -291,11 +335,12 @@ class FusedConv2D(_FusedWindow):
         lanes = window_lanes(total, g, cin, self.target())
         inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u;
       let wb = (u32(ky) * {g['KW']}u + u32(kx)) * {cin * cout}u + co;
-      {dot(cin, 'x[xb + {k}]', f'w[wb + ({{k}}) * {cout}u]', 'acc', lanes=lanes)}"""
+      {dot(cin, 'xin(xb + {k}, {k})' if pre else 'x[xb + {k}]', f'w[wb + ({{k}}) * {cout}u]', 'acc', lanes=lanes)}"""
         body = window_body(g, cout, "  var acc = 0.0;", inner, "acc", store=SUM_STORED_LATER)
         trips = g["KH"] * (1 + g["KW"] * (1 + -(-(cin // 4) // lanes)))
+        helpers = self.epilogue_fn() + (self.input_prelu_fn() if pre else "")
         return [reduction_program(self.key, self.io_bindings(names), total, body, "y[idx] = epilogue(acc, idx, co);",
-                                  self.epilogue_fn(), self.epilogue_uniforms(), lanes=lanes, loop_trips=trips)]
+                                  helpers, self.epilogue_uniforms(), lanes=lanes, loop_trips=trips)]
 
 
 def _depthwise_body(g: dict, cin: int, mult: int, src: str, store: str) -> str:
