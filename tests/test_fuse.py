@@ -588,7 +588,7 @@ def _widened_residual(x_shape, cout, stride=1, kind="separable", pads=None, act=
         else:
             y = tf.nn.conv2d(x, full, stride, "SAME")
         r = x if stride == 1 else tf.nn.max_pool2d(x, 2, 2, "SAME")
-        y = y + b + (tf.pad(r, pads) if cout != cin else r)
+        y = y + b + (tf.pad(r, pads) if cout > cin else r[..., :cout] if cout < cin else r)
         return tf.nn.relu6(y) if act == "relu6" else tf.nn.relu(y)
 
     cf = tf.function(f, input_signature=[tf.TensorSpec(x_shape)]).get_concrete_function()
@@ -604,6 +604,9 @@ WIDENED = {
     # even sizes: the 2x2 max pool of the residual folds too (residual_pool 2), with or without the PAD
     "separable_stride2_pool_and_pad": ((2, 10, 8, 6), 10, 2, "separable", "relu"),
     "conv_stride2_pool_only": ((1, 8, 12, 5), 5, 2, "conv", "relu"),
+    # fewer output channels: the residual's first ones (a STRIDED_SLICE), pooled or not (hand_recrop's tail)
+    "separable_stride2_pool_and_slice": ((1, 8, 8, 12), 6, 2, "separable", "relu"),
+    "conv_slice_batch2": ((2, 5, 7, 9), 5, 1, "conv", "relu6"),
 }
 
 
@@ -611,12 +614,13 @@ WIDENED = {
 def test_channel_pad_of_the_residual_folds_into_the_fused_op(case, device, rng):
     shape, cout, stride, kind, act = WIDENED[case]
     original = _widened_residual(shape, cout, stride, kind, act=act)
-    assert ("PAD" in Model(original).op_names(0)) == (cout != shape[-1])
+    assert ("PAD" in Model(original).op_names(0)) == (cout > shape[-1])
+    assert ("STRIDED_SLICE" in Model(original).op_names(0)) == (cout < shape[-1])
     pattern = "separable_conv" if kind == "separable" else "conv_activation"
     # The residual's zeros add nothing: the same sums as LiteRT's, in another order (ACCUMULATION).
     fused, report = _check_fused(original, device, rng, {pattern: 1})
     names = Model(fused).op_names(0)
-    assert "PAD" not in names and "ADD" not in names, names
+    assert "PAD" not in names and "STRIDED_SLICE" not in names and "ADD" not in names, names
     # SAME pooling of odd sizes reaches past the edge: that pool stays an op
     assert ("MAX_POOL_2D" in names) == (stride == 2 and shape[1] % 2 == 1), names
     assert report.dispatches_after < report.dispatches_before, str(report)
@@ -638,10 +642,11 @@ def test_residual_of_wrong_channels_is_refused_by_name(device, rng):
 
     x, dw, pw = TensorSpec((1, 4, 4, 3)), TensorSpec((3, 3, 3, 1)), TensorSpec((1, 1, 3, 6))
     attrs = {"strides": [1, 1], "dilations": [1, 1], "padding": "SAME", "has_bias": False, "has_residual": True}
-    for res in ((1, 4, 4, 7), (1, 4, 3, 4), (1, 4, 4, 0)):
-        with pytest.raises(KernelError, match=r"residual of shape .* is not \[1, 4, 4, Cr\] with 1 < Cr < 6"):
+    for res in ((1, 4, 3, 4), (1, 4, 4, 0)):
+        with pytest.raises(KernelError, match=r"residual of shape .* is not \[1, 4, 4, Cr\] with Cr > 1 \(fewer "
+                                              r"channels are zero-extended, more cut to the first 6\)"):
             kernel_class("fused_separable_conv2d")([x, dw, pw, TensorSpec(res)], attrs)
-    for res in ((1, 10, 8, 6), (1, 8, 8, 7), (2, 8, 8, 6)):   # pooled 5x4, more channels, another batch
+    for res in ((1, 10, 8, 6), (1, 8, 8, 0), (2, 8, 8, 6)):   # pooled 5x4, no channels, another batch
         with pytest.raises(KernelError, match=r"with residual_pool 2 must be \[1, H, W, Cr\] with H // 2 = 4"):
             kernel_class("fused_separable_conv2d")([x, dw, pw, TensorSpec(res)], {**attrs, "residual_pool": 2})
     # no output channels: an empty output, and a shader that still compiles

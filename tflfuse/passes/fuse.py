@@ -49,7 +49,8 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
 
   In both, a residual that a PAD (or PADV2 of zeros) extends with zero channels at the end of the last axis
   (BlazeFace's and BlazePalm's blocks that widen their channels) is taken before the PAD, which goes with the
-  chain: the fused op zero-extends it (:func:`~tflfuse.kernels.fused.conv.padded_channels`); and one that a
+  chain: the fused op zero-extends it (:func:`~tflfuse.kernels.fused.conv.padded_channels`); likewise one that
+  a STRIDED_SLICE cuts to its first channels (hand_recrop's last blocks), which the fused op cuts; and one that a
   2x2 MAX_POOL_2D of stride 2 brings to the output's pixels (their downsampling blocks), before the pool, which
   goes with the chain too (``residual_pool`` 2).
 * ``dense_activation``: FULLY_CONNECTED of a ``[batch, K]`` input with constant float weights -> [ADD
@@ -240,8 +241,10 @@ def _epilogue(g: Graph, last: int, out: int, chain: list[int]) -> dict | None:
             out = g.outputs_of(nxt)[0]
             res, reader, folded = other[0], nxt, []
             pad = _channel_pad(g, res, reader)
-            if pad is not None:   # the residual's channel PAD folds into the fused op (zero-extended there)
-                res, reader, folded = g.inputs(pad)[0], pad, [pad]
+            if pad is None:
+                pad = _channel_slice(g, res, reader)
+            if pad is not None:   # the residual's channel PAD or slice folds into the fused op (zero-extended
+                res, reader, folded = g.inputs(pad)[0], pad, [pad]   # or cut there)
             pool = _residual_pool(g, res, reader)
             if pool is not None:  # and the 2x2 max pool before it (BlazeFace's downsampling blocks)
                 res, folded, found["residual_pool"] = g.inputs(pool)[0], folded + [pool], 2
@@ -362,6 +365,28 @@ def _channel_pad(g: Graph, t: int, reader: int) -> int | None:
             pads.shape != (len(g.shapes[src]), 2) or pads[:-1].any() or pads[-1, 0] != 0:
         return None
     return pad if padded_channels(g.shapes[t], g.shapes[src]) else None
+
+
+def _channel_slice(g: Graph, t: int, reader: int) -> int | None:
+    """The op writing ``t`` where it is a STRIDED_SLICE (constant begin, end and strides; no masks but begin's
+    and end's) of the first channels of the last axis alone, read by ``reader`` alone: the residual of a fused
+    conv op takes its input instead (:func:`~tflfuse.kernels.fused.conv.sliced_channels`); else None."""
+    from ..kernels.fused.conv import sliced_channels
+
+    op = g.producer.get(t)
+    if op is None or g.op_name(op) != "STRIDED_SLICE" or not g.private(t, reader):
+        return None
+    ins, a = g.inputs(op), g.attrs(op)
+    src = ins[0]
+    shape, out = g.shapes.get(src), g.shapes.get(t)
+    begin, strides = (g.const(i) if i >= 0 else None for i in (ins[1], ins[3])) if len(ins) == 4 else (None, None)
+    if begin is None or strides is None or not g.is_runtime(src) or shape is None or out is None or \
+            any(a.get(k, 0) for k in ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask", "offset")) or \
+            begin.shape != (len(shape),) or strides.shape != (len(shape),) or (strides != 1).any() or \
+            any(b != 0 and not (a.get("begin_mask", 0) >> i) & 1 for i, b in enumerate(begin)):
+        return None
+    # Begun at 0 with stride 1 on every axis: an output of the input's shape but for fewer channels at the end.
+    return op if sliced_channels(out, shape) else None
 
 
 def _residual_pool(g: Graph, t: int, reader: int) -> int | None:

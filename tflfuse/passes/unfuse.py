@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ..model import Model, is_builtin_name
-from ..kernels.fused.conv import padded_channels
+from ..kernels.fused.conv import padded_channels, sliced_channels
 from .graph import Graph, drop_unused_buffers
 
 __all__ = ["LITERT_CUSTOM_OPS", "UnfuseError", "expansion", "expansions", "unexpandable_ops", "unfuse"]
@@ -223,6 +223,11 @@ def _activated(b: Builder, g: Graph, attrs: dict, act: str, y_shape, residual, s
         if padded_channels(tuple(y_shape), res_shape):   # fewer channels: TFLite's PAD of the last axis
             pads = [[0, 0]] * (len(res_shape) - 1) + [[0, int(y_shape[-1]) - res_shape[-1]]]
             residual = b.op("PAD", [residual, b.weight_i32(pads)], y_shape, ("PadOptions", {}))
+        elif sliced_channels(tuple(y_shape), res_shape):   # more: TFLite's STRIDED_SLICE of the first ones
+            residual = b.op("STRIDED_SLICE", [residual, b.weight_i32([0] * len(res_shape)),
+                                              b.weight_i32([int(v) for v in y_shape]),
+                                              b.weight_i32([1] * len(res_shape))], y_shape,
+                            ("StridedSliceOptions", {}))
         y = b.op("ADD", [y, residual], y_shape, ("AddOptions", {"fusedActivationFunction": code if foldable else 0}),
                  out=out if foldable else None)
         if foldable:

@@ -14,8 +14,9 @@ layouts (not TFLite's):
 
 then, present as the flags say (the composite sets them; absent inputs are not in the op at all):
 ``bias [Cout]`` (``has_bias``), ``residual`` broadcastable to the output or ``[N, OH, OW, Cr]`` with ``1 < Cr <
-Cout`` channels, zero-extended at the end as TFLite's PAD of the last axis would (``has_residual``; the form
-:func:`tflfuse.fuse` folds a channel PAD before the residual ADD into; with ``residual_pool`` 2 the residual is
+Cout`` channels, zero-extended at the end as TFLite's PAD of the last axis would, or with ``Cr > Cout``, whose
+first ``Cout`` channels are added, as TFLite's STRIDED_SLICE of the last axis from 0 would take them
+(``has_residual``; the forms :func:`tflfuse.fuse` folds a channel PAD or slice before the residual ADD into; with ``residual_pool`` 2 the residual is
 ``[N, H, W, Cr]`` that a 2x2 max pool of stride 2, VALID, brings to ``OH = H // 2``, ``OW = W // 2`` first:
 BlazeFace's and BlazePalm's downsampling blocks), PReLU slopes
 broadcastable to the output, e.g. ``[Cout]``, ``[1, 1, Cout]`` or ``[OH, OW, Cout]`` (``has_prelu``, with
@@ -51,7 +52,7 @@ from ..wgsl import (activation_fn, activation_uniforms, dot, elementwise_program
                     reduction_program, split_lanes)
 
 __all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpilogue", "FusedSeparableConv2D",
-           "depthwise_pointwise_program", "max_pool_2x2", "padded_channels", "pixel_block"]
+           "depthwise_pointwise_program", "max_pool_2x2", "padded_channels", "pixel_block", "sliced_channels"]
 
 #: Workgroup memory (floats) of the one-dispatch separable schedule: 16 KiB, WebGPU's default limit.
 _SEP_SHARED_FLOATS = MAX_WORKGROUP_STORAGE // 4
@@ -84,6 +85,14 @@ def padded_channels(out_shape: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     One channel broadcasts instead, as TensorFlow's ADD would."""
     return (len(shape) == len(out_shape) >= 1 and tuple(shape[:-1]) == tuple(out_shape[:-1])
             and 1 < shape[-1] < out_shape[-1])
+
+
+def sliced_channels(out_shape: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether a residual of ``shape`` is the output's shape with more channels (``Cr > Cout``, the last
+    axis), of which the fused ops add the first ``Cout``: TFLite's STRIDED_SLICE of the last axis from 0 (the
+    downsampling blocks of MediaPipe's hand_recrop narrow their pooled residual so)."""
+    return (len(shape) == len(out_shape) >= 1 and tuple(shape[:-1]) == tuple(out_shape[:-1])
+            and shape[-1] > out_shape[-1])
 
 
 class FusedEpilogue(CompositeKernel):
@@ -154,14 +163,16 @@ class FusedEpilogue(CompositeKernel):
                     ok = np.broadcast_shapes(out_shape, spec.shape) == tuple(out_shape)
                 except ValueError:
                     ok = False
-                if not ok and flag == "has_residual" and padded_channels(out_shape, spec.shape):
-                    ok = True   # fewer channels, zero-extended at the end (a folded channel PAD)
+                if not ok and flag == "has_residual" and (padded_channels(out_shape, spec.shape)
+                                                          or sliced_channels(out_shape, spec.shape)):
+                    ok = True   # fewer channels, zero-extended at the end (a folded channel PAD), or more
                 if not ok:
                     what = "residual" if flag == "has_residual" else "prelu_alpha"
                     raise self.fail(f"{what} of shape {list(spec.shape)} does not broadcast to the output "
                                     f"shape {list(out_shape)}"
-                                    + (f" and is not [{', '.join(map(str, out_shape[:-1]))}, Cr] with 1 < Cr < "
-                                       f"{cout}" if flag == "has_residual" and out_shape else ""))
+                                    + (f" and is not [{', '.join(map(str, out_shape[:-1]))}, Cr] with Cr > 1 "
+                                       f"(fewer channels are zero-extended, more cut to the first {cout})"
+                                       if flag == "has_residual" and out_shape else ""))
             self.optional.append((_OPTIONAL_NAMES[flag], spec))
             pos += 1
 
@@ -190,9 +201,9 @@ class FusedEpilogue(CompositeKernel):
             raise self.fail(f"residual_pool 2 needs an NHWC output, got {list(self.out_shape)}")
         n, oh, ow, cout = self.out_shape
         if len(shape) != 4 or shape[0] != n or shape[1] // 2 != oh or shape[2] // 2 != ow or \
-                not (shape[3] == cout or padded_channels(self.out_shape, (n, oh, ow, shape[3]))):
+                not (shape[3] >= cout or padded_channels(self.out_shape, (n, oh, ow, shape[3]))):
             raise self.fail(f"residual of shape {list(shape)} with residual_pool 2 must be [{n}, H, W, Cr] with H // 2 "
-                            f"= {oh}, W // 2 = {ow} and Cr = {cout} or 1 < Cr < {cout}")
+                            f"= {oh}, W // 2 = {ow} and Cr >= {cout} or 1 < Cr < {cout}")
 
     def _pooled_residual(self, cr: int) -> tuple[str, str]:
         """WGSL lines and the term of the residual pooled by a 2x2 max pool of stride 2 at output ``idx``."""
@@ -202,7 +213,7 @@ class FusedEpilogue(CompositeKernel):
                  f"  let rb = (((rq / {ow * oh}u) * {rh}u + 2u * roy) * {rw}u + 2u * rox) * {cr}u + "
                  f"min(co, {max(cr - 1, 0)}u);\n"
                  f"  let rv = {max_pool_2x2('res', 'rb', cr, rw)};\n")
-        return lines, ("rv" if cr == cout else f"select(0.0, rv, co < {cr}u)")
+        return lines, ("rv" if cr >= cout else f"select(0.0, rv, co < {cr}u)")
 
     def epilogue_names(self) -> list[str]:
         return [name for name, _ in self.optional]
@@ -223,6 +234,9 @@ class FusedEpilogue(CompositeKernel):
                 cr = spec.shape[-1]   # channels co >= cr are the PAD's zeros; the index stays in bounds
                 lines.append(f"  let ri = (idx / {self.cout}u) * {cr}u + min(co, {max(cr - 1, 0)}u);\n")
                 terms.append(f"select(0.0, res[ri], co < {cr}u)")
+            elif name == "res" and sliced_channels(self.out_shape, spec.shape):   # its first cout channels
+                lines.append(f"  let ri = (idx / {self.cout}u) * {spec.shape[-1]}u + co;\n")
+                terms.append("res[ri]")
             elif name == "res":
                 lines.append(broadcast_index(self.out_shape, spec.shape, "ri"))
                 terms.append("res[ri]")
