@@ -38,6 +38,8 @@ fully-connected layers (one invocation per output), and the scaling, through scr
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..base import (MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec,
@@ -55,6 +57,9 @@ _GATE_MAX_TRIPS = 16384  # loop iterations per invocation of the gate, well insi
 #: Elements each invocation of the merged gate-and-scale dispatch scales (GPUs): every workgroup computes its
 #: image's gate first, so fewer, fuller workgroups repeat that work less often.
 _SCALE_PER_INVOCATION = 8
+#: The most elements of one image that every workgroup of the merged dispatch sums itself (:meth:`_direct`),
+#: and the vec4 loads each invocation keeps in flight while it does.
+_DIRECT_MAX_ELEMENTS, _DIRECT_UNROLL = 1 << 16, 4
 
 _NAN = "(bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u"
 #: gate name -> WGSL body of ``fn gate(v: f32) -> f32`` (NaN stays NaN, as in TensorFlow).
@@ -187,7 +192,7 @@ class FusedSqueezeExcite(CompositeKernel):
         n, h, w, c = self.input(0).shape
         if self._two_dispatches():
             rows = self._rows()
-            partial = (n * rows * c * 4,) if rows != h * w else ()
+            partial = (n * rows * c * 4,) if rows != h * w and not self._direct() else ()
             return partial if self._merged() else (n * self.cg * 4,) + partial
         _, chunks = reduce_hw_chunks(h * w)
         sizes = (n * c * 4, n * self.cr * 4, n * self.cg * 4)
@@ -212,8 +217,61 @@ class FusedSqueezeExcite(CompositeKernel):
         n, h, w, c = self.input(0).shape
         cb = max(1, min(c, _GATE_WG))
         lanes = _GATE_WG // cb
-        return -(-c // cb) * (-(-self._rows() // lanes) + lanes) + _layer_trips(c, self.cr) + \
-            _layer_trips(self.cr, self.cg)
+        mean = -(-c // cb) * (-(-self._rows() // lanes) + lanes)
+        if self._direct():   # passes over the vec4 columns: the loads, then the tree's levels
+            cols = min(c // 4, _GATE_WG)
+            lanes = _GATE_WG // cols
+            mean = -(-(c // 4) // cols) * (-(-h * w // (lanes * _DIRECT_UNROLL)) + lanes.bit_length() + 1)
+        return mean + _layer_trips(c, self.cr) + _layer_trips(self.cr, self.cg)
+
+    def _direct(self) -> bool:
+        """Whether each workgroup of the merged dispatch (:meth:`_merged`) sums its image's pixels itself, as
+        vec4s, instead of reading partial sums of a dispatch before it: one dispatch in all where an image has
+        more than :data:`_CHUNK` * 2 pixels, C is a multiple of 4 and the image at most
+        :data:`_DIRECT_MAX_ELEMENTS` elements (every workgroup then reads at most 256 KiB, from the GPU's L2).
+        MediaPipe's selfie segmentation has eight such blocks of nine (16x16x96 to 64x64x16)."""
+        _, h, w, c = self.input(0).shape
+        return self._merged() and c % 4 == 0 and 2 * _CHUNK < h * w and h * w * c <= _DIRECT_MAX_ELEMENTS and \
+            (c + self.cg + self.cr + 5 * _GATE_WG) * 4 <= _WG_BYTES   # and msums, 256 vec4s
+
+    def _direct_mean(self) -> str:
+        """WGSL of :meth:`_direct`'s mean into ``pooled``: invocation ``lidx`` sums vec4 column ``lidx % (C / 4)``
+        of every ``P``-th pixel (``P`` the pixels one pass of the workgroup covers), :data:`_DIRECT_UNROLL` loads
+        in flight, then the ``P`` sums of each column meet by a tree in workgroup memory."""
+        _, h, w, c = self.input(0).shape
+        pixels, cq = h * w, c // 4
+        lanes = _GATE_WG // cq if cq <= _GATE_WG else 1
+        cols = min(cq, _GATE_WG)
+        tree = 1 << (lanes - 1).bit_length()
+        step = lanes * _DIRECT_UNROLL
+        loads = "\n".join(
+            f"      a{u} += select(vec4<f32>(0.0), x4[(n * {pixels}u + min(p + {u * lanes}u, {pixels - 1}u)) * {cq}u + q], "
+            f"p + {u * lanes}u < {pixels}u);" for u in range(_DIRECT_UNROLL))
+        total = " + ".join(f"a{u}" for u in range(_DIRECT_UNROLL))
+        return f"""  for (var q0 = 0u; q0 < {cq}u; q0 += {cols}u) {{
+    let q = q0 + lidx % {cols}u;
+    let pl = lidx / {cols}u;
+    {" ".join(f"var a{u} = vec4<f32>(0.0);" for u in range(_DIRECT_UNROLL))}
+    if (pl < {lanes}u && q < {cq}u) {{
+      for (var p = pl; p < {pixels}u; p += {step}u) {{
+{loads}
+      }}
+    }}
+    msums[lidx] = {total};
+    workgroupBarrier();
+    for (var s = {tree // 2}u; s > 0u; s >>= 1u) {{
+      if (pl < s && pl + s < {lanes}u) {{ msums[lidx] += msums[lidx + s * {cols}u]; }}
+      workgroupBarrier();
+    }}
+    if (pl == 0u && q < {cq}u) {{
+      let m = msums[lidx] / {fmt_f32(float(pixels))};
+      pooled[4u * q] = m.x;
+      pooled[4u * q + 1u] = m.y;
+      pooled[4u * q + 2u] = m.z;
+      pooled[4u * q + 3u] = m.w;
+    }}
+    workgroupBarrier();
+  }}"""
 
     def _merged(self) -> bool:
         """Whether the gate and the scaling share one dispatch (GPUs: every workgroup of the scaling computes its
@@ -238,7 +296,8 @@ class FusedSqueezeExcite(CompositeKernel):
         g_w = self.binding("g", "scratch", 0, n * cg * 4)
         g_r = self.binding("g", "scratch", 0, n * cg * 4, access="read")
         progs, src, slot = [], x, 0 if merged else 1
-        if rows != pixels:   # partial sums over chunks of pixels, one invocation per (image, chunk, channel)
+        direct = self._direct()
+        if rows != pixels and not direct:   # partial sums over chunks of pixels, one per (image, chunk, channel)
             size = n * rows * c * 4
             body = f"""  let ch = idx % {c}u;
   let k = (idx / {c}u) % {rows}u;
@@ -264,6 +323,9 @@ class FusedSqueezeExcite(CompositeKernel):
     workgroupBarrier();
   }}
 {_shared_layer("pooled", "w1", "b1", c, cr, "squeezed[j] = act(acc + b1[j]);")}"""
+        if direct:   # the whole image summed by every workgroup: x read as vec4s too (the same buffer)
+            mean = self._direct_mean() + "\n" + mean[mean.index("  for (var j0"):]
+            src = dataclasses.replace(x, name="x4", elem_type="vec4<f32>")
         helpers = activation_fn(self.activation) + f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n" + f"""
 var<workgroup> shares: array<f32, {_GATE_WG}>;
 var<workgroup> pooled: array<f32, {max(c, 1)}>;       // (WGSL has no arrays of 0 elements)
@@ -275,7 +337,8 @@ var<workgroup> squeezed: array<f32, {max(cr, 1)}>;
             groups = n * blocks
             scale_binds, scale = self._scaling("gates", f"e % {cg}u")
             binds = tuple(dict.fromkeys((src, w1, b1, w2, b2) + scale_binds))   # x where read: the mean, the scaling
-            source = prelude(binds) + helpers + f"""var<workgroup> gates: array<f32, {max(cg, 1)}>;
+            sums = f"var<workgroup> msums: array<vec4<f32>, {_GATE_WG}>;\n" if direct else ""
+            source = prelude(binds) + helpers + sums + f"""var<workgroup> gates: array<f32, {max(cg, 1)}>;
 
 @compute @workgroup_size({_GATE_WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
