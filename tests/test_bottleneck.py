@@ -116,8 +116,11 @@ SCHEDULES.update({"expand_dw": {"strategy": "expand_dw"},
                   "expand_dw_2x4": {"strategy": "expand_dw", "expand_tile": "2x4/8"},
                   "expand_dw_unroll2": {"strategy": "expand_dw", "expand_tile": "2x4/8/2"},
                   "expand_dw_unroll3": {"strategy": "expand_dw", "expand_tile": "2x4/8/3"}})
+# The dw_pointwise strategy (fused_separable_conv2d's one-dispatch schedule) on the blocks without expansion.
+SCHEDULES["dw_pointwise"] = {"strategy": "dw_pointwise"}
 RUNS = [pytest.param(c, s, id=f"{_IDS[c]}-{s}") for c in CASES for s in sorted(SCHEDULES)
         if not (s in ("lane1", "split3", "blocked_odd") and c[3] * c[4] >= 512)
+        and not (s == "dw_pointwise" and c[4] != 1)
         and not (s.startswith("dw_proj") and ((c[3] * c[4]) % 4 or c[5] % 4))
         and not (s.startswith("expand_dw") and (c[4] == 1 or c[3] % 4 or (c[3] * c[4]) % 4))
         and not (s == "expand_dw_unroll2" and c[3] % 8) and not (s == "expand_dw_unroll3" and c[3] % 12)]
@@ -205,6 +208,16 @@ def test_gpu_takes_dw_projection_where_it_measured_faster():
     assert strategy(1, 112, 16, 6, 24, stride=2).strategy == "staged"   # 112x112 input pixels
     assert strategy(32, 7, 160, 6, 160).strategy == "staged"            # batch 32
     assert strategy(1, 14, 8, 6, 8).strategy == "tiled"                 # 48 expanded channels: the tiled one
+
+    def plain(n, h, c, cout, stride=1):   # without expansion conv
+        specs = [TensorSpec((n, h, h, c)), TensorSpec((3, 3, c)), TensorSpec((c,)), TensorSpec((c, cout)),
+                 TensorSpec((cout,))]
+        return kernel_class("fused_bottleneck")(specs, {"expansion": 1, "stride": stride, "target": "gpu"})
+
+    tail = plain(1, 2, 288, 288)   # pose landmark's last blocks: one dispatch, no scratch
+    assert tail.strategy == "dw_pointwise" and len(tail.programs()) == 1 and tail.scratch_sizes() == ()
+    assert plain(1, 112, 32, 16).strategy == "dw_projection"             # a wide map
+    assert plain(32, 8, 288, 288).strategy == "staged"                   # batch 32
 
 
 def test_gpu_schedule_fills_the_gpu_at_batch_1():
@@ -478,13 +491,14 @@ OUT_ACT_CASES = [
     (1, 7, 7, 32, 6, 200, 1, False, "relu6"),
 ]
 OUT_ACT_SCHEDULES = {k: SCHEDULES[k] for k in ("cpu", "gpu", "cpu_staged", "split3", "gpu_blocked", "blocked_tile1",
-                                                 "dw_proj", "expand_dw")}
+                                                 "dw_proj", "expand_dw", "dw_pointwise")}
 OUT_ACT_SCHEDULES["gpu_staged"] = {"target": "gpu", "strategy": "staged"}
 OUT_ACT_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:4]))}-t{c[4]}-o{c[5]}-s{c[6]}-{c[8]}-{s}")
                 for c in OUT_ACT_CASES for s in sorted(OUT_ACT_SCHEDULES)
                 if not (s == "split3" and c[3] * c[4] >= 512)
                 and not (s == "dw_proj" and ((c[3] * c[4]) % 4 or c[5] % 4))
-                and not (s == "expand_dw" and (c[4] == 1 or c[3] % 4))]
+                and not (s == "expand_dw" and (c[4] == 1 or c[3] % 4))
+                and not (s == "dw_pointwise" and c[4] != 1)]
 
 
 @pytest.mark.parametrize("case, schedule", OUT_ACT_RUNS)
@@ -529,8 +543,10 @@ def test_linear_output_activation_leaves_the_shaders_unchanged():
     for schedule in OUT_ACT_SCHEDULES.values():
         if schedule.get("strategy") == "dw_projection":
             continue   # 48 expanded channels of _specs() fit; 8 output channels too
-        plain = kernel_class("fused_bottleneck")(_specs(), dict(schedule)).programs()
-        linear = kernel_class("fused_bottleneck")(_specs(), {**schedule, "output_activation": "linear"}).programs()
+        specs = _specs() if schedule.get("strategy") != "dw_pointwise" else [   # a block without expansion conv
+            TensorSpec((1, 8, 8, 8)), TensorSpec((3, 3, 8)), TensorSpec((8,)), TensorSpec((8, 8)), TensorSpec((8,))]
+        plain = kernel_class("fused_bottleneck")(specs, dict(schedule)).programs()
+        linear = kernel_class("fused_bottleneck")(specs, {**schedule, "output_activation": "linear"}).programs()
         assert [p.source for p in plain] == [p.source for p in linear]
         assert all("oact" not in p.source for p in plain)
 
@@ -547,12 +563,13 @@ PAD_CASES = [
     (1, 8, 8, 16, 1, 16, 1, 3, (1, 1, 1, 1)),
 ]
 PAD_SCHEDULES = {k: SCHEDULES[k] for k in ("cpu", "gpu", "cpu_staged", "split3", "gpu_blocked", "blocked_tile1",
-                                             "dw_proj", "expand_dw", "tile1")}
+                                             "dw_proj", "expand_dw", "tile1", "dw_pointwise")}
 PAD_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:4]))}-t{c[4]}-o{c[5]}-s{c[6]}-k{c[7]}-"
                          f"{c[8] if isinstance(c[8], str) else 'p' + ''.join(map(str, c[8]))}-{s}")
             for c in PAD_CASES for s in sorted(PAD_SCHEDULES)
             if not (s == "dw_proj" and ((c[3] * c[4]) % 4 or c[5] % 4))
-            and not (s == "expand_dw" and (c[4] == 1 or c[3] % 4))]
+            and not (s == "expand_dw" and (c[4] == 1 or c[3] % 4))
+            and not (s == "dw_pointwise" and c[4] != 1)]
 
 
 def _pad_attrs(padding) -> dict:
@@ -604,10 +621,12 @@ POOL_CASES = [
     (1, 10, 14, 12, 6, 12, "relu"),
 ]
 POOL_SCHEDULES = {k: {**SCHEDULES, **OUT_ACT_SCHEDULES}[k] for k in (
-    "cpu", "gpu", "cpu_staged", "gpu_staged", "split3", "gpu_blocked", "blocked_tile1", "expand_dw", "tile1")}
+    "cpu", "gpu", "cpu_staged", "gpu_staged", "split3", "gpu_blocked", "blocked_tile1", "expand_dw", "tile1",
+    "dw_pointwise")}
 POOL_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:4]))}-t{c[4]}-{c[6]}-{s}")
              for c in POOL_CASES for s in sorted(POOL_SCHEDULES)
-             if not (s == "expand_dw" and (c[4] == 1 or c[3] % 4))]
+             if not (s == "expand_dw" and (c[4] == 1 or c[3] % 4))
+             and not (s == "dw_pointwise" and c[4] != 1)]
 
 
 @pytest.mark.parametrize("case, schedule", POOL_RUNS)
@@ -636,6 +655,7 @@ def test_pooled_residual_matches_tf(device, case, schedule):
     ({"residual_pool": 3}, "residual_pool must be 1"),
     ({"residual_pool": True}, "residual_pool must be 1"),
     ({"residual_pool": 2, "stride": 2, "residual": True, "strategy": "dw_projection"}, "does not pool the residual"),
+    ({"strategy": "dw_pointwise"}, "strategy 'dw_pointwise' needs a block without expansion conv"),
 ])
 def test_pooled_residual_refuses(attrs, message):
     with pytest.raises(KernelError, match=message):

@@ -494,9 +494,10 @@ class FusedSeparableConv2D(_FusedWindow):
             lanes=lanes)
 
 
-def pixel_block(rows: int, cmid: int, cout: int, target: str) -> int:
+def pixel_block(rows: int, cmid: int, cout: int, target: str, any_size: bool = False) -> int:
     """Output pixels per workgroup of a :func:`depthwise_pointwise_program`, or 0 where two dispatches (a
-    depthwise conv into a scratch buffer, then the 1x1 conv) serve better.
+    depthwise conv into a scratch buffer, then the 1x1 conv) serve better; with ``any_size`` (for a caller that
+    has its own reasons, on any target) 0 only where a pixel's depthwise values do not fit workgroup memory.
 
     On a GPU, where the 1x1 product (``rows`` pixels x ``cmid`` -> ``cout`` channels) is too small to tile
     (:func:`~tflfuse.kernels.wgsl.use_tiled_matmul`) and a pixel's ``cmid`` depthwise values fit in
@@ -507,15 +508,15 @@ def pixel_block(rows: int, cmid: int, cout: int, target: str) -> int:
     10-15% more GPU time). The block is the fewest pixels (a power of two up to 64) that give the
     workgroup's 256 invocations a value each.
     """
-    if (target != "gpu" or not rows or not cout or use_tiled_matmul(rows, cmid, cout, "gpu")
-            or cmid > _SEP_SHARED_FLOATS):
+    if not rows or not cout or cmid > _SEP_SHARED_FLOATS - 256 or (not any_size and (
+            target != "gpu" or use_tiled_matmul(rows, cmid, cout, "gpu"))):
         return 0
     block = 1
     while block < 64 and block * min(cmid, cout) < 256 and 2 * block * cmid <= _SEP_SHARED_FLOATS:
         block *= 2
     # Each invocation computes ceil(block * cout / 256) outputs of cmid terms alone: past a few hundred
     # terms (few pixels, wide channels) the two dispatches, whose 1x1 conv splits long sums, serve better.
-    if -(-block * cout // 256) * cmid > _PIXEL_BLOCK_MAX_TERMS:
+    if not any_size and -(-block * cout // 256) * cmid > _PIXEL_BLOCK_MAX_TERMS:
         return 0
     return block
 
@@ -561,7 +562,7 @@ def pointwise_split(npix: int, block: int, cmid: int, cout: int, lanes: int | No
 
 def depthwise_pointwise_program(name: str, binds, g: dict, cin: int, mult: int, cout: int, block: int, store: str,
                                 helpers: str = "", uniforms=(), chunk: int | None = None,
-                                lanes: int = 1) -> Program:
+                                lanes: int = 1, dw_value: str = "v") -> Program:
     """One dispatch of a depthwise conv (``x [N, H, W, cin]``, filter ``w [KH, KW, cin * mult]``, geometry
     ``g`` of :func:`~tflfuse.kernels.conv.window_body`) then a 1x1 conv (``pw [cin * mult, cout]``).
 
@@ -572,6 +573,10 @@ def depthwise_pointwise_program(name: str, binds, g: dict, cin: int, mult: int, 
     With ``lanes > 1`` (:func:`pointwise_split`), a workgroup owns ``chunk`` output channels of its
     ``block`` pixels (``block * chunk * lanes == 256``), ``lanes`` invocations share each 1x1 sum (the
     unrolled groups of :func:`~tflfuse.kernels.wgsl.dot`) and the shares meet in workgroup memory by a tree.
+
+    ``dw_value``: the WGSL expression, over the depthwise sum ``v`` and its channel ``c``, that the 1x1 conv
+    reads (e.g. ``act(v + db[c])``: a bottleneck block's depthwise bias and activation, whose bindings and
+    functions ``binds`` and ``helpers`` hold).
 
     Four output channels per invocation of the second phase (vec4 loads of ``pw``, the block unchanged)
     measured slower on an NVIDIA H200 (2026-12-01): fused_separable_conv2d took 660 against 478-529 us
@@ -585,7 +590,7 @@ def depthwise_pointwise_program(name: str, binds, g: dict, cin: int, mult: int, 
     npix = g["N"] * g["OH"] * g["OW"]
     if lanes > 1:
         return _split_pointwise_program(name, binds, g, cin, mult, cout, block, chunk or cout, lanes, store,
-                                        helpers, uniforms)
+                                        helpers, uniforms, dw_value)
     groups = -(-npix // block)
     trips = -(-block * cmid // 256) * (1 + g["KH"] * (1 + g["KW"])) + -(-block * cout // 256) * (1 + cmid // 4)
     source = prelude(binds, uniforms) + helpers + f"""
@@ -597,7 +602,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let grp = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
   if (grp >= {groups}u) {{ return; }}   // a whole workgroup: the barrier stays uniform
   let pix0 = grp * {block}u;
-{_depthwise_phase(g, cin, mult, block, npix, "pix0")}
+{_depthwise_phase(g, cin, mult, block, npix, "pix0", dw_value)}
   workgroupBarrier();
   for (var i = lidx; i < {block * cout}u; i += 256u) {{
     let q = pix0 + i / {cout}u;
@@ -614,9 +619,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     return Program(name, source, (256, 1, 1), linear_dispatch(groups * 256, 256), binds, uniforms, loop_trips=trips)
 
 
-def _depthwise_phase(g: dict, cin: int, mult: int, block: int, npix: int, pix0: str) -> str:
-    """WGSL filling ``dsh`` with the depthwise values of the ``block`` pixels from ``pix0`` (zero past the
-    tensor): phase 1 of :func:`depthwise_pointwise_program`."""
+def _depthwise_phase(g: dict, cin: int, mult: int, block: int, npix: int, pix0: str, value: str = "v") -> str:
+    """WGSL filling ``dsh`` with the depthwise values of the ``block`` pixels from ``pix0`` (``value`` of the sum
+    ``v`` and channel ``c``; ``v`` zero past the tensor): phase 1 of :func:`depthwise_pointwise_program`."""
     cmid = cin * mult
     taps = window_taps(g, f"""          v += x[((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + ci]
                * w[(u32(ky) * {g['KW']}u + u32(kx)) * {cmid}u + c];""", indent="      ")
@@ -631,12 +636,12 @@ def _depthwise_phase(g: dict, cin: int, mult: int, block: int, npix: int, pix0: 
       let ci = c / {mult}u;
 {taps}
     }}
-    dsh[i] = v;
+    dsh[i] = {value};
   }}"""
 
 
 def _split_pointwise_program(name: str, binds, g: dict, cin: int, mult: int, cout: int, block: int, chunk: int,
-                             lanes: int, store: str, helpers: str, uniforms) -> Program:
+                             lanes: int, store: str, helpers: str, uniforms, dw_value: str = "v") -> Program:
     """:func:`depthwise_pointwise_program` with ``lanes`` invocations per 1x1 sum and ``chunk`` output channels
     per workgroup."""
     cmid = cin * mult
@@ -660,7 +665,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   if (grp >= {groups}u) {{ return; }}   // a whole workgroup: the barriers stay uniform
   let part = grp % {chunks}u;           // the chunk of output channels
   let pix0 = (grp / {chunks}u) * {block}u;
-{_depthwise_phase(g, cin, mult, block, npix, "pix0")}
+{_depthwise_phase(g, cin, mult, block, npix, "pix0", dw_value)}
   workgroupBarrier();
   let lane = lidx / {per}u;
   let o = lidx % {per}u;
