@@ -152,12 +152,17 @@ def _specs(cin=8, t=6, cout=8, h=8):
     ({"stride": 3}, _specs(), "stride must be 1 or 2"),
     ({"stride": 2, "residual": True}, _specs(), "residual needs stride 1"),
     ({"residual": True}, _specs(cout=9), "residual needs stride 1, Cin == Cout"),
-    ({"activation": "swoosh"}, _specs(), "unsupported activation"),
+    ({"activation": "swoosh"}, _specs(), "fused_bottleneck.*unsupported activation"),
+    ({"residual": "false"}, _specs(), "residual must be a bool, got 'false'"),
+    ({"residual": 0.3}, _specs(), "residual must be a bool"),
+    ({"stride": 1.9}, _specs(), "stride must be an integer, got 1.9"),
+    ({"kernel_size": 5.7}, _specs(), "kernel_size must be an integer"),
+    ({"stride": True}, _specs(), "stride must be an integer"),
     ({}, _specs()[:6], "expects 5 inputs"),
     ({}, _specs()[:3] + [TensorSpec((5, 5, 48))] + _specs()[4:], "dw_w must be [3, 3, 48]"),
 ])
 def test_fused_bottleneck_rejects_bad_shapes_and_attrs(attrs, specs, message):
-    with pytest.raises(KernelError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(KernelError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
         kernel_class("fused_bottleneck")(specs, attrs).programs()
 
 
@@ -214,6 +219,10 @@ def test_gpu_takes_dw_projection_where_it_measured_faster():
                  TensorSpec((cout,))]
         return kernel_class("fused_bottleneck")(specs, {"expansion": 1, "stride": stride, "target": "gpu"})
 
+    empty = kernel_class("fused_bottleneck")(   # an empty output asks for no dispatch, whatever the strategy
+        [TensorSpec((1, 0, 4, 8)), TensorSpec((3, 3, 8)), TensorSpec((8,)), TensorSpec((8, 8)), TensorSpec((8,))],
+        {"expansion": 1, "strategy": "dw_pointwise"})
+    assert empty.programs() == []
     tail = plain(1, 2, 288, 288)   # pose landmark's last blocks: one dispatch, no scratch
     assert tail.strategy == "dw_pointwise" and len(tail.programs()) == 1 and tail.scratch_sizes() == ()
     assert plain(1, 112, 32, 16).strategy == "dw_projection"             # a wide map
@@ -298,7 +307,7 @@ def _se_specs(cin=8, t=6, cout=8, h=8, k=5, csq=12):
     ({"kernel_size": 5, "squeeze_excite": True}, _se_specs(cin=400, t=10, csq=100), "workgroup memory"),
 ])
 def test_fused_bottleneck_rejects_bad_v3_shapes_and_attrs(attrs, specs, message):
-    with pytest.raises(KernelError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(KernelError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
         kernel_class("fused_bottleneck")(specs, attrs).programs()
 
 
@@ -655,7 +664,7 @@ def test_pooled_residual_matches_tf(device, case, schedule):
     ({"residual_pool": 3}, "residual_pool must be 1"),
     ({"residual_pool": True}, "residual_pool must be 1"),
     ({"residual_pool": 2, "stride": 2, "residual": True, "strategy": "dw_projection"}, "does not pool the residual"),
-    ({"strategy": "dw_pointwise"}, "strategy 'dw_pointwise' needs a block without expansion conv"),
+    ({"strategy": "dw_pointwise"}, "strategy 'dw_pointwise' takes blocks without expansion conv"),
 ])
 def test_pooled_residual_refuses(attrs, message):
     with pytest.raises(KernelError, match=message):

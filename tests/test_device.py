@@ -179,6 +179,41 @@ def test_interpreters_sharing_a_device_in_threads(model, device):
             np.testing.assert_allclose(g, r, **ACCUMULATION)   # and LiteRT's result (27-term dot products)
 
 
+def test_read_backs_in_many_threads(device):
+    """Sixteen threads, each with its own Interpreter on the shared Device, invoke and read back 500 times: every
+    read-back waits for its own map while the other threads poll the same device (a map whose callback another
+    thread's poll ran, or a poll that returned first, must neither fail nor leave the buffer mapped for the next
+    submit). Exact: x + 1 in float32."""
+    from tflite_builder import build, t
+
+    tflite = build([t((8, 8)), t((1, 1), data=np.ones((1, 1), np.float32)), t((8, 8))],
+                   [dict(op="ADD", inputs=[0, 1], outputs=[2])], [0], [2])
+    wrong, errors = [], []
+
+    def work(k):
+        try:
+            interp = tflfuse.Interpreter(model_content=tflite, device=device)
+            interp.allocate_tensors()
+            for i in range(500):
+                x = np.full((8, 8), float(1000 * k + i), np.float32)
+                interp.set_tensor(0, x)
+                interp.invoke()
+                if not np.array_equal(interp.get_tensor(2), x + 1):
+                    wrong.append((k, i))
+        except BaseException as e:  # noqa: BLE001  (re-raised in the test's thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=300)
+    assert not any(th.is_alive() for th in threads), "a thread hangs"
+    if errors:
+        raise errors[0]
+    assert not wrong, wrong[:5]
+
+
 def test_one_interpreter_in_threads_with_a_caller_lock(model, device):
     """One Interpreter, its inputs shared state: the caller holds a lock around set_tensor/invoke/get_tensor
     (as with LiteRT); each thread gets the result of its own input."""

@@ -12,6 +12,7 @@ the serialised data too), so that the Python and browser runtimes execute the sa
 
 from __future__ import annotations
 
+import time
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -373,8 +374,8 @@ class ExecutionPlan:
 
 
 _STAGING_LIMIT = 64 << 20
-#: :meth:`_NativeCommands.read`'s blocking polls before it gives up on a map (each waits for the queue).
-_MAP_POLLS = 1000
+#: Seconds :meth:`_NativeCommands.read` keeps polling for a map after a poll first returned without it.
+_MAP_TIMEOUT_S = 60
 
 
 def _padded(nbytes: int) -> int:
@@ -469,10 +470,21 @@ class _NativeCommands:
         lib, handle, mapped = self.lib, staging._internal, self._mapped
         mapped[0] = None
         lib.wgpuBufferMapAsync(handle, lib.WGPUMapMode_Read, 0, nbytes, self._map_info[0])
-        for _ in range(_MAP_POLLS):
+        deadline = None
+        while mapped[0] is None:
+            # Waits for the queue; the callback runs in whichever thread polls, and with other threads polling
+            # the same device a poll may return before this map is done: poll again until the deadline.
+            lib.wgpuDevicePoll(self.device, True, self.null)
             if mapped[0] is not None:
                 break
-            lib.wgpuDevicePoll(self.device, True, self.null)
+            now = time.monotonic()
+            deadline = deadline or now + _MAP_TIMEOUT_S
+            if now > deadline:
+                lib.wgpuBufferUnmap(handle)   # cancels the pending map: a mapped buffer must never be submitted
+                self._device_check()
+                raise RuntimeError(f"the read-back buffer {staging.label!r} was not mapped within "
+                                   f"{_MAP_TIMEOUT_S} s of the GPU's queue finishing")
+            time.sleep(0)
         if mapped[0] != lib.WGPUMapAsyncStatus_Success:
             self._device_check()
             raise RuntimeError(f"the read-back buffer {staging.label!r} could not be mapped (WGPUMapAsyncStatus "

@@ -133,7 +133,7 @@ class FusedBottleneck(CompositeKernel):
             raise self.fail(f"expects {counts[0]} inputs (expansion 1) or {counts[1]} (with the expansion conv) "
                             f"{'with' if self.has_se else 'without'} squeeze_excite, got {len(self.inputs)}")
         self.has_expand = len(self.inputs) == counts[1]
-        self.k = int(self.attr("kernel_size"))
+        self.k = self._int_attr("kernel_size")
         if self.k not in (3, 5):
             raise self.fail(f"kernel_size must be 3 or 5, got {self.k}")
         k = self.k
@@ -165,11 +165,14 @@ class FusedBottleneck(CompositeKernel):
             if (cexp + self.csq) * 4 > _WG_BYTES:
                 raise self.fail(f"squeeze-excite over {cexp} + {self.csq} channels exceeds {_WG_BYTES} bytes of "
                                 f"workgroup memory")
-        self.stride = int(self.attr("stride"))
+        self.stride = self._int_attr("stride")
         if self.stride not in (1, 2):
             raise self.fail(f"stride must be 1 or 2, got {self.stride}")
         self._padding(h, w)
-        self.residual = bool(self.attr("residual"))
+        self.residual = self.attr("residual")
+        if not isinstance(self.residual, (bool, np.bool_)) and self.residual not in (0, 1):
+            raise self.fail(f"residual must be a bool, got {self.residual!r}")
+        self.residual = bool(self.residual)
         self.residual_pool = self.attr("residual_pool")
         if self.residual_pool not in (1, 2) or isinstance(self.residual_pool, bool):
             raise self.fail(f"residual_pool must be 1 (none) or 2 (a 2x2 max pool of stride 2 of x), got "
@@ -184,7 +187,10 @@ class FusedBottleneck(CompositeKernel):
         if self.residual and not pooled and (self.stride != 1 or cin != self.cout or (self.oh, self.ow) != (h, w)):
             raise self.fail(f"residual needs stride 1, Cin == Cout and an output of the input's size, got stride "
                             f"{self.stride}, Cin {cin}, Cout {self.cout}, output {self.oh}x{self.ow} of {h}x{w}")
-        activation_fn(self.attr("activation"))  # validates the name
+        try:
+            activation_fn(self.attr("activation"))  # validates the name
+        except KernelError as e:
+            raise self.fail(str(e)) from None
         self.out_act = str(self.attr("output_activation")).lower()
         if self.out_act not in OUTPUT_ACTIVATIONS:
             raise self.fail(f"output_activation must be one of {', '.join(map(repr, OUTPUT_ACTIVATIONS))} (applied "
@@ -201,10 +207,12 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy == "dw_projection" and not fits_depthwise_product(cexp, self.cout):
             raise self.fail(f"strategy 'dw_projection' needs expanded ({cexp}) and output ({self.cout}) channels "
                             f"that are multiples of 4")
-        if self.strategy == "dw_pointwise" and (self.has_expand or self.has_se or self._pointwise_block() == 0):
-            raise self.fail(f"strategy 'dw_pointwise' needs a block without expansion conv whose {cexp} channels' "
-                            f"depthwise values fit workgroup memory ({_SEP_SHARED_FLOATS} floats) for one pixel; "
-                            f"give another")
+        if self.strategy == "dw_pointwise" and (self.has_expand or self.has_se):
+            raise self.fail("strategy 'dw_pointwise' takes blocks without expansion conv or squeeze-excite; give "
+                            "another")
+        if self.strategy == "dw_pointwise" and not self.empty and self._pointwise_block() == 0:
+            raise self.fail(f"strategy 'dw_pointwise' needs one pixel's {cexp} depthwise values in workgroup memory "
+                            f"({_SEP_SHARED_FLOATS - 256} floats at most); give another")
         if self.strategy == "expand_dw" and not (self.has_expand and expand_depthwise_fits(cin, cexp)):
             raise self.fail(f"strategy 'expand_dw' needs an expand conv and input ({cin}) and expanded ({cexp}) "
                             f"channels that are multiples of 4")
@@ -221,6 +229,15 @@ class FusedBottleneck(CompositeKernel):
                 self.out_block, self.chunk, self.splits) < 1:
             raise self.fail(f"tile must be 1, 2, 4 or 8, lanes 1..16 (a power of two), out_block, chunk and "
                             f"splits >= 1; got {schedule}")
+
+    def _int_attr(self, name: str) -> int:
+        """Attribute ``name`` as an int: an int (not a bool) or a float with an integer value; else the op's
+        :class:`KernelError`."""
+        v = self.attr(name)
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer, float, np.floating)) or \
+                float(v) != int(v):
+            raise self.fail(f"{name} must be an integer, got {v!r}")
+        return int(v)
 
     def _padding(self, h: int, w: int) -> None:
         """The depthwise conv's output size and padding before (``oh``, ``ow``, ``pt``, ``pl``) from ``padding``:
