@@ -60,7 +60,8 @@ from tflfuse.runtime import DeviceLostError
 interp = tflfuse.Interpreter(model_path=sys.argv[1], device=tflfuse.Device())
 interp.allocate_tensors()
 interp.set_tensor(0, np.ones({shape}, np.float32))
-interp.invoke()   # records the next invoke's command buffer ahead
+for _ in range({invokes}):   # from the second on, each invoke records the next one's command buffer ahead
+    interp.invoke()
 interp.device.device.destroy()
 try:
     interp.invoke()
@@ -69,16 +70,18 @@ except DeviceLostError as e:
 """
 
 
+@pytest.mark.parametrize("invokes", [1, 2], ids=["recorded_then", "recorded_ahead"])
 @pytest.mark.parametrize("quiet", ['logging.getLogger("wgpu").setLevel(logging.CRITICAL)',
                                    "logging.disable(logging.ERROR)"])
-def test_lost_device_with_wgpu_logging_silenced(model, tmp_path, quiet):
-    """The command buffer recorded ahead is never submitted after a loss, whatever the logging set-up
-    (wgpu-native aborts the process on such a submit); in a subprocess, so that an abort fails the test."""
+def test_lost_device_with_wgpu_logging_silenced(model, tmp_path, quiet, invokes):
+    """Neither the command buffer recorded ahead nor one recorded after a loss through wgpu-native's C entry
+    points is submitted, whatever the logging set-up (wgpu-native aborts the process on either); in a
+    subprocess, so that an abort fails the test."""
     import subprocess
     import sys
 
     (tmp_path / "m.tflite").write_bytes(model)
-    proc = subprocess.run([sys.executable, "-c", _LOST_QUIETLY.format(quiet=quiet, shape=_X),
+    proc = subprocess.run([sys.executable, "-c", _LOST_QUIETLY.format(quiet=quiet, shape=_X, invokes=invokes),
                            str(tmp_path / "m.tflite")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "DeviceLostError invoke(): the WebGPU device" in proc.stdout

@@ -402,6 +402,20 @@ def test_invoke_builds_nothing(chain_model, device, monkeypatch):
     assert not np.array_equal(results[0], results[1])
 
 
+def test_a_plan_run_once_leaves_no_command_buffer_recorded(chain_model, device):
+    """The next invoke's command buffer is recorded ahead from the second invoke on: a plan run once (an
+    Interpreter invoked once, a shape left again) holds none, since wgpu-native keeps the memory of a command
+    buffer dropped unsubmitted."""
+    interp = tflfuse.Interpreter(model_content=chain_model, device=device)
+    interp.allocate_tensors()
+    interp.set_tensor(interp.get_input_details()[0]["index"], _image((4, 33), 1))
+    interp.invoke()
+    plan = interp._plan(0)
+    assert plan._next is None
+    interp.invoke()
+    assert plan._next is not None
+
+
 def test_buffers_are_reused_along_a_chain(chain_model, device):
     interp = tflfuse.Interpreter(model_content=chain_model, device=device)
     x = _image((4, 33), 5)
