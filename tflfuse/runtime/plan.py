@@ -440,10 +440,11 @@ class _NativeCommandBuffer:
 class _NativeCommands:
     """An invoke's command buffer recorded through wgpu-native's C entry points: create the encoder, begin the
     compute pass, record the dispatches (:func:`_pass_recorder`'s ``native``), end it, copy the outputs to
-    their read-back buffers, finish; the submit; and the outputs' read-back (:meth:`read`). wgpu's Python wrappers of these calls (error capture,
-    descriptor structs, wrapper objects) cost about 10 us per invoke on a 2-core CPU, about a third of the
-    calls' time (2026-12-04). Errors: a plan's first command buffer goes through wgpu's API, which raises
-    for whatever wgpu-native refuses; the next ones are the same commands on the same objects."""
+    their read-back buffers, finish; the submit; and the outputs' read-back (:meth:`read`). wgpu's Python
+    wrappers of these calls (error capture, descriptor structs, wrapper objects) cost about 10 us per invoke on
+    a 2-core CPU, about a third of the calls' time (2026-12-04). Errors: a plan's first command buffer goes
+    through wgpu's API, which raises for whatever wgpu-native refuses; the next ones are the same commands on the
+    same objects."""
 
     def __init__(self, plan: "ExecutionPlan", api, record_native):
         self.lib, null = api.lib, api.ffi.NULL

@@ -16,7 +16,8 @@ then, present as the flags say (the composite sets them; absent inputs are not i
 ``bias [Cout]`` (``has_bias``), ``residual`` broadcastable to the output or ``[N, OH, OW, Cr]`` with ``1 < Cr <
 Cout`` channels, zero-extended at the end as TFLite's PAD of the last axis would, or with ``Cr > Cout``, whose
 first ``Cout`` channels are added, as TFLite's STRIDED_SLICE of the last axis from 0 would take them
-(``has_residual``; the forms :func:`tflfuse.fuse` folds a channel PAD or slice before the residual ADD into; with ``residual_pool`` 2 the residual is
+(``has_residual``; the forms :func:`tflfuse.fuse` folds a channel PAD or slice before the residual ADD into;
+with ``residual_pool`` 2 the residual is
 ``[N, H, W, Cr]`` that a 2x2 max pool of stride 2, VALID, brings to ``OH = H // 2``, ``OW = W // 2`` first:
 BlazeFace's and BlazePalm's downsampling blocks), PReLU slopes
 broadcastable to the output, e.g. ``[Cout]``, ``[1, 1, Cout]`` or ``[OH, OW, Cout]`` (``has_prelu``, with

@@ -245,8 +245,9 @@ class FusedSqueezeExcite(CompositeKernel):
         tree = 1 << (lanes - 1).bit_length()
         step = lanes * _DIRECT_UNROLL
         loads = "\n".join(
-            f"      a{u} += select(vec4<f32>(0.0), x4[(n * {pixels}u + min(p + {u * lanes}u, {pixels - 1}u)) * {cq}u + q], "
-            f"p + {u * lanes}u < {pixels}u);" for u in range(_DIRECT_UNROLL))
+            f"      a{u} += select(vec4<f32>(0.0), "
+            f"x4[(n * {pixels}u + min(p + {u * lanes}u, {pixels - 1}u)) * {cq}u + q], p + {u * lanes}u < {pixels}u);"
+            for u in range(_DIRECT_UNROLL))
         total = " + ".join(f"a{u}" for u in range(_DIRECT_UNROLL))
         return f"""  for (var q0 = 0u; q0 < {cq}u; q0 += {cols}u) {{
     let q = q0 + lidx % {cols}u;
