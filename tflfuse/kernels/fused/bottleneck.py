@@ -69,7 +69,7 @@ from ..base import MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKerne
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule
-from .conv import _SEP_SHARED_FLOATS, depthwise_pointwise_program, max_pool_2x2, pixel_block, pointwise_split
+from .conv import SEPARABLE_MAX_CHANNELS, depthwise_pointwise_program, max_pool_2x2, pixel_block, pointwise_split
 from .depthwise_product import depthwise_product_program, fits_depthwise_product
 from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, expand_depthwise_shape,
                                expand_depthwise_unroll)
@@ -212,7 +212,7 @@ class FusedBottleneck(CompositeKernel):
                             "another")
         if self.strategy == "dw_pointwise" and not self.empty and self._pointwise_block() == 0:
             raise self.fail(f"strategy 'dw_pointwise' needs one pixel's {cexp} depthwise values in workgroup memory "
-                            f"({_SEP_SHARED_FLOATS - 256} floats at most); give another")
+                            f"({SEPARABLE_MAX_CHANNELS} floats at most); give another")
         if self.strategy == "expand_dw" and not (self.has_expand and expand_depthwise_fits(cin, cexp)):
             raise self.fail(f"strategy 'expand_dw' needs an expand conv and input ({cin}) and expanded ({cexp}) "
                             f"channels that are multiples of 4")

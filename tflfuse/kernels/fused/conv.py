@@ -53,10 +53,14 @@ from ..wgsl import (activation_fn, activation_uniforms, dot, elementwise_program
                     reduction_program, split_lanes)
 
 __all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpilogue", "FusedSeparableConv2D",
-           "depthwise_pointwise_program", "max_pool_2x2", "padded_channels", "pixel_block", "sliced_channels"]
+           "SEPARABLE_MAX_CHANNELS", "depthwise_pointwise_program", "max_pool_2x2", "padded_channels", "pixel_block",
+           "sliced_channels"]
 
 #: Workgroup memory (floats) of the one-dispatch separable schedule: 16 KiB, WebGPU's default limit.
 _SEP_SHARED_FLOATS = MAX_WORKGROUP_STORAGE // 4
+#: The most depthwise channels (Cin * M) of a :func:`depthwise_pointwise_program`: one pixel's depthwise values
+#: beside the lanes' shares in workgroup memory.
+SEPARABLE_MAX_CHANNELS = _SEP_SHARED_FLOATS - 256
 #: Most 1x1 terms one invocation of the one-dispatch separable schedule may sum alone (MediaPipe's separable
 #: convs, measured faster in one dispatch, need 128-256).
 _PIXEL_BLOCK_MAX_TERMS = 512
@@ -509,7 +513,7 @@ def pixel_block(rows: int, cmid: int, cout: int, target: str, any_size: bool = F
     10-15% more GPU time). The block is the fewest pixels (a power of two up to 64) that give the
     workgroup's 256 invocations a value each.
     """
-    if not rows or not cout or cmid > _SEP_SHARED_FLOATS - 256 or (not any_size and (
+    if not rows or not cout or cmid > SEPARABLE_MAX_CHANNELS or (not any_size and (
             target != "gpu" or use_tiled_matmul(rows, cmid, cout, "gpu"))):
         return 0
     block = 1
