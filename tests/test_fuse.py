@@ -557,6 +557,31 @@ def test_input_prelu_pattern(case, device, rng):
         assert sorted(names) == ["MAX_POOL_2D", "fused_conv2d"], names
 
 
+@pytest.mark.parametrize("begin", [(0, 0, 0, 0), (0, 1, 0, 2)], ids=["from_zero", "offset"])
+def test_ops_planned_on_run_time_values_are_carried(begin, device, rng):
+    """A STRIDED_SLICE whose begin is an input of the graph plans only on the values an invoke gives: fuse carries
+    it through (the conv + ADD after it still fuse), and the fused file gives LiteRT's results on the original.
+    Exact but for the conv's float32 sums in another order (ACCUMULATION)."""
+    filt = (rng.standard_normal((4, 3, 3, 3)) / np.sqrt(27)).astype(np.float32)
+    end = (np.array(begin) + np.array([1, 8, 8, 4])).astype(np.int32)   # the declared output shape [1, 8, 8, 4]
+    tensors = [t((1, 8, 8, 3)), t(filt.shape, data=filt), t((4,), data=np.zeros(4, np.float32)), t((1, 8, 8, 4)),
+               t((1, 9, 8, 6)), t((4,), type="INT32"), t((4,), type="INT32", data=end),
+               t((4,), type="INT32", data=np.ones(4, np.int32)), t((1, 8, 8, 4)), t((1, 8, 8, 4))]
+    ops = [dict(op="CONV_2D", inputs=[0, 1, 2], outputs=[3], options=("Conv2DOptions", {
+               "padding": 0, "strideH": 1, "strideW": 1})),
+           dict(op="STRIDED_SLICE", inputs=[4, 5, 6, 7], outputs=[8], options=("StridedSliceOptions", {})),
+           dict(op="ADD", inputs=[3, 8], outputs=[9], options=("AddOptions", {"fusedActivationFunction": 1}))]
+    original = build(tensors, ops, [0, 4, 5], [9])
+    fused, _ = fuse(original)
+    names = Model(fused).op_names(0)
+    assert "STRIDED_SLICE" in names and "fused_conv2d" in names and "ADD" not in names, names
+    xs = [rng.uniform(-1, 1, (1, 8, 8, 3)).astype(np.float32), rng.uniform(-1, 1, (1, 9, 8, 6)).astype(np.float32),
+          np.array(begin, np.int32)]
+    want = _run_litert(original, xs)
+    for got, ref in zip(_run_tflfuse(fused, xs, device), want):
+        np.testing.assert_allclose(got, ref, **ACCUMULATION)
+
+
 def test_squeeze_excite_pattern(device, rng):
     def build_se(x):
         s = keras.layers.GlobalAveragePooling2D(keepdims=True)(x)

@@ -23,9 +23,9 @@ def without_kernel(model: Model, si: int) -> set[int]:
     without a kernel (a custom op such as MediaPipe's ``TransformLandmarks``, a builtin tflfuse lacks, a
     composite whose decomposition holds one) and, transitively, those reading a tensor of a type the runtime
     does not hold (int8, uint8, float16...) that such an op or the subgraph's input gives, or that an op
-    with a kernel writes from a runtime input (a CAST to uint8), and int64 arithmetic on runtime values
-    (:func:`tflfuse.runtime.int64.int64_arithmetic`: the runtime holds int64 as int32). Every other op is
-    planned, and checked, as before."""
+    with a kernel writes from a runtime input (a CAST to uint8), int64 arithmetic on runtime values
+    (:func:`tflfuse.runtime.int64.int64_arithmetic`: the runtime holds int64 as int32), and ops that plan only
+    on run-time values (:func:`_with_runtime_values`). Every other op is planned, and checked, as before."""
     from ..kernels import UnsupportedOpError, supported_ops
     from ..runtime.plan import check_supported
 
@@ -56,8 +56,28 @@ def without_kernel(model: Model, si: int) -> set[int]:
                    if t >= 0 and sg.tensors[t].type not in _HELD_TYPES}
         more = {oi for oi, op in enumerate(sg.operators) if oi not in ops and unheld & {int(t) for t in op.inputs}}
         if not more:
-            return ops
+            return _with_runtime_values(model, si, ops)
         ops |= more
+
+
+def _with_runtime_values(model: Model, si: int, ops: set[int]) -> set[int]:
+    """``ops`` and, transitively, the ops that plan only on run-time values (a STRIDED_SLICE whose ``begin``
+    is an input of the graph, a RESHAPE to a computed shape: the Interpreter plans them on the values each
+    invoke gives) or only on the shapes of such ops' outputs: fusion cannot plan them statically, and carries
+    them through. An op that refuses for another reason (shapes that disagree) is not added: planning the
+    rest raises for it, naming it, as before."""
+    from ..runtime.lower import Probe
+    from ..runtime.plan import lower
+
+    count = len(model.subgraphs[si].operators or [])
+    while True:
+        kept = [oi for oi in range(count) if oi not in ops]   # the view's operator j is the file's kept[j]
+        probe = Probe()
+        lower(_skipping(model, si, ops), si, relayout=False, probe=probe)
+        lifted = {kept[j] for j, r in probe.refusals.items() if r.runtime or r.uncertain}
+        if not lifted:
+            return ops
+        ops = ops | lifted
 
 
 def _constant(model: Model, si: int, t: int) -> bool:
