@@ -12,7 +12,7 @@ from ai_edge_litert import schema_py_generated as schema
 from ..model import Model, is_builtin_name
 from .graph import Graph
 
-__all__ = ["CarryingGraph", "lower_known", "without_kernel"]
+__all__ = ["CarryingGraph", "carried_ops", "lower_known", "without_kernel"]
 
 #: What the runtime's tensors hold (bool as int32 0/1, int64 narrowed to int32: tflfuse.runtime.plan).
 _HELD_TYPES = (schema.TensorType.FLOAT32, schema.TensorType.INT32, schema.TensorType.BOOL, schema.TensorType.INT64)
@@ -23,9 +23,9 @@ def without_kernel(model: Model, si: int) -> set[int]:
     without a kernel (a custom op such as MediaPipe's ``TransformLandmarks``, a builtin tflfuse lacks, a
     composite whose decomposition holds one) and, transitively, those reading a tensor of a type the runtime
     does not hold (int8, uint8, float16...) that such an op or the subgraph's input gives, or that an op
-    with a kernel writes from a runtime input (a CAST to uint8), int64 arithmetic on runtime values
-    (:func:`tflfuse.runtime.int64.int64_arithmetic`: the runtime holds int64 as int32), and ops that plan only
-    on run-time values (:func:`_with_runtime_values`). Every other op is planned, and checked, as before."""
+    with a kernel writes from a runtime input (a CAST to uint8), and int64 arithmetic on runtime values
+    (:func:`tflfuse.runtime.int64.int64_arithmetic`: the runtime holds int64 as int32). Every other op is
+    planned, and checked, as before (:func:`carried_ops` adds those planned on run-time values)."""
     from ..kernels import UnsupportedOpError, supported_ops
     from ..runtime.plan import check_supported
 
@@ -56,16 +56,21 @@ def without_kernel(model: Model, si: int) -> set[int]:
                    if t >= 0 and sg.tensors[t].type not in _HELD_TYPES}
         more = {oi for oi, op in enumerate(sg.operators) if oi not in ops and unheld & {int(t) for t in op.inputs}}
         if not more:
-            return _with_runtime_values(model, si, ops)
+            return ops
         ops |= more
 
 
+def carried_ops(model: Model, si: int) -> set[int]:
+    """The ops of subgraph ``si`` that fusion carries through unchanged: :func:`without_kernel`'s and,
+    transitively, the ops that plan only on run-time values (a STRIDED_SLICE whose ``begin`` is an input of the
+    graph, a RESHAPE to a computed shape: tflfuse's Interpreter plans them on the values each invoke gives) or
+    only on the shapes of such ops' outputs, which fusion cannot plan statically. An op that refuses for another
+    reason (shapes that disagree) is not added: planning the rest raises for it, naming it, as before."""
+    return _with_runtime_values(model, si, without_kernel(model, si))
+
+
 def _with_runtime_values(model: Model, si: int, ops: set[int]) -> set[int]:
-    """``ops`` and, transitively, the ops that plan only on run-time values (a STRIDED_SLICE whose ``begin``
-    is an input of the graph, a RESHAPE to a computed shape: the Interpreter plans them on the values each
-    invoke gives) or only on the shapes of such ops' outputs: fusion cannot plan them statically, and carries
-    them through. An op that refuses for another reason (shapes that disagree) is not added: planning the
-    rest raises for it, naming it, as before."""
+    """``ops`` and the ops :func:`carried_ops` adds for run-time values."""
     from ..runtime.lower import Probe
     from ..runtime.plan import lower
 
@@ -113,12 +118,14 @@ def lower_known(model: Model, si: int, target: str, skip: set[int], relayout: bo
 
 
 class CarryingGraph(Graph):
-    """A :class:`Graph` of a subgraph that may hold ops tflfuse cannot plan (``opaque``, from
-    :func:`without_kernel`): shapes and constants come from planning the other ops, and no pattern starts at
-    or takes in an opaque op, so each stays in the file as it was (options and custom options included)."""
+    """A :class:`Graph` of a subgraph that may hold ops tflfuse cannot plan (``without_kernel``, from
+    :func:`without_kernel`) or plans only on run-time values (together ``opaque``, :func:`carried_ops`): shapes
+    and constants come from planning the other ops, and no pattern starts at or takes in an opaque op, so each
+    stays in the file as it was (options and custom options included)."""
 
     def __init__(self, model: Model, subgraph: int, target: str):
-        self.opaque = without_kernel(model, subgraph)
+        self.without_kernel = without_kernel(model, subgraph)
+        self.opaque = _with_runtime_values(model, subgraph, self.without_kernel)
         view = _skipping(model, subgraph, self.opaque)
         super().__init__(view, subgraph, target)   # plans the ops tflfuse can plan
         if view is model:

@@ -73,7 +73,7 @@ import numpy as np
 from absl import logging
 
 from ..model import Model
-from .carry import CarryingGraph, lower_known, without_kernel
+from .carry import CarryingGraph, carried_ops, lower_known
 from .graph import Graph, dispatches, drop_unused_buffers
 
 __all__ = ["FuseReport", "PATTERNS", "fuse", "dispatch_count"]
@@ -120,8 +120,9 @@ def _op_count(model: Model) -> int:
 
 def dispatch_count(model: Model, subgraph: int = 0, target: str = "gpu") -> int:
     """Dispatches one invoke of ``subgraph`` runs, as planned for ``target`` (no GPU needed); ops without a
-    tflfuse kernel (:func:`~tflfuse.passes.carry.without_kernel`) count none."""
-    return dispatches(lower_known(model, subgraph, target, without_kernel(model, subgraph), relayout=True))
+    tflfuse kernel and ops planned only on run-time values (:func:`~tflfuse.passes.carry.carried_ops`) count
+    none."""
+    return dispatches(lower_known(model, subgraph, target, carried_ops(model, subgraph), relayout=True))
 
 
 def _conv_1x1(g: Graph, oi: int, act: set[str]) -> dict | None:
@@ -928,7 +929,7 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
     carried: collections.Counter = collections.Counter()
     for sg in range(len(model.m.subgraphs)):
         g = CarryingGraph(model, sg, target)
-        carried.update(g.op_name(oi) for oi in sorted(g.opaque))
+        carried.update(g.op_name(oi) for oi in sorted(g.without_kernel))
         before += g.dispatches
         for oi in range(len(g.sg.operators or [])):
             if not g.free(oi):
