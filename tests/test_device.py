@@ -140,10 +140,10 @@ def _inputs(seed: int) -> list[np.ndarray]:
     return [r.standard_normal(_X).astype(np.float32) for _ in range(_ROUNDS)]
 
 
-def _in_threads(work) -> list:
-    """Runs ``work(k)`` in :data:`_THREADS` threads started together; their results, or the first error."""
-    results, errors = [None] * _THREADS, []
-    start = threading.Barrier(_THREADS)
+def _in_threads(work, count: int = _THREADS) -> list:
+    """Runs ``work(k)`` in ``count`` threads started together; their results, or the first error."""
+    results, errors = [None] * count, []
+    start = threading.Barrier(count)
 
     def main(k):
         try:
@@ -152,7 +152,7 @@ def _in_threads(work) -> list:
         except BaseException as e:  # noqa: BLE001  (re-raised in the test's thread)
             errors.append(e)
 
-    threads = [threading.Thread(target=main, args=(k,)) for k in range(_THREADS)]
+    threads = [threading.Thread(target=main, args=(k,)) for k in range(count)]
     for th in threads:
         th.start()
     for th in threads:
@@ -191,30 +191,20 @@ def test_read_backs_in_many_threads(device):
 
     tflite = build([t((8, 8)), t((1, 1), data=np.ones((1, 1), np.float32)), t((8, 8))],
                    [dict(op="ADD", inputs=[0, 1], outputs=[2])], [0], [2])
-    wrong, errors = [], []
 
     def work(k):
-        try:
-            interp = tflfuse.Interpreter(model_content=tflite, device=device)
-            interp.allocate_tensors()
-            for i in range(500):
-                x = np.full((8, 8), float(1000 * k + i), np.float32)
-                interp.set_tensor(0, x)
-                interp.invoke()
-                if not np.array_equal(interp.get_tensor(2), x + 1):
-                    wrong.append((k, i))
-        except BaseException as e:  # noqa: BLE001  (re-raised in the test's thread)
-            errors.append(e)
+        interp = tflfuse.Interpreter(model_content=tflite, device=device)
+        interp.allocate_tensors()
+        wrong = []
+        for i in range(500):
+            x = np.full((8, 8), float(1000 * k + i), np.float32)
+            interp.set_tensor(0, x)
+            interp.invoke()
+            if not np.array_equal(interp.get_tensor(2), x + 1):
+                wrong.append(i)
+        return wrong
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(16)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=300)
-    assert not any(th.is_alive() for th in threads), "a thread hangs"
-    if errors:
-        raise errors[0]
-    assert not wrong, wrong[:5]
+    assert _in_threads(work, 16) == [[]] * 16
 
 
 def test_one_interpreter_in_threads_with_a_caller_lock(model, device):
