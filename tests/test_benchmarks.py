@@ -237,3 +237,33 @@ def test_int8_table_sets_each_int8_file_beside_its_float_twin_and_litert(bench, 
             "1.80, 0.30 | 0.50x, 2.00x | 3.90e-03 | 0 |") in text
     # no float twin, no LiteRT WebGPU: the note instead
     assert "| mobilenet_v3_small_int8 | 1 | 80 | 0.50 |" in text and "no adapter" in text.split("int8 (full")[1]
+
+
+# ---- benchmarks/ort_webgpu.py: ONNX Runtime WebGPU beside tflfuse ------------------------------------------
+@pytest.fixture(scope="module")
+def ort_bench(bench):
+    """benchmarks/ort_webgpu.py as a module (its flags defined only when run as a script)."""
+    spec = importlib.util.spec_from_file_location("benchmarks_ort", ROOT / "benchmarks" / "ort_webgpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ort_table_renders_timed_and_skipped_rows(ort_bench, tmp_path):
+    rows = [{"batch": 1, "ort": "onnxruntime-webgpu 1.27.0", "tflfuse_ms": 0.4, "tflfuse_thr_ms": 0.3,
+             "ort_ms": 2.0, "ort_thr_ms": 1.5, "max_abs_diff": 1e-6},
+            {"batch": 32, "ort": "onnxruntime 1.27.0: its WebGPU provider found no adapter (it fell back to CPU)",
+             "tflfuse_ms": 1.9, "tflfuse_thr_ms": 1.5}]
+    meta = {"date": "2026-12-04 06:21 UTC", "adapter": "Test GPU", "driver": "1.0", "repeats": 50,
+            "throughput_n": 100, "rounds": 5}
+    ort_bench.write_table(rows, meta, tmp_path / "o.md")
+    text = (tmp_path / "o.md").read_text()
+    assert "| 1 | 0.40 | 0.30 | 2.00 | 1.50 | 0.20x, 0.20x | 1.00e-06 |" in text
+    assert "| 32 | 1.90 | 1.50 | onnxruntime 1.27.0: its WebGPU provider found no adapter" in text
+    assert "latency the median of 50 runs" in text and "Test GPU; driver: 1.0" in text
+
+
+def test_ort_session_names_a_missing_onnxruntime(ort_bench, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)   # import onnxruntime raises ImportError
+    session, note = ort_bench._session(tmp_path / "m.onnx")
+    assert session is None and note.startswith("onnxruntime-webgpu not installed")
