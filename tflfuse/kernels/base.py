@@ -271,6 +271,16 @@ class Kernel:
             return self.attr_defaults[name]
         raise self.fail(f"missing attribute {name!r}")
 
+    def bool_attr(self, name: str) -> bool:
+        """Attribute ``name`` as a bool: a bool (NumPy's too) or the integer 0 or 1; else the op's
+        :class:`KernelError` (a string such as ``"false"`` would otherwise read as True)."""
+        import numpy as np
+
+        v = self.attr(name)
+        if not isinstance(v, (bool, int, np.bool_)) or int(v) not in (0, 1):
+            raise self.fail(f"attribute {name} must be a bool, got {v!r}")
+        return bool(v)
+
     def target(self) -> str:
         """The ``target`` attribute, ``"gpu"`` or ``"cpu"`` (the software adapter), that the planner sets for
         kernels listing it in ``attr_defaults``: which schedule to emit; every schedule computes the same

@@ -65,7 +65,8 @@ import re
 import numpy as np
 from absl import logging
 
-from ..base import MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel, KernelError, Program, TensorSpec
+from ..base import (MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel, KernelError, Program, TensorSpec,
+                    is_integral)
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule
@@ -169,10 +170,7 @@ class FusedBottleneck(CompositeKernel):
         if self.stride not in (1, 2):
             raise self.fail(f"stride must be 1 or 2, got {self.stride}")
         self._padding(h, w)
-        self.residual = self.attr("residual")
-        if not isinstance(self.residual, (bool, np.bool_)) and self.residual not in (0, 1):
-            raise self.fail(f"residual must be a bool, got {self.residual!r}")
-        self.residual = bool(self.residual)
+        self.residual = self.bool_attr("residual")
         self.residual_pool = self.attr("residual_pool")
         if self.residual_pool not in (1, 2) or isinstance(self.residual_pool, bool):
             raise self.fail(f"residual_pool must be 1 (none) or 2 (a 2x2 max pool of stride 2 of x), got "
@@ -231,11 +229,10 @@ class FusedBottleneck(CompositeKernel):
                             f"splits >= 1; got {schedule}")
 
     def _int_attr(self, name: str) -> int:
-        """Attribute ``name`` as an int: an int (not a bool) or a float with an integer value; else the op's
+        """Attribute ``name`` as an int (:func:`~tflfuse.kernels.base.is_integral`); else the op's
         :class:`KernelError`."""
         v = self.attr(name)
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer, float, np.floating)) or \
-                float(v) != int(v):
+        if not is_integral(v):
             raise self.fail(f"{name} must be an integer, got {v!r}")
         return int(v)
 

@@ -116,11 +116,7 @@ class FusedEpilogue(CompositeKernel):
 
     def check_epilogue(self, out_shape: tuple[int, ...], cout: int) -> None:
         """Validates the flags against the inputs, their shapes, and the activation; sets ``self.flags``."""
-        self.flags = {f: self.attr(f) for f in _FLAGS}
-        for f, v in self.flags.items():
-            if not isinstance(v, (bool, int, np.bool_)) or int(v) not in (0, 1):
-                raise self.fail(f"attribute {f} must be a bool, got {v!r}")
-            self.flags[f] = bool(v)
+        self.flags = {f: self.bool_attr(f) for f in _FLAGS}
         expected = len(self.main_inputs) + sum(self.flags.values())
         if len(self.inputs) != expected:
             raise self.fail(f"expects {expected} inputs ({', '.join(self.main_inputs)} and "
@@ -142,10 +138,7 @@ class FusedEpilogue(CompositeKernel):
                             f"{self.residual_pool!r}")
         if self.residual_pool == 2 and not self.flags["has_residual"]:
             raise self.fail("residual_pool 2 pools the residual: it needs has_residual")
-        after = self.attr("residual_after_activation")
-        if not isinstance(after, (bool, int, np.bool_)) or int(after) not in (0, 1):
-            raise self.fail(f"attribute residual_after_activation must be a bool, got {after!r}")
-        self.residual_after = bool(after)
+        self.residual_after = self.bool_attr("residual_after_activation")
         if self.residual_after and not self.flags["has_residual"]:
             raise self.fail("residual_after_activation adds the residual after the activation: it needs has_residual")
         pos = len(self.main_inputs)

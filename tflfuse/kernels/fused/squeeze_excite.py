@@ -135,13 +135,7 @@ class FusedSqueezeExcite(CompositeKernel):
         return shape[-2], shape[-1]
 
     def check(self):
-        flags = {}
-        for f in ("has_scaled", "has_addend"):
-            v = self.attr(f)
-            if not isinstance(v, (bool, int, np.bool_)) or int(v) not in (0, 1):
-                raise self.fail(f"attribute {f} must be a bool, got {v!r}")
-            flags[f] = bool(v)
-        self.has_scaled, self.has_addend = flags["has_scaled"], flags["has_addend"]
+        self.has_scaled, self.has_addend = self.bool_attr("has_scaled"), self.bool_attr("has_addend")
         names = ["x", "w1", "b1", "w2", "b2"] + ["scaled"] * self.has_scaled + ["addend"] * self.has_addend
         if len(self.inputs) != len(names):
             raise self.fail(f"expects {len(names)} inputs ({', '.join(names)}), got {len(self.inputs)}")
