@@ -414,12 +414,16 @@ def _conv_geometry(a: dict) -> dict:
 
 
 def _fused_conv_op(g: Graph, chain: list[int], x: int, weights: list, bias, geometry: dict, op_name: str,
-                   fused_act: str = "NONE"):
+                   fused_act: str = "NONE", alone: bool = False):
     """The fused conv op of ``chain`` (its conv last) and what follows it (:func:`_epilogue`; after a conv with
-    a fused RELU / RELU6 ``fused_act``, :func:`_activated_epilogue`), or None when nothing follows."""
+    a fused RELU / RELU6 ``fused_act``, :func:`_activated_epilogue`); where nothing follows a lone conv, None,
+    or with ``alone`` the conv by itself as the fused op (its own activation). A chain of two ops or more
+    (a depthwise + pointwise pair, a scale and shift + conv) is one op, whatever follows."""
     out = g.outputs_of(chain[-1])[0]
     tail = _epilogue(g, chain[-1], out, chain) if fused_act == "NONE" else _activated_epilogue(g, out, chain,
                                                                                                 fused_act)
+    if tail is None and alone:
+        tail = {"residual": None, "activation": _ACT[fused_act], "alpha": None, "prelu": None, "out": out}
     if tail is None or not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])):
         return None
     chain = tail.get("folded", []) + chain   # replaced with the chain; the new op stands at its last op
@@ -449,8 +453,9 @@ def _bias(g: Graph, ins: list[int], channels: int) -> np.ndarray | None:
     return np.zeros(channels, np.float32)
 
 
-def _conv_act(g: Graph, oi: int):
-    """CONV_2D / DEPTHWISE_CONV_2D (no fused activation) -> [ADD residual] -> [activation op]."""
+def _conv_act(g: Graph, oi: int, alone: bool = False):
+    """CONV_2D / DEPTHWISE_CONV_2D (no fused activation) -> [ADD residual] -> [activation op]; with ``alone``
+    (:func:`_input_prelu`) also the conv with nothing after it."""
     name = g.op_name(oi)
     if name not in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         return None
@@ -472,7 +477,7 @@ def _conv_act(g: Graph, oi: int):
     bias = _bias(g, ins, cout)
     if bias is None:
         return None
-    return _fused_conv_op(g, [oi], ins[0], weights, bias, _conv_geometry(a), op_name, fused_act)
+    return _fused_conv_op(g, [oi], ins[0], weights, bias, _conv_geometry(a), op_name, fused_act, alone)
 
 
 def _dense_act(g: Graph, oi: int):
@@ -538,15 +543,9 @@ def _separable(g: Graph, oi: int):
     # The depthwise bias passes through the pointwise conv: b_pw' = b_pw + b_dw @ W_pw.
     bias = (proj["b"].astype(np.float64) + dw_b.astype(np.float64) @ proj["w"].astype(np.float64)).astype(np.float32)
     dw_w = k[0].reshape(k.shape[1], k.shape[2], cin, k.shape[3] // cin)
-    found = _fused_conv_op(g, [oi, pw], ins[0], [dw_w, proj["w"][None, None]], bias, _conv_geometry(a),
-                           "fused_separable_conv2d")
-    if found is None:  # a depthwise + pointwise pair alone still saves a dispatch
-        if not g.private(g.outputs_of(oi)[0], pw):
-            return None
-        found = ([oi, pw], [ins[0], dw_w, proj["w"][None, None], bias], proj["out"], "fused_separable_conv2d",
-                 {**_conv_geometry(a), "activation": "linear", "has_bias": True, "has_residual": False,
-                  "has_prelu": False})
-    return found
+    # a depthwise + pointwise pair alone still saves a dispatch
+    return _fused_conv_op(g, [oi, pw], ins[0], [dw_w, proj["w"][None, None]], bias, _conv_geometry(a),
+                          "fused_separable_conv2d")
 
 
 def _affine_conv(g: Graph, oi: int):
@@ -574,14 +573,7 @@ def _affine_conv(g: Graph, oi: int):
     scale, shift = affine.astype(np.float64)
     weights = (hwio * scale[None, None, :, None]).astype(np.float32)
     bias = (b.astype(np.float64) + np.einsum("hwio,i->o", hwio, shift)).astype(np.float32)
-    geometry = _conv_geometry(ca)
-    found = _fused_conv_op(g, [oi, conv], x, [weights], bias, geometry, "fused_conv2d")
-    if found is None:   # nothing after the conv: the two ops still become one
-        if not g.private(g.outputs_of(oi)[0], conv):
-            return None
-        found = ([oi, conv], [x, weights, bias], g.outputs_of(conv)[0], "fused_conv2d",
-                 {**geometry, "activation": "linear", "has_bias": True, "has_residual": False, "has_prelu": False})
-    return found
+    return _fused_conv_op(g, [oi, conv], x, [weights], bias, _conv_geometry(ca), "fused_conv2d")
 
 
 def _input_prelu(g: Graph, oi: int):
@@ -601,8 +593,7 @@ def _input_prelu(g: Graph, oi: int):
     conv = g.sole_reader(out)
     if conv is None or g.op_name(conv) not in ("DEPTHWISE_CONV_2D", "CONV_2D") or g.inputs(conv)[0] != out:
         return None
-    found = _affine_conv(g, conv) if g.op_name(conv) == "DEPTHWISE_CONV_2D" else \
-        _conv_act(g, conv) or _lone_conv(g, conv)
+    found = _affine_conv(g, conv) if g.op_name(conv) == "DEPTHWISE_CONV_2D" else _conv_act(g, conv, alone=True)
     if found is None or found[3] != "fused_conv2d" or found[1][0] != out:
         return None
     chain, inputs, last, op_name, attrs = found
@@ -611,22 +602,6 @@ def _input_prelu(g: Graph, oi: int):
         return None
     return ([oi, *chain], [ins[0], *inputs[1:], slopes.reshape(-1).astype(np.float32)], last, op_name,
             {**attrs, "has_input_prelu": True})
-
-
-def _lone_conv(g: Graph, oi: int):
-    """A CONV_2D (constant filter, not grouped; its fused activation none, RELU or RELU6) with nothing to fuse
-    after it, as ``fused_conv2d``: for :func:`_input_prelu`, which gives it the PRELU before it."""
-    a, ins = g.attrs(oi), g.inputs(oi)
-    w = g.const(ins[1])
-    act = a.get("fused_activation_function", "NONE")
-    if w is None or w.ndim != 4 or act not in _ACT or not g.is_runtime(ins[0]) or \
-            w.shape[3] != g.shapes.get(ins[0], (0,))[-1]:
-        return None
-    bias = _bias(g, ins, w.shape[0])
-    if bias is None:
-        return None
-    return [oi], [ins[0], w.transpose(1, 2, 3, 0), bias], g.outputs_of(oi)[0], "fused_conv2d", {
-        **_conv_geometry(a), "activation": _ACT[act], "has_bias": True, "has_residual": False, "has_prelu": False}
 
 
 def _scalar(g: Graph, t: int) -> float | None:
