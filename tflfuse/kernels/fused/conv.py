@@ -317,33 +317,39 @@ class FusedConv2D(_FusedWindow):
         self.g = self.geometry(kh, kw)
         self.check_epilogue((x.shape[0], self.g["OH"], self.g["OW"], cout), cout)
 
-    def reads_per_output(self) -> bool:
-        """Whether the op runs one invocation (or a few lanes) per output element, the form that alone applies
-        ``has_input_prelu``: always with it; without it, where the conv is neither a tiled 1x1 product nor a
-        strip of four channels (:func:`~tflfuse.kernels.conv.conv_strip`)."""
+    def _form(self) -> tuple[str, int]:
+        """``("tiled", 0)``: a tiled 1x1 product; ``("strip", pixels)``: strips of four output channels
+        (:func:`~tflfuse.kernels.conv.conv_strip`); ``("window", 0)``: one invocation (or a few lanes) per output
+        element, the form that alone applies ``has_input_prelu`` (so always with it)."""
         g, cin = self.g, self.input(0).shape[3]
         if self.flags["has_input_prelu"]:
-            return True
-        rows = g["N"] * g["OH"] * g["OW"]
-        return not (is_pointwise(g) and use_tiled_matmul(rows, cin, self.cout, self.target())) and \
-            not conv_strip(g, cin, self.cout, self.target())
+            return "window", 0
+        if is_pointwise(g) and use_tiled_matmul(g["N"] * g["OH"] * g["OW"], cin, self.cout, self.target()):
+            return "tiled", 0
+        strip = conv_strip(g, cin, self.cout, self.target())
+        return ("strip", strip) if strip else ("window", 0)
+
+    def reads_per_output(self) -> bool:
+        """Whether the op runs one invocation (or a few lanes) per output element (:meth:`_form`), the form that
+        alone applies ``has_input_prelu``."""
+        return self._form()[0] == "window"
 
     def programs(self):
         g, cin, cout = self.g, self.input(0).shape[3], self.cout
         total = int(np.prod(self.out_shape))
         names = ["x", "w"] + self.epilogue_names() + ["y"]
-        rows = g["N"] * g["OH"] * g["OW"]
-        pre = self.flags["has_input_prelu"]   # the per-output form alone reads the input through xin()
-        if not pre and is_pointwise(g) and use_tiled_matmul(rows, cin, cout, self.target()):
+        form, strip = self._form()
+        if form == "tiled":
+            rows = g["N"] * g["OH"] * g["OW"]
             return [product_program(self.key, self.io_bindings(names), rows, cin, cout, "x", "w", "y",
                                     "y[idx] = epilogue(acc, idx, col);", self.epilogue_fn(),
                                     self.epilogue_uniforms())]
-        strip = 0 if pre else conv_strip(g, cin, cout, self.target())
-        if strip:   # four output channels and a strip of pixels per invocation; the epilogue per channel
+        if form == "strip":   # four output channels and a strip of pixels per invocation; the epilogue per channel
             comps = ", ".join(f"epilogue(acc.{c}, base + {j}u, c * 4u + {j}u)" for j, c in enumerate("xyzw"))
             store = f"let base = pix * {cout}u + c * 4u;\n    y[pix * {cout // 4}u + c] = vec4<f32>({comps});"
             return [conv_strip_program(self.key, self.io_bindings(names), g, cin, cout, strip, store,
                                        self.epilogue_fn(), self.epilogue_uniforms())]
+        pre = self.flags["has_input_prelu"]   # the per-output form alone reads the input through xin()
         lanes = window_lanes(total, g, cin, self.target())
         inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u;
       let wb = (u32(ky) * {g['KW']}u + u32(kx)) * {cin * cout}u + co;
