@@ -67,9 +67,11 @@ def _seeded_global_generators():
 
 @pytest.fixture(scope="session")
 def device():
-    """One WebGPU device shared by every GPU test; skips (naming the fix) only where no adapter exists."""
+    """One WebGPU device shared by every GPU test; skips (naming the fix) only where no adapter exists. Its
+    shaders are trusted modules (no runtime checks), as on a GPU by default, also on the software adapter
+    (which keeps the checks by default): the tests check the kernels GPUs run."""
     try:
-        return tflfuse.Device()
+        return tflfuse.Device(shader_checks=False)
     except tflfuse.NoAdapterError as e:
         pytest.skip(f"no WebGPU adapter ({e}); on Debian/Ubuntu `apt-get install mesa-vulkan-drivers` "
                     f"provides the software adapter")

@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import tflfuse
 from tflfuse.kernels.base import TensorSpec
+from tflite_builder import build, t
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -267,3 +269,30 @@ def test_ort_session_names_a_missing_onnxruntime(ort_bench, monkeypatch, tmp_pat
     monkeypatch.setitem(sys.modules, "onnxruntime", None)   # import onnxruntime raises ImportError
     session, note = ort_bench._session(tmp_path / "m.onnx")
     assert session is None and note.startswith("onnxruntime-webgpu not installed")
+
+
+# ---- benchmarks/shader_checks.py: trusted shaders beside checked ones -----------------------------------------
+def test_shader_checks_compares_trusted_and_checked_devices(device):
+    """The script's comparison on a small model (two devices of the test adapter): the same bits out, a GPU time
+    and a throughput for each, and the table's row and ratio from them."""
+    spec = importlib.util.spec_from_file_location("benchmarks_shader_checks",
+                                                  ROOT / "benchmarks" / "shader_checks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 3, 3, 5)).astype(np.float32)
+    model = build([t((1, 9, 7, 5)), t(w.shape, data=w), t((8,), data=np.zeros(8, np.float32)),
+                   t((1, 5, 4, 8), name="y")],
+                  [dict(op="CONV_2D", inputs=[0, 1, 2], outputs=[3],
+                        options=("Conv2DOptions", {"padding": 0, "strideH": 2, "strideW": 2}))], [0], [3])
+    devices = {"trusted": tflfuse.Device(device.name, shader_checks=False),
+               "checked": tflfuse.Device(device.name, shader_checks=True)}
+    r = module.compare(model, devices, batch=2, rounds=1, n=2)
+    assert r["max_diff"] == 0.0
+    assert set(r["gpu_us"]) == set(r["thr_ms"]) == {"trusted", "checked"}
+    assert all(v > 0 for v in [*r["gpu_us"].values(), *r["thr_ms"].values()])
+    fixed = {"model": "conv", "batch": 2, "gpu_us": {"trusted": 80.0, "checked": 100.0},
+             "thr_ms": {"trusted": 0.3, "checked": 0.25}, "max_diff": 0.0}
+    text = module.table([fixed], "Test GPU", rounds=1, n=2)
+    assert "| conv | 2 | 80.0 | 100.0 | 0.80x | 0.300 | 0.250 | 1.20x | 0.00e+00 |" in text
+    assert "Geometric mean of the GPU ratios: 0.80x over 1 rows." in text and "adapter: Test GPU" in text

@@ -305,3 +305,44 @@ def test_command_buffers_after_the_first_go_through_the_c_entry_points(model, de
     pending.release()   # what dropping it does (its __del__)
     assert pending.handle is None
     np.testing.assert_allclose(_run(interp, xs[0]), got[0], **ACCUMULATION)   # encodes anew, then runs on
+
+
+# ---- the shader translator's runtime checks ------------------------------------------------------------------
+
+def test_trusted_and_checked_shaders_agree_with_litert(model, device, monkeypatch):
+    """The default device compiles tflfuse's programs as trusted modules (no index clamps, no loop counters);
+    ``shader_checks=True`` keeps wgpu's runtime checks. Every index of a correct kernel is in bounds, so both
+    give the same bits, and both match LiteRT's CPU interpreter."""
+    import tflfuse.runtime.device as device_module
+
+    trusted = []
+    make = device_module._trusted_module
+    monkeypatch.setattr(device_module, "_trusted_module", lambda *a: trusted.append(a[2]) or make(*a))
+    monkeypatch.delenv("TFLFUSE_SHADER_CHECKS", raising=False)
+    xs = [_inputs(k)[0] for k in range(2)]
+    got = {}
+    for checks in (False, True):
+        dev = tflfuse.Device(device.name, shader_checks=checks)
+        assert dev.shader_checks is checks
+        before = len(trusted)
+        interp = tflfuse.Interpreter(model_content=model, device=dev)
+        interp.allocate_tensors()
+        got[checks] = [_run(interp, x) for x in xs]
+        assert (len(trusted) > before) is not checks   # the trusted path compiled the programs, or was not used
+    for g, c, r in zip(got[False], got[True], _litert(model, xs)):
+        np.testing.assert_array_equal(g, c)
+        np.testing.assert_allclose(g, r, **ACCUMULATION)   # 27-term dot products
+
+
+@pytest.mark.parametrize("env, want", [("1", True), ("0", False), ("", None)])
+def test_shader_checks_from_the_environment(env, want, device, monkeypatch):
+    """``TFLFUSE_SHADER_CHECKS`` where set; else on for a software adapter, off on a GPU."""
+    monkeypatch.setenv("TFLFUSE_SHADER_CHECKS", env)
+    want = device.is_software if want is None else want
+    assert tflfuse.Device(device.name).shader_checks is want
+    assert tflfuse.Device(device.name, shader_checks=not want).shader_checks is not want   # the argument wins
+
+
+def test_shader_checks_must_be_a_bool():
+    with pytest.raises(TypeError, match=r"shader_checks=.*True, False or None.*'yes'"):
+        tflfuse.Device(shader_checks="yes")
