@@ -57,6 +57,11 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   residual] -> [an activation op, as above]: ``fused_matmul``.
 * ``resize_add``: RESIZE_BILINEAR -> ADD of a tensor of its output's shape (with the ADD's fused activation):
   ``fused_resize_bilinear``.
+* ``resize_conv``: RESIZE_BILINEAR -> CONV_2D 1x1 (stride 1, no activation) [-> ADD of a tensor of its output's
+  shape]: the CONV_2D moved before the resize, onto the smaller input, then the resize (with the ADD:
+  ``fused_resize_bilinear``); MediaPipe's selfie segmentation decoder. Bilinear interpolation is a per-channel
+  weighted sum whose weights sum to 1 and a 1x1 conv a per-pixel affine map of the channels, so the two
+  commute, bias included; the results differ by rounding only.
 * ``hard_swish``: x * relu6(x + 3) / 6 spelled out: the builtin HARD_SWISH.
 * ``clip``: MINIMUM + MAXIMUM with scalar constants: RELU6 / RELU_N1_TO_1 / RELU_0_TO_1, else ``fused_clip``.
 * ``pool_activation``: MAX_POOL_2D / AVERAGE_POOL_2D then RELU / RELU6 / RELU_N1_TO_1 (folded into the pool)
@@ -71,6 +76,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 from absl import logging
+from ai_edge_litert import schema_py_generated as schema
 
 from ..model import Model
 from .carry import CarryingGraph, carried_ops, lower_known
@@ -520,6 +526,57 @@ def _resize_add(g: Graph, oi: int):
         "half_pixel_centers": bool(a.get("half_pixel_centers", False)), "activation": _ACT[act]}
 
 
+@dataclasses.dataclass(frozen=True)
+class _NewOp:
+    """A builtin op a pattern adds before its fused op (in the pattern's inputs, where the fused op reads its
+    output): ``name`` on tensors ``inputs``, writing a new float32 tensor of ``shape``; ``options`` as
+    :meth:`Graph.builtin_op` takes them."""
+
+    name: str
+    inputs: tuple
+    shape: tuple
+    options: tuple
+
+
+def _resize_conv(g: Graph, oi: int):
+    """RESIZE_BILINEAR (float, constant size) -> CONV_2D 1x1 (stride 1, constant float filter and bias, no
+    activation): the CONV_2D on the resize's input (a new op), then the resize of its output, as
+    ``fused_resize_bilinear`` with the ADD after it where the conv's output is that ADD's alone (an ADD of a
+    runtime tensor of its shape; with the ADD's fused activation), else as RESIZE_BILINEAR where the conv's
+    output has several readers. Left alone where ``conv_activation`` would make one op of the conv and what
+    reads it (an ADD, or an ADD and an activation op): the resize and that op, two dispatches either way."""
+    if g.op_name(oi) != "RESIZE_BILINEAR":
+        return None
+    ins, up = g.inputs(oi), g.outputs_of(oi)[0]
+    size = g.const(ins[1]) if len(ins) > 1 else None
+    conv = g.sole_reader(up)
+    if size is None or size.size != 2 or not g.is_runtime(ins[0]) or conv is None or not g.private(up, conv):
+        return None
+    found = _conv_1x1(g, conv, {"NONE"})
+    if found is None or found["x"] != up or not np.issubdtype(found["w"].dtype, np.floating) or \
+            g.sg.tensors[ins[0]].type != schema.TensorType.FLOAT32:
+        return None
+    low = _NewOp("CONV_2D", (ins[0], *g.inputs(conv)[1:]), (*g.shapes[ins[0]][:3], found["w"].shape[1]),
+                 ("Conv2DOptions", {"padding": schema.Padding.VALID, "strideH": 1, "strideW": 1}))
+    a = g.attrs(oi)
+    attrs = {"size": [int(v) for v in size.ravel()], "align_corners": bool(a.get("align_corners", False)),
+             "half_pixel_centers": bool(a.get("half_pixel_centers", False))}
+    out = found["out"]
+    add = g.sole_reader(out)
+    if add is not None and g.op_name(add) == "ADD" and g.private(out, add):
+        addend, act = _runtime_addend(g, add, out), g.attrs(add).get("fused_activation_function", "NONE")
+        after = g.sole_reader(g.outputs_of(add)[0])
+        if addend is None or act not in _ACT or (after is not None and g.op_name(after) in _ACT_OPS):
+            return None   # conv_activation makes one op of the conv, the ADD and its activation
+        return [oi, conv, add], [low, addend], g.outputs_of(add)[0], "fused_resize_bilinear", {
+            **attrs, "activation": _ACT[act]}
+    if add is not None:   # the conv's one reader, which conv_activation may take in
+        return None
+    return [oi, conv], [low, ins[1]], out, "RESIZE_BILINEAR", (
+        "ResizeBilinearOptions", {"alignCorners": attrs["align_corners"],
+                                  "halfPixelCenters": attrs["half_pixel_centers"]})
+
+
 def _separable(g: Graph, oi: int):
     """DEPTHWISE_CONV_2D (no bias or a zero one, no activation) -> CONV_2D 1x1 (no activation) -> [ADD
     residual] -> [activation op]: ``fused_separable_conv2d``."""
@@ -834,7 +891,7 @@ PATTERNS: dict[str, Callable] = {
     "bottleneck": _bottleneck, "squeeze_excite": _squeeze_excite, "pad_conv": _pad_conv,
     "separable_conv": _separable, "affine_conv": _affine_conv, "conv_activation": _conv_act,
     "input_prelu": _input_prelu,
-    "dense_activation": _dense_act, "resize_add": _resize_add,
+    "dense_activation": _dense_act, "resize_add": _resize_add, "resize_conv": _resize_conv,
     "hard_swish": _hard_swish, "clip": _clip,
     "pool_activation": _pool_act,
 }
@@ -855,8 +912,8 @@ def _fused_kernel(g: Graph, inputs: list, op_name: str, attrs):
     from ..kernels import KernelError, kernel_class
     from ..kernels.base import TensorSpec
 
-    specs = [TensorSpec(np.shape(t) if not isinstance(t, (int, np.integer)) else g.shapes[int(t)])
-             for t in inputs]
+    specs = [TensorSpec(g.shapes[int(t)] if isinstance(t, (int, np.integer)) else
+                        t.shape if isinstance(t, _NewOp) else np.shape(t)) for t in inputs]
     try:
         return kernel_class(op_name)(specs, attrs)
     except KernelError as e:
@@ -916,7 +973,11 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
                 chain, inputs, out, op_name, attrs = found
                 tensors, new_ops = [], []
                 for i, t in enumerate(inputs):
-                    if not isinstance(t, (int, np.integer)):
+                    if isinstance(t, _NewOp):   # a builtin op before the fused op, on a new tensor
+                        made = g.add_tensor(t.shape, f"{g.model.tensor_name(sg, out)}/{op_name}_in{i}")
+                        new_ops.append(g.builtin_op(t.name, t.inputs, [made], t.options))
+                        t = made
+                    elif not isinstance(t, (int, np.integer)):
                         t, dequantize = g.add_weight(t, f"{g.model.tensor_name(sg, out)}/{op_name}_w{i}")
                         new_ops += dequantize
                     tensors.append(int(t))
