@@ -730,10 +730,11 @@ def test_residual_of_wrong_channels_is_refused_by_name(device, rng):
         kernel_class("fused_separable_conv2d")([x, dw, pw, TensorSpec((1, 8, 8, 6))], {**attrs, "residual_pool": 3})
 
 
-def _channel_attention(a_shape, scaled_channels=None, addend=True):
+def _channel_attention(a_shape, scaled_channels=None, addend=True, one_layer=False):
     """A segmentation decoder's channel attention (MediaPipe's selfie segmentation): the gate pooled from
     ``a + t`` scales ``a`` and ``t`` is added; or (``scaled_channels``) the gate pooled from ``a`` scales
-    ``relu(conv1x1(a))`` of that many channels. Converted by the stock converter."""
+    ``relu(conv1x1(a))`` of that many channels. ``one_layer``: the gate is sigmoid(conv1x1(mean) + b), no
+    hidden layer (the selfie decoder's last attention). Converted by the stock converter."""
     import tensorflow as tf
 
     rng = np.random.default_rng(2)
@@ -746,8 +747,12 @@ def _channel_attention(a_shape, scaled_channels=None, addend=True):
     wc, w1, w2 = weights(1, 1, c, cg), weights(1, 1, c, 3), weights(1, 1, 3, cg)
     b1, b2 = tf.constant(rng.standard_normal(3).astype(np.float32)), tf.constant(rng.standard_normal(cg).astype(np.float32))
 
+    w0 = weights(1, 1, c, cg)
+
     def gate(x):
         s = tf.reduce_mean(x, [1, 2], keepdims=True)
+        if one_layer:
+            return tf.sigmoid(tf.nn.conv2d(s, w0, 1, "VALID") + b2)
         s = tf.nn.relu(tf.nn.conv2d(s, w1, 1, "VALID") + b1)
         return tf.sigmoid(tf.nn.conv2d(s, w2, 1, "VALID") + b2)
 
@@ -760,16 +765,23 @@ def _channel_attention(a_shape, scaled_channels=None, addend=True):
     return tflfuse.convert([cf]).tflite
 
 
-@pytest.mark.parametrize("kind", ["scaled_and_addend", "scaled_only", "wider_scaled"])
+@pytest.mark.parametrize("kind", ["scaled_and_addend", "scaled_only", "wider_scaled", "one_layer",
+                                  "one_layer_wider"])
 def test_channel_attention_fuses_into_squeeze_excite(kind, device, rng):
-    # Batch 2, odd sizes, 6 channels; the wider case pools 5 channels and gates 10.
+    # Batch 2, odd sizes, 6 channels; the wider cases pool 5 channels and gate 10 (C 8 and 20 pixels x 2 images:
+    # the one-layer gate's first layer an identity, linear)
     original = (_channel_attention((2, 9, 7, 5), scaled_channels=10) if kind == "wider_scaled" else
-                _channel_attention((2, 9, 7, 6), addend=kind == "scaled_and_addend"))
+                _channel_attention((2, 4, 5, 8), scaled_channels=12, one_layer=True) if kind == "one_layer_wider"
+                else _channel_attention((2, 9, 7, 6), addend=kind == "scaled_and_addend",
+                                        one_layer=kind == "one_layer"))
     fused, _ = _check_fused(original, device, rng, {"squeeze_excite": 1})
     m = Model(fused)
     i = m.op_names(0).index("fused_squeeze_excite")
     attrs = tflfuse.annotate.decode_attrs(m.op_attrs(0, i))
     assert attrs.get("has_scaled") is True and attrs.get("has_addend", False) == (kind == "scaled_and_addend"), attrs
+    assert attrs["activation"] == ("linear" if kind.startswith("one_layer") else "relu"), attrs
+    back, _ = unfuse(fused)
+    assert Model(back).op_names(0).count("CONV_2D") == Model(original).op_names(0).count("CONV_2D")   # no identity
     assert "MUL" not in m.op_names(0) and "LOGISTIC" not in m.op_names(0), m.op_names(0)
 
 

@@ -820,7 +820,10 @@ _FOLD_CODES = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3, "TANH": 4, "
 def _squeeze_excite(g: Graph, oi: int):
     """Global AVERAGE_POOL_2D (or MEAN over H, W with keep_dims) of x -> CONV_2D 1x1 + RELU (fused or an
     op) -> CONV_2D 1x1 -> LOGISTIC -> MUL with x, or with another tensor of the output's shape (``has_scaled``)
-    [-> ADD of a tensor of that shape (``has_addend``)]: ``fused_squeeze_excite`` (gate sigmoid)."""
+    [-> ADD of a tensor of that shape (``has_addend``)]: ``fused_squeeze_excite`` (gate sigmoid). A gate of one
+    layer (the pool -> CONV_2D 1x1 -> LOGISTIC: the attention of MediaPipe's selfie segmentation decoder) is
+    the two-layer op with an identity first layer and a linear activation, exactly: each of its sums adds
+    zeros to one value."""
     name = g.op_name(oi)
     x = g.inputs(oi)[0] if g.inputs(oi) else -1
     if not g.is_runtime(x) or len(g.shapes.get(x, ())) != 4:
@@ -843,17 +846,21 @@ def _squeeze_excite(g: Graph, oi: int):
         return None
     chain.append(c1)
     t = first["out"]
-    if first["act"] == "NONE":
-        r = g.sole_reader(t)
-        if r is None or g.op_name(r) != "RELU":
+    r = g.sole_reader(t) if first["act"] == "NONE" else None
+    if r is not None and g.op_name(r) == "LOGISTIC":   # a gate of one layer: the first an identity, linear
+        c = first["w"].shape[0]
+        first, second = {"w": np.eye(c, dtype=np.float32), "b": np.zeros(c, np.float32), "act": "linear"}, first
+    else:
+        if first["act"] == "NONE":
+            if r is None or g.op_name(r) != "RELU":
+                return None
+            chain.append(r)
+            t = g.outputs_of(r)[0]
+        c2 = g.sole_reader(t)
+        second = _conv_1x1(g, c2, {"NONE"}) if c2 is not None else None
+        if second is None:
             return None
-        chain.append(r)
-        t = g.outputs_of(r)[0]
-    c2 = g.sole_reader(t)
-    second = _conv_1x1(g, c2, {"NONE"}) if c2 is not None else None
-    if second is None:
-        return None
-    chain.append(c2)
+        chain.append(c2)
     sig = g.sole_reader(second["out"])
     if sig is None or g.op_name(sig) != "LOGISTIC":
         return None
@@ -869,7 +876,7 @@ def _squeeze_excite(g: Graph, oi: int):
         return None   # the gate, one value per channel of each image, scales a tensor of the output's shape
     chain.append(mul)
     inputs = [x, first["w"], first["b"], second["w"], second["b"]]
-    attrs = {"activation": "relu", "gate": "sigmoid"}
+    attrs = {"activation": "linear" if first.get("act") == "linear" else "relu", "gate": "sigmoid"}
     if scaled != x:   # a channel-attention block: the gate pooled from x scales another tensor
         inputs.append(scaled)
         attrs["has_scaled"] = True

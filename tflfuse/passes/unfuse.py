@@ -398,7 +398,8 @@ def _squeeze_excite(g: Graph, oi: int, attrs: dict) -> list:
     w1, w2 = w1.reshape(w1.shape[-2:]), w2.reshape(w2.shape[-2:])
     s = b.op("MEAN", [ins[0], b.weight_i32([1, 2])], (n, 1, 1, c), ("ReducerOptions", {"keepDims": True}))
     act = str(attrs.get("activation", "relu")).lower()
-    s = b.conv_1x1(s, w1, b1, (n, 1, 1, w1.shape[1]), act)
+    if not (act == "linear" and w1.shape == (c, c) and np.array_equal(w1, np.eye(c)) and not b1.any()):
+        s = b.conv_1x1(s, w1, b1, (n, 1, 1, w1.shape[1]), act)   # (an identity first layer: a gate of one)
     gate = str(attrs.get("gate", "sigmoid")).lower()
     cg = w2.shape[1]   # the gate's channels: those of the tensor it scales
     if gate == "sigmoid":
