@@ -297,6 +297,34 @@ def test_squeeze_excite_scaling_another_tensor(device, rng, x_shape, scaled_shap
         np.testing.assert_allclose(y, ref, **ACCUMULATION, err_msg=f"target {target}")
 
 
+@pytest.mark.parametrize("shape, cr", [
+    ((2, 9, 16, 32), 8),    # GPU: one dispatch, each workgroup summing x + addend as vec4s (144 pixels)
+    ((2, 9, 7, 6), 3),      # partial sums of x + addend (63 pixels, C not a multiple of 4)
+    ((1, 4, 5, 8), 4),      # 20 pixels: the gate's workgroup sums them itself
+    ((1, 2, 3, 4000), 4),   # stepwise (C past one workgroup's memory): x + addend into scratch, then the mean
+])
+def test_squeeze_excite_pooling_x_plus_addend(device, rng, shape, cr):
+    """pool_addend on both targets against float64 NumPy (the op's stated semantics):
+    y = x * sigmoid(relu(mean(x + addend) @ w1 + b1) @ w2 + b2) + addend."""
+    from tflfuse.runtime.plan import run_op
+
+    c = shape[-1]
+    x, t = (rng.uniform(-2, 2, shape).astype(np.float32) for _ in range(2))
+    w1 = (rng.standard_normal((c, cr)) / np.sqrt(c)).astype(np.float32)
+    b1 = (0.3 * rng.standard_normal(cr)).astype(np.float32)
+    w2 = (rng.standard_normal((cr, c)) / np.sqrt(cr)).astype(np.float32)
+    b2 = (0.3 * rng.standard_normal(c)).astype(np.float32)
+    pooled = (x.astype(np.float64) + t).mean(axis=(1, 2))
+    s = np.maximum(pooled @ w1 + b1, 0.0) @ w2 + b2
+    ref = x * (1.0 / (1.0 + np.exp(-s)))[:, None, None, :] + t
+    for target in ("gpu", "cpu"):
+        attrs = {"has_addend": True, "pool_addend": True, "target": target}
+        (y,) = run_op(device, "fused_squeeze_excite", [x, w1, b1, w2, b2, t], attrs)
+        assert y.shape == shape and y.dtype == np.float32
+        # ACCUMULATION: the mean of up to 144 terms, two layers of up to 4000 terms, as in the tests above
+        np.testing.assert_allclose(y, ref, **ACCUMULATION, err_msg=f"target {target}")
+
+
 def test_squeeze_excite_refuses_tensors_that_do_not_fit():
     from tflfuse.kernels import KernelError, kernel_class
     from tflfuse.kernels.base import TensorSpec
@@ -317,6 +345,8 @@ def test_squeeze_excite_refuses_tensors_that_do_not_fit():
         se([TensorSpec((1, 4, 4, 0)), TensorSpec((0, 2)), base[2], TensorSpec((2, 0)), TensorSpec((0,))], {})
     with pytest.raises(KernelError, match=r"attribute has_addend must be a bool"):
         se(base[:3] + [TensorSpec((2, 6)), TensorSpec((6,))], {"has_addend": "yes"})
+    with pytest.raises(KernelError, match=r"pool_addend .* needs has_addend and not has_scaled"):
+        se(base[:3] + [TensorSpec((2, 6)), TensorSpec((6,))], {"pool_addend": True})
 
 
 @pytest.fixture(scope="module")

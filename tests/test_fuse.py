@@ -778,7 +778,11 @@ def test_channel_attention_fuses_into_squeeze_excite(kind, device, rng):
     m = Model(fused)
     i = m.op_names(0).index("fused_squeeze_excite")
     attrs = tflfuse.annotate.decode_attrs(m.op_attrs(0, i))
-    assert attrs.get("has_scaled") is True and attrs.get("has_addend", False) == (kind == "scaled_and_addend"), attrs
+    if kind == "scaled_and_addend":   # a * gate(a + t) + t: the pooled ADD of a and t goes with the block
+        assert attrs.get("pool_addend") is True and attrs.get("has_addend") is True, attrs
+        assert not attrs.get("has_scaled") and "ADD" not in m.op_names(0), (attrs, m.op_names(0))
+    else:
+        assert attrs.get("has_scaled") is True and not attrs.get("has_addend", False), attrs
     assert attrs["activation"] == ("linear" if kind.startswith("one_layer") else "relu"), attrs
     back, _ = unfuse(fused)
     assert Model(back).op_names(0).count("CONV_2D") == Model(original).op_names(0).count("CONV_2D")   # no identity

@@ -29,7 +29,9 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
 * ``squeeze_excite``: global AVERAGE_POOL_2D (or MEAN over H, W) -> CONV_2D 1x1 + RELU -> CONV_2D 1x1 ->
   LOGISTIC -> MUL with the input [-> ADD]: ``fused_squeeze_excite``; the MUL may scale another tensor than the
   one pooled (``has_scaled``, the channel attention of MediaPipe's selfie segmentation decoder), and an ADD of a
-  tensor of the same shape after it goes with it (``has_addend``).
+  tensor of the same shape after it goes with it (``has_addend``); so does the ADD of the scaled tensor and that
+  addend that the pool alone reads (``pool_addend``). A one-layer gate (pool -> CONV_2D 1x1 -> LOGISTIC) is
+  fused too.
 * ``pad_conv``: PAD of zeros exactly as SAME would pad, then a VALID CONV_2D / DEPTHWISE_CONV_2D: the conv
   with SAME padding (a builtin still).
 * ``separable_conv``: DEPTHWISE_CONV_2D -> CONV_2D 1x1 [-> ADD residual] [-> activation op]:
@@ -823,7 +825,8 @@ def _squeeze_excite(g: Graph, oi: int):
     [-> ADD of a tensor of that shape (``has_addend``)]: ``fused_squeeze_excite`` (gate sigmoid). A gate of one
     layer (the pool -> CONV_2D 1x1 -> LOGISTIC: the attention of MediaPipe's selfie segmentation decoder) is
     the two-layer op with an identity first layer and a linear activation, exactly: each of its sums adds
-    zeros to one value."""
+    zeros to one value. Where the pooled tensor is an ADD of the scaled tensor and the addend, read by the pool
+    alone (the selfie decoder's skip + upsampled features), the ADD goes with the block (``pool_addend``)."""
     name = g.op_name(oi)
     x = g.inputs(oi)[0] if g.inputs(oi) else -1
     if not g.is_runtime(x) or len(g.shapes.get(x, ())) != 4:
@@ -887,6 +890,15 @@ def _squeeze_excite(g: Graph, oi: int):
             chain.append(add)
             inputs.append(addend)
             attrs["has_addend"], out = True, g.outputs_of(add)[0]
+    made = g.producer.get(x)
+    if attrs.get("has_scaled") and attrs.get("has_addend") and made is not None and g.free(made) and \
+            g.op_name(made) == "ADD" and sorted(g.inputs(made)) == sorted([scaled, inputs[-1]]) and \
+            g.attrs(made).get("fused_activation_function", "NONE") == "NONE" and \
+            g.shapes.get(scaled) == g.shapes.get(x):
+        # x = scaled + addend, pooled alone: the ADD goes with the block (pool_addend)
+        chain.insert(0, made)
+        inputs = [scaled, *inputs[1:5], inputs[-1]]
+        attrs.update(has_scaled=False, pool_addend=True)
     if not all(g.private(g.outputs_of(a)[0], b) for a, b in zip(chain, chain[1:])):
         return None
     return chain, inputs, out, "fused_squeeze_excite", attrs

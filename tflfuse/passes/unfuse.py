@@ -396,7 +396,10 @@ def _squeeze_excite(g: Graph, oi: int, attrs: dict) -> list:
     n, h, w, c = g.shapes[ins[0]]
     w1, b1, w2, b2 = _weights(g, oi, ins, 4)
     w1, w2 = w1.reshape(w1.shape[-2:]), w2.reshape(w2.shape[-2:])
-    s = b.op("MEAN", [ins[0], b.weight_i32([1, 2])], (n, 1, 1, c), ("ReducerOptions", {"keepDims": True}))
+    pooled = ins[0]
+    if attrs.get("pool_addend"):   # the mean of x + addend
+        pooled = b.op("ADD", [ins[0], ins[-1]], (n, h, w, c), ("AddOptions", {"fusedActivationFunction": 0}))
+    s = b.op("MEAN", [pooled, b.weight_i32([1, 2])], (n, 1, 1, c), ("ReducerOptions", {"keepDims": True}))
     act = str(attrs.get("activation", "relu")).lower()
     if not (act == "linear" and w1.shape == (c, c) and np.array_equal(w1, np.eye(c)) and not b1.any()):
         s = b.conv_1x1(s, w1, b1, (n, 1, 1, w1.shape[1]), act)   # (an identity first layer: a gate of one)

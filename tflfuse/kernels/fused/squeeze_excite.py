@@ -15,7 +15,10 @@ adding an input after ``b2`` when set:
 
 * ``has_scaled``: the gate scales ``scaled [N, H', W', C']`` instead of ``x`` (``w2`` is then ``[Cr, C']``):
   ``y = scaled * s[:, None, None, :]``;
-* ``has_addend``: ``addend``, of the output's shape, is added last: ``y = ... * s[:, None, None, :] + addend``.
+* ``has_addend``: ``addend``, of the output's shape, is added last: ``y = ... * s[:, None, None, :] + addend``;
+* ``pool_addend`` (with ``has_addend``, without ``has_scaled``, ``addend`` of x's shape): the mean is taken of
+  ``x + addend``, the sum the decoder adds for its pool alone (``s = mean(x + addend, axes H, W)``): the ADD
+  before the block goes with it.
 
 The gate's values:
 
@@ -126,6 +129,7 @@ class FusedSqueezeExcite(CompositeKernel):
 
     input_names = ("x", "w1", "b1", "w2", "b2", "scaled", "addend")   # the last two as the has_* flags say
     attr_defaults = {"activation": "relu", "gate": "sigmoid", "has_scaled": False, "has_addend": False,
+                     "pool_addend": False,
                      "target": "gpu"}
 
     def _matrix(self, i: int, name: str) -> tuple[int, int]:
@@ -136,6 +140,9 @@ class FusedSqueezeExcite(CompositeKernel):
 
     def check(self):
         self.has_scaled, self.has_addend = self.bool_attr("has_scaled"), self.bool_attr("has_addend")
+        self.pool_addend = self.bool_attr("pool_addend")
+        if self.pool_addend and (self.has_scaled or not self.has_addend):
+            raise self.fail("pool_addend (the mean taken of x + addend) needs has_addend and not has_scaled")
         names = ["x", "w1", "b1", "w2", "b2"] + ["scaled"] * self.has_scaled + ["addend"] * self.has_addend
         if len(self.inputs) != len(names):
             raise self.fail(f"expects {len(names)} inputs ({', '.join(names)}), got {len(self.inputs)}")
@@ -192,7 +199,8 @@ class FusedSqueezeExcite(CompositeKernel):
             return partial if self._merged() else (n * self.cg * 4,) + partial
         _, chunks = reduce_hw_chunks(h * w)
         sizes = (n * c * 4, n * self.cr * 4, n * self.cg * 4)
-        return sizes + ((n * chunks * c * 4,) if chunks > 1 else ())
+        return sizes + ((n * chunks * c * 4,) if chunks > 1 else ()) + \
+            ((n * h * w * c * 4,) if self.pool_addend else ())   # the partial sums, x + addend
 
     def programs(self):
         return self._gate_and_scale() if self._two_dispatches() else self._stepwise()
@@ -240,10 +248,10 @@ class FusedSqueezeExcite(CompositeKernel):
         cols = min(cq, _GATE_WG)
         tree = 1 << (lanes - 1).bit_length()
         step = lanes * _DIRECT_UNROLL
+        at = [f"(n * {pixels}u + min(p + {u * lanes}u, {pixels - 1}u)) * {cq}u + q" for u in range(_DIRECT_UNROLL)]
         loads = "\n".join(
-            f"      a{u} += select(vec4<f32>(0.0), "
-            f"x4[(n * {pixels}u + min(p + {u * lanes}u, {pixels - 1}u)) * {cq}u + q], p + {u * lanes}u < {pixels}u);"
-            for u in range(_DIRECT_UNROLL))
+            f"      a{u} += select(vec4<f32>(0.0), x4[{i}]{f' + addend4[{i}]' if self.pool_addend else ''}, "
+            f"p + {u * lanes}u < {pixels}u);" for u, i in enumerate(at))
         total = " + ".join(f"a{u}" for u in range(_DIRECT_UNROLL))
         return f"""  for (var q0 = 0u; q0 < {cq}u; q0 += {cols}u) {{
     let q = q0 + lidx % {cols}u;
@@ -294,21 +302,33 @@ class FusedSqueezeExcite(CompositeKernel):
         g_r = self.binding("g", "scratch", 0, n * cg * 4, access="read")
         progs, src, slot = [], x, 0 if merged else 1
         direct = self._direct()
+        # pool_addend: the addend read beside x wherever x is summed (as vec4s too where the mean is direct)
+        pool_binds = (self._binds()["addend"],) if self.pool_addend else ()
+
+        def pooled_add(i: str) -> str:
+            return f" + addend[{i}]" if self.pool_addend else ""
         if rows != pixels and not direct:   # partial sums over chunks of pixels, one per (image, chunk, channel)
             size = n * rows * c * 4
             body = f"""  let ch = idx % {c}u;
   let k = (idx / {c}u) % {rows}u;
   let img = idx / {c * rows}u;
   var v = 0.0;
-  for (var p = k * {_CHUNK}u; p < min((k + 1u) * {_CHUNK}u, {pixels}u); p++) {{ v += x[(img * {pixels}u + p) * {c}u + ch]; }}
+  for (var p = k * {_CHUNK}u; p < min((k + 1u) * {_CHUNK}u, {pixels}u); p++) {{
+    let i = (img * {pixels}u + p) * {c}u + ch;
+    v += x[i]{pooled_add("i")};
+  }}
   s[idx] = v;"""
-            progs.append(elementwise_program(f"{self.key}_partial", (x, self.binding("s", "scratch", slot, size)),
+            progs.append(elementwise_program(f"{self.key}_partial",
+                                             (x, *pool_binds, self.binding("s", "scratch", slot, size)),
                                              n * rows * c, body, loop_trips=_CHUNK))
             src = self.binding("s", "scratch", slot, size, access="read")
         mean = f"""  for (var c0 = 0u; c0 < {c}u; c0 += {cb}u) {{
     var v = 0.0;
     if (c0 + cl < {c}u && part < {lanes}u) {{
-      for (var p = part; p < {rows}u; p += {lanes}u) {{ v += {src.name}[(n * {rows}u + p) * {c}u + c0 + cl]; }}
+      for (var p = part; p < {rows}u; p += {lanes}u) {{
+        let i = (n * {rows}u + p) * {c}u + c0 + cl;
+        v += {src.name}[i]{pooled_add("i") if src is x else ""};
+      }}
     }}
     shares[lidx] = v;
     workgroupBarrier();
@@ -320,9 +340,12 @@ class FusedSqueezeExcite(CompositeKernel):
     workgroupBarrier();
   }}
 {_shared_layer("pooled", "w1", "b1", c, cr, "squeezed[j] = act(acc + b1[j]);")}"""
+        if rows != pixels and not direct:
+            pool_binds = ()   # summed into the partial sums
         if direct:   # the whole image summed by every workgroup: x read as vec4s too (the same buffer)
             mean = self._direct_mean() + "\n" + mean[mean.index("  for (var j0"):]
             src = dataclasses.replace(x, name="x4", elem_type="vec4<f32>")
+            pool_binds = tuple(dataclasses.replace(b, name="addend4", elem_type="vec4<f32>") for b in pool_binds)
         helpers = activation_fn(self.activation) + f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n" + f"""
 var<workgroup> shares: array<f32, {_GATE_WG}>;
 var<workgroup> pooled: array<f32, {max(c, 1)}>;       // (WGSL has no arrays of 0 elements)
@@ -333,7 +356,8 @@ var<workgroup> squeezed: array<f32, {max(cr, 1)}>;
             blocks = max(1, -(-size_out // per))
             groups = n * blocks
             scale_binds, scale = self._scaling("gates", f"e % {cg}u")
-            binds = tuple(dict.fromkeys((src, w1, b1, w2, b2) + scale_binds))   # x where read: the mean, the scaling
+            # x where read: the mean, the scaling
+            binds = tuple(dict.fromkeys((src, *pool_binds, w1, b1, w2, b2) + scale_binds))
             sums = f"var<workgroup> msums: array<vec4<f32>, {_GATE_WG}>;\n" if direct else ""
             source = prelude(binds) + helpers + sums + f"""var<workgroup> gates: array<f32, {max(cg, 1)}>;
 
@@ -357,7 +381,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             trips = self._gate_trips() + _SCALE_PER_INVOCATION
             return progs + [Program(f"{self.key}_gate_scale", source, (_GATE_WG, 1, 1),
                                     linear_dispatch(groups * _GATE_WG, _GATE_WG), binds, loop_trips=trips)]
-        source = prelude((src, w1, b1, w2, b2, g_w)) + helpers + f"""
+        source = prelude((src, *pool_binds, w1, b1, w2, b2, g_w)) + helpers + f"""
 @compute @workgroup_size({_GATE_WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32) {{
   let n = wid.x;
@@ -367,8 +391,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {_shared_layer("squeezed", "w2", "b2", cr, cg, f"g[n * {cg}u + j] = gate(acc + b2[j]);")}
 }}
 """
-        progs.append(Program(f"{self.key}_gate", source, (_GATE_WG, 1, 1), (n, 1, 1), (src, w1, b1, w2, b2, g_w),
-                             loop_trips=self._gate_trips()))
+        progs.append(Program(f"{self.key}_gate", source, (_GATE_WG, 1, 1), (n, 1, 1),
+                             (src, *pool_binds, w1, b1, w2, b2, g_w), loop_trips=self._gate_trips()))
         scale_binds, scale = self._scaling("g", f"(idx / {size_out}u) * {cg}u + idx % {cg}u")
         return progs + [elementwise_program(f"{self.key}_scale", (scale_binds[0], g_r) + scale_binds[1:],
                                             n * size_out, "  " + scale)]
@@ -384,9 +408,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         s_w, hid_w, g_w = (self.binding(nm, "scratch", i, sizes[i]) for i, nm in enumerate(("s", "hid", "g")))
         s_r, hid_r, g_r = (self.binding(nm, "scratch", i, sizes[i], access="read")
                            for i, nm in enumerate(("s", "hid", "g")))
-        partial = self.binding("part", "scratch", 3, sizes[3]) if len(sizes) > 3 else None
-        progs = reduce_hw_programs(f"{self.key}_mean", x, s_w, partial, n, h * w, c, "sum",
-                                   f"acc / {fmt_f32(float(max(h * w, 1)))}")
+        partial = self.binding("part", "scratch", 3, sizes[3]) if len(sizes) > 3 + self.pool_addend else None
+        progs = []
+        if self.pool_addend:   # x + addend into a scratch buffer, the mean taken of it
+            k = len(sizes) - 1
+            progs.append(elementwise_program(f"{self.key}_pool_sum", (x, self._binds()["addend"],
+                                                                      self.binding("xs", "scratch", k, sizes[k])),
+                                             n * h * w * c, "  xs[idx] = x[idx] + addend[idx];"))
+            x = self.binding("xs", "scratch", k, sizes[k], access="read")
+        progs += reduce_hw_programs(f"{self.key}_mean", x, s_w, partial, n, h * w, c, "sum",
+                                    f"acc / {fmt_f32(float(max(h * w, 1)))}")
         fc1 = (f"  let r = idx % {cr}u;\n  let img = idx / {cr}u;\n  var v = b1[r];\n  "
                + dot(c, f"s[img * {c}u + {{k}}]", f"w1[({{k}}) * {cr}u + r]") + "\n  hid[idx] = act(v);")
         progs.append(elementwise_program(f"{self.key}_fc1", (s_r, w1, b1, hid_w), n * cr, fc1,
