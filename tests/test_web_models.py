@@ -34,6 +34,13 @@ from tflfuse.web import browser as web
 #: a sigmoid of logits up to |855| (each implementation's exp) with a slope of 1/4 at 0. Checked as
 #: |d| <= REL * (max |want| + |want|): the worst element used 0.40 of it (selfie_segmentation).
 REL = 1e-5
+#: selfie_segmentation's mask, where it is far below 1 (this seed's largest value 1.2e-10, logit -22.9), moves
+#: by the relative change of its logit's magnitude: float32's ULP of the logits' scale |855| (6.1e-5) is a
+#: relative change of p of up to 6.1e-5 / 22.9 * 22.9 = 6.1e-5 (d p / p = (1 - p) d z). With its decoder's 1x1
+#: convs moved before the resizes (the ``resize_conv`` pattern), the two implementations' logits differ by about
+#: one such ULP: 2.6e-5 of the largest value measured (2026-12-04). 5e-5 (with the per-element term, 1e-4 at
+#: the largest value) covers one ULP of the logits.
+SELFIE_REL_JS = 5e-5
 
 #: MobileNetV2 (composites, alpha 0.35, 64x64, 10 classes, seeded weights) against LiteRT CPU on its unfused
 #: twin: 17 fused_bottleneck blocks, then a softmax whose probabilities are O(0.1); float32 sums in another
@@ -141,7 +148,9 @@ def _check(page, site, device, name: str, fused: bytes, stock: bytes, x: np.ndar
 @pytest.mark.parametrize("name", sorted(zoo.MODELS))
 def test_mediapipe_model_in_the_browser(page, site, device, name):
     case = CASES[name]
-    _check_zoo_model(page, site, device, name, OtherCase(case.low, case.high, case.rel), sorted(zoo.MODELS).index(name))
+    _check_zoo_model(page, site, device, name,
+                     OtherCase(case.low, case.high, case.rel, SELFIE_REL_JS if name == "selfie_segmentation" else REL),
+                     sorted(zoo.MODELS).index(name))
 
 
 def _litert_with_custom_op_references(stock: bytes, x: np.ndarray) -> dict[str, np.ndarray]:
