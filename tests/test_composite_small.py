@@ -214,6 +214,10 @@ SES = [  # (input shape, Cr, activation, gate, weight form)
     ((2, 9, 7, 12), 3, "relu6", "sigmoid", "conv"),
     ((1, 64, 64, 16), 4, "relu", "hard_sigmoid", "conv"),
     ((1, 7, 5, 1032), 8, "relu", "sigmoid", "dense"),
+    # past 65,536 elements with C % 4 == 0: partial sums, then each workgroup sums those as vec4s (batch 2,
+    # 72 x 63 pixels: 284 rows of partial sums; selfie_segmentation's last block, 128 x 128 x 16)
+    ((2, 72, 63, 16), 4, "relu", "sigmoid", "conv"),
+    ((1, 128, 128, 16), 4, "relu", "hard_sigmoid", "conv"),
 ]
 
 
@@ -302,6 +306,7 @@ def test_squeeze_excite_scaling_another_tensor(device, rng, x_shape, scaled_shap
     ((2, 9, 7, 6), 3),      # partial sums of x + addend (63 pixels, C not a multiple of 4)
     ((1, 4, 5, 8), 4),      # 20 pixels: the gate's workgroup sums them itself
     ((1, 2, 3, 4000), 4),   # stepwise (C past one workgroup's memory): x + addend into scratch, then the mean
+    ((2, 41, 29, 64), 8),   # 76,096 elements: partial sums of x + addend, summed as vec4s
 ])
 def test_squeeze_excite_pooling_x_plus_addend(device, rng, shape, cr):
     """pool_addend on both targets against float64 NumPy (the op's stated semantics):

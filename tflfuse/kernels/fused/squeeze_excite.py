@@ -222,10 +222,10 @@ class FusedSqueezeExcite(CompositeKernel):
         cb = max(1, min(c, _GATE_WG))
         lanes = _GATE_WG // cb
         mean = -(-c // cb) * (-(-self._rows() // lanes) + lanes)
-        if self._direct():   # passes over the vec4 columns: the loads, then the tree's levels
+        if self._vec4_rows():   # passes over the vec4 columns: the loads, then the tree's levels
             cols = min(c // 4, _GATE_WG)
             lanes = _GATE_WG // cols
-            mean = -(-(c // 4) // cols) * (-(-h * w // (lanes * _DIRECT_UNROLL)) + lanes.bit_length() + 1)
+            mean = -(-(c // 4) // cols) * (-(-self._vec4_rows() // (lanes * _DIRECT_UNROLL)) + lanes.bit_length() + 1)
         return mean + _layer_trips(c, self.cr) + _layer_trips(self.cr, self.cg)
 
     def _direct(self) -> bool:
@@ -238,27 +238,44 @@ class FusedSqueezeExcite(CompositeKernel):
         return self._merged() and c % 4 == 0 and 2 * _CHUNK < h * w and h * w * c <= _DIRECT_MAX_ELEMENTS and \
             (c + self.cg + self.cr + 5 * _GATE_WG) * 4 <= _WG_BYTES   # and msums, 256 vec4s
 
-    def _direct_mean(self) -> str:
-        """WGSL of :meth:`_direct`'s mean into ``pooled``: invocation ``lidx`` sums vec4 column ``lidx % (C / 4)``
-        of every ``P``-th pixel (``P`` the pixels one pass of the workgroup covers), :data:`_DIRECT_UNROLL` loads
-        in flight, then the ``P`` sums of each column meet by a tree in workgroup memory."""
+    def _vec4_rows(self) -> int | None:
+        """The rows of each image the merged dispatch sums as vec4s (:meth:`_vec4_mean`): its pixels where the
+        mean is :meth:`_direct`; the partial sums of the dispatch before it where C is a multiple of 4 and the
+        image is too large for that (the last blocks of MediaPipe's selfie segmentation, 128x128x16); else None
+        (one value per load, each lane's loads in a chain)."""
         _, h, w, c = self.input(0).shape
-        pixels, cq = h * w, c // 4
+        if self._direct():
+            return h * w
+        if self._merged() and c % 4 == 0 and self._rows() != h * w and \
+                (c + self.cg + self.cr + 5 * _GATE_WG) * 4 <= _WG_BYTES:
+            return self._rows()
+        return None
+
+    def _vec4_mean(self) -> str:
+        """WGSL of the merged dispatch's mean into ``pooled`` (:meth:`_vec4_rows`), from ``x4`` (the pixels, with
+        ``addend4`` where ``pool_addend``) or ``s4`` (the partial sums): invocation ``lidx`` sums vec4 column
+        ``lidx % (C / 4)`` of every ``P``-th row (``P`` the rows one pass of the workgroup covers),
+        :data:`_DIRECT_UNROLL` loads in flight, then the ``P`` sums of each column meet by a tree in workgroup
+        memory."""
+        _, h, w, c = self.input(0).shape
+        rows, cq = self._vec4_rows(), c // 4
+        pixels = h * w
+        src, add = ("x4", self.pool_addend) if rows == pixels else ("s4", False)
         lanes = _GATE_WG // cq if cq <= _GATE_WG else 1
         cols = min(cq, _GATE_WG)
         tree = 1 << (lanes - 1).bit_length()
         step = lanes * _DIRECT_UNROLL
-        at = [f"(n * {pixels}u + min(p + {u * lanes}u, {pixels - 1}u)) * {cq}u + q" for u in range(_DIRECT_UNROLL)]
+        at = [f"(n * {rows}u + min(p + {u * lanes}u, {rows - 1}u)) * {cq}u + q" for u in range(_DIRECT_UNROLL)]
         loads = "\n".join(
-            f"      a{u} += select(vec4<f32>(0.0), x4[{i}]{f' + addend4[{i}]' if self.pool_addend else ''}, "
-            f"p + {u * lanes}u < {pixels}u);" for u, i in enumerate(at))
+            f"      a{u} += select(vec4<f32>(0.0), {src}[{i}]{f' + addend4[{i}]' if add else ''}, "
+            f"p + {u * lanes}u < {rows}u);" for u, i in enumerate(at))
         total = " + ".join(f"a{u}" for u in range(_DIRECT_UNROLL))
         return f"""  for (var q0 = 0u; q0 < {cq}u; q0 += {cols}u) {{
     let q = q0 + lidx % {cols}u;
     let pl = lidx / {cols}u;
     {" ".join(f"var a{u} = vec4<f32>(0.0);" for u in range(_DIRECT_UNROLL))}
     if (pl < {lanes}u && q < {cq}u) {{
-      for (var p = pl; p < {pixels}u; p += {step}u) {{
+      for (var p = pl; p < {rows}u; p += {step}u) {{
 {loads}
       }}
     }}
@@ -342,9 +359,10 @@ class FusedSqueezeExcite(CompositeKernel):
 {_shared_layer("pooled", "w1", "b1", c, cr, "squeezed[j] = act(acc + b1[j]);")}"""
         if rows != pixels and not direct:
             pool_binds = ()   # summed into the partial sums
-        if direct:   # the whole image summed by every workgroup: x read as vec4s too (the same buffer)
-            mean = self._direct_mean() + "\n" + mean[mean.index("  for (var j0"):]
-            src = dataclasses.replace(x, name="x4", elem_type="vec4<f32>")
+        vec4_rows = self._vec4_rows()
+        if vec4_rows:   # the pixels (x read as vec4s too, the same buffer) or the partial sums, as vec4s
+            mean = self._vec4_mean() + "\n" + mean[mean.index("  for (var j0"):]
+            src = dataclasses.replace(src, name="x4" if direct else "s4", elem_type="vec4<f32>")
             pool_binds = tuple(dataclasses.replace(b, name="addend4", elem_type="vec4<f32>") for b in pool_binds)
         helpers = activation_fn(self.activation) + f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n" + f"""
 var<workgroup> shares: array<f32, {_GATE_WG}>;
@@ -358,7 +376,7 @@ var<workgroup> squeezed: array<f32, {max(cr, 1)}>;
             scale_binds, scale = self._scaling("gates", f"e % {cg}u")
             # x where read: the mean, the scaling
             binds = tuple(dict.fromkeys((src, *pool_binds, w1, b1, w2, b2) + scale_binds))
-            sums = f"var<workgroup> msums: array<vec4<f32>, {_GATE_WG}>;\n" if direct else ""
+            sums = f"var<workgroup> msums: array<vec4<f32>, {_GATE_WG}>;\n" if vec4_rows else ""
             source = prelude(binds) + helpers + sums + f"""var<workgroup> gates: array<f32, {max(cg, 1)}>;
 
 @compute @workgroup_size({_GATE_WG})
