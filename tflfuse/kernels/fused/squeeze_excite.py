@@ -36,7 +36,9 @@ gate's C + C' + Cr values fit in workgroup memory, the gate and the scaling are 
 workgroups computes its image's gate, then scales 2,048 elements with it (one dispatch fewer, whose fixed cost
 on an NVIDIA H200 is 2-3 microseconds of GPU time and more of the host's); and where C is a multiple of 4 and an
 image has at most 65,536 elements, each of those workgroups also sums the image itself (vec4 loads, a tree in
-workgroup memory) instead of reading the partial sums: one dispatch in all. Otherwise four or five: the
+workgroup memory) instead of reading the partial sums: one dispatch in all; past 65,536 elements (C still a
+multiple of 4) the workgroups sum the partial sums that way. Otherwise four or five (five or six with
+``pool_addend``, whose x + addend is written first): the
 mean as a two-pass parallel reduction (:func:`~tflfuse.kernels.fused.pool.reduce_hw_programs`), the two
 fully-connected layers (one invocation per output), and the scaling, through scratch buffers.
 """
