@@ -279,8 +279,10 @@ def _mediapipe_out_size(size, k, s, padding):
     return s * (size - 1) + k - p, p // 2
 
 
-def _transpose_conv_bias_model(x_shape, w, b, padding: str, stride_w: int, stride_h: int) -> bytes:
-    """A one-op .tflite: ``Convolution2DTransposeBias(a0, w, b)`` with raw TfLiteTransposeConvParams options."""
+def _transpose_conv_bias_model(x_shape, w, b, padding: str, stride_w: int, stride_h: int,
+                               activation: str | None = None) -> bytes:
+    """A one-op .tflite: ``Convolution2DTransposeBias(a0, w, b)`` with raw TfLiteTransposeConvParams options;
+    with ``activation`` (a builtin's name, e.g. "LOGISTIC") that op after it."""
     n, h, wd, _ = x_shape
     cout, kh, kw, _ = w.shape
     oh, ow = _mediapipe_out_size(h, kh, stride_h, padding)[0], _mediapipe_out_size(wd, kw, stride_w, padding)[0]
@@ -306,8 +308,20 @@ def _transpose_conv_bias_model(x_shape, w, b, padding: str, stride_w: int, strid
     op = schema.OperatorT()
     op.opcodeIndex, op.inputs, op.outputs = 0, [0, 1, 2], [3]
     op.customOptions = list(struct.pack("<iii", {"SAME": 1, "VALID": 2}[padding], stride_w, stride_h))
+    ops = [op]
+    if activation is not None:
+        act = schema.OperatorCodeT()
+        act.builtinCode = act.deprecatedBuiltinCode = getattr(schema.BuiltinOperator, activation)
+        act.version = 1
+        m.operatorCodes.append(act)
+        t = schema.TensorT()
+        t.name, t.shape, t.type, t.buffer = "y", list(tensors[3].shape), schema.TensorType.FLOAT32, 0
+        tensors.append(t)
+        op = schema.OperatorT()
+        op.opcodeIndex, op.inputs, op.outputs = 1, [3], [4]
+        ops.append(op)
     sg = schema.SubGraphT()
-    sg.tensors, sg.inputs, sg.outputs, sg.operators = tensors, [0], [3], [op]
+    sg.tensors, sg.inputs, sg.outputs, sg.operators = tensors, [0], [len(tensors) - 1], ops
     m.subgraphs = [sg]
     return _pack(m)
 
@@ -363,6 +377,47 @@ def test_convolution_2d_transpose_bias(case, device, rng):
     # LiteRT runs the custom op through its XNNPACK delegate.
     lite = _run(LiteRTInterpreter(model_content=model), x)
     np.testing.assert_allclose(ours, lite, **ACCUMULATION, err_msg="vs LiteRT")
+
+
+@pytest.mark.parametrize("case, activation", [("k2_s2_same_like_selfie", "LOGISTIC"), ("k3_s2_same_odd", "TANH"),
+                                              ("k4_s2_same_batch2", "RELU6"), ("k3x2_s3x2_valid", "HARD_SWISH")])
+def test_transpose_conv_bias_and_activation_fuse(case, activation, device, rng):
+    """Convolution2DTransposeBias -> an activation op: ``tflfuse.fuse`` makes one fused_transpose_conv2d, which
+    matches LiteRT on the original file and float64 NumPy (the scatter form, then the activation); unfuse gives
+    the MediaPipe op (the same raw options) and the activation op back."""
+    from tflfuse.passes.unfuse import unfuse
+
+    x_shape, cout, kh, kw, padding, sw, sh = BIAS_CASES[case]
+    cin = x_shape[-1]
+    w = _weights(rng, (cout, kh, kw, cin), math.ceil(kh / sh) * math.ceil(kw / sw) * cin)
+    b = rng.standard_normal(cout).astype(np.float32)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    model = _transpose_conv_bias_model(x_shape, w, b, padding, sw, sh, activation)
+    fused, report = tflfuse.fuse(model)
+    assert report.patterns["transpose_activation"] == 1 and tflfuse.Model(fused).op_names() == \
+        ["fused_transpose_conv2d"], str(report)
+    ours = _run(tflfuse.Interpreter(model_content=fused, device=device), x)
+    oh, pt = _mediapipe_out_size(x_shape[1], kh, sh, padding)
+    ow, pl = _mediapipe_out_size(x_shape[2], kw, sw, padding)
+    v = _np_transpose_conv_bias(x.astype(np.float64), w.astype(np.float64), b, pt, pl, sh, sw, oh, ow)
+    ref = {"LOGISTIC": lambda v: 1 / (1 + np.exp(-v)), "TANH": np.tanh, "RELU6": lambda v: np.clip(v, 0, 6),
+           "HARD_SWISH": lambda v: v * np.clip(v + 3, 0, 6) / 6}[activation](v)
+    np.testing.assert_allclose(ours, ref, **ACCUMULATION, err_msg="vs float64 NumPy")
+    lite = _run(LiteRTInterpreter(model_content=model), x)
+    np.testing.assert_allclose(ours, lite, **ACCUMULATION, err_msg="vs LiteRT on the original")
+    back, counts = unfuse(fused)
+    assert counts == {"fused_transpose_conv2d": 1}
+    assert tflfuse.Model(back).op_names() == ["Convolution2DTransposeBias", activation]
+    np.testing.assert_array_equal(_run(LiteRTInterpreter(model_content=back), x), lite)   # the same two ops
+
+
+def test_fused_transpose_conv_refuses_an_activation_with_parameters():
+    from tflfuse.kernels import KernelError, kernel_class
+    from tflfuse.kernels.base import TensorSpec
+
+    specs = [TensorSpec((1, 4, 4, 3)), TensorSpec((2, 2, 2, 3)), TensorSpec((2,))]
+    with pytest.raises(KernelError, match=r"fused_transpose_conv2d.*unsupported activation 'leaky_relu'"):
+        kernel_class("fused_transpose_conv2d")(specs, {"activation": "leaky_relu", "padding": "SAME"})
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,8 @@ from .conv import conv_output_size
 from .registry import register
 from .wgsl import activation_fn, dot, elementwise_program
 
-__all__ = ["TransposeConv", "Convolution2DTransposeBias", "decode_transpose_conv_params"]
+__all__ = ["TransposeConv", "Convolution2DTransposeBias", "FusedTransposeConv2D", "decode_transpose_conv_params",
+           "encode_transpose_conv_params"]
 
 #: TfLitePadding values (tensorflow/lite/core/c/builtin_op_data.h).
 _TFLITE_PADDING = {1: "SAME", 2: "VALID"}
@@ -58,6 +59,14 @@ def decode_transpose_conv_params(raw: bytes) -> dict:
     if sw < 1 or sh < 1:
         raise ValueError(f"Convolution2DTransposeBias strides must be >= 1, got width {sw}, height {sh}")
     return {"padding": _TFLITE_PADDING[padding], "stride_w": sw, "stride_h": sh}
+
+
+def encode_transpose_conv_params(padding: str, stride_w: int, stride_h: int) -> bytes:
+    """MediaPipe's raw ``TfLiteTransposeConvParams`` custom options (the inverse of
+    :func:`decode_transpose_conv_params`): little-endian int32 padding (1 SAME, 2 VALID), stride_width,
+    stride_height."""
+    code = {v: k for k, v in _TFLITE_PADDING.items()}[padding]
+    return struct.pack("<iii", code, int(stride_w), int(stride_h))
 
 
 class _TransposeConv(Kernel):
@@ -197,3 +206,31 @@ class Convolution2DTransposeBias(_TransposeConv):
         pw = max(0, self.kw - (w - 1) % self.sw - 1) if self.pad == "SAME" else 0
         self.oh, self.ow = self.sh * (h - 1) + self.kh - ph, self.sw * (w - 1) + self.kw - pw
         self.pt, self.pl = ph // 2, pw // 2
+
+
+#: The activations :class:`FusedTransposeConv2D` applies (those without a parameter).
+TRANSPOSE_ACTIVATIONS = ("linear", "relu", "relu6", "sigmoid", "tanh", "hard_swish")
+
+
+@register("fused_transpose_conv2d")
+class FusedTransposeConv2D(Convolution2DTransposeBias):
+    """MediaPipe's ``Convolution2DTransposeBias`` (:class:`Convolution2DTransposeBias`: its geometry and bias),
+    then an activation, in one dispatch: ``act(conv2d_transpose(input, weights) + bias)``, float32 ``[N, OH, OW,
+    Cout]``. Attributes ``padding`` (SAME/VALID), ``stride_h``, ``stride_w`` and ``activation`` (one of
+    :data:`TRANSPOSE_ACTIVATIONS`), a flexbuffer map as every fused op's; ``tflfuse.fuse`` writes it for the op
+    and the activation op after it (selfie segmentation's LOGISTIC mask). Raises
+    :class:`~tflfuse.kernels.KernelError` as the MediaPipe op does, and for another activation."""
+
+    attr_defaults = {"padding": "SAME", "stride_h": 1, "stride_w": 1, "activation": "linear"}
+    decode_custom_options = None   # a flexbuffer map, not MediaPipe's raw struct
+
+    def check(self):
+        super().check()
+        act = str(self.attr("activation")).lower()
+        if act not in TRANSPOSE_ACTIVATIONS:
+            raise self.fail(f"unsupported activation {self.attr('activation')!r}; supported: "
+                            f"{list(TRANSPOSE_ACTIVATIONS)}")
+        self.act = act
+
+    def _activation(self) -> str:
+        return self.act

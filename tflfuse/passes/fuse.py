@@ -68,6 +68,8 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
 * ``clip``: MINIMUM + MAXIMUM with scalar constants: RELU6 / RELU_N1_TO_1 / RELU_0_TO_1, else ``fused_clip``.
 * ``pool_activation``: MAX_POOL_2D / AVERAGE_POOL_2D then RELU / RELU6 / RELU_N1_TO_1 (folded into the pool)
   or LOGISTIC / TANH / HARD_SWISH (``fused_pool2d``).
+* ``transpose_activation``: MediaPipe's Convolution2DTransposeBias then LOGISTIC, TANH, RELU, RELU6 or
+  HARD_SWISH: ``fused_transpose_conv2d`` (selfie segmentation's mask).
 """
 
 from __future__ import annotations
@@ -579,6 +581,27 @@ def _resize_conv(g: Graph, oi: int):
                                   "halfPixelCenters": attrs["half_pixel_centers"]})
 
 
+def _transpose_act(g: Graph, oi: int):
+    """MediaPipe's Convolution2DTransposeBias -> an activation op without parameters (LOGISTIC, TANH, RELU,
+    RELU6, HARD_SWISH): ``fused_transpose_conv2d``."""
+    from ..kernels.transpose_conv import TRANSPOSE_ACTIVATIONS, decode_transpose_conv_params
+
+    if g.op_name(oi) != "Convolution2DTransposeBias" or len(g.inputs(oi)) != 3:
+        return None
+    out = g.outputs_of(oi)[0]
+    act = g.sole_reader(out)
+    if act is None or _ACT_OPS.get(g.op_name(act)) not in TRANSPOSE_ACTIVATIONS or not g.private(out, act) or \
+            not g.is_runtime(g.inputs(oi)[0]) or any(g.const(t) is None for t in g.inputs(oi)[1:]):
+        return None
+    try:
+        a = decode_transpose_conv_params(g.attrs(oi)["_raw"])
+    except (KeyError, ValueError):   # malformed options: the op's own kernel names them
+        return None
+    return [oi, act], list(g.inputs(oi)), g.outputs_of(act)[0], "fused_transpose_conv2d", {
+        "padding": a["padding"], "stride_h": int(a["stride_h"]), "stride_w": int(a["stride_w"]),
+        "activation": _ACT_OPS[g.op_name(act)]}
+
+
 def _separable(g: Graph, oi: int):
     """DEPTHWISE_CONV_2D (no bias or a zero one, no activation) -> CONV_2D 1x1 (no activation) -> [ADD
     residual] -> [activation op]: ``fused_separable_conv2d``."""
@@ -912,7 +935,7 @@ PATTERNS: dict[str, Callable] = {
     "input_prelu": _input_prelu,
     "dense_activation": _dense_act, "resize_add": _resize_add, "resize_conv": _resize_conv,
     "hard_swish": _hard_swish, "clip": _clip,
-    "pool_activation": _pool_act,
+    "pool_activation": _pool_act, "transpose_activation": _transpose_act,
 }
 
 

@@ -195,6 +195,13 @@ class Graph:
         op.customOptionsFormat = schema.CustomOptionsFormat.FLEXBUFFERS
         return op
 
+    def raw_custom_op(self, name: str, inputs: Sequence[int], outputs: Sequence[int], options: bytes):
+        """A custom op whose custom options are ``options`` as they are (MediaPipe's ops store C structs)."""
+        op = schema.OperatorT()
+        op.opcodeIndex, op.inputs, op.outputs = self._opcode(name), list(inputs), list(outputs)
+        op.customOptions = list(options)
+        return op
+
     # ---- replacing -------------------------------------------------------------------------------
     def replace(self, old: Sequence[int], new: Sequence) -> None:
         """Queues replacing ops ``old`` by ``new``. The new ops' inputs must be available where the last old

@@ -375,6 +375,21 @@ def _resize_add(g: Graph, oi: int, attrs: dict) -> list:
     return b.ops
 
 
+@expansion("fused_transpose_conv2d")
+def _transpose_conv(g: Graph, oi: int, attrs: dict) -> list:
+    """MediaPipe's Convolution2DTransposeBias (its raw options) on the same weights, then the activation op."""
+    from ..kernels.transpose_conv import encode_transpose_conv_params
+
+    b, (out,) = Builder(g, oi), g.outputs_of(oi)
+    act = str(attrs.get("activation", "linear")).lower()
+    y = out if act == "linear" else b.tensor(g.shapes[out])
+    b.ops.append(g.raw_custom_op("Convolution2DTransposeBias", g.inputs(oi), [y], encode_transpose_conv_params(
+        str(attrs.get("padding", "SAME")), attrs.get("stride_w", 1), attrs.get("stride_h", 1))))
+    if act != "linear":
+        _act_after(b, y, g.shapes[out], act, out=out)
+    return b.ops
+
+
 @expansion("fused_global_pool2d")
 def _global_pool(g: Graph, oi: int, attrs: dict) -> list:
     b, (out,) = Builder(g, oi), g.outputs_of(oi)
