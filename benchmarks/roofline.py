@@ -70,7 +70,8 @@ _MACS = {"CONV_2D": _weights_macs, "DEPTHWISE_CONV_2D": _weights_macs, "FULLY_CO
          "fused_conv2d": _weights_macs, "fused_depthwise_conv2d": _weights_macs,
          "fused_separable_conv2d": _separable_macs,
          "TRANSPOSE_CONV": lambda ins, out: _transpose_conv_macs(ins, out, 2),   # output_shape, weights, x
-         "Convolution2DTransposeBias": lambda ins, out: _transpose_conv_macs(ins, out, 0)}
+         "Convolution2DTransposeBias": lambda ins, out: _transpose_conv_macs(ins, out, 0),
+         "fused_transpose_conv2d": lambda ins, out: _transpose_conv_macs(ins, out, 0)}
 _FLOPS = {"fused_bottleneck": _bottleneck_flops, "fused_squeeze_excite": _squeeze_excite_flops}
 #: Reductions and pools: one FLOP per element of their first input.
 _PER_INPUT = {"MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "MAX_POOL_2D", "AVERAGE_POOL_2D",

@@ -18,6 +18,8 @@ CASES = {
                        "stride_h": 2, "stride_w": 2, "fused_activation_function": "RELU6"}),
     "Convolution2DTransposeBias": ([(1, 5, 4, 3), (2, 3, 3, 3), (2,)], {"padding": "SAME", "stride_h": 2,
                                                                        "stride_w": 2}),
+    "fused_transpose_conv2d": ([(2, 5, 4, 3), (2, 3, 2, 3), (2,)], {"padding": "VALID", "stride_h": 2, "stride_w": 1,
+                                                                    "activation": "sigmoid"}),
     "SPLIT": ([None, (2, 6, 3)], {"axis": -2, "num_splits": 3}),
     "SPLIT_V": ([(7, 4), None, None], {"size_splits": [2, -1, 1], "axis": 0, "num_splits": 3}),
     "SLICE": ([(3, 5, 7), None, None], {"begin": [0, 1, 2], "size": [-1, 3, 4]}),
