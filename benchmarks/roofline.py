@@ -55,11 +55,12 @@ def _bottleneck_flops(ins, out) -> int:
     return flops
 
 
-def _squeeze_excite_flops(ins, out) -> int:
-    """fused_squeeze_excite (x [N, H, W, C], w1, b1, w2, b2[, scaled][, addend]): two layers per image, 1 per
-    element of x for the pool, 1 per output element for the scaling (an addend's add, like the fused convs'
-    residual, is not counted)."""
-    return 2 * ins[0][0] * (math.prod(ins[1]) + math.prod(ins[3])) + math.prod(ins[0]) + math.prod(out)
+def _squeeze_excite_flops(ins, out, kernel=None) -> int:
+    """fused_squeeze_excite (x [N, H, W, C], w1, b1, w2, b2[, scaled][, addend]; without w1, b1 where the
+    kernel has no squeeze layer): each layer per image, 1 per element of x for the pool, 1 per output element
+    for the scaling (an addend's add, like the fused convs' residual, is not counted)."""
+    layers = [ins[1], ins[3]] if getattr(kernel, "has_squeeze", True) else [ins[1]]
+    return 2 * ins[0][0] * sum(math.prod(w) for w in layers) + math.prod(ins[0]) + math.prod(out)
 
 
 def _matmul_flops(ins, out, kernel) -> int:   # [..., M, K] x [..., K, N]: K from the kernel, else a's last dim
@@ -106,6 +107,8 @@ def op_flops(graph, op) -> int:
     outs = [_shape(graph, t) for t in op.outputs]
     if op.name in _MACS:
         return 2 * _MACS[op.name](ins, outs[0])
+    if op.name == "fused_squeeze_excite":
+        return _squeeze_excite_flops(ins, outs[0], getattr(op, "kernel", None))
     if op.name in _FLOPS:
         return _FLOPS[op.name](ins, outs[0])
     if op.name in ("BATCH_MATMUL", "fused_matmul"):

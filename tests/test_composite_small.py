@@ -330,6 +330,46 @@ def test_squeeze_excite_pooling_x_plus_addend(device, rng, shape, cr):
         np.testing.assert_allclose(y, ref, **ACCUMULATION, err_msg=f"target {target}")
 
 
+@pytest.mark.parametrize("shape, cg, flags", [
+    ((2, 9, 16, 32), 32, {}),                                      # GPU: one dispatch (direct vec4 mean)
+    ((2, 9, 7, 6), 10, {"has_scaled": True}),                     # partial sums; another tensor gated
+    ((1, 4, 5, 8), 8, {"has_addend": True, "pool_addend": True}),  # the gate's own sums of x + addend
+    ((1, 2, 3, 4000), 4000, {}),                                   # stepwise: the second layer reads the mean
+])
+def test_squeeze_excite_with_one_layer(device, rng, shape, cg, flags):
+    """has_squeeze false (no first layer: s = sigmoid(mean(x) @ w2 + b2)) on both targets against float64
+    NumPy. An inf in one channel of image 0 saturates that image's gates at 0 or 1, and every output but the
+    inf's own (inf, or NaN where its gate is 0) stays finite, as the one 1x1 conv it replaces gives."""
+    from tflfuse.runtime.plan import run_op
+
+    c = shape[-1]
+    x = rng.uniform(-2, 2, shape).astype(np.float32)
+    x[0, 0, 0, 0] = np.inf
+    w2 = (rng.standard_normal((c, cg)) / np.sqrt(c)).astype(np.float32)
+    w2[0] = np.where(w2[0] < 0, -1.0, 1.0) * np.maximum(np.abs(w2[0]), 0.1)   # the inf reaches every gate: 0 or 1
+    b2 = (0.3 * rng.standard_normal(cg)).astype(np.float32)
+    arrays, out_shape = [x, w2, b2], shape
+    scaled = t = None
+    if flags.get("has_scaled"):
+        out_shape = (*shape[:3], cg)
+        scaled = rng.uniform(-2, 2, out_shape).astype(np.float32)
+        arrays.append(scaled)
+    if flags.get("has_addend"):
+        t = rng.uniform(-2, 2, shape).astype(np.float32)
+        arrays.append(t)
+    pooled = (x.astype(np.float64) + (t if flags.get("pool_addend") else 0.0)).mean(axis=(1, 2))
+    with np.errstate(over="ignore", invalid="ignore"):
+        gate = 1.0 / (1.0 + np.exp(-(pooled @ w2 + b2)))   # image 0's gates saturate at 0 or 1
+    with np.errstate(invalid="ignore"):
+        ref = (scaled if scaled is not None else x) * gate[:, None, None, :] + (t if t is not None else 0.0)
+    for target in ("gpu", "cpu"):
+        (y,) = run_op(device, "fused_squeeze_excite", arrays, {"has_squeeze": False, "target": target, **flags})
+        assert y.shape == out_shape and y.dtype == np.float32
+        assert np.isfinite(y).sum() == np.isfinite(ref).sum()
+        # ACCUMULATION: the mean of up to 144 terms and one layer of up to 4000
+        np.testing.assert_allclose(y, ref, **ACCUMULATION, err_msg=f"target {target}")
+
+
 def test_squeeze_excite_refuses_tensors_that_do_not_fit():
     from tflfuse.kernels import KernelError, kernel_class
     from tflfuse.kernels.base import TensorSpec

@@ -334,7 +334,7 @@ def test_trusted_and_checked_shaders_agree_with_litert(model, device, monkeypatc
         np.testing.assert_allclose(g, r, **ACCUMULATION)   # 27-term dot products
 
 
-@pytest.mark.parametrize("env, want", [("1", True), ("0", False), ("", None)])
+@pytest.mark.parametrize("env, want", [("1", True), ("0", False), ("", None), (" Off ", False), ("TRUE", True)])
 def test_shader_checks_from_the_environment(env, want, device, monkeypatch):
     """``TFLFUSE_SHADER_CHECKS`` where set; else on for a software adapter, off on a GPU."""
     monkeypatch.setenv("TFLFUSE_SHADER_CHECKS", env)
@@ -346,3 +346,9 @@ def test_shader_checks_from_the_environment(env, want, device, monkeypatch):
 def test_shader_checks_must_be_a_bool():
     with pytest.raises(TypeError, match=r"shader_checks=.*True, False or None.*'yes'"):
         tflfuse.Device(shader_checks="yes")
+
+
+def test_shader_checks_from_an_unclear_environment_value_is_refused(monkeypatch):
+    monkeypatch.setenv("TFLFUSE_SHADER_CHECKS", "2")
+    with pytest.raises(ValueError, match=r"TFLFUSE_SHADER_CHECKS='2': set it to 1 \(on\) or 0 \(off\)"):
+        tflfuse.Device()

@@ -60,6 +60,10 @@ EXTRA = [
     ("TRANSPOSE_CONV", [None, (3, 4, 4, 5), (2, 5, 5, 5), None], {"output_shape": [2, 10, 10, 3],
                                                                   "padding": "SAME", "stride_h": 2, "stride_w": 2}),
     ("RELU", [(65535 * 64 + 129,)], {}),                              # spills into dispatch y
+    ("fused_squeeze_excite", [(2, 9, 7, 8), (8, 12), (12,), (2, 9, 7, 12), (2, 9, 7, 12)],
+     {"has_squeeze": False, "has_scaled": True, "has_addend": True}),   # one layer: the mean to the gate
+    ("fused_squeeze_excite", [(1, 72, 63, 16), (16, 4), (4,), (4, 16), (16,), (1, 72, 63, 16)],
+     {"has_addend": True, "pool_addend": True}),                      # partial sums of x + addend, as vec4s
     ("fused_bottleneck", _bottleneck(2, 9, 7, 5, 6, 5), {"expansion": 6, "residual": True}),
     ("fused_bottleneck", _bottleneck(1, 17, 16, 3, 1, 7), {"expansion": 1, "stride": 2}),
     ("fused_bottleneck", _bottleneck(1, 7, 7, 16, 6, 20), {"expansion": 6, "splits": 3, "chunk": 8}),

@@ -31,7 +31,7 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   one pooled (``has_scaled``, the channel attention of MediaPipe's selfie segmentation decoder), and an ADD of a
   tensor of the same shape after it goes with it (``has_addend``); so does the ADD of the scaled tensor and that
   addend that the pool alone reads (``pool_addend``). A one-layer gate (pool -> CONV_2D 1x1 -> LOGISTIC) is
-  fused too.
+  fused too (``has_squeeze`` false).
 * ``pad_conv``: PAD of zeros exactly as SAME would pad, then a VALID CONV_2D / DEPTHWISE_CONV_2D: the conv
   with SAME padding (a builtin still).
 * ``separable_conv``: DEPTHWISE_CONV_2D -> CONV_2D 1x1 [-> ADD residual] [-> activation op]:
@@ -128,6 +128,14 @@ def _op_count(model: Model) -> int:
                if n not in ("DEQUANTIZE", "DENSIFY"))
 
 
+def _weights(g: Graph, t: int) -> np.ndarray | None:
+    """Constant ``t`` where it holds float values (float32, or float16 behind a DEQUANTIZE), else None: the int8
+    filter of a dynamic-range (hybrid) quantized conv, which its float op dequantizes with its scales at run
+    time, is not a float weight a fused op can take as it is."""
+    value = g.const(t)
+    return value if value is not None and np.issubdtype(value.dtype, np.floating) else None
+
+
 def dispatch_count(model: Model, subgraph: int = 0, target: str = "gpu") -> int:
     """Dispatches one invoke of ``subgraph`` runs, as planned for ``target`` (no GPU needed); ops without a
     tflfuse kernel and ops planned only on run-time values (:func:`~tflfuse.passes.carry.carried_ops`) count
@@ -141,12 +149,12 @@ def _conv_1x1(g: Graph, oi: int, act: set[str]) -> dict | None:
         return None
     a = g.attrs(oi)
     ins = g.inputs(oi)
-    w = g.const(ins[1])
+    w = _weights(g, ins[1])
     if w is None or w.ndim != 4 or w.shape[1:3] != (1, 1) or a.get("stride_h", 1) != 1 or \
             w.shape[3] != g.shapes.get(ins[0], (0,))[-1] or \
             a.get("stride_w", 1) != 1 or a.get("fused_activation_function", "NONE") not in act:
         return None
-    b = g.const(ins[2]) if len(ins) > 2 and ins[2] >= 0 else np.zeros(w.shape[0], np.float32)
+    b = _weights(g, ins[2]) if len(ins) > 2 and ins[2] >= 0 else np.zeros(w.shape[0], np.float32)
     if b is None or not g.is_runtime(ins[0]):
         return None
     return {"x": ins[0], "w": w[:, 0, 0, :].T, "b": b, "act": a.get("fused_activation_function", "NONE"),
@@ -179,7 +187,7 @@ def _bottleneck(g: Graph, oi: int):
         return None
     a, ins = g.attrs(dw), g.inputs(dw)
     act = a.get("fused_activation_function", "NONE")
-    k = g.const(ins[1])
+    k = _weights(g, ins[1])
     stride = a.get("stride_h", 1)
     padding = a.get("padding")
     if k is None or k.ndim != 4 or k.shape[0] != 1 or k.shape[1] != k.shape[2] or k.shape[1] not in (3, 5) or \
@@ -189,7 +197,7 @@ def _bottleneck(g: Graph, oi: int):
             a.get("dilation_w_factor", 1) != 1 or act not in ("RELU6", "RELU") or \
             (expand is not None and expand["act"] != act) or not g.is_runtime(x):
         return None
-    dw_b = g.const(ins[2]) if len(ins) > 2 and ins[2] >= 0 else np.zeros(k.shape[3], np.float32)
+    dw_b = _weights(g, ins[2]) if len(ins) > 2 and ins[2] >= 0 else np.zeros(k.shape[3], np.float32)
     if dw_b is None:
         return None
     chain.append(dw)
@@ -269,7 +277,7 @@ def _epilogue(g: Graph, last: int, out: int, chain: list[int]) -> dict | None:
         name, ins = g.op_name(nxt), g.inputs(nxt)
         ok = True
         if name == "PRELU":
-            slopes = g.const(ins[1])
+            slopes = _weights(g, ins[1])
             ok = slopes is not None and slopes.ndim <= 3 and slopes.shape[-1:] in ((1,), g.shapes[out][-1:])
             if ok:
                 found["prelu"] = slopes
@@ -320,7 +328,7 @@ def _channel_affine(g: Graph, dw: int) -> np.ndarray | None:
     if g.op_name(dw) != "DEPTHWISE_CONV_2D":
         return None
     a, ins = g.attrs(dw), g.inputs(dw)
-    k, x = g.const(ins[1]), ins[0]
+    k, x = _weights(g, ins[1]), ins[0]
     channels = g.shapes.get(x, (0,))[-1]
     if a.get("fused_activation_function", "NONE") != "NONE" or k is None or k.shape != (1, 1, 1, channels) or \
             not g.is_runtime(x) or a.get("stride_h", 1) != 1 or a.get("stride_w", 1) != 1:
@@ -459,7 +467,7 @@ def _fused_conv_op(g: Graph, chain: list[int], x: int, weights: list, bias, geom
 
 def _bias(g: Graph, ins: list[int], channels: int) -> np.ndarray | None:
     if len(ins) > 2 and ins[2] >= 0:
-        return g.const(ins[2])
+        return _weights(g, ins[2])
     return np.zeros(channels, np.float32)
 
 
@@ -470,7 +478,7 @@ def _conv_act(g: Graph, oi: int, alone: bool = False):
     if name not in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         return None
     a, ins = g.attrs(oi), g.inputs(oi)
-    w = g.const(ins[1])
+    w = _weights(g, ins[1])
     fused_act = a.get("fused_activation_function", "NONE")
     if fused_act not in _ACT or w is None or w.ndim != 4 or not g.is_runtime(ins[0]):
         return None
@@ -557,8 +565,7 @@ def _resize_conv(g: Graph, oi: int):
     if size is None or size.size != 2 or not g.is_runtime(ins[0]) or conv is None or not g.private(up, conv):
         return None
     found = _conv_1x1(g, conv, {"NONE"})
-    if found is None or found["x"] != up or not np.issubdtype(found["w"].dtype, np.floating) or \
-            g.sg.tensors[ins[0]].type != schema.TensorType.FLOAT32:
+    if found is None or found["x"] != up or g.sg.tensors[ins[0]].type != schema.TensorType.FLOAT32:
         return None
     low = _NewOp("CONV_2D", (ins[0], *g.inputs(conv)[1:]), (*g.shapes[ins[0]][:3], found["w"].shape[1]),
                  ("Conv2DOptions", {"padding": schema.Padding.VALID, "strideH": 1, "strideW": 1}))
@@ -608,7 +615,7 @@ def _separable(g: Graph, oi: int):
     if g.op_name(oi) != "DEPTHWISE_CONV_2D":
         return None
     a, ins = g.attrs(oi), g.inputs(oi)
-    k = g.const(ins[1])
+    k = _weights(g, ins[1])
     if a.get("fused_activation_function", "NONE") != "NONE" or k is None or k.ndim != 4 or k.shape[0] != 1 or \
             not g.is_runtime(ins[0]):
         return None
@@ -643,7 +650,7 @@ def _affine_conv(g: Graph, oi: int):
     if conv is None or g.op_name(conv) != "CONV_2D" or g.inputs(conv)[0] != g.outputs_of(oi)[0]:
         return None
     ca, cins = g.attrs(conv), g.inputs(conv)
-    w = g.const(cins[1])
+    w = _weights(g, cins[1])
     if w is None or w.ndim != 4 or w.shape[3] != affine.shape[1] or \
             ca.get("fused_activation_function", "NONE") != "NONE" or \
             not (ca.get("padding") == "VALID" or w.shape[1:3] == (1, 1)):
@@ -847,8 +854,7 @@ def _squeeze_excite(g: Graph, oi: int):
     op) -> CONV_2D 1x1 -> LOGISTIC -> MUL with x, or with another tensor of the output's shape (``has_scaled``)
     [-> ADD of a tensor of that shape (``has_addend``)]: ``fused_squeeze_excite`` (gate sigmoid). A gate of one
     layer (the pool -> CONV_2D 1x1 -> LOGISTIC: the attention of MediaPipe's selfie segmentation decoder) is
-    the two-layer op with an identity first layer and a linear activation, exactly: each of its sums adds
-    zeros to one value. Where the pooled tensor is an ADD of the scaled tensor and the addend, read by the pool
+    the op without its first layer (``has_squeeze`` false). Where the pooled tensor is an ADD of the scaled tensor and the addend, read by the pool
     alone (the selfie decoder's skip + upsampled features), the ADD goes with the block (``pool_addend``)."""
     name = g.op_name(oi)
     x = g.inputs(oi)[0] if g.inputs(oi) else -1
@@ -873,9 +879,8 @@ def _squeeze_excite(g: Graph, oi: int):
     chain.append(c1)
     t = first["out"]
     r = g.sole_reader(t) if first["act"] == "NONE" else None
-    if r is not None and g.op_name(r) == "LOGISTIC":   # a gate of one layer: the first an identity, linear
-        c = first["w"].shape[0]
-        first, second = {"w": np.eye(c, dtype=np.float32), "b": np.zeros(c, np.float32), "act": "linear"}, first
+    if r is not None and g.op_name(r) == "LOGISTIC":   # a gate of one layer (has_squeeze false)
+        first, second = None, first
     else:
         if first["act"] == "NONE":
             if r is None or g.op_name(r) != "RELU":
@@ -901,8 +906,9 @@ def _squeeze_excite(g: Graph, oi: int):
             len(g.shapes[out]) != 4 or g.shapes[out][0] != n or g.shapes[gate] != (n, 1, 1, g.shapes[out][3]):
         return None   # the gate, one value per channel of each image, scales a tensor of the output's shape
     chain.append(mul)
-    inputs = [x, first["w"], first["b"], second["w"], second["b"]]
-    attrs = {"activation": "linear" if first.get("act") == "linear" else "relu", "gate": "sigmoid"}
+    layers = [first["w"], first["b"], second["w"], second["b"]] if first else [second["w"], second["b"]]
+    inputs = [x, *layers]
+    attrs = {"activation": "relu", "gate": "sigmoid"} if first else {"gate": "sigmoid", "has_squeeze": False}
     if scaled != x:   # a channel-attention block: the gate pooled from x scales another tensor
         inputs.append(scaled)
         attrs["has_scaled"] = True
@@ -920,7 +926,7 @@ def _squeeze_excite(g: Graph, oi: int):
             g.shapes.get(scaled) == g.shapes.get(x):
         # x = scaled + addend, pooled alone: the ADD goes with the block (pool_addend)
         chain.insert(0, made)
-        inputs = [scaled, *inputs[1:5], inputs[-1]]
+        inputs = [scaled, *layers, inputs[-1]]
         attrs.update(has_scaled=False, pool_addend=True)
     if not all(g.private(g.outputs_of(a)[0], b) for a, b in zip(chain, chain[1:])):
         return None

@@ -409,15 +409,16 @@ def _squeeze_excite(g: Graph, oi: int, attrs: dict) -> list:
     ins, (out,) = g.inputs(oi), g.outputs_of(oi)
     b = Builder(g, oi)
     n, h, w, c = g.shapes[ins[0]]
-    w1, b1, w2, b2 = _weights(g, oi, ins, 4)
-    w1, w2 = w1.reshape(w1.shape[-2:]), w2.reshape(w2.shape[-2:])
+    squeeze = attrs.get("has_squeeze", True)
+    w1, b1, w2, b2 = _weights(g, oi, ins, 4) if squeeze else [None, None, *_weights(g, oi, ins, 2)]
+    w2 = w2.reshape(w2.shape[-2:])
     pooled = ins[0]
     if attrs.get("pool_addend"):   # the mean of x + addend
         pooled = b.op("ADD", [ins[0], ins[-1]], (n, h, w, c), ("AddOptions", {"fusedActivationFunction": 0}))
     s = b.op("MEAN", [pooled, b.weight_i32([1, 2])], (n, 1, 1, c), ("ReducerOptions", {"keepDims": True}))
-    act = str(attrs.get("activation", "relu")).lower()
-    if not (act == "linear" and w1.shape == (c, c) and np.array_equal(w1, np.eye(c)) and not b1.any()):
-        s = b.conv_1x1(s, w1, b1, (n, 1, 1, w1.shape[1]), act)   # (an identity first layer: a gate of one)
+    if squeeze:
+        w1 = w1.reshape(w1.shape[-2:])
+        s = b.conv_1x1(s, w1, b1, (n, 1, 1, w1.shape[1]), str(attrs.get("activation", "relu")).lower())
     gate = str(attrs.get("gate", "sigmoid")).lower()
     cg = w2.shape[1]   # the gate's channels: those of the tensor it scales
     if gate == "sigmoid":
@@ -430,7 +431,7 @@ def _squeeze_excite(g: Graph, oi: int, attrs: dict) -> list:
         s = b.op("RELU_0_TO_1", [s], (n, 1, 1, cg))
     else:
         raise UnfuseError(f"fused_squeeze_excite (operator {oi}): gate {gate!r} has no builtin expansion")
-    scaled = ins[5] if attrs.get("has_scaled") else ins[0]
+    scaled = ins[5 if squeeze else 3] if attrs.get("has_scaled") else ins[0]
     if attrs.get("has_addend"):
         y = b.op("MUL", [scaled, s], g.shapes[out], ("MulOptions", {"fusedActivationFunction": 0}))
         b.op("ADD", [y, ins[-1]], options=("AddOptions", {"fusedActivationFunction": 0}), out=out)

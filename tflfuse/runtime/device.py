@@ -117,6 +117,17 @@ def prepare_wgpu() -> None:
     _primary_backends_only()
 
 
+def _env_bool(name: str) -> bool:
+    """Environment variable ``name`` as a bool: 1/true/yes/on or 0/false/no/off (any case). Raises ValueError
+    naming the variable for anything else."""
+    value = os.environ[name].strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={os.environ[name]!r}: set it to 1 (on) or 0 (off), or unset it")
+
+
 def _info(adapter) -> dict:
     return dict(adapter.info)
 
@@ -141,11 +152,13 @@ class Device:
         0.98-1.21x). On a backend other than wgpu-native the checks are always on.
     Raises:
       NoAdapterError: no adapter exists (the message says what to install) or none matches ``adapter``.
+      TypeError: ``shader_checks`` is not a bool or None.
+      ValueError: ``TFLFUSE_SHADER_CHECKS`` is set to something other than 1/0 (true/false, yes/no, on/off).
     """
 
     def __init__(self, adapter: str | None = None, *, shader_checks: bool | None = None):
-        if shader_checks is None and os.environ.get("TFLFUSE_SHADER_CHECKS"):
-            shader_checks = os.environ["TFLFUSE_SHADER_CHECKS"] != "0"
+        if shader_checks is None and os.environ.get("TFLFUSE_SHADER_CHECKS", "").strip():
+            shader_checks = _env_bool("TFLFUSE_SHADER_CHECKS")
         if shader_checks is not None and not isinstance(shader_checks, bool):
             raise TypeError(f"Device(shader_checks=...) takes True, False or None, got {shader_checks!r}")
         prepare_wgpu()

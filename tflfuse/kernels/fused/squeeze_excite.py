@@ -16,6 +16,9 @@ adding an input after ``b2`` when set:
 * ``has_scaled``: the gate scales ``scaled [N, H', W', C']`` instead of ``x`` (``w2`` is then ``[Cr, C']``):
   ``y = scaled * s[:, None, None, :]``;
 * ``has_addend``: ``addend``, of the output's shape, is added last: ``y = ... * s[:, None, None, :] + addend``;
+* ``has_squeeze`` (default true): false drops the first layer and its inputs ``w1``, ``b1`` (``w2`` is then
+  ``[C, C']``): ``s = gate(mean(x) @ w2 + b2)``, a gate of one layer (the attention of MediaPipe's selfie
+  segmentation decoder);
 * ``pool_addend`` (with ``has_addend``, without ``has_scaled``, ``addend`` of x's shape): the mean is taken of
   ``x + addend``, the sum the decoder adds for its pool alone (``s = mean(x + addend, axes H, W)``): the ADD
   before the block goes with it.
@@ -131,7 +134,7 @@ class FusedSqueezeExcite(CompositeKernel):
 
     input_names = ("x", "w1", "b1", "w2", "b2", "scaled", "addend")   # the last two as the has_* flags say
     attr_defaults = {"activation": "relu", "gate": "sigmoid", "has_scaled": False, "has_addend": False,
-                     "pool_addend": False,
+                     "pool_addend": False, "has_squeeze": True,
                      "target": "gpu"}
 
     def _matrix(self, i: int, name: str) -> tuple[int, int]:
@@ -145,18 +148,24 @@ class FusedSqueezeExcite(CompositeKernel):
         self.pool_addend = self.bool_attr("pool_addend")
         if self.pool_addend and (self.has_scaled or not self.has_addend):
             raise self.fail("pool_addend (the mean taken of x + addend) needs has_addend and not has_scaled")
-        names = ["x", "w1", "b1", "w2", "b2"] + ["scaled"] * self.has_scaled + ["addend"] * self.has_addend
+        self.has_squeeze = self.bool_attr("has_squeeze")
+        names = self._names()
         if len(self.inputs) != len(names):
             raise self.fail(f"expects {len(names)} inputs ({', '.join(names)}), got {len(self.inputs)}")
+        at = {name: i for i, name in enumerate(names)}
         n, h, w, c = self.expect_rank(0, 4).shape
-        out = self.expect_rank(5, 4).shape if self.has_scaled else (n, h, w, c)
+        out = self.expect_rank(at["scaled"], 4).shape if self.has_scaled else (n, h, w, c)
         cg = out[3]   # the gate's channels: those of the tensor it scales
-        (c1, cr), (cr2, c2) = self._matrix(1, "w1"), self._matrix(3, "w2")
-        b1, b2 = self.expect_rank(2, 1).shape, self.expect_rank(4, 1).shape
+        (cr2, c2), b2 = self._matrix(at["w2"], "w2"), self.expect_rank(at["b2"], 1).shape
+        if self.has_squeeze:
+            (c1, cr), b1 = self._matrix(1, "w1"), self.expect_rank(2, 1).shape
+        else:   # the mean goes to the second layer as it is
+            (c1, cr), b1 = (c, c), (c,)
         if c1 != c or cr2 != cr or c2 != cg or b1 != (cr,) or b2 != (cg,):
-            raise self.fail(f"weights do not fit {c} channels in and {cg} gates: w1 must be [{c}, Cr], b1 [Cr], "
-                            f"w2 [Cr, {cg}], b2 [{cg}]; got w1 {list(self.input(1).shape)}, b1 {list(b1)}, "
-                            f"w2 {list(self.input(3).shape)}, b2 {list(b2)}")
+            first = f"w1 must be [{c}, Cr], b1 [Cr], w2 [Cr, {cg}]" if self.has_squeeze else f"w2 must be [{c}, {cg}]"
+            got = f"w1 {list(self.input(1).shape)}, b1 {list(b1)}, " if self.has_squeeze else ""
+            raise self.fail(f"weights do not fit {c} channels in and {cg} gates: {first}, b2 [{cg}]; got {got}"
+                            f"w2 {list(self.input(at['w2']).shape)}, b2 {list(b2)}")
         if out[0] != n:
             raise self.fail(f"scaled {list(out)} must have the batch of x {list(self.input(0).shape)}")
         if c == 0 or cr == 0:
@@ -176,10 +185,29 @@ class FusedSqueezeExcite(CompositeKernel):
     def output_specs(self):
         return (TensorSpec(self.out_shape),)
 
+    def _names(self) -> list[str]:
+        """The names of the op's inputs, as its flags say."""
+        return ["x"] + ["w1", "b1"] * self.has_squeeze + ["w2", "b2"] + ["scaled"] * self.has_scaled + \
+            ["addend"] * self.has_addend
+
     def _binds(self) -> dict:
         """Binding name -> binding of every input and the output ``y``."""
-        names = ["x", "w1", "b1", "w2", "b2"] + ["scaled"] * self.has_scaled + ["addend"] * self.has_addend
-        return {b.name: b for b in self.io_bindings(names + ["y"])}
+        return {b.name: b for b in self.io_bindings(self._names() + ["y"])}
+
+    def _layers(self) -> tuple:
+        """The layers' bindings, as the programs bind them: (w1, b1, w2, b2), or (w2, b2) without the squeeze."""
+        binds = self._binds()
+        return tuple(binds[k] for k in ("w1", "b1", "w2", "b2") if k in binds)
+
+    def _first_layer(self) -> str:
+        """WGSL of the gate's workgroup computing ``squeezed`` from ``pooled`` (nothing without the squeeze, whose
+        second layer reads ``pooled``)."""
+        if not self.has_squeeze:
+            return ""
+        return _shared_layer("pooled", "w1", "b1", self.c, self.cr, "squeezed[j] = act(acc + b1[j]);")
+
+    def _second_source(self) -> str:
+        return "squeezed" if self.has_squeeze else "pooled"
 
     def _scaling(self, g: str, gi: str) -> tuple[tuple, str]:
         """The scaling's bindings (the tensor scaled, the addend, ``y``; not the gate ``g``) and its WGSL
@@ -228,7 +256,7 @@ class FusedSqueezeExcite(CompositeKernel):
             cols = min(c // 4, _GATE_WG)
             lanes = _GATE_WG // cols
             mean = -(-(c // 4) // cols) * (-(-self._vec4_rows() // (lanes * _DIRECT_UNROLL)) + lanes.bit_length() + 1)
-        return mean + _layer_trips(c, self.cr) + _layer_trips(self.cr, self.cg)
+        return mean + _layer_trips(c, self.cr) * self.has_squeeze + _layer_trips(self.cr, self.cg)
 
     def _direct(self) -> bool:
         """Whether each workgroup of the merged dispatch (:meth:`_merged`) sums its image's pixels itself, as
@@ -316,7 +344,7 @@ class FusedSqueezeExcite(CompositeKernel):
         merged = self._merged()
         cb = max(1, min(c, _GATE_WG))           # channels per pass of the mean
         lanes = _GATE_WG // cb          # invocations sharing one channel's rows
-        x, w1, b1, w2, b2 = (self._binds()[k] for k in ("x", "w1", "b1", "w2", "b2"))
+        x, layers = self._binds()["x"], self._layers()
         g_w = self.binding("g", "scratch", 0, n * cg * 4)
         g_r = self.binding("g", "scratch", 0, n * cg * 4, access="read")
         progs, src, slot = [], x, 0 if merged else 1
@@ -358,12 +386,12 @@ class FusedSqueezeExcite(CompositeKernel):
     }}
     workgroupBarrier();
   }}
-{_shared_layer("pooled", "w1", "b1", c, cr, "squeezed[j] = act(acc + b1[j]);")}"""
+"""
         if rows != pixels and not direct:
             pool_binds = ()   # summed into the partial sums
         vec4_rows = self._vec4_rows()
         if vec4_rows:   # the pixels (x read as vec4s too, the same buffer) or the partial sums, as vec4s
-            mean = self._vec4_mean() + "\n" + mean[mean.index("  for (var j0"):]
+            mean = self._vec4_mean() + "\n"
             src = dataclasses.replace(src, name="x4" if direct else "s4", elem_type="vec4<f32>")
             pool_binds = tuple(dataclasses.replace(b, name="addend4", elem_type="vec4<f32>") for b in pool_binds)
         helpers = activation_fn(self.activation) + f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n" + f"""
@@ -377,7 +405,7 @@ var<workgroup> squeezed: array<f32, {max(cr, 1)}>;
             groups = n * blocks
             scale_binds, scale = self._scaling("gates", f"e % {cg}u")
             # x where read: the mean, the scaling
-            binds = tuple(dict.fromkeys((src, *pool_binds, w1, b1, w2, b2) + scale_binds))
+            binds = tuple(dict.fromkeys((src, *pool_binds, *layers) + scale_binds))
             sums = f"var<workgroup> msums: array<vec4<f32>, {_GATE_WG}>;\n" if vec4_rows else ""
             source = prelude(binds) + helpers + sums + f"""var<workgroup> gates: array<f32, {max(cg, 1)}>;
 
@@ -391,7 +419,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let cl = lidx % {cb}u;
   let part = lidx / {cb}u;
 {mean}
-{_shared_layer("squeezed", "w2", "b2", cr, cg, "gates[j] = gate(acc + b2[j]);")}
+{self._first_layer()}
+{_shared_layer(self._second_source(), "w2", "b2", cr, cg, "gates[j] = gate(acc + b2[j]);")}
   for (var e = first + lidx; e < min(first + {per}u, {size_out}u); e += {_GATE_WG}u) {{
     let idx = n * {size_out}u + e;
     {scale}
@@ -401,18 +430,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             trips = self._gate_trips() + _SCALE_PER_INVOCATION
             return progs + [Program(f"{self.key}_gate_scale", source, (_GATE_WG, 1, 1),
                                     linear_dispatch(groups * _GATE_WG, _GATE_WG), binds, loop_trips=trips)]
-        source = prelude((src, *pool_binds, w1, b1, w2, b2, g_w)) + helpers + f"""
+        source = prelude((src, *pool_binds, *layers, g_w)) + helpers + f"""
 @compute @workgroup_size({_GATE_WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32) {{
   let n = wid.x;
   let cl = lidx % {cb}u;
   let part = lidx / {cb}u;
 {mean}
-{_shared_layer("squeezed", "w2", "b2", cr, cg, f"g[n * {cg}u + j] = gate(acc + b2[j]);")}
+{self._first_layer()}
+{_shared_layer(self._second_source(), "w2", "b2", cr, cg, f"g[n * {cg}u + j] = gate(acc + b2[j]);")}
 }}
 """
         progs.append(Program(f"{self.key}_gate", source, (_GATE_WG, 1, 1), (n, 1, 1),
-                             (src, *pool_binds, w1, b1, w2, b2, g_w), loop_trips=self._gate_trips()))
+                             (src, *pool_binds, *layers, g_w), loop_trips=self._gate_trips()))
         scale_binds, scale = self._scaling("g", f"(idx / {size_out}u) * {cg}u + idx % {cg}u")
         return progs + [elementwise_program(f"{self.key}_scale", (scale_binds[0], g_r) + scale_binds[1:],
                                             n * size_out, "  " + scale)]
@@ -423,7 +453,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         n, h, w, c = self.input(0).shape
         cr, cg = self.cr, self.cg
         size_out = int(np.prod(self.out_shape[1:]))
-        x, w1, b1, w2, b2 = (self._binds()[k] for k in ("x", "w1", "b1", "w2", "b2"))
+        binds = self._binds()
+        x, w2, b2 = binds["x"], binds["w2"], binds["b2"]
         sizes = self.scratch_sizes()
         s_w, hid_w, g_w = (self.binding(nm, "scratch", i, sizes[i]) for i, nm in enumerate(("s", "hid", "g")))
         s_r, hid_r, g_r = (self.binding(nm, "scratch", i, sizes[i], access="read")
@@ -438,10 +469,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             x = self.binding("xs", "scratch", k, sizes[k], access="read")
         progs += reduce_hw_programs(f"{self.key}_mean", x, s_w, partial, n, h * w, c, "sum",
                                     f"acc / {fmt_f32(float(max(h * w, 1)))}")
-        fc1 = (f"  let r = idx % {cr}u;\n  let img = idx / {cr}u;\n  var v = b1[r];\n  "
-               + dot(c, f"s[img * {c}u + {{k}}]", f"w1[({{k}}) * {cr}u + r]") + "\n  hid[idx] = act(v);")
-        progs.append(elementwise_program(f"{self.key}_fc1", (s_r, w1, b1, hid_w), n * cr, fc1,
-                                         activation_fn(self.activation), loop_trips=c // 4))
+        if self.has_squeeze:
+            fc1 = (f"  let r = idx % {cr}u;\n  let img = idx / {cr}u;\n  var v = b1[r];\n  "
+                   + dot(c, f"s[img * {c}u + {{k}}]", f"w1[({{k}}) * {cr}u + r]") + "\n  hid[idx] = act(v);")
+            progs.append(elementwise_program(f"{self.key}_fc1", (s_r, binds["w1"], binds["b1"], hid_w), n * cr, fc1,
+                                             activation_fn(self.activation), loop_trips=c // 4))
+        else:   # the second layer reads the mean
+            hid_r = dataclasses.replace(s_r, name="hid")
         fc2 = (f"  let ch = idx % {cg}u;\n  let img = idx / {cg}u;\n  var v = b2[ch];\n  "
                + dot(cr, f"hid[img * {cr}u + {{k}}]", f"w2[({{k}}) * {cg}u + ch]") + "\n  g[idx] = gate(v);")
         progs.append(elementwise_program(f"{self.key}_fc2", (hid_r, w2, b2, g_w), n * cg, fc2,
