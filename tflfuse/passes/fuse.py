@@ -598,7 +598,7 @@ def _transpose_act(g: Graph, oi: int):
     out = g.outputs_of(oi)[0]
     act = g.sole_reader(out)
     if act is None or _ACT_OPS.get(g.op_name(act)) not in TRANSPOSE_ACTIVATIONS or not g.private(out, act) or \
-            not g.is_runtime(g.inputs(oi)[0]) or any(g.const(t) is None for t in g.inputs(oi)[1:]):
+            not g.is_runtime(g.inputs(oi)[0]) or any(_weights(g, t) is None for t in g.inputs(oi)[1:]):
         return None
     try:
         a = decode_transpose_conv_params(g.attrs(oi)["_raw"])
@@ -854,8 +854,9 @@ def _squeeze_excite(g: Graph, oi: int):
     op) -> CONV_2D 1x1 -> LOGISTIC -> MUL with x, or with another tensor of the output's shape (``has_scaled``)
     [-> ADD of a tensor of that shape (``has_addend``)]: ``fused_squeeze_excite`` (gate sigmoid). A gate of one
     layer (the pool -> CONV_2D 1x1 -> LOGISTIC: the attention of MediaPipe's selfie segmentation decoder) is
-    the op without its first layer (``has_squeeze`` false). Where the pooled tensor is an ADD of the scaled tensor and the addend, read by the pool
-    alone (the selfie decoder's skip + upsampled features), the ADD goes with the block (``pool_addend``)."""
+    the op without its first layer (``has_squeeze`` false). Where the pooled tensor is an ADD of the scaled
+    tensor and the addend, read by the pool alone (the selfie decoder's skip + upsampled features), the ADD goes
+    with the block (``pool_addend``)."""
     name = g.op_name(oi)
     x = g.inputs(oi)[0] if g.inputs(oi) else -1
     if not g.is_runtime(x) or len(g.shapes.get(x, ())) != 4:
