@@ -148,8 +148,9 @@ class Device:
         robust buffer access. True compiles them as any WebGPU shader (a browser always does). Default: the
         environment variable ``TFLFUSE_SHADER_CHECKS`` (``1`` on, ``0`` off) where set, else off on a GPU
         and on for a software adapter, each the faster there (``benchmarks/RESULTS-shader-checks.md``: on an
-        H200 the trusted modules took 0.68-0.97x the GPU time of the checked ones; on Mesa's llvmpipe
-        0.98-1.21x). On a backend other than wgpu-native the checks are always on.
+        H200 the trusted modules took 0.67-0.97x the GPU time of the checked ones; on Mesa's llvmpipe
+        0.99-1.15x, ``RESULTS-shader-checks-llvmpipe.md``). On a backend other than wgpu-native the checks
+        are always on.
     Raises:
       NoAdapterError: no adapter exists (the message says what to install) or none matches ``adapter``.
       TypeError: ``shader_checks`` is not a bool or None.
