@@ -411,6 +411,31 @@ def test_transpose_conv_bias_and_activation_fuse(case, activation, device, rng):
     np.testing.assert_array_equal(_run(LiteRTInterpreter(model_content=back), x), lite)   # the same two ops
 
 
+def _flex(attrs: dict) -> bytes:
+    """A fused op's custom options: ``attrs`` as a flexbuffer map, as tflfuse writes them."""
+    from flatbuffers import flexbuffers
+
+    from tflfuse.annotate import encode_attrs
+
+    return bytes(flexbuffers.Dumps(encode_attrs(attrs)))
+
+
+def test_unfuse_names_a_fused_transpose_conv_with_bad_padding():
+    """A fused_transpose_conv2d whose padding is not SAME or VALID: unfuse (which plans the file first) refuses
+    it naming the op, its index and the value, and writes nothing."""
+    from tflfuse.passes.unfuse import unfuse
+    from tflite_builder import build, t
+
+    fused = build([t((1, 4, 4, 3)), t((2, 2, 2, 3), data=np.ones((2, 2, 2, 3), np.float32)),
+                   t((2,), data=np.zeros(2, np.float32)), t((1, 8, 8, 2))],
+                  [dict(op="fused_transpose_conv2d", inputs=[0, 1, 2], outputs=[3],
+                        custom=_flex({"padding": "same", "stride_h": 2, "stride_w": 2, "activation": "sigmoid"}))],
+                  [0], [3])
+    with pytest.raises(KernelError, match=r"fused_transpose_conv2d \(operator 0 of subgraph 0\).*padding must be "
+                                          r"SAME or VALID, got 'same'"):
+        unfuse(fused)
+
+
 def test_fused_transpose_conv_refuses_an_activation_with_parameters():
     from tflfuse.kernels import KernelError, kernel_class
     from tflfuse.kernels.base import TensorSpec

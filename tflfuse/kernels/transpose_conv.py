@@ -64,9 +64,16 @@ def decode_transpose_conv_params(raw: bytes) -> dict:
 def encode_transpose_conv_params(padding: str, stride_w: int, stride_h: int) -> bytes:
     """MediaPipe's raw ``TfLiteTransposeConvParams`` custom options (the inverse of
     :func:`decode_transpose_conv_params`): little-endian int32 padding (1 SAME, 2 VALID), stride_width,
-    stride_height."""
-    code = {v: k for k, v in _TFLITE_PADDING.items()}[padding]
-    return struct.pack("<iii", code, int(stride_w), int(stride_h))
+    stride_height.
+
+    Raises:
+      ValueError: a padding other than "SAME" or "VALID", or a stride below 1.
+    """
+    codes = {v: k for k, v in _TFLITE_PADDING.items()}
+    if padding not in codes or int(stride_w) < 1 or int(stride_h) < 1:
+        raise ValueError(f"Convolution2DTransposeBias needs padding SAME or VALID and strides >= 1, got padding "
+                         f"{padding!r}, strides ({stride_h}, {stride_w})")
+    return struct.pack("<iii", codes[padding], int(stride_w), int(stride_h))
 
 
 class _TransposeConv(Kernel):

@@ -383,8 +383,9 @@ def _transpose_conv(g: Graph, oi: int, attrs: dict) -> list:
     b, (out,) = Builder(g, oi), g.outputs_of(oi)
     act = str(attrs.get("activation", "linear")).lower()
     y = out if act == "linear" else b.tensor(g.shapes[out])
-    b.ops.append(g.raw_custom_op("Convolution2DTransposeBias", g.inputs(oi), [y], encode_transpose_conv_params(
-        str(attrs.get("padding", "SAME")), attrs.get("stride_w", 1), attrs.get("stride_h", 1))))
+    options = encode_transpose_conv_params(str(attrs.get("padding", "SAME")), attrs.get("stride_w", 1),
+                                           attrs.get("stride_h", 1))   # checked by the kernel when the file loaded
+    b.ops.append(g.raw_custom_op("Convolution2DTransposeBias", g.inputs(oi), [y], options))
     if act != "linear":
         _act_after(b, y, g.shapes[out], act, out=out)
     return b.ops
