@@ -8,7 +8,7 @@ its loop counters, as any WebGPU shader gets), side by side in alternating round
 Per model and batch (1; also 32 for MobileNetV2): the one-pass GPU time (timestamp queries around
 :data:`~tflfuse.runtime.profile.SUSTAINED_REPS` invokes' dispatches in one pass) and the throughput (``--n``
 invokes back to back, one read-back), medians over ``--rounds`` alternating rounds; the ratio is unchecked /
-checked (below 1: the checks cost time). The two devices' outputs are compared first.
+checked (below 1: the checks cost time). The two devices' first outputs are compared first.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def compare(data: bytes, devices: dict, batch: int, rounds: int, n: int) -> dict
     rounds, and the largest difference between their first outputs."""
     from tflfuse.runtime.profile import SUSTAINED_REPS, gpu_time_plan
 
-    probe = tflfuse.Interpreter(model_content=data)
+    probe = tflfuse.Interpreter(model_content=data, device=next(iter(devices.values())))   # input details
     rng = np.random.default_rng(0)
     xs = [rng.uniform(-1, 1, [batch, *d["shape"][1:]]).astype(d["dtype"]) for d in probe.get_input_details()]
     its = {k: _interpreter(data, dev, batch, xs) for k, dev in devices.items()}
