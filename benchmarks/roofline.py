@@ -39,7 +39,7 @@ def _transpose_conv_macs(ins, out, x: int):   # each input pixel meets every wei
     return math.prod(ins[x][:-1]) * math.prod(ins[1])
 
 
-def _bottleneck_flops(ins, out) -> int:
+def _bottleneck_flops(ins, out, kernel=None) -> int:
     """fused_bottleneck (inputs as present: x, [expand_w, expand_b], dw_w, dw_b, project_w, project_b,
     [se_w1, se_b1, se_w2, se_b2]): 2 x (expand MACs over the input pixels + depthwise and projection MACs over
     the output pixels + the squeeze-excite's two layers per image), plus its pool and scaling, 1 per element."""
@@ -107,10 +107,8 @@ def op_flops(graph, op) -> int:
     outs = [_shape(graph, t) for t in op.outputs]
     if op.name in _MACS:
         return 2 * _MACS[op.name](ins, outs[0])
-    if op.name == "fused_squeeze_excite":
-        return _squeeze_excite_flops(ins, outs[0], getattr(op, "kernel", None))
     if op.name in _FLOPS:
-        return _FLOPS[op.name](ins, outs[0])
+        return _FLOPS[op.name](ins, outs[0], getattr(op, "kernel", None))
     if op.name in ("BATCH_MATMUL", "fused_matmul"):
         return _matmul_flops(ins, outs[0], getattr(op, "kernel", None))
     if op.name in _PER_INPUT:

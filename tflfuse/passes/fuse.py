@@ -519,23 +519,40 @@ def _dense_act(g: Graph, oi: int):
                           {"transpose_a": False, "transpose_b": False}, "fused_matmul", fused_act)
 
 
+def _resize_attrs(g: Graph, oi: int) -> dict | None:
+    """``fused_resize_bilinear``'s size and flags of op ``oi`` where it is a RESIZE_BILINEAR of a runtime tensor
+    to a constant size, else None."""
+    if g.op_name(oi) != "RESIZE_BILINEAR":
+        return None
+    ins = g.inputs(oi)
+    size = g.const(ins[1]) if len(ins) > 1 else None
+    if size is None or size.size != 2 or not g.is_runtime(ins[0]):
+        return None
+    a = g.attrs(oi)
+    return {"size": [int(v) for v in size.ravel()], "align_corners": bool(a.get("align_corners", False)),
+            "half_pixel_centers": bool(a.get("half_pixel_centers", False))}
+
+
+def _add_after(g: Graph, out: int) -> tuple[int, int, str] | None:
+    """``(add, addend, activation)`` where ``out``'s one reader is an ADD of a runtime tensor of its shape
+    (:func:`_runtime_addend`) with a fused activation of :data:`_ACT`, ``out`` read by nothing else; else None."""
+    add = g.sole_reader(out)
+    if add is None or g.op_name(add) != "ADD" or not g.private(out, add):
+        return None
+    addend, act = _runtime_addend(g, add, out), g.attrs(add).get("fused_activation_function", "NONE")
+    return (add, addend, _ACT[act]) if addend is not None and act in _ACT else None
+
+
 def _resize_add(g: Graph, oi: int):
     """RESIZE_BILINEAR (float, constant size) -> ADD of a runtime tensor of its output's shape, with the ADD's
     fused activation: ``fused_resize_bilinear`` (a feature pyramid's upsample-and-add)."""
-    if g.op_name(oi) != "RESIZE_BILINEAR":
+    attrs = _resize_attrs(g, oi)
+    found = _add_after(g, g.outputs_of(oi)[0]) if attrs is not None else None
+    if found is None:
         return None
-    ins, out = g.inputs(oi), g.outputs_of(oi)[0]
-    size = g.const(ins[1]) if len(ins) > 1 else None
-    add = g.sole_reader(out)
-    if size is None or size.size != 2 or not g.is_runtime(ins[0]) or add is None or g.op_name(add) != "ADD":
-        return None
-    addend, act = _runtime_addend(g, add, out), g.attrs(add).get("fused_activation_function", "NONE")
-    if addend is None or act not in _ACT or not g.private(out, add):
-        return None
-    a = g.attrs(oi)
-    return [oi, add], [ins[0], addend], g.outputs_of(add)[0], "fused_resize_bilinear", {
-        "size": [int(v) for v in size.ravel()], "align_corners": bool(a.get("align_corners", False)),
-        "half_pixel_centers": bool(a.get("half_pixel_centers", False)), "activation": _ACT[act]}
+    add, addend, act = found
+    return [oi, add], [g.inputs(oi)[0], addend], g.outputs_of(add)[0], "fused_resize_bilinear", {
+        **attrs, "activation": act}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -557,31 +574,26 @@ def _resize_conv(g: Graph, oi: int):
     runtime tensor of its shape; with the ADD's fused activation), else as RESIZE_BILINEAR where the conv's
     output has several readers. Left alone where ``conv_activation`` would make one op of the conv and what
     reads it (an ADD, or an ADD and an activation op): the resize and that op, two dispatches either way."""
-    if g.op_name(oi) != "RESIZE_BILINEAR":
-        return None
+    attrs = _resize_attrs(g, oi)
     ins, up = g.inputs(oi), g.outputs_of(oi)[0]
-    size = g.const(ins[1]) if len(ins) > 1 else None
     conv = g.sole_reader(up)
-    if size is None or size.size != 2 or not g.is_runtime(ins[0]) or conv is None or not g.private(up, conv):
+    if attrs is None or conv is None or not g.private(up, conv):
         return None
     found = _conv_1x1(g, conv, {"NONE"})
     if found is None or found["x"] != up or g.sg.tensors[ins[0]].type != schema.TensorType.FLOAT32:
         return None
     low = _NewOp("CONV_2D", (ins[0], *g.inputs(conv)[1:]), (*g.shapes[ins[0]][:3], found["w"].shape[1]),
                  ("Conv2DOptions", {"padding": schema.Padding.VALID, "strideH": 1, "strideW": 1}))
-    a = g.attrs(oi)
-    attrs = {"size": [int(v) for v in size.ravel()], "align_corners": bool(a.get("align_corners", False)),
-             "half_pixel_centers": bool(a.get("half_pixel_centers", False))}
     out = found["out"]
-    add = g.sole_reader(out)
-    if add is not None and g.op_name(add) == "ADD" and g.private(out, add):
-        addend, act = _runtime_addend(g, add, out), g.attrs(add).get("fused_activation_function", "NONE")
+    plain = _add_after(g, out)
+    if plain is not None:
+        add, addend, act = plain
         after = g.sole_reader(g.outputs_of(add)[0])
-        if addend is None or act not in _ACT or (after is not None and g.op_name(after) in _ACT_OPS):
+        if after is not None and g.op_name(after) in _ACT_OPS:
             return None   # conv_activation makes one op of the conv, the ADD and its activation
         return [oi, conv, add], [low, addend], g.outputs_of(add)[0], "fused_resize_bilinear", {
-            **attrs, "activation": _ACT[act]}
-    if add is not None:   # the conv's one reader, which conv_activation may take in
+            **attrs, "activation": act}
+    if g.sole_reader(out) is not None:   # the conv's one reader, which conv_activation may take in
         return None
     return [oi, conv], [low, ins[1]], out, "RESIZE_BILINEAR", (
         "ResizeBilinearOptions", {"alignCorners": attrs["align_corners"],
