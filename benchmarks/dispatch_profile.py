@@ -2,7 +2,7 @@
 goes, dispatch by dispatch, and how much of it is the gaps between dispatches (the one-pass time less the sum
 of the dispatches' own times).
 
-    python benchmarks/dispatch_profile.py --models=.bench [--select=selfie*,hand_recrop*] [--batch=1]
+    python benchmarks/dispatch_profile.py --models=.bench [--select=selfie*,hand_recrop*] [--batch=1] [--precision=float16]
                                           [--out=DISPATCHES.md] [--json_out=dispatches.json]
 
 Real models of ``--models`` (``NAME_unfused.tflite``) are fused at load with :func:`tflfuse.fuse`, as
@@ -33,17 +33,18 @@ flags.DEFINE_string("models", ".bench", "folder of .tflite models")
 flags.DEFINE_list("select", ["*"], "globs of file stems to profile")
 flags.DEFINE_integer("batch", 1, "batch size (the first input dimension)")
 flags.DEFINE_integer("repeats", 5, "passes per dispatch (median)")
+flags.DEFINE_enum("precision", "float32", ["float32", "float16"], "the Interpreter's precision")
 flags.DEFINE_string("out", None, "also write the tables here (Markdown)")
 flags.DEFINE_string("json_out", None, "also write the raw results here (JSON)")
 
 
-def profile_model(data: bytes, batch: int, repeats: int) -> dict:
+def profile_model(data: bytes, batch: int, repeats: int, precision: str = "float32") -> dict:
     """The one-pass GPU time and each dispatch's GPU time (with its program's name, workgroup size and
     dispatch size) of a model at ``batch``. Raises ``RuntimeError`` where the adapter has no timestamps."""
     from tflfuse.runtime.plan import ExecutionPlan
     from tflfuse.runtime.profile import SUSTAINED_REPS, gpu_time_plan, profile_plan
 
-    interp = tflfuse.Interpreter(model_content=data)
+    interp = tflfuse.Interpreter(model_content=data, precision=precision)
     for d in interp.get_input_details():
         if d["shape"][0] != batch:
             interp.resize_tensor_input(d["index"], [batch, *d["shape"][1:]])
@@ -66,7 +67,7 @@ def profile_model(data: bytes, batch: int, repeats: int) -> dict:
 
 def _tables(results: dict, adapter: str, batch: int) -> str:
     lines = [f"Dispatch profile, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {adapter}, "
-             f"batch {batch}", "", "| model | dispatches | one-pass us | sum of dispatches us | gaps us |",
+             f"batch {batch}, {FLAGS.precision}", "", "| model | dispatches | one-pass us | sum of dispatches us | gaps us |",
              "|---|---:|---:|---:|---:|"]
     for name, r in results.items():
         lines.append(f"| {name} | {len(r['dispatches'])} | {r['one_pass_us']:.1f} | {r['sum_us']:.1f} | "
@@ -86,7 +87,7 @@ def main(argv) -> None:
     adapter = tflfuse.Device().describe()
     results = {}
     for name, data in selected_models(folder, FLAGS.select):
-        results[name] = profile_model(data, FLAGS.batch, FLAGS.repeats)
+        results[name] = profile_model(data, FLAGS.batch, FLAGS.repeats, FLAGS.precision)
         print(name, f"{results[name]['one_pass_us']:.1f} us", flush=True)
     text = _tables(results, adapter, FLAGS.batch)
     print(text)

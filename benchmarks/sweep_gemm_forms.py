@@ -5,7 +5,7 @@
 For each distinct product ``[rows, depth] x [depth, cols]`` of MobileNetV2 (224x224, alpha 1), the GPU time
 (timestamp queries around --reps runs back to back in one compute pass, median of --repeats passes) of
 ``y = x @ w + b`` for every form (scalar or vec4 loads, scalar or vec4 stores) and every tile, each output
-checked against float64 NumPy first; then, where PyTorch with CUDA is present, cuBLAS's float32 product (TF32
+checked against float64 NumPy on three runs of rows (:func:`check_ranges`); then, where PyTorch with CUDA is present, cuBLAS's float32 product (TF32
 off: FMA units only) on the same shapes, the anchor of what the device's FMA units reach. Prints TFLOP/s and
 the share of the f32 FMA rate measured in the same run. Needs no TensorFlow.
 """
@@ -67,11 +67,37 @@ def program(rows, depth, cols, tile, form):
         store_vec="y[idx4] = acc + b[col4 / 4u];" if vec_y else None)
 
 
-def time_program(device, prog, buffers, out_buf, nbytes):
+#: Rows of the output read back to check each form and tile: three runs of this many rows (the first, the
+#: middle and the last, where the last partial tile is). Reading or writing the whole output between timings,
+#: as this sweep did before 2026-12-04, slowed the GPU down for the rest of the process on the H200 machine:
+#: after about 15 transfers of 154 MB (reads or writes through the queue, buffers created with data, or reads
+#: through one mapped buffer into new host memory) every dispatch ran 3-4x slower (401408 x 16 x 96: 80 us,
+#: then 351 us), while 150 transfers of 20 MB, or 40 writes of 154 MB through one mapped buffer from one host
+#: array, changed nothing. So clears run on the GPU and only these rows come back.
+CHECK_ROWS = 256
+
+
+def check_ranges(rows: int) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` row ranges of :data:`CHECK_ROWS` rows each that are read back and checked."""
+    starts = {0, max(0, rows // 2 - CHECK_ROWS // 2), max(0, rows - CHECK_ROWS)}
+    return [(r, min(rows, r + CHECK_ROWS)) for r in sorted(starts)]
+
+
+def clear(device, buf) -> None:
+    """Zeros ``buf`` with a command on the GPU (no upload through the queue)."""
+    encoder = device.device.create_command_encoder()
+    encoder.clear_buffer(buf)
+    device.device.queue.submit([encoder.finish()])
+
+
+def time_program(device, prog, buffers, out_buf, cols):
+    """GPU microseconds of ``prog`` and its output's checked rows (:func:`check_ranges`), concatenated."""
     record = recorder(device, prog, buffers)
     us = pass_gpu_us(device, record, FLAGS.repeats, reps=FLAGS.reps)
-    y = np.frombuffer(device.device.queue.read_buffer(out_buf, 0, nbytes), np.float32)
-    return us, y
+    rows = out_buf.size // (4 * cols)
+    y = [np.frombuffer(device.device.queue.read_buffer(out_buf, a * cols * 4, (b - a) * cols * 4), np.float32)
+         for a, b in check_ranges(rows)]
+    return us, np.concatenate(y)
 
 
 def torch_us(rows, depth, cols):
@@ -116,7 +142,7 @@ def main(argv):
             x = rng.standard_normal((rows, depth)).astype(np.float32)
             w = (rng.standard_normal((depth, cols)) / np.sqrt(depth)).astype(np.float32)
             b = rng.standard_normal(cols).astype(np.float32)
-            want = (x.astype(np.float64) @ w + b).ravel()
+            want = np.concatenate([(x[a:z].astype(np.float64) @ w + b).ravel() for a, z in check_ranges(rows)])
             flop = 2 * rows * depth * cols
             bufs = [device.create_buffer(a.nbytes, data=a.tobytes()) for a in (x, w, b)]
             out = device.create_buffer(rows * cols * 4)
@@ -125,15 +151,15 @@ def main(argv):
             for form in FLAGS.forms:
                 if FLAGS.library_form and form != library_form:
                     continue
-                for name in FLAGS.tiles:
+                for name in dict.fromkeys(FLAGS.tiles + [matmul_tile(rows, depth, cols).name]):
                     try:
                         prog = program(rows, depth, cols, MatmulTile.parse(name), form)
                     except KernelError:
                         continue
                     if prog is None:
                         continue
-                    device.device.queue.write_buffer(out, 0, np.full(rows * cols, np.nan, np.float32).tobytes())
-                    us, y = time_program(device, prog, bufs + [out], out, rows * cols * 4)
+                    clear(device, out)   # a tile that skips outputs leaves zeros, which the bias rules out
+                    us, y = time_program(device, prog, bufs + [out], out, cols)
                     err = float(np.abs(y - want).max() / max(1.0, np.abs(want).max()))
                     if not err < 1e-4:
                         print(f"  WRONG {form} {name} {rows}x{depth}x{cols}: rel err {err}", flush=True)

@@ -4,7 +4,8 @@
 Reference for every kernel: its float32 result on the same inputs already rounded to float16 by NumPy (the
 float32 kernels are checked against TF and LiteRT in the kernel tests). A float16 plan reads the same values,
 computes the same float32 sums and rounds once, at the store, so each output must be a float16 value within one
-float16 ulp of the float32 result: ``|got - want| <= 2**-10 * max(|want|, 2**-14)``. One ulp, not half: WGSL
+float16 ulp of the float32 result: ``|got - want| <= 2**-10 * max(|want|, 2**-14)``; except a fused op that keeps
+tensors of its own in f16 (the fused bottleneck's expanded tensor), whose bound its own tests derive. One ulp, not half: WGSL
 lets a conversion to f16 round to either neighbour; 2**-14 is float16's smallest normal, below which the spacing
 is fixed at 2**-24. Whole models against LiteRT CPU are in test_real_models.py (``rel16``).
 """
@@ -44,6 +45,10 @@ def test_every_kernel_stores_float16(device, rng, key, shapes, attrs, dtypes):
         for b in p.bindings:
             assert b["type"] != "f32" or b["role"][0] == "scratch"   # every float tensor is bound as f16
             assert f"{b['name']}: array<{b['type']}>" in p.wgsl
+    # a kernel that keeps tensors of its own in f16 scratch buffers (Program.half_scratch) rounds them too, not
+    # only at the store: its bound is derived stage by stage in its own tests (test_bottleneck.py,
+    # test_float16_block_rounds_its_tensors_to_float16); here its outputs are checked as stored float16
+    rounds_inside = any(b["role"][0] == "scratch" and "f16" in b["type"] for p in info.programs for b in p.bindings)
     shader_run = run_shader(device, info, [a.astype(np.int32) if a is not None and a.dtype == bool else a
                                            for a in arrays])   # a bool tensor is bound as i32 0/1
     assert len(got) == len(want) == len(shader_run)
@@ -55,6 +60,8 @@ def test_every_kernel_stores_float16(device, rng, key, shapes, attrs, dtypes):
             continue
         np.testing.assert_array_equal(g, _as_half(g))   # stored as float16
         np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        if rounds_inside:
+            continue
         finite = np.isfinite(w)
         err = np.abs(g[finite].astype(np.float64) - w[finite])
         bound = _ULP_1 * np.maximum(np.abs(w[finite]), _MIN_NORMAL)

@@ -155,6 +155,11 @@ class Program:
     #: Loop iterations one invocation runs, at most (0: few). The software adapter silently stops an
     #: invocation's loops after 65,535 iterations in all; the plan refuses programs past a device's limit.
     loop_trips: int = 0
+    #: The indices of the op's scratch buffers (roles ``("scratch", i)``) that hold a tensor's values rather
+    #: than sums, e.g. the fused bottleneck's expanded tensor: a float16 plan stores those as f16, as it stores
+    #: the unfused graph's tensors (:func:`tflfuse.kernels.half.half_storage`). Every program of an op that
+    #: binds such a buffer must list it (the plan checks).
+    half_scratch: tuple[int, ...] = ()
 
     @property
     def cache_key(self) -> str:

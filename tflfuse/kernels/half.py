@@ -1,11 +1,13 @@
 """float16 storage, and f16 math in matrix products: the plan-level precision ``"float16"``.
 
 :func:`half_storage` rewrites one :class:`~tflfuse.kernels.base.Program` so that its float tensor bindings
-(roles ``input`` and ``output`` declared ``array<f32>``) hold IEEE binary16 values (``array<f16>``, WGSL's
-``shader-f16`` feature): every read ``x[i]`` becomes ``f32(x[i])`` and every store ``y[i] = v`` becomes
-``y[i] = f16(v)`` (``array<vec4<f32>>`` bindings likewise become ``array<vec4<f16>>``). Arithmetic,
-accumulators, workgroup memory, uniforms and scratch buffers stay float32, so a reduction accumulates in f32
-and rounds once, at the store, as LiteRT's GPU delegate does with ``precision_loss_allowed``.
+(roles ``input`` and ``output`` declared ``array<f32>``, and the scratch buffers a program lists in
+:attr:`~tflfuse.kernels.base.Program.half_scratch`: tensors inside a fused op, such as the fused bottleneck's
+expanded tensor) hold IEEE binary16 values (``array<f16>``, WGSL's ``shader-f16`` feature): every read ``x[i]``
+becomes ``f32(x[i])`` and every store ``y[i] = v`` becomes ``y[i] = f16(v)`` (``array<vec4<f32>>`` bindings
+likewise become ``array<vec4<f16>>``). Arithmetic, accumulators, workgroup memory, uniforms and the other
+scratch buffers (partial sums) stay float32, so a reduction accumulates in f32 and rounds once, at the store,
+as LiteRT's GPU delegate does with ``precision_loss_allowed``.
 
 The exception is a :class:`HalfMathProgram`, which the matrix products
 (:func:`tflfuse.kernels.gemm.tiled_matmul_program`: 1x1 CONV_2D, FULLY_CONNECTED, BATCH_MATMUL and the fused
@@ -43,9 +45,12 @@ class HalfMathProgram(Program):
     half_math_of: str = dataclasses.field(default="", repr=False, compare=False)
 
 
-def is_half_binding(b: Binding) -> bool:
-    """Whether a binding holds a float tensor that the float16 plan stores as f16 (scratch stays f32)."""
-    return b.elem_type in HALF_TYPES and b.role[0] in ("input", "output")
+def is_half_binding(b: Binding, half_scratch: tuple[int, ...] = ()) -> bool:
+    """Whether a binding holds a float tensor that the float16 plan stores as f16: an op's input or output, or
+    one of its scratch buffers listed in ``half_scratch`` (a program's
+    :attr:`~tflfuse.kernels.base.Program.half_scratch`); other scratch buffers stay f32."""
+    return b.elem_type in HALF_TYPES and (b.role[0] in ("input", "output")
+                                          or (b.role[0] == "scratch" and b.role[1] in half_scratch))
 
 
 def half_binding_size(elements: int) -> int:
@@ -62,7 +67,7 @@ def half_storage(program: Program) -> Program:
         by :func:`~tflfuse.kernels.wgsl.prelude`, or its brackets do not balance; the message names the
         program and the binding.
     """
-    types = {b.name: b.elem_type for b in program.bindings if is_half_binding(b)}
+    types = {b.name: b.elem_type for b in program.bindings if is_half_binding(b, program.half_scratch)}
     math = isinstance(program, HalfMathProgram) and program.half_math and program.half_math_of == program.source
     if not types and not math:
         return program
@@ -76,7 +81,7 @@ def half_storage(program: Program) -> Program:
         source = source.replace(declaration, f"> {name}: array<{HALF_TYPES[t]}>;")
     source = "enable f16;\n" + (_rewrite_scoped(source, types, program.name) if types else source)
     bindings = tuple(dataclasses.replace(b, elem_type=HALF_TYPES[b.elem_type], size=half_binding_size(b.size // 4))
-                     if is_half_binding(b) else b for b in program.bindings)
+                     if is_half_binding(b, program.half_scratch) else b for b in program.bindings)
     # a Program again: its source is final, and no float16 form of it remains to choose
     return Program(**{f.name: getattr(program, f.name) for f in dataclasses.fields(Program)} | {
         "source": source, "bindings": bindings})

@@ -81,9 +81,16 @@ class ExecutionPlan:
         for op in graph.ops:
             if op.kernel.view:
                 continue
+            scratch_half: dict[int, bool] = {}   # the op's scratch buffers: f16 in all its programs, or in none
             for prog in op.kernel.programs():
                 if self._half:
                     prog = half_storage(prog)
+                for b in prog.bindings:
+                    half = "f16" in b.elem_type
+                    if b.role[0] == "scratch" and scratch_half.setdefault(b.role[1], half) != half:
+                        raise KernelError(f"{op.name} (operator {op.index}, program {prog.name}): scratch buffer "
+                                          f"{b.role[1]} is bound as {b.elem_type} here, and with the other "
+                                          f"precision by another of the op's programs (Program.half_scratch)")
                 if device.loop_limit is not None and prog.loop_trips >= device.loop_limit:
                     raise KernelError(
                         f"{op.name} (operator {op.index}): its shader runs about {prog.loop_trips} loop "

@@ -55,6 +55,11 @@ With squeeze-excite the pool needs the whole depthwise output before any project
 the staged strategy with one more dispatch between the depthwise conv and the projection: one workgroup per
 image averages ``d`` over the pixels, applies both 1x1 convs of the squeeze-excite in workgroup memory and
 writes the gate ``g``; the projection multiplies ``d`` by ``g`` as it reads it.
+
+In a float16 plan (``precision="float16"``) the tensors the staged, dw_projection and expand_dw strategies keep
+in scratch buffers (``e`` and ``d``) are stored as float16, as the unfused graph's tensors would be
+(:attr:`~tflfuse.kernels.base.Program.half_scratch`); the gate, the tiled strategy's split sums and all
+arithmetic stay float32.
 """
 
 from __future__ import annotations
@@ -658,7 +663,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if self.empty:
             return []
         if self.strategy in ("staged", "dw_projection", "expand_dw"):
-            return self._staged_programs()
+            # The expanded tensor and the depthwise output are tensors of the block (the gate, after them, is
+            # a small sum): a float16 plan stores them as f16, as it stores the unfused graph's tensors, and
+            # so moves half their bytes (MobileNetV2's first blocks at batch 32 are bound by them).
+            tensors = tuple(range(len(self.scratch_sizes()) - (1 if self.has_se else 0)))
+            return [dataclasses.replace(p, half_scratch=tensors) for p in self._staged_programs()]
         if self.strategy == "blocked":
             names = ["x", "ew", "eb", "dw", "db", "pw", "pb", "y"] if self.has_expand else \
                 ["x", "dw", "db", "pw", "pb", "y"]
