@@ -693,3 +693,56 @@ def test_pooled_residual_matches_tf(device, case, schedule):
 def test_pooled_residual_refuses(attrs, message):
     with pytest.raises(KernelError, match=message):
         kernel_class("fused_bottleneck")(_specs(cout=8), attrs)
+
+
+def _one_op_plan(device, kernel, inputs, precision):
+    """An ExecutionPlan of the one op ``kernel`` over ``inputs`` (the first at run time, the rest constants),
+    as run_op builds it, for the plan's own records."""
+    from tflfuse.runtime.plan import ExecutionPlan, LoweredGraph, LoweredOp
+
+    n = len(inputs)
+    outs = kernel.output_specs()
+    specs = {0: TensorSpec(inputs[0].shape), **{n + i: s for i, s in enumerate(outs)}}
+    graph = LoweredGraph(0, [LoweredOp(0, "fused_bottleneck", kernel, list(range(n)), [n])], specs,
+                         {i: a for i, a in enumerate(inputs) if i > 0}, [0], [n], {})
+    return ExecutionPlan(graph, device, precision=precision)
+
+
+@pytest.mark.parametrize("se", [False, True])
+def test_float16_plan_allocates_the_block_tensors_at_half_size(device, se):
+    """The expanded tensor and the depthwise output take 2 bytes per value in a float16 plan; the
+    squeeze-excite gate (a sum) keeps 4."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 16, 16, 16)).astype(np.float32)
+    w = _weights(rng, 16, 6, 16, csq=24 if se else 0)
+    inputs = [x] + [w[k] for k in ORDER if k in w]
+    attrs = {"expansion": 6, "target": "gpu", "strategy": "staged", "squeeze_excite": se,
+             "activation": "hard_swish" if se else "relu6"}
+    sizes = {}
+    for precision in ("float32", "float16"):
+        kernel = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
+        plan = _one_op_plan(device, kernel, inputs, precision)
+        sizes[precision] = [plan.buffer_records[i]["size"] for i in plan.scratch_buffers[0]]
+    expanded, depthwise = 2 * 16 * 16 * 96 * 4, 2 * 16 * 16 * 96 * 4
+    assert sizes["float32"] == [expanded, depthwise] + ([2 * 96 * 4] if se else [])
+    assert sizes["float16"] == [expanded // 2, depthwise // 2] + ([2 * 96 * 4] if se else [])
+
+
+def test_float16_plan_refuses_programs_that_disagree_on_a_scratch_buffer(device):
+    """A program binding one of the kernel's half_scratch() buffers as float32 (or the reverse) would read
+    the other's bytes as garbage: the plan refuses it, naming the op and the buffer."""
+    import dataclasses
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1, 8, 8, 8)).astype(np.float32)
+    w = _weights(rng, 8, 6, 8)
+    inputs = [x] + [w[k] for k in ORDER if k in w]
+    specs = [TensorSpec(a.shape) for a in inputs]
+    kernel = kernel_class("fused_bottleneck")(specs, {"expansion": 6, "target": "gpu", "strategy": "staged"})
+    programs = kernel.programs()
+    kernel.programs = lambda: [dataclasses.replace(programs[0], half_scratch=())] + programs[1:]
+    with pytest.raises(KernelError, match=r"fused_bottleneck \(operator 0, program fused_bottleneck_expand\): "
+                                          r"scratch buffer 0 is bound as f32, but the kernel's half_scratch\(\) "
+                                          r"\[0, 1\] says otherwise"):
+        _one_op_plan(device, kernel, inputs, "float16")
+    _one_op_plan(device, kernel, inputs, "float32")   # a float32 plan has no f16 buffer to disagree on

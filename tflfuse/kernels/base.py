@@ -157,8 +157,8 @@ class Program:
     loop_trips: int = 0
     #: The indices of the op's scratch buffers (roles ``("scratch", i)``) that hold a tensor's values rather
     #: than sums, e.g. the fused bottleneck's expanded tensor: a float16 plan stores those as f16, as it stores
-    #: the unfused graph's tensors (:func:`tflfuse.kernels.half.half_storage`). Every program of an op that
-    #: binds such a buffer must list it (the plan checks).
+    #: the unfused graph's tensors (:func:`tflfuse.kernels.half.half_storage`): the kernel's
+    #: :meth:`Kernel.half_scratch`, in every program of the op that binds one of them (the plan checks).
     half_scratch: tuple[int, ...] = ()
 
     @property
@@ -261,7 +261,13 @@ class Kernel:
         raise NotImplementedError
 
     def scratch_sizes(self) -> tuple[int, ...]:
-        """Bytes of each scratch buffer the programs use (``("scratch", i)`` bindings)."""
+        """Bytes of each scratch buffer the programs use (``("scratch", i)`` bindings), as float32."""
+        return ()
+
+    def half_scratch(self) -> tuple[int, ...]:
+        """The indices of :meth:`scratch_sizes` that hold a tensor's values rather than sums: a float16 plan
+        allocates them at half the size and every program binding them lists them in its
+        :attr:`Program.half_scratch` (the plan checks both)."""
         return ()
 
     # ---- helpers ---------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..kernels import kernel_class
 from ..kernels.base import KernelError, Program, TensorSpec
-from ..kernels.half import half_binding_size, half_storage
+from ..kernels.half import HALF_TYPES, half_binding_size, half_storage
 from .device import ShaderCompileError
 from .lower import (_DTYPE_NAMES, MAX_FOLDED_ELEMENTS, LoweredGraph, LoweredOp, _has_fused_kernel,  # noqa: F401
                     _narrow_int64, check_supported, held, lower)
@@ -81,16 +81,16 @@ class ExecutionPlan:
         for op in graph.ops:
             if op.kernel.view:
                 continue
-            scratch_half: dict[int, bool] = {}   # the op's scratch buffers: f16 in all its programs, or in none
+            half_scratch = set(op.kernel.half_scratch()) if self._half else set()   # allocated at half the size
             for prog in op.kernel.programs():
                 if self._half:
                     prog = half_storage(prog)
                 for b in prog.bindings:
-                    half = "f16" in b.elem_type
-                    if b.role[0] == "scratch" and scratch_half.setdefault(b.role[1], half) != half:
+                    if b.role[0] == "scratch" and b.elem_type in (*HALF_TYPES, *HALF_TYPES.values()) and \
+                            ("f16" in b.elem_type) != (b.role[1] in half_scratch):
                         raise KernelError(f"{op.name} (operator {op.index}, program {prog.name}): scratch buffer "
-                                          f"{b.role[1]} is bound as {b.elem_type} here, and with the other "
-                                          f"precision by another of the op's programs (Program.half_scratch)")
+                                          f"{b.role[1]} is bound as {b.elem_type}, but the kernel's half_scratch() "
+                                          f"{sorted(half_scratch)} says otherwise (Program.half_scratch)")
                 if device.loop_limit is not None and prog.loop_trips >= device.loop_limit:
                     raise KernelError(
                         f"{op.name} (operator {op.index}): its shader runs about {prog.loop_trips} loop "
@@ -231,7 +231,9 @@ class ExecutionPlan:
                 r = g.storage_root(t)
                 if r not in roots:
                     roots[r] = take(self.storage_nbytes(r), f"{g.describe(t)} {list(g.specs[r].shape)}")
-            scratch = [take(n, f"scratch of op {op.index}") for n in op.kernel.scratch_sizes()]
+            halves = set(op.kernel.half_scratch()) if self._half else set()   # float16: 2 bytes per value
+            scratch = [take(half_binding_size(n // 4) if i in halves else n, f"scratch of op {op.index}")
+                       for i, n in enumerate(op.kernel.scratch_sizes())]
             self.scratch_buffers[op.index] = scratch
             free.extend(scratch)
             for r, last in list(last_use.items()):

@@ -511,6 +511,15 @@ class FusedBottleneck(CompositeKernel):
         *_, splits = self._blocking()
         return (splits * self.output_specs()[0].nbytes,) if splits > 1 else ()
 
+    def half_scratch(self) -> tuple[int, ...]:
+        """The expanded tensor and the depthwise output of the staged, dw_projection and expand_dw strategies
+        (not the squeeze-excite gate, a small sum after them, nor the tiled strategy's split sums): a float16
+        plan stores them as f16, as it stores the unfused graph's tensors, and so moves half their bytes
+        (MobileNetV2's first blocks at batch 32 are bound by them)."""
+        if self.empty or self.strategy not in ("staged", "dw_projection", "expand_dw"):
+            return ()
+        return tuple(range(len(self.scratch_sizes()) - (1 if self.has_se else 0)))
+
     def _staged_programs(self) -> list[Program]:
         """Dispatches through scratch buffers: 1x1 expand, KxK depthwise, (squeeze-excite gate,) 1x1 projection
         (+ bias and residual). Faster on the software adapter, whose barriers and workgroup memory are costly;
@@ -663,11 +672,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if self.empty:
             return []
         if self.strategy in ("staged", "dw_projection", "expand_dw"):
-            # The expanded tensor and the depthwise output are tensors of the block (the gate, after them, is
-            # a small sum): a float16 plan stores them as f16, as it stores the unfused graph's tensors, and
-            # so moves half their bytes (MobileNetV2's first blocks at batch 32 are bound by them).
-            tensors = tuple(range(len(self.scratch_sizes()) - (1 if self.has_se else 0)))
-            return [dataclasses.replace(p, half_scratch=tensors) for p in self._staged_programs()]
+            return [dataclasses.replace(p, half_scratch=self.half_scratch()) for p in self._staged_programs()]
         if self.strategy == "blocked":
             names = ["x", "ew", "eb", "dw", "db", "pw", "pb", "y"] if self.has_expand else \
                 ["x", "dw", "db", "pw", "pb", "y"]
