@@ -623,8 +623,9 @@ def _f16_lines(rows: list[dict], by_name: dict) -> list[str]:
     half = [r for r in rows if r.get("f16_ms")]
     if not half:
         return []
-    lines = ["", "float16 (`precision=\"float16\"`: every float tensor stored as float16 on the GPU, arithmetic "
-                 "in float32), timed in the same alternating rounds as the rows above. Errors are max |x - LiteRT "
+    lines = ["", "float16 (`precision=\"float16\"`: every float tensor stored as float16 on the GPU; the tiled "
+                 "matrix products multiply in float16 within each slice of the depth and add the slices in float32, "
+                 "other arithmetic in float32), timed in the same alternating rounds as the rows above. Errors are max |x - LiteRT "
                  "CPU| / max |LiteRT CPU| on the first output (a fused file's LiteRT CPU result is its twin's); "
                  "LiteRT WebGPU computes in float16 too.", "",
              "| model | batch | f16 ms | f16 thr. ms | f16 GPU ms | f16 / f32 (latency, thr., GPU) | "
