@@ -247,12 +247,20 @@ class ComposedKernel(CompositeKernel):
     def scratch_sizes(self):
         return tuple(self.scratch)
 
+    def half_scratch(self):
+        """The steps' own :meth:`~tflfuse.kernels.base.Kernel.half_scratch` buffers, at their places among the
+        composition's scratch buffers (the values passed between steps stay float32)."""
+        return tuple(self.step_scratch[j] + k for j, step in enumerate(self.chain.steps)
+                     for k in step.kernel.half_scratch())
+
     def programs(self):
         progs: list[Program] = []
         for j, step in enumerate(self.chain.steps):
             for p in step.kernel.programs():
                 binds = tuple(self._remap(b, j, step) for b in p.bindings)
-                progs.append(dataclasses.replace(p, name=f"{self.key}/{j}_{p.name}", bindings=binds))
+                progs.append(dataclasses.replace(p, name=f"{self.key}/{j}_{p.name}", bindings=binds,
+                                                 half_scratch=tuple(self.step_scratch[j] + k
+                                                                    for k in p.half_scratch)))
         for v, m in self.copies:
             kind, index = self.loc[id(v)]
             src = Binding("x", (kind, index), "read", v.spec.wgsl_type, v.spec.nbytes)
