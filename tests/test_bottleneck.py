@@ -15,6 +15,7 @@ import pytest
 
 from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import TensorSpec
+from tflfuse.kernels.half import half_programs
 from tflfuse.runtime.plan import run_op
 
 from half_math import gamma, product_bound
@@ -741,10 +742,12 @@ def test_float16_plan_refuses_programs_that_disagree_on_a_scratch_buffer(device)
     kernel = kernel_class("fused_bottleneck")(specs, {"expansion": 6, "target": "gpu", "strategy": "staged"})
     programs = kernel.programs()
     kernel.programs = lambda: [dataclasses.replace(programs[0], half_scratch=())] + programs[1:]
-    with pytest.raises(KernelError, match=r"fused_bottleneck \(operator 0, program fused_bottleneck_expand\): "
-                                          r"scratch buffer 0 is bound as f32, but the kernel's half_scratch\(\) "
-                                          r"\[0, 1\] says otherwise"):
+    message = (r"fused_bottleneck \(program fused_bottleneck_expand\): scratch buffer 0 is bound as f32, but the "
+               r"kernel's half_scratch\(\) \[0, 1\] says otherwise")
+    with pytest.raises(KernelError, match=r"fused_bottleneck \(operator 0\): " + message):
         _one_op_plan(device, kernel, inputs, "float16")
+    with pytest.raises(KernelError, match=message):   # the shaders' path checks the same
+        half_programs(kernel)
     _one_op_plan(device, kernel, inputs, "float32")   # a float32 plan has no f16 buffer to disagree on
 
 
@@ -771,3 +774,21 @@ def test_float16_composition_keeps_a_block_step_in_float16(device):
     attrs = {"expansion": 6, "target": "gpu", "strategy": "staged", "residual": False}
     (block,) = run_op(device, "fused_bottleneck", inputs, attrs, precision="float16")
     np.testing.assert_array_equal(got, np.maximum(block, 0))
+
+
+def test_half_scratch_of_a_non_float_buffer_is_refused():
+    """A kernel listing an integer scratch buffer in half_scratch() would get half the bytes its i32 binding
+    needs: refused by name, before any GPU call."""
+    import dataclasses
+
+    from tflfuse.kernels.base import Binding
+
+    kernel = kernel_class("fused_bottleneck")([TensorSpec(s) for s in ((1, 8, 8, 8), (8, 48), (48,), (3, 3, 48),
+                                                                        (48,), (48, 8), (8,))],
+                                              {"expansion": 6, "target": "gpu", "strategy": "staged"})
+    programs = kernel.programs()
+    counts = Binding("counts", ("scratch", 0), "read_write", "i32", 64)
+    kernel.programs = lambda: [dataclasses.replace(programs[0], bindings=programs[0].bindings[:-1] + (counts,))]
+    with pytest.raises(KernelError, match=r"scratch buffer 0 is bound as i32, but the kernel's half_scratch\(\) "
+                                          r"\[0, 1\] says otherwise \(Program.half_scratch; only float scratch"):
+        half_programs(kernel)

@@ -10,7 +10,7 @@ import numpy as np
 
 from .kernels import kernel_class
 from .kernels.base import KernelError, TensorSpec, Uniform, pack_uniforms, uniform_layout
-from .kernels.half import half_storage
+from .kernels.half import half_programs
 
 __all__ = ["ShaderInfo", "catalog", "get_shader", "model_shaders", "run_shader"]
 
@@ -104,7 +104,7 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
     try:
         kernel = cls(specs, attrs)
         outs = tuple(s.shape for s in kernel.output_specs())
-        programs = [half_storage(p) if precision == "float16" else p for p in kernel.programs()]
+        programs = half_programs(kernel) if precision == "float16" else kernel.programs()
     except KernelError:
         raise
     except (TypeError, ValueError) as e:  # e.g. int("abc") for stride_h="abc"
@@ -212,8 +212,11 @@ def model_shaders(model, target: str = "gpu", precision: str = "float32") -> tup
 def _op_entry(op, files: dict[str, str], precision: str) -> dict:
     """One lowered op's manifest entry; adds its shaders to ``files``."""
     dispatches = []
-    for prog in op.kernel.programs():
-        prog = half_storage(prog) if precision == "float16" else prog
+    try:
+        programs = half_programs(op.kernel) if precision == "float16" else op.kernel.programs()
+    except KernelError as e:
+        raise KernelError(f"{op.name} (operator {op.index}): {e}") from None
+    for prog in programs:
         fname = f"{op.name}_{prog.cache_key[:8]}.wgsl"
         files[fname] = prog.source
         binds = []

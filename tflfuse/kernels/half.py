@@ -28,7 +28,7 @@ import re
 
 from .base import Binding, KernelError, Program
 
-__all__ = ["HALF_TYPES", "HalfMathProgram", "half_binding_size", "half_storage", "is_half_binding"]
+__all__ = ["HALF_TYPES", "HalfMathProgram", "half_binding_size", "half_programs", "half_storage", "is_half_binding"]
 
 #: A float binding's element type -> its type in a float16 plan.
 HALF_TYPES = {"f32": "f16", "vec4<f32>": "vec4<f16>"}
@@ -56,6 +56,33 @@ def is_half_binding(b: Binding, half_scratch: tuple[int, ...] = ()) -> bool:
 def half_binding_size(elements: int) -> int:
     """Bytes of an ``array<f16>`` binding of ``elements`` values: 2 each, rounded up to WebGPU's multiple of 4."""
     return -(-2 * elements // 4) * 4
+
+
+def half_programs(kernel) -> list[Program]:
+    """A kernel's programs as a float16 plan runs them (:func:`half_storage` of each), checked against its
+    :meth:`~tflfuse.kernels.base.Kernel.half_scratch`: every float binding of a listed scratch buffer is f16 and
+    every other scratch binding keeps its type, so that two programs never read one buffer in two precisions
+    and the buffer's size (halved for the listed ones) fits every binding.
+
+    Raises:
+      KernelError: a program's binding disagrees (its ``Program.half_scratch`` does not match the kernel's), or
+        the kernel lists a scratch buffer that holds no floats; the message names the op and the program.
+    """
+    halves = set(kernel.half_scratch())
+    floats = (*HALF_TYPES, *HALF_TYPES.values())
+    programs = []
+    for prog in kernel.programs():
+        prog = half_storage(prog)
+        for b in prog.bindings:
+            if b.role[0] != "scratch":
+                continue
+            listed = b.role[1] in halves
+            if (b.elem_type not in floats and listed) or (b.elem_type in floats and ("f16" in b.elem_type) != listed):
+                raise KernelError(f"{kernel.key} (program {prog.name}): scratch buffer {b.role[1]} is bound as "
+                                  f"{b.elem_type}, but the kernel's half_scratch() {sorted(halves)} says "
+                                  f"otherwise (Program.half_scratch; only float scratch buffers can be listed)")
+        programs.append(prog)
+    return programs
 
 
 def half_storage(program: Program) -> Program:

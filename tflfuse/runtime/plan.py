@@ -19,7 +19,7 @@ import numpy as np
 
 from ..kernels import kernel_class
 from ..kernels.base import KernelError, Program, TensorSpec
-from ..kernels.half import HALF_TYPES, half_binding_size, half_storage
+from ..kernels.half import half_binding_size, half_programs
 from .device import ShaderCompileError
 from .lower import (_DTYPE_NAMES, MAX_FOLDED_ELEMENTS, LoweredGraph, LoweredOp, _has_fused_kernel,  # noqa: F401
                     _narrow_int64, check_supported, held, lower)
@@ -81,16 +81,11 @@ class ExecutionPlan:
         for op in graph.ops:
             if op.kernel.view:
                 continue
-            half_scratch = set(op.kernel.half_scratch()) if self._half else set()   # allocated at half the size
-            for prog in op.kernel.programs():
-                if self._half:
-                    prog = half_storage(prog)
-                for b in prog.bindings:
-                    if b.role[0] == "scratch" and b.elem_type in (*HALF_TYPES, *HALF_TYPES.values()) and \
-                            ("f16" in b.elem_type) != (b.role[1] in half_scratch):
-                        raise KernelError(f"{op.name} (operator {op.index}, program {prog.name}): scratch buffer "
-                                          f"{b.role[1]} is bound as {b.elem_type}, but the kernel's half_scratch() "
-                                          f"{sorted(half_scratch)} says otherwise (Program.half_scratch)")
+            try:
+                programs = half_programs(op.kernel) if self._half else op.kernel.programs()
+            except KernelError as e:
+                raise KernelError(f"{op.name} (operator {op.index}): {e}") from None
+            for prog in programs:
                 if device.loop_limit is not None and prog.loop_trips >= device.loop_limit:
                     raise KernelError(
                         f"{op.name} (operator {op.index}): its shader runs about {prog.loop_trips} loop "
