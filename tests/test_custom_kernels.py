@@ -178,3 +178,29 @@ def test_composition_errors():
     register_composition("test_returns_nothing", lambda chain, x: None)
     with pytest.raises(KernelError, match="must return a Value"):
         kernel_class("test_returns_nothing")([TensorSpec((2, 3))], {})
+
+
+def test_float16_composition_keeps_a_block_step_in_float16(device):
+    """A user's composition (tflfuse.kernels.compose) with a fused_bottleneck step: the step's f16 scratch
+    buffers keep their precision at their new places among the composition's, so the float16 plan runs it and
+    its output is the block's own float16 result through RELU, bit for bit (the block's programs are the same,
+    RELU commutes with the monotone rounding to f16, and the value passed between the steps stays float32)."""
+    from test_bottleneck import ORDER, _weights
+
+    def block_then_relu(chain, x, *weights):
+        y = chain.call("fused_bottleneck", [x, *weights], expansion=6, target="gpu", strategy="staged",
+                       output_activation="linear", residual=False)
+        return chain.call("RELU", [y])
+
+    register_composition("test_block_then_relu", block_then_relu)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 9, 7, 8)).astype(np.float32)
+    w = _weights(rng, 8, 6, 12)
+    inputs = [x] + [w[k] for k in ORDER if k in w]
+    kernel = kernel_class("test_block_then_relu")([TensorSpec(a.shape) for a in inputs], {})
+    assert kernel.half_scratch() == (1, 2)   # after the step's output (scratch 0): its expanded and depthwise
+    (got,) = run_op(device, "test_block_then_relu", inputs, precision="float16")
+    attrs = {"expansion": 6, "target": "gpu", "strategy": "staged", "residual": False}
+    (block,) = run_op(device, "fused_bottleneck", inputs, attrs, precision="float16")
+    np.testing.assert_array_equal(got, np.maximum(block, 0))
+

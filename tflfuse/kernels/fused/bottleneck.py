@@ -74,7 +74,7 @@ from ..base import (MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKern
                     is_integral)
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
-from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule
+from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule, blocked_sums_bytes
 from .conv import SEPARABLE_MAX_CHANNELS, depthwise_pointwise_program, max_pool_2x2, pixel_block, pointwise_split
 from .depthwise_product import depthwise_product_program, fits_depthwise_product
 from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, expand_depthwise_shape,
@@ -499,6 +499,8 @@ class FusedBottleneck(CompositeKernel):
 
     def scratch_sizes(self) -> tuple[int, ...]:
         n, h, w, _ = self.input(0).shape
+        if self.strategy == "blocked" and not self.empty:   # the projection sums where no private array holds them
+            return (blocked_sums_bytes(self),) if blocked_sums_bytes(self) else ()
         if self.strategy in ("blocked", "dw_pointwise") or self.empty:
             return ()
         if self.strategy == "expand_dw":   # the depthwise output only

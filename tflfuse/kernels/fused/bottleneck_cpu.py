@@ -10,8 +10,9 @@ counts loads, not FLOPs:
   channels. It walks the expanded channels in chunks of ``chunk``: it expands its input halo (``K`` rows x
   ``(tile - 1) * stride + K`` columns) for the chunk into registers (each input value loaded once per
   chunk serves ``chunk`` expanded channels, each expand weight serves the whole halo), applies the KxK
-  depthwise filter and folds the result into the projection sums (a private array; for wide outputs the
-  output buffer itself, bias and residual written first, the output activation applied after the last chunk);
+  depthwise filter and folds the result into the projection sums (a private array; for wide outputs a
+  float32 scratch buffer, bias and residual written first, copied to the output through its activation after
+  the last chunk, so that a float16 plan's sums stay float32 until the one rounding at the store);
 * the expanded and depthwise tensors never reach memory, and the weights are read once per invocation, not
   once per output element as the separate ops read them.
 
@@ -105,12 +106,25 @@ def blocked_loop_trips(k) -> int:
     return chunks * (1 + (k.cin if k.has_expand else 0) + g["alloc"] // g["step"]) + g["block"]
 
 
+def blocked_sums_bytes(k) -> int:
+    """Bytes of the float32 scratch buffer that holds the projection sums of kernel ``k``'s blocked schedule
+    where they do not fit a private array (:data:`_PRIVATE_SUMS`), else 0."""
+    g = blocked_geometry(k)
+    if g["tw"] * g["alloc"] <= _PRIVATE_SUMS:
+        return 0
+    return k.input(0).shape[0] * k.oh * k.ow * k.cout * 4
+
+
 def blocked_program(k, bindings) -> Program:
-    """The one dispatch of the blocked strategy over ``bindings`` named x, [ew, eb,] dw, db, pw, pb, y."""
+    """The one dispatch of the blocked strategy over ``bindings`` named x, [ew, eb,] dw, db, pw, pb, y, and where
+    :func:`blocked_sums_bytes` is not 0 its scratch buffer 0 (the sums)."""
     n, h, w, cin = k.input(0).shape
     cexp, cout, K, s = k.cexp, k.cout, k.k, k.stride
     g = blocked_geometry(k)
     tw, E, hw, G, step, alloc = g["tw"], g["chunk"], g["hw"], g["block"], g["step"], g["alloc"]
+    sums_bytes = blocked_sums_bytes(k)
+    if sums_bytes:
+        bindings = tuple(bindings) + (k.binding("sums", "scratch", 0, sums_bytes),)
     halo = [(hy, hx) for hy in range(K) for hx in range(hw)]
     q_of = {pos: i for i, pos in enumerate(halo)}
     L = []   # body lines, indented by two
@@ -128,21 +142,22 @@ def blocked_program(k, bindings) -> Program:
     out_at = f"((n * {k.oh}u + u32(oy)) * {k.ow}u + u32(ox0 + {{p}})) * {cout}u + {{co}}"
     res_at = f"((n * {h}u + u32(oy)) * {w}u + u32(ox0 + {{p}})) * {cin}u + {{co}}"
 
-    def store_loop(sums: str) -> list[str]:
-        """y = sums (of pixel ``{p}``, channel offset c) + bias (+ residual) over the block's live outputs."""
+    def store_loop(sums: str, target: str = "y") -> list[str]:
+        """target = sums (of pixel ``{p}``, channel offset c) + bias (+ residual) over the block's live outputs,
+        through the output activation where ``sums`` is given."""
         out = [f"for (var c = 0u; c < {G}u; c++) {{", "  let co = co0 + c;", f"  if (co >= {cout}u) {{ break; }}",
                "  let bias = pb[co];"]
         for p in range(tw):
             residual = k.residual_term(f"(n * {k.oh}u + u32(oy)) * {k.ow}u + u32(ox0 + {p})", "co",
                                        f"x[{res_at.format(p=p, co='co')}]")
             value = f"{sums.format(p=p * alloc)}bias{residual}"
-            out.append(f"  if (ox0 + {p} < {k.ow}) {{ y[{out_at.format(p=p, co='co')}] = "
+            out.append(f"  if (ox0 + {p} < {k.ow}) {{ {target}[{out_at.format(p=p, co='co')}] = "
                        f"{k.out_activated(value) if sums else value}; }}")
         return out + ["}"]
     if private:
         L += [f"var acc: array<f32, {tw * alloc}>;   // projection sums: pixel p, channel co0 + c at p * {alloc} + c"]
-    else:   # the sums accumulate in y itself: bias and residual first
-        L += store_loop("")
+    else:   # the sums accumulate in the float32 scratch buffer: bias and residual first
+        L += store_loop("", "sums")
     L += [f"for (var e0 = 0u; e0 < {cexp}u; e0 += {E}u) {{"]
     B = []   # the chunk loop's body
     es = range(E)
@@ -177,17 +192,17 @@ def blocked_program(k, bindings) -> Program:
         for p in range(tw):
             for j in range(step):
                 at = out_at.format(p=p, co=f"o{j}")
-                B.append(f"  if (live{j} && ox0 + {p} < {k.ow}) {{ y[{at}] += "
+                B.append(f"  if (live{j} && ox0 + {p} < {k.ow}) {{ sums[{at}] += "
                          + " + ".join(f"v{p}_{e} * p{e}_{j}" for e in es) + "; }")
     B += ["}"]
     L += ["  " + b for b in B] + ["}"]
     if private:
         L += store_loop("acc[{p}u + c] + ")
-    elif k.out_act != "linear":   # the sums are complete in y: the output activation over the block
+    else:   # the sums are complete: through the output activation into y
         L += [f"for (var c = 0u; c < {G}u; c++) {{", "  let co = co0 + c;", f"  if (co >= {cout}u) {{ break; }}"]
         for p in range(tw):
             at = out_at.format(p=p, co="co")
-            L.append(f"  if (ox0 + {p} < {k.ow}) {{ y[{at}] = oact(y[{at}]); }}")
+            L.append(f"  if (ox0 + {p} < {k.ow}) {{ y[{at}] = {k.out_activated(f'sums[{at}]')}; }}")
         L += ["}"]
     total = g["invocations"]
     act_fn = activation_fn(k.attr("activation"))
