@@ -5,8 +5,9 @@
 For each distinct product ``[rows, depth] x [depth, cols]`` of MobileNetV2 (224x224, alpha 1), the GPU time
 (timestamp queries around --reps runs back to back in one compute pass, median of --repeats passes) of
 ``y = x @ w + b`` for every form (scalar or vec4 loads, scalar or vec4 stores) and every tile, each output
-checked against float64 NumPy on three runs of rows (:func:`check_ranges`); then, where PyTorch with CUDA is present, cuBLAS's float32 product (TF32
-off: FMA units only) on the same shapes, the anchor of what the device's FMA units reach. Prints TFLOP/s and
+checked against float64 NumPy on three runs of rows (:func:`check_ranges`); then, where PyTorch with CUDA is
+present, cuBLAS's float32 product (TF32 off: FMA units only) on the same shapes, the anchor of what the
+device's FMA units reach. Prints TFLOP/s and
 the share of the f32 FMA rate measured in the same run. Needs no TensorFlow.
 """
 

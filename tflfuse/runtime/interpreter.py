@@ -51,8 +51,9 @@ class Interpreter:
       precision: ``"float32"`` (the default) or ``"float16"``: float tensors (and the tensors a fused op keeps
         in scratch buffers) held as float16 on the GPU, as LiteRT's GPU delegate allows with
         ``precision_loss_allowed`` (its FP16 mode); the tiled matrix products multiply in float16 within each
-        slice of the depth and add the slices in float32; other arithmetic and sums run in float32. Inputs are still set and outputs read as float32; they are rounded to float16 on the
-        way in and carry about 3 significant digits. Needs the adapter's ``shader-f16`` feature (ValueError
+        slice of the depth and add the slices in float32; other arithmetic and sums run in float32. Inputs
+        are still set and outputs read as float32; they are rounded to float16 on the way in and carry about
+        3 significant digits. Needs the adapter's ``shader-f16`` feature (ValueError
         at :meth:`allocate_tensors` where it is missing).
       cpu_fallback: True (the default): ops tflfuse has no GPU kernel for, or whose kernel refuses them, run on
         LiteRT's CPU interpreter. False: every op must have a kernel that takes it (UnsupportedOpError, or the

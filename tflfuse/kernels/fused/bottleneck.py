@@ -500,7 +500,8 @@ class FusedBottleneck(CompositeKernel):
     def scratch_sizes(self) -> tuple[int, ...]:
         n, h, w, _ = self.input(0).shape
         if self.strategy == "blocked" and not self.empty:   # the projection sums where no private array holds them
-            return (blocked_sums_bytes(self),) if blocked_sums_bytes(self) else ()
+            sums = blocked_sums_bytes(self)
+            return (sums,) if sums else ()
         if self.strategy in ("blocked", "dw_pointwise") or self.empty:
             return ()
         if self.strategy == "expand_dw":   # the depthwise output only
