@@ -10,7 +10,24 @@ from tflfuse.kernels.base import Binding, Program, linear_dispatch
 from tflfuse.runtime.plan import pass_gpu_us
 
 __all__ = ["F16_ACCUMULATORS", "F32_ACCUMULATORS", "copy_bandwidth_gb_per_s", "fma_source", "fma_tflops",
-           "measure_peaks", "recorder"]
+           "measure_peaks", "recorder", "CHECK_ROWS", "check_ranges"]
+
+
+#: Rows of a product's output that the sweeps read back to check each form and tile: three runs of this many
+#: rows (the first, the middle and the last, where the last partial tile is). Reading or writing the whole
+#: output between timings, as sweep_gemm_forms.py did before 2026-12-04, slowed the GPU down for the rest of
+#: the process on the H200 machine: after about 15 transfers of 154 MB (reads or writes through the queue,
+#: buffers created with data, or reads through one mapped buffer into new host memory) every dispatch ran 3-4x
+#: slower (401408 x 16 x 96: 80 us, then 351 us), while 150 transfers of 20 MB, or 40 writes of 154 MB through
+#: one mapped buffer from one host array, changed nothing. So clears run on the GPU and only these rows come
+#: back.
+CHECK_ROWS = 256
+
+
+def check_ranges(rows: int) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` row ranges of :data:`CHECK_ROWS` rows each that are read back and checked."""
+    starts = {0, max(0, rows // 2 - CHECK_ROWS // 2), max(0, rows - CHECK_ROWS)}
+    return [(r, min(rows, r + CHECK_ROWS)) for r in sorted(starts)]
 
 
 def recorder(device, prog, buffers):

@@ -30,7 +30,7 @@ from tflfuse.kernels.base import Binding  # noqa: E402
 from tflfuse.kernels.gemm import TILES, MatmulTile, matmul_tile, tiled_matmul_program, use_vec4  # noqa: E402
 from tflfuse.runtime.plan import pass_gpu_us  # noqa: E402
 
-from peaks import fma_tflops, recorder  # noqa: E402
+from peaks import check_ranges, fma_tflops, recorder  # noqa: E402
 from chain import products  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -66,22 +66,6 @@ def program(rows, depth, cols, tile, form):
         a_vec=f"x[(r * {depth}u + k) / 4u]" if vec_a else None,
         b_vec=f"w[(k * {cols}u + c) / 4u]" if vec_b else None,
         store_vec="y[idx4] = acc + b[col4 / 4u];" if vec_y else None)
-
-
-#: Rows of the output read back to check each form and tile: three runs of this many rows (the first, the
-#: middle and the last, where the last partial tile is). Reading or writing the whole output between timings,
-#: as this sweep did before 2026-12-04, slowed the GPU down for the rest of the process on the H200 machine:
-#: after about 15 transfers of 154 MB (reads or writes through the queue, buffers created with data, or reads
-#: through one mapped buffer into new host memory) every dispatch ran 3-4x slower (401408 x 16 x 96: 80 us,
-#: then 351 us), while 150 transfers of 20 MB, or 40 writes of 154 MB through one mapped buffer from one host
-#: array, changed nothing. So clears run on the GPU and only these rows come back.
-CHECK_ROWS = 256
-
-
-def check_ranges(rows: int) -> list[tuple[int, int]]:
-    """The ``[start, stop)`` row ranges of :data:`CHECK_ROWS` rows each that are read back and checked."""
-    starts = {0, max(0, rows // 2 - CHECK_ROWS // 2), max(0, rows - CHECK_ROWS)}
-    return [(r, min(rows, r + CHECK_ROWS)) for r in sorted(starts)]
 
 
 def clear(device, buf) -> None:
