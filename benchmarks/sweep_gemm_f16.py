@@ -15,8 +15,8 @@ each of --tiles) in three forms:
 
 Each output is checked first, on three runs of its rows (``peaks.check_ranges``): ``f32`` against float64 NumPy
 within 1e-4 of the output's scale, the f16 forms against float64 on the f16-rounded operands within
-``(gamma(2 tk, 2**-11) + 2**-9) max(|x| @ |w| + |b|)`` (tests/half_math.py derives the bound). Prints TFLOP/s and the share of the f32 and f16 FMA peaks measured in
-the same run (benchmarks/peaks.py). Needs no TensorFlow.
+``(gamma(2 tk, 2**-11) + 2**-9) max(|x| @ |w| + |b|)`` (tests/half_math.py derives the bound). Prints TFLOP/s
+and the share of the f32 and f16 FMA peaks measured in the same run (benchmarks/peaks.py). Needs no TensorFlow.
 """
 
 from __future__ import annotations
