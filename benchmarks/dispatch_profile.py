@@ -2,8 +2,8 @@
 goes, dispatch by dispatch, and how much of it is the gaps between dispatches (the one-pass time less the sum
 of the dispatches' own times).
 
-    python benchmarks/dispatch_profile.py --models=.bench [--select=selfie*,hand_recrop*] [--batch=1] [--precision=float16]
-                                          [--out=DISPATCHES.md] [--json_out=dispatches.json]
+    python benchmarks/dispatch_profile.py --models=.bench [--select=selfie*,hand_recrop*] [--batch=1]
+                                          [--precision=float16] [--out=DISPATCHES.md] [--json_out=dispatches.json]
 
 Real models of ``--models`` (``NAME_unfused.tflite``) are fused at load with :func:`tflfuse.fuse`, as
 ``benchmarks/run.py`` does; both the fused and the unfused file are profiled. Times are GPU microseconds from
@@ -67,8 +67,8 @@ def profile_model(data: bytes, batch: int, repeats: int, precision: str = "float
 
 def _tables(results: dict, adapter: str, batch: int) -> str:
     lines = [f"Dispatch profile, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {adapter}, "
-             f"batch {batch}, {FLAGS.precision}", "", "| model | dispatches | one-pass us | sum of dispatches us | gaps us |",
-             "|---|---:|---:|---:|---:|"]
+             f"batch {batch}, {FLAGS.precision}", "",
+             "| model | dispatches | one-pass us | sum of dispatches us | gaps us |", "|---|---:|---:|---:|---:|"]
     for name, r in results.items():
         lines.append(f"| {name} | {len(r['dispatches'])} | {r['one_pass_us']:.1f} | {r['sum_us']:.1f} | "
                      f"{r['one_pass_us'] - r['sum_us']:.1f} |")
