@@ -65,9 +65,9 @@ def profile_model(data: bytes, batch: int, repeats: int, precision: str = "float
     return {"one_pass_us": one_pass, "dispatches": rows, "sum_us": sum(r["us"] for r in rows)}
 
 
-def _tables(results: dict, adapter: str, batch: int) -> str:
+def _tables(results: dict, adapter: str, batch: int, precision: str) -> str:
     lines = [f"Dispatch profile, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {adapter}, "
-             f"batch {batch}, {FLAGS.precision}", "",
+             f"batch {batch}, {precision}", "",
              "| model | dispatches | one-pass us | sum of dispatches us | gaps us |", "|---|---:|---:|---:|---:|"]
     for name, r in results.items():
         lines.append(f"| {name} | {len(r['dispatches'])} | {r['one_pass_us']:.1f} | {r['sum_us']:.1f} | "
@@ -89,7 +89,7 @@ def main(argv) -> None:
     for name, data in selected_models(folder, FLAGS.select):
         results[name] = profile_model(data, FLAGS.batch, FLAGS.repeats, FLAGS.precision)
         print(name, f"{results[name]['one_pass_us']:.1f} us", flush=True)
-    text = _tables(results, adapter, FLAGS.batch)
+    text = _tables(results, adapter, FLAGS.batch, FLAGS.precision)
     print(text)
     if FLAGS.out:
         Path(FLAGS.out).write_text(text)

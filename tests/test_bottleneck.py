@@ -17,7 +17,7 @@ import pytest
 from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import TensorSpec
 from tflfuse.kernels.half import half_programs
-from tflfuse.runtime.plan import run_op
+from tflfuse.runtime.plan import op_plan, run_op
 
 from half_math import gamma, product_bound
 
@@ -703,19 +703,6 @@ def test_pooled_residual_refuses(attrs, message):
         kernel_class("fused_bottleneck")(_specs(cout=8), attrs)
 
 
-def _one_op_plan(device, kernel, inputs, precision):
-    """An ExecutionPlan of the one op ``kernel`` over ``inputs`` (the first at run time, the rest constants),
-    as run_op builds it, for the plan's own records."""
-    from tflfuse.runtime.plan import ExecutionPlan, LoweredGraph, LoweredOp
-
-    n = len(inputs)
-    outs = kernel.output_specs()
-    specs = {0: TensorSpec(inputs[0].shape), **{n + i: s for i, s in enumerate(outs)}}
-    graph = LoweredGraph(0, [LoweredOp(0, "fused_bottleneck", kernel, list(range(n)), [n])], specs,
-                         {i: a for i, a in enumerate(inputs) if i > 0}, [0], [n], {})
-    return ExecutionPlan(graph, device, precision=precision)
-
-
 @pytest.mark.parametrize("se", [False, True])
 def test_float16_plan_allocates_the_block_tensors_at_half_size(device, se):
     """The expanded tensor and the depthwise output take 2 bytes per value in a float16 plan; the
@@ -729,7 +716,7 @@ def test_float16_plan_allocates_the_block_tensors_at_half_size(device, se):
     sizes = {}
     for precision in ("float32", "float16"):
         kernel = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
-        plan = _one_op_plan(device, kernel, inputs, precision)
+        plan = op_plan(device, "fused_bottleneck", inputs, precision=precision, kernel=kernel)
         sizes[precision] = [plan.buffer_records[i]["size"] for i in plan.scratch_buffers[0]]
     expanded, depthwise = 2 * 16 * 16 * 96 * 4, 2 * 16 * 16 * 96 * 4
     assert sizes["float32"] == [expanded, depthwise] + ([2 * 96 * 4] if se else [])
@@ -752,10 +739,10 @@ def test_float16_plan_refuses_programs_that_disagree_on_a_scratch_buffer(device)
     message = (r"fused_bottleneck \(program fused_bottleneck_expand\): scratch buffer 0 is bound as f32, but the "
                r"kernel's half_scratch\(\) \[0, 1\] says otherwise")
     with pytest.raises(KernelError, match=r"fused_bottleneck \(operator 0\): " + message):
-        _one_op_plan(device, kernel, inputs, "float16")
+        op_plan(device, "fused_bottleneck", inputs, precision="float16", kernel=kernel)
     with pytest.raises(KernelError, match=message):   # the shaders' path checks the same
         half_programs(kernel)
-    _one_op_plan(device, kernel, inputs, "float32")   # a float32 plan has no f16 buffer to disagree on
+    op_plan(device, "fused_bottleneck", inputs, kernel=kernel)   # a float32 plan has no f16 buffer to disagree on
 
 
 def test_half_scratch_of_a_non_float_buffer_is_refused():

@@ -597,12 +597,21 @@ def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping
     Returns:
       the op's outputs as arrays of their dtypes (float32, int32, bool).
     """
-    cls = kernel_class(key)
+    plan = op_plan(device, key, inputs, attrs, constant, precision)
+    plan.run()
+    return [plan.read(t) for t in plan.graph.outputs]
+
+
+def op_plan(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping | None = None,
+            constant: Sequence[bool] | None = None, precision: str = "float32", kernel=None) -> "ExecutionPlan":
+    """The :class:`ExecutionPlan` :func:`run_op` runs (its arguments), its runtime inputs written; ``kernel``: an
+    instance of ``key``'s kernel class to plan instead of one made from ``inputs`` and ``attrs``."""
     inputs = [None if a is None else np.asarray(a, np.int32 if np.asarray(a).dtype.kind in "iu" else
                                                 np.bool_ if np.asarray(a).dtype.kind == "b" else np.float32)
               for a in inputs]
     specs = [None if a is None else TensorSpec(a.shape, _DTYPE_NAMES[a.dtype]) for a in inputs]
-    kernel = cls(specs, dict(attrs or {}))
+    if kernel is None:
+        kernel = kernel_class(key)(specs, dict(attrs or {}))
     constant = list(constant) if constant is not None else [i > 0 for i in range(len(inputs))]
     n_in = len(inputs)
     outs = kernel.output_specs()
@@ -624,5 +633,4 @@ def run_op(device, key: str, inputs: Sequence[np.ndarray | None], attrs: Mapping
     plan = ExecutionPlan(graph, device, precision=precision)
     for i in runtime:
         plan.write(i, np.ascontiguousarray(inputs[i]))
-    plan.run()
-    return [plan.read(t) for t in out_ids]
+    return plan
