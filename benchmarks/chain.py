@@ -14,10 +14,13 @@ BLOCKS = [(112, 32, 1, 16, 1), (112, 16, 6, 24, 2), (56, 24, 6, 24, 1), (56, 24,
           (7, 160, 6, 160, 1), (7, 160, 6, 320, 1)]
 
 
-def chain_plan(device, ops, arrays, runtime):
+def chain_plan(device, ops, arrays, runtime, source=None):
     """An ExecutionPlan of chained single ops: ``ops = [(key, kernel, input ids, output id)]``; ``arrays``
     maps tensor ids to arrays (the one with id ``runtime`` is the input, written into the plan; the others
-    are constants); the last op's output is the plan's output."""
+    are constants); the last op's output is the plan's output. With ``source`` (a device buffer holding the
+    input's float32 values, :func:`device_input`), the input is copied from it on the GPU instead of written
+    from the host: on the H200 machine, a dozen host transfers of ~100 MB or more leave every later dispatch of
+    the process several times slower (``peaks.check_ranges``), and at batch 32 an input is up to 51 MB."""
     specs = {runtime: TensorSpec(arrays[runtime].shape)}
     lowered = []
     for i, (key, kernel, ins, out) in enumerate(ops):
@@ -25,8 +28,33 @@ def chain_plan(device, ops, arrays, runtime):
         lowered.append(LoweredOp(i, key, kernel, ins, [out]))
     consts = {t: a for t, a in arrays.items() if t != runtime}
     plan = ExecutionPlan(LoweredGraph(0, lowered, specs, consts, [runtime], [ops[-1][3]], {}), device)
-    plan.write(runtime, arrays[runtime])
+    if source is None:
+        plan.write(runtime, arrays[runtime])
+    else:
+        encoder = device.device.create_command_encoder()
+        encoder.copy_buffer_to_buffer(source, 0, plan.buffers[runtime], 0, arrays[runtime].nbytes)
+        device.device.queue.submit([encoder.finish()])
     return plan
+
+
+def device_input(device, x):
+    """A device buffer holding float32 ``x``, written once, for :func:`chain_plan`'s ``source``."""
+    return device.create_buffer(x.nbytes, data=np.ascontiguousarray(x, np.float32).tobytes())
+
+
+def read_rows(device, plan, tensor, ranges):
+    """The float32 rows ``[a, z)`` for each ``(a, z)`` of ``ranges`` of ``tensor`` (viewed as [rows, last
+    dimension]), concatenated and flattened: copied on the GPU into one small buffer, then read back."""
+    width = plan.graph.specs[tensor].shape[-1] * 4
+    total = sum(z - a for a, z in ranges) * width
+    small = device.create_buffer(total)
+    encoder = device.device.create_command_encoder()
+    at = 0
+    for a, z in ranges:
+        encoder.copy_buffer_to_buffer(plan.buffers[tensor], a * width, small, at, (z - a) * width)
+        at += (z - a) * width
+    device.device.queue.submit([encoder.finish()])
+    return np.frombuffer(device.device.queue.read_buffer(small, 0, total), np.float32).copy()
 
 
 def products(n: int) -> list[tuple[int, int, int]]:
@@ -58,10 +86,11 @@ def time_strips(device, key, x, w, b, attrs, strips, want, bound_us, repeats):
     return found
 
 
-def unfused_block(device, x, w, e, cout, s, expand=True):
+def unfused_block(device, x, w, e, cout, s, expand=True, source=None):
     """A plan of MobileNetV2's block as the unfused ops: CONV_2D 1x1 (OHWI, RELU6; where ``expand``),
     DEPTHWISE_CONV_2D 3x3 (SAME, stride ``s``, RELU6), CONV_2D 1x1; ``w`` holds ``ew [Cin, e]``, ``eb``, ``dw [3,
-    3, e]``, ``db``, ``pw [e, cout]`` and ``pb``. Its output is tensor 3, its input (written) tensor 0."""
+    3, e]``, ``db``, ``pw [e, cout]`` and ``pb``. Its output is tensor 3, its input (written, or copied from
+    ``source``: :func:`chain_plan`) tensor 0."""
     arrays = {0: x, 10: w["ew"].T.reshape(e, 1, 1, -1).copy(), 11: w["eb"], 12: w["dw"].reshape(1, 3, 3, e),
               13: w["db"], 14: w["pw"].T.reshape(cout, 1, 1, e).copy(), 15: w["pb"]}
     conv, dwk = kernel_class("CONV_2D"), kernel_class("DEPTHWISE_CONV_2D")
@@ -78,4 +107,4 @@ def unfused_block(device, x, w, e, cout, s, expand=True):
     ops.append(("DEPTHWISE_CONV_2D", k2, [cur, 12, 13], 2))
     k3 = conv([k2.output_specs()[0], TensorSpec(arrays[14].shape), TensorSpec((cout,))], {"padding": "SAME"})
     ops.append(("CONV_2D", k3, [2, 14, 15], 3))
-    return chain_plan(device, ops, arrays, 0)
+    return chain_plan(device, ops, arrays, 0, source)

@@ -7,8 +7,10 @@ load count of --unrolls.
 
 For each block: the GPU time of the whole block (timestamp queries around --reps runs back to back, median
 of --repeats passes) staged, with the default strategy, dw_projection with each tile of
-``tflfuse.kernels.gemm.TILES`` and expand_dw with each of --expand_tiles and --unrolls; every output checked
-against the unfused ops' (CONV_2D 1x1, DEPTHWISE_CONV_2D 3x3, CONV_2D 1x1) first. Needs no TensorFlow.
+--dw_tiles (``tflfuse.kernels.gemm.TILES`` and narrower ones) and expand_dw with each of --expand_tiles and --unrolls; every output checked
+against the unfused ops' (CONV_2D 1x1, DEPTHWISE_CONV_2D 3x3, CONV_2D 1x1) first, on three runs of rows
+(``peaks.check_ranges``); the input is written once per block and copied on the GPU into each plan, since
+host transfers of ~100 MB slow the H200 machine's later dispatches (``chain.chain_plan``). Needs no TensorFlow.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from tflfuse.kernels.base import TensorSpec  # noqa: E402
 from tflfuse.kernels.gemm import TILES  # noqa: E402
 from tflfuse.runtime.profile import gpu_time_plan  # noqa: E402
 
-from chain import BLOCKS, chain_plan, unfused_block  # noqa: E402
+from chain import BLOCKS, chain_plan, device_input, read_rows, unfused_block  # noqa: E402
+from peaks import check_ranges  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
@@ -38,7 +41,11 @@ flags.DEFINE_integer("repeats", 10, "Timed passes per plan (the median is kept).
 flags.DEFINE_integer("reps", 20, "Runs of the plan back to back in each timed pass.")
 flags.DEFINE_list("expand_tiles", ["4x8/32", "4x8/16", "2x8/32", "2x8/16", "4x4/32", "8x8/16", "2x4/32", "8x4/16"],
                   "expand_dw tiles (THxTW/chunk) to try.")
-flags.DEFINE_bool("dw_projection", True, "Also time dw_projection with each tile.")
+flags.DEFINE_bool("dw_projection", True, "Also time dw_projection with each tile of --dw_tiles.")
+flags.DEFINE_list("dw_tiles", list(dict.fromkeys(list(TILES) + ["128x16/4x4/16", "64x16/4x4/16", "256x16/4x4/8",
+                                                                 "128x32/4x8/16", "64x32/4x8/16"])),
+                  "dw_projection tiles (TMxTN/RMxRN/TK[/SK], MatmulTile.parse) to try.")
+flags.DEFINE_list("blocks", [], "Indices into chain.BLOCKS to sweep (default: all).")
 flags.DEFINE_list("unrolls", ["1", "2", "4", "8"],
                   "expand_dw input loads in flight (THxTW/chunk/U) to try with each tile, where U divides Cin / 4; "
                   "'all' for Cin / 4.")
@@ -55,16 +62,20 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
          "db": rng.standard_normal(e).astype(np.float32) / 4,
          "pw": rng.standard_normal((e, cout)).astype(np.float32) / np.sqrt(e),
          "pb": rng.standard_normal(cout).astype(np.float32) / 4}
-    plan = unfused_block(device, x, w, e, cout, s, expand)
+    source = device_input(device, x)   # written once; each plan copies it on the GPU (chain.chain_plan)
+    plan = unfused_block(device, x, w, e, cout, s, expand, source)
     plan.run()
-    want = plan.read(3)
+    ranges = check_ranges(int(np.prod(plan.graph.specs[3].shape[:-1])))
+    want = read_rows(device, plan, 3, ranges)
+    if s == 1 and cin == cout:
+        want = want + np.concatenate([x.reshape(-1, cin)[a:z].ravel() for a, z in ranges])
     scale = float(np.abs(want).max())
     found = {"block": [n, h, cin, e, cout, s]}
     inputs = [x] + [w[k] for k in (["ew", "eb"] if expand else []) + ["dw", "db", "pw", "pb"]]
     specs = [TensorSpec(a.shape) for a in inputs]
     runs = [("staged", {"strategy": "staged"}), ("default", {})] + [
         (f"dw_projection {name}", {"strategy": "dw_projection", "matmul_tile": name})
-        for name in (TILES if FLAGS.dw_projection else ())]
+        for name in (FLAGS.dw_tiles if FLAGS.dw_projection else ())]
     if expand:
         unrolls = sorted({cin // 4 if u == "all" else int(u) for u in FLAGS.unrolls})
         runs += [(f"expand_dw {t}/{u}", {"strategy": "expand_dw", "expand_tile": f"{t}/{u}"})
@@ -76,12 +87,17 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
         except KernelError as err:   # a tile past workgroup memory
             found[label] = {"error": str(err)[:100]}
             continue
-        p = chain_plan(device, [("fused_bottleneck", k, list(range(len(inputs))), 99)], dict(enumerate(inputs)), 0)
+        p = chain_plan(device, [("fused_bottleneck", k, list(range(len(inputs))), 99)], dict(enumerate(inputs)), 0,
+                       source)
         p.run()
-        got = p.read(99)
-        ref = want + (x if s == 1 and cin == cout else 0)
+        got = read_rows(device, p, 99, ranges)
         found[label] = {"us": gpu_time_plan(p, FLAGS.repeats, FLAGS.reps),
-                        "rel_err": float(np.abs(got - ref).max() / max(scale, 1e-30)), "strategy": k.strategy}
+                        "rel_err": float(np.abs(got - want).max() / max(scale, 1e-30)), "strategy": k.strategy}
+        if label == "staged":
+            first = p
+    # the staged plan timed again last: on the H200 machine a process's later dispatches can turn several times
+    # slower (chain.chain_plan), which would corrupt the comparison; run fewer blocks per process where it did
+    found["staged_again_us"] = gpu_time_plan(first, FLAGS.repeats, FLAGS.reps)
     return found
 
 
@@ -91,7 +107,7 @@ def main(argv):
     rng = np.random.default_rng(0)
     results = []
     for n in map(int, FLAGS.batches):
-        for h, cin, t, cout, s in BLOCKS:
+        for h, cin, t, cout, s in [BLOCKS[int(i)] for i in FLAGS.blocks] if FLAGS.blocks else BLOCKS:
             r = sweep_block(device, n, h, cin, t, cout, s, rng)
             timed = {k: v for k, v in r.items() if isinstance(v, dict) and "us" in v}
             line = [f"N{n} {h}x{h} {cin}x{t}->{cout} s{s}: staged {r['staged']['us']:.1f}",
@@ -102,7 +118,8 @@ def main(argv):
                     best = min(tiles, key=lambda k: tiles[k]["us"])
                     line.append(f"best {best} {tiles[best]['us']:.1f}")
             worst_err = max(v["rel_err"] for v in timed.values())
-            print(", ".join(line) + f" us; max rel err {worst_err:.1e}", flush=True)
+            print(", ".join(line) + f" us; max rel err {worst_err:.1e}; staged again {r['staged_again_us']:.1f} us",
+                  flush=True)
             results.append(r)
     for n in map(int, FLAGS.batches):
         rows = [r for r in results if r["block"][0] == n]

@@ -41,7 +41,8 @@ flags.DEFINE_integer("reps", 30, "Runs back to back per timed pass.")
 flags.DEFINE_list("tiles", list(dict.fromkeys(list(TILES) + [
     "64x64/4x8/16", "128x64/8x8/16", "64x128/8x8/16", "64x64/8x8/16", "32x64/4x8/16", "128x64/8x4/16",
     "64x32/4x4/16", "64x64/4x4/8", "128x64/8x4/8", "32x64/4x8/16/4", "32x64/4x4/16/2", "32x32/4x4/16/4",
-    "32x32/4x4/32/4", "32x32/4x4/32/2", "64x32/4x8/16/4", "64x32/8x4/16/4", "64x32/4x4/16/2"])),
+    "32x32/4x4/32/4", "32x32/4x4/32/2", "64x32/4x8/16/4", "64x32/8x4/16/4", "64x32/4x4/16/2",
+    "128x16/4x4/16", "64x16/4x4/16", "256x16/4x4/8", "128x32/4x8/16", "64x32/4x8/16"])),
                   "Tiles to try: TMxTN/RMxRN/TK or TMxTN/RMxRN/TK/SK (MatmulTile.parse).")
 flags.DEFINE_bool("library_form", False, "Only the form the library runs for each product (use_vec4).")
 flags.DEFINE_list("extra", [], "More products to time, ROWSxDEPTHxCOLS (e.g. 2048x2048x2048, the kernel's "

@@ -105,10 +105,14 @@ _IDS = {c: "x".join(map(str, c[:4])) + f"-t{c[4]}-o{c[5]}-s{c[6]}" + ("-res" if 
         for c in CASES}
 # The dw_projection strategy (the depthwise conv computed inside the projection's product) on the blocks whose
 # expanded and output channels are multiples of 4, with its default tile and with the smallest and a tall one
-# (rows and columns past one tile, tiles cut at the edges).
+# (rows and columns past one tile, tiles cut at the edges), and the narrow and sliced tiles that
+# depthwise_product_tile chooses for few output channels.
 SCHEDULES.update({"dw_proj": {"strategy": "dw_projection"},
                   "dw_proj_64x32": {"strategy": "dw_projection", "matmul_tile": "64x32/4x4/16"},
-                  "dw_proj_256x32": {"strategy": "dw_projection", "matmul_tile": "256x32/8x4/8"}})
+                  "dw_proj_256x32": {"strategy": "dw_projection", "matmul_tile": "256x32/8x4/8"},
+                  "dw_proj_64x16": {"strategy": "dw_projection", "matmul_tile": "64x16/4x4/16"},
+                  "dw_proj_64x32_4x8": {"strategy": "dw_projection", "matmul_tile": "64x32/4x8/16"},
+                  "dw_proj_sliced": {"strategy": "dw_projection", "matmul_tile": "32x32/4x4/32/2"}})
 # The expand_dw strategy (the expansion and the depthwise conv in one dispatch) on the blocks with an expand conv
 # and channels that are multiples of 4: its default tile, 1x1 tiles of 4 channels, and 2x4 tiles of 8 (tiles
 # cut at the edges of odd maps, several chunks), and 2x4 tiles loading two input vec4s at once (where Cin / 4
@@ -142,6 +146,18 @@ def test_fused_bottleneck_matches_tf(device, case, schedule):
     assert y.shape == ref.shape == (n, -(-h // stride), -(-w_ // stride), cout)
     assert y.dtype == np.float32
     np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
+
+
+def test_depthwise_product_tile_choice():
+    """depthwise_product_tile against what the H200 sweep measured (benchmarks/sweep_bottleneck_strategies.py,
+    2026-12-04): on many rows, tiles as narrow as the output's 16 or 32 (24) columns; few rows and 16 columns,
+    the sliced tile; else the 64 x 64 default."""
+    from tflfuse.kernels.fused.depthwise_product import DEFAULT_TILE, depthwise_product_tile
+    assert depthwise_product_tile(401408, 32, 16).name == "64x16/4x4/16"     # 52.5 against 78.9 us
+    assert depthwise_product_tile(100352, 144, 24).name == "64x32/4x8/16"    # 121.0 against 134.1 us
+    assert depthwise_product_tile(12544, 32, 16).name == "32x32/4x4/32/2"    # 5.4 against 6.5 us
+    assert depthwise_product_tile(25088, 192, 32).name == DEFAULT_TILE       # the best of ten tiles there
+    assert depthwise_product_tile(401408, 144, 48).name == DEFAULT_TILE
 
 
 def _specs(cin=8, t=6, cout=8, h=8):

@@ -141,8 +141,10 @@ def test_tile_choice():
     assert groups(matmul_tile(1568, 960, 160), 1568, 160) >= 64
     # a large, shallow product: not 64 x 64 / 4 x 4 (65 us, against 47-52 us for the larger blocks)
     assert matmul_tile(100352, 24, 144) != TILES["64x64/4x4/16"]
-    # 16 columns: no tile wider than 32 columns (the rest would be padding)
-    assert matmul_tile(401408, 32, 16).tn == 32
+    # 16 columns: the 16-column tile (2026-12-04: 35.4 us against 47.1 us for 128 x 32 / 4 x 4 / 8); with 24
+    # columns or more, not (100352 x 96 x 24: 39.1 against 31.1 us)
+    assert matmul_tile(401408, 32, 16).tn == matmul_tile(12544, 32, 16).tn == 16
+    assert matmul_tile(100352, 96, 24).tn >= 32 and matmul_tile(100352, 144, 24).tn >= 32
     # deep products with few output tiles: sliced tiles (sweep of 2026-12-02: 1568 x 960 x 160 31 us against
     # 39 us for 64 x 32 / 4 x 4 / 16; 6272 x 384 x 64 18 against 22 us); not where output tiles are many
     assert matmul_tile(1568, 960, 160) == TILES["32x32/4x4/32/4"]

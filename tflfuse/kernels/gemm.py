@@ -111,16 +111,19 @@ class MatmulTile:
 
 
 #: The tiles :func:`matmul_tile` chooses between, named as :meth:`MatmulTile.parse` reads them: each was the
-#: fastest of the sweep on some 1x1 product of MobileNetV2 (``benchmarks/sweep_gemm_forms.py``, H200); the last
-#: two are the sliced ones (:data:`_SLICED`).
+#: fastest of the sweep on some 1x1 product of MobileNetV2 (``benchmarks/sweep_gemm_forms.py``, H200); the
+#: sliced ones are :data:`_SLICED`, the 16-column one :data:`_NARROW`.
 TILES: dict[str, MatmulTile] = {}
 _TILE_NAMES = ("128x128/8x8/16", "128x64/8x4/16", "256x32/8x4/8", "128x32/4x4/8", "64x64/8x8/16",
-               "64x64/4x8/16", "64x64/4x4/16", "64x32/4x4/16", "32x64/4x8/16", "32x32/4x4/32/2", "32x32/4x4/32/4")
+               "64x64/4x8/16", "64x64/4x4/16", "64x32/4x4/16", "32x64/4x8/16", "32x32/4x4/32/2", "32x32/4x4/32/4",
+               "128x16/4x4/16")
 TILES.update({name: MatmulTile.parse(name) for name in _TILE_NAMES})
 #: :func:`matmul_tile`'s sliced tiles: 32 x 32 outputs, two slice groups of the depth below
 #: :data:`_SLICED_DEEP`, four from it.
 _SLICED, _SLICED_DEEP = TILES["32x32/4x4/32/2"], TILES["32x32/4x4/32/4"]
 _SLICED_MIN_DEPTH, _SLICED_DEEP_MIN_DEPTH = 32, 512
+#: :func:`matmul_tile`'s tile for products of at most 16 columns (a 16-column tile: none of it padding).
+_NARROW, _NARROW_MAX_COLS = TILES["128x16/4x4/16"], 16
 
 #: Outputs from which a GPU's matrix products (1x1 convolutions, FULLY_CONNECTED) run tiled: below, the GPU
 #: holds every output's invocation at once and the per-output form (with ``split_lanes``) is quicker.
@@ -185,15 +188,20 @@ def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
     the sliced rule to the sweep of 2026-12-02 (MobileNetV2's products at batch 8 and 32 and the MediaPipe
     models' at batch 1, 55 products, the library's form of each): 950 us in all with the rule, against 978 us
     without it and 885 us for the best of 26 tiles on each product; MobileNetV2's 1568 x 960 x 160 at batch
-    32 took 31 us against 39 us, 6272 x 384 x 64 18 us against 22 us. Tuning only: the tiles differ in the
-    order of the sums, so in rounding only.
+    32 took 31 us against 39 us, 6272 x 384 x 64 18 us against 22 us. Products of at most 16 columns take
+    :data:`_NARROW` (16 columns wide, where every other tile pads to at least 32): 401408 x 32 x 16 (MobileNetV2's
+    first projection at batch 32) 35.4 us against 47.1 us for the model's 128 x 32 / 4 x 4 / 8 (the sweep of
+    2026-12-04); with more columns the 16-column tiles were slower on every MobileNetV2 product (e.g. 100352 x
+    96 x 24 39.1 against 31.1 us). Tuning only: the tiles differ in the order of the sums, so in rounding only.
     """
+    if cols <= _NARROW_MAX_COLS:
+        return _NARROW
     def cost(t: MatmulTile) -> tuple[float, int]:
         resident = resident_workgroups(t)
         groups = -(-rows // t.tm) * -(-cols // t.tn)
         waves = -(-groups // (_SMS * resident))
         return waves * resident * t.tm * t.tn * -(-depth // t.tk) * t.tk, -groups
-    best = min((t for t in TILES.values() if t.sk == 1), key=cost)
+    best = min((t for t in TILES.values() if t.sk == 1 and t is not _NARROW), key=cost)
     if depth >= _SLICED_MIN_DEPTH and -(-rows // best.tm) * -(-cols // best.tn) < 2 * _SMS:
         return _SLICED_DEEP if depth >= _SLICED_DEEP_MIN_DEPTH else _SLICED
     return best

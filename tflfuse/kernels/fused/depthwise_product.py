@@ -50,8 +50,8 @@ def depthwise_product_program(name: str, bindings: tuple[Binding, ...], g: dict,
       store: statements run once per four outputs with ``row`` (the output pixel), ``col4`` (the first output
         channel), ``idx4 = (row * Cout + col4) / 4`` and the vec4 sum ``acc``, e.g.
         ``"y[idx4] = acc + pb[col4 / 4u];"``.
-      tile: the product's :class:`~tflfuse.kernels.gemm.MatmulTile` (or its name); None: the widest tile of
-        :func:`depthwise_product_tile`.
+      tile: the product's :class:`~tflfuse.kernels.gemm.MatmulTile` (or its name); None:
+        :func:`depthwise_product_tile`'s choice.
       helpers: WGSL functions ``store`` uses.
     Returns:
       the :class:`~tflfuse.kernels.base.Program`.
@@ -128,8 +128,25 @@ fn depthwise_strip(r0: u32, k: u32) -> mat4x4<f32> {{
 #: 2026-12-01: at batch 32 112x112x32 70 us against 73-211 for the other tiles, 56x56x144 126 against 165-376,
 #: 28x28x192 49 against 54-210; at batch 1 112x112x32 15 against 13 for 128x128).
 DEFAULT_TILE = "64x64/8x8/16"
+#: :func:`depthwise_product_tile`'s tiles for narrow outputs: on many rows (``_MANY_ROWS`` and more) 16 and 32
+#: columns wide, on fewer rows a sliced tile whose two slice groups keep more invocations on each SM.
+_NARROW_TILES = {16: "64x16/4x4/16", 32: "64x32/4x8/16"}
+_FEW_ROWS_NARROW_TILE, _MANY_ROWS = "32x32/4x4/32/2", 100352
 
 
 def depthwise_product_tile(rows: int, channels: int, cols: int) -> MatmulTile:
-    """The tile of a depthwise product ``[rows, channels] x [channels, cols]``: :data:`DEFAULT_TILE`."""
+    """The tile of a depthwise product ``[rows, channels] x [channels, cols]``.
+
+    Where ``cols`` is at most 32 and there are at least ``_MANY_ROWS`` rows, the narrowest tile of
+    ``_NARROW_TILES`` that holds every column; where ``cols`` is at most 16 on fewer rows,
+    ``_FEW_ROWS_NARROW_TILE``; else :data:`DEFAULT_TILE`. Measured on an H200
+    (``benchmarks/sweep_bottleneck_strategies.py``, 2026-12-04, one block per process, whole-block GPU time) on
+    MobileNetV2's stride-1 blocks: at batch 32 112x112x32 -> 16 52.5 us against 78.9 us for
+    :data:`DEFAULT_TILE` (and 70.4 us staged), 56x56x144 -> 24 121.0 against 134.1; 28x28x192 -> 32 (25,088
+    rows) 49.2 with :data:`DEFAULT_TILE`, the best tile; at batch 1 112x112x32 -> 16 (12,544 rows) 5.4 against
+    6.5 us. Tuning only: the tiles differ in the order of the sums, so in rounding only."""
+    if cols <= max(_NARROW_TILES) and rows >= _MANY_ROWS:
+        return MatmulTile.parse(_NARROW_TILES[min(w for w in _NARROW_TILES if w >= cols)])
+    if cols <= min(_NARROW_TILES):
+        return MatmulTile.parse(_FEW_ROWS_NARROW_TILE)
     return MatmulTile.parse(DEFAULT_TILE)
