@@ -124,9 +124,6 @@ _SLICED, _SLICED_DEEP = TILES["32x32/4x4/32/2"], TILES["32x32/4x4/32/4"]
 _SLICED_MIN_DEPTH, _SLICED_DEEP_MIN_DEPTH = 32, 512
 #: :func:`matmul_tile`'s tile for products of at most 16 columns (a 16-column tile: none of it padding).
 _NARROW, _NARROW_MAX_COLS = TILES["128x16/4x4/16"], 16
-#: :func:`matmul_tile`'s tile for products of at least ``_TALL_MIN_ROWS`` rows and at most ``_TALL_MAX_COLS``
-#: columns (MobileNetV2's 112x112 and 56x56 blocks at batch 32).
-_TALL, _TALL_MIN_ROWS, _TALL_MAX_COLS = TILES["256x32/8x4/8"], 100352, 144
 
 #: Outputs from which a GPU's matrix products (1x1 convolutions, FULLY_CONNECTED) run tiled: below, the GPU
 #: holds every output's invocation at once and the per-output form (with ``split_lanes``) is quicker.
@@ -195,15 +192,14 @@ def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
     :data:`_NARROW` (16 columns wide, where every other tile pads to at least 32): 401408 x 32 x 16 (MobileNetV2's
     first projection at batch 32) 35.4 us against 47.1 us for the model's 128 x 32 / 4 x 4 / 8 (the sweep of
     2026-12-04); with more columns the 16-column tiles were slower on every MobileNetV2 product (e.g. 100352 x
-    96 x 24 39.1 against 31.1 us). Products of at least :data:`_TALL_MIN_ROWS` rows and more columns, up to
-    :data:`_TALL_MAX_COLS`, take :data:`_TALL` (the same sweep: 100352 x 96 x 24 26.9 against 31.1 us, 100352
-    x 24 x 144 42.6 against 45.0, 100352 x 144 x 24 40.6 against 44.8, 401408 x 16 x 96 75.8 against 80.1).
-    Tuning only: the tiles differ in the order of the sums, so in rounding only.
+    96 x 24 39.1 against 31.1 us). The same sweep found 256 x 32 / 8 x 4 / 8 faster on the products of 100,352
+    rows and more (100352 x 96 x 24 26.9 against 31.1 us), but in MobileNetV2 at batch 32 it took only 10 us
+    off the float32 model, and the float16 plan, which runs the same tile, lost more: the 112x112 block's
+    expansion 74.9 against 61.6 us, its projection 27.0 against 21.4 (f16 partial sums 8 deep instead of 16):
+    not taken. Tuning only: the tiles differ in the order of the sums, so in rounding only.
     """
     if cols <= _NARROW_MAX_COLS:
         return _NARROW
-    if rows >= _TALL_MIN_ROWS and cols <= _TALL_MAX_COLS:
-        return _TALL
     def cost(t: MatmulTile) -> tuple[float, int]:
         resident = resident_workgroups(t)
         groups = -(-rows // t.tm) * -(-cols // t.tn)
