@@ -35,6 +35,10 @@ def _separable_macs(ins, out):   # x, depthwise [KH, KW, Cin, M], pointwise [(1,
     return math.prod(out[:-1]) * (math.prod(ins[1]) + math.prod(ins[2]))
 
 
+def _expand_depthwise_macs(ins, out):   # x, expand_w [Cin, Cexp], expand_b, dw_w [KH, KW, Cexp], dw_b
+    return math.prod(ins[0][:-1]) * math.prod(ins[1]) + math.prod(out[:-1]) * math.prod(ins[3])
+
+
 def _transpose_conv_macs(ins, out, x: int):   # each input pixel meets every weight once
     return math.prod(ins[x][:-1]) * math.prod(ins[1])
 
@@ -69,7 +73,7 @@ def _matmul_flops(ins, out, kernel) -> int:   # [..., M, K] x [..., K, N]: K fro
 
 _MACS = {"CONV_2D": _weights_macs, "DEPTHWISE_CONV_2D": _weights_macs, "FULLY_CONNECTED": _weights_macs,
          "fused_conv2d": _weights_macs, "fused_depthwise_conv2d": _weights_macs,
-         "fused_separable_conv2d": _separable_macs,
+         "fused_separable_conv2d": _separable_macs, "fused_expand_depthwise": _expand_depthwise_macs,
          "TRANSPOSE_CONV": lambda ins, out: _transpose_conv_macs(ins, out, 2),   # output_shape, weights, x
          "Convolution2DTransposeBias": lambda ins, out: _transpose_conv_macs(ins, out, 0),
          "fused_transpose_conv2d": lambda ins, out: _transpose_conv_macs(ins, out, 0)}
@@ -86,9 +90,9 @@ _NO_FLOPS = {"PAD", "PADV2", "MIRROR_PAD", "CONCATENATION", "RESHAPE", "SQUEEZE"
 def op_flops(graph, op) -> int:
     """FLOPs of one lowered op, from the shapes of the lowered graph's tensors: 2 x MACs for convolutions,
     FULLY_CONNECTED, matrix products and the fused ops (fused_bottleneck: expansion, depthwise, projection and
-    squeeze-excite; fused_conv2d, fused_depthwise_conv2d, fused_separable_conv2d); 1 per input element for
-    reductions and pools; 0 for data movement; otherwise (elementwise ops) 1 per output element. Bias,
-    activation and residual epilogues are not counted.
+    squeeze-excite; fused_conv2d, fused_depthwise_conv2d, fused_separable_conv2d, fused_expand_depthwise); 1
+    per input element for reductions and pools; 0 for data movement; otherwise (elementwise ops) 1 per output
+    element. Bias, activation and residual epilogues are not counted.
 
     Args:
       graph: a :class:`tflfuse.runtime.plan.LoweredGraph` (or anything with ``specs`` {tensor: TensorSpec}

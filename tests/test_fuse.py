@@ -173,6 +173,38 @@ def test_mismatched_activations_keep_the_expansion(device, rng):
     assert len(m.op_inputs(0, m.op_names(0).index("fused_bottleneck"))) == 5
 
 
+EXPAND_DEPTHWISE_CASES = {
+    # MobileNetV3's hard-swish expansion (each activation an op of its own), a squeeze-excite's pool after it
+    "hard_swish_then_pool": (lambda x: keras.layers.GlobalAveragePooling2D()(keras.layers.Activation("hard_swish")(
+        keras.layers.DepthwiseConv2D(5, 2, padding="same")(keras.layers.Activation("hard_swish")(
+            keras.layers.Conv2D(16, 1)(x))))), (9, 7, 4), 2),
+    # fused RELU on the expansion, RELU6 on the depthwise conv (the bottleneck pattern needs the same one, and
+    # a projection), odd channels
+    "relu_relu6_odd_channels": (lambda x: keras.layers.DepthwiseConv2D(3, padding="valid", activation="relu6")(
+        keras.layers.Conv2D(7, 1, activation="relu")(x)), (8, 6, 5), 1),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPAND_DEPTHWISE_CASES), ids=list(EXPAND_DEPTHWISE_CASES))
+def test_expand_depthwise_pattern(case, device, rng):
+    build, shape, batch = EXPAND_DEPTHWISE_CASES[case]
+    original = _stock(build, shape, batch)
+    fused, _ = _check_fused(original, device, rng, {"expand_depthwise": 1, "bottleneck": 0})
+    names = Model(fused).op_names(0)
+    assert names.count("fused_expand_depthwise") == 1, names
+    assert not {"CONV_2D", "DEPTHWISE_CONV_2D", "HARD_SWISH", "RELU", "RELU6"} & set(names), names
+
+
+def test_expand_depthwise_pattern_leaves_a_shared_expansion(device, rng):
+    # The expanded tensor is read twice (the depthwise conv and an output): nothing fuses across it.
+    def build(x):
+        e = keras.layers.Activation("hard_swish")(keras.layers.Conv2D(8, 1)(x))
+        return [keras.layers.DepthwiseConv2D(3, padding="same")(e), e]
+
+    fused, report = fuse(_stock(build, (6, 6, 4)))
+    assert report.patterns["expand_depthwise"] == 0 and "fused_expand_depthwise" not in Model(fused).op_names(0)
+
+
 def test_pattern_needs_constant_weights(rng):
     # A depthwise filter that is a model input cannot be re-laid out: nothing fuses.
     import tensorflow as tf

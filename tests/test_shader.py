@@ -76,6 +76,9 @@ CASES = {
                                                              "activation": "relu6"}),
     "fused_squeeze_excite": ([(2, 17, 16, 6), (6, 3), (3,), (1, 1, 3, 6), (6,)],
                              {"activation": "relu", "gate": "hard_sigmoid"}),
+    "fused_expand_depthwise": ([(2, 9, 7, 4), (4, 12), (12,), (5, 5, 12), (12,)],
+                               {"strides": [2, 2], "padding": "SAME", "activation": "hard_swish",
+                                "dw_activation": "relu6"}),
     "fused_bottleneck": ([(1, 8, 8, 4), (4, 24), (24,), (3, 3, 24), (24,), (24, 4), (4,)],
                          {"expansion": 6, "stride": 1, "residual": True, "activation": "relu6"}),
 }

@@ -26,6 +26,11 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   2x2 MAX_POOL_2D of stride 2 of the block's input (``residual_pool`` 2: MediaPipe's pose and hand landmark
   models); the same chain in int8 (full-integer files) becomes an int8
   ``fused_bottleneck`` (:mod:`tflfuse.passes.fuse_int8`).
+* ``expand_depthwise``: CONV_2D 1x1 (its fused activation, or a RELU, RELU6, LOGISTIC, TANH or HARD_SWISH op
+  after it) -> DEPTHWISE_CONV_2D of multiplier 1 (likewise): ``fused_expand_depthwise``, the expansion and
+  depthwise conv of a block that ``bottleneck`` does not take (MobileNetV3's hard-swish blocks, a
+  squeeze-excite before the projection: MediaPipe's selfie segmentation); where a block without expansion
+  starts at the depthwise conv, ``bottleneck`` takes that instead.
 * ``squeeze_excite``: global AVERAGE_POOL_2D (or MEAN over H, W) -> CONV_2D 1x1 + RELU -> CONV_2D 1x1 ->
   LOGISTIC -> MUL with the input [-> ADD]: ``fused_squeeze_excite``; the MUL may scale another tensor than the
   one pooled (``has_scaled``, the channel attention of MediaPipe's selfie segmentation decoder), and an ADD of a
@@ -159,6 +164,50 @@ def _conv_1x1(g: Graph, oi: int, act: set[str]) -> dict | None:
         return None
     return {"x": ins[0], "w": w[:, 0, 0, :].T, "b": b, "act": a.get("fused_activation_function", "NONE"),
             "out": g.outputs_of(oi)[0]}
+
+
+#: Activation ops without parameters that :func:`_expand_depthwise` takes after each of its convs.
+_PLAIN_ACT_OPS = {"RELU": "relu", "RELU6": "relu6", "LOGISTIC": "sigmoid", "TANH": "tanh", "HARD_SWISH": "hard_swish"}
+
+
+def _activation_after(g: Graph, out: int, chain: list[int], fused: str) -> tuple[int, str]:
+    """After a conv whose fused activation is ``fused`` (a key of :data:`_ACT`): where that is NONE and the
+    conv's output's sole reader is an activation op without parameters, that op (appended to ``chain``).
+    Returns the chain's output and its activation's name."""
+    nxt = g.sole_reader(out) if fused == "NONE" else None
+    if nxt is not None and g.op_name(nxt) in _PLAIN_ACT_OPS and g.inputs(nxt)[0] == out:
+        chain.append(nxt)
+        return g.outputs_of(nxt)[0], _PLAIN_ACT_OPS[g.op_name(nxt)]
+    return out, _ACT[fused]
+
+
+def _expand_depthwise(g: Graph, oi: int):
+    """CONV_2D 1x1 (its fused activation, or an activation op after it) -> DEPTHWISE_CONV_2D of multiplier 1
+    (likewise): ``fused_expand_depthwise``; not where a ``bottleneck`` without expansion would start at the
+    depthwise conv (the conv then stays, as before this pattern)."""
+    expand = _conv_1x1(g, oi, set(_ACT))
+    if expand is None:
+        return None
+    chain = [oi]
+    out, act = _activation_after(g, expand["out"], chain, expand["act"])
+    dw = g.sole_reader(out)
+    if dw is None or g.op_name(dw) != "DEPTHWISE_CONV_2D" or g.inputs(dw)[0] != out or _bottleneck(g, dw):
+        return None
+    a, ins = g.attrs(dw), g.inputs(dw)
+    k = _weights(g, ins[1])
+    cexp = expand["w"].shape[1]
+    fused = a.get("fused_activation_function", "NONE")
+    if k is None or k.ndim != 4 or k.shape[0] != 1 or k.shape[3] != cexp or fused not in _ACT:
+        return None
+    db = _bias(g, ins, cexp)
+    if db is None:
+        return None
+    chain.append(dw)
+    out, dw_act = _activation_after(g, g.outputs_of(dw)[0], chain, fused)
+    if not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])):
+        return None
+    attrs = {**_conv_geometry(a), "activation": act, "dw_activation": dw_act}
+    return chain, [expand["x"], expand["w"], expand["b"], k[0], db], out, "fused_expand_depthwise", attrs
 
 
 def _bottleneck(g: Graph, oi: int):
@@ -949,7 +998,8 @@ def _squeeze_excite(g: Graph, oi: int):
 #: name -> matcher(graph, op index) -> (ops, inputs (tensor index or constant array), output, op name, attrs)
 #: where ``attrs`` is a fused op's attributes (a dict), or ``(options table, fields)`` for a builtin, or None.
 PATTERNS: dict[str, Callable] = {
-    "bottleneck": _bottleneck, "squeeze_excite": _squeeze_excite, "pad_conv": _pad_conv,
+    "bottleneck": _bottleneck, "expand_depthwise": _expand_depthwise, "squeeze_excite": _squeeze_excite,
+    "pad_conv": _pad_conv,
     "separable_conv": _separable, "affine_conv": _affine_conv, "conv_activation": _conv_act,
     "input_prelu": _input_prelu,
     "dense_activation": _dense_act, "resize_add": _resize_add, "resize_conv": _resize_conv,

@@ -295,6 +295,23 @@ def _depthwise(g: Graph, oi: int, attrs: dict) -> list:
     return b.ops
 
 
+@expansion("fused_expand_depthwise")
+def _expand_depthwise(g: Graph, oi: int, attrs: dict) -> list:
+    ins, (out,) = g.inputs(oi), g.outputs_of(oi)
+    b = Builder(g, oi)
+    ew, eb, dw, db = _weights(g, oi, ins, 4)
+    n, h, w, _ = g.shapes[ins[0]]
+    e = b.conv_1x1(ins[0], ew, eb, (n, h, w, ew.shape[1]), str(attrs.get("activation", "linear")))
+    act = str(attrs.get("dw_activation", "linear"))
+    code = _FUSED_CODES.get(act.lower())
+    d = b.op("DEPTHWISE_CONV_2D", [e, b.weight(dw[None]), b.weight(db)], g.shapes[out],
+             _geometry_options("DepthwiseConv2DOptions", {"padding": "SAME", **attrs}, code or 0, depthMultiplier=1),
+             out=out if code is not None else None)
+    if code is None:
+        _act_after(b, d, g.shapes[out], act, out=out)
+    return b.ops
+
+
 @expansion("fused_separable_conv2d")
 def _separable(g: Graph, oi: int, attrs: dict) -> list:
     ins, out, b, (dw, pw), extra, shape, bias = _conv_parts(g, oi, attrs, 2)

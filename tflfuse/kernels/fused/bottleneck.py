@@ -78,7 +78,7 @@ from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedul
 from .conv import SEPARABLE_MAX_CHANNELS, depthwise_pointwise_program, max_pool_2x2, pixel_block, pointwise_split
 from .depthwise_product import depthwise_product_program, fits_depthwise_product
 from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, expand_depthwise_shape,
-                               expand_depthwise_unroll)
+                               expand_depthwise_unroll, pointwise_expand_program)
 from ..gemm import product_program, tile_attr, use_tiled_matmul
 from ..wgsl import activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes
 
@@ -545,17 +545,8 @@ class FusedBottleneck(CompositeKernel):
         elif self.has_expand:
             e_out = self.binding("expanded", "scratch", 0, sizes[0])
             e_binds = (inputs["x"], inputs["ew"], inputs["eb"], e_out)
-            act = activation_fn(self.attr("activation"))
-            if use_tiled_matmul(n * h * w, cin, cexp, self.target()):
-                progs.append(product_program(f"{self.key}_expand", e_binds, n * h * w, cin, cexp, "x", "ew",
-                                             "expanded", "expanded[idx] = act(acc + eb[col]);", act))
-            else:
-                lanes = split_lanes(n * h * w * cexp, cin, self.target())
-                body = (f"  let e = idx % {cexp}u;\n  let pix = idx / {cexp}u;\n  var v = 0.0;\n  "
-                        + dot(cin, f"x[pix * {cin}u + {{k}}]", f"ew[({{k}}) * {cexp}u + e]", lanes=lanes))
-                progs.append(reduction_program(f"{self.key}_expand", e_binds, n * h * w * cexp, body,
-                                               "expanded[idx] = act(v + eb[e]);", act, lanes=lanes, acc="v",
-                                               loop_trips=-(-(cin // 4) // lanes)))
+            progs.append(pointwise_expand_program(f"{self.key}_expand", e_binds, n * h * w, cin, cexp,
+                                                  self.attr("activation"), self.target()))
             src = self.binding("x", "scratch", 0, sizes[0], access="read")
         d_index = 1 if self.has_expand and self.strategy != "expand_dw" else 0
         if self.strategy == "dw_projection":   # the depthwise conv computed as the projection reads it

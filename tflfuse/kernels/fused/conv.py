@@ -54,7 +54,7 @@ from ..wgsl import (activation_fn, activation_uniforms, dot, elementwise_program
 
 __all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpilogue", "FusedSeparableConv2D",
            "SEPARABLE_MAX_CHANNELS", "depthwise_pointwise_program", "max_pool_2x2", "padded_channels", "pixel_block",
-           "sliced_channels"]
+           "sliced_channels", "window_geometry"]
 
 #: Workgroup memory (floats) of the one-dispatch separable schedule: 16 KiB, WebGPU's default limit.
 _SEP_SHARED_FLOATS = MAX_WORKGROUP_STORAGE // 4
@@ -262,29 +262,38 @@ class FusedEpilogue(CompositeKernel):
         return activation_uniforms(self.activation, self.attr("alpha"))
 
 
+def window_geometry(kernel, kh: int, kw: int) -> dict:
+    """The window geometry (:func:`~tflfuse.kernels.conv.window_body`'s ``g``) of a ``kh x kw`` filter over
+    ``kernel``'s input 0 ``[N, H, W, C]`` from its ``strides`` and ``dilations`` (2 ints >= 1, or one for
+    both) and ``padding`` (``"SAME"`` / ``"VALID"``) attributes, as TFLite computes it
+    (:func:`~tflfuse.kernels.conv.conv_output_size`). Raises the kernel's :class:`~tflfuse.kernels.KernelError`
+    for other values or an empty window."""
+    n, h, w, _ = kernel.input(0).shape
+    pairs = {}
+    for name in ("strides", "dilations"):
+        v = kernel.attr(name)
+        v = [v, v] if isinstance(v, int) else list(v)
+        if len(v) != 2 or not all(isinstance(e, (int, np.integer)) and e >= 1 for e in v):
+            raise kernel.fail(f"{name} must be 2 ints >= 1, got {kernel.attr(name)!r}")
+        pairs[name] = [int(e) for e in v]
+    (sh, sw), (dh, dw) = pairs["strides"], pairs["dilations"]
+    pad = str(kernel.attr("padding")).upper()
+    if pad not in ("SAME", "VALID"):
+        raise kernel.fail(f"padding must be 'SAME' or 'VALID', got {kernel.attr('padding')!r}")
+    if min(kh, kw) < 1:
+        raise kernel.fail(f"filter window {kh}x{kw} is empty")
+    oh, pt = conv_output_size(h, kh, sh, dh, pad)
+    ow, pl = conv_output_size(w, kw, sw, dw, pad)
+    return dict(N=n, H=h, W=w, OH=oh, OW=ow, SH=sh, SW=sw, DH=dh, DW=dw, PT=pt, PL=pl, KH=kh, KW=kw)
+
+
 class _FusedWindow(FusedEpilogue):
     """Shared geometry of the fused convolutions (``strides``, ``dilations``, ``padding`` attributes)."""
 
     attr_defaults = {**FusedEpilogue.attr_defaults, "strides": [1, 1], "dilations": [1, 1], "padding": "VALID"}
 
     def geometry(self, kh: int, kw: int) -> dict:
-        n, h, w, _ = self.input(0).shape
-        pairs = {}
-        for name in ("strides", "dilations"):
-            v = self.attr(name)
-            v = [v, v] if isinstance(v, int) else list(v)
-            if len(v) != 2 or not all(isinstance(e, (int, np.integer)) and e >= 1 for e in v):
-                raise self.fail(f"{name} must be 2 ints >= 1, got {self.attr(name)!r}")
-            pairs[name] = [int(e) for e in v]
-        (sh, sw), (dh, dw) = pairs["strides"], pairs["dilations"]
-        pad = str(self.attr("padding")).upper()
-        if pad not in ("SAME", "VALID"):
-            raise self.fail(f"padding must be 'SAME' or 'VALID', got {self.attr('padding')!r}")
-        if min(kh, kw) < 1:
-            raise self.fail(f"filter window {kh}x{kw} is empty")
-        oh, pt = conv_output_size(h, kh, sh, dh, pad)
-        ow, pl = conv_output_size(w, kw, sw, dw, pad)
-        return dict(N=n, H=h, W=w, OH=oh, OW=ow, SH=sh, SW=sw, DH=dh, DW=dw, PT=pt, PL=pl, KH=kh, KW=kw)
+        return window_geometry(self, kh, kw)
 
     def output_specs(self):
         return (TensorSpec(self.out_shape),)
