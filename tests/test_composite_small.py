@@ -208,18 +208,18 @@ SES = [  # (input shape, Cr, activation, gate, weight form)
     ((2, 130, 129, 3), 2, "relu", "sigmoid", "conv"),    # 16,770 pixels: partial sums of 1,049 chunks first
     ((1, 16, 16, 96), 24, "relu", "sigmoid", "conv"),    # selfie_segmentation's: 8 and 2 lanes per sum
     ((2, 5, 3, 301), 37, "relu", "hard_sigmoid", "dense"),  # 301 gates: two passes of 256, odd tails
-    # GPUs: every workgroup sums the image itself, no partial sums (C % 4 == 0, past 32 pixels, <= 32,768
-    # elements): batch 2 with odd sizes and 10 pixels per pass; selfie_segmentation's largest such block
-    # (16 x 16 x 128, exactly the bound); 1,032 vec4 columns, past one pass of the workgroup
+    # GPUs: every workgroup sums the image itself, no partial sums (C % 4 == 0, past 32 pixels, <= 65,536
+    # elements): batch 2 with odd sizes and 10 pixels per pass; selfie_segmentation's 16 x 16 x 128 and its
+    # largest such block (64 x 64 x 16, exactly the bound); 1,032 vec4 columns, past one pass of the workgroup
     ((2, 9, 7, 12), 3, "relu6", "sigmoid", "conv"),
     ((1, 16, 16, 128), 32, "relu", "hard_sigmoid", "conv"),
-    ((1, 7, 5, 1032), 8, "relu", "sigmoid", "dense"),
-    # past 32,768 elements with C % 4 == 0: partial sums, then each workgroup sums those as vec4s (just past
-    # the bound; batch 2, 72 x 63 pixels: 284 rows of partial sums; selfie_segmentation's 64 x 64 x 16 and
-    # last block, 128 x 128 x 16)
-    ((1, 32, 33, 32), 8, "relu", "sigmoid", "conv"),
-    ((2, 72, 63, 16), 4, "relu", "sigmoid", "conv"),
     ((1, 64, 64, 16), 4, "relu", "hard_sigmoid", "conv"),
+    ((1, 7, 5, 1032), 8, "relu", "sigmoid", "dense"),
+    # past 65,536 elements with C % 4 == 0: partial sums, then each workgroup sums those as vec4s (just past
+    # the bound; batch 2, 72 x 63 pixels: 284 rows of partial sums; selfie_segmentation's last block, 128 x 128
+    # x 16)
+    ((1, 64, 65, 16), 8, "relu", "sigmoid", "conv"),
+    ((2, 72, 63, 16), 4, "relu", "sigmoid", "conv"),
     ((1, 128, 128, 16), 4, "relu", "hard_sigmoid", "conv"),
 ]
 
@@ -269,7 +269,7 @@ def test_squeeze_excite_gpu_schedule_merges_gate_and_scale(device, rng, shape, c
         stepwise = 2 * c + cr + 256 > 4096   # the channels past one workgroup's memory: four or five dispatches
         assert stepwise or (names[-1].endswith("_gate_scale") == (target == "gpu")), names
         pixels = shape[1] * shape[2]
-        direct = c % 4 == 0 and 32 < pixels and pixels * c <= 1 << 15 and 2 * c + cr + 1280 <= 4096
+        direct = c % 4 == 0 and 32 < pixels and pixels * c <= 1 << 16 and 2 * c + cr + 1280 <= 4096
         assert (names == [names[-1]]) == (target == "gpu" and not stepwise and (pixels <= 32 or direct)), names
         (y,) = run_op(device, "fused_squeeze_excite", arrays, attrs)
         assert y.shape == shape and y.dtype == np.float32

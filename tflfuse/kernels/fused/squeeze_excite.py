@@ -70,12 +70,13 @@ _GATE_MAX_TRIPS = 16384  # loop iterations per invocation of the gate, well insi
 #: The most elements of one image that every workgroup of the merged dispatch sums itself (:meth:`_direct`),
 #: and the vec4 loads each invocation keeps in flight while it does.
 #: Measured on an H200 (2026-12-04, each of MediaPipe selfie segmentation's ten squeeze-excite ops alone, GPU
-#: time of 20 back-to-back runs, one process per op): 4 elements, 8 loads in flight and a direct sum up to
-#: 32,768 elements, against 8, 4 and 65,536 before: 16x16x128 5.8 against 6.2 us, 32x32x24 6.6 against 7.8,
-#: 64x64x16 7.3 against 9.0, the decoder's 64x64x16 with pool_addend 7.7 against 12.7 (partial sums in a
-#: dispatch before), 128x128x16 9.2 against 9.9; the ten 64.2 against 76.2 us.
+#: time of 20 back-to-back runs, one process per op): 4 elements and 8 loads in flight, against 8 and 4 before:
+#: 16x16x128 5.8 against 6.2 us, 32x32x24 6.6 against 7.8, 64x64x16 7.8 against 9.0, the decoder's 64x64x16
+#: with pool_addend 9.6 against 12.7, 128x128x16 9.2 against 9.9. Partial sums in a dispatch before would take
+#: 0.5 and 2.0 us off the two 64x64x16 ones, but add a dispatch each, and that model's invokes back to back
+#: are bound by the host's recording (about 4.5 us a dispatch on the H200's host), not by the GPU.
 _SCALE_PER_INVOCATION = 4
-_DIRECT_MAX_ELEMENTS, _DIRECT_UNROLL = 1 << 15, 8
+_DIRECT_MAX_ELEMENTS, _DIRECT_UNROLL = 1 << 16, 8
 
 _NAN = "(bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u"
 #: gate name -> WGSL body of ``fn gate(v: f32) -> f32`` (NaN stays NaN, as in TensorFlow).
@@ -268,8 +269,8 @@ class FusedSqueezeExcite(CompositeKernel):
         """Whether each workgroup of the merged dispatch (:meth:`_merged`) sums its image's pixels itself, as
         vec4s, instead of reading partial sums of a dispatch before it: one dispatch in all where an image has
         more than :data:`_CHUNK` * 2 pixels, C is a multiple of 4 and the image at most
-        :data:`_DIRECT_MAX_ELEMENTS` elements (every workgroup then reads at most 128 KiB, from the GPU's L2).
-        MediaPipe's selfie segmentation has seven such blocks of ten (16x16x96 to 32x32x24)."""
+        :data:`_DIRECT_MAX_ELEMENTS` elements (every workgroup then reads at most 256 KiB, from the GPU's L2).
+        MediaPipe's selfie segmentation has nine such blocks of ten (16x16x96 to 64x64x16)."""
         _, h, w, c = self.input(0).shape
         return self._merged() and c % 4 == 0 and 2 * _CHUNK < h * w and h * w * c <= _DIRECT_MAX_ELEMENTS and \
             (c + self.cg + self.cr + 5 * _GATE_WG) * 4 <= _WG_BYTES   # and msums, 256 vec4s
