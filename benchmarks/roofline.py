@@ -67,6 +67,14 @@ def _squeeze_excite_flops(ins, out, kernel=None) -> int:
     return 2 * ins[0][0] * sum(math.prod(w) for w in layers) + math.prod(ins[0]) + math.prod(out)
 
 
+def _resize_flops(ins, out, kernel=None) -> int:
+    """fused_resize_bilinear (x [N, H, W, Cin], [conv_w [Cin, C], conv_b], [addend]): 1 per output element, and
+    with a conv (``has_conv``) its multiply-adds once per input pixel (what the unfused CONV_2D 1x1 computes; the
+    kernel recomputes them at each of the four taps, work the roofline does not credit)."""
+    conv = 2 * math.prod(ins[0][:-1]) * math.prod(ins[1]) if len(ins) >= 3 and len(ins[1]) == 2 else 0
+    return conv + math.prod(out)
+
+
 def _matmul_flops(ins, out, kernel) -> int:   # [..., M, K] x [..., K, N]: K from the kernel, else a's last dim
     return 2 * math.prod(out) * int(getattr(kernel, "k", None) or ins[0][-1])
 
@@ -77,7 +85,8 @@ _MACS = {"CONV_2D": _weights_macs, "DEPTHWISE_CONV_2D": _weights_macs, "FULLY_CO
          "TRANSPOSE_CONV": lambda ins, out: _transpose_conv_macs(ins, out, 2),   # output_shape, weights, x
          "Convolution2DTransposeBias": lambda ins, out: _transpose_conv_macs(ins, out, 0),
          "fused_transpose_conv2d": lambda ins, out: _transpose_conv_macs(ins, out, 0)}
-_FLOPS = {"fused_bottleneck": _bottleneck_flops, "fused_squeeze_excite": _squeeze_excite_flops}
+_FLOPS = {"fused_bottleneck": _bottleneck_flops, "fused_squeeze_excite": _squeeze_excite_flops,
+          "fused_resize_bilinear": _resize_flops}
 #: Reductions and pools: one FLOP per element of their first input.
 _PER_INPUT = {"MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "MAX_POOL_2D", "AVERAGE_POOL_2D",
               "L2_POOL_2D", "fused_pool2d", "fused_global_pool2d"}

@@ -319,14 +319,16 @@ def test_conv_patterns(case, device, rng):
 
 def _resize_conv(size, readers: str, align=False, batch=1, shape=(5, 4, 6)):
     """x -> RESIZE_BILINEAR to ``size`` -> CONV_2D 1x1 (7 channels, bias, no activation) -> ``readers``: "add" (an ADD
-    of a tensor of its shape, made apart from the resize), "add_prelu" (the same ADD, then PRELU), "two" (an ADD
+    of a tensor of its shape, made apart from the resize: a conv's nearest resize), "add_prelu" (the same ADD, then PRELU), "two" (an ADD
     and a MUL both read the conv) or "relu_conv" (the conv has a fused RELU)."""
     def build(x):
         up = keras.layers.Resizing(*size, interpolation="bilinear", crop_to_aspect_ratio=False)(x) if not align \
             else keras.layers.Lambda(lambda v: __import__("tensorflow").compat.v1.image.resize_bilinear(
                 v, size, align_corners=True))(x)
         u = keras.layers.Conv2D(7, 1, activation="relu" if readers == "relu_conv" else None)(up)
-        other = keras.layers.Conv2D(7, 3, padding="same")(keras.layers.Resizing(*size, interpolation="nearest")(x))
+        # the other addend: a nearest resize of a conv, which no pattern can join with the ADD (a conv read by the
+        # ADD would compete with resize_conv for it, and which one wins would follow the converter's op order)
+        other = keras.layers.Resizing(*size, interpolation="nearest")(keras.layers.Conv2D(7, 3, padding="same")(x))
         if readers == "two":
             return keras.layers.Multiply()([keras.layers.Add()([u, other]), u])
         y = keras.layers.Add()([u, other])
@@ -334,6 +336,7 @@ def _resize_conv(size, readers: str, align=False, batch=1, shape=(5, 4, 6)):
     return _stock(build, shape, batch)
 
 
+@pytest.mark.parametrize("inside", [True, False], ids=["conv_inside", "conv_before"])
 @pytest.mark.parametrize("size, readers, align, batch, want", [
     ((10, 8), "add", False, 1, ["CONV_2D", "fused_resize_bilinear"]),       # 2x, then the ADD goes with the resize
     ((9, 11), "add", True, 2, ["CONV_2D", "fused_resize_bilinear"]),        # odd sizes, align_corners, batch 2
@@ -341,10 +344,16 @@ def _resize_conv(size, readers: str, align=False, batch=1, shape=(5, 4, 6)):
     ((10, 8), "add_prelu", False, 1, None),    # conv_activation's one op (conv + ADD + PRELU) is kept
     ((10, 8), "relu_conv", False, 1, None),    # an activation does not commute with the resize
 ], ids=["add", "odd_align_batch2", "two_readers", "add_prelu_left", "relu_left"])
-def test_resize_conv_pattern(size, readers, align, batch, want, device, rng):
+def test_resize_conv_pattern(size, readers, align, batch, want, inside, device, rng, monkeypatch):
     """RESIZE_BILINEAR -> CONV_2D 1x1: the conv moved before the resize (on 5x4 pixels instead of the resized
-    ones), checked against LiteRT on the original order. Tolerance ACCUMULATION: the commuted sums (7-term 1x1
-    dot products, 4-term bilinear blends, weights summing to 1) differ from the original order's by rounding."""
+    ones), or, where its sums recomputed at each tap are few (these cases; ``conv_before`` lowers the bound to
+    0), into the resize's one op (``has_conv``); checked against LiteRT on the original order. Tolerance
+    ACCUMULATION: the commuted sums (7-term 1x1 dot products, 4-term bilinear blends, weights summing to 1)
+    differ from the original order's by rounding."""
+    from tflfuse.passes import fuse as fuse_module
+
+    if not inside:
+        monkeypatch.setattr(fuse_module, "_RESIZE_CONV_MAX_MACS", 0)
     original = _resize_conv(size, readers, align, batch)
     fused, _ = _check_fused(original, device, rng, {"resize_conv": 0 if want is None else 1})
     m = Model(fused)
@@ -352,6 +361,14 @@ def test_resize_conv_pattern(size, readers, align, batch, want, device, rng):
     if want is None:
         assert "RESIZE_BILINEAR" in names and "CONV_2D" not in names[names.index("RESIZE_BILINEAR") - 1:
                                                                           names.index("RESIZE_BILINEAR")], names
+        return
+    if inside:   # one op reads the small input and writes the resized (and added) output
+        assert names.count("fused_resize_bilinear") == 1 and not {"CONV_2D", "RESIZE_BILINEAR", "ADD"} & set(
+            names[names.index("fused_resize_bilinear") - 1:names.index("fused_resize_bilinear") + 1]), names
+        op = m.op_names(0).index("fused_resize_bilinear")
+        attrs = decode_attrs(m.op_attrs(0, op))
+        assert attrs["has_conv"] and attrs.get("has_addend", True) == (readers == "add")
+        assert list(m.m.subgraphs[0].tensors[m.op_inputs(0, op)[0]].shape) == [batch, 5, 4, 6]
         return
     sg = m.m.subgraphs[0]
     resize = sg.operators[m.op_names(0).index(want[1])]

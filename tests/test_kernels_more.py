@@ -622,7 +622,35 @@ def test_fused_resize_bilinear_matches_tf(shapes, flags, activation, device, rng
     np.testing.assert_allclose(y, ref, **ELEMENTWISE)
 
 
+@pytest.mark.parametrize("addend", [True, False], ids=["addend", "alone"])
+@pytest.mark.parametrize("flags", BILINEAR_FLAGS, ids=_flag_id)
+@pytest.mark.parametrize("shapes", list(RESIZE_SHAPES), ids=list(RESIZE_SHAPES))
+def test_fused_resize_bilinear_with_conv_matches_tf(shapes, flags, addend, device, rng):
+    """has_conv: act(resize_bilinear(x @ conv_w + conv_b) [+ addend]) against TF's conv2d 1x1, resize_bilinear,
+    add and relu6 (float64): ACCUMULATION (the conv's 5-channel sums at each of the four taps, the blend and
+    one addition, in another order than TF's; unit-scale data)."""
+    from tflfuse.runtime.plan import run_op
+
+    shape, size = RESIZE_SHAPES[shapes]
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = (rng.standard_normal((shape[3], 6)) / np.sqrt(shape[3])).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    extra = [(4 * rng.standard_normal((shape[0], *size, 6))).astype(np.float32)] if addend else []
+    (y,) = run_op(device, "fused_resize_bilinear", [x, w, b, *extra],
+                  {"size": list(size), "align_corners": flags[0], "half_pixel_centers": flags[1],
+                   "activation": "relu6", "has_conv": True, "has_addend": addend},
+                  constant=[False, True, True] + [False] * len(extra))
+    conv = tf.nn.conv2d(x.astype(np.float64), w.astype(np.float64)[None, None], 1, "VALID") + b
+    ref = tf.compat.v1.image.resize_bilinear(conv, size, align_corners=flags[0], half_pixel_centers=flags[1])
+    ref = tf.nn.relu6(ref + (extra[0] if addend else 0)).numpy()
+    assert y.shape == ref.shape and y.dtype == np.float32
+    np.testing.assert_allclose(y, ref, **ACCUMULATION)
+
+
 @pytest.mark.parametrize("attrs, addend, message", [
+    ({"size": [4, 4], "has_conv": "yes"}, (1, 4, 4, 3), "has_conv must be a bool"),
+    ({"size": [4, 4], "has_addend": False}, (1, 4, 4, 3), r"expects 1 inputs \(x\), got 2"),
+    ({"size": [4, 4], "has_conv": True}, (1, 4, 4, 3), r"expects 4 inputs \(x, conv_w, conv_b, addend\)"),
     ({"size": [4, 4]}, (1, 4, 5, 3), "must have the resized shape"),
     ({"size": [4]}, (1, 4, 4, 3), "size must be two positive ints"),
     ({"size": [4, 0]}, (1, 4, 0, 3), "size must be two positive ints"),

@@ -92,8 +92,10 @@ class ResizeBilinear(_Resize):
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), total,
                                     self.bilinear_body() + "\n  y[idx] = v;")]
 
-    def bilinear_body(self) -> str:
-        """WGSL statements giving ``v``, the interpolated value of output element ``idx`` (from binding ``x``)."""
+    def bilinear_body(self, read: str = "x[{}]") -> str:
+        """WGSL statements giving ``v``, the interpolated value of output element ``idx`` from the input's
+        elements, each read as ``read`` formatted with its flat NHWC index (a u32 expression): binding ``x`` by
+        default, or a WGSL function that computes the element."""
         _, h, w, c = self.input(0).shape
         sy, sx = self._scales()
 
@@ -110,10 +112,10 @@ class ResizeBilinear(_Resize):
   let dx = fx - f32(x0);
   let r0 = base + u32(y0) * {w * c}u;
   let r1 = base + u32(y1) * {w * c}u;
-  let v00 = x[r0 + u32(x0) * {c}u];
-  let v10 = x[r1 + u32(x0) * {c}u];
-  let v01 = x[r0 + u32(x1) * {c}u];
-  let v11 = x[r1 + u32(x1) * {c}u];
+  let v00 = {read.format(f"r0 + u32(x0) * {c}u")};
+  let v10 = {read.format(f"r1 + u32(x0) * {c}u")};
+  let v01 = {read.format(f"r0 + u32(x1) * {c}u")};
+  let v11 = {read.format(f"r1 + u32(x1) * {c}u")};
   let v = v00 * (1.0 - dy) * (1.0 - dx) + v10 * dy * (1.0 - dx) + v01 * (1.0 - dy) * dx + v11 * dy * dx;"""
 
 

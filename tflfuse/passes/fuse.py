@@ -66,7 +66,8 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   ``fused_resize_bilinear``.
 * ``resize_conv``: RESIZE_BILINEAR -> CONV_2D 1x1 (stride 1, no activation) [-> ADD of a tensor of its output's
   shape]: the CONV_2D moved before the resize, onto the smaller input, then the resize (with the ADD:
-  ``fused_resize_bilinear``); MediaPipe's selfie segmentation decoder. Bilinear interpolation is a per-channel
+  ``fused_resize_bilinear``); where the conv is small, inside the resize's op (``fused_resize_bilinear`` with
+  ``has_conv``, one dispatch); MediaPipe's selfie segmentation decoder. Bilinear interpolation is a per-channel
   weighted sum whose weights sum to 1 and a 1x1 conv a per-pixel affine map of the channels, so the two
   commute, bias included; the results differ by rounding only.
 * ``hard_swish``: x * relu6(x + 3) / 6 spelled out: the builtin HARD_SWISH.
@@ -616,13 +617,21 @@ class _NewOp:
     options: tuple
 
 
+#: ``resize_conv``'s bound on the multiply-adds of a conv computed inside the resize (4 taps of ``Cin`` per
+#: output element): selfie segmentation's decoder has 6.3 to 16.8 million.
+_RESIZE_CONV_MAX_MACS = 1 << 25
+
+
 def _resize_conv(g: Graph, oi: int):
     """RESIZE_BILINEAR (float, constant size) -> CONV_2D 1x1 (stride 1, constant float filter and bias, no
     activation): the CONV_2D on the resize's input (a new op), then the resize of its output, as
     ``fused_resize_bilinear`` with the ADD after it where the conv's output is that ADD's alone (an ADD of a
     runtime tensor of its shape; with the ADD's fused activation), else as RESIZE_BILINEAR where the conv's
-    output has several readers. Left alone where ``conv_activation`` would make one op of the conv and what
-    reads it (an ADD, or an ADD and an activation op): the resize and that op, two dispatches either way."""
+    output has several readers; where the conv's sums, computed again for each of the four taps of every output
+    element, come to at most :data:`_RESIZE_CONV_MAX_MACS` multiply-adds, the conv is inside that
+    ``fused_resize_bilinear`` (``has_conv``; without the ADD ``has_addend`` false), one dispatch instead of two.
+    Left alone where ``conv_activation`` would make one op of the conv and what reads it (an ADD, or an ADD and
+    an activation op): the resize and that op, two dispatches either way."""
     attrs = _resize_attrs(g, oi)
     ins, up = g.inputs(oi), g.outputs_of(oi)[0]
     conv = g.sole_reader(up)
@@ -631,20 +640,27 @@ def _resize_conv(g: Graph, oi: int):
     found = _conv_1x1(g, conv, {"NONE"})
     if found is None or found["x"] != up or g.sg.tensors[ins[0]].type != schema.TensorType.FLOAT32:
         return None
-    low = _NewOp("CONV_2D", (ins[0], *g.inputs(conv)[1:]), (*g.shapes[ins[0]][:3], found["w"].shape[1]),
-                 ("Conv2DOptions", {"padding": schema.Padding.VALID, "strideH": 1, "strideW": 1}))
     out = found["out"]
+    # the conv inside the resize's op where the four taps' recomputed sums stay small (a GPU dispatch fewer),
+    # else the conv as a new op before it
+    inside = 4 * int(np.prod(g.shapes[out])) * found["w"].shape[0] <= _RESIZE_CONV_MAX_MACS
+    low = [ins[0], found["w"], found["b"]] if inside else [
+        _NewOp("CONV_2D", (ins[0], *g.inputs(conv)[1:]), (*g.shapes[ins[0]][:3], found["w"].shape[1]),
+               ("Conv2DOptions", {"padding": schema.Padding.VALID, "strideH": 1, "strideW": 1}))]
+    flags = {"has_conv": True} if inside else {}
     plain = _add_after(g, out)
     if plain is not None:
         add, addend, act = plain
         after = g.sole_reader(g.outputs_of(add)[0])
         if after is not None and g.op_name(after) in _ACT_OPS:
             return None   # conv_activation makes one op of the conv, the ADD and its activation
-        return [oi, conv, add], [low, addend], g.outputs_of(add)[0], "fused_resize_bilinear", {
-            **attrs, "activation": act}
+        return [oi, conv, add], [*low, addend], g.outputs_of(add)[0], "fused_resize_bilinear", {
+            **attrs, "activation": act, **flags}
     if g.sole_reader(out) is not None:   # the conv's one reader, which conv_activation may take in
         return None
-    return [oi, conv], [low, ins[1]], out, "RESIZE_BILINEAR", (
+    if inside:
+        return [oi, conv], low, out, "fused_resize_bilinear", {**attrs, **flags, "has_addend": False}
+    return [oi, conv], [*low, ins[1]], out, "RESIZE_BILINEAR", (
         "ResizeBilinearOptions", {"alignCorners": attrs["align_corners"],
                                   "halfPixelCenters": attrs["half_pixel_centers"]})
 

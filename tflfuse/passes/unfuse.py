@@ -378,17 +378,27 @@ def _pool(g: Graph, oi: int, attrs: dict) -> list:
 
 @expansion("fused_resize_bilinear")
 def _resize_add(g: Graph, oi: int, attrs: dict) -> list:
-    """RESIZE_BILINEAR, then the ADD of the addend with the activation fused into it."""
+    """(With ``has_conv`` a CONV_2D 1x1 first,) RESIZE_BILINEAR, then (with ``has_addend``) the ADD of the
+    addend with the activation fused into it, or the activation as its own op."""
     b, (out,) = Builder(g, oi), g.outputs_of(oi)
-    x, addend = g.inputs(oi)[:2]
+    ins = g.inputs(oi)
+    x = ins[0]
     act = str(attrs.get("activation", "linear")).lower()
     if act not in ("linear", "relu", "relu6"):
         raise UnfuseError(f"fused_resize_bilinear (operator {oi}): activation {act!r} is not one of 'linear', "
                           f"'relu', 'relu6'")
+    if attrs.get("has_conv"):
+        w, bias = _weights(g, oi, ins, 2)
+        x = b.conv_1x1(x, w, bias, (*g.shapes[x][:3], w.shape[1]))
+    has_addend = attrs.get("has_addend", True)
     y = b.op("RESIZE_BILINEAR", [x, b.weight_i32([int(v) for v in attrs["size"]])], g.shapes[out],
              ("ResizeBilinearOptions", {"alignCorners": bool(attrs.get("align_corners", False)),
-                                        "halfPixelCenters": bool(attrs.get("half_pixel_centers", False))}))
-    b.op("ADD", [y, addend], options=("AddOptions", {"fusedActivationFunction": _FUSED_CODES[act]}), out=out)
+                                        "halfPixelCenters": bool(attrs.get("half_pixel_centers", False))}),
+             out=out if not has_addend and act == "linear" else None)
+    if has_addend:
+        b.op("ADD", [y, ins[-1]], options=("AddOptions", {"fusedActivationFunction": _FUSED_CODES[act]}), out=out)
+    elif act != "linear":
+        _act_after(b, y, g.shapes[out], act, out=out)
     return b.ops
 
 
