@@ -6,11 +6,14 @@ load count of --unrolls.
     python benchmarks/sweep_bottleneck_strategies.py --batches=1,32 --out=sweep.json
 
 For each block: the GPU time of the whole block (timestamp queries around --reps runs back to back, median
-of --repeats passes) staged, with the default strategy, dw_projection with each tile of
---dw_tiles (``tflfuse.kernels.gemm.TILES`` and narrower ones) and expand_dw with each of --expand_tiles and --unrolls; every output checked
-against the unfused ops' (CONV_2D 1x1, DEPTHWISE_CONV_2D 3x3, CONV_2D 1x1) first, on three runs of rows
-(``peaks.check_ranges``); the input is written once per block and copied on the GPU into each plan, since
-host transfers of ~100 MB slow the H200 machine's later dispatches (``chain.chain_plan``). Needs no TensorFlow.
+of --repeats passes) staged, with the default strategy, dw_projection with each tile of --dw_tiles
+(``tflfuse.kernels.gemm.TILES`` and narrower ones) and expand_dw with each of --expand_tiles and --unrolls;
+every output checked against the unfused ops' (CONV_2D 1x1, DEPTHWISE_CONV_2D 3x3, CONV_2D 1x1) first, on
+three runs of rows (``peaks.check_ranges``); the input is written once per block and copied on the GPU into
+each plan, since host transfers of ~100 MB slow the H200 machine's later dispatches (``chain.chain_plan``).
+The staged plan is timed again last: on that machine a process's later dispatches can also turn slower after
+some 30 plans of a block at batch 32 (2026-12-04), so sweep one block per process (``--blocks``) and compare
+the two staged times. Needs no TensorFlow.
 """
 
 from __future__ import annotations

@@ -319,8 +319,8 @@ def test_conv_patterns(case, device, rng):
 
 def _resize_conv(size, readers: str, align=False, batch=1, shape=(5, 4, 6)):
     """x -> RESIZE_BILINEAR to ``size`` -> CONV_2D 1x1 (7 channels, bias, no activation) -> ``readers``: "add" (an ADD
-    of a tensor of its shape, made apart from the resize: a conv's nearest resize), "add_prelu" (the same ADD, then PRELU), "two" (an ADD
-    and a MUL both read the conv) or "relu_conv" (the conv has a fused RELU)."""
+    of a tensor of its shape, made apart from the resize: a conv's nearest resize), "add_prelu" (the same ADD,
+    then PRELU), "two" (an ADD and a MUL both read the conv) or "relu_conv" (the conv has a fused RELU)."""
     def build(x):
         up = keras.layers.Resizing(*size, interpolation="bilinear", crop_to_aspect_ratio=False)(x) if not align \
             else keras.layers.Lambda(lambda v: __import__("tensorflow").compat.v1.image.resize_bilinear(

@@ -63,9 +63,8 @@ class FusedResizeBilinear(CompositeKernel):
         if self.attr("align_corners") and self.attr("half_pixel_centers"):
             raise self.fail("align_corners and half_pixel_centers cannot both be true (TFLite refuses it)")
         # the resize of the conv's output (or of x): its geometry and its interpolation
-        self.resize = ResizeBilinear([TensorSpec((n, h, w, c))], {"size": [int(v) for v in size],
-                                                                  "align_corners": self.attr("align_corners"),
-                                                                  "half_pixel_centers": self.attr("half_pixel_centers")})
+        flags = {"align_corners": self.attr("align_corners"), "half_pixel_centers": self.attr("half_pixel_centers")}
+        self.resize = ResizeBilinear([TensorSpec((n, h, w, c))], {"size": [int(v) for v in size], **flags})
         out = self.resize.output_specs()[0].shape
         if self.has_addend:
             addend = self.expect_rank(len(names) - 1, 4).shape
