@@ -107,6 +107,20 @@ def test_default_strategy_is_one_dispatch_on_small_gpu_maps():
     assert len(programs((1, 16, 16, 32), 128, "cpu")) == 2
     assert len(programs((1, 16, 16, 30), 128, "gpu")) == 2
     assert len(programs((32, 56, 56, 24), 144, "gpu")) == 2
+    # no tile's halo and weights fit workgroup memory (1024 input channels): two dispatches, not an error
+    assert len(programs((1, 1, 1, 1024), 8, "gpu")) == 2
+    specs = [TensorSpec((1, 1, 1, 1024)), TensorSpec((1024, 8)), TensorSpec((8,)), TensorSpec((3, 3, 8)),
+             TensorSpec((8,))]
+    with pytest.raises(KernelError, match="fused_expand_depthwise: strategy 'expand_dw': no tile .* give strategy "
+                                          "'staged'"):
+        kernel_class("fused_expand_depthwise")(specs, {"strategy": "expand_dw"})
+
+
+def test_strides_of_numpy_ints_are_taken(device):
+    arrays = _arrays(CASES[0])
+    attrs = {**_attrs(CASES[0]), "strides": np.int64(2), "dilations": np.array([1, 1])}
+    (y,) = run_op(device, "fused_expand_depthwise", arrays, attrs)
+    np.testing.assert_allclose(y, _reference(CASES[0], *arrays), **ACCUMULATION)
 
 
 def test_empty_batch_has_no_dispatch_and_an_empty_output(device):
@@ -124,6 +138,8 @@ def test_empty_batch_has_no_dispatch_and_an_empty_output(device):
     ([(1, 5, 5, 4), (4, 8), (8,), (3, 3, 8), (8,)], {"dw_activation": "leaky_relu"}, "has a parameter"),
     ([(1, 5, 5, 4), (4, 8), (8,), (3, 3, 8), (8,)], {"padding": "FULL"}, "padding must be 'SAME' or 'VALID'"),
     ([(1, 5, 5, 4), (4, 8), (8,), (3, 3, 8), (8,)], {"strides": [0, 1]}, "strides must be 2 ints >= 1"),
+    ([(1, 5, 5, 4), (4, 8), (8,), (3, 3, 8), (8,)], {"strides": 2.0}, "strides must be 2 ints >= 1"),
+    ([(1, 5, 5, 4), (4, 8), (8,), (3, 3, 8), (8,)], {"dilations": True}, "dilations must be 2 ints >= 1"),
     ([(1, 5, 5, 4), (4, 8), (8,), (3, 3, 8), (8,)], {"strategy": "tiled"}, "strategy must be one of"),
     ([(1, 5, 5, 4), (4, 8), (8,), (3, 3, 8)], {}, "expects 5 inputs"),
 ])

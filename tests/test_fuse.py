@@ -205,6 +205,37 @@ def test_expand_depthwise_pattern_leaves_a_shared_expansion(device, rng):
     assert report.patterns["expand_depthwise"] == 0 and "fused_expand_depthwise" not in Model(fused).op_names(0)
 
 
+def test_no_fused_op_in_a_while_body(device, rng):
+    """A WHILE's body runs on LiteRT's CPU interpreter (tflfuse hands it the WHILE): fusion writes no custom
+    op there, so the fused file still runs on tflfuse, with the original's results."""
+    import tensorflow as tf
+
+    w = tf.constant((rng.standard_normal((1, 1, 8, 8)) / 3).astype(np.float32))
+    k = tf.constant((rng.standard_normal((3, 3, 8, 1)) / 3).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec((1, 6, 6, 8))])
+    def f(x):
+        def body(i, y):
+            e = tf.nn.relu6(tf.nn.conv2d(y, w, 1, "VALID"))
+            return i + 1, tf.nn.relu6(tf.nn.depthwise_conv2d(e, k, [1, 1, 1, 1], "SAME"))
+        return tf.while_loop(lambda i, y: i < 3, body, [tf.constant(0), x])[1]
+
+    original = tflfuse.convert([f.get_concrete_function()]).tflite
+    fused, report = fuse(original)
+    m = Model(fused)
+    assert m.called_subgraphs() and all(n.isupper() for sg in m.called_subgraphs() for n in m.op_names(sg))
+    xs = _inputs(original, rng)
+    for got, ref in zip(_run_tflfuse(fused, xs, device), _run_litert(original, xs)):
+        np.testing.assert_allclose(got, ref, **ACCUMULATION)
+
+
+def test_unfuse_takes_one_int_for_both_strides():
+    from tflfuse.passes.unfuse import _geometry_options
+
+    kind, opts = _geometry_options("DepthwiseConv2DOptions", {"strides": 2, "dilations": np.int64(3)}, 0)
+    assert (opts["strideH"], opts["strideW"], opts["dilationHFactor"], opts["dilationWFactor"]) == (2, 2, 3, 3)
+
+
 def test_pattern_needs_constant_weights(rng):
     # A depthwise filter that is a model input cannot be re-laid out: nothing fuses.
     import tensorflow as tf

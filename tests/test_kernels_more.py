@@ -647,8 +647,18 @@ def test_fused_resize_bilinear_with_conv_matches_tf(shapes, flags, addend, devic
     np.testing.assert_allclose(y, ref, **ACCUMULATION)
 
 
+def test_fused_resize_bilinear_with_conv_needs_input_channels():
+    from tflfuse.kernels import KernelError, kernel_class
+    from tflfuse.kernels.base import TensorSpec
+
+    with pytest.raises(KernelError, match=r"fused_resize_bilinear: has_conv needs input channels \(x has 0\)"):
+        kernel_class("fused_resize_bilinear")([TensorSpec((1, 4, 4, 0)), TensorSpec((0, 5)), TensorSpec((5,))],
+                                              {"size": [8, 8], "has_conv": True, "has_addend": False})
+
+
 @pytest.mark.parametrize("attrs, addend, message", [
     ({"size": [4, 4], "has_conv": "yes"}, (1, 4, 4, 3), "has_conv must be a bool"),
+    ({"size": [4, 4], "half_pixel_centers": "false"}, (1, 4, 4, 3), "half_pixel_centers must be a bool"),
     ({"size": [4, 4], "has_addend": False}, (1, 4, 4, 3), r"expects 1 inputs \(x\), got 2"),
     ({"size": [4, 4], "has_conv": True}, (1, 4, 4, 3), r"expects 4 inputs \(x, conv_w, conv_b, addend\)"),
     ({"size": [4, 4]}, (1, 4, 5, 3), "must have the resized shape"),

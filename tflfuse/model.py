@@ -291,6 +291,14 @@ class Model:
         return {c.decomposition for si, sg in enumerate(self.m.subgraphs) for oi in range(len(sg.operators))
                 if (c := self.composite(si, oi)) is not None}
 
+    def called_subgraphs(self) -> set[int]:
+        """The subgraphs that some op's options name (WHILE's cond and body, IF's branches, CALL_ONCE's,
+        StableHLO's...): tflfuse hands such ops to LiteRT's CPU interpreter, which runs those subgraphs too, so
+        they must hold only what LiteRT runs."""
+        from .runtime.segment import called_subgraphs
+
+        return {k for sg in self.m.subgraphs for op in (sg.operators or []) for k in called_subgraphs(op)}
+
     def op_names(self, subgraph: int = 0) -> list[str]:
         return [self.op_name(subgraph, i) for i in range(len(self.m.subgraphs[subgraph].operators or []))]
 

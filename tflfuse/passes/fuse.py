@@ -617,9 +617,10 @@ class _NewOp:
     options: tuple
 
 
-#: ``resize_conv``'s bound on the multiply-adds of a conv computed inside the resize (4 taps of ``Cin`` per
-#: output element): selfie segmentation's decoder has 6.3 to 16.8 million.
-_RESIZE_CONV_MAX_MACS = 1 << 25
+#: ``resize_conv``'s bounds on a conv computed inside the resize: its multiply-adds (4 taps of ``Cin`` per output
+#: element; selfie segmentation's decoder has 6.3 to 16.8 million) and its input channels (an invocation's loop
+#: over the 4 taps' ``Cin`` stays far from the software adapter's cap of 65,535 iterations; selfie: 16 to 128).
+_RESIZE_CONV_MAX_MACS, _RESIZE_CONV_MAX_DEPTH = 1 << 25, 4096
 
 
 def _resize_conv(g: Graph, oi: int):
@@ -628,7 +629,8 @@ def _resize_conv(g: Graph, oi: int):
     ``fused_resize_bilinear`` with the ADD after it where the conv's output is that ADD's alone (an ADD of a
     runtime tensor of its shape; with the ADD's fused activation), else as RESIZE_BILINEAR where the conv's
     output has several readers; where the conv's sums, computed again for each of the four taps of every output
-    element, come to at most :data:`_RESIZE_CONV_MAX_MACS` multiply-adds, the conv is inside that
+    element, come to at most :data:`_RESIZE_CONV_MAX_MACS` multiply-adds (and ``Cin`` to at most
+    :data:`_RESIZE_CONV_MAX_DEPTH`), the conv is inside that
     ``fused_resize_bilinear`` (``has_conv``; without the ADD ``has_addend`` false), one dispatch instead of two.
     Left alone where ``conv_activation`` would make one op of the conv and what reads it (an ADD, or an ADD and
     an activation op): the resize and that op, two dispatches either way."""
@@ -643,7 +645,8 @@ def _resize_conv(g: Graph, oi: int):
     out = found["out"]
     # the conv inside the resize's op where the four taps' recomputed sums stay small (a GPU dispatch fewer),
     # else the conv as a new op before it
-    inside = 4 * int(np.prod(g.shapes[out])) * found["w"].shape[0] <= _RESIZE_CONV_MAX_MACS
+    inside = (4 * int(np.prod(g.shapes[out])) * found["w"].shape[0] <= _RESIZE_CONV_MAX_MACS
+              and found["w"].shape[0] <= _RESIZE_CONV_MAX_DEPTH)
     low = [ins[0], found["w"], found["b"]] if inside else [
         _NewOp("CONV_2D", (ins[0], *g.inputs(conv)[1:]), (*g.shapes[ins[0]][:3], found["w"].shape[1]),
                ("Conv2DOptions", {"padding": schema.Padding.VALID, "strideH": 1, "strideW": 1}))]
@@ -1086,6 +1089,9 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
         tflite, counts["bottleneck"] = fuse_int8_bottlenecks(tflite)
         model = Model(tflite) if counts["bottleneck"] else model
     carried: collections.Counter = collections.Counter()
+    # WHILE bodies, IF branches...: LiteRT's CPU interpreter runs them (the op's fallback), so only patterns
+    # that write builtins apply there
+    litert_only = model.called_subgraphs()
     for sg in range(len(model.m.subgraphs)):
         g = CarryingGraph(model, sg, target)
         carried.update(g.op_name(oi) for oi in sorted(g.without_kernel))
@@ -1095,7 +1101,8 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
                 continue
             for name in names:
                 found = PATTERNS[name](g, oi)
-                if found is None or not g.free(*found[0]) or not _kernel_accepts(g, *found[1:]):
+                if found is None or (sg in litert_only and not found[3].isupper()) or not g.free(*found[0]) or \
+                        not _kernel_accepts(g, *found[1:]):
                     continue
                 chain, inputs, out, op_name, attrs = found
                 tensors, new_ops = [], []

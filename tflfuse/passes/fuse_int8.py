@@ -232,7 +232,7 @@ def fuse_int8_bottlenecks(tflite: bytes, fused_op_format: str = "custom") -> tup
     if fused_op_format not in FORMATS:
         raise ValueError(f"fused_op_format must be one of {FORMATS}, got {fused_op_format!r}")
     model = Model(tflite)
-    skip = model.decompositions()
+    skip = model.decompositions() | model.called_subgraphs()   # LiteRT runs those: builtins only
     count = 0
     for si in range(len(model.m.subgraphs)):
         if si in skip:

@@ -244,7 +244,10 @@ def _activated(b: Builder, g: Graph, attrs: dict, act: str, y_shape, residual, s
 
 
 def _geometry_options(kind: str, attrs: dict, code: int, **more) -> tuple[str, dict]:
-    (sh, sw), (dh, dw) = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    def pair(name):   # 2 ints, or one for both (as the fused kernels take them)
+        v = attrs.get(name, [1, 1])
+        return (v, v) if np.ndim(v) == 0 else tuple(v)
+    (sh, sw), (dh, dw) = pair("strides"), pair("dilations")
     padding = 0 if str(attrs.get("padding", "VALID")).upper() == "SAME" else 1
     return kind, {"padding": padding, "strideH": int(sh), "strideW": int(sw), "dilationHFactor": int(dh),
                   "dilationWFactor": int(dw), "fusedActivationFunction": code, **more}

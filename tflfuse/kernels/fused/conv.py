@@ -272,9 +272,11 @@ def window_geometry(kernel, kh: int, kw: int) -> dict:
     pairs = {}
     for name in ("strides", "dilations"):
         v = kernel.attr(name)
-        v = [v, v] if isinstance(v, int) else list(v)
-        if len(v) != 2 or not all(isinstance(e, (int, np.integer)) and e >= 1 for e in v):
-            raise kernel.fail(f"{name} must be 2 ints >= 1, got {kernel.attr(name)!r}")
+        v = [v, v] if isinstance(v, (int, np.integer)) else list(v) if isinstance(v, (list, tuple, np.ndarray)) \
+            else None
+        if v is None or len(v) != 2 or not all(isinstance(e, (int, np.integer)) and not isinstance(e, (bool, np.bool_))
+                                               and e >= 1 for e in v):
+            raise kernel.fail(f"{name} must be 2 ints >= 1 (or one for both), got {kernel.attr(name)!r}")
         pairs[name] = [int(e) for e in v]
     (sh, sw), (dh, dw) = pairs["strides"], pairs["dilations"]
     pad = str(kernel.attr("padding")).upper()

@@ -230,9 +230,12 @@ class FusedExpandDepthwise(CompositeKernel):
     :data:`~tflfuse.kernels.wgsl.ACTIVATIONS` without parameters.
 
     Two strategies, the same values: ``expand_dw``, one dispatch (:func:`expand_depthwise_program`; on a GPU
-    where Cin and Cexp are multiples of 4 and the expansion has at most ``_ONE_DISPATCH_MAX_MACS``
-    multiply-adds), and ``staged``, the expansion into a scratch buffer (f16 in a float16 plan) then the
-    depthwise conv (:func:`~tflfuse.kernels.conv.depthwise_program`). Measured on an H200 (2026-12-04,
+    where Cin and Cexp are multiples of 4, a tile's halo and weights fit workgroup memory and the expansion has
+    at most ``_ONE_DISPATCH_MAX_MACS`` multiply-adds), and ``staged``, the expansion into a scratch buffer then
+    the depthwise conv (:func:`~tflfuse.kernels.conv.depthwise_program`). In a float16 plan the staged
+    strategy stores the expanded tensor as f16, as the unfused graph would (past 65504 it becomes inf, as
+    there), while the one dispatch keeps it in f32 workgroup memory: their results then differ by that
+    rounding. Measured on an H200 (2026-12-04,
     ``fused_bottleneck``'s ``expand_dw`` dispatch on MediaPipe selfie segmentation's shapes at batch 1, GPU time
     of 20 back-to-back runs) against the two convs apart (``fused_conv2d``, ``fused_depthwise_conv2d``):
     128x128x16 -> 32, 3x3 stride 2 5.3 against 6.8 us; 64x64x16 -> 64, stride 2 4.4 against 7.4; 32x32x24 ->
@@ -273,16 +276,20 @@ class FusedExpandDepthwise(CompositeKernel):
         self.out_shape = (n, self.g["OH"], self.g["OW"], cexp)
         self.empty = not (n * self.g["OH"] * self.g["OW"] * cexp)
         fits = expand_depthwise_fits(cin, cexp)
-        default = "expand_dw" if (self.target() == "gpu" and fits and
+        try:   # the one dispatch's tile (a halo of the expansion in workgroup memory), where one fits
+            self.tile = (*expand_depthwise_shape(self.g, cin, cexp), expand_depthwise_unroll(cin)) if fits else None
+        except KernelError as e:
+            self.tile, why = None, str(e)
+        default = "expand_dw" if (self.target() == "gpu" and self.tile and
                                   n * h * w * cin * cexp <= _ONE_DISPATCH_MAX_MACS) else "staged"
         self.strategy = str(self.attrs.get("strategy") or default)
         if self.strategy not in _STRATEGIES:
             raise self.fail(f"strategy must be one of {', '.join(map(repr, _STRATEGIES))}, got {self.strategy!r}")
         if self.strategy == "expand_dw" and not fits:
             raise self.fail(f"strategy 'expand_dw' needs input ({cin}) and expanded ({cexp}) channels that are "
-                            f"multiples of 4")
-        if self.strategy == "expand_dw" and not self.empty:
-            self.tile = (*expand_depthwise_shape(self.g, cin, cexp), expand_depthwise_unroll(cin))
+                            f"multiples of 4; give strategy 'staged'")
+        if self.strategy == "expand_dw" and not self.tile and not self.empty:
+            raise self.fail(f"strategy 'expand_dw': {why.split(': ', 1)[-1]}; give strategy 'staged'")
 
     def output_specs(self):
         return (TensorSpec(self.out_shape),)

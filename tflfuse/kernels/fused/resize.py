@@ -17,9 +17,11 @@ in another order than TFLite's CONV_2D: results differ from the unfused ops' by 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
-from ..base import CompositeKernel, TensorSpec
+from ..base import CompositeKernel, KernelError, TensorSpec
 from ..registry import register
 from ..resize import ResizeBilinear
 from ..wgsl import activation_fn, dot, elementwise_program
@@ -60,11 +62,17 @@ class FusedResizeBilinear(CompositeKernel):
         if len(size) != 2 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
                                      for v in size):
             raise self.fail(f"size must be two positive ints [OH, OW], got {given!r}")
-        if self.attr("align_corners") and self.attr("half_pixel_centers"):
+        flags = {"align_corners": self.bool_attr("align_corners"),
+                 "half_pixel_centers": self.bool_attr("half_pixel_centers")}
+        if flags["align_corners"] and flags["half_pixel_centers"]:
             raise self.fail("align_corners and half_pixel_centers cannot both be true (TFLite refuses it)")
+        if self.has_conv and cin == 0:
+            raise self.fail("has_conv needs input channels (x has 0)")
         # the resize of the conv's output (or of x): its geometry and its interpolation
-        flags = {"align_corners": self.attr("align_corners"), "half_pixel_centers": self.attr("half_pixel_centers")}
-        self.resize = ResizeBilinear([TensorSpec((n, h, w, c))], {"size": [int(v) for v in size], **flags})
+        try:
+            self.resize = ResizeBilinear([TensorSpec((n, h, w, c))], {"size": [int(v) for v in size], **flags})
+        except KernelError as e:   # the resize's own message, without its op name and shapes
+            raise self.fail(re.sub(r" \(input shapes .*\)$", "", str(e).split(": ", 1)[-1])) from None
         out = self.resize.output_specs()[0].shape
         if self.has_addend:
             addend = self.expect_rank(len(names) - 1, 4).shape
