@@ -177,6 +177,8 @@ def _specs(cin=8, t=6, cout=8, h=8):
     ({"kernel_size": 5.7}, _specs(), "kernel_size must be an integer"),
     ({"stride": True}, _specs(), "stride must be an integer"),
     ({}, _specs()[:6], "expects 5 inputs"),
+    ({}, [TensorSpec((1, 8, 8, 0)), TensorSpec((0, 24)), TensorSpec((24,)), TensorSpec((3, 3, 24)),
+          TensorSpec((24,)), TensorSpec((24, 8)), TensorSpec((8,))], "the expand conv needs input channels"),
     ({}, _specs()[:3] + [TensorSpec((5, 5, 48))] + _specs()[4:], "dw_w must be [3, 3, 48]"),
 ])
 def test_fused_bottleneck_rejects_bad_shapes_and_attrs(attrs, specs, message):

@@ -148,6 +148,8 @@ class FusedBottleneck(CompositeKernel):
             ew, eb = self.expect_rank(1, 2).shape, self.expect_rank(2, 1).shape
             if ew[0] != cin or eb[0] != ew[1]:
                 raise self.fail(f"expand_w {list(ew)} / expand_b {list(eb)} do not fit {cin} input channels")
+            if not cin:
+                raise self.fail("the expand conv needs input channels (x has 0)")
             cexp = ew[1]
         else:
             cexp = cin
