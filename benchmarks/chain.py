@@ -42,21 +42,6 @@ def device_input(device, x):
     return device.create_buffer(x.nbytes, data=np.ascontiguousarray(x, np.float32).tobytes())
 
 
-def read_rows(device, plan, tensor, ranges):
-    """The float32 rows ``[a, z)`` for each ``(a, z)`` of ``ranges`` of ``tensor`` (viewed as [rows, last
-    dimension]), concatenated and flattened: copied on the GPU into one small buffer, then read back."""
-    width = plan.graph.specs[tensor].shape[-1] * 4
-    total = sum(z - a for a, z in ranges) * width
-    small = device.create_buffer(total)
-    encoder = device.device.create_command_encoder()
-    at = 0
-    for a, z in ranges:
-        encoder.copy_buffer_to_buffer(plan.buffers[tensor], a * width, small, at, (z - a) * width)
-        at += (z - a) * width
-    device.device.queue.submit([encoder.finish()])
-    return np.frombuffer(device.device.queue.read_buffer(small, 0, total), np.float32).copy()
-
-
 def products(n: int) -> list[tuple[int, int, int]]:
     """(rows, depth, cols) of MobileNetV2's distinct 1x1 products at batch n."""
     found = []

@@ -10,7 +10,7 @@ from tflfuse.kernels.base import Binding, Program, linear_dispatch
 from tflfuse.runtime.plan import pass_gpu_us
 
 __all__ = ["F16_ACCUMULATORS", "F32_ACCUMULATORS", "copy_bandwidth_gb_per_s", "fma_source", "fma_tflops",
-           "measure_peaks", "recorder", "CHECK_ROWS", "check_ranges"]
+           "measure_peaks", "recorder", "CHECK_ROWS", "check_ranges", "read_rows"]
 
 
 #: Rows of a product's output that the sweeps read back to check each form and tile: three runs of this many
@@ -28,6 +28,19 @@ def check_ranges(rows: int) -> list[tuple[int, int]]:
     """The ``[start, stop)`` row ranges of :data:`CHECK_ROWS` rows each that are read back and checked."""
     starts = {0, max(0, rows // 2 - CHECK_ROWS // 2), max(0, rows - CHECK_ROWS)}
     return [(r, min(rows, r + CHECK_ROWS)) for r in sorted(starts)]
+
+
+def read_rows(device, buffer, rows: int, cols: int, dtype=np.float32) -> np.ndarray:
+    """The rows of :func:`check_ranges` of a row-major ``[rows, cols]`` matrix of ``dtype`` (float32, or
+    float16 as a float16 plan stores it) in device buffer ``buffer``, read back alone and concatenated, flat."""
+    size = np.dtype(dtype).itemsize
+    y = []
+    for a, z in check_ranges(rows):
+        start, nbytes = a * cols * size, (z - a) * cols * size
+        lo = start // 4 * 4   # WebGPU reads whole 4-byte words
+        raw = device.device.queue.read_buffer(buffer, lo, -(-(start + nbytes - lo) // 4) * 4)
+        y.append(np.frombuffer(raw, dtype)[(start - lo) // size:][:(z - a) * cols])
+    return np.concatenate(y)
 
 
 def recorder(device, prog, buffers):

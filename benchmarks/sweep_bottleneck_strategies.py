@@ -34,8 +34,8 @@ from tflfuse.kernels.base import TensorSpec  # noqa: E402
 from tflfuse.kernels.gemm import TILES  # noqa: E402
 from tflfuse.runtime.profile import gpu_time_plan  # noqa: E402
 
-from chain import BLOCKS, chain_plan, device_input, read_rows, unfused_block  # noqa: E402
-from peaks import check_ranges  # noqa: E402
+from chain import BLOCKS, chain_plan, device_input, unfused_block  # noqa: E402
+from peaks import check_ranges, read_rows  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
@@ -68,10 +68,10 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
     source = device_input(device, x)   # written once; each plan copies it on the GPU (chain.chain_plan)
     plan = unfused_block(device, x, w, e, cout, s, expand, source)
     plan.run()
-    ranges = check_ranges(int(np.prod(plan.graph.specs[3].shape[:-1])))
-    want = read_rows(device, plan, 3, ranges)
+    rows = int(np.prod(plan.graph.specs[3].shape[:-1]))
+    want = read_rows(device, plan.buffers[3], rows, cout)
     if s == 1 and cin == cout:
-        want = want + np.concatenate([x.reshape(-1, cin)[a:z].ravel() for a, z in ranges])
+        want = want + np.concatenate([x.reshape(-1, cin)[a:z].ravel() for a, z in check_ranges(rows)])
     scale = float(np.abs(want).max())
     found = {"block": [n, h, cin, e, cout, s]}
     inputs = [x] + [w[k] for k in (["ew", "eb"] if expand else []) + ["dw", "db", "pw", "pb"]]
@@ -93,7 +93,7 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
         p = chain_plan(device, [("fused_bottleneck", k, list(range(len(inputs))), 99)], dict(enumerate(inputs)), 0,
                        source)
         p.run()
-        got = read_rows(device, p, 99, ranges)
+        got = read_rows(device, p.buffers[99], rows, cout)
         found[label] = {"us": gpu_time_plan(p, FLAGS.repeats, FLAGS.reps),
                         "rel_err": float(np.abs(got - want).max() / max(scale, 1e-30)), "strategy": k.strategy}
         if label == "staged":

@@ -40,7 +40,7 @@ from tflfuse.kernels.half import half_storage  # noqa: E402
 from tflfuse.runtime.plan import pass_gpu_us  # noqa: E402
 
 from chain import products  # noqa: E402
-from peaks import check_ranges, measure_peaks, recorder  # noqa: E402
+from peaks import check_ranges, measure_peaks, read_rows, recorder  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["32"], "Batch sizes.")
@@ -90,14 +90,8 @@ def run_form(device, prog: Program, arrays, rows: int, cols: int):
     first = pass_gpu_us(device, record, 1, reps=FLAGS.reps)
     pass_gpu_us(device, record, min(1000, int(FLAGS.warm_ms * 1e3 / (first * FLAGS.reps)) + 1), reps=FLAGS.reps)
     us = pass_gpu_us(device, record, FLAGS.repeats, reps=FLAGS.reps)
-    size, dtype = (2, np.float16) if half else (4, np.float32)
-    y = []
-    for a, z in check_ranges(rows):   # whole-output reads would slow the GPU down (peaks.CHECK_ROWS)
-        start, nbytes = a * cols * size, (z - a) * cols * size
-        lo = start // 4 * 4   # WebGPU reads whole 4-byte words
-        raw = device.device.queue.read_buffer(out, lo, -(-(start + nbytes - lo) // 4) * 4)
-        y.append(np.frombuffer(raw, dtype)[(start - lo) // size:][:(z - a) * cols])
-    return us, np.concatenate(y).astype(np.float64)
+    # whole-output reads would slow the GPU down (peaks.CHECK_ROWS)
+    return us, read_rows(device, out, rows, cols, np.float16 if half else np.float32).astype(np.float64)
 
 
 def main(argv):

@@ -30,7 +30,7 @@ from tflfuse.kernels.base import Binding  # noqa: E402
 from tflfuse.kernels.gemm import TILES, MatmulTile, matmul_tile, tiled_matmul_program, use_vec4  # noqa: E402
 from tflfuse.runtime.plan import pass_gpu_us  # noqa: E402
 
-from peaks import check_ranges, fma_tflops, recorder  # noqa: E402
+from peaks import check_ranges, fma_tflops, read_rows, recorder  # noqa: E402
 from chain import products  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -80,10 +80,7 @@ def time_program(device, prog, buffers, out_buf, cols):
     """GPU microseconds of ``prog`` and its output's checked rows (:func:`check_ranges`), concatenated."""
     record = recorder(device, prog, buffers)
     us = pass_gpu_us(device, record, FLAGS.repeats, reps=FLAGS.reps)
-    rows = out_buf.size // (4 * cols)
-    y = [np.frombuffer(device.device.queue.read_buffer(out_buf, a * cols * 4, (b - a) * cols * 4), np.float32)
-         for a, b in check_ranges(rows)]
-    return us, np.concatenate(y)
+    return us, read_rows(device, out_buf, out_buf.size // (4 * cols), cols)
 
 
 def torch_us(rows, depth, cols):

@@ -167,8 +167,6 @@ def _conv_1x1(g: Graph, oi: int, act: set[str]) -> dict | None:
             "out": g.outputs_of(oi)[0]}
 
 
-#: Activation ops without parameters that :func:`_expand_depthwise` takes after each of its convs.
-_PLAIN_ACT_OPS = {"RELU": "relu", "RELU6": "relu6", "LOGISTIC": "sigmoid", "TANH": "tanh", "HARD_SWISH": "hard_swish"}
 
 
 def _activation_after(g: Graph, out: int, chain: list[int], fused: str) -> tuple[int, str]:
@@ -292,6 +290,9 @@ def _bottleneck(g: Graph, oi: int):
 #: x * relu6(x + 3) / 6, LEAKY_RELU's ``alpha``, PRELU's constant slopes, ELU with alpha 1).
 _ACT_OPS = {"RELU": "relu", "RELU6": "relu6", "LOGISTIC": "sigmoid", "TANH": "tanh", "HARD_SWISH": "hard_swish",
             "LEAKY_RELU": "leaky_relu", "PRELU": "prelu", "ELU": "elu"}
+#: The activation ops of :data:`_ACT_OPS` without parameters, which :func:`_expand_depthwise` takes after each of
+#: its convs.
+_PLAIN_ACT_OPS = {k: v for k, v in _ACT_OPS.items() if k not in ("PRELU", "LEAKY_RELU", "ELU")}
 
 
 def _epilogue(g: Graph, last: int, out: int, chain: list[int]) -> dict | None:

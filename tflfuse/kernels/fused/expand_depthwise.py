@@ -322,4 +322,4 @@ class FusedExpandDepthwise(CompositeKernel):
                                                                 dataclasses.replace(db, name="b"),
                                                                 dataclasses.replace(y, name="y")),
                                       self.g, self.cexp, 1, True, dw_act)
-        return [dataclasses.replace(p, half_scratch=(0,)) for p in (expand, depthwise)]
+        return [dataclasses.replace(p, half_scratch=self.half_scratch()) for p in (expand, depthwise)]
