@@ -215,12 +215,11 @@ def _interpreter(path: Path, device, batch: int, xs):
 
 
 def _keep_busy(interp, out: int, seconds: float = 0.3) -> None:
-    """Invokes ``interp`` back to back for ``seconds`` (then reads output ``out``), so that the GPU has been
-    busy when its time is taken next. The first model of a run (face_detection_short_range_fused, 23
-    dispatches) measured 0.48 ms of one-pass GPU time on an H200 in two runs of 2026-12-04, right after LiteRT
-    CPU's timing, against 0.12 ms for the sum of its dispatches in the same run and 0.13 ms in
-    ``benchmarks/dispatch_profile.py``; with this first (``--select='face_detection*'``, 01:09 UTC) it measured
-    0.12 ms."""
+    """Invokes ``interp`` back to back for ``seconds`` (then reads output ``out``), so that the GPU's clocks
+    are those of sustained work when the alternating rounds start (every runtime of a row shares the GPU and
+    its clocks). An H200 idle for seconds, as while LiteRT CPU is timed or pipelines compile, clocks down from
+    1980 to 345 MHz and needs some 100 ms of work to clock up again
+    (:data:`tflfuse.runtime.profile.WARM_MS`); the GPU times warm up on their own."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         for _ in range(10):
@@ -262,8 +261,6 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
     if "timestamp-query" in device.features:
         from tflfuse.runtime.plan import SUSTAINED_REPS, gpu_time_plan
 
-        if not device.is_software:
-            _keep_busy(gpu, out0)
         passes = 2 if device.is_software else max(10, repeats // 5)   # a software pass takes seconds
         row["gpu_one_pass_ms"] = gpu_time_plan(gpu._plan(0), repeats=passes,
                                                reps=1 if device.is_software else SUSTAINED_REPS) / 1e3
@@ -313,6 +310,8 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
                 _timed(fns, name, lat, thr)
         except Exception as e:  # no torch, torchvision or CUDA here
             row["torch_note"] = f"PyTorch skipped: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    if not device.is_software:
+        _keep_busy(gpu, out0)
     row.update(_interleaved_ms(fns, warmup, FLAGS.rounds))
     if "timestamp-query" in device.features:
         from tflfuse.runtime.plan import SUSTAINED_REPS, profile_plan
@@ -523,7 +522,8 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
         f"warm-up invokes, each with the read-back of the first output; throughput (thr.) is the median of "
         f"{meta['throughput_repeats']} samples of {meta['throughput_n']} invokes back to back with one read-back "
         f"at the end, per invoke. A model's runtimes are timed in {meta['rounds']} alternating rounds, so that "
-        "drift hits all. Outputs are checked against LiteRT's CPU interpreter (or, for a fused model, which "
+        "drift hits all, after 0.3 s of tflfuse invokes back to back (the GPU idles into lower clocks while "
+        "LiteRT CPU is timed or pipelines compile). Outputs are checked against LiteRT's CPU interpreter (or, for a fused model, which "
         "LiteRT cannot run, against its unfused twin) before timing.",
         "",
         "tflfuse's throughput: invoke() (one submit of ExecutionPlan.run(), the next command buffer recorded "
@@ -538,8 +538,9 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
         "A fused model's row is timed in alternating rounds with its unfused twin on tflfuse and with LiteRT "
         "WebGPU on the twin (the file LiteRT can run); its ratios come from those rounds. GPU ms is the GPU's "
         "share of one invoke: timestamps at the start and end of one compute pass holding 20 invokes' "
-        "dispatches back to back, per invoke (so that the GPU's clocks are those of sustained work; the "
-        "per-op times below are taken the same way, 20 runs of each dispatch per pass).",
+        "dispatches back to back, per invoke, after 200 ms of the same passes untimed (so that the GPU's clocks "
+        "are those of sustained work; the per-op times below are taken the same way, 20 runs of each dispatch "
+        "per pass, after 200 ms of the plan's invokes).",
         "",
         "| model | batch | ops | dispatches | tflfuse ms | tflfuse thr. ms | GPU ms | LiteRT CPU ms | "
         "LiteRT WebGPU ms | LiteRT WebGPU thr. ms | tflfuse / LiteRT WebGPU (latency, thr.) | "

@@ -28,7 +28,7 @@ import tflfuse  # noqa: E402
 from tflfuse.kernels import KernelError  # noqa: E402
 from tflfuse.kernels.base import Binding  # noqa: E402
 from tflfuse.kernels.gemm import TILES, MatmulTile, matmul_tile, tiled_matmul_program, use_vec4  # noqa: E402
-from tflfuse.runtime.plan import pass_gpu_us  # noqa: E402
+from tflfuse.runtime.profile import WARM_MS, pass_gpu_us  # noqa: E402
 
 from peaks import check_ranges, fma_tflops, read_rows, recorder  # noqa: E402
 from chain import products  # noqa: E402
@@ -38,6 +38,9 @@ flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
 flags.DEFINE_string("out", None, "JSON file for the results.")
 flags.DEFINE_integer("repeats", 7, "Timed passes per form and tile.")
 flags.DEFINE_integer("reps", 30, "Runs back to back per timed pass.")
+flags.DEFINE_float("warm_ms", 50.0, "GPU milliseconds of each tile's runs, untimed, before its timed passes (and "
+                   "tflfuse.runtime.profile.WARM_MS before a product's first tile), so that the GPU's clocks are "
+                   "those of sustained work (tflfuse.runtime.profile.WARM_MS says why).")
 flags.DEFINE_list("tiles", list(dict.fromkeys(list(TILES) + [
     "64x64/4x8/16", "128x64/8x8/16", "64x128/8x8/16", "64x64/8x8/16", "32x64/4x8/16", "128x64/8x4/16",
     "64x32/4x4/16", "64x64/4x4/8", "128x64/8x4/8", "32x64/4x8/16/4", "32x64/4x4/16/2", "32x32/4x4/16/4",
@@ -76,11 +79,12 @@ def clear(device, buf) -> None:
     device.device.queue.submit([encoder.finish()])
 
 
-def time_program(device, prog, buffers, out_buf, cols):
-    """GPU microseconds of ``prog`` and its output's checked rows (:func:`check_ranges`), concatenated."""
+def time_program(device, prog, buffers, out_buf, cols, warm_ms):
+    """GPU microseconds of ``prog``, its output's checked rows (:func:`check_ranges`), concatenated, and its
+    ``record`` function."""
     record = recorder(device, prog, buffers)
-    us = pass_gpu_us(device, record, FLAGS.repeats, reps=FLAGS.reps)
-    return us, read_rows(device, out_buf, out_buf.size // (4 * cols), cols)
+    us = pass_gpu_us(device, record, FLAGS.repeats, reps=FLAGS.reps, warm_ms=warm_ms)
+    return us, read_rows(device, out_buf, out_buf.size // (4 * cols), cols), record
 
 
 def torch_us(rows, depth, cols):
@@ -131,6 +135,7 @@ def main(argv):
             out = device.create_buffer(rows * cols * 4)
             row = {"batch": n, "rows": rows, "depth": depth, "cols": cols, "us": {}}
             library_form = "vload_vstore" if use_vec4(depth, cols) else "scalar"
+            first = None   # the product's first timed tile, re-timed after the others: the clocks held
             for form in FLAGS.forms:
                 if FLAGS.library_form and form != library_form:
                     continue
@@ -142,12 +147,18 @@ def main(argv):
                     if prog is None:
                         continue
                     clear(device, out)   # a tile that skips outputs leaves zeros, which the bias rules out
-                    us, y = time_program(device, prog, bufs + [out], out, cols)
+                    us, y, record = time_program(device, prog, bufs + [out], out, cols,
+                                                 WARM_MS if first is None else FLAGS.warm_ms)
                     err = float(np.abs(y - want).max() / max(1.0, np.abs(want).max()))
                     if not err < 1e-4:
                         print(f"  WRONG {form} {name} {rows}x{depth}x{cols}: rel err {err}", flush=True)
                         continue
                     row["us"][f"{form} {name}"] = us
+                    if first is None:
+                        first = (f"{form} {name}", record)
+            if first is not None:
+                row["first_again"] = [first[0], pass_gpu_us(device, first[1], FLAGS.repeats, reps=FLAGS.reps,
+                                                            warm_ms=FLAGS.warm_ms)]
             default = matmul_tile(rows, depth, cols)
             # what the library runs: its form (use_vec4) with its tile (matmul_tile)
             row["default"] = f"{library_form} {default.name}"
@@ -173,7 +184,8 @@ def main(argv):
             print(f"N{n} {rows}x{depth}x{cols}: current ({row['default']}) "
                   f"{row['us'].get(row['default'], float('nan')):.1f} us; best {best} {row['us'][best]:.1f} us "
                   f"({flop / row['us'][best] / 1e6:.1f} TFLOP/s, "
-                  f"{100 * flop / row['us'][best] / 1e6 / peak:.0f}% of peak){cub}; best per form: {by_form}",
+                  f"{100 * flop / row['us'][best] / 1e6 / peak:.0f}% of peak){cub}; best per form: {by_form}; first "
+                  f"{row['first_again'][0]} {row['us'][row['first_again'][0]]:.1f} us, again {row['first_again'][1]:.1f}",
                   flush=True)
             results["products"].append(row)
     print("totals (us, best tile per product): " + ", ".join(f"{k} {v:.0f}" for k, v in totals.items()), flush=True)

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import TensorSpec
-from tflfuse.kernels.gemm import TILES, matmul_tile, use_tiled_matmul
+from tflfuse.kernels.gemm import MEASURED_TILES, TILES, MatmulTile, matmul_tile, use_tiled_matmul
 from tflfuse.runtime.plan import run_op
 
 from conftest import ACCUMULATION
@@ -115,15 +115,15 @@ def test_fused_bottleneck_expand_and_project(device, rng, side, cout, residual):
 
 
 def test_every_tile(device, rng):
-    """Each tile of TILES (the sliced ones too) on products that leave partial tiles on every side: scalar
-    loads and stores (rows 1000, depth 37 (not a multiple of 4 or of any slice), 150 columns) and vec4 ones
-    (1000 x 36 x 148); and a product of whole tiles (512 x 64 x 256, vec4)."""
+    """Each tile of TILES (the sliced ones too) and of MEASURED_TILES on products that leave partial tiles on
+    every side: scalar loads and stores (rows 1000, depth 37 (not a multiple of 4 or of any slice), 150
+    columns) and vec4 ones (1000 x 36 x 148); and a product of whole tiles (512 x 64 x 256, vec4)."""
     assert any(t.sk > 1 for t in TILES.values())
     for rows, depth, cols in ((1000, 37, 150), (1000, 36, 148), (512, 64, 256)):
         x, w = rng.standard_normal((rows, depth)).astype(np.float32), _w(rng, (depth, cols), depth)
         b = rng.standard_normal(cols).astype(np.float32)
         want = tf.nn.relu(tf.linalg.matmul(x, w) + b).numpy()
-        for name in TILES:
+        for name in dict.fromkeys([*TILES, *MEASURED_TILES.values()]):
             (y,) = run_op(device, "FULLY_CONNECTED", [x, w, b], {"weights_layout": "IO", "target": "gpu",
                                                                   "matmul_tile": name,
                                                                   "fused_activation_function": "RELU"})
@@ -150,6 +150,10 @@ def test_tile_choice():
     assert matmul_tile(1568, 960, 160) == TILES["32x32/4x4/32/4"]
     assert matmul_tile(6272, 384, 64) == TILES["32x32/4x4/32/2"]
     assert matmul_tile(6272, 96, 576).sk == matmul_tile(100352, 144, 24).sk == 1
+    # products measured on their own with the GPU's clocks held (2026-12-04 13:45): their measured tile,
+    # e.g. 6272 x 96 x 576 128 x 64 / 8 x 8 / 16 (25.3 us against 31.6 for the model's 64 x 32 / 4 x 4 / 16)
+    assert matmul_tile(6272, 96, 576) == MatmulTile.parse("128x64/8x8/16")
+    assert all(matmul_tile(*shape).name == tile for shape, tile in MEASURED_TILES.items())
 
 
 @pytest.mark.parametrize("tile, message", [

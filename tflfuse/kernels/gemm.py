@@ -39,7 +39,7 @@ from .base import MAX_WORKGROUP_STORAGE, Binding, KernelError, Program, Uniform,
 from .half import HalfMathProgram
 from .wgsl import prelude
 
-__all__ = ["MatmulTile", "TILES", "matmul_tile", "product_program", "resident_workgroups", "tile_attr",
+__all__ = ["MEASURED_TILES", "MatmulTile", "TILES", "matmul_tile", "product_program", "resident_workgroups", "tile_attr",
            "tiled_matmul_program", "use_tiled_matmul", "use_vec4"]
 
 _THREAD_COUNTS = (64, 128, 256)
@@ -125,6 +125,27 @@ _SLICED_MIN_DEPTH, _SLICED_DEEP_MIN_DEPTH = 32, 512
 #: :func:`matmul_tile`'s tile for products of at most 16 columns (a 16-column tile: none of it padding).
 _NARROW, _NARROW_MAX_COLS = TILES["128x16/4x4/16"], 16
 
+#: Tiles measured faster than :func:`matmul_tile`'s model by at least 5% on these exact products ``(rows,
+#: depth, cols)``: ``benchmarks/sweep_gemm_forms.py --batches=32,8,1 --library_form`` on an H200 (Vulkan, driver
+#: 580.159.04, 2026-12-04 13:45 UTC), each tile's timing after 50 ms of its own runs untimed (the clocks those of
+#: sustained work; :data:`tflfuse.runtime.profile.WARM_MS`), over MobileNetV2's products at batch 1, 8 and 32 and the
+#: MediaPipe models' tiled products. Only tiles whose ``slice_depth`` is at least the model's tile's are taken, so
+#: that a float16 plan (which runs the same tile) keeps f16 partial sums at least as deep: a shallower one lost
+#: there before (:func:`matmul_tile`). MobileNetV2's products in all: 783 against 827 us.
+MEASURED_TILES: dict[tuple[int, int, int], str] = {
+    (401408, 16, 96): "64x64/4x4/16",      # 80.3 -> 73.1 us
+    (100352, 24, 144): "256x32/8x4/8",     # 45.0 -> 42.7
+    (25088, 32, 192): "64x64/4x4/16",      # 18.6 -> 15.4
+    (6272, 96, 576): "128x64/8x8/16",      # 31.6 -> 25.3
+    (1568, 160, 960): "64x64/4x8/16",      # 23.4 -> 19.7
+    (1568, 960, 320): "32x64/4x8/16",      # 55.3 -> 48.7
+    (1568, 320, 1280): "64x64/8x8/16",     # 46.8 -> 41.4
+    (100352, 16, 96): "64x64/4x4/16",      # 24.2 -> 20.9
+    (392, 320, 1280): "32x64/4x8/16",      # 23.5 -> 18.5
+    (12544, 16, 96): "64x64/4x4/16",       # 5.6 -> 5.0
+    (3136, 24, 144): "64x32/4x4/16",       # 4.7 -> 4.4
+}
+
 #: Outputs from which a GPU's matrix products (1x1 convolutions, FULLY_CONNECTED) run tiled: below, the GPU
 #: holds every output's invocation at once and the per-output form (with ``split_lanes``) is quicker.
 _TILED_MIN_OUTPUTS = 1 << 17
@@ -196,8 +217,14 @@ def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
     rows and more (100352 x 96 x 24 26.9 against 31.1 us), but in MobileNetV2 at batch 32 it took only 10 us
     off the float32 model, and the float16 plan, which runs the same tile, lost more: the 112x112 block's
     expansion 74.9 against 61.6 us, its projection 27.0 against 21.4 (f16 partial sums 8 deep instead of 16):
-    not taken. Tuning only: the tiles differ in the order of the sums, so in rounding only.
+    not taken. Products measured on their own (:data:`MEASURED_TILES`) take the measured tile instead: the
+    sweeps behind the model ran many tiles in one process without keeping the GPU busy between them, and an
+    H200 idle for seconds clocks down (:data:`tflfuse.runtime.profile.WARM_MS`), so some of their figures were
+    taken at lower clocks than others. Tuning only: the tiles differ in the order of the sums, so in rounding only.
     """
+    measured = MEASURED_TILES.get((rows, depth, cols))
+    if measured:
+        return MatmulTile.parse(measured)
     if cols <= _NARROW_MAX_COLS:
         return _NARROW
     def cost(t: MatmulTile) -> tuple[float, int]:

@@ -12,12 +12,19 @@ import numpy as np
 if TYPE_CHECKING:
     from .plan import ExecutionPlan
 
-__all__ = ["SUSTAINED_REPS", "gpu_time_plan", "pass_gpu_us", "profile_plan", "wall_seconds"]
+__all__ = ["SUSTAINED_REPS", "WARM_MS", "gpu_time_plan", "pass_gpu_us", "profile_plan", "wall_seconds", "warm_up"]
 
 
 #: Why timing repeats work inside one pass (``reps``): on an H200, one short pass between idle moments ran up to
 #: 5x slower than the same dispatches run back to back, the GPU's clocks not yet those of sustained work.
 SUSTAINED_REPS = 20
+
+#: GPU milliseconds of untimed work that :func:`pass_gpu_us` and :func:`profile_plan` run before they time
+#: anything (:func:`warm_up`). Measured on an H200 (Vulkan, driver 580.159.04, 2026-12-04, ``nvidia-smi``):
+#: after about 4 s of host work with the GPU nearly idle (40 pipeline compiles) its SM clock had fallen from
+#: 1980 to 345 MHz and a 26 us matrix product took 138 us; 200 runs back to back (28 ms) left it at 345 MHz,
+#: 2000 runs (118 ms) brought it to 1980 MHz, and 0.2 s of idling afterwards did not lower it again.
+WARM_MS = 200.0
 
 
 def wall_seconds(run, read, first: int, repeats: int = 10) -> float:
@@ -34,43 +41,72 @@ def wall_seconds(run, read, first: int, repeats: int = 10) -> float:
     return float(np.median(times))
 
 
-def gpu_time_plan(plan: ExecutionPlan, repeats: int = 20, reps: int = 1) -> float:
-    """Median GPU microseconds of the plan's dispatches recorded as :meth:`ExecutionPlan.run` records them
-    (one compute pass), from timestamp queries at the pass's start and end: the GPU's share of an invoke,
-    without the CPU's recording, submit and read-back. ``reps`` > 1 records the invoke that many times in
-    the pass and divides (the GPU busy throughout; see :data:`SUSTAINED_REPS`). Raises ``RuntimeError``
-    where the device has no ``timestamp-query`` feature."""
-    return pass_gpu_us(plan.device, plan._record, repeats, reps)
+def _timed_pass(device, record, reps: int, qs, resolve) -> float:
+    """GPU microseconds per run of ``record`` in one compute pass running it ``reps`` times back to back."""
+    encoder = device.device.create_command_encoder()
+    cpass = encoder.begin_compute_pass(timestamp_writes={
+        "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+    for _ in range(reps):
+        record(cpass)
+    cpass.end()
+    encoder.resolve_query_set(qs, 0, 2, resolve, 0)
+    device.device.queue.submit([encoder.finish()])
+    ticks = np.frombuffer(device.device.queue.read_buffer(resolve, 0, 16), np.uint64).astype(np.float64)
+    return (ticks[1] - ticks[0]) / 1e3 / reps   # WebGPU timestamps are nanoseconds
 
 
-def pass_gpu_us(device, record, repeats: int = 20, reps: int = 1) -> float:
-    """Median GPU microseconds of one compute pass whose commands ``record(cpass)`` writes, from timestamp
-    queries at the pass's start and end (``repeats`` submits after one warm-up); with ``reps`` > 1, per run
-    of ``record`` in a pass that runs it ``reps`` times back to back. Raises ``RuntimeError`` where the
-    device has no ``timestamp-query`` feature."""
-    if "timestamp-query" not in device.features:
-        raise RuntimeError(f"the adapter {device.name} has no timestamp-query feature")
+def _query(device):
     wgpu = device._wgpu
     qs = device.device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
     resolve = device.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    samples = []
-    for _ in range(repeats + 1):   # the first is a warm-up
-        encoder = device.device.create_command_encoder()
-        cpass = encoder.begin_compute_pass(timestamp_writes={
-            "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
-        for _ in range(reps):
-            record(cpass)
-        cpass.end()
-        encoder.resolve_query_set(qs, 0, 2, resolve, 0)
-        device.device.queue.submit([encoder.finish()])
-        ticks = np.frombuffer(device.device.queue.read_buffer(resolve, 0, 16), np.uint64).astype(np.float64)
-        samples.append((ticks[1] - ticks[0]) / 1e3 / reps)   # WebGPU timestamps are nanoseconds
-    return float(np.median(samples[1:]))
+    return qs, resolve
 
 
-def profile_plan(plan: ExecutionPlan, repeats: int = 5, reps: int = 1) -> list[dict]:
+def warm_up(device, record, ms: float = WARM_MS, *, _query_set=None) -> float:
+    """Runs ``record(cpass)`` back to back, untimed for the caller, in passes of about 10 ms until the GPU has
+    worked ``ms`` milliseconds, so that its clocks are those of sustained work when timing starts (see
+    :data:`WARM_MS`), or for at most ``5 * ms`` of wall time (where the host's recording of tiny dispatches
+    is slower than the GPU). Returns the GPU milliseconds run. Does nothing on a software adapter (a CPU has no
+    such clocks to ramp) or where ``ms`` <= 0, or without the ``timestamp-query`` feature (which measures
+    the time run)."""
+    if ms <= 0 or device.is_software or "timestamp-query" not in device.features:
+        return 0.0
+    qs, resolve = _query_set or _query(device)
+    done_us, reps = 0.0, 1
+    stop = time.perf_counter() + 5 * ms / 1e3   # tiny dispatches: the host's recording bounds the rate
+    while done_us < ms * 1e3 and time.perf_counter() < stop:
+        us = _timed_pass(device, record, reps, qs, resolve)
+        done_us += us * reps
+        reps = max(1, min(2000, int(10_000 / max(us, 1e-3))))   # about 10 ms per pass at this rate
+    return done_us / 1e3
+
+
+def gpu_time_plan(plan: ExecutionPlan, repeats: int = 20, reps: int = 1, warm_ms: float = WARM_MS) -> float:
+    """Median GPU microseconds of the plan's dispatches recorded as :meth:`ExecutionPlan.run` records them
+    (one compute pass), from timestamp queries at the pass's start and end: the GPU's share of an invoke,
+    without the CPU's recording, submit and read-back. ``reps`` > 1 records the invoke that many times in
+    the pass and divides (the GPU busy throughout; see :data:`SUSTAINED_REPS`), after :func:`warm_up` for
+    ``warm_ms``. Raises ``RuntimeError`` where the device has no ``timestamp-query`` feature."""
+    return pass_gpu_us(plan.device, plan._record, repeats, reps, warm_ms)
+
+
+def pass_gpu_us(device, record, repeats: int = 20, reps: int = 1, warm_ms: float = WARM_MS) -> float:
+    """Median GPU microseconds of one compute pass whose commands ``record(cpass)`` writes, from timestamp
+    queries at the pass's start and end (``repeats`` submits after one warm-up pass and :func:`warm_up` for
+    ``warm_ms``); with ``reps`` > 1, per run of ``record`` in a pass that runs it ``reps`` times back to
+    back. Raises ``RuntimeError`` where the device has no ``timestamp-query`` feature."""
+    if "timestamp-query" not in device.features:
+        raise RuntimeError(f"the adapter {device.name} has no timestamp-query feature")
+    query = _query(device)
+    _timed_pass(device, record, reps, *query)   # a warm-up: pipelines and buffers in place
+    warm_up(device, record, warm_ms, _query_set=query)
+    return float(np.median([_timed_pass(device, record, reps, *query) for _ in range(repeats)]))
+
+
+def profile_plan(plan: ExecutionPlan, repeats: int = 5, reps: int = 1, warm_ms: float = WARM_MS) -> list[dict]:
     """GPU time of each dispatch of a plan, from timestamp queries (one compute pass per dispatch, holding
-    the dispatch ``reps`` times back to back: see :data:`SUSTAINED_REPS`).
+    the dispatch ``reps`` times back to back: see :data:`SUSTAINED_REPS`), after the plan's invokes run back
+    to back for ``warm_ms`` (:func:`warm_up`).
 
     Returns one dict per dispatch: ``op`` (op name), ``index`` (op index), ``program`` and ``us`` (median
     microseconds per dispatch over ``repeats`` runs). Raises ``RuntimeError`` where the device has no
@@ -79,6 +115,7 @@ def profile_plan(plan: ExecutionPlan, repeats: int = 5, reps: int = 1) -> list[d
     dev = plan.device
     if "timestamp-query" not in dev.features:
         raise RuntimeError(f"the adapter {dev.name} has no timestamp-query feature")
+    warm_up(dev, plan._record, warm_ms)
     wgpu = dev._wgpu
     n = len(plan.steps)
     qs = dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
