@@ -15,12 +15,11 @@ __all__ = ["F16_ACCUMULATORS", "F32_ACCUMULATORS", "copy_bandwidth_gb_per_s", "f
 
 #: Rows of a product's output that the sweeps read back to check each form and tile: three runs of this many
 #: rows (the first, the middle and the last, where the last partial tile is). Reading or writing the whole
-#: output between timings, as sweep_gemm_forms.py did before 2026-12-04, slowed the GPU down for the rest of
-#: the process on the H200 machine: after about 15 transfers of 154 MB (reads or writes through the queue,
-#: buffers created with data, or reads through one mapped buffer into new host memory) every dispatch ran 3-4x
-#: slower (401408 x 16 x 96: 80 us, then 351 us), while 150 transfers of 20 MB, or 40 writes of 154 MB through
-#: one mapped buffer from one host array, changed nothing. So clears run on the GPU and only these rows come
-#: back.
+#: output between timings, as sweep_gemm_forms.py did before 2026-12-04, kept the host busy for seconds while
+#: the GPU idled, and an idle H200 clocks down (1980 to 345 MHz, ``nvidia-smi``;
+#: :data:`tflfuse.runtime.profile.WARM_MS`): after about 15 transfers of 154 MB every dispatch ran 3-4x slower
+#: (401408 x 16 x 96: 80 us, then 351 us). So clears run on the GPU and only these rows come back; the timing
+#: itself now runs the same work untimed first (:func:`tflfuse.runtime.profile.warm_up`).
 CHECK_ROWS = 256
 
 

@@ -43,6 +43,7 @@ from chain import products  # noqa: E402
 from peaks import check_ranges, measure_peaks, read_rows, recorder  # noqa: E402
 
 FLAGS = flags.FLAGS
+FORMS = ("f32", "f16_storage", "f16_math")
 flags.DEFINE_list("batches", ["32"], "Batch sizes.")
 flags.DEFINE_string("out", None, "JSON file for the results.")
 flags.DEFINE_integer("repeats", 7, "Timed passes per form and tile.")
@@ -50,10 +51,11 @@ flags.DEFINE_integer("reps", 30, "Runs back to back per timed pass.")
 flags.DEFINE_integer("limit", 0, "Products to run (0: all), e.g. 1 on the software adapter.")
 flags.DEFINE_integer("max_rows", 0, "Cap on the rows of each product (0: none), to keep a software-adapter run "
                                     "short; the GPU run leaves it at 0.")
-flags.DEFINE_float("warm_ms", 300.0, "GPU milliseconds run untimed before each form's timed passes.")
-flags.DEFINE_list("tiles", [], "Tiles to try besides matmul_tile's choice: TMxTN/RMxRN/TK.")
+flags.DEFINE_float("warm_ms", 300.0, "GPU milliseconds run untimed before each form's timed passes (pass_gpu_us's warm_ms).")
+flags.DEFINE_list("tiles", [], "Tiles to try besides matmul_tile's choice: TMxTN/RMxRN/TK[/SK].")
+flags.DEFINE_list("only", [], "Only these products, ROWSxDEPTHxCOLS (of the batches' products).")
+flags.DEFINE_list("forms", list(FORMS), "Forms to time (f32, f16_storage, f16_math).")
 
-FORMS = ("f32", "f16_storage", "f16_math")
 
 
 def gamma(n: int, u: float) -> float:
@@ -85,11 +87,9 @@ def run_form(device, prog: Program, arrays, rows: int, cols: int):
     bufs = [device.create_buffer(len(_bytes(a, half)), data=_bytes(a, half)) for a in arrays]
     out = device.create_buffer(prog.bindings[-1].size)
     record = recorder(device, prog, bufs + [out])
-    # The GPU clocks down while the CPU computes the references: keep it busy for about --warm_ms first
-    # (a short pass after an idle moment measured up to 5x slower on the H200).
-    first = pass_gpu_us(device, record, 1, reps=FLAGS.reps)
-    pass_gpu_us(device, record, min(1000, int(FLAGS.warm_ms * 1e3 / (first * FLAGS.reps)) + 1), reps=FLAGS.reps)
-    us = pass_gpu_us(device, record, FLAGS.repeats, reps=FLAGS.reps)
+    # The GPU clocks down while the CPU computes the references: pass_gpu_us keeps it busy for --warm_ms first
+    # (tflfuse.runtime.profile.WARM_MS).
+    us = pass_gpu_us(device, record, FLAGS.repeats, reps=FLAGS.reps, warm_ms=FLAGS.warm_ms)
     # whole-output reads would slow the GPU down (peaks.CHECK_ROWS)
     return us, read_rows(device, out, rows, cols, np.float16 if half else np.float32).astype(np.float64)
 
@@ -108,7 +108,8 @@ def main(argv):
                "peaks": peaks, "products": []}
     totals = dict.fromkeys(FORMS, 0.0)
     shapes = [(min(r, FLAGS.max_rows) if FLAGS.max_rows else r, d, c)
-              for n in map(int, FLAGS.batches) for r, d, c in products(n) if r * c >= (1 << 17)]
+              for n in map(int, FLAGS.batches) for r, d, c in products(n)
+              if r * c >= (1 << 17) and (not FLAGS.only or f"{r}x{d}x{c}" in FLAGS.only)]
     shapes = list(dict.fromkeys(shapes))[:FLAGS.limit or None]
     for rows, depth, cols in shapes:
         x = rng.standard_normal((rows, depth)).astype(np.float32)
@@ -123,10 +124,12 @@ def main(argv):
         default = matmul_tile(rows, depth, cols)
         tiles = list(dict.fromkeys([default] + [MatmulTile.parse(t) for t in FLAGS.tiles]))
         row = {"rows": rows, "depth": depth, "cols": cols,
-               "default": f"{default.tm}x{default.tn}/{default.rm}x{default.rn}/{default.tk}", "us": {}}
+               "default": default.name, "us": {}}
         for tile in tiles:
-            name = f"{tile.tm}x{tile.tn}/{tile.rm}x{tile.rn}/{tile.tk}"
+            name = tile.name
             for form, prog in programs(rows, depth, cols, tile).items():
+                if form not in FLAGS.forms:
+                    continue
                 us, y = run_form(device, prog, (x, w, b), rows, cols)
                 if form == "f32":
                     err, tol = float(np.abs(y - want32.ravel()).max()), 1e-4 * max(1.0, float(np.abs(want32).max()))

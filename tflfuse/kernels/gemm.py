@@ -128,13 +128,17 @@ _NARROW, _NARROW_MAX_COLS = TILES["128x16/4x4/16"], 16
 #: Tiles measured faster than :func:`matmul_tile`'s model by at least 5% on these exact products ``(rows,
 #: depth, cols)``: ``benchmarks/sweep_gemm_forms.py --batches=32,8,1 --library_form`` on an H200 (Vulkan, driver
 #: 580.159.04, 2026-12-04 13:45 UTC), each tile's timing after 50 ms of its own runs untimed (the clocks those of
-#: sustained work; :data:`tflfuse.runtime.profile.WARM_MS`), over MobileNetV2's products at batch 1, 8 and 32 and the
-#: MediaPipe models' tiled products. Only tiles whose ``slice_depth`` is at least the model's tile's are taken, so
-#: that a float16 plan (which runs the same tile) keeps f16 partial sums at least as deep: a shallower one lost
-#: there before (:func:`matmul_tile`). MobileNetV2's products in all: 783 against 827 us.
+#: sustained work; :data:`tflfuse.runtime.profile.WARM_MS`), over MobileNetV2's products at batch 1, 8 and 32
+#: and the MediaPipe models' tiled products. Only tiles whose ``slice_depth`` is at least the model's tile's are
+#: taken, so that a float16 plan (which runs the same tile) keeps f16 partial sums at least as deep: a shallower
+#: one lost there before (:func:`matmul_tile`). ``benchmarks/sweep_gemm_f16.py`` (the same machine, 14:12 UTC)
+#: then timed the float16 plan's form of each: at batch 32, each product counted as often as MobileNetV2 has
+#: it, these tiles took 305 against 314 us there (float32: 357 against 416 us); 6272 x 96 x 576 took 2.0 us
+#: more, 401408 x 16 x 96 6.9 us less. 100352 x 24 x 144's best, 256 x 32 / 8 x 4 / 8 (45.0 -> 42.7 us in
+#: float32), took 36.1 against 32.9 us in float16 and is left out. MobileNetV2's products at batch 1, 8 and 32
+#: in all (float32): 786 against 827 us.
 MEASURED_TILES: dict[tuple[int, int, int], str] = {
     (401408, 16, 96): "64x64/4x4/16",      # 80.3 -> 73.1 us
-    (100352, 24, 144): "256x32/8x4/8",     # 45.0 -> 42.7
     (25088, 32, 192): "64x64/4x4/16",      # 18.6 -> 15.4
     (6272, 96, 576): "128x64/8x8/16",      # 31.6 -> 25.3
     (1568, 160, 960): "64x64/4x8/16",      # 23.4 -> 19.7
