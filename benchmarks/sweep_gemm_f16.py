@@ -51,7 +51,8 @@ flags.DEFINE_integer("reps", 30, "Runs back to back per timed pass.")
 flags.DEFINE_integer("limit", 0, "Products to run (0: all), e.g. 1 on the software adapter.")
 flags.DEFINE_integer("max_rows", 0, "Cap on the rows of each product (0: none), to keep a software-adapter run "
                                     "short; the GPU run leaves it at 0.")
-flags.DEFINE_float("warm_ms", 300.0, "GPU milliseconds run untimed before each form's timed passes (pass_gpu_us's warm_ms).")
+flags.DEFINE_float("warm_ms", 300.0, "Milliseconds of the same work run untimed before each form's timed passes "
+                   "(pass_gpu_us's warm_ms).")
 flags.DEFINE_list("tiles", [], "Tiles to try besides matmul_tile's choice: TMxTN/RMxRN/TK[/SK].")
 flags.DEFINE_list("only", [], "Only these products, ROWSxDEPTHxCOLS (of the batches' products).")
 flags.DEFINE_list("forms", list(FORMS), "Forms to time (f32, f16_storage, f16_math).")

@@ -38,7 +38,7 @@ flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
 flags.DEFINE_string("out", None, "JSON file for the results.")
 flags.DEFINE_integer("repeats", 7, "Timed passes per form and tile.")
 flags.DEFINE_integer("reps", 30, "Runs back to back per timed pass.")
-flags.DEFINE_float("warm_ms", 50.0, "GPU milliseconds of each tile's runs, untimed, before its timed passes (and "
+flags.DEFINE_float("warm_ms", 50.0, "Milliseconds of each tile's runs, untimed, before its timed passes (and "
                    "tflfuse.runtime.profile.WARM_MS before a product's first tile), so that the GPU's clocks are "
                    "those of sustained work (tflfuse.runtime.profile.WARM_MS says why).")
 flags.DEFINE_list("tiles", list(dict.fromkeys(list(TILES) + [
@@ -156,9 +156,11 @@ def main(argv):
                     row["us"][f"{form} {name}"] = us
                     if first is None:
                         first = (f"{form} {name}", record)
-            if first is not None:
-                row["first_again"] = [first[0], pass_gpu_us(device, first[1], FLAGS.repeats, reps=FLAGS.reps,
-                                                            warm_ms=FLAGS.warm_ms)]
+            if first is None:
+                continue
+            first_name = first[0]
+            again = pass_gpu_us(device, first[1], FLAGS.repeats, reps=FLAGS.reps, warm_ms=FLAGS.warm_ms)
+            row["first_again"] = [first_name, again]
             default = matmul_tile(rows, depth, cols)
             # what the library runs: its form (use_vec4) with its tile (matmul_tile)
             row["default"] = f"{library_form} {default.name}"
@@ -185,8 +187,7 @@ def main(argv):
                   f"{row['us'].get(row['default'], float('nan')):.1f} us; best {best} {row['us'][best]:.1f} us "
                   f"({flop / row['us'][best] / 1e6:.1f} TFLOP/s, "
                   f"{100 * flop / row['us'][best] / 1e6 / peak:.0f}% of peak){cub}; best per form: {by_form}; first "
-                  f"{row['first_again'][0]} {row['us'][row['first_again'][0]]:.1f} us, again {row['first_again'][1]:.1f}",
-                  flush=True)
+                  f"{first_name} {row['us'][first_name]:.1f} us, again {again:.1f}", flush=True)
             results["products"].append(row)
     print("totals (us, best tile per product): " + ", ".join(f"{k} {v:.0f}" for k, v in totals.items()), flush=True)
     results["totals"] = totals

@@ -19,11 +19,11 @@ __all__ = ["SUSTAINED_REPS", "WARM_MS", "gpu_time_plan", "pass_gpu_us", "profile
 #: 5x slower than the same dispatches run back to back, the GPU's clocks not yet those of sustained work.
 SUSTAINED_REPS = 20
 
-#: GPU milliseconds of untimed work that :func:`pass_gpu_us` and :func:`profile_plan` run before they time
-#: anything (:func:`warm_up`). Measured on an H200 (Vulkan, driver 580.159.04, 2026-12-04, ``nvidia-smi``):
-#: after about 4 s of host work with the GPU nearly idle (40 pipeline compiles) its SM clock had fallen from
-#: 1980 to 345 MHz and a 26 us matrix product took 138 us; 200 runs back to back (28 ms) left it at 345 MHz,
-#: 2000 runs (118 ms) brought it to 1980 MHz, and 0.2 s of idling afterwards did not lower it again.
+#: Milliseconds for which :func:`pass_gpu_us` and :func:`profile_plan` keep the GPU running the work they time,
+#: untimed, before they time it (:func:`warm_up`). Measured on an H200 (Vulkan, driver 580.159.04, 2026-12-04,
+#: ``nvidia-smi``): after about 4 s of host work with the GPU nearly idle (40 pipeline compiles) its SM clock had
+#: fallen from 1980 to 345 MHz and a 26 us matrix product took 138 us; 200 runs back to back (28 ms) left it at
+#: 345 MHz, 2000 runs (118 ms) brought it to 1980 MHz, and 0.2 s of idling afterwards did not lower it again.
 WARM_MS = 200.0
 
 
@@ -62,23 +62,41 @@ def _query(device):
     return qs, resolve
 
 
-def warm_up(device, record, ms: float = WARM_MS, *, _query_set=None) -> float:
-    """Runs ``record(cpass)`` back to back, untimed for the caller, in passes of about 10 ms until the GPU has
-    worked ``ms`` milliseconds, so that its clocks are those of sustained work when timing starts (see
-    :data:`WARM_MS`), or for at most ``5 * ms`` of wall time (where the host's recording of tiny dispatches
-    is slower than the GPU). Returns the GPU milliseconds run. Does nothing on a software adapter (a CPU has no
-    such clocks to ramp) or where ``ms`` <= 0, or without the ``timestamp-query`` feature (which measures
-    the time run)."""
+def warm_up(device, record, ms: float = WARM_MS, *, _query_set=None) -> int:
+    """Keeps the GPU running ``record(cpass)`` back to back for ``ms`` milliseconds of wall time, untimed for
+    the caller, so that its clocks are those of sustained work when timing starts (see :data:`WARM_MS`):
+    passes of about 5 ms of GPU time each, the next one recorded while the GPU runs the last, so that it
+    idles only as long as a submit takes (or where recording is slower than the GPU, as long as an invoke's
+    own recording leaves it). Returns the passes run. Does nothing on a software adapter (a CPU has no such
+    clocks to ramp), where ``ms`` <= 0, or without the ``timestamp-query`` feature (which sizes the passes)."""
     if ms <= 0 or device.is_software or "timestamp-query" not in device.features:
-        return 0.0
+        return 0
     qs, resolve = _query_set or _query(device)
-    done_us, reps = 0.0, 1
-    stop = time.perf_counter() + 5 * ms / 1e3   # tiny dispatches: the host's recording bounds the rate
-    while done_us < ms * 1e3 and time.perf_counter() < stop:
-        us = _timed_pass(device, record, reps, qs, resolve)
-        done_us += us * reps
-        reps = max(1, min(2000, int(10_000 / max(us, 1e-3))))   # about 10 ms per pass at this rate
-    return done_us / 1e3
+    us = _timed_pass(device, record, 1, qs, resolve)
+    reps = max(1, min(2000, int(5_000 / max(us, 1e-3))))
+    queue = device.device.queue
+
+    def wait() -> None:   # a read-back waits for the work submitted before it
+        queue.read_buffer(resolve, 0, 16)
+
+    def one_pass():
+        encoder = device.device.create_command_encoder()
+        cpass = encoder.begin_compute_pass()
+        for _ in range(reps):
+            record(cpass)
+        cpass.end()
+        return encoder.finish()
+
+    end = time.perf_counter() + ms / 1e3
+    queue.submit([one_pass()])
+    passes = 1
+    while time.perf_counter() < end:
+        following = one_pass()               # recorded while the GPU runs the last pass
+        wait()
+        queue.submit([following])
+        passes += 1
+    wait()
+    return passes
 
 
 def gpu_time_plan(plan: ExecutionPlan, repeats: int = 20, reps: int = 1, warm_ms: float = WARM_MS) -> float:
