@@ -137,3 +137,35 @@ def test_per_dispatch_gpu_times_cover_every_dispatch(device, face_model):
     assert math.isfinite(gpu_time_plan(interp._plan(0), repeats=1, reps=2))
     interp.invoke()
     np.testing.assert_array_equal(interp.get_tensor(out), before)
+
+
+def test_timing_warm_up(device, face_model, monkeypatch):
+    """The timings' warm-up (profile.warm_up): a warm-up time that is not a finite number >= 0 is refused by
+    every timing function before any work (an infinite one would never end); on a GPU it runs the plan's
+    invokes in passes (here forced on the software adapter, which otherwise skips it) and leaves the outputs
+    as they were. No assertion on timing: performance is measured in benchmarks/."""
+    from tflfuse.runtime.profile import gpu_time_plan, pass_gpu_us, profile_plan, warm_up
+
+    interp = tflfuse.Interpreter(model_path=face_model, device=device)
+    interp.allocate_tensors()
+    interp.set_tensor(interp.get_input_details()[0]["index"], zoo.sample_photo((128, 128)))
+    plan = interp._plan(0)
+    for bad in (float("inf"), float("nan"), -1.0, True, "200"):
+        with pytest.raises(ValueError, match="warm-up milliseconds"):
+            warm_up(device, plan._record, bad)
+        if "timestamp-query" in device.features:
+            for timing in (lambda: gpu_time_plan(plan, 1, warm_ms=bad), lambda: profile_plan(plan, 1, warm_ms=bad),
+                           lambda: pass_gpu_us(device, plan._record, 1, warm_ms=bad)):
+                with pytest.raises(ValueError, match="warm-up milliseconds"):
+                    timing()
+    passes = warm_up(device, plan._record, np.float64(5.0))   # NumPy numbers are taken
+    assert passes == 0 if device.is_software else passes >= 1
+    if "timestamp-query" not in device.features:
+        return
+    out = interp.get_output_details()[0]["index"]
+    interp.invoke()
+    before = interp.get_tensor(out)
+    monkeypatch.setattr(type(device), "is_software", property(lambda self: False))
+    assert warm_up(device, plan._record, 1) >= 1
+    interp.invoke()
+    np.testing.assert_array_equal(interp.get_tensor(out), before)

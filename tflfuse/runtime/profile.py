@@ -4,6 +4,8 @@ uses it. (Moved out of :mod:`tflfuse.runtime.plan`, which re-exports the names.)
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from typing import TYPE_CHECKING
 
@@ -62,14 +64,21 @@ def _query(device):
     return qs, resolve
 
 
+def _check_ms(ms) -> None:
+    if isinstance(ms, bool) or not isinstance(ms, numbers.Real) or not math.isfinite(ms) or ms < 0:
+        raise ValueError(f"warm-up milliseconds must be a finite number >= 0, got {ms!r}")
+
+
 def warm_up(device, record, ms: float = WARM_MS, *, _query_set=None) -> int:
     """Keeps the GPU running ``record(cpass)`` back to back for ``ms`` milliseconds of wall time, untimed for
     the caller, so that its clocks are those of sustained work when timing starts (see :data:`WARM_MS`):
     passes of about 5 ms of GPU time each, the next one recorded while the GPU runs the last, so that it
     idles only as long as a submit takes (or where recording is slower than the GPU, as long as an invoke's
     own recording leaves it). Returns the passes run. Does nothing on a software adapter (a CPU has no such
-    clocks to ramp), where ``ms`` <= 0, or without the ``timestamp-query`` feature (which sizes the passes)."""
-    if ms <= 0 or device.is_software or "timestamp-query" not in device.features:
+    clocks to ramp), where ``ms`` is 0, or without the ``timestamp-query`` feature (which sizes the passes).
+    Raises ``ValueError`` for an ``ms`` that is not a finite number >= 0 (an endless warm-up otherwise)."""
+    _check_ms(ms)
+    if ms == 0 or device.is_software or "timestamp-query" not in device.features:
         return 0
     qs, resolve = _query_set or _query(device)
     us = _timed_pass(device, record, 1, qs, resolve)
@@ -112,9 +121,11 @@ def pass_gpu_us(device, record, repeats: int = 20, reps: int = 1, warm_ms: float
     """Median GPU microseconds of one compute pass whose commands ``record(cpass)`` writes, from timestamp
     queries at the pass's start and end (``repeats`` submits after one warm-up pass and :func:`warm_up` for
     ``warm_ms``); with ``reps`` > 1, per run of ``record`` in a pass that runs it ``reps`` times back to
-    back. Raises ``RuntimeError`` where the device has no ``timestamp-query`` feature."""
+    back. Raises ``RuntimeError`` where the device has no ``timestamp-query`` feature, ``ValueError`` for a
+    ``warm_ms`` :func:`warm_up` refuses."""
     if "timestamp-query" not in device.features:
         raise RuntimeError(f"the adapter {device.name} has no timestamp-query feature")
+    _check_ms(warm_ms)
     query = _query(device)
     _timed_pass(device, record, reps, *query)   # a warm-up: pipelines and buffers in place
     warm_up(device, record, warm_ms, _query_set=query)
