@@ -528,8 +528,8 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
         f"{meta['throughput_repeats']} samples of {meta['throughput_n']} invokes back to back with one read-back "
         f"at the end, per invoke. A model's runtimes are timed in {meta['rounds']} alternating rounds, so that "
         "drift hits all, after 0.3 s of tflfuse invokes back to back (the GPU idles into lower clocks while "
-        "LiteRT CPU is timed or pipelines compile). Outputs are checked against LiteRT's CPU interpreter (or, for a fused model, which "
-        "LiteRT cannot run, against its unfused twin) before timing.",
+        "LiteRT CPU is timed or pipelines compile). Outputs are checked against LiteRT's CPU interpreter (or, "
+        "for a fused model, which LiteRT cannot run, against its unfused twin) before timing.",
         "",
         "tflfuse's throughput: invoke() (one submit of ExecutionPlan.run(), the next command buffer recorded "
         "while the GPU runs) N times, then one read-back. LiteRT WebGPU is LiteRT's CompiledModel with "

@@ -39,8 +39,8 @@ from .base import MAX_WORKGROUP_STORAGE, Binding, KernelError, Program, Uniform,
 from .half import HalfMathProgram
 from .wgsl import prelude
 
-__all__ = ["MEASURED_TILES", "MatmulTile", "TILES", "matmul_tile", "product_program", "resident_workgroups", "tile_attr",
-           "tiled_matmul_program", "use_tiled_matmul", "use_vec4"]
+__all__ = ["MEASURED_TILES", "MatmulTile", "TILES", "matmul_tile", "product_program", "resident_workgroups",
+           "tile_attr", "tiled_matmul_program", "use_tiled_matmul", "use_vec4"]
 
 _THREAD_COUNTS = (64, 128, 256)
 #: The element types of a tiled product (:func:`tiled_matmul_program`'s ``elem``) and their zero literals.

@@ -113,7 +113,8 @@ def gpu_time_plan(plan: ExecutionPlan, repeats: int = 20, reps: int = 1, warm_ms
     (one compute pass), from timestamp queries at the pass's start and end: the GPU's share of an invoke,
     without the CPU's recording, submit and read-back. ``reps`` > 1 records the invoke that many times in
     the pass and divides (the GPU busy throughout; see :data:`SUSTAINED_REPS`), after :func:`warm_up` for
-    ``warm_ms``. Raises ``RuntimeError`` where the device has no ``timestamp-query`` feature."""
+    ``warm_ms``. Raises ``RuntimeError`` where the device has no ``timestamp-query`` feature, ``ValueError``
+    for a ``warm_ms`` :func:`warm_up` refuses."""
     return pass_gpu_us(plan.device, plan._record, repeats, reps, warm_ms)
 
 
@@ -139,7 +140,7 @@ def profile_plan(plan: ExecutionPlan, repeats: int = 5, reps: int = 1, warm_ms: 
 
     Returns one dict per dispatch: ``op`` (op name), ``index`` (op index), ``program`` and ``us`` (median
     microseconds per dispatch over ``repeats`` runs). Raises ``RuntimeError`` where the device has no
-    ``timestamp-query`` feature.
+    ``timestamp-query`` feature, ``ValueError`` for a ``warm_ms`` :func:`warm_up` refuses.
     """
     dev = plan.device
     if "timestamp-query" not in dev.features:
