@@ -67,6 +67,10 @@ try:
     interp.invoke()
 except DeviceLostError as e:
     print("DeviceLostError", e)
+import gc
+del interp   # the plan's finalizer submits nothing on a lost device (_submit_ahead)
+gc.collect()
+print("dropped")
 """
 
 
@@ -75,8 +79,9 @@ except DeviceLostError as e:
                                    "logging.disable(logging.ERROR)"])
 def test_lost_device_with_wgpu_logging_silenced(model, tmp_path, quiet, invokes):
     """Neither the command buffer recorded ahead nor one recorded after a loss through wgpu-native's C entry
-    points is submitted, whatever the logging set-up (wgpu-native aborts the process on either); in a
-    subprocess, so that an abort fails the test."""
+    points is submitted, whatever the logging set-up, nor the one recorded ahead when the plan is dropped
+    after the loss (wgpu-native aborts the process on any of them); in a subprocess, so that an abort fails
+    the test."""
     import subprocess
     import sys
 
@@ -85,6 +90,7 @@ def test_lost_device_with_wgpu_logging_silenced(model, tmp_path, quiet, invokes)
                            str(tmp_path / "m.tflite")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "DeviceLostError invoke(): the WebGPU device" in proc.stdout
+    assert proc.stdout.rstrip().endswith("dropped")
 
 def test_lost_device_raises_on_the_next_call(model, rng):
     device = tflfuse.Device()   # its own: destroyed below
@@ -297,12 +303,12 @@ def test_command_buffers_after_the_first_go_through_the_c_entry_points(model, de
     xs = [_inputs(k)[0] for k in range(4)]
     got = [_run(interp, x) for x in xs]
     plan = interp._plan(0)
-    assert plan._native is not None and isinstance(plan._next, _NativeCommandBuffer)
+    assert plan._native is not None and isinstance(plan._ahead[0], _NativeCommandBuffer)
     for g, r in zip(got, _litert(model, xs)):
         np.testing.assert_allclose(g, r, **ACCUMULATION)
-    pending = plan._next
-    plan._next = None
-    pending.release()   # what dropping it does (its __del__)
+    pending = plan._ahead[0]
+    plan._ahead[0] = None
+    pending.release()   # what its __del__ does
     assert pending.handle is None
     np.testing.assert_allclose(_run(interp, xs[0]), got[0], **ACCUMULATION)   # encodes anew, then runs on
 

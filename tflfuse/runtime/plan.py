@@ -12,7 +12,9 @@ the serialised data too), so that the Python and browser runtimes execute the sa
 
 from __future__ import annotations
 
+import logging
 import time
+import weakref
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -118,7 +120,10 @@ class ExecutionPlan:
             staged_bytes += nbytes
         self.activation_bytes += staged_bytes
         self._staged: set[int] = set()   # outputs whose read-back buffer holds the last run's values
-        self._next = None   # the next run's command buffer, recorded ahead (from the second run on)
+        # the next run's command buffer, recorded ahead (from the second run on), in a list that the plan's
+        # finalizer shares: a plan dropped with one submits it then (_submit_ahead)
+        self._ahead: list = [None]
+        weakref.finalize(self, _submit_ahead, device, self._ahead).atexit = False
         self._runs = 0
         # After the first command buffer, recorded and checked through wgpu's API, the same commands through
         # wgpu-native's C entry points (None on another backend): _NativeCommands.
@@ -328,13 +333,14 @@ class ExecutionPlan:
         queue's buffer writes still land before the submit that follows them). Not after the first run: a plan
         run once (``run_op``, an Interpreter invoked once, a shape that ``resize_tensor_input`` leaves again)
         would drop that buffer unsubmitted, and wgpu-native 0.32 keeps about 120 KB of each such buffer
-        (2026-12-04: 1,000 plans run once, 128 to 249 MB of resident memory; none with this rule).
+        (2026-12-04: 1,000 plans run once, 128 to 249 MB of resident memory; none with this rule). A plan
+        dropped after its second run submits the buffer it recorded ahead (:func:`_submit_ahead`).
 
         Raises:
           DeviceLostError: the device is lost (now or before).
         """
         with self.device.guard("invoke()"):
-            command_buffer, self._next = self._next, None
+            command_buffer, self._ahead[0] = self._ahead[0], None
             if command_buffer is not None or self._checked:
                 # a buffer recorded before a loss must never be submitted, nor one recorded through the C entry
                 # points on a lost device (wgpu-native aborts the process on either)
@@ -348,7 +354,7 @@ class ExecutionPlan:
             self._staged = set(self._staging)
             self._runs += 1
             if self._runs > 1:
-                self._next = self._encode()
+                self._ahead[0] = self._encode()
 
     def read(self, tensor: int) -> np.ndarray:
         if tensor in self.graph.consts:   # an int64 constant read by a GPU op was narrowed: int64 again
@@ -383,6 +389,26 @@ class ExecutionPlan:
     def time_run(self, repeats: int = 10) -> float:
         """Median wall-clock seconds of ``run`` plus a read-back of the first output (after one warm-up)."""
         return wall_seconds(self.run, self.read, self.graph.outputs[0], repeats)
+
+
+def _submit_ahead(device, ahead: list) -> None:
+    """A dropped plan's finalizer: submits the command buffer it recorded ahead, if any (the plan's dispatches
+    once more, over its own buffers, which the command buffer keeps alive until it has run). wgpu-native 0.32
+    keeps the memory of a command buffer released unsubmitted: an Interpreter on hand_recrop (63 dispatches)
+    invoked twice, then dropped, left 2.7 MB of resident memory behind each time on llvmpipe (2026-12-04, 130
+    in a row: 214 to 570 MB). Nothing is submitted after a device loss (wgpu-native aborts the process on a
+    command buffer recorded before one); the buffer is then only released."""
+    command_buffer, ahead[0] = ahead[0], None
+    if command_buffer is None or device.lost is not None:
+        return
+    try:
+        device.check_alive()
+        if isinstance(command_buffer, _NativeCommandBuffer):
+            command_buffer.submit()
+        else:
+            device.device.queue.submit([command_buffer])
+    except Exception as e:  # a finalizer must not raise: the buffer is released with its wrapper
+        logging.debug("tflfuse: a dropped plan's command buffer recorded ahead was not submitted: %s", e)
 
 
 _STAGING_LIMIT = 64 << 20
