@@ -10,7 +10,7 @@ from tflfuse.kernels.base import Binding, Program, linear_dispatch
 from tflfuse.runtime.plan import pass_gpu_us
 
 __all__ = ["F16_ACCUMULATORS", "F32_ACCUMULATORS", "copy_bandwidth_gb_per_s", "fma_source", "fma_tflops",
-           "measure_peaks", "recorder", "CHECK_ROWS", "check_ranges", "read_rows"]
+           "measure_peaks", "recorder", "CHECK_ROWS", "check_ranges", "read_rows", "validate_sweep_flags"]
 
 
 #: Rows of a product's output that the sweeps read back to check each form and tile: three runs of this many
@@ -153,3 +153,33 @@ def measure_peaks(device) -> dict:
     else:
         peaks["f16_note"] = "the adapter has no shader-f16"
     return peaks
+
+
+def validate_sweep_flags(forms) -> None:
+    """absl validators for the product sweeps' shared flags, so that a bad value stops the run at start-up with
+    one line: ``--tiles`` (each :meth:`~tflfuse.kernels.gemm.MatmulTile.parse`), ``--forms`` (a non-empty
+    list of ``forms``), ``--batches`` (positive ints), ``--warm_ms`` (0 to
+    :data:`tflfuse.runtime.profile.MAX_WARM_MS`), ``--repeats`` and ``--reps`` (at least 1)."""
+    from absl import flags
+
+    from tflfuse.kernels import KernelError
+    from tflfuse.kernels.gemm import MatmulTile
+    from tflfuse.runtime.profile import MAX_WARM_MS
+
+    def tiles(names) -> bool:
+        for name in names:
+            try:
+                MatmulTile.parse(name)
+            except KernelError as e:
+                raise flags.ValidationError(f"--tiles: {e}") from None
+        return True
+
+    flags.register_validator("tiles", tiles)
+    flags.register_validator("forms", lambda v: bool(v) and set(v) <= set(forms),
+                             f"--forms must be a non-empty list of {', '.join(forms)}")
+    flags.register_validator("batches", lambda v: bool(v) and all(b.isdigit() and int(b) > 0 for b in v),
+                             "--batches must be a non-empty list of positive integers")
+    flags.register_validator("warm_ms", lambda v: 0 <= v <= MAX_WARM_MS,
+                             f"--warm_ms must be from 0 to {MAX_WARM_MS:g}")
+    for name in ("repeats", "reps"):
+        flags.register_validator(name, lambda v: v >= 1, f"--{name} must be at least 1")

@@ -40,7 +40,7 @@ from tflfuse.kernels.half import half_storage  # noqa: E402
 from tflfuse.runtime.plan import pass_gpu_us  # noqa: E402
 
 from chain import products  # noqa: E402
-from peaks import check_ranges, measure_peaks, read_rows, recorder  # noqa: E402
+from peaks import check_ranges, measure_peaks, read_rows, recorder, validate_sweep_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 FORMS = ("f32", "f16_storage", "f16_math")
@@ -56,6 +56,7 @@ flags.DEFINE_float("warm_ms", 300.0, "Milliseconds of the same work run untimed 
 flags.DEFINE_list("tiles", [], "Tiles to try besides matmul_tile's choice: TMxTN/RMxRN/TK[/SK].")
 flags.DEFINE_list("only", [], "Only these products, ROWSxDEPTHxCOLS (of the batches' products).")
 flags.DEFINE_list("forms", list(FORMS), "Forms to time (f32, f16_storage, f16_math).")
+validate_sweep_flags(FORMS)
 
 
 
@@ -96,6 +97,13 @@ def run_form(device, prog: Program, arrays, rows: int, cols: int):
 
 
 def main(argv):
+    shapes = [(min(r, FLAGS.max_rows) if FLAGS.max_rows else r, d, c)
+              for n in map(int, FLAGS.batches) for r, d, c in products(n)
+              if r * c >= (1 << 17) and (not FLAGS.only or f"{r}x{d}x{c}" in FLAGS.only)]
+    shapes = list(dict.fromkeys(shapes))[:FLAGS.limit or None]
+    if not shapes:
+        raise app.UsageError(f"no product of MobileNetV2 at batch {','.join(FLAGS.batches)} with at least 2**17 "
+                             f"outputs matches --only={','.join(FLAGS.only)}")
     device = tflfuse.Device()
     print(f"adapter: {device.describe()}", flush=True)
     if "shader-f16" not in device.features:
@@ -108,10 +116,6 @@ def main(argv):
     results = {"adapter": device.describe(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "peaks": peaks, "products": []}
     totals = dict.fromkeys(FORMS, 0.0)
-    shapes = [(min(r, FLAGS.max_rows) if FLAGS.max_rows else r, d, c)
-              for n in map(int, FLAGS.batches) for r, d, c in products(n)
-              if r * c >= (1 << 17) and (not FLAGS.only or f"{r}x{d}x{c}" in FLAGS.only)]
-    shapes = list(dict.fromkeys(shapes))[:FLAGS.limit or None]
     for rows, depth, cols in shapes:
         x = rng.standard_normal((rows, depth)).astype(np.float32)
         w = (rng.standard_normal((depth, cols)) / np.sqrt(depth)).astype(np.float32)

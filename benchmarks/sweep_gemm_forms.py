@@ -30,7 +30,7 @@ from tflfuse.kernels.base import Binding  # noqa: E402
 from tflfuse.kernels.gemm import TILES, MatmulTile, matmul_tile, tiled_matmul_program, use_vec4  # noqa: E402
 from tflfuse.runtime.profile import WARM_MS, pass_gpu_us  # noqa: E402
 
-from peaks import check_ranges, fma_tflops, read_rows, recorder  # noqa: E402
+from peaks import check_ranges, fma_tflops, read_rows, recorder, validate_sweep_flags  # noqa: E402
 from chain import products  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -50,8 +50,12 @@ flags.DEFINE_list("tiles", list(dict.fromkeys(list(TILES) + [
 flags.DEFINE_bool("library_form", False, "Only the form the library runs for each product (use_vec4).")
 flags.DEFINE_list("extra", [], "More products to time, ROWSxDEPTHxCOLS (e.g. 2048x2048x2048, the kernel's "
                   "rate on a large square product).")
-flags.DEFINE_list("forms", ["scalar", "vload", "vstore", "vload_vstore"],
+flags.DEFINE_list("forms", ["scalar", "vload", "vstore", "vload_vstore"],  # FORMS
                   "Forms: scalar loads and stores; vload (vec4 loads of A and B); vstore (vec4 stores).")
+
+
+FORMS = ("scalar", "vload", "vstore", "vload_vstore")
+validate_sweep_flags(FORMS)
 
 
 def program(rows, depth, cols, tile, form):
@@ -175,8 +179,8 @@ def main(argv):
             if not row["extra"]:
                 totals["current"] = totals.get("current", 0.0) + row["us"].get(row["default"], float("nan"))
                 totals["best"] = totals.get("best", 0.0) + row["us"][best]
-                if unsliced:
-                    totals["best_unsliced"] = totals.get("best_unsliced", 0.0) + min(row["us"][k] for k in unsliced)
+                # a product that no unsliced tile ran counts with its best tile
+                totals["best_unsliced"] = totals.get("best_unsliced", 0.0) + min(row["us"][k] for k in unsliced or [best])
             if row["cublas_us"] and not row["extra"]:
                 totals["cublas"] = totals.get("cublas", 0.0) + row["cublas_us"]
             cub = (f"; cuBLAS {row['cublas_us']:.1f} us ({flop / row['cublas_us'] / 1e6:.1f} TFLOP/s)"

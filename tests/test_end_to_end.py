@@ -140,8 +140,9 @@ def test_per_dispatch_gpu_times_cover_every_dispatch(device, face_model):
 
 
 def test_timing_warm_up(device, face_model, monkeypatch):
-    """The timings' warm-up (profile.warm_up): a warm-up time that is not a finite number >= 0 is refused by
-    every timing function before any work (an infinite one would never end); on a GPU it runs the plan's
+    """The timings' warm-up (profile.warm_up): a warm-up time that is not a number from 0 to a minute is refused
+    by every timing function before any work (a huge one would never end), as are repeats and runs per pass
+    below 1; on a GPU it runs the plan's
     invokes in passes (here forced on the software adapter, which otherwise skips it) and leaves the outputs
     as they were. No assertion on timing: performance is measured in benchmarks/."""
     from tflfuse.runtime.profile import gpu_time_plan, pass_gpu_us, profile_plan, warm_up
@@ -150,14 +151,23 @@ def test_timing_warm_up(device, face_model, monkeypatch):
     interp.allocate_tensors()
     interp.set_tensor(interp.get_input_details()[0]["index"], zoo.sample_photo((128, 128)))
     plan = interp._plan(0)
-    for bad in (float("inf"), float("nan"), -1.0, True, "200"):
-        with pytest.raises(ValueError, match="warm-up milliseconds"):
+    for bad in (float("inf"), float("nan"), -1.0, True, "200", 1e300, 10 ** 400):
+        with pytest.raises(ValueError, match="warm-up milliseconds must be a number from 0 to 60000"):
             warm_up(device, plan._record, bad)
         if "timestamp-query" in device.features:
             for timing in (lambda: gpu_time_plan(plan, 1, warm_ms=bad), lambda: profile_plan(plan, 1, warm_ms=bad),
                            lambda: pass_gpu_us(device, plan._record, 1, warm_ms=bad)):
                 with pytest.raises(ValueError, match="warm-up milliseconds"):
                     timing()
+    if "timestamp-query" in device.features:
+        for repeats, reps in ((0, 1), (1, 0), (1, -1), (1.5, 1)):
+            for timing in (lambda: gpu_time_plan(plan, repeats, reps), lambda: profile_plan(plan, repeats, reps)):
+                with pytest.raises(ValueError, match="must be an int >= 1"):
+                    timing()
+        from tflfuse.runtime.plan import op_plan
+
+        empty = op_plan(device, "RESHAPE", [np.zeros((2, 128), np.float32)], {"new_shape": [1, 256]})
+        assert not empty.steps and profile_plan(empty, 1) == []   # no dispatches: nothing to time
     passes = warm_up(device, plan._record, np.float64(5.0))   # NumPy numbers are taken
     assert passes == 0 if device.is_software else passes >= 1
     if "timestamp-query" not in device.features:

@@ -162,7 +162,9 @@ def test_tile_choice():
     ("64x64/8x8/16/4", "bytes of workgroup memory"), ("32x32/4x4/32/0", "positive integers (ASCII digits)"),
     *[(bad, "positive integers (ASCII digits)") for bad in
       ("64x64/4x4/0", "64x64/4x4/-4", "0x64/4x4/16", "64x64/4x4/+16", "64x64/4x4/1_6", "64x64/4x4/\u0661\u0666",
-       " 64x64/4x4/16", "64x64/4x4/016")]])
+       " 64x64/4x4/16", "64x64/4x4/016")],
+    ("1" * 5000 + "x64/4x4/16", "at most 6 digits"),
+    *[(falsy, "must be a string") for falsy in (0, False, 0.0, [], {})]])
 @pytest.mark.parametrize("key, shapes, attrs", [
     ("FULLY_CONNECTED", [(1000, 64), (64, 300)], {"weights_layout": "IO"}),
     ("CONV_2D", [(1, 40, 25, 64), (1, 1, 64, 300)], {"filter_layout": "HWIO"}),

@@ -86,6 +86,8 @@ class MatmulTile:
         if found is None:
             raise KernelError(f"matmul tile {text!r} is not 'TMxTN/RMxRN/TK' or 'TMxTN/RMxRN/TK/SK' of positive "
                               f"integers (ASCII digits), e.g. {next(iter(TILES), '128x128/8x8/16')!r}")
+        if any(len(v) > 6 for v in found.groups() if v is not None):   # past any workgroup (and int()'s digit cap)
+            raise KernelError(f"matmul tile {text[:80]!r}: its sizes must be at most 6 digits")
         return cls(*(int(v) for v in found.groups() if v is not None))
 
     @property
@@ -162,7 +164,7 @@ def tile_attr(kernel) -> str | None:
     """A kernel's ``matmul_tile`` attribute (tuning only), checked: None where absent or empty, else its name
     (:meth:`MatmulTile.parse`). Raises the kernel's :class:`KernelError` (naming the op) for anything else."""
     tile = kernel.attrs.get("matmul_tile")
-    if not tile:
+    if tile is None or tile == "":
         return None
     if not isinstance(tile, str):
         raise kernel.fail(f"matmul_tile must be a string such as '128x128/8x8/16', got {tile!r}")

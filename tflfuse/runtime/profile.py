@@ -14,7 +14,8 @@ import numpy as np
 if TYPE_CHECKING:
     from .plan import ExecutionPlan
 
-__all__ = ["SUSTAINED_REPS", "WARM_MS", "gpu_time_plan", "pass_gpu_us", "profile_plan", "wall_seconds", "warm_up"]
+__all__ = ["MAX_WARM_MS", "SUSTAINED_REPS", "WARM_MS", "gpu_time_plan", "pass_gpu_us", "profile_plan",
+           "wall_seconds", "warm_up"]
 
 
 #: Why timing repeats work inside one pass (``reps``): on an H200, one short pass between idle moments ran up to
@@ -64,29 +65,40 @@ def _query(device):
     return qs, resolve
 
 
+#: The longest warm-up :func:`warm_up` takes, in milliseconds (one minute).
+MAX_WARM_MS = 60_000.0
+
+
 def _check_ms(ms) -> None:
-    if isinstance(ms, bool) or not isinstance(ms, numbers.Real) or not math.isfinite(ms) or ms < 0:
-        raise ValueError(f"warm-up milliseconds must be a finite number >= 0, got {ms!r}")
+    try:
+        ok = not isinstance(ms, bool) and isinstance(ms, numbers.Real) and 0 <= float(ms) <= MAX_WARM_MS
+    except (OverflowError, ValueError):   # an int past float's range
+        ok = False
+    if not ok:
+        raise ValueError(f"warm-up milliseconds must be a number from 0 to {MAX_WARM_MS:g}, got {ms!r}")
 
 
-def warm_up(device, record, ms: float = WARM_MS, *, _query_set=None) -> int:
+def _check_counts(repeats, reps) -> None:
+    for name, value in (("repeats", repeats), ("reps", reps)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def warm_up(device, record, ms: float = WARM_MS) -> int:
     """Keeps the GPU running ``record(cpass)`` back to back for ``ms`` milliseconds of wall time, untimed for
-    the caller, so that its clocks are those of sustained work when timing starts (see :data:`WARM_MS`):
-    passes of about 5 ms of GPU time each, the next one recorded while the GPU runs the last, so that it
-    idles only as long as a submit takes (or where recording is slower than the GPU, as long as an invoke's
-    own recording leaves it). Returns the passes run. Does nothing on a software adapter (a CPU has no such
-    clocks to ramp), where ``ms`` is 0, or without the ``timestamp-query`` feature (which sizes the passes).
-    Raises ``ValueError`` for an ``ms`` that is not a finite number >= 0 (an endless warm-up otherwise)."""
+    the caller, so that its clocks are those of sustained work when timing starts (see :data:`WARM_MS`): in
+    passes of 1, 2, 4, ... runs of ``record`` up to about 5 ms each (measured by the host's clock, so that
+    neither a slow record nor an adapter's timestamps can stretch one far past ``ms``), the next recorded
+    while the GPU runs the last, so that it idles only as long as a submit takes (or, where recording is
+    slower than the GPU, as an invoke's own recording leaves it). Returns the passes run. Does nothing on a
+    software adapter (a CPU has no such clocks to ramp) or where ``ms`` is 0. Raises ``ValueError`` for an
+    ``ms`` that is not a number from 0 to :data:`MAX_WARM_MS`."""
     _check_ms(ms)
-    if ms == 0 or device.is_software or "timestamp-query" not in device.features:
+    if ms == 0 or device.is_software:
         return 0
-    qs, resolve = _query_set or _query(device)
-    us = _timed_pass(device, record, 1, qs, resolve)
-    reps = max(1, min(2000, int(5_000 / max(us, 1e-3))))
     queue = device.device.queue
-
-    def wait() -> None:   # a read-back waits for the work submitted before it
-        queue.read_buffer(resolve, 0, 16)
+    sync = device.create_buffer(16, label="warm-up sync")
+    reps = 1
 
     def one_pass():
         encoder = device.device.create_command_encoder()
@@ -100,11 +112,17 @@ def warm_up(device, record, ms: float = WARM_MS, *, _query_set=None) -> int:
     queue.submit([one_pass()])
     passes = 1
     while time.perf_counter() < end:
+        start = time.perf_counter()
         following = one_pass()               # recorded while the GPU runs the last pass
-        wait()
+        queue.read_buffer(sync, 0, 4)        # a read-back waits for the work submitted before it
         queue.submit([following])
         passes += 1
-    wait()
+        cycle = time.perf_counter() - start  # about one pass: the longer of its recording and the GPU's run
+        if cycle < 0.0025 and reps < 2000:
+            reps *= 2
+        elif cycle > 0.01 and reps > 1:
+            reps //= 2
+    queue.read_buffer(sync, 0, 4)
     return passes
 
 
@@ -114,7 +132,7 @@ def gpu_time_plan(plan: ExecutionPlan, repeats: int = 20, reps: int = 1, warm_ms
     without the CPU's recording, submit and read-back. ``reps`` > 1 records the invoke that many times in
     the pass and divides (the GPU busy throughout; see :data:`SUSTAINED_REPS`), after :func:`warm_up` for
     ``warm_ms``. Raises ``RuntimeError`` where the device has no ``timestamp-query`` feature, ``ValueError``
-    for a ``warm_ms`` :func:`warm_up` refuses."""
+    for ``repeats`` or ``reps`` below 1 or a ``warm_ms`` :func:`warm_up` refuses."""
     return pass_gpu_us(plan.device, plan._record, repeats, reps, warm_ms)
 
 
@@ -122,14 +140,15 @@ def pass_gpu_us(device, record, repeats: int = 20, reps: int = 1, warm_ms: float
     """Median GPU microseconds of one compute pass whose commands ``record(cpass)`` writes, from timestamp
     queries at the pass's start and end (``repeats`` submits after one warm-up pass and :func:`warm_up` for
     ``warm_ms``); with ``reps`` > 1, per run of ``record`` in a pass that runs it ``reps`` times back to
-    back. Raises ``RuntimeError`` where the device has no ``timestamp-query`` feature, ``ValueError`` for a
-    ``warm_ms`` :func:`warm_up` refuses."""
+    back. Raises ``RuntimeError`` where the device has no ``timestamp-query`` feature, ``ValueError`` for
+    ``repeats`` or ``reps`` below 1 or a ``warm_ms`` :func:`warm_up` refuses."""
     if "timestamp-query" not in device.features:
         raise RuntimeError(f"the adapter {device.name} has no timestamp-query feature")
     _check_ms(warm_ms)
+    _check_counts(repeats, reps)
     query = _query(device)
     _timed_pass(device, record, reps, *query)   # a warm-up: pipelines and buffers in place
-    warm_up(device, record, warm_ms, _query_set=query)
+    warm_up(device, record, warm_ms)
     return float(np.median([_timed_pass(device, record, reps, *query) for _ in range(repeats)]))
 
 
@@ -139,12 +158,17 @@ def profile_plan(plan: ExecutionPlan, repeats: int = 5, reps: int = 1, warm_ms: 
     to back for ``warm_ms`` (:func:`warm_up`).
 
     Returns one dict per dispatch: ``op`` (op name), ``index`` (op index), ``program`` and ``us`` (median
-    microseconds per dispatch over ``repeats`` runs). Raises ``RuntimeError`` where the device has no
-    ``timestamp-query`` feature, ``ValueError`` for a ``warm_ms`` :func:`warm_up` refuses.
+    microseconds per dispatch over ``repeats`` runs); none for a plan without dispatches. Raises
+    ``RuntimeError`` where the device has no ``timestamp-query`` feature, ``ValueError`` for ``repeats`` or
+    ``reps`` below 1 or a ``warm_ms`` :func:`warm_up` refuses.
     """
     dev = plan.device
     if "timestamp-query" not in dev.features:
         raise RuntimeError(f"the adapter {dev.name} has no timestamp-query feature")
+    _check_ms(warm_ms)
+    _check_counts(repeats, reps)
+    if not plan.steps:
+        return []
     warm_up(dev, plan._record, warm_ms)
     wgpu = dev._wgpu
     n = len(plan.steps)
