@@ -28,6 +28,8 @@ SUSTAINED_REPS = 20
 #: fallen from 1980 to 345 MHz and a 26 us matrix product took 138 us; 200 runs back to back (28 ms) left it at
 #: 345 MHz, 2000 runs (118 ms) brought it to 1980 MHz, and 0.2 s of idling afterwards did not lower it again.
 WARM_MS = 200.0
+#: The longest warm-up :func:`warm_up` takes, in milliseconds (one minute).
+MAX_WARM_MS = 60_000.0
 
 
 def wall_seconds(run, read, first: int, repeats: int = 10) -> float:
@@ -63,10 +65,6 @@ def _query(device):
     qs = device.device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
     resolve = device.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
     return qs, resolve
-
-
-#: The longest warm-up :func:`warm_up` takes, in milliseconds (one minute).
-MAX_WARM_MS = 60_000.0
 
 
 def _check_ms(ms) -> None:
