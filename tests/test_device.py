@@ -313,6 +313,30 @@ def test_command_buffers_after_the_first_go_through_the_c_entry_points(model, de
     np.testing.assert_allclose(_run(interp, xs[0]), got[0], **ACCUMULATION)   # encodes anew, then runs on
 
 
+def test_a_late_map_callback_is_not_taken_for_the_next_read(model, device):
+    """A read-back whose map timed out is cancelled, but its callback may still come during the next read;
+    read() takes only the callback of the map it waits for (its serial number): a stale success passes for
+    nothing, and read-backs go on matching LiteRT's CPU interpreter."""
+    from wgpu.backends.wgpu_native import _api
+
+    interp = tflfuse.Interpreter(model_content=model, device=device)
+    interp.allocate_tensors()
+    xs = [_inputs(k)[0] for k in range(3)]
+    got = [_run(interp, x) for x in xs[:2]]
+    native = interp._plan(0)._native
+    assert native is not None
+    message = _api.ffi.new("WGPUStringView *")[0]
+    success = native.lib.WGPUMapAsyncStatus_Success
+    native._mapped[0] = None
+    native._on_mapped(success, message, _api.ffi.cast("void *", native._serial[0] - 1), _api.ffi.NULL)   # stale
+    assert native._mapped[0] is None
+    native._on_mapped(success, message, _api.ffi.cast("void *", native._serial[0]), _api.ffi.NULL)
+    assert native._mapped[0] == success
+    got.append(_run(interp, xs[2]))
+    for g, r in zip(got, _litert(model, xs)):
+        np.testing.assert_allclose(g, r, **ACCUMULATION)
+
+
 # ---- the shader translator's runtime checks ------------------------------------------------------------------
 
 def test_trusted_and_checked_shaders_agree_with_litert(model, device, monkeypatch):

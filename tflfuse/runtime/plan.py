@@ -487,13 +487,17 @@ class _NativeCommands:
         self.copies = [(plan.buffers[t]._internal, staging._internal, plan.storage_nbytes(t))
                        for t, staging in plan._staging.items()]
         self._objects = (plan.steps, list(plan._staging.values()), plan.gpu_buffers)   # the handles' owners
-        # read(): one map callback for the plan's life (a map at a time), recording the status it is given
+        # read(): one map callback for the plan's life (a map at a time), recording the status it is given for
+        # the map read() waits for (its serial number in userdata1): a map cancelled at a timeout may still call
+        # back later, during the next read, and its status must not pass for that read's
         self._mapped = [None]
-        mapped = self._mapped
+        self._serial = [0]
+        mapped, serial = self._mapped, self._serial
 
         @api.ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
         def on_mapped(status, message, userdata1, userdata2):
-            mapped[0] = status
+            if int(api.ffi.cast("uintptr_t", userdata1)) == serial[0]:
+                mapped[0] = status
         self._on_mapped = on_mapped
         self._map_info = api.ffi.new("WGPUBufferMapCallbackInfo *")
         self._map_info.mode = self.lib.WGPUCallbackMode_AllowProcessEvents
@@ -508,6 +512,8 @@ class _NativeCommands:
         lost device."""
         lib, handle, mapped = self.lib, staging._internal, self._mapped
         mapped[0] = None
+        self._serial[0] += 1
+        self._map_info.userdata1 = self.ffi.cast("void *", self._serial[0])
         lib.wgpuBufferMapAsync(handle, lib.WGPUMapMode_Read, 0, nbytes, self._map_info[0])
         deadline = None
         while mapped[0] is None:
