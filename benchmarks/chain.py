@@ -19,8 +19,9 @@ def chain_plan(device, ops, arrays, runtime, source=None):
     maps tensor ids to arrays (the one with id ``runtime`` is the input, written into the plan; the others
     are constants); the last op's output is the plan's output. With ``source`` (a device buffer holding the
     input's float32 values, :func:`device_input`), the input is copied from it on the GPU instead of written
-    from the host: on the H200 machine, a dozen host transfers of ~100 MB or more leave every later dispatch of
-    the process several times slower (``peaks.check_ranges``), and at batch 32 an input is up to 51 MB."""
+    from the host: on the H200 machine, a dozen host transfers of ~100 MB or more keep the host busy for
+    seconds while the GPU idles into lower clocks (``peaks.CHECK_ROWS``), and at batch 32 an input is up to
+    51 MB."""
     specs = {runtime: TensorSpec(arrays[runtime].shape)}
     lowered = []
     for i, (key, kernel, ins, out) in enumerate(ops):

@@ -10,10 +10,11 @@ of --repeats passes) staged, with the default strategy, dw_projection with each 
 (``tflfuse.kernels.gemm.TILES`` and narrower ones) and expand_dw with each of --expand_tiles and --unrolls;
 every output checked against the unfused ops' (CONV_2D 1x1, DEPTHWISE_CONV_2D 3x3, CONV_2D 1x1) first, on
 three runs of rows (``peaks.check_ranges``); the input is written once per block and copied on the GPU into
-each plan, since host transfers of ~100 MB slow the H200 machine's later dispatches (``chain.chain_plan``).
-The staged plan is timed again last: on that machine a process's later dispatches can also turn slower after
-some 30 plans of a block at batch 32 (2026-12-04), so sweep one block per process (``--blocks``) and compare
-the two staged times. Needs no TensorFlow.
+each plan, since host transfers of ~100 MB keep the host busy while the GPU idles (``chain.chain_plan``).
+The staged plan is timed again last, and the two staged times compared: an idle H200 clocks down
+(:data:`tflfuse.runtime.profile.WARM_MS`); some 30 plans of a block at batch 32 compiled in one process
+slowed its later timings before the timings warmed up on their own (2026-12-04), and ``--blocks`` sweeps
+one block per process. Needs no TensorFlow.
 """
 
 from __future__ import annotations

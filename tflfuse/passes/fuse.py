@@ -167,8 +167,6 @@ def _conv_1x1(g: Graph, oi: int, act: set[str]) -> dict | None:
             "out": g.outputs_of(oi)[0]}
 
 
-
-
 def _activation_after(g: Graph, out: int, chain: list[int], fused: str) -> tuple[int, str]:
     """After a conv whose fused activation is ``fused`` (a key of :data:`_ACT`): where that is NONE and the
     conv's output's sole reader is an activation op without parameters, that op (appended to ``chain``).
