@@ -34,7 +34,7 @@ from ..base import MAX_WORKGROUP_STORAGE, Binding, CompositeKernel, KernelError,
 from ..conv import depthwise_program
 from ..gemm import product_program, use_tiled_matmul
 from ..registry import register
-from ..wgsl import activation_fn, dot, prelude, reduction_program, split_lanes
+from ..wgsl import ACTIVATION_ALPHA, activation_fn, dot, prelude, reduction_program, split_lanes
 from .conv import window_geometry
 
 __all__ = ["FusedExpandDepthwise", "expand_depthwise_program", "expand_depthwise_fits", "expand_depthwise_shape",
@@ -265,7 +265,7 @@ class FusedExpandDepthwise(CompositeKernel):
             raise self.fail("the expand conv needs input channels (x has 0)")
         for name in ("activation", "dw_activation"):
             act = str(self.attr(name)).lower()
-            if act in ("leaky_relu", "elu", "prelu"):
+            if act in ACTIVATION_ALPHA or act == "prelu":   # this op carries no alpha or slopes
                 raise self.fail(f"{name} {act!r} has a parameter this op does not carry; give one without")
             try:
                 activation_fn(act)
