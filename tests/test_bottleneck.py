@@ -84,6 +84,7 @@ CASES = [
     (1, 7, 7, 128, 6, 100, 1, False, "relu"),      # long channel loops (past llvmpipe's loop cap unrolled)
     (1, 1, 1, 8, 2, 4, 1, False, "hard_swish"),    # 1x1 image: every tap but the centre is padding
     (3, 5, 11, 7, 3, 9, 2, False, "relu6"),        # batch 3, 5x11, expansion 3, odd channels
+    (2, 11, 9, 8, 3, 12, 2, False, "hard_swish"),  # batch 2, odd sizes, stride 2, 3 chunks of 8 (expand_dw)
 ]
 
 
@@ -116,8 +117,13 @@ SCHEDULES.update({"dw_proj": {"strategy": "dw_projection"},
 # The expand_dw strategy (the expansion and the depthwise conv in one dispatch) on the blocks with an expand conv
 # and channels that are multiples of 4: its default tile, 1x1 tiles of 4 channels, and 2x4 tiles of 8 (tiles
 # cut at the edges of odd maps, several chunks), and 2x4 tiles loading two input vec4s at once (where Cin / 4
-# is even) or three (where 3 divides it).
+# is even) or three (where 3 divides it); and its resident form (the input halo in registers, all chunks in one
+# workgroup): 2x4 tiles of 8 (several chunks, tiles cut at the edges), 1x1 tiles of 4, and 8x8 tiles of 4,
+# whose halo passes 256 pixels at stride 2 (two halo pixels per invocation).
 SCHEDULES.update({"expand_dw": {"strategy": "expand_dw"},
+                  "expand_dw_resident": {"strategy": "expand_dw", "expand_tile": "2x4/8/r1"},
+                  "expand_dw_resident_1x1": {"strategy": "expand_dw", "expand_tile": "1x1/4/r4"},
+                  "expand_dw_resident_8x8": {"strategy": "expand_dw", "expand_tile": "8x8/4/r2"},
                   "expand_dw_1x1": {"strategy": "expand_dw", "expand_tile": "1x1/4"},
                   "expand_dw_2x4": {"strategy": "expand_dw", "expand_tile": "2x4/8"},
                   "expand_dw_unroll2": {"strategy": "expand_dw", "expand_tile": "2x4/8/2"},
@@ -129,6 +135,7 @@ RUNS = [pytest.param(c, s, id=f"{_IDS[c]}-{s}") for c in CASES for s in sorted(S
         and not (s == "dw_pointwise" and c[4] != 1)
         and not (s.startswith("dw_proj") and ((c[3] * c[4]) % 4 or c[5] % 4))
         and not (s.startswith("expand_dw") and (c[4] == 1 or c[3] % 4 or (c[3] * c[4]) % 4))
+        and not (s.startswith("expand_dw_resident") and c[3] > 32)   # its inputs in registers: Cin <= 32
         and not (s == "expand_dw_unroll2" and c[3] % 8) and not (s == "expand_dw_unroll3" and c[3] % 12)]
 
 
@@ -160,9 +167,26 @@ def test_depthwise_product_tile_choice():
     assert depthwise_product_tile(401408, 144, 48).name == DEFAULT_TILE
 
 
-def _specs(cin=8, t=6, cout=8, h=8):
+def test_resident_expand_dw_choice():
+    """The GPU's default on MobileNetV2's stride-2 blocks against what the H200 measured (_resident_tile's
+    docstring): the resident expand_dw form on the 112x112x16 and 56x56x24 blocks at batch 32, not at batch 1,
+    not on 28x28x32 at batch 32, not at stride 1; and never on the software adapter."""
+    def schedule(n, h, cin, cout, stride, target="gpu"):
+        k = kernel_class("fused_bottleneck")(_specs(cin=cin, cout=cout, h=h, n=n),
+                                             {"expansion": 6, "stride": stride, "target": target})
+        return k.strategy, (k._expand_tile() if k.strategy == "expand_dw" else None)
+    assert schedule(32, 112, 16, 24, 2) == ("expand_dw", (4, 8, 8, 4, True))    # 136.3 against 175.9 us
+    assert schedule(32, 56, 24, 32, 2) == ("expand_dw", (4, 8, 8, 4, True))     # 74.9 against 85.9 us
+    assert schedule(1, 112, 16, 24, 2)[0] == "staged"                           # 17.5 against 15.2 us
+    assert schedule(32, 28, 32, 64, 2)[0] == "staged"                           # 53.0 against 34.6 us
+    assert schedule(32, 56, 24, 24, 1)[0] == "dw_projection"
+    assert schedule(32, 112, 16, 24, 2, "cpu")[0] != "expand_dw"
+    assert schedule(32, 56, 40, 32, 2)[0] == "staged"    # 40 input channels: past what registers hold
+
+
+def _specs(cin=8, t=6, cout=8, h=8, n=1):
     e = cin * t
-    return [TensorSpec((1, h, h, cin)), TensorSpec((cin, e)), TensorSpec((e,)), TensorSpec((3, 3, e)),
+    return [TensorSpec((n, h, h, cin)), TensorSpec((cin, e)), TensorSpec((e,)), TensorSpec((3, 3, e)),
             TensorSpec((e,)), TensorSpec((e, cout)), TensorSpec((cout,))]
 
 
@@ -217,7 +241,8 @@ def test_software_adapter_stages_small_blocks():
 def test_gpu_takes_dw_projection_where_it_measured_faster():
     """The default GPU strategy per block shape (a tuning choice, benchmarks/sweep_bottleneck_strategies.py): the
     depthwise conv inside the projection at stride 1 on wide maps, the expansion and depthwise in one dispatch
-    on small maps at batch 1, the staged dispatches elsewhere."""
+    on small maps at batch 1 (and at stride 2 on large ones: test_resident_expand_dw_choice), the staged
+    dispatches elsewhere."""
     def strategy(n, h, cin, t, cout, stride=1):
         specs = _specs(cin, t, cout, h)
         specs[0] = TensorSpec((n, h, h, cin))
@@ -225,7 +250,7 @@ def test_gpu_takes_dw_projection_where_it_measured_faster():
 
     k = strategy(32, 56, 24, 6, 24)
     assert k.strategy == "dw_projection" and len(k.programs()) == 2 and len(k.scratch_sizes()) == 1
-    assert strategy(32, 56, 24, 6, 32, stride=2).strategy == "staged"   # stride 2
+    assert strategy(32, 28, 32, 6, 64, stride=2).strategy == "staged"   # stride 2, 28x28
     assert strategy(32, 14, 64, 6, 64).strategy == "staged"             # an output width of 14
     assert strategy(1, 56, 24, 6, 24).strategy == "expand_dw"           # too few pixels (and a small map)
     assert strategy(32, 56, 6, 3, 6).strategy == "staged"               # 18 expanded channels
@@ -476,6 +501,7 @@ def test_no_expanded_channels_is_refused():
 @pytest.mark.parametrize("strategy, case", [
     ("dw_projection", (2, 8, 8, 16, 6, 16, 1, True)),     # the depthwise conv inside the projection, residual
     ("expand_dw", (2, 9, 7, 8, 6, 12, 2, False)),         # halo tiles cut at the edges of an odd map
+    ("expand_dw/2x4/8/r2", (2, 9, 7, 8, 6, 12, 2, False)),  # its resident form
     ("staged", (2, 9, 7, 8, 6, 12, 2, False)),
     ("staged", (1, 8, 8, 16, 6, 16, 1, True)),
 ])
@@ -500,7 +526,9 @@ def test_float16_block_rounds_its_tensors_to_float16(device, strategy, case):
     x = rng.standard_normal((n, h, w_, cin)).astype(np.float16).astype(np.float32)
     w = {k: v.astype(np.float16).astype(np.float32) for k, v in _weights(rng, cin, t, cout).items()}
     inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
-    attrs = {"expansion": t, "stride": stride, "residual": residual, "target": "gpu", "strategy": strategy}
+    strategy, _, tile = strategy.partition("/")
+    attrs = {"expansion": t, "stride": stride, "residual": residual, "target": "gpu", "strategy": strategy,
+             **({"expand_tile": tile} if tile else {})}
     (got,) = run_op(device, "fused_bottleneck", inputs, attrs, precision="float16")
     np.testing.assert_array_equal(got, got.astype(np.float16).astype(np.float32))   # stored as float16
 

@@ -37,8 +37,9 @@ from ..registry import register
 from ..wgsl import ACTIVATION_ALPHA, activation_fn, dot, prelude, reduction_program, split_lanes
 from .conv import window_geometry
 
-__all__ = ["FusedExpandDepthwise", "expand_depthwise_program", "expand_depthwise_fits", "expand_depthwise_shape",
-           "expand_depthwise_unroll", "pointwise_expand_program"]
+__all__ = ["FusedExpandDepthwise", "RESIDENT_MAX_CIN", "expand_depthwise_program", "expand_depthwise_fits",
+           "expand_depthwise_resident_program", "expand_depthwise_shape", "expand_depthwise_unroll",
+           "pointwise_expand_program", "resident_fits", "resident_threads"]
 
 _THREADS = 256
 _WG_BYTES = MAX_WORKGROUP_STORAGE
@@ -90,6 +91,18 @@ def _workgroup_bytes(g: dict, th: int, tw: int, chunk: int, cin: int) -> int:
     return 4 * (hh * hw * chunk + cin * chunk)
 
 
+def _activations(expand_activation: str | None, depthwise_activation: str | None) -> str:
+    """WGSL of ``eact``/``dact`` (scalar) and ``eact4``/``dact4`` (vec4): the two convs' fused activations, the
+    helper functions both share declared once."""
+    eact = activation_fn(expand_activation, "eact")
+    dact = "".join(line + "\n" for line in activation_fn(depthwise_activation, "dact").splitlines()
+                   if line not in eact.splitlines())
+    return eact + dact + """
+fn eact4(v: vec4<f32>) -> vec4<f32> { return vec4<f32>(eact(v.x), eact(v.y), eact(v.z), eact(v.w)); }
+fn dact4(v: vec4<f32>) -> vec4<f32> { return vec4<f32>(dact(v.x), dact(v.y), dact(v.z), dact(v.w)); }
+"""
+
+
 def expand_depthwise_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,
                              expand_activation: str | None, depthwise_activation: str | None,
                              tile_h: int, tile_w: int, chunk: int, unroll: int = 1) -> Program:
@@ -134,15 +147,9 @@ def expand_depthwise_program(name: str, bindings: tuple[Binding, ...], g: dict, 
         f"      acc = fma(esh[((ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u) * {q}u + j], "
         f"dw[{(ky * g['KW'] + kx) * c4}u + cq], acc);"
         for ky in range(g["KH"]) for kx in range(g["KW"]))
-    eact = activation_fn(expand_activation, "eact")
-    dact = "".join(line + "\n" for line in activation_fn(depthwise_activation, "dact").splitlines()
-                   if line not in eact.splitlines())   # helper functions both share are declared once
-    source = prelude(binds) + eact + dact + f"""
+    source = prelude(binds) + _activations(expand_activation, depthwise_activation) + f"""
 var<workgroup> wsh: array<vec4<f32>, {cin * q}>;        // the chunk's expand weights, [Cin][chunk / 4]
 var<workgroup> esh: array<vec4<f32>, {hh * hw * q}>;    // the expansion of the tile's halo, [{hh}][{hw}][chunk / 4]
-
-fn eact4(v: vec4<f32>) -> vec4<f32> {{ return vec4<f32>(eact(v.x), eact(v.y), eact(v.z), eact(v.w)); }}
-fn dact4(v: vec4<f32>) -> vec4<f32> {{ return vec4<f32>(dact(v.x), dact(v.y), dact(v.z), dact(v.w)); }}
 
 @compute @workgroup_size({_THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -195,6 +202,136 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
     trips = -(-cin * q // _THREADS) + -(-halo_items // _THREADS) * (1 + k4 // unroll) + -(-out_items // _THREADS)
     return Program(name, source, (_THREADS, 1, 1), linear_dispatch(groups * _THREADS, _THREADS), binds,
+                   loop_trips=trips)
+
+
+def resident_threads(g: dict, tile_h: int, tile_w: int, pixels: int) -> int:
+    """Invocations per workgroup of :func:`expand_depthwise_resident_program`: the tile's halo pixels over
+    ``pixels`` per invocation, rounded up to a multiple of 32."""
+    hh, hw = _halo(g, tile_h, tile_w)
+    return -(-hh * hw // pixels // 32) * 32 if hh * hw > pixels * 32 else 32
+
+
+def resident_fits(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chunk: int, pixels: int) -> bool:
+    """Whether :func:`expand_depthwise_resident_program` takes this tile: channels that are multiples of 4, at
+    most :data:`RESIDENT_MAX_CIN` input channels (an invocation holds its halo pixels' inputs in registers),
+    1, 2 or 4 ``pixels`` per invocation and at most 256 invocations, a ``chunk`` that is a multiple of 4
+    dividing ``cexp``, and the halo's expansion and the chunk's weights within workgroup memory."""
+    if not (expand_depthwise_fits(cin, cexp) and cin <= RESIDENT_MAX_CIN and tile_h > 0 and tile_w > 0
+            and pixels in (1, 2, 4) and chunk > 0 and chunk % 4 == 0 and cexp % chunk == 0):
+        return False
+    return (resident_threads(g, tile_h, tile_w, pixels) <= _THREADS
+            and _workgroup_bytes(g, tile_h, tile_w, chunk, cin) <= _WG_BYTES)
+
+
+#: Input channels up to which :func:`expand_depthwise_resident_program` holds a halo pixel's inputs in registers.
+RESIDENT_MAX_CIN = 32
+
+
+def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,
+                                      expand_activation: str | None, depthwise_activation: str | None,
+                                      tile_h: int, tile_w: int, chunk: int, pixels: int) -> Program:
+    """The expand conv and the depthwise conv after it in one dispatch, for large feature maps (batch > 1): a
+    workgroup owns a ``tile_h x tile_w`` tile of output pixels of one image and ALL the expanded channels.
+
+    Each invocation loads the inputs of ``pixels`` pixels of the tile's halo
+    (``((tile_h - 1) * stride + K) x ((tile_w - 1) * stride + K)``) into registers once. For each chunk of
+    ``chunk`` expanded channels, the workgroup stages the chunk's expand weights in workgroup memory, every
+    invocation expands its pixels into all the chunk's channels (each weight read from workgroup memory serves
+    all its pixels: a 128-bit read there costs as much as several multiply-adds) into workgroup memory (zero
+    outside the image: the depthwise conv's padding), and the workgroup then computes the depthwise conv of the
+    tile from there, four channels per invocation. Unlike :func:`expand_depthwise_program` (a workgroup per
+    tile and chunk, an invocation per halo pixel and four channels), the input halo is read from memory once
+    per tile rather than once per chunk and four channels.
+
+    Args and the bindings as :func:`expand_depthwise_program`; ``tile_h``, ``tile_w``, ``chunk`` and
+    ``pixels`` must pass :func:`resident_fits`.
+    Raises:
+      KernelError: a tile, chunk or pixel count that :func:`resident_fits` refuses.
+    """
+    if not resident_fits(g, cin, cexp, tile_h, tile_w, chunk, pixels):
+        raise KernelError(f"{name}: the resident expand_depthwise does not take a {tile_h}x{tile_w} tile with "
+                          f"chunk {chunk} and {pixels} pixels per invocation for {cin} -> {cexp} channels "
+                          f"(see resident_fits)")
+    binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") for b in bindings)
+    th, tw = tile_h, tile_w
+    hh, hw = _halo(g, th, tw)
+    halo_px = hh * hw
+    threads = resident_threads(g, th, tw, pixels)
+    q, c4, k4 = chunk // 4, cexp // 4, cin // 4
+    tiles_y, tiles_x = -(-g["OH"] // th), -(-g["OW"] // tw)
+    groups = g["N"] * tiles_y * tiles_x
+    out_items = th * tw * q
+    rs = range(pixels)   # this invocation's halo pixels: lidx, lidx + threads, ...
+    loads = []
+    for r in rs:
+        loads += [f"  let p{r} = lidx + {r * threads}u;",
+                  f"  let iy{r} = ty0 * {g['SH']} - {g['PT']} + i32(p{r} / {hw}u);",
+                  f"  let ix{r} = tx0 * {g['SW']} - {g['PL']} + i32(p{r} % {hw}u);",
+                  f"  let in{r} = p{r} < {halo_px}u && iy{r} >= 0 && iy{r} < {g['H']} && ix{r} >= 0 && "
+                  f"ix{r} < {g['W']};",
+                  f"  var x{r}: array<vec4<f32>, {k4}>;",
+                  f"  if (in{r}) {{",
+                  f"    let xb = ((n * {g['H']}u + u32(iy{r})) * {g['W']}u + u32(ix{r})) * {k4}u;",
+                  *(f"    x{r}[{k}] = x[xb + {k}u];" for k in range(k4)),
+                  "  }"]
+    expand = [*(f"    var a{r}_{j} = eb[c0 + {j}u];" for r in rs for j in range(q))]
+    for k in range(k4):
+        for i, comp in enumerate("xyzw"):
+            for j in range(q):
+                expand.append(f"    let w{k}_{i}_{j} = wsh[{(k * 4 + i) * q + j}u];")
+                expand += [f"    a{r}_{j} = fma(vec4<f32>(x{r}[{k}].{comp}), w{k}_{i}_{j}, a{r}_{j});" for r in rs]
+    for r in rs:
+        expand += [f"    if (p{r} < {halo_px}u) {{",
+                   *(f"      esh[p{r} * {q}u + {j}u] = select(vec4<f32>(0.0), eact4(a{r}_{j}), in{r});"
+                     for j in range(q)),
+                   "    }"]
+    taps = "\n".join(
+        f"        acc = fma(esh[((ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u) * {q}u + j], "
+        f"dw[{(ky * g['KW'] + kx) * c4}u + cq], acc);"
+        for ky in range(g["KH"]) for kx in range(g["KW"]))
+    nl = "\n"
+    source = prelude(binds) + _activations(expand_activation, depthwise_activation) + f"""
+var<workgroup> wsh: array<vec4<f32>, {cin * q}>;          // the chunk's expand weights, [Cin][chunk / 4]
+var<workgroup> esh: array<vec4<f32>, {halo_px * q}>;    // the expansion of the halo, [{hh}][{hw}][chunk / 4]
+
+@compute @workgroup_size({threads})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {{
+  let tile = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
+  if (tile >= {groups}u) {{ return; }}   // a whole workgroup: the barriers stay uniform
+  let tx0 = i32(tile % {tiles_x}u) * {tw};
+  let ty0 = i32((tile / {tiles_x}u) % {tiles_y}u) * {th};
+  let n = tile / {tiles_x * tiles_y}u;
+{nl.join(loads)}
+  for (var c = 0u; c < {cexp // chunk}u; c++) {{
+    let c0 = c * {q}u;   // the chunk's first vec4 of channels
+    workgroupBarrier();   // the last chunk's depthwise conv has read esh
+    for (var i = lidx; i < {cin * q}u; i += {threads}u) {{
+      wsh[i] = ew[(i / {q}u) * {c4}u + c0 + i % {q}u];
+    }}
+    workgroupBarrier();
+{nl.join(expand)}
+    workgroupBarrier();
+    for (var i = lidx; i < {out_items}u; i += {threads}u) {{
+      let j = i % {q}u;
+      let p = i / {q}u;
+      let oy = ty0 + i32(p / {tw}u);
+      let ox = tx0 + i32(p % {tw}u);
+      if (oy < {g['OH']} && ox < {g['OW']}) {{
+        let cq = c0 + j;
+        let ly = (p / {tw}u) * {g['SH']}u;
+        let lx = (p % {tw}u) * {g['SW']}u;
+        var acc = db[cq];
+{taps}
+        d[((n * {g['OH']}u + u32(oy)) * {g['OW']}u + u32(ox)) * {c4}u + cq] = dact4(acc);
+      }}
+    }}
+  }}
+}}
+"""
+    trips = (cexp // chunk) * (-(-cin * q // threads) + -(-out_items // threads) + 1)
+    return Program(name, source, (threads, 1, 1), linear_dispatch(groups * threads, threads), binds,
                    loop_trips=trips)
 
 
