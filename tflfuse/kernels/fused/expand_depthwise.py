@@ -103,6 +103,32 @@ fn dact4(v: vec4<f32>) -> vec4<f32> { return vec4<f32>(dact(v.x), dact(v.y), dac
 """
 
 
+def _depthwise_from_halo(g: dict, tw: int, hw: int, q: int, c4: int, out_items: int, threads: int,
+                         indent: str) -> str:
+    """WGSL of the depthwise phase both programs share: the workgroup's ``threads`` invocations walk the tile's
+    ``out_items`` (output pixel, vec4 of the chunk's channels) pairs, apply the KxK filter to the expansion of
+    the halo in ``esh`` (``[halo rows][hw][q]`` vec4s), add the bias and write ``d``."""
+    taps = "\n".join(
+        f"{indent}    acc = fma(esh[((ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u) * {q}u + j], "
+        f"dw[{(ky * g['KW'] + kx) * c4}u + cq], acc);"
+        for ky in range(g["KH"]) for kx in range(g["KW"]))
+    body = f"""for (var i = lidx; i < {out_items}u; i += {threads}u) {{
+  let j = i % {q}u;
+  let p = i / {q}u;
+  let oy = ty0 + i32(p / {tw}u);
+  let ox = tx0 + i32(p % {tw}u);
+  if (oy < {g['OH']} && ox < {g['OW']}) {{
+    let cq = c0 + j;
+    let ly = (p / {tw}u) * {g['SH']}u;
+    let lx = (p % {tw}u) * {g['SW']}u;
+    var acc = db[cq];
+TAPS
+    d[((n * {g['OH']}u + u32(oy)) * {g['OW']}u + u32(ox)) * {c4}u + cq] = dact4(acc);
+  }}
+}}"""
+    return "\n".join(taps if line == "TAPS" else indent + line for line in body.splitlines())
+
+
 def expand_depthwise_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,
                              expand_activation: str | None, depthwise_activation: str | None,
                              tile_h: int, tile_w: int, chunk: int, unroll: int = 1) -> Program:
@@ -143,10 +169,6 @@ def expand_depthwise_program(name: str, bindings: tuple[Binding, ...], g: dict, 
     loads = "\n".join(f"        let xv{u} = x[xb + k + {u}u];" for u in range(unroll))
     fma = "\n".join(f"        acc = fma(vec4<f32>(xv{u}.{comp}), wsh[((k + {u}u) * 4u + {i}u) * {q}u + j], acc);"
                     for u in range(unroll) for i, comp in enumerate("xyzw"))
-    taps = "\n".join(
-        f"      acc = fma(esh[((ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u) * {q}u + j], "
-        f"dw[{(ky * g['KW'] + kx) * c4}u + cq], acc);"
-        for ky in range(g["KH"]) for kx in range(g["KW"]))
     source = prelude(binds) + _activations(expand_activation, depthwise_activation) + f"""
 var<workgroup> wsh: array<vec4<f32>, {cin * q}>;        // the chunk's expand weights, [Cin][chunk / 4]
 var<workgroup> esh: array<vec4<f32>, {hh * hw * q}>;    // the expansion of the tile's halo, [{hh}][{hw}][chunk / 4]
@@ -184,20 +206,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     esh[i] = v;
   }}
   workgroupBarrier();
-  for (var i = lidx; i < {out_items}u; i += {_THREADS}u) {{
-    let j = i % {q}u;
-    let p = i / {q}u;
-    let oy = ty0 + i32(p / {tw}u);
-    let ox = tx0 + i32(p % {tw}u);
-    if (oy < {g['OH']} && ox < {g['OW']}) {{
-      let cq = c0 + j;
-      let ly = (p / {tw}u) * {g['SH']}u;
-      let lx = (p % {tw}u) * {g['SW']}u;
-      var acc = db[cq];
-{taps}
-      d[((n * {g['OH']}u + u32(oy)) * {g['OW']}u + u32(ox)) * {c4}u + cq] = dact4(acc);
-    }}
-  }}
+{_depthwise_from_halo(g, tw, hw, q, c4, out_items, _THREADS, "  ")}
 }}
 """
     trips = -(-cin * q // _THREADS) + -(-halo_items // _THREADS) * (1 + k4 // unroll) + -(-out_items // _THREADS)
@@ -286,10 +295,6 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
                    *(f"      esh[p{r} * {q}u + {j}u] = select(vec4<f32>(0.0), eact4(a{r}_{j}), in{r});"
                      for j in range(q)),
                    "    }"]
-    taps = "\n".join(
-        f"        acc = fma(esh[((ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u) * {q}u + j], "
-        f"dw[{(ky * g['KW'] + kx) * c4}u + cq], acc);"
-        for ky in range(g["KH"]) for kx in range(g["KW"]))
     nl = "\n"
     source = prelude(binds) + _activations(expand_activation, depthwise_activation) + f"""
 var<workgroup> wsh: array<vec4<f32>, {cin * q}>;          // the chunk's expand weights, [Cin][chunk / 4]
@@ -313,20 +318,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     workgroupBarrier();
 {nl.join(expand)}
     workgroupBarrier();
-    for (var i = lidx; i < {out_items}u; i += {threads}u) {{
-      let j = i % {q}u;
-      let p = i / {q}u;
-      let oy = ty0 + i32(p / {tw}u);
-      let ox = tx0 + i32(p % {tw}u);
-      if (oy < {g['OH']} && ox < {g['OW']}) {{
-        let cq = c0 + j;
-        let ly = (p / {tw}u) * {g['SH']}u;
-        let lx = (p % {tw}u) * {g['SW']}u;
-        var acc = db[cq];
-{taps}
-        d[((n * {g['OH']}u + u32(oy)) * {g['OW']}u + u32(ox)) * {c4}u + cq] = dact4(acc);
-      }}
-    }}
+{_depthwise_from_halo(g, tw, hw, q, c4, out_items, threads, "    ")}
   }}
 }}
 """
