@@ -182,6 +182,9 @@ def test_resident_expand_dw_choice():
     assert schedule(32, 56, 24, 24, 1)[0] == "dw_projection"
     assert schedule(32, 112, 16, 24, 2, "cpu")[0] != "expand_dw"
     assert schedule(32, 56, 40, 32, 2)[0] == "staged"    # 40 input channels: past what registers hold
+    assert schedule(8, 112, 16, 24, 2)[0] == "expand_dw"  # 39.7 against 48.8 us
+    assert schedule(16, 56, 24, 32, 2)[0] == "staged"     # 52.0 against 43.4 us
+    assert schedule(128, 28, 32, 64, 2)[0] == "staged"    # 28x28 images: below the bound per image
 
 
 def _specs(cin=8, t=6, cout=8, h=8, n=1):
@@ -351,6 +354,12 @@ def _se_specs(cin=8, t=6, cout=8, h=8, k=5, csq=12):
     ({"strategy": "expand_dw", "expand_tile": "4x8/6"}, _specs(), "chunk must be a multiple of 4"),
     ({"strategy": "expand_dw", "expand_tile": "30x30/48"}, _specs(), "fits 16384 bytes"),
     ({"strategy": "expand_dw", "expand_tile": "4x8/16/3"}, _specs(), "unroll 3 must divide"),
+    ({"strategy": "expand_dw", "expand_tile": "4x8/16/r3"}, _specs(), "expand_tile must be"),
+    ({"strategy": "expand_dw", "expand_tile": "16x16/4/r4", "stride": 2}, _specs(),
+     "needs 288 invocations.*drop '/r4'"),
+    ({"strategy": "expand_dw", "expand_tile": "4x8/48/r4", "stride": 2}, _specs(),
+     "bytes of workgroup memory, past 16384"),
+    ({"strategy": "expand_dw", "expand_tile": "4x8/8/r4"}, _specs(cin=40), "40 input channels exceed the 32"),
     ({"kernel_size": 5, "squeeze_excite": True}, _se_specs(cin=400, t=10, csq=100), "workgroup memory"),
 ])
 def test_fused_bottleneck_rejects_bad_v3_shapes_and_attrs(attrs, specs, message):
@@ -823,3 +832,26 @@ def test_float16_blocked_sums_stay_float32(device):
     (want,) = run_op(device, "fused_bottleneck", inputs, attrs)
     (got,) = run_op(device, "fused_bottleneck", inputs, attrs, precision="float16")
     assert (np.abs(got - want) <= 2.0 ** -10 * np.maximum(np.abs(want), 2.0 ** -14)).all()
+
+
+def test_resident_form_counts_its_loop_trips(device):
+    """The resident expand_dw form walks every chunk of expanded channels in one invocation: on the software
+    adapter, which stops an invocation's loops after a cap (counting each loop's last exit test), an expansion
+    with too many chunks must be refused, not computed in part. 13,108 chunks of 4 channels, two one-trip loops
+    each: 5 counted iterations per chunk, 65,540 in all. An adapter without the cap computes them all: on a
+    1x1 image only the depthwise filter's centre tap meets the image, so every output is
+    ``cexp * relu6(relu6(sum(x)))``."""
+    chunks = (device.loop_limit or 65535) // 5 + 1
+    cin, cexp = 4, 4 * chunks
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal((1, 1, 1, cin)).astype(np.float32), np.ones((cin, cexp), np.float32),
+              np.zeros(cexp, np.float32), np.ones((3, 3, cexp), np.float32), np.zeros(cexp, np.float32),
+              np.ones((cexp, 4), np.float32), np.zeros(4, np.float32)]
+    attrs = {"expansion": chunks, "strategy": "expand_dw", "expand_tile": "1x1/4/r1"}
+    if device.loop_limit is not None:
+        with pytest.raises(KernelError, match="stops loops after"):
+            run_op(device, "fused_bottleneck", inputs, attrs)
+    else:
+        (y,) = run_op(device, "fused_bottleneck", inputs, attrs)
+        want = cexp * np.clip(np.clip(inputs[0].astype(np.float64).sum(), 0, 6), 0, 6)
+        np.testing.assert_allclose(y.ravel(), want, rtol=gamma(cexp + 2, 2.0 ** -24))

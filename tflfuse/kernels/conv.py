@@ -14,7 +14,7 @@ import numpy as np
 
 from .base import Kernel, KernelError, Program, TensorSpec
 from .registry import register
-from .gemm import product_program, tile_attr, use_tiled_matmul
+from .gemm import few_rows_program, product_program, tile_attr, use_few_rows, use_tiled_matmul
 from .wgsl import activation_fn, dot, elementwise_program, reduction_program, split_lanes
 
 __all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "SUM_STORED_LATER", "conv_output_size", "depthwise_program",
@@ -205,6 +205,11 @@ class Conv2D(_Conv):
             return [product_program(self.key, self.io_bindings(self._names()), rows, cin, self.cout, "x", "w",
                                     "y", f"let co = col;\n          y[idx] = act(acc + {bias});", act,
                                     tile=tile_attr(self))]
+        if (self.layout == "HWIO" and self.groups == 1 and is_pointwise(g) and self.attrs.get("strip") is None
+                and use_few_rows(rows, cin, self.cout, self.target())
+                and window_lanes(total, g, fcin, self.target()) > 1):
+            return [few_rows_program(self.key, self.io_bindings(self._names()), rows, cin, self.cout, act,
+                                     self.has_input(2))]
         strip = self.strip()
         if strip:
             c4 = f"let v = acc + {'b[c]' if self.has_input(2) else 'vec4<f32>(0.0)'};\n    " \
@@ -465,6 +470,9 @@ class FullyConnected(Kernel):
             return [product_program(self.key, self.io_bindings(names), self.rows, self.cin, self.cout, "x", "w",
                                     "y", f"let co = col;\n          y[idx] = act(acc + {bias});", act,
                                     tile=tile_attr(self))]
+        if self.layout == "IO" and use_few_rows(self.rows, self.cin, self.cout, self.target()):
+            return [few_rows_program(self.key, self.io_bindings(names), self.rows, self.cin, self.cout, act,
+                                     self.has_input(2))]
         lanes = split_lanes(total, self.cin, self.target())
         body = f"""  let co = idx % {self.cout}u;
   let r = idx / {self.cout}u;

@@ -37,10 +37,11 @@ import re
 
 from .base import MAX_WORKGROUP_STORAGE, Binding, KernelError, Program, Uniform, linear_dispatch
 from .half import HalfMathProgram
-from .wgsl import prelude
+from .wgsl import lane_tree, prelude
 
-__all__ = ["MEASURED_TILES", "MatmulTile", "TILES", "matmul_tile", "product_program", "resident_workgroups",
-           "tile_attr", "tiled_matmul_program", "use_tiled_matmul", "use_vec4"]
+__all__ = ["MEASURED_TILES", "MatmulTile", "TILES", "few_rows_block", "few_rows_lanes", "few_rows_program",
+           "matmul_tile", "product_program", "resident_workgroups", "tile_attr", "tiled_matmul_program",
+           "use_few_rows", "use_tiled_matmul", "use_vec4"]
 
 _THREAD_COUNTS = (64, 128, 256)
 #: The element types of a tiled product (:func:`tiled_matmul_program`'s ``elem``) and their zero literals.
@@ -541,3 +542,114 @@ def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: 
     return tiled_matmul_program(name, bindings, rows, depth, cols, *scalar, store, helpers, uniforms, tile,
                                 a_vec=f"{a}[(r * {depth}u + k) / 4u]", b_vec=f"{b}[(k * {cols}u + c) / 4u]",
                                 store_vec=store_vec, elem=elem)
+
+
+#: :func:`few_rows_lanes` splits the depth until about this many invocations are in flight.
+_FEW_ROWS_INVOCATIONS = 1 << 16
+#: Multiply-adds from which :func:`use_few_rows` holds.
+_FEW_ROWS_MIN_MACS = 1 << 20
+
+
+def use_few_rows(rows: int, depth: int, cols: int, target: str) -> bool:
+    """Whether a product ``[rows, depth] x [depth, cols]`` runs as :func:`few_rows_program`: on a GPU, where
+    :func:`use_tiled_matmul` does not hold (too few outputs to fill the GPU with tiles), ``depth`` and ``cols``
+    are multiples of 4, the depth is long enough to split between lanes (:func:`few_rows_lanes` > 1) and the
+    product has at least :data:`_FEW_ROWS_MIN_MACS` multiply-adds.
+
+    Measured on an H200 (2026-12-04, GPU time of 20 back-to-back runs, 7 repeats), against the per-output form
+    (:func:`~tflfuse.kernels.wgsl.split_lanes`): FULLY_CONNECTED 1280 -> 1000 at batch 1 4.4 against 7.2 us,
+    at batch 8 8.2 against 13.0, at batch 32 11.2 against 23.1; 1024 -> 1024 at batch 1 4.1 against 6.5; 1x1
+    CONV_2D 7x7x320 -> 1280 at batch 1 7.2 against 12.4, 14x14x96 -> 576 5.0 against 7.5, 7x7x160 -> 960 6.2
+    against 6.8. Below the multiply-adds bound it did not pay: 2x2x288 -> 288 5.3 against 3.8 us, 512 -> 64
+    at batch 1 3.1 against 3.1."""
+    return (target == "gpu" and rows > 0 and depth % 4 == 0 and cols % 4 == 0 and cols > 0
+            and rows * depth * cols >= _FEW_ROWS_MIN_MACS
+            and not use_tiled_matmul(rows, depth, cols, target) and few_rows_lanes(rows, depth, cols) > 1)
+
+
+def few_rows_block(rows: int) -> int:
+    """Rows of ``C`` one invocation of :func:`few_rows_program` accumulates (each weight vec4 it loads serves
+    them): 8 for up to 32 rows (FULLY_CONNECTED 1280 -> 1000 at batch 32: 11.2 us against 12.6 with 4 and 22.1
+    with 16), else 4 (1x1 CONV_2D 7x7x320 -> 1280: 7.2 against 8.4 us with 8; 14x14x96 -> 576 5.0 against
+    6.2), never more than ``rows``."""
+    return min(rows, 8 if rows <= 32 else 4)
+
+
+def few_rows_lanes(rows: int, depth: int, cols: int) -> int:
+    """Invocations sharing each output block's depth in :func:`few_rows_program`: the largest power of two up
+    to 256 that keeps about :data:`_FEW_ROWS_INVOCATIONS` invocations in flight (the best or within 0.2 us of
+    the best of 2**14, 2**16 and 2**18 on the shapes of :func:`use_few_rows`) and gives each lane at least
+    four vec4 steps of the depth."""
+    outputs = -(-rows // few_rows_block(rows)) * (cols // 4)
+    lanes = 1
+    while lanes < 256 and outputs * lanes * 2 <= _FEW_ROWS_INVOCATIONS and depth // 4 >= 4 * lanes:
+        lanes *= 2
+    return lanes
+
+
+def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int,
+                     act: str = "", has_bias: bool = False) -> Program:
+    """``y [rows, cols] = act(x [rows, depth] @ w [depth, cols] (+ b [cols]))`` for products with few outputs and
+    long dot products (FULLY_CONNECTED at small batch sizes, 1x1 convolutions of small feature maps), float32.
+
+    An invocation owns a block of :func:`few_rows_block` rows and four neighbouring columns: per vec4
+    step of the depth it loads four vec4s of ``w`` (4 depths x 4 columns) once for all its rows, and one vec4 of
+    ``x`` per row, so that each weight read from memory serves every row of the block (the per-output form
+    reads each weight once per row). :func:`few_rows_lanes` invocations share a block's depth (interleaved vec4
+    steps) and add their sums in workgroup memory, one row at a time. Semantics: TFLite's FULLY_CONNECTED and
+    1x1 CONV_2D (tensorflow/lite/kernels/fully_connected.cc, conv.cc) with ``act`` their fused activation; the
+    sums run in another order than a serial loop's, so results differ from it by rounding only.
+
+    Args:
+      bindings: storage buffers named ``x``, ``w``, ``b`` (only with ``has_bias``) and ``y``; all are bound as
+        ``array<vec4<f32>>``.
+      act: WGSL declaring ``fn act(v: f32) -> f32`` (:func:`~tflfuse.kernels.wgsl.activation_fn`), or empty for
+        none.
+    Raises:
+      KernelError: where :func:`use_few_rows`'s shape conditions (multiples of 4, rows > 0) do not hold.
+    """
+    if rows <= 0 or depth % 4 or cols % 4 or depth <= 0 or cols <= 0:
+        raise KernelError(f"{name}: the few-rows product needs rows > 0 and depth ({depth}) and columns ({cols}) "
+                          f"that are positive multiples of 4")
+    binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") for b in bindings)
+    block = few_rows_block(rows)
+    c4, d4 = cols // 4, depth // 4
+    outputs = -(-rows // block) * c4
+    lanes = few_rows_lanes(rows, depth, cols)
+    per = 256 // lanes
+    rs = range(block)
+    step = [f"    let w{i} = w[(k * 4u + {i}u) * {c4}u + cq];" for i in range(4)]
+    for r in rs:
+        step += [f"    let x{r} = x[min(r0 + {r}u, {rows - 1}u) * {d4}u + k];",
+                 f"    acc{r} = fma(vec4<f32>(x{r}.x), w0, fma(vec4<f32>(x{r}.y), w1, fma(vec4<f32>(x{r}.z), w2, "
+                 f"fma(vec4<f32>(x{r}.w), w3, acc{r}))));"]
+    bias = " + b[cq]" if has_bias else ""
+    value = "vec4<f32>(act(v.x), act(v.y), act(v.z), act(v.w))" if act else "v"
+    # lane 0 reads only its own share after the tree's last barrier, so the next row may overwrite the others
+    stores = "\n".join(f"""  shares[lidx] = acc{r};
+  workgroupBarrier();
+{lane_tree(lanes, per)}
+  if (lane == 0u && o < {outputs}u && r0 + {r}u < {rows}u) {{
+    let v = shares[lidx]{bias};
+    y[(r0 + {r}u) * {c4}u + cq] = {value};
+  }}""" for r in rs)
+    source = prelude(binds) + act + f"""
+var<workgroup> shares: array<vec4<f32>, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {{
+  let lane = lidx / {per}u;
+  let o = ((wid.z * nwg.y + wid.y) * nwg.x + wid.x) * {per}u + lidx % {per}u;
+  let oc = min(o, {outputs - 1}u);   // every invocation reaches the barriers
+  let cq = oc % {c4}u;
+  let r0 = (oc / {c4}u) * {block}u;
+{chr(10).join(f"  var acc{r} = vec4<f32>(0.0);" for r in rs)}
+  for (var k = lane; k < {d4}u; k += {lanes}u) {{
+{chr(10).join(step)}
+  }}
+{stores}
+}}
+"""
+    return Program(name, source, (256, 1, 1), linear_dispatch(-(-outputs // per) * 256, 256), binds,
+                   loop_trips=-(-d4 // lanes))

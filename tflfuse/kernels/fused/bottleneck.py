@@ -79,9 +79,9 @@ from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule, blocked_sums_bytes
 from .conv import SEPARABLE_MAX_CHANNELS, depthwise_pointwise_program, max_pool_2x2, pixel_block, pointwise_split
 from .depthwise_product import depthwise_product_program, fits_depthwise_product
-from .expand_depthwise import (RESIDENT_MAX_CIN, expand_depthwise_fits, expand_depthwise_program,
-                               expand_depthwise_resident_program, expand_depthwise_shape, resident_fits,
-                               expand_depthwise_unroll, pointwise_expand_program)
+from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, expand_depthwise_resident_program,
+                               expand_depthwise_shape, expand_depthwise_unroll, pointwise_expand_program,
+                               resident_fits, resident_refusal)
 from ..gemm import product_program, tile_attr, use_tiled_matmul
 from ..wgsl import activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes
 
@@ -114,6 +114,7 @@ _TILED_MAX_CEXP = 64  # on a GPU at batch 1, the tiled strategy for expansions u
 _DW_PROJECTION_MIN_ROWS = 112 * 112   # output pixels from which a GPU takes dw_projection (_takes_dw_projection)
 _EXPAND_DW_MAX_PIXELS, _EXPAND_DW_MAX_MACS = 56 * 56, 1 << 25   # bounds of expand_dw (_takes_expand_dw)
 _RESIDENT_MIN_PIXELS = 32 * 56 * 56   # input pixels from which expand_dw's resident form is the default
+_RESIDENT_MIN_IMAGE = 56 * 56         # and pixels per image (_resident_tile)
 
 
 @register("fused_bottleneck")
@@ -420,10 +421,10 @@ class FusedBottleneck(CompositeKernel):
         if resident or not found and self._resident_tile():
             th, tw, chunk, pixels = (*(int(v) for v in found.groups()[:3]), int(resident)) if found else \
                 self._resident_tile()
-            if not resident_fits(g, self.cin, self.cexp, th, tw, chunk, pixels):
-                raise self.fail(f"expand_tile {text or 'default'} does not fit: the resident form takes multiples of "
-                                f"4 up to {RESIDENT_MAX_CIN} input channels, a chunk dividing {self.cexp}, at most "
-                                f"256 invocations and the halo's chunk within workgroup memory")
+            why = resident_refusal(g, self.cin, self.cexp, th, tw, chunk, pixels)
+            if why:
+                raise self.fail(f"expand_tile {text!r}: {why}; give a smaller tile or chunk, or drop '/r{pixels}' "
+                                f"for the per-chunk form")
             return th, tw, chunk, pixels, True
         unroll = int(found.group(4)) if found and found.group(4) else expand_depthwise_unroll(self.cin)
         if self.cin % (4 * unroll):
@@ -439,19 +440,23 @@ class FusedBottleneck(CompositeKernel):
         """The default tile of the resident form of ``expand_dw`` (``(tile_h, tile_w, chunk, pixels)``): on a
         GPU, at stride 2, for blocks with an expand conv, without squeeze-excite, whose 4 x 8 tiles of 8 channels
         with 4 halo pixels per invocation :func:`.expand_depthwise.resident_fits` takes, with at least
-        :data:`_RESIDENT_MIN_PIXELS` input pixels; else None (the per-chunk form is the default, and the
-        ``expand_dw`` strategy is not the default on such blocks).
+        :data:`_RESIDENT_MIN_PIXELS` input pixels in all and :data:`_RESIDENT_MIN_IMAGE` per image; else None
+        (the per-chunk form is the default, and the ``expand_dw`` strategy is not the default on such blocks).
 
-        Measured on an H200 (2026-12-04, whole-block GPU time of 20 back-to-back runs, 7 repeats) at batch 32,
-        against the staged strategy: MobileNetV2's 112x112x16x6 -> 24 block 136.3 against 175.9 us (4 x 8 tiles
-        of 8 channels, 4 pixels per invocation; the best of 11 tiles), 56x56x24x6 -> 32 74.9 against 85.9. It
-        lost on fewer pixels (28x28x32x6 -> 64 at batch 32: 53.0 against 34.6 us; 112x112x16x6 at batch 1: 17.5
-        against 15.2) and at stride 1 (56x56x24x6 -> 24: 134.2 against the dw_projection strategy's 120.0)."""
+        Measured on an H200 (2026-12-04, whole-block GPU time of 20 back-to-back runs, 7 repeats), against the
+        staged strategy: MobileNetV2's 112x112x16x6 -> 24 block at batch 32 136.3 against 175.9 us (4 x 8 tiles
+        of 8 channels, 4 pixels per invocation; the best of 11 tiles), at batch 16 69.8 against 95.3, at batch 8
+        39.7 against 48.8; 56x56x24x6 -> 32 at batch 32 74.9 against 85.9. It lost on fewer pixels (56x56x24x6
+        -> 32 at batch 16: 52.0 against 43.4 us; 28x28x32x6 -> 64 at batch 32: 53.0 against 34.6; 112x112x16x6
+        at batch 1: 17.5 against 15.2) and at stride 1 (56x56x24x6 -> 24: 134.2 against the dw_projection
+        strategy's 120.0); the bound per image keeps it off small maps in large batches, where most of a tile's
+        halo lies outside the image."""
         if self.target() != "gpu" or self.stride != 2 or not self.has_expand or self.has_se:
             return None
         n, h, w, _ = self.input(0).shape
         g = dict(SH=2, SW=2, KH=self.k, KW=self.k, DH=1, DW=1)
-        if n * h * w < _RESIDENT_MIN_PIXELS or not resident_fits(g, self.cin, self.cexp, 4, 8, 8, 4):
+        if n * h * w < _RESIDENT_MIN_PIXELS or h * w < _RESIDENT_MIN_IMAGE or \
+                not resident_fits(g, self.cin, self.cexp, 4, 8, 8, 4):
             return None
         return 4, 8, 8, 4
 

@@ -39,7 +39,7 @@ from .conv import window_geometry
 
 __all__ = ["FusedExpandDepthwise", "RESIDENT_MAX_CIN", "expand_depthwise_program", "expand_depthwise_fits",
            "expand_depthwise_resident_program", "expand_depthwise_shape", "expand_depthwise_unroll",
-           "pointwise_expand_program", "resident_fits", "resident_threads"]
+           "pointwise_expand_program", "resident_fits", "resident_refusal", "resident_threads"]
 
 _THREADS = 256
 _WG_BYTES = MAX_WORKGROUP_STORAGE
@@ -221,16 +221,32 @@ def resident_threads(g: dict, tile_h: int, tile_w: int, pixels: int) -> int:
     return -(-hh * hw // pixels // 32) * 32 if hh * hw > pixels * 32 else 32
 
 
+def resident_refusal(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chunk: int, pixels: int) -> str:
+    """Why :func:`expand_depthwise_resident_program` does not take this tile, or ``""`` where it does: it needs
+    channels that are multiples of 4, at most :data:`RESIDENT_MAX_CIN` input channels (an invocation holds its
+    halo pixels' inputs in registers), 1, 2 or 4 ``pixels`` per invocation and at most 256 invocations, a
+    ``chunk`` that is a multiple of 4 dividing ``cexp``, and the halo's expansion and the chunk's weights within
+    workgroup memory."""
+    if not expand_depthwise_fits(cin, cexp):
+        return f"input ({cin}) and expanded ({cexp}) channels must be positive multiples of 4"
+    if cin > RESIDENT_MAX_CIN:
+        return f"{cin} input channels exceed the {RESIDENT_MAX_CIN} an invocation holds in registers"
+    if tile_h < 1 or tile_w < 1 or pixels not in (1, 2, 4):
+        return f"the tile must be positive and the pixels per invocation 1, 2 or 4, got {tile_h}x{tile_w}, {pixels}"
+    if chunk < 1 or chunk % 4 or cexp % chunk:
+        return f"the chunk ({chunk}) must be a multiple of 4 dividing the {cexp} expanded channels"
+    threads = resident_threads(g, tile_h, tile_w, pixels)
+    if threads > _THREADS:
+        return f"its halo needs {threads} invocations at {pixels} pixels each, past {_THREADS}"
+    used = _workgroup_bytes(g, tile_h, tile_w, chunk, cin)
+    if used > _WG_BYTES:
+        return f"its halo's chunk and weights take {used} bytes of workgroup memory, past {_WG_BYTES}"
+    return ""
+
+
 def resident_fits(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chunk: int, pixels: int) -> bool:
-    """Whether :func:`expand_depthwise_resident_program` takes this tile: channels that are multiples of 4, at
-    most :data:`RESIDENT_MAX_CIN` input channels (an invocation holds its halo pixels' inputs in registers),
-    1, 2 or 4 ``pixels`` per invocation and at most 256 invocations, a ``chunk`` that is a multiple of 4
-    dividing ``cexp``, and the halo's expansion and the chunk's weights within workgroup memory."""
-    if not (expand_depthwise_fits(cin, cexp) and cin <= RESIDENT_MAX_CIN and tile_h > 0 and tile_w > 0
-            and pixels in (1, 2, 4) and chunk > 0 and chunk % 4 == 0 and cexp % chunk == 0):
-        return False
-    return (resident_threads(g, tile_h, tile_w, pixels) <= _THREADS
-            and _workgroup_bytes(g, tile_h, tile_w, chunk, cin) <= _WG_BYTES)
+    """Whether :func:`expand_depthwise_resident_program` takes this tile (:func:`resident_refusal`)."""
+    return not resident_refusal(g, cin, cexp, tile_h, tile_w, chunk, pixels)
 
 
 #: Input channels up to which :func:`expand_depthwise_resident_program` holds a halo pixel's inputs in registers.
@@ -258,10 +274,10 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
     Raises:
       KernelError: a tile, chunk or pixel count that :func:`resident_fits` refuses.
     """
-    if not resident_fits(g, cin, cexp, tile_h, tile_w, chunk, pixels):
+    why = resident_refusal(g, cin, cexp, tile_h, tile_w, chunk, pixels)
+    if why:
         raise KernelError(f"{name}: the resident expand_depthwise does not take a {tile_h}x{tile_w} tile with "
-                          f"chunk {chunk} and {pixels} pixels per invocation for {cin} -> {cexp} channels "
-                          f"(see resident_fits)")
+                          f"chunk {chunk} and {pixels} pixels per invocation: {why}")
     binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") for b in bindings)
     th, tw = tile_h, tile_w
     hh, hw = _halo(g, th, tw)
@@ -322,7 +338,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }}
 }}
 """
-    trips = (cexp // chunk) * (-(-cin * q // threads) + -(-out_items // threads) + 1)
+    # per chunk: the two loops' trips, each with its last exit test (the software adapter counts those), + 1
+    trips = (cexp // chunk) * (-(-cin * q // threads) + -(-out_items // threads) + 3)
     return Program(name, source, (threads, 1, 1), linear_dispatch(groups * threads, threads), binds,
                    loop_trips=trips)
 
