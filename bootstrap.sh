@@ -64,8 +64,8 @@ fi
 if [ "$what" = demo ]; then
   exec .venv/bin/tflfuse demo
 else
-  # Two pytest-xdist workers, each test file in one of them (its module fixtures built once): on a 2-core
-  # machine the suite took 10 minutes this way against 16 in one process, which leaves a core idle while
-  # TensorFlow converts or a shader compiles.
+  # Two pytest-xdist workers, each test file in one of them (its module fixtures built once): one process
+  # leaves a core idle while TensorFlow converts or a shader compiles (when this was chosen, on a 2-core
+  # machine: 10 minutes this way against 16 in one process; README.md has the current time).
   exec .venv/bin/python -m pytest -q -n 2 --dist loadfile tests
 fi

@@ -335,7 +335,8 @@ class FusedBottleneck(CompositeKernel):
         of the blocked one would pass the loop cap (and, if ``strategy="tiled"`` is asked for, 8x8 tiles, 4
         lanes, blocks of up to 128 output channels).
         ``"gpu"``: the dw_projection strategy where :meth:`_takes_dw_projection` says it measured faster, the
-        expand_dw one where :meth:`_takes_expand_dw` or :meth:`_resident_tile` does; else the staged strategy past batch 1 and for expansions wider than 64 channels; else for blocks
+        expand_dw one where :meth:`_takes_expand_dw` or :meth:`_resident_tile` does; else the staged strategy
+        past batch 1 and for expansions wider than 64 channels; else for blocks
         without expansion the dw_pointwise strategy (:meth:`_takes_dw_pointwise`); otherwise
         the tiled strategy with the largest tile and output block whose dispatch has
         :data:`_GPU_WORKGROUPS` workgroups (a smaller tile or block recomputes more of the expansion). Where

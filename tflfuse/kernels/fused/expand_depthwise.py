@@ -263,8 +263,8 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
     (``((tile_h - 1) * stride + K) x ((tile_w - 1) * stride + K)``) into registers once. For each chunk of
     ``chunk`` expanded channels, the workgroup stages the chunk's expand weights in workgroup memory, every
     invocation expands its pixels into all the chunk's channels (each weight read from workgroup memory serves
-    all its pixels: a 128-bit read there costs as much as several multiply-adds) into workgroup memory (zero
-    outside the image: the depthwise conv's padding), and the workgroup then computes the depthwise conv of the
+    all its pixels) into workgroup memory (zero outside the image: the depthwise conv's padding), and the
+    workgroup then computes the depthwise conv of the
     tile from there, four channels per invocation. Unlike :func:`expand_depthwise_program` (a workgroup per
     tile and chunk, an invocation per halo pixel and four channels), the input halo is read from memory once
     per tile rather than once per chunk and four channels.
