@@ -92,3 +92,7 @@ def test_few_rows_choice():
     assert not use_few_rows(4, 288, 288, "gpu")          # 2x2x288 -> 288: 5.3 against 3.8 us
     assert few_rows_block(32) == 8 and few_rows_block(49) == 4 and few_rows_block(3) == 3
     assert few_rows_lanes(32, 1280, 1000) == 64
+    assert not use_few_rows(30000, 64, 4, "gpu")         # tall and narrow: not measured, not taken
+    for bad in (lambda: few_rows_block(0), lambda: few_rows_lanes(0, 1024, 120), lambda: few_rows_lanes(8, 1024, 0)):
+        with pytest.raises(ValueError):
+            bad()

@@ -546,15 +546,16 @@ def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: 
 
 #: :func:`few_rows_lanes` splits the depth until about this many invocations are in flight.
 _FEW_ROWS_INVOCATIONS = 1 << 16
-#: Multiply-adds from which :func:`use_few_rows` holds.
-_FEW_ROWS_MIN_MACS = 1 << 20
+#: Multiply-adds from which :func:`use_few_rows` holds, and rows up to which it does (measured up to 196).
+_FEW_ROWS_MIN_MACS, _FEW_ROWS_MAX_ROWS = 1 << 20, 256
 
 
 def use_few_rows(rows: int, depth: int, cols: int, target: str) -> bool:
     """Whether a product ``[rows, depth] x [depth, cols]`` runs as :func:`few_rows_program`: on a GPU, where
     :func:`use_tiled_matmul` does not hold (too few outputs to fill the GPU with tiles), ``depth`` and ``cols``
-    are multiples of 4, the depth is long enough to split between lanes (:func:`few_rows_lanes` > 1) and the
-    product has at least :data:`_FEW_ROWS_MIN_MACS` multiply-adds.
+    are multiples of 4, the depth is long enough to split between lanes (:func:`few_rows_lanes` > 1), the
+    product has at least :data:`_FEW_ROWS_MIN_MACS` multiply-adds and at most :data:`_FEW_ROWS_MAX_ROWS` rows
+    (tall, narrow products were not measured).
 
     Measured on an H200 (2026-12-04, GPU time of 20 back-to-back runs, 7 repeats), against the per-output form
     (:func:`~tflfuse.kernels.wgsl.split_lanes`): FULLY_CONNECTED 1280 -> 1000 at batch 1 4.4 against 7.2 us,
@@ -562,7 +563,7 @@ def use_few_rows(rows: int, depth: int, cols: int, target: str) -> bool:
     CONV_2D 7x7x320 -> 1280 at batch 1 7.2 against 12.4, 14x14x96 -> 576 5.0 against 7.5, 7x7x160 -> 960 6.2
     against 6.8. Below the multiply-adds bound it did not pay: 2x2x288 -> 288 5.3 against 3.8 us, 512 -> 64
     at batch 1 3.1 against 3.1."""
-    return (target == "gpu" and rows > 0 and depth % 4 == 0 and cols % 4 == 0 and cols > 0
+    return (target == "gpu" and 0 < rows <= _FEW_ROWS_MAX_ROWS and depth % 4 == 0 and cols % 4 == 0 and cols > 0
             and rows * depth * cols >= _FEW_ROWS_MIN_MACS
             and not use_tiled_matmul(rows, depth, cols, target) and few_rows_lanes(rows, depth, cols) > 1)
 
@@ -571,7 +572,9 @@ def few_rows_block(rows: int) -> int:
     """Rows of ``C`` one invocation of :func:`few_rows_program` accumulates (each weight vec4 it loads serves
     them): 8 for up to 32 rows (FULLY_CONNECTED 1280 -> 1000 at batch 32: 11.2 us against 12.6 with 4 and 22.1
     with 16), else 4 (1x1 CONV_2D 7x7x320 -> 1280: 7.2 against 8.4 us with 8; 14x14x96 -> 576 5.0 against
-    6.2), never more than ``rows``."""
+    6.2), never more than ``rows``. Raises ``ValueError`` for ``rows`` below 1."""
+    if rows < 1:
+        raise ValueError(f"few_rows_block needs at least one row, got {rows}")
     return min(rows, 8 if rows <= 32 else 4)
 
 
@@ -579,7 +582,9 @@ def few_rows_lanes(rows: int, depth: int, cols: int) -> int:
     """Invocations sharing each output block's depth in :func:`few_rows_program`: the largest power of two up
     to 256 that keeps about :data:`_FEW_ROWS_INVOCATIONS` invocations in flight (the best or within 0.2 us of
     the best of 2**14, 2**16 and 2**18 on the shapes of :func:`use_few_rows`) and gives each lane at least
-    four vec4 steps of the depth."""
+    two vec4 steps of the depth. Raises ``ValueError`` for ``rows`` or ``cols`` below 1 (or ``cols`` below 4)."""
+    if cols < 4:
+        raise ValueError(f"few_rows_lanes needs at least 4 columns, got {cols}")
     outputs = -(-rows // few_rows_block(rows)) * (cols // 4)
     lanes = 1
     while lanes < 256 and outputs * lanes * 2 <= _FEW_ROWS_INVOCATIONS and depth // 4 >= 4 * lanes:
