@@ -592,6 +592,19 @@ def test_conv_2d_hwio_layout(shape, filt, stride, groups, device, rng):
     np.testing.assert_allclose(y, tf.nn.conv2d(x, w, stride, "SAME").numpy(), **ACCUMULATION)
 
 
+@pytest.mark.parametrize("fmt", [1, "SHUFFLED4x16INT8"])
+def test_float_fully_connected_refuses_shuffled_weights(fmt):
+    """A float FULLY_CONNECTED whose options say its weights are shuffled (TFLite's uint8 SHUFFLED4x16INT8
+    format) is refused with the op named, not computed from weights read in the wrong order."""
+    from tflfuse.kernels import KernelError, kernel_class
+    from tflfuse.kernels.base import TensorSpec
+
+    specs = [TensorSpec((2, 16)), TensorSpec((8, 16)), TensorSpec((8,))]
+    with pytest.raises(KernelError, match=r"FULLY_CONNECTED.*weights_format .* is not supported"):
+        kernel_class("FULLY_CONNECTED")(specs, {"weights_format": fmt})
+    assert kernel_class("FULLY_CONNECTED")(specs, {"weights_format": 0}).output_specs()[0].shape == (2, 8)
+
+
 def test_fully_connected_io_layout(device, rng):
     from conftest import ACCUMULATION
     from tflfuse.runtime.plan import run_op

@@ -436,9 +436,12 @@ class FullyConnected(Kernel):
     relayout = {1: ("weights_layout", "IO", np.transpose)}
     #: ``matmul_tile``: the tiled product's tile by name, e.g. ``"128x128/8x8/16"``
     #: (:class:`~tflfuse.kernels.gemm.MatmulTile`; tuning only).
-    extra_attrs = ("matmul_tile",)
+    extra_attrs = ("matmul_tile", "weights_format")
 
     def check(self):
+        if str(self.attrs.get("weights_format", "DEFAULT")) not in ("DEFAULT", "0"):   # shuffled: a uint8 format
+            raise self.fail(f"weights_format {self.attrs.get('weights_format')!r} (shuffled weights) is not "
+                            f"supported for float weights; the file needs weights_format DEFAULT (0)")
         x, wt = self.expect_rank(0, *range(1, 7)), self.expect_rank(1, 2)
         self.layout = str(self.attr("weights_layout")).upper()
         if self.layout not in ("OI", "IO"):
