@@ -96,4 +96,3 @@ def test_few_rows_choice():
     for bad in (lambda: few_rows_block(0), lambda: few_rows_lanes(0, 1024, 120), lambda: few_rows_lanes(8, 1024, 0)):
         with pytest.raises(ValueError):
             bad()
-
