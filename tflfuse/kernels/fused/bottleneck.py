@@ -417,16 +417,16 @@ class FusedBottleneck(CompositeKernel):
         if text and found is None:
             raise self.fail(f"expand_tile must be 'THxTW/C', 'THxTW/C/U' or 'THxTW/C/rP' (P: 1, 2 or 4) of positive "
                             f"integers below 100, e.g. '4x8/32', '4x8/16/4' or '8x8/16/r2', got {text!r}")
-        g = dict(SH=self.stride, SW=self.stride, KH=self.k, KW=self.k, DH=1, DW=1)
+        g = self._window()
         resident = found.group(4)[1:] if found and (found.group(4) or "").startswith("r") else None
-        if resident or not found and self._resident_tile():
-            th, tw, chunk, pixels = (*(int(v) for v in found.groups()[:3]), int(resident)) if found else \
-                self._resident_tile()
-            why = resident_refusal(g, self.cin, self.cexp, th, tw, chunk, pixels)
+        tile = (*(int(v) for v in found.groups()[:3]), int(resident)) if resident else \
+            None if found else self._resident_tile()
+        if tile:
+            why = resident_refusal(g, self.cin, self.cexp, *tile)
             if why:
-                raise self.fail(f"expand_tile {text!r}: {why}; give a smaller tile or chunk, or drop '/r{pixels}' "
+                raise self.fail(f"expand_tile {text!r}: {why}; give a smaller tile or chunk, or drop '/r{tile[3]}' "
                                 f"for the per-chunk form")
-            return th, tw, chunk, pixels, True
+            return (*tile, True)
         unroll = int(found.group(4)) if found and found.group(4) else expand_depthwise_unroll(self.cin)
         if self.cin % (4 * unroll):
             raise self.fail(f"expand_tile's unroll {unroll} must divide the input channels / 4 ({self.cin // 4})")
@@ -436,6 +436,11 @@ class FusedBottleneck(CompositeKernel):
             return (*shape, unroll, False)
         except KernelError as e:
             raise self.fail(str(e)) from None
+
+    def _window(self) -> dict:
+        """The depthwise window's strides, size and dilations (``SH SW KH KW DH DW``), as the halo arithmetic of
+        :mod:`.expand_depthwise` takes them."""
+        return dict(SH=self.stride, SW=self.stride, KH=self.k, KW=self.k, DH=1, DW=1)
 
     def _resident_tile(self) -> tuple[int, int, int, int] | None:
         """The default tile of the resident form of ``expand_dw`` (``(tile_h, tile_w, chunk, pixels)``): on a
@@ -455,9 +460,8 @@ class FusedBottleneck(CompositeKernel):
         if self.target() != "gpu" or self.stride != 2 or not self.has_expand or self.has_se:
             return None
         n, h, w, _ = self.input(0).shape
-        g = dict(SH=2, SW=2, KH=self.k, KW=self.k, DH=1, DW=1)
         if n * h * w < _RESIDENT_MIN_PIXELS or h * w < _RESIDENT_MIN_IMAGE or \
-                not resident_fits(g, self.cin, self.cexp, 4, 8, 8, 4):
+                not resident_fits(self._window(), self.cin, self.cexp, 4, 8, 8, 4):
             return None
         return 4, 8, 8, 4
 
