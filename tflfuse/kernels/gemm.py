@@ -139,16 +139,23 @@ _NARROW, _NARROW_MAX_COLS = TILES["128x16/4x4/16"], 16
 #: it, these tiles took 305 against 314 us there (float32: 357 against 416 us); 6272 x 96 x 576 took 2.0 us
 #: more, 401408 x 16 x 96 6.9 us less. 100352 x 24 x 144's best, 256 x 32 / 8 x 4 / 8 (45.0 -> 42.7 us in
 #: float32), took 36.1 against 32.9 us in float16 and is left out. MobileNetV2's 37 distinct products at batch
-#: 1, 8 and 32 in all (float32): 755 against 797 us (the MediaPipe models' seven unchanged, 30.5 us).
+#: 1, 8 and 32 in all (float32): 755 against 797 us (the MediaPipe models' seven unchanged, 30.5 us). With the
+#: A slices swizzled (:func:`_swizzle`), the sliced tiles gained most, and a sweep of 15 tiles over MobileNetV2's
+#: products at batch 32 and 8 (the same machine, 2026-12-04 17:23 UTC, the best of two rounds each) moved four:
+#: 6272 x 576 x 96 33.5 against 38.7 us, 6272 x 384 x 96 23.5 against 26.8, 1568 x 960 x 320 40.3 against 47.3,
+#: 392 x 320 x 1280 15.9 against 18.1. Two of them slice 8 deep (``32x32/4x4/16/2``), shallower than the model's
+#: tile: their float16 timing is the benchmark's float16 rows.
 MEASURED_TILES: dict[tuple[int, int, int], str] = {
     (401408, 16, 96): "64x64/4x4/16",      # 80.3 -> 73.1 us
     (25088, 32, 192): "64x64/4x4/16",      # 18.6 -> 15.4
     (6272, 96, 576): "128x64/8x8/16",      # 31.6 -> 25.3
+    (6272, 576, 96): "32x32/4x4/16/2",     # swizzled 38.7 -> 33.5
+    (6272, 384, 96): "32x32/4x4/16/2",     # swizzled 26.8 -> 23.5
     (1568, 160, 960): "64x64/4x8/16",      # 23.4 -> 19.7
-    (1568, 960, 320): "32x64/4x8/16",      # 55.3 -> 48.7
+    (1568, 960, 320): "32x32/4x4/32/2",    # 55.3 -> 48.7 (32x64/4x8/16); swizzled 47.3 -> 40.3
     (1568, 320, 1280): "64x64/8x8/16",     # 46.8 -> 41.4
     (100352, 16, 96): "64x64/4x4/16",      # 24.2 -> 20.9
-    (392, 320, 1280): "32x64/4x8/16",      # 23.5 -> 18.5
+    (392, 320, 1280): "32x32/4x4/32/2",    # 23.5 -> 18.5 (32x64/4x8/16); swizzled 18.1 -> 15.9
     (12544, 16, 96): "64x64/4x4/16",       # 5.6 -> 5.0
     (3136, 24, 144): "64x32/4x4/16",       # 4.7 -> 4.4
 }
@@ -245,6 +252,22 @@ def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
     return best
 
 
+def _swizzle(kk: str, r4: str, kq: int) -> str:
+    """WGSL of the vec4 slot holding row group ``r4`` in the row of an A slice at depth ``kk`` (``kq = tk / 4``
+    at most 8): ``r4 XOR ((kk / 4) % kq) * (8 / kq)``. The staging stores write, per warp of 32 invocations,
+    ``32 / kq`` rows at ``kq`` depths that are 4 apart; unswizzled, a row group's slot at those depths falls in
+    the same bank of workgroup memory whenever ``tm`` is a multiple of 32 (a ``kq``-way conflict on every
+    store). The XOR moves the depths' slots onto distinct banks; the inner loop reads each slot with the same
+    XOR (a constant per step). Measured on an H200 (2026-12-04, GPU time of 20 back-to-back runs, median of
+    5 passes) over MobileNetV2's products at batch 32, the same tiles with and without it: 6272 x 384 x 64
+    18.3 -> 14.7 us, 1568 x 960 x 160 30.4 -> 26.3, 6272 x 192 x 64 10.6 -> 8.9, 1568 x 576 x 160 19.5 -> 17.1
+    (the sliced tiles), 0.3 to 1.7 us less on the others; the whole model's GPU time 1.308 -> 1.289 ms fused,
+    1.466 -> 1.419 ms unfused. With the tiles it then moved (:data:`MEASURED_TILES`), ``benchmarks/run.py``'s
+    products took 858 against 932 us in all (17:30 against 16:15 UTC). Tuning only: the same values in the
+    same order."""
+    return f"(({r4}) ^ ((({kk}) / 4u) % {kq}u * {8 // kq}u))"
+
+
 def _staging_load(m: str, i: str, j: str, n_i: int, n_j: int, scalar: str, vec: str | None,
                   elem: str = "f32") -> str:
     """WGSL ``fn {m}4(i0, j0) -> vec4<elem>``: the 4 elements ``[i, j : j + 4]`` of an ``n_i x n_j`` matrix
@@ -330,6 +353,12 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     a_loads, b_loads = -(-a_groups // threads), -(-b_groups // threads)   # per invocation
     ra, rb = rm // 4, rn // 4
     kq = tk // 4
+    # The A slice's row groups are XOR-swizzled by depth (:func:`_swizzle`): where the tile allows it.
+    swizzled = tm % 32 == 0 and kq <= 8
+
+    def slot(kk: str, r4: str) -> str:
+        """WGSL of the vec4 slot in ``ta``'s row at depth ``kk`` holding row group ``r4`` (rows 4 r4 .. 4 r4 + 3)."""
+        return _swizzle(kk, r4, kq) if swizzled else r4
     lines = []
     # registers: the next slices' values, loaded before the current slice is multiplied
     for j in range(a_loads):
@@ -370,14 +399,14 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
             guard = "" if (j + 1) * threads <= a_groups else f"if ({e} < {a_groups}u) "
             if a_strip:   # column i of the block is the vec4 of rows r0 .. r0 + 3 at depth k + i: one ta entry
                 stage.append(f"    {guard}{{ let r4 = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")
-                stage += [f"      ta[(k + {i}u) * {tm // 4}u + r4] = {vec}(pa{j}[{i}]);" if half else
-                          f"      ta[(k + {i}u) * {tm // 4}u + r4] = pa{j}[{i}];" for i in range(4)]
+                stage += [f"      ta[(k + {i}u) * {tm // 4}u + {slot('k', 'r4')}] = {vec}(pa{j}[{i}]);" if half else
+                          f"      ta[(k + {i}u) * {tm // 4}u + {slot('k', 'r4')}] = pa{j}[{i}];" for i in range(4)]
                 stage.append("    }")
                 continue
             stage.append(f"    {guard}{{ let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")
             for i, comp in enumerate("xyzw"):
                 value = f"{one}(pa{j}.{comp})" if half else f"pa{j}.{comp}"
-                stage.append(f"      ta[(k + {i}u) * {tm // 4}u + r / 4u][r % 4u] = {value};")
+                stage.append(f"      ta[(k + {i}u) * {tm // 4}u + {slot('k', 'r / 4u')}][r % 4u] = {value};")
             stage.append("    }")
         for j in range(b_loads):
             guard = "" if (j + 1) * threads <= b_groups else f"if (lidx + {j * threads}u < {b_groups}u) "
@@ -398,8 +427,9 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
             inner += [f"    let ka = ks * {tks * tm // 4}u;", f"    let kb = ks * {tks * tn // 4}u;"]
         for k in range(tks):
             inner.append("    {")
-            inner += [f"      let a{g} = ta[{'ka + ' if sk > 1 else ''}{k * tm // 4 + g * gy}u + ty];"
-                      for g in range(ra)]
+            depth_k = f"ks * {tks}u + {k}u" if sk > 1 else f"{k}u"   # the step's depth in the staged slice
+            inner += [f"      let a{g} = ta[{'ka + ' if sk > 1 else ''}{k * tm // 4}u + "
+                      f"{slot(depth_k, f'{g * gy}u + ty')}];" for g in range(ra)]
             inner += b_row(k)
             inner += [f"      p{g}_{r}_{h} = fma(vec4<f16>(a{g}.{comp}), b{h}, p{g}_{r}_{h});" if half else
                       f"      c{g}_{r}_{h} += a{g}.{comp} * b{h};" for g, r, comp, h in lanes]
