@@ -128,23 +128,22 @@ _SLICED_MIN_DEPTH, _SLICED_DEEP_MIN_DEPTH = 32, 512
 #: :func:`matmul_tile`'s tile for products of at most 16 columns (a 16-column tile: none of it padding).
 _NARROW, _NARROW_MAX_COLS = TILES["128x16/4x4/16"], 16
 
-#: Tiles measured faster than :func:`matmul_tile`'s model by at least 5% on these exact products ``(rows,
-#: depth, cols)``: ``benchmarks/sweep_gemm_forms.py --batches=32,8,1 --library_form`` on an H200 (Vulkan, driver
-#: 580.159.04, 2026-12-04 13:45 UTC), each tile's timing after 50 ms of its own runs untimed (the clocks those of
-#: sustained work; :data:`tflfuse.runtime.profile.WARM_MS`), over MobileNetV2's products at batch 1, 8 and 32
-#: and the MediaPipe models' tiled products. Only tiles whose ``slice_depth`` is at least the model's tile's are
-#: taken, so that a float16 plan (which runs the same tile) keeps f16 partial sums at least as deep: a shallower
-#: one lost there before (:func:`matmul_tile`). ``benchmarks/sweep_gemm_f16.py`` (the same machine, 14:12 UTC)
-#: then timed the float16 plan's form of each: at batch 32, each product counted as often as MobileNetV2 has
-#: it, these tiles took 305 against 314 us there (float32: 357 against 416 us); 6272 x 96 x 576 took 2.0 us
-#: more, 401408 x 16 x 96 6.9 us less. 100352 x 24 x 144's best, 256 x 32 / 8 x 4 / 8 (45.0 -> 42.7 us in
-#: float32), took 36.1 against 32.9 us in float16 and is left out. MobileNetV2's 37 distinct products at batch
-#: 1, 8 and 32 in all (float32): 755 against 797 us (the MediaPipe models' seven unchanged, 30.5 us). With the
-#: A slices swizzled (:func:`_swizzle`), the sliced tiles gained most, and a sweep of 15 tiles over MobileNetV2's
-#: products at batch 32 and 8 (the same machine, 2026-12-04 17:23 UTC, the best of two rounds each) moved four:
-#: 6272 x 576 x 96 33.5 against 38.7 us, 6272 x 384 x 96 23.5 against 26.8, 1568 x 960 x 320 40.3 against 47.3,
-#: 392 x 320 x 1280 15.9 against 18.1. Two of them slice 8 deep (``32x32/4x4/16/2``), shallower than the model's
-#: tile: their float16 timing is the benchmark's float16 rows.
+#: Tiles measured faster than :func:`matmul_tile`'s model by at least 5% on these exact products ``(rows, depth,
+#: cols)``: ``benchmarks/sweep_gemm_forms.py --batches=32,8,1 --library_form`` on an H200 (Vulkan, driver 580.159.04,
+#: 2026-12-04 13:45 UTC), each tile's timing after 50 ms of its own runs untimed (the clocks those of sustained work;
+#: :data:`tflfuse.runtime.profile.WARM_MS`), over MobileNetV2's products at batch 1, 8 and 32 and the MediaPipe models'
+#: tiled products. Only tiles whose ``slice_depth`` is at least the model's tile's were taken (until the swizzle,
+#: below), so that a float16 plan (which runs the same tile) keeps f16 partial sums at least as deep: a shallower one
+#: lost there before (:func:`matmul_tile`). ``benchmarks/sweep_gemm_f16.py`` (the same machine, 14:12 UTC) then timed
+#: the float16 plan's form of each: at batch 32, each product counted as often as MobileNetV2 has it, these tiles took
+#: 305 against 314 us there (float32: 357 against 416 us); 6272 x 96 x 576 took 2.0 us more, 401408 x 16 x 96 6.9 us
+#: less. 100352 x 24 x 144's best, 256 x 32 / 8 x 4 / 8 (45.0 -> 42.7 us in float32), took 36.1 against 32.9 us in
+#: float16 and is left out. MobileNetV2's 37 distinct products at batch 1, 8 and 32 in all (float32): 755 against 797 us
+#: (the MediaPipe models' seven unchanged, 30.5 us). With the A slices swizzled (:func:`_swizzle`), the sliced tiles
+#: gained most, and a sweep of 15 tiles over MobileNetV2's products at batch 32 and 8 (the same machine, 2026-12-04
+#: 17:23 UTC, the best of two rounds each) moved four: 6272 x 576 x 96 33.5 against 38.7 us, 6272 x 384 x 96 23.5
+#: against 26.8, 1568 x 960 x 320 40.3 against 47.3, 392 x 320 x 1280 15.9 against 18.1. Two of them slice 8 deep
+#: (``32x32/4x4/16/2``), shallower than the model's tile: their float16 timing is the benchmark's float16 rows.
 MEASURED_TILES: dict[tuple[int, int, int], str] = {
     (401408, 16, 96): "64x64/4x4/16",      # 80.3 -> 73.1 us
     (25088, 32, 192): "64x64/4x4/16",      # 18.6 -> 15.4
@@ -254,7 +253,7 @@ def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
 
 def _swizzle(kk: str, r4: str, kq: int) -> str:
     """WGSL of the vec4 slot holding row group ``r4`` in the row of an A slice at depth ``kk`` (``kq = tk / 4``
-    at most 8): ``r4 XOR ((kk / 4) % kq) * (8 / kq)``. The staging stores write, per warp of 32 invocations,
+    2, 4 or 8): ``r4 XOR ((kk / 4) % kq) * (8 / kq)``. The staging stores write, per warp of 32 invocations,
     ``32 / kq`` rows at ``kq`` depths that are 4 apart; unswizzled, a row group's slot at those depths falls in
     the same bank of workgroup memory whenever ``tm`` is a multiple of 32 (a ``kq``-way conflict on every
     store). The XOR moves the depths' slots onto distinct banks; the inner loop reads each slot with the same
@@ -354,7 +353,7 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     ra, rb = rm // 4, rn // 4
     kq = tk // 4
     # The A slice's row groups are XOR-swizzled by depth (:func:`_swizzle`): where the tile allows it.
-    swizzled = tm % 32 == 0 and kq <= 8
+    swizzled = tm % 32 == 0 and kq in (2, 4, 8)
 
     def slot(kk: str, r4: str) -> str:
         """WGSL of the vec4 slot in ``ta``'s row at depth ``kk`` holding row group ``r4`` (rows 4 r4 .. 4 r4 + 3)."""
