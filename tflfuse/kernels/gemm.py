@@ -258,7 +258,8 @@ def _swizzle(kk: str, r4: str, kq: int) -> str:
     the same bank of workgroup memory whenever ``tm`` is a multiple of 32 (a ``kq``-way conflict on every
     store). The XOR moves the depths' slots onto distinct banks; the inner loop reads each slot with the same
     XOR (a constant per step). Measured on an H200 (2026-12-04, GPU time of 20 back-to-back runs, median of
-    5 passes) over MobileNetV2's products at batch 32, the same tiles with and without it: 6272 x 384 x 64
+    5 passes; the inner loop's multiply-adds written as ``fma()`` on both sides, which times as the ``+=`` form
+    does) over MobileNetV2's products at batch 32, the same tiles with and without it: 6272 x 384 x 64
     18.3 -> 14.7 us, 1568 x 960 x 160 30.4 -> 26.3, 6272 x 192 x 64 10.6 -> 8.9, 1568 x 576 x 160 19.5 -> 17.1
     (the sliced tiles), 0.3 to 1.7 us less on the others; the whole model's GPU time 1.308 -> 1.289 ms fused,
     1.466 -> 1.419 ms unfused. With the tiles it then moved (:data:`MEASURED_TILES`), ``benchmarks/run.py``'s
