@@ -1,7 +1,13 @@
-"""Sweep of fused_separable_conv2d's one-dispatch schedule over the lanes of its 1x1 sums, on the MediaPipe
-models' separable convs (after ``tflfuse.fuse``).
+"""Sweep of fused_separable_conv2d's one-dispatch schedule over the lanes of its 1x1 sums, or (``--product``)
+of its depthwise_product schedule over tiles against two dispatches, on the MediaPipe models' separable convs
+(after ``tflfuse.fuse``).
 
     python benchmarks/sweep_separable.py --models=.bench --out=separable.json
+    python benchmarks/sweep_separable.py --models=.bench --product --out=separable_product.json
+
+With ``--product``: every separable conv of the models, each timed with the default schedule, with
+``strategy="one_dispatch"`` and ``strategy="two_dispatches"``, and with ``strategy="depthwise_product"`` and
+each ``matmul_tile`` of --tiles (where the layer takes them).
 
 For each distinct fused_separable_conv2d of the models (shapes and attributes as ``tflfuse.fuse`` made them;
 only those the one-dispatch schedule takes, :func:`tflfuse.kernels.fused.conv.pixel_block`), the GPU time
@@ -27,9 +33,9 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import tflfuse  # noqa: E402
-from tflfuse.kernels import kernel_class  # noqa: E402
+from tflfuse.kernels import KernelError, kernel_class  # noqa: E402
 from tflfuse.kernels.base import TensorSpec  # noqa: E402
-from tflfuse.kernels.fused.conv import pointwise_split  # noqa: E402
+from tflfuse.kernels.fused.conv import SEPARABLE_STRATEGIES, pointwise_split  # noqa: E402
 from tflfuse.model import Model  # noqa: E402
 from tflfuse.passes.fuse import fuse  # noqa: E402
 from tflfuse.runtime.lower import lower  # noqa: E402
@@ -43,18 +49,24 @@ flags.DEFINE_string("out", None, "JSON file for the results.")
 flags.DEFINE_list("lanes", ["1", "2", "4", "8", "16"], "pointwise_lanes to try (1: one invocation per sum).")
 flags.DEFINE_integer("repeats", 9, "Timed passes per layer and choice.")
 flags.DEFINE_integer("reps", 20, "Runs back to back per timed pass.")
+flags.DEFINE_bool("product", False, "Sweep the depthwise_product schedule's tiles against two dispatches "
+                  "instead of the one-dispatch schedule's lanes.")
+flags.DEFINE_list("tiles", ["64x64/8x8/16", "64x32/4x8/16", "64x32/4x4/16", "32x32/4x4/16", "32x32/4x4/16/2",
+                            "128x32/4x8/16", "64x64/4x4/16", "32x32/4x4/32/2", "64x16/4x4/16"],
+                  "depthwise_product tiles to try (--product).")
 
 
-def separable_layers(folder: Path) -> collections.Counter:
+def separable_layers(folder: Path, product: bool = False) -> collections.Counter:
     """``(input shapes, attrs as sorted items) -> count`` of the fused_separable_conv2d ops the GPU plan of each
-    model in ``folder`` (fused by ``tflfuse.fuse``) runs in one dispatch."""
+    model in ``folder`` (fused by ``tflfuse.fuse``) runs in one dispatch of the pixel-block form (with
+    ``product``: all of them)."""
     found: collections.Counter = collections.Counter()
     for path in sorted(folder.glob("*_unfused.tflite")):
         if "int8" in path.stem or "mobilenet" in path.stem:
             continue
         data, _ = fuse(path.read_bytes())
         for op in lower(Model(data), target="gpu").ops:
-            if op.name == "fused_separable_conv2d" and op.kernel._pixel_block():
+            if op.name == "fused_separable_conv2d" and (product or op.kernel.strategy() == "one_dispatch"):
                 shapes = tuple(tuple(s.shape) for s in op.kernel.inputs)
                 attrs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in op.kernel.attrs.items()))
                 found[(shapes, attrs)] += 1
@@ -91,7 +103,7 @@ def main(argv):
     device = tflfuse.Device()
     print(f"adapter: {device.describe()}", flush=True)
     rng = np.random.default_rng(0)
-    layers = separable_layers(Path(FLAGS.models))
+    layers = separable_layers(Path(FLAGS.models), FLAGS.product)
     results = {"adapter": device.describe(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "layers": []}
     totals: dict[str, float] = collections.defaultdict(float)
@@ -100,7 +112,7 @@ def main(argv):
         attrs = {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.items()}
         if attrs.get("activation", "linear") not in ("linear", "relu") or attrs.get("has_residual") or \
                 attrs.get("has_prelu"):
-            attrs.update(activation="relu", has_residual=False, has_prelu=False)   # timing: the same sums
+            attrs.update(activation="relu", has_residual=False, has_prelu=False, residual_pool=1)   # the same sums
             shapes = shapes[:4] if attrs.get("has_bias", True) else shapes[:3]
         arrays = [rng.standard_normal(s).astype(np.float32) / (np.sqrt(s[-2]) if i == 2 else 1)
                   for i, s in enumerate(shapes)]
@@ -111,9 +123,17 @@ def main(argv):
             want = np.maximum(want, 0)
         npix, cmid, cout = int(np.prod(want.shape[:3])), dwf.shape[2] * dwf.shape[3], want.shape[3]
         row = {"shapes": shapes, "count": count, "npix": npix, "cmid": cmid, "cout": cout, "us": {}}
-        for choice in ["default"] + FLAGS.lanes:
-            extra = {} if choice == "default" else {"pointwise_lanes": int(choice)}
-            k = kernel_class("fused_separable_conv2d")(specs, {**attrs, "target": "gpu", **extra})
+        choices = ["default", "one_dispatch", "two_dispatches"] + FLAGS.tiles if FLAGS.product else \
+            ["default"] + FLAGS.lanes
+        for choice in choices:
+            extra = {} if choice == "default" else {"strategy": choice} if choice in SEPARABLE_STRATEGIES else \
+                {"strategy": "depthwise_product", "matmul_tile": choice} if FLAGS.product else \
+                {"pointwise_lanes": int(choice)}
+            try:
+                k = kernel_class("fused_separable_conv2d")(specs, {**attrs, "target": "gpu", **extra})
+            except KernelError as e:   # a tile or schedule the layer does not take
+                print(f"  {choice}: {e}", flush=True)
+                continue
             p = chain_plan(device, [("fused_separable_conv2d", k, list(range(len(arrays))), 99)],
                            dict(enumerate(arrays)), 0)
             p.run()
@@ -121,14 +141,24 @@ def main(argv):
             if not err < 1e-4:
                 print(f"  WRONG {choice} {shapes}: rel err {err}", flush=True)
                 continue
+            if not totals:   # the sweep's first timing ran slow (2026-12-04: 23.6 against 4.4 us): once untimed
+                gpu_time_plan(p, FLAGS.repeats, FLAGS.reps)
             row["us"][choice] = gpu_time_plan(p, FLAGS.repeats, FLAGS.reps)
             totals[choice] += count * row["us"][choice]
-        row["default_lanes"] = pointwise_split(npix, k._pixel_block(), cmid, cout)[2]
+        default = kernel_class("fused_separable_conv2d")(specs, {**attrs, "target": "gpu"})
         best = min(row["us"], key=row["us"].get)
-        print(f"{count} x {shapes[0]} -> {cout} (cmid {cmid}): default (lanes {row['default_lanes']}) "
-              f"{row['us'].get('default', float('nan')):.1f} us; "
-              + ", ".join(f"lanes {c} {row['us'][c]:.1f}" for c in FLAGS.lanes if c in row["us"])
-              + f"; best {best}", flush=True)
+        if FLAGS.product:
+            row["default_strategy"] = default.strategy()
+            print(f"{count} x {shapes[0]} -> {cout} (cmid {cmid}): default ({row['default_strategy']}) "
+                  f"{row['us'].get('default', float('nan')):.1f} us; "
+                  + ", ".join(f"{c} {row['us'][c]:.1f}" for c in choices[1:] if c in row["us"])
+                  + f"; best {best}", flush=True)
+        else:
+            row["default_lanes"] = pointwise_split(npix, default._pixel_block(), cmid, cout)[2]
+            print(f"{count} x {shapes[0]} -> {cout} (cmid {cmid}): default (lanes {row['default_lanes']}) "
+                  f"{row['us'].get('default', float('nan')):.1f} us; "
+                  + ", ".join(f"lanes {c} {row['us'][c]:.1f}" for c in FLAGS.lanes if c in row["us"])
+                  + f"; best {best}", flush=True)
         totals["best"] += count * row["us"][best]
         results["layers"].append(row)
     print("totals (us, layers weighted by count): " + ", ".join(f"{k} {v:.0f}" for k, v in totals.items()),

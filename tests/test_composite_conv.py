@@ -299,8 +299,9 @@ def test_output_past_65535_workgroups(device, rng):
 
 
 def test_separable_schedule():
-    """One dispatch on a GPU for a small layer; two on the software adapter, for a layer whose pointwise
-    product is tiled, and where one pixel's Cin * M depthwise values overflow workgroup memory."""
+    """One dispatch on a GPU for a small layer, and for a layer whose pointwise product is tiled where the
+    depthwise product takes it; two on the software adapter, where it does not, and where one pixel's Cin * M
+    depthwise values overflow workgroup memory."""
     cls = kernel_class("fused_separable_conv2d")
 
     def dispatches(x, dw, pw, target):
@@ -309,7 +310,15 @@ def test_separable_schedule():
 
     assert dispatches((1, 16, 16, 64), (3, 3, 64, 1), (1, 1, 64, 128), "gpu") == 1
     assert dispatches((1, 16, 16, 64), (3, 3, 64, 1), (1, 1, 64, 128), "cpu") == 2
-    assert dispatches((8, 64, 64, 32), (3, 3, 32, 1), (1, 1, 32, 64), "gpu") == 2
+    # a tiled pointwise product: the depthwise values computed as its A slices (multiplier 1), else two
+    assert dispatches((8, 64, 64, 32), (3, 3, 32, 1), (1, 1, 32, 64), "gpu") == 1
+    assert dispatches((8, 64, 64, 32), (3, 3, 32, 2), (1, 1, 64, 64), "gpu") == 2
+    assert dispatches((8, 64, 64, 30), (3, 3, 30, 1), (1, 1, 30, 64), "gpu") == 2   # Cin not a multiple of 4
+    assert dispatches((8, 64, 64, 32), (3, 3, 32, 1), (1, 1, 32, 128), "gpu") == 2  # wider than measured
+    # a layer of MEASURED_SEPARABLE (BlazePalm's [1, 48, 48, 64] -> 64): the one-dispatch schedule
+    specs = [TensorSpec(s) for s in ((1, 48, 48, 64), (5, 5, 64, 1), (1, 1, 64, 64), (64,))]
+    assert cls(specs, {"target": "gpu", "padding": "SAME"}).strategy() == "one_dispatch"
+    assert cls(specs, {"target": "cpu", "padding": "SAME"}).strategy() == "two_dispatches"
     assert dispatches((1, 2, 2, 2100), (3, 3, 2100, 2), (1, 1, 4200, 8), "gpu") == 2
     # few pixels, wide channels: each invocation would sum 4 x 1024 terms alone in one dispatch
     assert dispatches((1, 7, 7, 1024), (3, 3, 1024, 1), (1, 1, 1024, 1024), "gpu") == 2
@@ -327,6 +336,71 @@ def test_separable_one_dispatch_lanes(device, rng, case, lanes):
     (source,) = conv_run(device, rng, "fused_separable_conv2d", case, "prelu", residual=True, target="gpu",
                          tuning=tuning)
     assert ("var<workgroup> shares:" in source) == (lanes != 1)
+
+
+@pytest.mark.parametrize("case, strategy", [
+    ((1, 64, 64, 32, 5, 5, 32, (1, 1), (1, 1), "SAME"), None),           # BlazePalm's 5x5 layers
+    ((3, 77, 45, 24, 3, 3, 64, (2, 2), (1, 1), "SAME"), None),           # stride 2, OW 23: each pixel alone
+    ((1, 70, 66, 20, 3, 3, 100, (1, 1), (2, 2), "VALID"), "depthwise_product"),   # dilation 2, Cin 20, Cout 100
+    ((1, 64, 64, 16, 1, 7, 36, (1, 1), (1, 1), "SAME"), None),           # a 1x7 window
+    ((1, 64, 64, 16, 7, 1, 36, (1, 1), (1, 1), "SAME"), None),           # a 7x1 window
+    ((3, 9, 11, 12, 3, 3, 8, (1, 1), (1, 1), "SAME"), "depthwise_product"),   # asked for on a small layer
+    ((1, 64, 64, 32, 5, 5, 32, (1, 1), (1, 1), "SAME"), "two_dispatches"),
+    ((1, 64, 64, 32, 5, 5, 32, (1, 1), (1, 1), "SAME"), "one_dispatch"),
+], ids=["palm-5x5", "s2-ow23-b3", "d2-valid-wide", "1x7", "7x1", "small-asked", "two-asked", "one-asked"])
+def test_separable_depthwise_product(device, rng, case, strategy):
+    """The ``depthwise_product`` schedule (one tiled dispatch, the depthwise values computed as the product's A
+    slices; no depthwise bias) where a GPU takes it by default and where asked for, and the other schedules
+    asked for on its layers, with each epilogue in turn (bias, residual, PReLU, leaky_relu's uniform alpha),
+    against the float64 NumPy reference."""
+    acts = ["prelu", "leaky_relu", "relu6", "hard_swish", "linear"]
+    act = acts[sum(case[:7]) % len(acts)]
+    sources = conv_run(device, rng, "fused_separable_conv2d", case, act, residual=bool(case[1] % 2 == 0),
+                       target="gpu", tuning={"strategy": strategy} if strategy else {})
+    product = strategy in (None, "depthwise_product")
+    assert len(sources) == (2 if strategy == "two_dispatches" else 1)
+    assert ("fn depthwise_strip" in sources[0]) == product
+
+
+def test_separable_depthwise_product_float16(device, rng):
+    """precision="float16" on the depthwise_product schedule (BlazePalm's 5x5 layer, bias and residual): the
+    depthwise values are computed in float32 and rounded to float16 as they are staged, the product is f16 math
+    with f32 accumulation, the output stored as float16. Against float64 NumPy on float16-representable inputs,
+    within the bound of tests/half_math.py (``staged_a``) plus the depthwise sums' float32 error carried through
+    the 1x1 weights: ``gamma(KH KW + 1, 2**-24) (|x| * |dw|) @ |pw|``."""
+    from half_math import gamma, half, product_bound
+
+    x = half(rng.standard_normal((1, 64, 64, 32)))
+    dwf = half(scaled(rng, (5, 5, 32, 1), 25, 1.0))
+    pwf = half(scaled(rng, (1, 1, 32, 32), 32))
+    b, res = half(rng.standard_normal(32)), half(rng.standard_normal((1, 64, 64, 32)))
+    attrs = dict(strides=[1, 1], dilations=[1, 1], padding="SAME", has_residual=True, target="gpu")
+    assert kernel_class("fused_separable_conv2d")([TensorSpec(a.shape) for a in (x, dwf, pwf, b, res)],
+                                                  attrs).strategy() == "depthwise_product"
+    (got,) = run_op(device, "fused_separable_conv2d", [x, dwf, pwf, b, res], attrs, precision="float16")
+    np.testing.assert_array_equal(got, half(got))   # stored as float16
+    d = npref.depthwise_conv2d(x.astype(np.float64), dwf.astype(np.float64), (1, 1), "SAME", (1, 1))
+    sd = npref.depthwise_conv2d(np.abs(x.astype(np.float64)), np.abs(dwf.astype(np.float64)), (1, 1), "SAME",
+                                (1, 1))
+    pw64 = pwf[0, 0].astype(np.float64)
+    want = d @ pw64 + b + res
+    s = np.abs(d) @ np.abs(pw64) + np.abs(b) + np.abs(res)
+    bound = gamma(26, 2.0 ** -24) * sd @ np.abs(pw64) + product_bound(s, got, want, 32, staged_a=True)
+    assert (np.abs(got - want) <= bound).all()
+    assert bound.max() < 0.05 * np.abs(want).max()   # not vacuous
+
+
+def test_separable_strategy_refusals():
+    """A schedule the layer cannot take, or an unknown one, is refused naming what is missing."""
+    cls = kernel_class("fused_separable_conv2d")
+    specs = [TensorSpec(s) for s in ((1, 16, 16, 8), (3, 3, 8, 2), (1, 1, 16, 32), (32,))]
+    with pytest.raises(KernelError, match="depth multiplier 1.*M 2"):
+        cls(specs, {"strategy": "depthwise_product"})
+    with pytest.raises(KernelError, match="strategy must be one of"):
+        cls(specs, {"strategy": "tiled"})
+    wide = [TensorSpec(s) for s in ((1, 2, 2, 2100), (3, 3, 2100, 2), (1, 1, 4200, 8), (8,))]
+    with pytest.raises(KernelError, match="do not fit workgroup memory"):
+        cls(wide, {"strategy": "one_dispatch"})
 
 
 def test_separable_lanes_choice():

@@ -48,12 +48,14 @@ from ..conv import (SUM_STORED_LATER, conv_output_size, conv_strip, conv_strip_p
                     is_pointwise, window_body, window_lanes, window_taps)
 from ..elementwise import broadcast_index
 from ..registry import register
-from ..gemm import product_program, use_tiled_matmul
+from ..gemm import MatmulTile, product_program, tile_attr, use_tiled_matmul
 from ..wgsl import (activation_fn, activation_uniforms, dot, elementwise_program, lane_tree, prelude,
                     reduction_program, split_lanes)
+from .depthwise_product import depthwise_product_program, fits_depthwise_product
 
 __all__ = ["FUSED_ACTIVATIONS", "FusedConv2D", "FusedDepthwiseConv2D", "FusedEpilogue", "FusedSeparableConv2D",
-           "SEPARABLE_MAX_CHANNELS", "depthwise_pointwise_program", "max_pool_2x2", "padded_channels", "pixel_block",
+           "MEASURED_SEPARABLE", "SEPARABLE_MAX_CHANNELS", "SEPARABLE_PRODUCT_MAX_COUT", "SEPARABLE_STRATEGIES",
+           "depthwise_pointwise_program", "max_pool_2x2", "padded_channels", "pixel_block", "separable_product_tile",
            "sliced_channels", "window_geometry"]
 
 #: Workgroup memory (floats) of the one-dispatch separable schedule: 16 KiB, WebGPU's default limit.
@@ -415,14 +417,22 @@ class FusedSeparableConv2D(_FusedWindow):
     bias + residual)``: input ``x [N, H, W, Cin]``, ``depthwise_filter [KH, KW, Cin, M]``,
     ``pointwise_filter [1, 1, Cin * M, Cout]`` (or ``[Cin * M, Cout]``) -> ``[N, OH, OW, Cout]`` float32.
 
-    Two schedules, the same values:
+    Three schedules (the ``strategy`` tuning attribute), the same values:
 
-    * one dispatch (GPUs, small layers: :func:`pixel_block`): a workgroup computes the depthwise values of
+    * ``one_dispatch`` (GPUs, small layers: :func:`pixel_block`, and the layers of :data:`MEASURED_SEPARABLE`):
+      a workgroup computes the depthwise values of
       a block of output pixels into workgroup memory, then those pixels' outputs from them, each 1x1 sum
       shared between lanes where the model of :func:`pointwise_split` says so;
-    * two dispatches (the software adapter, large layers): the depthwise conv into a scratch buffer
-      ``[N, OH, OW, Cin * M]`` (DEPTHWISE_CONV_2D's program: :func:`~tflfuse.kernels.conv.depthwise_program`), then the pointwise conv with bias, residual and activation (tiled in
-      workgroup memory where it is large, :func:`~tflfuse.kernels.wgsl.use_tiled_matmul`).
+    * ``depthwise_product`` (GPUs, layers whose pointwise product is tiled,
+      :func:`~tflfuse.kernels.gemm.use_tiled_matmul`, with depth multiplier 1, Cin and Cout multiples of 4 and
+      at most :data:`SEPARABLE_PRODUCT_MAX_COUT` output channels):
+      one dispatch of the tiled product whose A slices are the depthwise values, computed as they are staged
+      (:func:`.depthwise_product.depthwise_product_program`): no tensor between the two convs, one dispatch
+      fewer (measured on an H200 against two dispatches: :func:`separable_product_tile`);
+    * ``two_dispatches`` (the software adapter, and large layers the product does not take): the depthwise conv
+      into a scratch buffer ``[N, OH, OW, Cin * M]`` (DEPTHWISE_CONV_2D's program:
+      :func:`~tflfuse.kernels.conv.depthwise_program`), then the pointwise conv with bias, residual and
+      activation (tiled in workgroup memory where it is large).
 
     On an NVIDIA H200 two other one-dispatch forms measured slower than two dispatches: a tiled kernel that
     recomputed the depthwise values per block of 64 output channels, behind a barrier per chunk of 32 (2.0
@@ -433,9 +443,10 @@ class FusedSeparableConv2D(_FusedWindow):
 
     main_inputs = ("x", "depthwise_filter", "pointwise_filter")
     input_names = main_inputs + FusedEpilogue.input_names
-    #: tuning only: ``pointwise_lanes``, the lanes of the one-dispatch schedule's 1x1 sums (a power of two up
-    #: to 16; :func:`pointwise_split` chooses where absent).
-    extra_attrs = ("pointwise_lanes",)
+    #: tuning only: ``strategy`` (one of :data:`SEPARABLE_STRATEGIES`; absent: :meth:`strategy`'s choice),
+    #: ``pointwise_lanes``, the lanes of the one-dispatch schedule's 1x1 sums (a power of two up to 16;
+    #: :func:`pointwise_split` chooses where absent), and ``matmul_tile``, the depthwise product's tile.
+    extra_attrs = ("strategy", "pointwise_lanes", "matmul_tile")
 
     def check(self):
         x, dwf = self.expect_rank(0, 4), self.expect_rank(1, 4)
@@ -458,21 +469,58 @@ class FusedSeparableConv2D(_FusedWindow):
         if lanes is not None and (isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1
                                   or lanes > _MAX_LANES or lanes & (lanes - 1)):
             raise self.fail(f"pointwise_lanes must be a power of two from 1 to {_MAX_LANES}, got {lanes!r}")
+        self.strategy()
+        tile_attr(self)
+
+    def strategy(self) -> str:
+        """The schedule (the class docstring): the ``strategy`` attribute where given (checked: a
+        :class:`~tflfuse.kernels.KernelError` naming what the op lacks for it), else ``one_dispatch`` where
+        :func:`pixel_block` gives a block or :data:`MEASURED_SEPARABLE` names it on a GPU (output pixels, depthwise
+        channels and output channels), ``depthwise_product`` where it takes the layer on a GPU, the
+        pointwise product is tiled and has at most :data:`SEPARABLE_PRODUCT_MAX_COUT` output channels, else
+        ``two_dispatches``."""
+        given = self.attrs.get("strategy")
+        g = self.g
+        rows = g["N"] * g["OH"] * g["OW"]
+        product = self.mult == 1 and fits_depthwise_product(self.cmid, self.cout)
+        if given in (None, ""):
+            if self._pixel_block():
+                return "one_dispatch"
+            measured = MEASURED_SEPARABLE.get((rows, self.cmid, self.cout)) if self.target() == "gpu" else None
+            if measured == "one_dispatch" and self._pixel_block(True):
+                return measured
+            if product and self.cout <= SEPARABLE_PRODUCT_MAX_COUT and \
+                    use_tiled_matmul(rows, self.cmid, self.cout, self.target()):
+                return "depthwise_product"
+            return "two_dispatches"
+        if given not in SEPARABLE_STRATEGIES:
+            raise self.fail(f"strategy must be one of {', '.join(map(repr, SEPARABLE_STRATEGIES))}, got {given!r}")
+        if given == "one_dispatch" and not self._pixel_block(True):
+            raise self.fail(f"strategy 'one_dispatch': one pixel's {self.cmid} depthwise values do not fit "
+                            f"workgroup memory (at most {SEPARABLE_MAX_CHANNELS}); give 'two_dispatches'")
+        if given == "depthwise_product" and not product:
+            raise self.fail(f"strategy 'depthwise_product' needs depth multiplier 1 and Cin and Cout multiples "
+                            f"of 4, got M {self.mult}, Cin * M {self.cmid}, Cout {self.cout}; give "
+                            f"'two_dispatches'")
+        return given
 
     def scratch_sizes(self):
-        if self._pixel_block():
+        if self.strategy() != "two_dispatches":
             return ()
         g = self.g
         return (g["N"] * g["OH"] * g["OW"] * self.cmid * 4,)
 
-    def _pixel_block(self) -> int:
+    def _pixel_block(self, any_size: bool = False) -> int:
         """Output pixels per workgroup of the one-dispatch schedule (:func:`pixel_block`), or 0."""
         g = self.g
-        return pixel_block(g["N"] * g["OH"] * g["OW"], self.cmid, self.cout, self.target())
+        return pixel_block(g["N"] * g["OH"] * g["OW"], self.cmid, self.cout, self.target(), any_size=any_size)
 
     def programs(self) -> list[Program]:
-        if self._pixel_block():
+        strategy = self.strategy()
+        if strategy == "one_dispatch":
             return [self._one_dispatch()]
+        if strategy == "depthwise_product":
+            return [self._depthwise_product()]
         g, cmid, cout = self.g, self.cmid, self.cout
         size = self.scratch_sizes()[0]
         inputs = {n: self.binding(n, "input", i, self.inputs[i]) for i, n in enumerate(["x", "w", "pw"])}
@@ -498,10 +546,18 @@ class FusedSeparableConv2D(_FusedWindow):
                                       lanes=lanes, loop_trips=-(-(cmid // 4) // lanes))
         return [depthwise, pointwise]
 
+    def _depthwise_product(self) -> Program:
+        g = self.g
+        binds = self.io_bindings(["x", "dw", "pw"] + self.epilogue_names() + ["y"])
+        tile = tile_attr(self) or separable_product_tile(self.cmid)
+        return depthwise_product_program(self.key, binds, g, self.cmid, self.cout, None,
+                                         "y[idx] = epilogue(acc, idx, col);", tile, self.epilogue_fn(),
+                                         scalar_store=True, uniforms=self.epilogue_uniforms())
+
     def _one_dispatch(self) -> Program:
         binds = self.io_bindings(["x", "w", "pw"] + self.epilogue_names() + ["y"])
         g = self.g
-        block, chunk, lanes = pointwise_split(g["N"] * g["OH"] * g["OW"], self._pixel_block(), self.cmid, self.cout,
+        block, chunk, lanes = pointwise_split(g["N"] * g["OH"] * g["OW"], self._pixel_block(True), self.cmid, self.cout,
                                               self.attrs.get("pointwise_lanes"))
         return depthwise_pointwise_program(
             self.key, binds, self.g, self.input(0).shape[3], self.mult, self.cout, block,
@@ -534,6 +590,41 @@ def pixel_block(rows: int, cmid: int, cout: int, target: str, any_size: bool = F
     if not any_size and -(-block * cout // 256) * cmid > _PIXEL_BLOCK_MAX_TERMS:
         return 0
     return block
+
+
+#: The schedules of ``fused_separable_conv2d`` (its ``strategy`` tuning attribute; :class:`FusedSeparableConv2D`).
+SEPARABLE_STRATEGIES = ("one_dispatch", "depthwise_product", "two_dispatches")
+
+
+#: Separable convs (``(N * OH * OW, Cin * M, Cout)``) that a GPU runs in the one-dispatch schedule although their
+#: pointwise product is tiled (so that :func:`pixel_block` gives none): measured faster than the depthwise
+#: product and two dispatches on an H200 (``benchmarks/sweep_separable.py --product``, 2026-12-04, GPU time
+#: of 20 runs back to back, median of 9), with 5x5 windows at stride 1: [1, 48, 48, 64] -> 64 6.8 us against
+#: 9.3 (depthwise product) and 9.6 (two dispatches); [1, 96, 96, 32] -> 64 5.4 against 6.0 and 8.2;
+#: [1, 96, 96, 16] -> 16 4.0 against 4.4 and 6.5. It lost on [1, 96, 96, 32] -> 32 (8.6 against 6.6 and 9.4).
+MEASURED_SEPARABLE: dict[tuple[int, int, int], str] = {
+    (2304, 64, 64): "one_dispatch",
+    (9216, 32, 64): "one_dispatch",
+    (9216, 16, 16): "one_dispatch",
+}
+#: The most output channels for which a GPU runs a separable conv as a depthwise product by default (the
+#: widest measured; each tile of 32 columns computes the depthwise values again).
+SEPARABLE_PRODUCT_MAX_COUT = 64
+
+
+def separable_product_tile(cmid: int) -> MatmulTile:
+    """The tile of a separable conv's ``depthwise_product`` schedule with ``cmid`` depthwise channels: 32 x 32
+    outputs in two slice groups of 16 depths each (``"32x32/4x4/32/2"``), or ``"64x32/4x8/16"`` on fewer than 32
+    depthwise channels, which would leave half of a 32-deep slice empty.
+
+    Measured on an H200 (``benchmarks/sweep_separable.py --product``, 2026-12-04, GPU time of 20 runs back to
+    back, median of 9) on the MediaPipe models' separable convs that two dispatches ran (one dispatch of the
+    depthwise conv, one of the tiled 1x1 conv), 5x5 windows at stride 1: [1, 96, 96, 32] -> 32 6.6 us against
+    9.3 for two dispatches and 9.3-12.8 for 8 other tiles; [1, 96, 96, 32] -> 64 6.1 against 8.4;
+    [1, 48, 48, 64] -> 64 9.2 against 9.4 (the other tiles 13.0-21.4); [1, 96, 96, 16] -> 16 4.4 (64x32/4x8/16)
+    against 6.5. In all, these 18 layers 134 against 161 us (:data:`MEASURED_SEPARABLE` takes three of the four
+    shapes to the one-dispatch schedule, faster still)."""
+    return MatmulTile.parse("32x32/4x4/32/2" if cmid >= 32 else "64x32/4x8/16")
 
 
 #: :func:`pointwise_split`'s model: invocations in flight at once and the most lanes it picks, fitted to

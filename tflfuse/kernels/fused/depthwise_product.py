@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..base import Binding, KernelError, Program
+from ..base import Binding, KernelError, Program, Uniform
 from ..gemm import MatmulTile, tiled_matmul_program
 from ..wgsl import activation_fn
 
@@ -34,14 +34,17 @@ def fits_depthwise_product(channels: int, cols: int) -> bool:
 
 def depthwise_product_program(name: str, bindings: tuple[Binding, ...], g: dict, channels: int, cols: int,
                               activation: str | None, store: str, tile: MatmulTile | str | None = None,
-                              helpers: str = "") -> Program:
+                              helpers: str = "", *, scalar_store: bool = False,
+                              uniforms: tuple[Uniform, ...] = ()) -> Program:
     """One dispatch of the depthwise conv (multiplier 1) fused into the 1x1 conv that consumes it.
 
     Args:
       name: the program's name.
-      bindings: storage buffers named ``x`` (``[N, H, W, C]``), ``dw`` (``[KH, KW, C]``), ``db`` (``[C]``),
-        ``pw`` (``[C, Cout]``) and ``y`` (``[N, OH, OW, Cout]``), plus those ``store`` reads (float32 tensors
-        whose last dimension is a multiple of 4); every binding is bound as ``array<vec4<f32>>``.
+      bindings: storage buffers named ``x`` (``[N, H, W, C]``), ``dw`` (``[KH, KW, C]``), ``db`` (``[C]``; absent:
+        no depthwise bias, as in a separable convolution), ``pw`` (``[C, Cout]``) and ``y``
+        (``[N, OH, OW, Cout]``), plus those ``store`` reads. ``x``, ``dw``, ``db`` and ``pw`` are bound as
+        ``array<vec4<f32>>``; the others too (float32 tensors whose last dimension is a multiple of 4), unless
+        ``scalar_store``.
       g: the depthwise geometry: ``N, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL`` (ints; PT/PL the SAME
         padding before, as :func:`tflfuse.kernels.conv.conv_output_size` gives).
       channels: ``C``, a multiple of 4; cols: ``Cout``, a multiple of 4.
@@ -49,10 +52,14 @@ def depthwise_product_program(name: str, bindings: tuple[Binding, ...], g: dict,
         takes), applied before the product.
       store: statements run once per four outputs with ``row`` (the output pixel), ``col4`` (the first output
         channel), ``idx4 = (row * Cout + col4) / 4`` and the vec4 sum ``acc``, e.g.
-        ``"y[idx4] = acc + pb[col4 / 4u];"``.
+        ``"y[idx4] = acc + pb[col4 / 4u];"``; with ``scalar_store``, once per output with ``row``, ``col``,
+        ``idx = row * Cout + col`` and the f32 sum ``acc`` (e.g. ``"y[idx] = epilogue(acc, idx, col);"``), the
+        bindings other than ``x``, ``dw``, ``db`` and ``pw`` keeping their own element types.
       tile: the product's :class:`~tflfuse.kernels.gemm.MatmulTile` (or its name); None:
         :func:`depthwise_product_tile`'s choice.
       helpers: WGSL functions ``store`` uses.
+      scalar_store: ``store``'s form (above).
+      uniforms: the uniforms ``store`` and ``helpers`` read.
     Returns:
       the :class:`~tflfuse.kernels.base.Program`.
     Raises:
@@ -64,28 +71,32 @@ def depthwise_product_program(name: str, bindings: tuple[Binding, ...], g: dict,
     rows = g["N"] * g["OH"] * g["OW"]
     if tile is None:
         tile = depthwise_product_tile(rows, channels, cols)
-    binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") for b in bindings)
-    depthwise = activation_fn(activation, "dact") + _strip_function(g, channels, rows)
+    vec4 = {"x", "dw", "db", "pw"} if scalar_store else {b.name for b in bindings}
+    binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") if b.name in vec4 else b for b in bindings)
+    has_bias = any(b.name == "db" for b in bindings)
+    depthwise = activation_fn(activation, "dact") + _strip_function(g, channels, rows, has_bias)
     scalar = f"pw[k * {cols // 4}u + c / 4u][c % 4u]"
-    # A is staged by depthwise_strip (a_strip) and C stored as vec4s (store_vec): the scalar forms never run
+    # A is staged by depthwise_strip (a_strip): the scalar `a` never runs; C is stored as vec4s (store_vec) unless
+    # scalar_store
     return tiled_matmul_program(name, binds, rows, channels, cols, "0.0", scalar, store, depthwise + helpers,
-                                tile=tile, b_vec=f"pw[(k * {cols}u + c) / 4u]", store_vec=store,
-                                a_strip="depthwise_strip")
+                                uniforms, tile=tile, b_vec=f"pw[(k * {cols}u + c) / 4u]",
+                                store_vec=None if scalar_store else store, a_strip="depthwise_strip")
 
 
-def _strip_function(g: dict, channels: int, rows: int) -> str:
+def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True) -> str:
     """WGSL ``fn depthwise_strip(r0, k) -> mat4x4<f32>``: the depthwise conv (bias and activation included) of
     the output pixels ``r0 .. r0 + 3`` for channels ``k .. k + 3``, column ``i`` channel ``k + i`` (the A block
-    of :func:`tflfuse.kernels.gemm.tiled_matmul_program`'s ``a_strip``). Where ``OW % 4 == 0`` the four pixels
-    are neighbours in one row and share their input loads (a 3x3 window at stride 1: 18 vec4 loads for four
-    pixels instead of 36); else each pixel is computed alone. The weights' loads are shared either way. Blocks
+    of :func:`tflfuse.kernels.gemm.tiled_matmul_program`'s ``a_strip``; without ``has_bias``, no ``db``
+    binding and no bias). Where ``OW % 4 == 0`` the four pixels are neighbours in one row and share their input
+    loads (a 3x3 window at stride 1: 18 vec4 loads for four pixels instead of 36); else each pixel is computed
+    alone. The weights' loads are shared either way. Blocks
     past the rows or the depth read clamped addresses (their values are never stored or add zero: the product's
     B is zero past the depth)."""
     c4 = channels // 4
     kh, kw = g["KH"], g["KW"]
     lines = [f"  let c = min(k, {channels - 4}u) / 4u;"]
     lines += [f"  let w{t} = dw[{t * c4}u + c];" for t in range(kh * kw)]
-    lines.append("  let bias = db[c];")
+    lines.append("  let dbias = db[c];" if has_bias else "  let dbias = vec4<f32>(0.0);")
     shared = g["OW"] % 4 == 0
     pixels = [0] if shared else range(4)
     for q in pixels:   # one pass of the window for the strip (shared) or for each pixel
@@ -95,7 +106,7 @@ def _strip_function(g: dict, channels: int, rows: int) -> str:
                   f"    let oy = i32((r / {g['OW']}u) % {g['OH']}u);",
                   f"    let n = r / {g['OW'] * g['OH']}u;"]
         strip = range(4) if shared else [q]
-        lines += [f"    var a{p} = bias;" for p in strip]
+        lines += [f"    var a{p} = dbias;" for p in strip]
         for ky in range(kh):
             lines.append(f"    {{ let iy = oy * {g['SH']} - {g['PT']} + {ky * g['DH']};\n"
                          f"      let row = (n * {g['H']}u + u32(clamp(iy, 0, {g['H'] - 1}))) * {g['W']}u;\n"
