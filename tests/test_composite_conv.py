@@ -30,6 +30,7 @@ from composites.conv import (ACTIVATIONS, FusedConv2D, FusedDense, FusedDepthwis
                              fused_conv2d, fused_matmul, separable_conv2d)
 from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import MAX_WORKGROUPS_PER_DIM, TensorSpec
+from tflfuse.kernels.fused.conv import SEPARABLE_STRATEGIES
 from tflfuse.runtime.plan import run_op
 
 import npref
@@ -390,6 +391,51 @@ def test_separable_depthwise_product_float16(device, rng):
     assert bound.max() < 0.05 * np.abs(want).max()   # not vacuous
 
 
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+def test_separable_depthwise_product_overflow(device, rng, precision):
+    """A depthwise value that overflows to infinity (float32: 9 x 3e38 x 4; float16: 9 x 2000 x 4 > 65504)
+    saturates the relu6 of the outputs it reaches, as the two-dispatch schedule and float64 NumPy give: the
+    slice past Cin 20 (the tile's slices are 16 deep) adds zero, not infinity times a zero weight (NaN)."""
+    from half_math import gamma, half, product_bound
+
+    big = 3e38 if precision == "float32" else 2000.0
+    x = half(rng.uniform(0, 1, (1, 64, 64, 20)))   # float16-representable: the float16 plan stores x exactly
+    x[0, 30:34, 30:34, 19] = big
+    dwf = np.full((3, 3, 20, 1), 4.0, np.float32)
+    pwf = half(rng.uniform(0.005, 0.01, (1, 1, 20, 32)))   # outputs about 3 away from the big pixel
+    b = np.zeros(32, np.float32)
+    attrs = dict(padding="SAME", activation="relu6", target="gpu")
+    assert kernel_class("fused_separable_conv2d")([TensorSpec(a.shape) for a in (x, dwf, pwf, b)],
+                                                  attrs).strategy() == "depthwise_product"
+    (got,) = run_op(device, "fused_separable_conv2d", [x, dwf, pwf, b], attrs, precision=precision)
+    d = npref.depthwise_conv2d(x.astype(np.float64), dwf, (1, 1), "SAME", (1, 1))
+    pw64 = pwf[0, 0].astype(np.float64)
+    want = np.clip(d @ pw64, 0, 6)
+    assert np.isfinite(got).all()
+    saturated = want == 6   # the overflowed sums among them
+    assert saturated.sum() >= 16 * 32 and not saturated.all()
+    np.testing.assert_array_equal(got[saturated], 6)
+    if precision == "float32":
+        assert_close(got[~saturated], want[~saturated])
+    else:   # tests/half_math.py's bound (relu6 is 1-Lipschitz), plus the depthwise sums' float32 error
+        s = d @ pw64
+        bound = gamma(10, 2.0 ** -24) * s + product_bound(s, got, want, 20, staged_a=True)
+        assert (np.abs(got - want)[~saturated] <= bound[~saturated]).all()
+
+
+@pytest.mark.parametrize("strategy", SEPARABLE_STRATEGIES)
+def test_separable_empty_output(device, rng, strategy):
+    """An empty output (batch 0) under any schedule asked for: no values, the output's shape, and the schedule
+    whose programs return at once."""
+    x = np.zeros((0, 16, 16, 16), np.float32)
+    dwf, pwf, b = scaled(rng, (3, 3, 16, 1), 9), scaled(rng, (1, 1, 16, 32), 16), np.zeros(32, np.float32)
+    attrs = dict(padding="SAME", target="gpu", strategy=strategy)
+    assert kernel_class("fused_separable_conv2d")([TensorSpec(a.shape) for a in (x, dwf, pwf, b)],
+                                                  attrs).strategy() == "two_dispatches"
+    (got,) = run_op(device, "fused_separable_conv2d", [x, dwf, pwf, b], attrs)
+    assert got.shape == (0, 16, 16, 32)
+
+
 def test_separable_strategy_refusals():
     """A schedule the layer cannot take, or an unknown one, is refused naming what is missing."""
     cls = kernel_class("fused_separable_conv2d")
@@ -400,7 +446,7 @@ def test_separable_strategy_refusals():
         cls(specs, {"strategy": "tiled"})
     wide = [TensorSpec(s) for s in ((1, 2, 2, 2100), (3, 3, 2100, 2), (1, 1, 4200, 8), (8,))]
     with pytest.raises(KernelError, match="do not fit workgroup memory"):
-        cls(wide, {"strategy": "one_dispatch"})
+        cls(wide, {"strategy": "one_dispatch", "padding": "SAME"})
 
 
 def test_separable_lanes_choice():

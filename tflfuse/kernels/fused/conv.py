@@ -478,11 +478,16 @@ class FusedSeparableConv2D(_FusedWindow):
         :func:`pixel_block` gives a block or :data:`MEASURED_SEPARABLE` names it on a GPU (output pixels, depthwise
         channels and output channels), ``depthwise_product`` where it takes the layer on a GPU, the
         pointwise product is tiled and has at most :data:`SEPARABLE_PRODUCT_MAX_COUT` output channels, else
-        ``two_dispatches``."""
+        ``two_dispatches``; and ``two_dispatches`` for an empty output (no pixels: its programs' invocations
+        return at once), whichever is asked for."""
         given = self.attrs.get("strategy")
         g = self.g
         rows = g["N"] * g["OH"] * g["OW"]
         product = self.mult == 1 and fits_depthwise_product(self.cmid, self.cout)
+        if given not in (None, "") + SEPARABLE_STRATEGIES:
+            raise self.fail(f"strategy must be one of {', '.join(map(repr, SEPARABLE_STRATEGIES))}, got {given!r}")
+        if not rows:   # an empty output: nothing to compute, whichever schedule is asked for
+            return "two_dispatches"
         if given in (None, ""):
             if self._pixel_block():
                 return "one_dispatch"
@@ -493,8 +498,6 @@ class FusedSeparableConv2D(_FusedWindow):
                     use_tiled_matmul(rows, self.cmid, self.cout, self.target()):
                 return "depthwise_product"
             return "two_dispatches"
-        if given not in SEPARABLE_STRATEGIES:
-            raise self.fail(f"strategy must be one of {', '.join(map(repr, SEPARABLE_STRATEGIES))}, got {given!r}")
         if given == "one_dispatch" and not self._pixel_block(True):
             raise self.fail(f"strategy 'one_dispatch': one pixel's {self.cmid} depthwise values do not fit "
                             f"workgroup memory (at most {SEPARABLE_MAX_CHANNELS}); give 'two_dispatches'")

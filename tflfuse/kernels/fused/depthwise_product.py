@@ -89,18 +89,20 @@ def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True) ->
     of :func:`tflfuse.kernels.gemm.tiled_matmul_program`'s ``a_strip``; without ``has_bias``, no ``db``
     binding and no bias). Where ``OW % 4 == 0`` the four pixels are neighbours in one row and share their input
     loads (a 3x3 window at stride 1: 18 vec4 loads for four pixels instead of 36); else each pixel is computed
-    alone. The weights' loads are shared either way. Blocks
-    past the rows or the depth read clamped addresses (their values are never stored or add zero: the product's
-    B is zero past the depth)."""
+    alone. The weights' loads are shared either way. Blocks past the depth are zero (a slice deeper than the
+    channels left: its A must add nothing even where a depthwise value overflows to infinity, which the
+    product's zero B would turn into NaN); blocks past the rows read clamped addresses (their values are never
+    stored). ``rows`` 0 (an empty output, which no invocation reaches) compiles too."""
     c4 = channels // 4
     kh, kw = g["KH"], g["KW"]
-    lines = [f"  let c = min(k, {channels - 4}u) / 4u;"]
+    lines = [f"  if (k >= {channels}u) {{ return mat4x4<f32>(); }}   // past the depth: adds nothing",
+             f"  let c = k / 4u;"]
     lines += [f"  let w{t} = dw[{t * c4}u + c];" for t in range(kh * kw)]
     lines.append("  let dbias = db[c];" if has_bias else "  let dbias = vec4<f32>(0.0);")
     shared = g["OW"] % 4 == 0
     pixels = [0] if shared else range(4)
     for q in pixels:   # one pass of the window for the strip (shared) or for each pixel
-        r = f"min(r0 + {q}u, {rows - 1}u)" if not shared else f"min(r0, {rows - 4}u)"
+        r = f"min(r0 + {q}u, {max(rows, 1) - 1}u)" if not shared else f"min(r0, {max(rows, 4) - 4}u)"
         lines += [f"  {{ let r = {r};",
                   f"    let ox0 = i32(r % {g['OW']}u);",
                   f"    let oy = i32((r / {g['OW']}u) % {g['OH']}u);",
