@@ -49,8 +49,8 @@ flags.DEFINE_string("out", None, "JSON file for the results.")
 flags.DEFINE_list("lanes", ["1", "2", "4", "8", "16"], "pointwise_lanes to try (1: one invocation per sum).")
 flags.DEFINE_integer("repeats", 9, "Timed passes per layer and choice.")
 flags.DEFINE_integer("reps", 20, "Runs back to back per timed pass.")
-flags.DEFINE_bool("product", False, "Sweep the depthwise_product schedule's tiles against two dispatches "
-                  "instead of the one-dispatch schedule's lanes.")
+flags.DEFINE_bool("product", False, "Time every separable conv under the three schedules (strategy) and the "
+                  "depthwise_product schedule's --tiles, instead of the one-dispatch schedule's lanes.")
 flags.DEFINE_list("tiles", ["64x64/8x8/16", "64x32/4x8/16", "64x32/4x4/16", "32x32/4x4/16", "32x32/4x4/16/2",
                             "128x32/4x8/16", "64x64/4x4/16", "32x32/4x4/32/2", "64x16/4x4/16"],
                   "depthwise_product tiles to try (--product).")

@@ -96,7 +96,7 @@ def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True) ->
     c4 = channels // 4
     kh, kw = g["KH"], g["KW"]
     lines = [f"  if (k >= {channels}u) {{ return mat4x4<f32>(); }}   // past the depth: adds nothing",
-             f"  let c = k / 4u;"]
+             "  let c = k / 4u;"]
     lines += [f"  let w{t} = dw[{t * c4}u + c];" for t in range(kh * kw)]
     lines.append("  let dbias = db[c];" if has_bias else "  let dbias = vec4<f32>(0.0);")
     shared = g["OW"] % 4 == 0
