@@ -491,9 +491,9 @@ class FusedSeparableConv2D(_FusedWindow):
         if given in (None, ""):
             if self._pixel_block():
                 return "one_dispatch"
-            measured = MEASURED_SEPARABLE.get((rows, self.cmid, self.cout)) if self.target() == "gpu" else None
-            if measured == "one_dispatch" and self._pixel_block(True):
-                return measured
+            if self.target() == "gpu" and (rows, self.cmid, self.cout) in MEASURED_SEPARABLE and \
+                    self._pixel_block(True):
+                return "one_dispatch"
             if product and self.cout <= SEPARABLE_PRODUCT_MAX_COUT and \
                     use_tiled_matmul(rows, self.cmid, self.cout, self.target()):
                 return "depthwise_product"
@@ -605,11 +605,7 @@ SEPARABLE_STRATEGIES = ("one_dispatch", "depthwise_product", "two_dispatches")
 #: of 20 runs back to back, median of 9), with 5x5 windows at stride 1: [1, 48, 48, 64] -> 64 6.8 us against
 #: 9.3 (depthwise product) and 9.6 (two dispatches); [1, 96, 96, 32] -> 64 5.4 against 6.0 and 8.2;
 #: [1, 96, 96, 16] -> 16 4.0 against 4.4 and 6.5. It lost on [1, 96, 96, 32] -> 32 (8.6 against 6.6 and 9.4).
-MEASURED_SEPARABLE: dict[tuple[int, int, int], str] = {
-    (2304, 64, 64): "one_dispatch",
-    (9216, 32, 64): "one_dispatch",
-    (9216, 16, 16): "one_dispatch",
-}
+MEASURED_SEPARABLE: frozenset[tuple[int, int, int]] = frozenset({(2304, 64, 64), (9216, 32, 64), (9216, 16, 16)})
 #: The most output channels for which a GPU runs a separable conv as a depthwise product by default (the
 #: widest measured; each tile of 32 columns computes the depthwise values again).
 SEPARABLE_PRODUCT_MAX_COUT = 64
