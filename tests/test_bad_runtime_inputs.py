@@ -71,6 +71,28 @@ def test_resize_tensor_input_bad_sizes(add_const_model, size, error, match):
         interp.resize_tensor_input(0, size)
 
 
+@pytest.mark.parametrize("value", [0, -2, 2.0, "4", True, [2], np.int64(2)])
+def test_num_threads_must_be_an_int_of_at_least_one(add_const_model, value):
+    """``num_threads`` as LiteRT's Interpreter takes it: an int >= 1 or None (LiteRT refuses the same values
+    but ``True``, a bool, which it would take as 1); anything else is a ValueError naming it, at construction."""
+    with pytest.raises(ValueError, match="num_threads must be an int >= 1"):
+        tflfuse.Interpreter(model_content=add_const_model, num_threads=value)
+
+
+@pytest.mark.parametrize("threads", [None, 1, 4])
+def test_num_threads_as_litert_takes_it(add_const_model, device, threads):
+    """The values LiteRT takes run the model as LiteRT's CPU interpreter does (one rounding: ELEMENTWISE)."""
+    x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
+    outs = []
+    for interp in (tflfuse.Interpreter(model_content=add_const_model, device=device, num_threads=threads),
+                   LiteRTInterpreter(model_content=add_const_model, num_threads=threads)):
+        interp.allocate_tensors()
+        interp.set_tensor(0, x)
+        interp.invoke()
+        outs.append(interp.get_tensor(3))
+    np.testing.assert_allclose(outs[0], outs[1], **ELEMENTWISE)
+
+
 def test_resize_to_an_empty_batch_matches_litert(device):
     """An input resized to batch 0 (LiteRT accepts it): every op (CONV_2D, DEPTHWISE_CONV_2D, MEAN,
     FULLY_CONNECTED, SOFTMAX, ADD) computes an empty tensor, and the outputs have the shapes and dtypes of

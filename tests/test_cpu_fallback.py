@@ -126,6 +126,39 @@ def _compare(model: bytes, rng, tol, resize=None, preserve=False) -> tflfuse.Int
 
 
 # ---- placement: where the CPU ops stand in the graph ---------------------------------------------------
+def test_num_threads_reaches_the_cpu_segments(models, rng, monkeypatch):
+    """``Interpreter(num_threads=3)`` gives LiteRT's interpreters of the CPU segments 3 threads (None, LiteRT's
+    default, without it), and the outputs of a model with three CPU segments still match LiteRT's CPU
+    interpreter on the whole file, on two invokes."""
+    import ai_edge_litert.interpreter as litert
+
+    seen = []
+
+    class Spy(litert.Interpreter):
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs.get("num_threads"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(litert, "Interpreter", Spy)
+    model = models["several"]
+    lite = LiteRTInterpreter(model_content=model)
+    ours = tflfuse.Interpreter(model_content=model, num_threads=3)
+    for interp in (lite, ours):
+        interp.allocate_tensors()
+    assert seen == [3, 3, 3]   # one LiteRT interpreter per CPU segment
+    for _ in range(2):
+        feeds = _feeds(lite, rng)
+        for interp in (lite, ours):
+            for d, x in zip(interp.get_input_details(), feeds):
+                interp.set_tensor(d["index"], x)
+            interp.invoke()
+        for dl, do in zip(lite.get_output_details(), ours.get_output_details()):
+            np.testing.assert_allclose(ours.get_tensor(do["index"]), lite.get_tensor(dl["index"]), **TRANSCENDENTAL)
+    seen.clear()
+    tflfuse.Interpreter(model_content=model).allocate_tensors()
+    assert seen == [None, None, None]
+
+
 @pytest.mark.parametrize("name,ops,fallback,tol", [
     ("middle", ["RELU", "MUL", CPU_OP, "RELU", "ADD"], [(2, CPU_OP)], ELEMENTWISE),
     ("first", [CPU_OP, "TANH", "ADD"], [(0, CPU_OP)], TRANSCENDENTAL),

@@ -240,12 +240,13 @@ def segments(part: Partition, keep_all: bool = False) -> list[CpuSegment]:
 
 
 # ---- lowering and running -----------------------------------------------------------------------------------
-def _litert(part: Partition, seg: CpuSegment, what: str):
-    """LiteRT's interpreter of a segment, with its builtin kernels alone (:data:`OP_RESOLVER`)."""
+def _litert(part: Partition, seg: CpuSegment, what: str, num_threads: int | None = None):
+    """LiteRT's interpreter of a segment, with its builtin kernels alone (:data:`OP_RESOLVER`), on
+    ``num_threads`` threads (None: LiteRT's default)."""
     from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter, OpResolverType
 
     try:
-        return LiteRTInterpreter(model_content=seg.tflite,
+        return LiteRTInterpreter(model_content=seg.tflite, num_threads=num_threads,
                                  experimental_op_resolver_type=getattr(OpResolverType, OP_RESOLVER))
     except (ValueError, RuntimeError) as e:
         raise _refusal(part, seg, what, "cannot load them", e) from e
@@ -318,7 +319,7 @@ def _dry_run(part: Partition, seg: CpuSegment, lite, what: str) -> None:
 def lower_split(part: Partition, input_shapes: Mapping[int, Sequence[int]] | None, target: str,
                 keep_all: bool = False, known: Mapping[int, np.ndarray] | None = None,
                 probe: Probe | None = None, out_shapes: Mapping[int, Sequence[int]] | None = None,
-                ) -> tuple[LoweredGraph, "SegmentRunner"]:
+                num_threads: int | None = None) -> tuple[LoweredGraph, "SegmentRunner"]:
     """Lowers the GPU ops of a partition (:func:`tflfuse.runtime.plan.lower` with the CPU segments skipped)
     and makes each CPU segment's LiteRT interpreter, resized to the shapes the ops before it give.
 
@@ -326,6 +327,7 @@ def lower_split(part: Partition, input_shapes: Mapping[int, Sequence[int]] | Non
     marks uncertain is not made (its outputs take the file's declared shapes and are uncertain too): such a
     split is for deciding, not for running. ``out_shapes``: shapes CPU segments' outputs had when run (where
     they depend on values: :class:`ShapeChanged`), planned for instead of LiteRT's before it runs.
+    ``num_threads``: LiteRT's, for each segment's interpreter (None: LiteRT's default).
 
     Returns:
       the :class:`LoweredGraph` of the GPU ops (its ``crossing`` lists the tensors moved between segments)
@@ -366,7 +368,7 @@ def lower_split(part: Partition, input_shapes: Mapping[int, Sequence[int]] | Non
                     raise KernelError(f"{what}: tensor {t} ({model.tensor_name(si, t)!r}) is read before any op "
                                       f"writes it")
             with info_lines_to_log():   # LiteRT's "INFO: Created ... XNNPACK delegate" line, to absl's log
-                lite = _litert(part, seg, what)
+                lite = _litert(part, seg, what, num_threads)
                 try:
                     for d, t in zip(lite.get_input_details(), seg.inputs):
                         shape = specs[t].shape if t in specs else consts[t].shape if t in consts else shapes[t]

@@ -58,9 +58,15 @@ class Interpreter:
       cpu_fallback: True (the default): ops tflfuse has no GPU kernel for, or whose kernel refuses them, run on
         LiteRT's CPU interpreter. False: every op must have a kernel that takes it (UnsupportedOpError, or the
         kernel's KernelError at :meth:`allocate_tensors`, or at :meth:`invoke` where run-time shape values decide).
+      num_threads: LiteRT's "number of threads used by the interpreter and available to CPU kernels" (an int
+        >= 1; None: LiteRT's default), given to the LiteRT interpreters of the CPU fallback (``cpu_fallback``),
+        the only CPU kernels of an invoke. The GPU's command buffers are recorded by the thread that calls
+        :meth:`invoke` whatever the value: recording them in other threads measured slower on an NVIDIA H200's
+        host (2-3 threads: 1.3-3x the time per invoke, contention in wgpu-native and in Python's interpreter
+        lock; README.md).
     Raises:
       ValueError: neither or both of model_path/model_content; a malformed file (``ModelError``); an unknown
-        ``precision``.
+        ``precision``; ``num_threads`` not an int >= 1 (as LiteRT).
       UnsupportedOpError: an op without a kernel (with ``cpu_fallback``, only custom ops); the message names
         the op, its index and subgraph.
       NoAdapterError: no WebGPU adapter (raised by :meth:`allocate_tensors`, when the GPU is first needed).
@@ -74,9 +80,14 @@ class Interpreter:
     def __init__(self, model_path: str | Path | None = None, model_content: bytes | None = None, *,
                  device: Device | None = None, adapter: str | None = None,
                  experimental_preserve_all_tensors: bool = False, precision: str = "float32",
-                 cpu_fallback: bool = True):
+                 cpu_fallback: bool = True, num_threads: int | None = None):
         if (model_path is None) == (model_content is None):
             raise ValueError("give exactly one of model_path and model_content")
+        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
+                                        or num_threads < 1):
+            raise ValueError(f"num_threads must be an int >= 1 (or None: LiteRT's default), as LiteRT's "
+                             f"Interpreter takes it; got {num_threads!r}")
+        self._num_threads = num_threads
         self._model = Model.from_path(model_path) if model_path is not None else Model(model_content)
         self._cpu_fallback = bool(cpu_fallback)
         self._partitions: dict[int, Partition | None] = {}
@@ -153,7 +164,7 @@ class Interpreter:
         self._planners[subgraph] = SubgraphPlanner(
             self._model, subgraph, self._partition(subgraph), fallback=self._cpu_fallback,
             input_shapes=self._resized.get(subgraph), preserve=self._preserve, precision=self._precision,
-            device=lambda: self.device)
+            device=lambda: self.device, num_threads=self._num_threads)
         self._inputs_set[subgraph] = set()
         return self._planners[subgraph]
 

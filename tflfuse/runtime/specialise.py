@@ -76,15 +76,18 @@ class SubgraphPlanner:
       fallback: whether ops may run on LiteRT's CPU interpreter (``Interpreter(cpu_fallback=...)``).
       input_shapes: inputs resized with ``resize_tensor_input`` (tensor id -> shape).
       preserve, precision: the Interpreter's ``experimental_preserve_all_tensors`` and ``precision``.
+      num_threads: the Interpreter's ``num_threads``: the threads of the CPU fallback's LiteRT interpreters
+        (None: LiteRT's default).
       device: returns the :class:`~tflfuse.runtime.device.Device` (made on first use).
     """
 
     def __init__(self, model: Model, subgraph: int, base: Partition | None, *, fallback: bool,
                  input_shapes: Mapping[int, Sequence[int]] | None, preserve: bool, precision: str,
-                 device: Callable[[], object]):
+                 device: Callable[[], object], num_threads: int | None = None):
         self.model, self.subgraph, self.fallback = model, subgraph, fallback
         self.shapes = {int(t): tuple(s) for t, s in (input_shapes or {}).items()}
         self.preserve, self.precision, self._device = preserve, precision, device
+        self.num_threads = num_threads
         self._base = base
         self._parts: dict[frozenset, Partition | None] = {frozenset(): base}
         self.planned = base.model if base is not None else inline_composites(model, subgraph, keep=_has_fused_kernel)
@@ -121,7 +124,7 @@ class SubgraphPlanner:
             graph = lower(self.model, self.subgraph, self.shapes, target=target, known=known, probe=probe)
             return graph, None, None
         graph, runner = lower_split(part, self.shapes, target, self.preserve, known=known, probe=probe,
-                                    out_shapes=self._out_shapes)
+                                    out_shapes=self._out_shapes, num_threads=self.num_threads)
         return graph, runner, part
 
     def _settle(self, target: str, known: Mapping[int, np.ndarray] | None):
@@ -381,7 +384,8 @@ class _RuntimeValues:
             from .interpreter import Interpreter
 
             tflite = segment_tflite(model, si, sorted(ops), self.leaves, self.computed, self.folded)
-            self.interp = Interpreter(model_content=tflite, device=planner._device(), cpu_fallback=planner.fallback)
+            self.interp = Interpreter(model_content=tflite, device=planner._device(), cpu_fallback=planner.fallback,
+                                      num_threads=planner.num_threads)
             details = self.interp.get_input_details()
             for d, t in zip(details, self.leaves):
                 shape = planner.input_shape(t)
