@@ -313,6 +313,80 @@ def test_command_buffers_after_the_first_go_through_the_c_entry_points(model, de
     np.testing.assert_allclose(_run(interp, xs[0]), got[0], **ACCUMULATION)   # encodes anew, then runs on
 
 
+# ---- dispatches recorded by a compiled loop (tflfuse.runtime.record) ------------------------------------------
+
+def _fresh_record_state(monkeypatch, **env):
+    """tflfuse.runtime.record as in a new process (no library opened yet), with ``env`` set."""
+    from tflfuse.runtime import record
+
+    monkeypatch.setattr(record, "_loaded", {})
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return record
+
+
+def _runs_as_litert(model, device, seed: int) -> None:
+    interp = tflfuse.Interpreter(model_content=model, device=device)
+    interp.allocate_tensors()
+    xs = _inputs(seed)[:4]
+    for g, r in zip([_run(interp, x) for x in xs], _litert(model, xs)):
+        np.testing.assert_allclose(g, r, **ACCUMULATION)
+
+
+def test_the_compiled_recording_loop_is_built_once_and_records_every_dispatch(model, device, monkeypatch, tmp_path):
+    """Where the machine has a C compiler, the loop is compiled into the cache folder on first use (one file),
+    opened from there by the next process, and every invoke it records matches LiteRT's CPU interpreter; where it
+    has none, library() says None and the plan records through cffi, with the same results."""
+    import shutil
+
+    from wgpu.backends.wgpu_native import _api
+
+    record = _fresh_record_state(monkeypatch, XDG_CACHE_HOME=str(tmp_path), TFLFUSE_NATIVE_RECORD="1")
+    compiler = shutil.which(__import__("os").environ.get("CC") or "cc")
+    lib = record.library(_api.ffi)
+    assert (lib is not None) == (compiler is not None), record._loaded.get("why")
+    built = sorted((tmp_path / "tflfuse" / "native").glob("record-*.so"))
+    assert len(built) == (1 if compiler else 0)
+    _runs_as_litert(model, device, 30)
+    if compiler:   # a new process opens the cached file without compiling again
+        monkeypatch.setattr(record, "_loaded", {})
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+        assert record.library(_api.ffi) is not None
+        assert sorted((tmp_path / "tflfuse" / "native").glob("*")) == built
+
+
+@pytest.mark.parametrize("case", ["switched_off", "no_compiler", "compiler_fails", "cache_not_writable",
+                                  "cached_file_not_a_library", "cached_library_of_another_content"])
+def test_without_the_compiled_loop_dispatches_are_recorded_through_cffi(model, device, monkeypatch, tmp_path,
+                                                                        case):
+    """No loop (TFLFUSE_NATIVE_RECORD=0, no compiler, a compiler that fails, a cache folder that cannot be
+    made, a file under the loop's name in the cache that is no library or lacks the loop): library() gives None
+    with the reason, nothing raises, and invokes match LiteRT's CPU interpreter."""
+    from wgpu.backends.wgpu_native import _api
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {"switched_off": dict(TFLFUSE_NATIVE_RECORD="0"),
+           "no_compiler": dict(CC=str(tmp_path / "no-such-compiler")),
+           "compiler_fails": dict(CC="false"),
+           "cache_not_writable": dict(XDG_CACHE_HOME=str(blocker))}.get(case, {})
+    env.setdefault("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    env.setdefault("TFLFUSE_NATIVE_RECORD", "1")
+    record = _fresh_record_state(monkeypatch, **env)
+    if case.startswith("cached_"):   # what the cache holds under the loop's name is not the loop
+        target = record.library_path()
+        target.parent.mkdir(parents=True)
+        if case == "cached_file_not_a_library":
+            target.write_bytes(b"\x7fELF truncated")
+        else:   # wgpu-native's own library: it opens, and lacks the loop's symbol
+            from wgpu.backends.wgpu_native._ffi import get_wgpu_lib_path
+
+            target.symlink_to(get_wgpu_lib_path())
+    assert record.library(_api.ffi) is None
+    assert record._loaded["why"]
+    _runs_as_litert(model, device, 31)
+
+
 def test_a_late_map_callback_is_not_taken_for_the_next_read(model, device):
     """A read-back whose map timed out is cancelled, but its callback may still come during the next read;
     read() takes only the callback of the map it waits for (its serial number): a stale success passes for

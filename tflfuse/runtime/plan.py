@@ -25,6 +25,7 @@ from ..kernels.half import half_binding_size, half_programs
 from .device import ShaderCompileError
 from .lower import (_DTYPE_NAMES, MAX_FOLDED_ELEMENTS, LoweredGraph, LoweredOp, _has_fused_kernel,  # noqa: F401
                     _narrow_int64, check_supported, held, lower)
+from .record import recorder
 from .profile import SUSTAINED_REPS, gpu_time_plan, pass_gpu_us, profile_plan, wall_seconds  # noqa: F401 (re-exported)
 
 __all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "PRECISIONS", "check_supported", "lower", "make_bind_group"]
@@ -569,7 +570,9 @@ def _pass_recorder(steps: Sequence[tuple[Program, object, object]]):
 
     With wgpu's wgpu-native backend it calls the three C entry points directly on the objects' handles:
     the Python wrappers' per-call error capture and argument conversion cost more than wgpu-native's own
-    recording (about 250 of 740 microseconds for 53 dispatches on the H200's host). Errors still surface:
+    recording (about 250 of 740 microseconds for 53 dispatches on the H200's host); where the machine can
+    compile it, one call of a C loop makes them all (:mod:`tflfuse.runtime.record`: cffi's three calls per
+    dispatch cost 0.9-1.4 us of a 2-core CPU's time, the loop 0.19). Errors still surface:
     wgpu-native validates a pass when the encoder finishes, which for a plan's first command buffer goes
     through the Python API (:class:`_NativeCommands`). Any other backend records through the Python API (and
     the function's ``native`` is None).
@@ -598,13 +601,15 @@ def _pass_recorder(steps: Sequence[tuple[Program, object, object]]):
     # palm_detection's blocks, skip a call each (about 0.7 us on the H200's host).
     handles = [(None if i and p is steps[i - 1][1] else p._internal, b._internal,
                 *(tuple(prog.dispatch) + (1, 1))[:3]) for i, (prog, p, b) in enumerate(steps)]
-
-    def native(h) -> None:
-        for pipeline, bind_group, x, y, z in handles:
-            if pipeline is not None:
-                set_pipeline(h, pipeline)
-            set_bind_group(h, 0, bind_group, 0, null)
-            dispatch(h, x, y, z)
+    # One call of a compiled loop where the machine can build it (tflfuse.runtime.record), else a cffi call each
+    native = recorder(_api.ffi, lib, handles)
+    if native is None:
+        def native(h) -> None:
+            for pipeline, bind_group, x, y, z in handles:
+                if pipeline is not None:
+                    set_pipeline(h, pipeline)
+                set_bind_group(h, 0, bind_group, 0, null)
+                dispatch(h, x, y, z)
 
     def record(cpass) -> None:
         native(cpass._internal)
