@@ -12,9 +12,10 @@ The loop is a plain C function (no Python headers, so one build serves every Pyt
 with the machine's C compiler (``$CC``, else ``cc``) into ``$XDG_CACHE_HOME/tflfuse/native`` (else
 ``~/.cache/tflfuse/native``), named by a hash of its source and the machine's architecture, and opened with
 wgpu's cffi instance (ABI mode, as wgpu opens wgpu-native). It calls wgpu-native's functions through the
-pointers cffi gives for them, so it links against nothing. Where there is no compiler, the build fails, the
-cache cannot be written, or the environment variable ``TFLFUSE_NATIVE_RECORD`` is ``0``, :func:`library`
-returns None and the plan records through cffi, as before; the reason is logged once (absl, INFO).
+pointers cffi gives for them, so it links against nothing. Where there is no compiler, the build fails (or
+takes over 30 s), the cache cannot be written, or the environment variable ``TFLFUSE_NATIVE_RECORD`` is ``0``,
+:func:`library` returns None and the plan records through cffi, as before; the reason is logged once (absl,
+INFO).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ _CDEF = ("void tflfuse_record(void *pass, size_t n, void *const *pipelines, void
          "const uint32_t *xyz, void *set_pipeline, void *set_bind_group, void *dispatch);")
 _ENTRY_POINTS = ("wgpuComputePassEncoderSetPipeline", "wgpuComputePassEncoderSetBindGroup",
                  "wgpuComputePassEncoderDispatchWorkgroups")
-_COMPILE_TIMEOUT_S = 120
+_COMPILE_TIMEOUT_S = 30   # a build takes well under a second; a compiler that hangs is given up on
 
 _lock = threading.Lock()
 _loaded: dict = {}   # "lib": the opened library or None, once per process; "why": the reason for None
