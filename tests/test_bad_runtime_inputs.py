@@ -71,15 +71,16 @@ def test_resize_tensor_input_bad_sizes(add_const_model, size, error, match):
         interp.resize_tensor_input(0, size)
 
 
-@pytest.mark.parametrize("value", [0, -2, 2.0, "4", True, [2], np.int64(2)])
+@pytest.mark.parametrize("value", [0, -2, 2 ** 31, 2 ** 63, 2.0, "4", True, [2], np.int64(2)])
 def test_num_threads_must_be_an_int_of_at_least_one(add_const_model, value):
-    """``num_threads`` as LiteRT's Interpreter takes it: an int >= 1 or None (LiteRT refuses the same values
-    but ``True``, a bool, which it would take as 1); anything else is a ValueError naming it, at construction."""
-    with pytest.raises(ValueError, match="num_threads must be an int >= 1"):
+    """``num_threads`` as LiteRT's Interpreter takes it: an int32 >= 1 or None (LiteRT refuses the same values,
+    2**31 and up with a TypeError of its own, but ``True``, a bool, which it would take as 1); anything else is a
+    ValueError naming it, at construction, whether or not a CPU segment would use it."""
+    with pytest.raises(ValueError, match="num_threads must be an int from 1 to 2"):
         tflfuse.Interpreter(model_content=add_const_model, num_threads=value)
 
 
-@pytest.mark.parametrize("threads", [None, 1, 4])
+@pytest.mark.parametrize("threads", [None, 1, 4, 2 ** 31 - 1])
 def test_num_threads_as_litert_takes_it(add_const_model, device, threads):
     """The values LiteRT takes run the model as LiteRT's CPU interpreter does (one rounding: ELEMENTWISE)."""
     x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)

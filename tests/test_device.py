@@ -333,58 +333,123 @@ def _runs_as_litert(model, device, seed: int) -> None:
         np.testing.assert_allclose(g, r, **ACCUMULATION)
 
 
-def test_the_compiled_recording_loop_is_built_once_and_records_every_dispatch(model, device, monkeypatch, tmp_path):
-    """Where the machine has a C compiler, the loop is compiled into the cache folder on first use (one file),
-    opened from there by the next process, and every invoke it records matches LiteRT's CPU interpreter; where it
-    has none, library() says None and the plan records through cffi, with the same results."""
+def _compiler():
+    """The machine's C compiler as tflfuse.runtime.record looks for it, or None."""
+    import os
     import shutil
 
+    return shutil.which((os.environ.get("CC") or "cc").split()[0])
+
+
+def test_the_compiled_recording_loop_is_built_once_and_records_every_dispatch(model, device, monkeypatch, tmp_path):
+    """Where the machine has a C compiler, the loop is compiled into the cache folder on first use (the library
+    and its digest), opened from there by the next process without building again, and every invoke it records
+    matches LiteRT's CPU interpreter; where it has none, library() says None and the plan records through cffi,
+    with the same results."""
     from wgpu.backends.wgpu_native import _api
 
     record = _fresh_record_state(monkeypatch, XDG_CACHE_HOME=str(tmp_path), TFLFUSE_NATIVE_RECORD="1")
-    compiler = shutil.which(__import__("os").environ.get("CC") or "cc")
     lib = record.library(_api.ffi)
-    assert (lib is not None) == (compiler is not None), record._loaded.get("why")
-    built = sorted((tmp_path / "tflfuse" / "native").glob("record-*.so"))
-    assert len(built) == (1 if compiler else 0)
+    assert (lib is not None) == (_compiler() is not None), record._loaded.get("why")
+    built = sorted(p.name for p in (tmp_path / "tflfuse" / "native").glob("record-*"))
+    assert len(built) == (2 if _compiler() else 0)   # record-KEY.so and record-KEY.sha256
     _runs_as_litert(model, device, 30)
-    if compiler:   # a new process opens the cached file without compiling again
+    if _compiler():   # a new process opens the cached file without compiling again
+
+        def build(target):
+            raise AssertionError("built again")
         monkeypatch.setattr(record, "_loaded", {})
-        monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+        monkeypatch.setattr(record, "_build", build)
         assert record.library(_api.ffi) is not None
-        assert sorted((tmp_path / "tflfuse" / "native").glob("*")) == built
+        assert sorted(p.name for p in (tmp_path / "tflfuse" / "native").glob("*")) == built
 
 
-@pytest.mark.parametrize("case", ["switched_off", "no_compiler", "compiler_fails", "cache_not_writable",
-                                  "cached_file_not_a_library", "cached_library_of_another_content"])
+def _script(path, body: str) -> str:
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["switched_off", "no_compiler", "compiler_fails", "cache_is_a_file",
+                                  "cache_writable_by_others", "loop_that_does_nothing", "compiler_hangs"])
 def test_without_the_compiled_loop_dispatches_are_recorded_through_cffi(model, device, monkeypatch, tmp_path,
                                                                         case):
-    """No loop (TFLFUSE_NATIVE_RECORD=0, no compiler, a compiler that fails, a cache folder that cannot be
-    made, a file under the loop's name in the cache that is no library or lacks the loop): library() gives None
-    with the reason, nothing raises, and invokes match LiteRT's CPU interpreter."""
+    """No loop (TFLFUSE_NATIVE_RECORD off, no compiler, a compiler that fails, a cache path that is a file or a
+    folder others may write to, a compiler whose loop makes no calls (the self-test), a compiler that hangs
+    (killed after COMPILE_TIMEOUT_S, here 1 s, and not waited on again by the next process)): library() gives
+    None with the reason, nothing raises, and invokes match LiteRT's CPU interpreter."""
+    import time
+
     from wgpu.backends.wgpu_native import _api
 
+    cache = tmp_path / "cache"
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    env = {"switched_off": dict(TFLFUSE_NATIVE_RECORD="0"),
+    env = {"switched_off": dict(TFLFUSE_NATIVE_RECORD="Off"),
            "no_compiler": dict(CC=str(tmp_path / "no-such-compiler")),
            "compiler_fails": dict(CC="false"),
-           "cache_not_writable": dict(XDG_CACHE_HOME=str(blocker))}.get(case, {})
-    env.setdefault("XDG_CACHE_HOME", str(tmp_path / "cache"))
+           "cache_is_a_file": dict(XDG_CACHE_HOME=str(blocker)),
+           # a loop of the right name that returns at once: it opens, and fails the self-test
+           "loop_that_does_nothing": dict(CC=_script(tmp_path / "noop-cc", f"printf 'void tflfuse_record(void) {{}}\\n' "
+                                                     f"> {tmp_path}/noop.c; exec {_compiler() or 'cc'} -shared "
+                                                     f"-fPIC -nostdlib -o \"$(eval echo \\${{$(($#-1))}})\" "
+                                                     f"{tmp_path}/noop.c")),
+           "compiler_hangs": dict(CC=_script(tmp_path / "hang-cc", "sleep 600"))}.get(case, {})
+    env.setdefault("XDG_CACHE_HOME", str(cache))
     env.setdefault("TFLFUSE_NATIVE_RECORD", "1")
     record = _fresh_record_state(monkeypatch, **env)
-    if case.startswith("cached_"):   # what the cache holds under the loop's name is not the loop
-        target = record.library_path()
-        target.parent.mkdir(parents=True)
-        if case == "cached_file_not_a_library":
-            target.write_bytes(b"\x7fELF truncated")
-        else:   # wgpu-native's own library: it opens, and lacks the loop's symbol
-            from wgpu.backends.wgpu_native._ffi import get_wgpu_lib_path
-
-            target.symlink_to(get_wgpu_lib_path())
+    monkeypatch.setattr(record, "COMPILE_TIMEOUT_S", 1)
+    if case == "cache_writable_by_others":
+        (cache / "tflfuse" / "native").mkdir(parents=True)
+        (cache / "tflfuse" / "native").chmod(0o777)
     assert record.library(_api.ffi) is None
     assert record._loaded["why"]
+    if case == "compiler_hangs":   # the next process does not wait for the compiler again
+        assert record.library_path().with_suffix(".timeout").exists()
+        monkeypatch.setattr(record, "_loaded", {})
+        t0 = time.perf_counter()
+        assert record.library(_api.ffi) is None and "delete" in record._loaded["why"]
+        assert time.perf_counter() - t0 < 1
     _runs_as_litert(model, device, 31)
+
+
+@pytest.mark.parametrize("case", ["truncated", "foreign_library", "digest_missing"])
+def test_a_damaged_cached_loop_is_built_again(model, device, monkeypatch, tmp_path, case):
+    """A file under the loop's name that does not match the digest written when it was built (truncated,
+    another library, or no digest) is never opened (a truncated library can crash the process on opening): it
+    is built again where the machine has a compiler (the loop then records, matching LiteRT's CPU interpreter),
+    and dispatches go through cffi where it has none."""
+    from wgpu.backends.wgpu_native import _api
+    from wgpu.backends.wgpu_native._ffi import get_wgpu_lib_path
+
+    record = _fresh_record_state(monkeypatch, XDG_CACHE_HOME=str(tmp_path), TFLFUSE_NATIVE_RECORD="1")
+    target = record.library_path()
+    target.parent.mkdir(parents=True, mode=0o700)
+    if case == "truncated":
+        target.write_bytes(open(get_wgpu_lib_path(), "rb").read(4096))
+        target.with_suffix(".sha256").write_text("0" * 64)
+    elif case == "foreign_library":
+        target.write_bytes(open(get_wgpu_lib_path(), "rb").read())
+        target.with_suffix(".sha256").write_text("0" * 64)
+    else:
+        target.write_bytes(b"\x7fELF")
+    lib = record.library(_api.ffi)
+    assert (lib is not None) == (_compiler() is not None), record._loaded.get("why")
+    if lib is not None:
+        assert target.with_suffix(".sha256").read_text() == record._digest(target)
+    _runs_as_litert(model, device, 32)
+
+
+def test_a_compiler_command_of_several_words(model, device, monkeypatch, tmp_path):
+    """``CC`` holding a command with arguments is split into words, as make splits it: the loop builds with it
+    where the machine has a compiler."""
+    from wgpu.backends.wgpu_native import _api
+
+    cc = _compiler()
+    record = _fresh_record_state(monkeypatch, XDG_CACHE_HOME=str(tmp_path), TFLFUSE_NATIVE_RECORD="1",
+                                 CC=f"{cc or 'cc'} -O1 -g0")
+    assert (record.library(_api.ffi) is not None) == (cc is not None), record._loaded.get("why")
+    _runs_as_litert(model, device, 33)
 
 
 def test_a_late_map_callback_is_not_taken_for_the_next_read(model, device):

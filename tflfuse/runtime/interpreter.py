@@ -59,14 +59,14 @@ class Interpreter:
         LiteRT's CPU interpreter. False: every op must have a kernel that takes it (UnsupportedOpError, or the
         kernel's KernelError at :meth:`allocate_tensors`, or at :meth:`invoke` where run-time shape values decide).
       num_threads: LiteRT's "number of threads used by the interpreter and available to CPU kernels" (an int
-        >= 1; None: LiteRT's default), given to the LiteRT interpreters of the CPU fallback (``cpu_fallback``),
+        from 1 to 2**31 - 1, LiteRT's int32; None: LiteRT's default), given to the LiteRT interpreters of the CPU fallback (``cpu_fallback``),
         the only CPU kernels of an invoke. The GPU's command buffers are recorded by the thread that calls
         :meth:`invoke` whatever the value: recording them in other threads measured slower on an NVIDIA H200's
         host (2-3 threads: 1.3-3x the time per invoke, contention in wgpu-native and in Python's interpreter
         lock; README.md).
     Raises:
       ValueError: neither or both of model_path/model_content; a malformed file (``ModelError``); an unknown
-        ``precision``; ``num_threads`` not an int >= 1 (as LiteRT).
+        ``precision``; ``num_threads`` not an int from 1 to 2**31 - 1 (as LiteRT; LiteRT also takes a bool).
       UnsupportedOpError: an op without a kernel (with ``cpu_fallback``, only custom ops); the message names
         the op, its index and subgraph.
       NoAdapterError: no WebGPU adapter (raised by :meth:`allocate_tensors`, when the GPU is first needed).
@@ -84,9 +84,9 @@ class Interpreter:
         if (model_path is None) == (model_content is None):
             raise ValueError("give exactly one of model_path and model_content")
         if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
-                                        or num_threads < 1):
-            raise ValueError(f"num_threads must be an int >= 1 (or None: LiteRT's default), as LiteRT's "
-                             f"Interpreter takes it; got {num_threads!r}")
+                                        or not 1 <= num_threads < 2 ** 31):
+            raise ValueError(f"num_threads must be an int from 1 to 2**31 - 1 (or None: LiteRT's default), as "
+                             f"LiteRT's Interpreter takes it; got {num_threads!r}")
         self._num_threads = num_threads
         self._model = Model.from_path(model_path) if model_path is not None else Model(model_content)
         self._cpu_fallback = bool(cpu_fallback)

@@ -9,13 +9,17 @@ encoding at its end) 79 against 149 us. The host's time per dispatch sets the th
 whose GPU work is shorter than their recording (README: "Where an invoke's time goes").
 
 The loop is a plain C function (no Python headers, so one build serves every Python), compiled on first use
-with the machine's C compiler (``$CC``, else ``cc``) into ``$XDG_CACHE_HOME/tflfuse/native`` (else
-``~/.cache/tflfuse/native``), named by a hash of its source and the machine's architecture, and opened with
-wgpu's cffi instance (ABI mode, as wgpu opens wgpu-native). It calls wgpu-native's functions through the
-pointers cffi gives for them, so it links against nothing. Where there is no compiler, the build fails (or
-takes over 30 s), the cache cannot be written, or the environment variable ``TFLFUSE_NATIVE_RECORD`` is ``0``,
-:func:`library` returns None and the plan records through cffi, as before; the reason is logged once (absl,
-INFO).
+with the machine's C compiler (``$CC`` split into words, else ``cc``) into ``$XDG_CACHE_HOME/tflfuse/native``
+(else ``~/.cache/tflfuse/native``; a folder of this user's that no one else may write to), named by a hash of
+its source, the compiler's command and flags and the machine's architecture, and opened with wgpu's cffi
+instance (ABI mode, as wgpu opens wgpu-native). It calls wgpu-native's functions through the pointers cffi
+gives for them, so it links against nothing. Before use, the file must match the digest written when it was
+built (a truncated or altered file is built again rather than opened) and pass a self-test: the loop run on
+three made-up steps with Python callbacks in place of wgpu-native's functions. Where there is no compiler, the
+build fails or runs past :data:`COMPILE_TIMEOUT_S` (then a marker file keeps later processes from waiting on it
+again), the folder cannot be used, or the environment variable ``TFLFUSE_NATIVE_RECORD`` is ``0`` (false, no,
+off), :func:`library` returns None and the plan records through cffi, as before; the reason is logged once
+(absl, INFO).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -59,7 +65,10 @@ _CDEF = ("void tflfuse_record(void *pass, size_t n, void *const *pipelines, void
          "const uint32_t *xyz, void *set_pipeline, void *set_bind_group, void *dispatch);")
 _ENTRY_POINTS = ("wgpuComputePassEncoderSetPipeline", "wgpuComputePassEncoderSetBindGroup",
                  "wgpuComputePassEncoderDispatchWorkgroups")
-_COMPILE_TIMEOUT_S = 30   # a build takes well under a second; a compiler that hangs is given up on
+_FLAGS = ("-O2", "-shared", "-fPIC", "-nostdlib")
+#: A build takes well under a second; a compiler still running after this is killed (its whole process group)
+#: and a marker file (``record-*.timeout``) keeps later processes from waiting on it again until it is deleted.
+COMPILE_TIMEOUT_S = 10
 
 _lock = threading.Lock()
 _loaded: dict = {}   # "lib": the opened library or None, once per process; "why": the reason for None
@@ -67,34 +76,111 @@ _declared: set = set()   # ids of the cffi instances given _CDEF (cffi refuses a
 
 
 def cache_dir() -> Path:
-    """Where the compiled loop is kept: ``$XDG_CACHE_HOME/tflfuse/native``, else ``~/.cache/tflfuse/native``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "tflfuse" / "native"
+    """Where the compiled loop is kept: ``$XDG_CACHE_HOME/tflfuse/native`` where that is an absolute path (the
+    XDG spec ignores a relative one), else ``~/.cache/tflfuse/native``."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = str(Path.home() / ".cache")
+    return Path(base) / "tflfuse" / "native"
+
+
+def _compiler() -> list[str]:
+    """The compiler's command: ``$CC`` split into words as make and Python's build tools split it (``ccache
+    gcc``), else ``cc``."""
+    return shlex.split(os.environ.get("CC") or "") or ["cc"]
 
 
 def library_path() -> Path:
-    """The compiled loop's file: in :func:`cache_dir`, named by a hash of :data:`SOURCE` and the machine's
-    architecture."""
-    key = hashlib.sha256(f"{SOURCE}\n{platform.machine()}".encode()).hexdigest()[:16]
-    return cache_dir() / f"record-{key}.so"
+    """The compiled loop's file: in :func:`cache_dir`, named by a hash of :data:`SOURCE`, the compiler's
+    command, its flags and the machine's architecture. Beside it, ``.sha256`` holds the digest of the file as
+    built (a file that no longer matches it is built again)."""
+    key = hashlib.sha256("\n".join([SOURCE, *_compiler(), *_FLAGS, platform.machine()]).encode()).hexdigest()
+    return cache_dir() / f"record-{key[:16]}.so"
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _private_dir(folder: Path) -> None:
+    """Makes ``folder`` (mode 0o700) and checks that this user owns it and that no one else may write to it:
+    a library other users could put there would run in this process. Raises OSError."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = folder.stat()
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise OSError(f"{folder} belongs to another user")
+    if st.st_mode & 0o022:
+        raise OSError(f"{folder} is writable by other users (mode {st.st_mode & 0o777:o})")
 
 
 def _build(target: Path) -> None:
-    """Compiles :data:`SOURCE` into the shared library ``target`` (written under another name, then renamed,
-    so that processes building at once never open a partial file). Raises OSError or
-    subprocess.SubprocessError with the compiler's message."""
-    cc = os.environ.get("CC") or "cc"
-    if shutil.which(cc) is None:
-        raise OSError(f"no C compiler {cc!r} on PATH")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Compiles :data:`SOURCE` into the shared library ``target`` and writes its digest beside it (both written
+    under other names, then renamed, so that processes building at once never open a partial file). Raises
+    OSError with the compiler's message, or subprocess.TimeoutExpired (after writing the timeout marker)."""
+    cc = _compiler()
+    if shutil.which(cc[0]) is None:
+        raise OSError(f"no C compiler {cc[0]!r} on PATH")
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         src, out = Path(tmp) / "record.c", Path(tmp) / target.name
         src.write_text(SOURCE)
-        proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-nostdlib", "-o", str(out), str(src)],
-                              capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S)
+        proc = subprocess.Popen([*cc, *_FLAGS, "-o", str(out), str(src)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            message, _ = proc.communicate(timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)   # the compiler and what it started
+            proc.communicate()
+            target.with_suffix(".timeout").write_text(f"{' '.join(cc)} ran past {COMPILE_TIMEOUT_S} s\n")
+            raise
         if proc.returncode != 0 or not out.exists():
-            raise OSError(f"{cc} failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()[:500]}")
+            raise OSError(f"{' '.join(cc)} failed ({proc.returncode}): {(message or '').strip()[:500]}")
+        digest = Path(tmp) / "digest"
+        digest.write_text(_digest(out))
         os.replace(out, target)
+        os.replace(digest, target.with_suffix(".sha256"))
+
+
+def _self_test(ffi, lib) -> None:
+    """Runs the loop on three made-up steps (the middle one keeping its pipeline) with callbacks standing in for
+    wgpu-native's functions, and raises OSError unless it made exactly the calls it must."""
+    calls = []
+    addr = lambda p: int(ffi.cast("uintptr_t", p))  # noqa: E731
+    callbacks = (
+        ffi.callback("void(void *, void *)", lambda h, p: calls.append(("pipeline", addr(h), addr(p)))),
+        ffi.callback("void(void *, uint32_t, void *, size_t, const uint32_t *)",
+                     lambda h, i, g, k, o: calls.append(("group", addr(h), i, addr(g), k, addr(o)))),
+        ffi.callback("void(void *, uint32_t, uint32_t, uint32_t)",
+                     lambda h, x, y, z: calls.append(("dispatch", addr(h), x, y, z))))
+    p = lambda v: ffi.cast("void *", v)  # noqa: E731
+    lib.tflfuse_record(p(0x99), 3, ffi.new("void *[]", [p(0x10), ffi.NULL, p(0x30)]),
+                       ffi.new("void *[]", [p(0x11), p(0x21), p(0x31)]), ffi.new("uint32_t[]", list(range(1, 10))),
+                       *(ffi.cast("void *", c) for c in callbacks))
+    want = [("pipeline", 0x99, 0x10), ("group", 0x99, 0, 0x11, 0, 0), ("dispatch", 0x99, 1, 2, 3),
+            ("group", 0x99, 0, 0x21, 0, 0), ("dispatch", 0x99, 4, 5, 6),
+            ("pipeline", 0x99, 0x30), ("group", 0x99, 0, 0x31, 0, 0), ("dispatch", 0x99, 7, 8, 9)]
+    if calls != want:
+        raise OSError(f"the compiled loop made the calls {calls[:4]}..., not those of its source")
+
+
+def _open(ffi, target: Path):
+    """The library at ``target`` opened and checked (its digest, then :func:`_self_test`). Raises OSError."""
+    stamp = target.with_suffix(".sha256")
+    if not stamp.exists() or stamp.read_text().strip() != _digest(target):
+        raise OSError(f"{target} does not match the digest it was built with")
+    if id(ffi) not in _declared:
+        ffi.cdef(_CDEF)
+        _declared.add(id(ffi))
+    lib = ffi.dlopen(str(target))
+    _self_test(ffi, lib)
+    return lib
+
+
+def _remove(target: Path) -> None:
+    for path in (target, target.with_suffix(".sha256")):
+        try:
+            path.unlink()
+        except OSError:
+            pass
 
 
 def forget() -> None:
@@ -104,27 +190,49 @@ def forget() -> None:
         _loaded.clear()
 
 
+def _switched_off() -> bool:
+    """Whether ``TFLFUSE_NATIVE_RECORD`` says off (0/false/no/off, any case); another value than those and
+    1/true/yes/on is logged as a warning and leaves the loop on."""
+    value = os.environ.get("TFLFUSE_NATIVE_RECORD", "").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return True
+    if value not in ("", "1", "true", "yes", "on"):
+        logging.warning("tflfuse: TFLFUSE_NATIVE_RECORD=%r is neither 1 nor 0; the compiled loop stays on", value)
+    return False
+
+
 def library(ffi):
     """The compiled loop, opened with wgpu-native's cffi instance ``ffi`` (built on first use and cached on
-    disk), or None where it cannot be had (see the module's docstring). Never raises."""
+    disk), or None where it cannot be had (see the module's docstring). A cached file that fails its digest, does
+    not open or fails the self-test is built again, once. Never raises."""
     if "lib" in _loaded:
         return _loaded["lib"]
     with _lock:
         if "lib" in _loaded:
             return _loaded["lib"]
         lib, why = None, None
-        if os.environ.get("TFLFUSE_NATIVE_RECORD", "").strip() == "0":
-            why = "TFLFUSE_NATIVE_RECORD=0"
+        if _switched_off():
+            why = "TFLFUSE_NATIVE_RECORD is off"
         else:
             target = library_path()
             try:
-                if not target.exists():
+                _private_dir(target.parent)
+                if target.with_suffix(".timeout").exists():
+                    raise OSError(f"a build ran past {COMPILE_TIMEOUT_S} s before; delete "
+                                  f"{target.with_suffix('.timeout')} to try again")
+                if target.exists():
+                    try:
+                        lib = _open(ffi, target)
+                    except Exception as e:  # noqa: BLE001  (a damaged or foreign file: built again)
+                        logging.info("tflfuse: the cached recording loop %s is built again (%s)", target, e)
+                        _remove(target)
+                if lib is None:
                     _build(target)
-                if id(ffi) not in _declared:
-                    ffi.cdef(_CDEF)
-                    _declared.add(id(ffi))
-                lib = ffi.dlopen(str(target))
-                lib.tflfuse_record   # noqa: B018  (a file of another content in the cache raises here)
+                    try:
+                        lib = _open(ffi, target)
+                    except Exception:
+                        _remove(target)
+                        raise
             except Exception as e:  # noqa: BLE001  (any failure: record through cffi instead)
                 lib, why = None, f"{type(e).__name__}: {e}"
         if lib is None:
