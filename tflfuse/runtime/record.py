@@ -136,8 +136,8 @@ def _build(target: Path) -> None:
             raise OSError(f"{' '.join(cc)} failed ({proc.returncode}): {(message or '').strip()[:500]}")
         digest = Path(tmp) / "digest"
         digest.write_text(_digest(out))
+        os.replace(digest, target.with_suffix(".sha256"))   # first: the library, once there, has its digest
         os.replace(out, target)
-        os.replace(digest, target.with_suffix(".sha256"))
 
 
 def _self_test(ffi, lib) -> None:
