@@ -351,8 +351,10 @@ def test_the_compiled_recording_loop_is_built_once_and_records_every_dispatch(mo
     record = _fresh_record_state(monkeypatch, XDG_CACHE_HOME=str(tmp_path), TFLFUSE_NATIVE_RECORD="1")
     lib = record.library(_api.ffi)
     assert (lib is not None) == (_compiler() is not None), record._loaded.get("why")
-    built = sorted(p.name for p in (tmp_path / "tflfuse" / "native").glob("record-*"))
-    assert len(built) == (2 if _compiler() else 0)   # record-KEY.so and record-KEY.sha256
+    native = tmp_path / "tflfuse" / "native"
+    built = sorted(str(p.relative_to(native)) for p in native.rglob("*"))
+    # record-KEY/ with record.so and record.sha256, and nothing left of the build
+    assert len(built) == (3 if _compiler() else 0) and not any(".build" in b for b in built), built
     _runs_as_litert(model, device, 30)
     if _compiler():   # a new process opens the cached file without compiling again
 
@@ -361,7 +363,7 @@ def test_the_compiled_recording_loop_is_built_once_and_records_every_dispatch(mo
         monkeypatch.setattr(record, "_loaded", {})
         monkeypatch.setattr(record, "_build", build)
         assert record.library(_api.ffi) is not None
-        assert sorted(p.name for p in (tmp_path / "tflfuse" / "native").glob("*")) == built
+        assert sorted(str(p.relative_to(native)) for p in native.rglob("*")) == built
 
 
 def _script(path, body: str) -> str:
@@ -405,7 +407,7 @@ def test_without_the_compiled_loop_dispatches_are_recorded_through_cffi(model, d
     assert record.library(_api.ffi) is None
     assert record._loaded["why"]
     if case == "compiler_hangs":   # the next process does not wait for the compiler again
-        assert record.library_path().with_suffix(".timeout").exists()
+        assert record.timeout_marker().exists()
         monkeypatch.setattr(record, "_loaded", {})
         t0 = time.perf_counter()
         assert record.library(_api.ffi) is None and "delete" in record._loaded["why"]

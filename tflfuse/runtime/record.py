@@ -13,9 +13,11 @@ with the machine's C compiler (``$CC`` split into words, else ``cc``) into ``$XD
 (else ``~/.cache/tflfuse/native``; a folder of this user's that no one else may write to), named by a hash of
 its source, the compiler's command and flags and the machine's architecture, and opened with wgpu's cffi
 instance (ABI mode, as wgpu opens wgpu-native). It calls wgpu-native's functions through the pointers cffi
-gives for them, so it links against nothing. Before use, the file must match the digest written when it was
-built (a truncated or altered file is built again rather than opened) and pass a self-test: the loop run on
-three made-up steps with Python callbacks in place of wgpu-native's functions. Where there is no compiler, the
+gives for them, so it links against nothing. The library and its digest are built in a folder of their own,
+renamed into place whole; before use, the file must match that digest (a truncated or altered file is built
+again rather than opened) and the loop pass a self-test: three made-up steps with Python callbacks in place
+of wgpu-native's functions. The cache folder and every folder above it must be this user's or root's and
+not writable by others (but sticky ones, as ``/tmp``): a library another user could place would run here. Where there is no compiler, the
 build fails or runs past :data:`COMPILE_TIMEOUT_S` (then a marker file keeps later processes from waiting on it
 again), the folder cannot be used, or the environment variable ``TFLFUSE_NATIVE_RECORD`` is ``0`` (false, no,
 off), :func:`library` returns None and the plan records through cffi, as before; the reason is logged once
@@ -30,14 +32,16 @@ import platform
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from absl import logging
 
-__all__ = ["SOURCE", "cache_dir", "forget", "library", "library_path", "recorder"]
+__all__ = ["SOURCE", "cache_dir", "forget", "library", "library_path", "recorder", "timeout_marker"]
 
 #: The C source: ``n`` steps, each setting ``pipelines[i]`` where it is not NULL (a pass keeps its pipeline),
 #: bind group 0 to ``groups[i]`` (no dynamic offsets) and dispatching ``xyz[3i..3i+2]`` workgroups, through
@@ -67,8 +71,9 @@ _ENTRY_POINTS = ("wgpuComputePassEncoderSetPipeline", "wgpuComputePassEncoderSet
                  "wgpuComputePassEncoderDispatchWorkgroups")
 _FLAGS = ("-O2", "-shared", "-fPIC", "-nostdlib")
 #: A build takes well under a second; a compiler still running after this is killed (its whole process group)
-#: and a marker file (``record-*.timeout``) keeps later processes from waiting on it again until it is deleted.
+#: and a marker file (:func:`timeout_marker`) keeps later processes from waiting on it again until it is deleted.
 COMPILE_TIMEOUT_S = 10
+_MAX_OUTPUT = 1 << 20   # bytes: the most compiler output, and the largest library or digest file, taken
 
 _lock = threading.Lock()
 _loaded: dict = {}   # "lib": the opened library or None, once per process; "why": the reason for None
@@ -91,53 +96,77 @@ def _compiler() -> list[str]:
 
 
 def library_path() -> Path:
-    """The compiled loop's file: in :func:`cache_dir`, named by a hash of :data:`SOURCE`, the compiler's
-    command, its flags and the machine's architecture. Beside it, ``.sha256`` holds the digest of the file as
-    built (a file that no longer matches it is built again)."""
+    """The compiled loop's file, ``record.so`` in a folder of :func:`cache_dir` named by a hash of
+    :data:`SOURCE`, the compiler's command, its flags and the machine's architecture; beside it in that folder,
+    ``record.sha256`` holds the digest of the file as built (a file that does not match it is built again). The
+    folder is made whole elsewhere and renamed into place, so the two always belong together."""
     key = hashlib.sha256("\n".join([SOURCE, *_compiler(), *_FLAGS, platform.machine()]).encode()).hexdigest()
-    return cache_dir() / f"record-{key[:16]}.so"
+    return cache_dir() / f"record-{key[:16]}" / "record.so"
+
+
+def timeout_marker() -> Path:
+    """The file that says a build of :func:`library_path` ran past :data:`COMPILE_TIMEOUT_S`."""
+    return library_path().parent.with_suffix(".timeout")
 
 
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _private_dir(folder: Path) -> None:
-    """Makes ``folder`` (mode 0o700) and checks that this user owns it and that no one else may write to it:
-    a library other users could put there would run in this process. Raises OSError."""
+def _safe_folder(folder: Path) -> None:
+    """Makes ``folder`` (mode 0o700) and checks it and every folder above it: each must belong to this user or
+    to root, and none may be writable by other users unless sticky (``/tmp``); ``folder`` itself must be this
+    user's. A library that another user could put or swap in would run in this process. Raises OSError."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = folder.stat()
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise OSError(f"{folder} belongs to another user")
-    if st.st_mode & 0o022:
-        raise OSError(f"{folder} is writable by other users (mode {st.st_mode & 0o777:o})")
+    real = Path(os.path.realpath(folder))
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for p in (real, *real.parents):
+        st = p.stat()
+        if uid is not None and st.st_uid not in (uid, 0) or (p == real and uid is not None and st.st_uid != uid):
+            raise OSError(f"{p} belongs to another user")
+        if st.st_mode & 0o022 and not (st.st_mode & stat.S_ISVTX and p != real):
+            raise OSError(f"{p} is writable by other users (mode {st.st_mode & 0o7777:o})")
 
 
 def _build(target: Path) -> None:
-    """Compiles :data:`SOURCE` into the shared library ``target`` and writes its digest beside it (both written
-    under other names, then renamed, so that processes building at once never open a partial file). Raises
-    OSError with the compiler's message, or subprocess.TimeoutExpired (after writing the timeout marker)."""
+    """Compiles :data:`SOURCE` into a new folder with the library and its digest, then renames the folder to
+    ``target``'s (a process that finds it there already keeps the one there). The compiler's output goes to a
+    file (at most :data:`_MAX_OUTPUT` bytes are allowed); a compiler running past :data:`COMPILE_TIMEOUT_S` is
+    killed with its process group and the timeout marker written. Raises OSError with the compiler's message,
+    or subprocess.TimeoutExpired."""
     cc = _compiler()
     if shutil.which(cc[0]) is None:
         raise OSError(f"no C compiler {cc[0]!r} on PATH")
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src, out = Path(tmp) / "record.c", Path(tmp) / target.name
+    tmp = Path(tempfile.mkdtemp(dir=target.parent.parent, prefix=".build-"))
+    try:
+        src, out, log = tmp / "record.c", tmp / target.name, tmp / "compiler.log"
         src.write_text(SOURCE)
-        proc = subprocess.Popen([*cc, *_FLAGS, "-o", str(out), str(src)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        with open(log, "wb") as sink:
+            proc = subprocess.Popen([*cc, *_FLAGS, "-o", str(out), str(src)], stdin=subprocess.DEVNULL,
+                                    stdout=sink, stderr=sink, start_new_session=True)
+            deadline = time.monotonic() + COMPILE_TIMEOUT_S
+            while proc.poll() is None:
+                if time.monotonic() > deadline or log.stat().st_size > _MAX_OUTPUT:
+                    os.killpg(proc.pid, signal.SIGKILL)   # the compiler and what it started
+                    proc.wait()
+                    if log.stat().st_size <= _MAX_OUTPUT:
+                        timeout_marker().write_text(f"{' '.join(cc)} ran past {COMPILE_TIMEOUT_S} s\n")
+                        raise subprocess.TimeoutExpired(cc, COMPILE_TIMEOUT_S)
+                    raise OSError(f"{' '.join(cc)} wrote more than {_MAX_OUTPUT} bytes of output")
+                time.sleep(0.01)
+        if proc.returncode != 0 or not out.is_file():
+            message = log.read_bytes()[:500].decode(errors="replace").strip()
+            raise OSError(f"{' '.join(cc)} failed ({proc.returncode}): {message}")
+        (tmp / "record.sha256").write_text(_digest(out))
+        src.unlink()
+        log.unlink()
         try:
-            message, _ = proc.communicate(timeout=COMPILE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)   # the compiler and what it started
-            proc.communicate()
-            target.with_suffix(".timeout").write_text(f"{' '.join(cc)} ran past {COMPILE_TIMEOUT_S} s\n")
-            raise
-        if proc.returncode != 0 or not out.exists():
-            raise OSError(f"{' '.join(cc)} failed ({proc.returncode}): {(message or '').strip()[:500]}")
-        digest = Path(tmp) / "digest"
-        digest.write_text(_digest(out))
-        os.replace(digest, target.with_suffix(".sha256"))   # first: the library, once there, has its digest
-        os.replace(out, target)
+            os.rename(tmp, target.parent)
+        except OSError:
+            if not target.parent.is_dir():
+                raise   # else another process put its build there first: that one is used
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _self_test(ffi, lib) -> None:
@@ -165,7 +194,11 @@ def _self_test(ffi, lib) -> None:
 def _open(ffi, target: Path):
     """The library at ``target`` opened and checked (its digest, then :func:`_self_test`). Raises OSError."""
     stamp = target.with_suffix(".sha256")
-    if not stamp.exists() or stamp.read_text().strip() != _digest(target):
+    for path in (target, stamp):   # not a FIFO or a device that a read would wait on, nor a huge file
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_OUTPUT:
+            raise OSError(f"{path} is not a file of the size a build writes")
+    if stamp.read_text().strip() != _digest(target):
         raise OSError(f"{target} does not match the digest it was built with")
     if id(ffi) not in _declared:
         ffi.cdef(_CDEF)
@@ -176,9 +209,13 @@ def _open(ffi, target: Path):
 
 
 def _remove(target: Path) -> None:
-    for path in (target, target.with_suffix(".sha256")):
+    """Removes the folder of ``target`` (the library and its digest), or whatever stands at its name."""
+    folder = target.parent
+    if folder.is_dir() and not folder.is_symlink():
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
         try:
-            path.unlink()
+            folder.unlink()
         except OSError:
             pass
 
@@ -214,13 +251,13 @@ def library(ffi):
         if _switched_off():
             why = "TFLFUSE_NATIVE_RECORD is off"
         else:
-            target = library_path()
             try:
-                _private_dir(target.parent)
-                if target.with_suffix(".timeout").exists():
-                    raise OSError(f"a build ran past {COMPILE_TIMEOUT_S} s before; delete "
-                                  f"{target.with_suffix('.timeout')} to try again")
-                if target.exists():
+                target = library_path()   # ($CC's words, the home folder: any of it may raise)
+                _safe_folder(target.parent.parent)
+                if os.path.lexists(timeout_marker()):
+                    raise OSError(f"a build ran past {COMPILE_TIMEOUT_S} s before; delete {timeout_marker()} to "
+                                  f"try again")
+                if os.path.lexists(target.parent):
                     try:
                         lib = _open(ffi, target)
                     except Exception as e:  # noqa: BLE001  (a damaged or foreign file: built again)
