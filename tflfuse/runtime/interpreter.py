@@ -59,9 +59,9 @@ class Interpreter:
         LiteRT's CPU interpreter. False: every op must have a kernel that takes it (UnsupportedOpError, or the
         kernel's KernelError at :meth:`allocate_tensors`, or at :meth:`invoke` where run-time shape values decide).
       num_threads: LiteRT's "number of threads used by the interpreter and available to CPU kernels" (an int
-        from 1 to 2**31 - 1, LiteRT's int32; None: LiteRT's default), given to the LiteRT interpreters of the CPU fallback (``cpu_fallback``),
-        the only CPU kernels of an invoke. The GPU's command buffers are recorded by the thread that calls
-        :meth:`invoke` whatever the value: recording them in other threads measured slower on an NVIDIA H200's
+        from 1 to 2**31 - 1, LiteRT's int32; None: LiteRT's default), given to the LiteRT interpreters of the
+        CPU fallback (``cpu_fallback``), the only CPU kernels of an invoke. The GPU's command buffers are
+        recorded by the thread that calls :meth:`invoke` whatever the value: recording them in other threads measured slower on an NVIDIA H200's
         host (2-3 threads: 1.3-3x the time per invoke, contention in wgpu-native and in Python's interpreter
         lock; README.md).
     Raises:
