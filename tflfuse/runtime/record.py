@@ -18,8 +18,8 @@ renamed into place whole; before use, the file must match that digest (a truncat
 again rather than opened) and the loop pass a self-test: three made-up steps with Python callbacks in place
 of wgpu-native's functions. The cache folder and every folder above it must be this user's or root's and
 not writable by others (but sticky ones, as ``/tmp``): a library another user could place would run here.
-Where there is no compiler, the build fails or runs past :data:`COMPILE_TIMEOUT_S` (then a marker file keeps later processes from waiting on it
-again), the folder cannot be used, or the environment variable ``TFLFUSE_NATIVE_RECORD`` is ``0`` (false, no,
+Where there is no compiler, the build fails or runs past :data:`COMPILE_TIMEOUT_S` (then a marker file keeps
+later processes from waiting on it again), the folder cannot be used, or the environment variable ``TFLFUSE_NATIVE_RECORD`` is ``0`` (false, no,
 off), :func:`library` returns None and the plan records through cffi, as before; the reason is logged once
 (absl, INFO).
 """
