@@ -41,6 +41,8 @@ from pathlib import Path
 
 from absl import logging
 
+from .device import _env_bool
+
 __all__ = ["SOURCE", "cache_dir", "forget", "library", "library_path", "recorder", "timeout_marker"]
 
 #: The C source: ``n`` steps, each setting ``pipelines[i]`` where it is not NULL (a pass keeps its pipeline),
@@ -228,14 +230,16 @@ def forget() -> None:
 
 
 def _switched_off() -> bool:
-    """Whether ``TFLFUSE_NATIVE_RECORD`` says off (0/false/no/off, any case); another value than those and
-    1/true/yes/on is logged as a warning and leaves the loop on."""
-    value = os.environ.get("TFLFUSE_NATIVE_RECORD", "").strip().lower()
-    if value in ("0", "false", "no", "off"):
-        return True
-    if value not in ("", "1", "true", "yes", "on"):
-        logging.warning("tflfuse: TFLFUSE_NATIVE_RECORD=%r is neither 1 nor 0; the compiled loop stays on", value)
-    return False
+    """Whether ``TFLFUSE_NATIVE_RECORD`` says off (read as ``TFLFUSE_SHADER_CHECKS`` is:
+    :func:`~tflfuse.runtime.device._env_bool`); a value that is neither on nor off is logged as a warning and
+    leaves the loop on (:func:`library` never raises)."""
+    if not os.environ.get("TFLFUSE_NATIVE_RECORD", "").strip():
+        return False
+    try:
+        return not _env_bool("TFLFUSE_NATIVE_RECORD")
+    except ValueError as e:
+        logging.warning("tflfuse: %s; the compiled loop stays on", e)
+        return False
 
 
 def library(ffi):
