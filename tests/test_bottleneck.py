@@ -855,3 +855,113 @@ def test_resident_form_counts_its_loop_trips(device):
         (y,) = run_op(device, "fused_bottleneck", inputs, attrs)
         want = cexp * np.clip(np.clip(inputs[0].astype(np.float64).sum(), 0, 6), 0, 6)
         np.testing.assert_allclose(y.ravel(), want, rtol=gamma(cexp + 2, 2.0 ** -24))
+
+
+# ---- PReLU blocks: the expansion's PReLU, a linear depthwise conv, the output's PReLU (MediaPipe's iris) ------
+# (N, H, W, Cin, Cexp, Cout, stride, residual, output PReLU, kernel_size): blocks that narrow their channels, as
+# iris_landmark's 64 -> 32 -> 64 and 128 -> 64 -> 128, on maps small enough that the GPU schedule takes more
+# lanes instead of splitting (the last two), odd sizes, batch 2, channels not divisible by 4, stride 2 SAME
+# with a 5x5 window, a 1x1 image, and a block without the output's PReLU.
+PRELU_CASES = [
+    (1, 16, 16, 24, 12, 24, 1, True, True, 3),
+    (2, 9, 7, 5, 3, 5, 1, True, True, 3),
+    (1, 11, 9, 6, 10, 7, 2, False, True, 5),
+    (1, 8, 8, 16, 8, 16, 1, True, False, 3),
+    (1, 1, 1, 8, 4, 8, 1, True, True, 3),
+    (1, 4, 4, 128, 64, 128, 1, True, True, 3),
+    (1, 16, 16, 128, 64, 128, 1, True, True, 3),
+]
+PRELU_SCHEDULES = {k: SCHEDULES[k] for k in ("cpu", "gpu", "cpu_staged", "cpu_tiled", "split3", "gpu_blocked",
+                                              "blocked_tile1", "blocked_odd", "tile2")}
+PRELU_SCHEDULES.update({"gpu_staged": {"target": "gpu", "strategy": "staged"},
+                        "lanes64": {"target": "gpu", "strategy": "tiled", "tile": 2, "lanes": 64, "out_block": 128}})
+PRELU_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:6]))}-s{c[6]}-k{c[9]}{'-res' if c[7] else ''}"
+                                    f"{'-oprelu' if c[8] else ''}-{s}")
+              for c in PRELU_CASES for s in sorted(PRELU_SCHEDULES)
+              if not (s in ("split3", "blocked_odd", "tile2", "cpu_tiled") and c[4] >= 64)]
+
+
+def _prelu_reference(x, w, stride, residual, padding="SAME"):
+    """The PReLU block in float64 NumPy after TensorFlow's convs: TFLite's PRELU is ``v >= 0 ? v : alpha * v``,
+    written here with tf.where; the convs are tf.nn's, as :func:`_tf_reference`'s."""
+    import tensorflow as tf
+
+    def prelu(v, alpha):
+        return tf.where(v >= 0, v, v * alpha)
+
+    h = prelu(tf.nn.conv2d(tf.constant(x), w["ew"][None, None], 1, "SAME") + w["eb"], w["ea"])
+    h = tf.nn.depthwise_conv2d(h, w["dw"][..., None], [1, stride, stride, 1], padding) + w["db"]
+    y = tf.nn.conv2d(h, w["pw"][None, None], 1, "SAME") + w["pb"]
+    y = y + x if residual else y
+    return (prelu(y, w["oa"]) if "oa" in w else y).numpy()
+
+
+def _prelu_block(case):
+    n, h, w_, cin, cexp, cout, stride, residual, out_prelu, k = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
+    w = _weights(rng, cin, 2, cout, k)   # then narrowed to cexp expanded channels
+    w["ew"] = (rng.standard_normal((cin, cexp)) / np.sqrt(cin)).astype(np.float32)
+    w["eb"] = (0.1 * rng.standard_normal(cexp)).astype(np.float32)
+    w["dw"], w["db"] = w["dw"][..., :cexp], w["db"][:cexp]
+    w["pw"] = (rng.standard_normal((cexp, cout)) / np.sqrt(cexp)).astype(np.float32)
+    w["ea"] = rng.uniform(-0.5, 1.5, cexp).astype(np.float32)   # negative slopes too: PRELU allows them
+    if out_prelu:
+        w["oa"] = rng.uniform(-0.5, 1.5, cout).astype(np.float32)
+    attrs = {"stride": stride, "residual": residual, "kernel_size": k, "activation": "prelu",
+             "dw_activation": "linear", **({"output_activation": "prelu"} if out_prelu else {})}
+    return x, w, [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb", "ea", "oa") if k in w], attrs
+
+
+@pytest.mark.parametrize("case, schedule", PRELU_RUNS)
+def test_prelu_block_matches_tf(device, case, schedule):
+    """Each strategy that takes PReLU slopes (tiled, staged, blocked) against TensorFlow's convs and TFLite's
+    PRELU; tolerance as the module's (PReLU is Lipschitz with the slopes' largest magnitude, 1.5, and its
+    slopes multiply values within the tolerance)."""
+    x, w, inputs, attrs = _prelu_block(case)
+    (y,) = run_op(device, "fused_bottleneck", inputs, {**attrs, **PRELU_SCHEDULES[schedule]})
+    ref = _prelu_reference(x, w, attrs["stride"], attrs["residual"])
+    assert y.shape == ref.shape and y.dtype == np.float32
+    assert (ref < 0).any() and (ref > 0).any()
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=1.5 * _atol(ref))
+
+
+def test_prelu_block_on_a_small_map_takes_lanes_not_a_second_dispatch():
+    """On a GPU at batch 1, where the tiled strategy would split the expanded channels between workgroups (a
+    second dispatch adding the shares), a PReLU block takes as many invocations as lanes of one workgroup."""
+    *_, inputs, attrs = _prelu_block(PRELU_CASES[-1])
+    kernel = kernel_class("fused_bottleneck")([TensorSpec(np.shape(v)) for v in inputs], {**attrs, "target": "gpu"})
+    (prog,) = kernel.programs()
+    assert (kernel.strategy, kernel.splits, kernel.tile, kernel.lanes) == ("tiled", 1, 2, 64)
+    assert prog.workgroup_size == (256, 1, 1) and prog.dispatch == (8, 8, 1)
+    relu_block = kernel_class("fused_bottleneck")(_specs(cin=128, t=1, cout=128, h=16)[:1] + [
+        TensorSpec((128, 64)), TensorSpec((64,)), TensorSpec((3, 3, 64)), TensorSpec((64,)), TensorSpec((64, 128)),
+        TensorSpec((128,))], {"residual": True, "target": "gpu"})
+    assert relu_block.splits > 1   # the measured schedule of the other blocks is unchanged
+
+
+@pytest.mark.parametrize("attrs, drop, message", [
+    ({"dw_activation": None}, 0, "activation 'prelu' needs dw_activation"),
+    ({"dw_activation": "prelu"}, 0, "dw_activation 'prelu' is not supported"),
+    ({"strategy": "dw_projection"}, 0, "strategy 'dw_projection' does not take PReLU slopes"),
+    ({"strategy": "expand_dw"}, 0, "strategy 'expand_dw' does not take PReLU slopes"),
+    ({"output_activation": "linear"}, 0, "expects 6 inputs .* or 8 .* with 1 PReLU slope input"),
+    ({}, 1, "expects 7 inputs .* or 9 .* with 2 PReLU slope input"),
+])
+def test_prelu_block_refusals(attrs, drop, message):
+    *_, inputs, base = _prelu_block(PRELU_CASES[0])
+    specs = [TensorSpec(np.shape(v)) for v in inputs[:len(inputs) - drop]]
+    with pytest.raises(KernelError, match=message):
+        kernel_class("fused_bottleneck")(specs, {**base, **attrs}).programs()
+
+
+def test_prelu_slopes_of_the_wrong_shape_are_refused():
+    *_, inputs, attrs = _prelu_block(PRELU_CASES[0])
+    specs = [TensorSpec(np.shape(v)) for v in inputs]
+    specs[-2] = TensorSpec((1, 1, 12))
+    with pytest.raises(KernelError, match=r"expand_alpha \(the expansion's PReLU slopes\) must be \[12\], got "
+                                          r"\[1, 1, 12\]"):
+        kernel_class("fused_bottleneck")(specs, attrs)
+    no_expand = [TensorSpec(v) for v in ((1, 16, 16, 24), (3, 3, 24), (24,), (24, 24), (24,), (24,), (24,))]
+    with pytest.raises(KernelError, match="activation 'prelu' .* needs the expand conv"):
+        kernel_class("fused_bottleneck")(no_expand, attrs)

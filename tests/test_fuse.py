@@ -119,6 +119,70 @@ BOTTLENECK_CASES = {
 }
 
 
+def _prelu_block(cexp, cout, k=3, stride=1, residual=True, out_prelu=True):
+    """MediaPipe iris landmark's residual block: CONV_2D 1x1 -> PRELU -> DEPTHWISE_CONV_2D (no activation) ->
+    CONV_2D 1x1 [-> ADD of the input] [-> PRELU]."""
+    def build(x):
+        y = _prelu()(keras.layers.Conv2D(cexp, 1)(x))
+        y = keras.layers.Conv2D(cout, 1)(keras.layers.DepthwiseConv2D(k, stride, padding="same")(y))
+        y = keras.layers.Add()([x, y]) if residual else y
+        return _prelu()(y) if out_prelu else y
+    return build
+
+
+PRELU_BOTTLENECK_CASES = {
+    "narrowing_residual": (dict(cexp=6, cout=10), (9, 7, 10), 1),
+    "batch2_odd_channels": (dict(cexp=3, cout=5), (6, 5, 5), 2),
+    "stride2_k5_no_residual": (dict(cexp=7, cout=6, k=5, stride=2, residual=False), (9, 11, 4), 1),
+    "without_output_prelu": (dict(cexp=8, cout=8, out_prelu=False), (8, 8, 8), 1),
+}
+
+
+@pytest.mark.parametrize("case", list(PRELU_BOTTLENECK_CASES), ids=list(PRELU_BOTTLENECK_CASES))
+def test_prelu_bottleneck_pattern(case, device, rng):
+    kw, shape, batch = PRELU_BOTTLENECK_CASES[case]
+    original = _stock(_prelu_block(**kw), shape, batch)
+    assert Model(original).op_names(0).count("PRELU") == 1 + kw.get("out_prelu", True)
+    fused, report = _check_fused(original, device, rng, {"bottleneck": 1})
+    m = Model(fused)
+    assert m.op_names(0) == ["fused_bottleneck"], m.op_names(0)
+    attrs = decode_attrs(m.op_attrs(0, 0))
+    assert (attrs["activation"], attrs["dw_activation"]) == ("prelu", "linear")
+    assert attrs.get("output_activation", "linear") == ("prelu" if kw.get("out_prelu", True) else "linear")
+    assert attrs["residual"] == kw.get("residual", True)
+
+
+def test_prelu_bottleneck_needs_a_linear_depthwise_conv_and_channel_slopes(device, rng):
+    """A depthwise conv with its own activation, or PReLU slopes that vary over pixels, is no PReLU block: the
+    convs are fused apart (and still match LiteRT)."""
+    def relu_depthwise(x):
+        y = _prelu()(keras.layers.Conv2D(6, 1)(x))
+        return keras.layers.Conv2D(5, 1)(keras.layers.DepthwiseConv2D(3, padding="same", activation="relu")(y))
+
+    def pixel_slopes(x):
+        y = keras.layers.PReLU()(keras.layers.Conv2D(6, 1)(x))   # one slope per element, not per channel
+        return keras.layers.Conv2D(5, 1)(keras.layers.DepthwiseConv2D(3, padding="same")(y))
+
+    for build in (relu_depthwise, pixel_slopes):
+        fused, report = _check_fused(_stock(build, (7, 6, 4)), device, rng, {})
+        m = Model(fused)
+        names = m.op_names(0)
+        assert "PRELU" in names or "fused_conv2d" in names, names   # the expansion's PReLU stays outside
+        assert all(decode_attrs(m.op_attrs(0, i)).get("activation") != "prelu"
+                   for i, n in enumerate(names) if n == "fused_bottleneck"), names
+
+
+def test_iris_landmark_blocks_fuse_to_one_dispatch_each():
+    """MediaPipe's iris landmark model: its 20 PReLU residual blocks become fused_bottleneck ops, each one
+    dispatch on a GPU at batch 1 (55 dispatches for the model before, as fused_conv2d + fused_separable_conv2d
+    pairs); outputs against LiteRT are test_real_model_fuses_and_round_trips' (iris_landmark)."""
+    from tflfuse import zoo
+
+    fused, report = fuse(zoo.fetch("iris_landmark").read_bytes())
+    assert report.patterns["bottleneck"] == 20, str(report)
+    assert report.dispatches_after == 35, str(report)
+
+
 @pytest.mark.parametrize("case", list(BOTTLENECK_CASES), ids=list(BOTTLENECK_CASES))
 def test_bottleneck_pattern(case, device, rng):
     kw, shape, batch = BOTTLENECK_CASES[case]

@@ -25,7 +25,9 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   it (MediaPipe's pose landmark model), becomes its ``output_activation``; at stride 2 the ADD may add the
   2x2 MAX_POOL_2D of stride 2 of the block's input (``residual_pool`` 2: MediaPipe's pose and hand landmark
   models); the same chain in int8 (full-integer files) becomes an int8
-  ``fused_bottleneck`` (:mod:`tflfuse.passes.fuse_int8`).
+  ``fused_bottleneck`` (:mod:`tflfuse.passes.fuse_int8`). Also with PReLUs: CONV_2D 1x1 -> PRELU ->
+  DEPTHWISE_CONV_2D (no activation) -> CONV_2D 1x1 [-> ADD of the block's input] [-> PRELU], per-channel
+  constant slopes (MediaPipe's iris landmark model; ``activation="prelu"``, :func:`_prelu_bottleneck`).
 * ``expand_depthwise``: CONV_2D 1x1 (its fused activation, or a RELU, RELU6, LOGISTIC, TANH or HARD_SWISH op
   after it) -> DEPTHWISE_CONV_2D of multiplier 1 (likewise): ``fused_expand_depthwise``, the expansion and
   depthwise conv of a block that ``bottleneck`` does not take (MobileNetV3's hard-swish blocks, a
@@ -207,9 +209,80 @@ def _expand_depthwise(g: Graph, oi: int):
     return chain, [expand["x"], expand["w"], expand["b"], k[0], db], out, "fused_expand_depthwise", attrs
 
 
+def _channel_slopes(g: Graph, prelu: int, channels: int) -> np.ndarray | None:
+    """The constant slopes of PRELU ``prelu`` as ``[channels]`` float32, where it holds one per channel
+    (``[C]`` or ``[1, ..., 1, C]``, TFLite's PRELU of Keras' ``PReLU(shared_axes=[1, 2])``); else None."""
+    ins = g.inputs(prelu)
+    slopes = g.const(ins[1]) if len(ins) > 1 else None
+    if slopes is None or not np.issubdtype(slopes.dtype, np.floating) or slopes.ndim < 1 or \
+            slopes.shape[-1] != channels or slopes.size != channels:
+        return None
+    return slopes.reshape(-1).astype(np.float32)
+
+
+def _prelu_bottleneck(g: Graph, oi: int):
+    """CONV_2D 1x1 -> PRELU -> DEPTHWISE_CONV_2D KxK (K 3 or 5, stride 1 or 2, SAME or VALID, no activation) ->
+    CONV_2D 1x1 -> [ADD of the block's input] -> [PRELU], each conv without fused activation and each PRELU with
+    one constant slope per channel: ``fused_bottleneck`` with ``activation="prelu"``, ``dw_activation=
+    "linear"`` and, with the last PRELU, ``output_activation="prelu"`` (MediaPipe's iris landmark model, whose
+    residual blocks narrow 64 channels to 32 and back)."""
+    expand = _conv_1x1(g, oi, {"NONE"})
+    prelu = g.sole_reader(expand["out"]) if expand is not None else None
+    if prelu is None or g.op_name(prelu) != "PRELU" or g.inputs(prelu)[0] != expand["out"]:
+        return None
+    cexp = expand["w"].shape[1]
+    alpha = _channel_slopes(g, prelu, cexp)
+    x = expand["x"]
+    dw = g.sole_reader(g.outputs_of(prelu)[0])
+    if alpha is None or dw is None or g.op_name(dw) != "DEPTHWISE_CONV_2D" or \
+            g.inputs(dw)[0] != g.outputs_of(prelu)[0]:
+        return None
+    a, ins = g.attrs(dw), g.inputs(dw)
+    k = _weights(g, ins[1])
+    stride = a.get("stride_h", 1)
+    if k is None or k.ndim != 4 or k.shape[0] != 1 or k.shape[1] != k.shape[2] or k.shape[1] not in (3, 5) or \
+            k.shape[3] != cexp or a.get("depth_multiplier", 1) != 1 or a.get("padding") not in ("SAME", "VALID") or \
+            stride not in (1, 2) or a.get("stride_w", 1) != stride or a.get("dilation_h_factor", 1) != 1 or \
+            a.get("dilation_w_factor", 1) != 1 or a.get("fused_activation_function", "NONE") != "NONE":
+        return None
+    dw_b = _bias(g, ins, cexp)
+    project = g.sole_reader(g.outputs_of(dw)[0])
+    proj = _conv_1x1(g, project, {"NONE"}) if project is not None else None
+    if dw_b is None or proj is None:
+        return None
+    chain = [oi, prelu, dw, project]
+    out, residual = proj["out"], False
+    add = g.sole_reader(out)
+    if add is not None and g.op_name(add) == "ADD" and g.attrs(add).get("fused_activation_function") == "NONE" and \
+            _other(g, add, out) == x and stride == 1 and g.shapes.get(x) == g.shapes.get(out):
+        chain.append(add)
+        out, residual = g.outputs_of(add)[0], True
+    last = g.sole_reader(out)
+    out_alpha = _channel_slopes(g, last, proj["w"].shape[1]) if last is not None and \
+        g.op_name(last) == "PRELU" and g.inputs(last)[0] == out else None
+    if out_alpha is not None:
+        chain.append(last)
+        out = g.outputs_of(last)[0]
+    if not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])):
+        return None
+    attrs = {"expansion": max(1, cexp // g.shapes[x][-1]), "stride": int(stride), "residual": residual,
+             "activation": "prelu", "dw_activation": "linear", "kernel_size": int(k.shape[1]),
+             "squeeze_excite": False}
+    if a.get("padding") == "VALID":
+        attrs["padding"] = "VALID"
+    slopes = [alpha]
+    if out_alpha is not None:
+        attrs["output_activation"] = "prelu"
+        slopes.append(out_alpha)
+    return chain, [x, expand["w"], expand["b"], k[0], dw_b, proj["w"], proj["b"], *slopes], out, \
+        "fused_bottleneck", attrs
+
+
 def _bottleneck(g: Graph, oi: int):
     first = g.op_name(oi)
     chain = []
+    if first == "CONV_2D" and g.attrs(oi).get("fused_activation_function", "NONE") == "NONE":
+        return _prelu_bottleneck(g, oi)
     if first == "CONV_2D":
         expand = _conv_1x1(g, oi, {"RELU6", "RELU"})
         if expand is None:

@@ -119,16 +119,25 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
     x = ins[0]
     n, h, w, cin = g.shapes[x]
     se = bool(attrs.get("squeeze_excite", False))
-    has_expand = len(ins) == (11 if se else 7)
-    act = str(attrs.get("activation", "relu6"))
+    act = str(attrs.get("activation", "relu6")).lower()
+    dw_act = str(attrs.get("dw_activation") or act).lower()
+    out_act = str(attrs.get("output_activation", "linear")).lower()
+    n_slopes = (act == "prelu") + (out_act == "prelu")   # the PReLU slopes, the op's last inputs
+    has_expand = len(ins) == (11 if se else 7) + n_slopes
     stride = int(attrs.get("stride", 1))
     vals = [g.const(t) for t in ins[1:]]
     if any(v is None for v in vals):
         raise ValueError(f"fused_bottleneck (operator {oi}): weights must be constants to unfuse")
+    vals, slopes = vals[:len(vals) - n_slopes], vals[len(vals) - n_slopes:]
+    out_slopes = slopes.pop() if out_act == "prelu" else None
     if has_expand:
         ew, eb, *vals = vals
         cexp = ew.shape[1]
-        e = b.conv_1x1(x, ew, eb, (n, h, w, cexp), act)
+        if act == "prelu":   # TFLite's PRELU after the expand conv, one slope per channel
+            e = b.conv_1x1(x, ew, eb, (n, h, w, cexp))
+            e = b.op("PRELU", [e, b.weight(slopes[0].reshape(1, 1, -1))], (n, h, w, cexp))
+        else:
+            e = b.conv_1x1(x, ew, eb, (n, h, w, cexp), act)
     else:
         e, cexp = x, cin
     dw, db, pw, pb, *sev = vals
@@ -146,14 +155,14 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
         oh, ow = -(-h // stride), -(-w // stride)
     else:
         oh, ow = max(0, (h - k) // stride + 1), max(0, (w - k) // stride + 1)
-    code = _FUSED_CODES.get(act.lower())
+    code = _FUSED_CODES.get(dw_act)
     d = b.op("DEPTHWISE_CONV_2D", [e, b.weight(dw[None]), b.weight(db)], (n, oh, ow, cexp),
              ("DepthwiseConv2DOptions", {"padding": 0 if padding == "SAME" else 1, "strideW": stride,
                                          "strideH": stride, "depthMultiplier": 1,
                                          "dilationWFactor": 1, "dilationHFactor": 1,
                                          "fusedActivationFunction": code or 0}))
     if code is None:
-        d = _act_after(b, d, (n, oh, ow, cexp), act)
+        d = _act_after(b, d, (n, oh, ow, cexp), dw_act)
     if se:
         w1, b1, w2, b2 = sev
         s = b.op("MEAN", [d, b.weight_i32([1, 2])], (n, 1, 1, cexp), ("ReducerOptions", {"keepDims": True}))
@@ -163,19 +172,23 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
                  ("MulOptions", {"fusedActivationFunction": 0}))
         d = b.op("MUL", [d, s], (n, oh, ow, cexp), ("MulOptions", {"fusedActivationFunction": 0}))
     cout = pw.shape[1]
-    out_act = str(attrs.get("output_activation", "linear")).lower()
-    if out_act not in ("linear", "relu", "relu6"):
+    if out_act not in ("linear", "relu", "relu6", "prelu"):
         raise ValueError(f"fused_bottleneck (operator {oi}): output_activation {out_act!r} is not one of 'linear', "
-                         f"'relu', 'relu6'")
+                         f"'relu', 'relu6', 'prelu'")
+    fused_act = "linear" if out_act == "prelu" else out_act   # a PRELU goes after, as its own op
+    last = None if out_act == "prelu" else out
     if attrs.get("residual"):
         p = b.conv_1x1(d, pw, pb, (n, oh, ow, cout))
         res = x
         if attrs.get("residual_pool", 1) == 2:   # x's 2x2 max pool of stride 2
             res = b.op("MAX_POOL_2D", [x], (n, oh, ow, cout), ("Pool2DOptions", {
                 "padding": 1, "strideH": 2, "strideW": 2, "filterHeight": 2, "filterWidth": 2}))
-        b.op("ADD", [p, res], options=("AddOptions", {"fusedActivationFunction": _FUSED_CODES[out_act]}), out=out)
+        y = b.op("ADD", [p, res], (n, oh, ow, cout),
+                 options=("AddOptions", {"fusedActivationFunction": _FUSED_CODES[fused_act]}), out=last)
     else:
-        b.conv_1x1(d, pw, pb, (n, oh, ow, cout), out_act, out=out)
+        y = b.conv_1x1(d, pw, pb, (n, oh, ow, cout), fused_act, out=last)
+    if out_act == "prelu":
+        b.op("PRELU", [y, b.weight(out_slopes.reshape(1, 1, -1))], out=out)
     return b.ops
 
 

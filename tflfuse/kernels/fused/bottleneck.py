@@ -94,8 +94,11 @@ _WG_BYTES = MAX_WORKGROUP_STORAGE
 _GATE_THREADS = 64   # invocations of the squeeze-excite gate's workgroup (one per image)
 _SCHEDULE_KEYS = ("tile", "lanes", "out_block", "chunk", "splits")  # integers; "strategy" is the one string
 _STRATEGIES = ("tiled", "staged", "blocked", "dw_projection", "expand_dw", "dw_pointwise")
-#: ``output_activation``'s values: TFLite's fused activations that a block's last op may carry.
-OUTPUT_ACTIVATIONS = ("linear", "relu", "relu6")
+#: ``output_activation``'s values: TFLite's fused activations that a block's last op may carry, and ``prelu``
+#: (TFLite's PRELU after the block, slopes from the ``output_alpha`` input).
+OUTPUT_ACTIVATIONS = ("linear", "relu", "relu6", "prelu")
+#: TFLite's PRELU of one channel: ``v >= 0 ? v : v * alpha[c]`` (NaN stays NaN).
+_PRELU_FN = "fn {name}(v: f32, c: u32) -> f32 {{ return select(v * {slopes}[c], v, v >= 0.0); }}\n"
 #: The tuning attributes each strategy reads (the others it ignores): ``tiled`` its whole schedule, ``blocked``
 #: (:func:`.bottleneck_cpu.blocked_program`) its tile, output block and chunk, ``dw_projection`` its product's
 #: ``matmul_tile``, ``expand_dw`` its ``expand_tile``; ``staged`` and ``dw_pointwise`` none (they pick their own
@@ -130,19 +133,23 @@ class FusedBottleneck(CompositeKernel):
     extra_attrs = ('strategy', 'tile', 'lanes', 'out_block', 'chunk', 'splits', 'matmul_tile', 'expand_tile')
 
     input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b", "se_w1", "se_b1",
-                   "se_w2", "se_b2")
+                   "se_w2", "se_b2", "expand_alpha", "output_alpha")
     attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "target": "gpu",
                      "kernel_size": 3, "squeeze_excite": False, "output_activation": "linear", "padding": "SAME",
-                     "explicit_paddings": None, "residual_pool": 1}
+                     "explicit_paddings": None, "residual_pool": 1, "dw_activation": None}
 
     def check(self):
         x = self.expect_rank(0, 4)
         n, h, w, cin = x.shape
         self.has_se = bool(self.attr("squeeze_excite"))
-        counts = (9, 11) if self.has_se else (5, 7)
+        self._activations()
+        slopes = self.slope_names()
+        counts = tuple(c + len(slopes) for c in ((9, 11) if self.has_se else (5, 7)))
         if len(self.inputs) not in counts:
             raise self.fail(f"expects {counts[0]} inputs (expansion 1) or {counts[1]} (with the expansion conv) "
-                            f"{'with' if self.has_se else 'without'} squeeze_excite, got {len(self.inputs)}")
+                            f"{'with' if self.has_se else 'without'} squeeze_excite"
+                            f"{' and with ' + str(len(slopes)) + ' PReLU slope input(s)' if slopes else ''}, got "
+                            f"{len(self.inputs)}")
         self.has_expand = len(self.inputs) == counts[1]
         self.k = self._int_attr("kernel_size")
         if self.k not in (3, 5):
@@ -197,14 +204,13 @@ class FusedBottleneck(CompositeKernel):
         if self.residual and not pooled and (self.stride != 1 or cin != self.cout or (self.oh, self.ow) != (h, w)):
             raise self.fail(f"residual needs stride 1, Cin == Cout and an output of the input's size, got stride "
                             f"{self.stride}, Cin {cin}, Cout {self.cout}, output {self.oh}x{self.ow} of {h}x{w}")
-        try:
-            activation_fn(self.attr("activation"))  # validates the name
-        except KernelError as e:
-            raise self.fail(str(e)) from None
-        self.out_act = str(self.attr("output_activation")).lower()
-        if self.out_act not in OUTPUT_ACTIVATIONS:
-            raise self.fail(f"output_activation must be one of {', '.join(map(repr, OUTPUT_ACTIVATIONS))} (applied "
-                            f"after the projection and the residual), got {self.attr('output_activation')!r}")
+        if self.act == "prelu" and (not self.has_expand or self.has_se):
+            raise self.fail("activation 'prelu' (the expansion's PReLU) needs the expand conv and no squeeze_excite")
+        for i, (name, size) in enumerate(zip(slopes, [cexp if s == "ea" else self.cout for s in slopes])):
+            shape = self.input(len(self.inputs) - len(slopes) + i).shape
+            if shape != (size,):
+                what = "expand_alpha (the expansion's" if name == "ea" else "output_alpha (the output's"
+                raise self.fail(f"{what} PReLU slopes) must be [{size}], got {list(shape)}")
         # an empty output (no pixels or no output channels) has nothing to compute: no dispatch, as CONV_2D's
         self.empty = not (n * self.oh * self.ow * self.cout)
         default = dict(_EMPTY_SCHEDULE) if self.empty else self._schedule()
@@ -212,6 +218,9 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy not in _STRATEGIES or (self.has_se and self.strategy != "staged"):
             raise self.fail(f"strategy must be one of {', '.join(map(repr, _STRATEGIES))} ('staged' with "
                             f"squeeze_excite), got {self.strategy!r}")
+        if self.prelu and self.strategy not in ("tiled", "staged", "blocked"):
+            raise self.fail(f"strategy {self.strategy!r} does not take PReLU slopes (activation or "
+                            f"output_activation 'prelu'); give 'tiled', 'staged' or 'blocked'")
         if self.strategy == "dw_projection" and pooled:
             raise self.fail("strategy 'dw_projection' does not pool the residual (residual_pool 2); give another")
         if self.strategy == "dw_projection" and not fits_depthwise_product(cexp, self.cout):
@@ -235,10 +244,61 @@ class FusedBottleneck(CompositeKernel):
                 self._schedule(blocked=False, dw_projection=False)
         schedule = {**default, **{k: int(self.attrs[k]) for k in _SCHEDULE_KEYS if self.attrs.get(k)}}
         self.tile, self.lanes, self.out_block, self.chunk, self.splits = (schedule[k] for k in _SCHEDULE_KEYS)
-        if self.tile not in (1, 2, 4, 8) or self.lanes not in (1, 2, 4, 8, 16) or min(
-                self.out_block, self.chunk, self.splits) < 1:
-            raise self.fail(f"tile must be 1, 2, 4 or 8, lanes 1..16 (a power of two), out_block, chunk and "
+        if self.tile not in (1, 2, 4, 8) or self.lanes not in (1, 2, 4, 8, 16, 32, 64) or \
+                self.tile * self.tile * self.lanes > 256 or min(self.out_block, self.chunk, self.splits) < 1:
+            raise self.fail(f"tile must be 1, 2, 4 or 8, lanes 1..64 (a power of two; tile * tile * lanes at most "
+                            f"256 invocations), out_block, chunk and "
                             f"splits >= 1; got {schedule}")
+
+    def _activations(self) -> None:
+        """Sets ``act``, ``dw_act`` and ``out_act`` (lower-case names) from ``activation``,
+        ``dw_activation`` (absent: the same as ``activation``) and ``output_activation``, checked."""
+        self.act = str(self.attr("activation")).lower()
+        given = self.attrs.get("dw_activation")
+        self.dw_act = self.act if given in (None, "") else str(given).lower()
+        self.out_act = str(self.attr("output_activation")).lower()
+        try:
+            for name in {self.act, self.dw_act} - {"prelu"}:
+                activation_fn(name)  # validates the name
+        except KernelError as e:
+            raise self.fail(str(e)) from None
+        if self.act == "prelu" and given in (None, ""):
+            raise self.fail("activation 'prelu' needs dw_activation (the depthwise conv's own activation, "
+                            "e.g. 'linear')")
+        if self.dw_act == "prelu":
+            raise self.fail("dw_activation 'prelu' is not supported (PReLU slopes are taken for the "
+                            "expansion and the output only); give another, or 'linear'")
+        if self.out_act not in OUTPUT_ACTIVATIONS:
+            raise self.fail(f"output_activation must be one of {', '.join(map(repr, OUTPUT_ACTIVATIONS))} (applied "
+                            f"after the projection and the residual), got {self.attr('output_activation')!r}")
+
+    def slope_names(self) -> list[str]:
+        """The bindings of the PReLU slope inputs, the op's last inputs: ``ea`` (``expand_alpha``) with
+        ``activation="prelu"``, then ``oa`` (``output_alpha``) with ``output_activation="prelu"``."""
+        return ["ea"] * (self.act == "prelu") + ["oa"] * (self.out_act == "prelu")
+
+    @property
+    def prelu(self) -> bool:
+        """Whether the block has PReLU slopes (only the tiled, staged and blocked strategies take them)."""
+        return "prelu" in (self.act, self.out_act)
+
+    def expand_activated(self, value: str, chan: str) -> str:
+        """The expansion's activation of WGSL ``value`` of expanded channel ``chan`` (:meth:`activation_fns`)."""
+        return f"eact({value}, {chan})" if self.act == "prelu" else f"act({value})"
+
+    def dw_activated(self, value: str) -> str:
+        """The depthwise conv's activation of WGSL ``value``: ``act`` (as before ``dw_activation``
+        existed) where it is the expansion's, else ``dact`` (:meth:`activation_fns`)."""
+        return f"act({value})" if self.dw_act == self.act else f"dact({value})"
+
+    def activation_fns(self, output: bool = True) -> str:
+        """WGSL of the block's activations: ``act`` (or ``eact(v, c)``, the expansion's PReLU reading binding
+        ``ea``), ``dact`` where the depthwise conv's differs, and with ``output`` ``oact`` and ``res_at``
+        (:meth:`out_act_fn`, :meth:`residual_fn`)."""
+        fns = _PRELU_FN.format(name="eact", slopes="ea") if self.act == "prelu" else activation_fn(self.act)
+        if self.dw_act != self.act:
+            fns += activation_fn(self.dw_act, "dact", declared=fns)
+        return fns + (self.out_act_fn(declared=fns) + self.residual_fn() if output else "")
 
     def _int_attr(self, name: str) -> int:
         """Attribute ``name`` as an int (:func:`~tflfuse.kernels.base.is_integral`); else the op's
@@ -295,17 +355,27 @@ class FusedBottleneck(CompositeKernel):
                 f"  let b = (((pix / {self.ow * self.oh}u) * {h}u + 2u * oy) * {w}u + 2u * ox) * {c}u + co;\n"
                 f"  return {max_pool_2x2('x', 'b', c, w)};\n}}\n")
 
-    def out_activated(self, value: str) -> str:
-        """``value`` (a WGSL f32 or vec4<f32> expression of the block's output) through the output activation:
-        ``oact(value)`` (:meth:`out_act_fn` declares it), or ``value`` itself for ``linear``, so that the
-        shaders of blocks without one are unchanged."""
+    def out_activated(self, value: str, chan: str | None = None) -> str:
+        """``value`` (a WGSL f32 or vec4<f32> expression of the block's output, of output channel ``chan``)
+        through the output activation: ``oact(value)`` (``oact(value, chan)`` for ``prelu``; :meth:`out_act_fn`
+        declares it), or ``value`` itself for ``linear``, so that the shaders of blocks without one are
+        unchanged."""
+        if self.out_act == "prelu":
+            if chan is None:
+                raise AssertionError(f"{self.key}: the output PReLU needs the output channel")
+            return f"oact({value}, {chan})"
         return value if self.out_act == "linear" else f"oact({value})"
 
     def out_act_fn(self, vec4: bool = False, declared: str = "") -> str:
-        """The WGSL ``fn oact`` that :meth:`out_activated` calls (f32, or vec4<f32> with ``vec4``); "" for
-        ``linear``. ``declared``: WGSL already in the program (its helpers are not declared again)."""
+        """The WGSL ``fn oact`` that :meth:`out_activated` calls (f32, or vec4<f32> with ``vec4``; for ``prelu``
+        ``oact(v, c)`` reading the slopes' binding ``oa``, f32 only); "" for ``linear``. ``declared``: WGSL
+        already in the program (its helpers are not declared again)."""
         if self.out_act == "linear":
             return ""
+        if self.out_act == "prelu":
+            if vec4:
+                raise AssertionError(f"{self.key}: the output PReLU has no vec4 form")
+            return _PRELU_FN.format(name="oact", slopes="oa")
         if not vec4:
             return activation_fn(self.out_act, "oact", declared=declared)
         return (activation_fn(self.out_act, "oact1", declared=declared) + "fn oact(v: vec4<f32>) -> vec4<f32> { "
@@ -389,6 +459,14 @@ class FusedBottleneck(CompositeKernel):
                                          else (float("inf"), -o[1]))
             splits = min(32, -(-_GPU_WORKGROUPS // groups), max(1, self.cexp // 16))
         lanes = {4: 8, 2: 16}[tile]
+        if splits > 1 and self.prelu:
+            # PReLU blocks (MediaPipe's iris landmark model, not in the sweep above): the invocations that
+            # splitting would add come as more lanes of one workgroup instead, over all the output channels, so
+            # that no second dispatch sums the shares. For its [1, 16, 16, 128] -> 64 -> 128 blocks: 64
+            # workgroups of 2x2 tiles x 64 lanes, the 16,384 invocations of 4 splits, each of 182 loop trips as
+            # there, without the summing dispatch (4 more trips). Not yet measured on a GPU.
+            tile, block, splits = 2, min(self.cout, 128), 1
+            lanes = 256 // (tile * tile)
         while lanes > block:
             lanes //= 2
         # With the expand weights staged in workgroup memory, small chunks measured best: 16 channels, or 8
@@ -457,7 +535,7 @@ class FusedBottleneck(CompositeKernel):
         at batch 1: 17.5 against 15.2) and at stride 1 (56x56x24x6 -> 24: 134.2 against the dw_projection
         strategy's 120.0); the bound per image keeps it off small maps in large batches, where most of a tile's
         halo lies outside the image."""
-        if self.target() != "gpu" or self.stride != 2 or not self.has_expand or self.has_se:
+        if self.target() != "gpu" or self.stride != 2 or not self.has_expand or self.has_se or self.prelu:
             return None
         n, h, w, _ = self.input(0).shape
         if n * h * w < _RESIDENT_MIN_PIXELS or h * w < _RESIDENT_MIN_IMAGE or \
@@ -479,7 +557,7 @@ class FusedBottleneck(CompositeKernel):
         (up to 2.2x: 7x7x160x6 145 against 81 us), where the recomputed halos cost more than the expanded
         tensor's bytes."""
         n, h, w, _ = self.input(0).shape
-        return (self.has_expand and not self.has_se and expand_depthwise_fits(self.cin, self.cexp)
+        return (self.has_expand and not self.has_se and not self.prelu and expand_depthwise_fits(self.cin, self.cexp)
                 and self.cexp > _TILED_MAX_CEXP and n * h * w <= _EXPAND_DW_MAX_PIXELS
                 and self.macs() <= _EXPAND_DW_MAX_MACS)
 
@@ -493,7 +571,7 @@ class FusedBottleneck(CompositeKernel):
         [1, 32, 32, 32] -> 48 5.9 against 11.3, [1, 64, 64, 24] -> 48 9.9 against 15.9); slower on one,
         [1, 8, 8, 864] -> 48 (17.3 against 15.9 us, with one dispatch fewer). The dw_projection strategy,
         where it applies, measured faster than both (e.g. [1, 112, 112, 32] -> 16 24.8 against 46.3 us)."""
-        return not self.has_expand and not self.has_se and self._pointwise_block() > 0
+        return not self.has_expand and not self.has_se and not self.prelu and self._pointwise_block() > 0
 
     def _takes_dw_projection(self) -> bool:
         """Whether a GPU runs the ``dw_projection`` strategy by default: without squeeze-excite, at stride 1,
@@ -506,7 +584,7 @@ class FusedBottleneck(CompositeKernel):
         tiled strategy). It lost elsewhere: with output widths of 7 or 14 (each pixel alone) 1.6-2.3x slower at
         batch 32, at stride 2 up to 1.7x, and with fewer pixels (56x56 at batch 1: 116 against 78 us) too few
         workgroups carry the depthwise work."""
-        return (not self.has_se and self.stride == 1 and self.ow % 4 == 0
+        return (not self.has_se and not self.prelu and self.stride == 1 and self.ow % 4 == 0
                 and fits_depthwise_product(self.cexp, self.cout)
                 and self.input(0).shape[0] * self.oh * self.ow >= _DW_PROJECTION_MIN_ROWS)
 
@@ -578,7 +656,7 @@ class FusedBottleneck(CompositeKernel):
         n, h, w, cin = self.input(0).shape
         cexp, cout = self.cexp, self.cout
         names = (["x", "ew", "eb"] if self.has_expand else ["x"]) + ["dw", "db", "pw", "pb"] + (
-            ["sw1", "sb1", "sw2", "sb2"] if self.has_se else [])
+            ["sw1", "sb1", "sw2", "sb2"] if self.has_se else []) + self.slope_names()
         inputs = {name: self.binding(name, "input", i, self.inputs[i]) for i, name in enumerate(names)}
         sizes = self.scratch_sizes()
         progs, src = [], inputs["x"]
@@ -587,17 +665,18 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy == "expand_dw":   # the expansion and the depthwise conv in one dispatch, d into scratch
             d_out = self.binding("d", "scratch", 0, sizes[0])
             ed_binds = tuple(inputs[k] for k in ("x", "ew", "eb", "dw", "db")) + (d_out,)
-            act = self.attr("activation")
+            act, dw_act = self.act, self.dw_act
             *tile, unroll, resident = self._expand_tile()   # unroll: the resident form's pixels
-            progs.append(expand_depthwise_resident_program(f"{self.key}_expand_dw", ed_binds, g, cin, cexp, act, act,
-                                                           *tile, unroll) if resident else
-                         expand_depthwise_program(f"{self.key}_expand_dw", ed_binds, g, cin, cexp, act, act, *tile,
+            progs.append(expand_depthwise_resident_program(f"{self.key}_expand_dw", ed_binds, g, cin, cexp, act,
+                                                           dw_act, *tile, unroll) if resident else
+                         expand_depthwise_program(f"{self.key}_expand_dw", ed_binds, g, cin, cexp, act, dw_act, *tile,
                                                   unroll))
         elif self.has_expand:
             e_out = self.binding("expanded", "scratch", 0, sizes[0])
-            e_binds = (inputs["x"], inputs["ew"], inputs["eb"], e_out)
+            slopes = (inputs["ea"],) if self.act == "prelu" else ()
+            e_binds = (inputs["x"], inputs["ew"], inputs["eb"], *slopes, e_out)
             progs.append(pointwise_expand_program(f"{self.key}_expand", e_binds, n * h * w, cin, cexp,
-                                                  self.attr("activation"), self.target()))
+                                                  self.act, self.target()))
             src = self.binding("x", "scratch", 0, sizes[0], access="read")
         d_index = 1 if self.has_expand and self.strategy != "expand_dw" else 0
         if self.strategy == "dw_projection":   # the depthwise conv computed as the projection reads it
@@ -605,9 +684,9 @@ class FusedBottleneck(CompositeKernel):
             binds = (dataclasses.replace(src, name="x"), inputs["dw"], inputs["db"], inputs["pw"], inputs["pb"],
                      *res, self.binding("y", "output", 0, self.output_specs()[0]))
             value = self.out_activated(f"acc + pb[col4 / 4u]{' + res[idx4]' if self.residual else ''}")
-            helpers = self.out_act_fn(True, declared=activation_fn(self.attr("activation")))   # beside its dact
+            helpers = self.out_act_fn(True, declared=activation_fn(self.dw_act))   # beside its dact
             progs.append(depthwise_product_program(f"{self.key}_dw_project", binds, g, cexp, cout,
-                                                   self.attr("activation"), f"y[idx4] = {value};", tile_attr(self),
+                                                   self.dw_act, f"y[idx4] = {value};", tile_attr(self),
                                                    helpers=helpers))
             return progs
         residual = self.residual_term("pix", "co", f"x[pix * {cin}u + co]")
@@ -616,8 +695,7 @@ class FusedBottleneck(CompositeKernel):
         dw_binds = (src, dataclasses.replace(inputs["dw"], name="w"), dataclasses.replace(inputs["db"], name="b"),
                     self.binding("y", "scratch", d_index, sizes[d_index]))
         if self.strategy != "expand_dw":
-            progs.append(depthwise_program(f"{self.key}_depthwise", dw_binds, g, cexp, 1, True,
-                                           self.attr("activation")))
+            progs.append(depthwise_program(f"{self.key}_depthwise", dw_binds, g, cexp, 1, True, self.dw_act))
         d_read = self.binding("d", "scratch", d_index, sizes[d_index], access="read")
         gated, gate_binds = "", ()
         if self.has_se:
@@ -627,9 +705,9 @@ class FusedBottleneck(CompositeKernel):
             gated = f" * gate[(pix / {self.oh * self.ow}u) * {cexp}u + {{k}}]"
         total = rows * cout
         proj_binds = ((inputs["x"],) if self.residual else ()) + (d_read,) + gate_binds + (
-            inputs["pw"], inputs["pb"], out)
+            inputs["pw"], inputs["pb"]) + ((inputs["oa"],) if self.out_act == "prelu" else ()) + (out,)
         if not self.has_se and use_tiled_matmul(total // cout, cexp, cout, self.target()):
-            value = self.out_activated(f"acc + pb[co]{residual}")
+            value = self.out_activated(f"acc + pb[co]{residual}", "co")
             progs.append(product_program(
                 f"{self.key}_project", proj_binds, total // cout, cexp, cout, "d", "pw", "y",
                 f"let co = col;\n          let pix = row;\n          y[idx] = {value};",
@@ -642,7 +720,7 @@ class FusedBottleneck(CompositeKernel):
         body = (f"  let co = idx % {cout}u;\n  let pix = idx / {cout}u;\n  var v = 0.0;\n  "
                 + dot(cexp, f"d[pix * {cexp}u + {{k}}]{gated}", f"pw[({{k}}) * {cout}u + co]", lanes=lanes))
         progs.append(reduction_program(f"{self.key}_project", proj_binds, total, body,
-                                       f"y[idx] = {self.out_activated(f'v + pb[co]{residual}')};",
+                                       f"y[idx] = {self.out_activated(f'v + pb[co]{residual}', 'co')};",
                                        self.out_act_fn() + self.residual_fn(), lanes=lanes, acc="v",
                                        loop_trips=-(-(cexp // 4) // lanes)))
         return progs
@@ -664,7 +742,7 @@ class FusedBottleneck(CompositeKernel):
         npix = n * self.oh * self.ow
         block, chunk, lanes = pointwise_split(npix, self._pointwise_block(), self.cexp, self.cout)
         residual = self.residual_term("q", "co", f"x[q * {cin}u + co]")
-        act = activation_fn(self.attr("activation"))
+        act = activation_fn(self.dw_act)
         return depthwise_pointwise_program(
             f"{self.key}_dw_pointwise", self.io_bindings(["x", "w", "db", "pw", "pb", "y"]), g, cin, 1, self.cout,
             block, f"y[idx] = {self.out_activated(f'acc + pb[co]{residual}')};",
@@ -722,8 +800,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if self.strategy in ("staged", "dw_projection", "expand_dw"):
             return [dataclasses.replace(p, half_scratch=self.half_scratch()) for p in self._staged_programs()]
         if self.strategy == "blocked":
-            names = ["x", "ew", "eb", "dw", "db", "pw", "pb", "y"] if self.has_expand else \
-                ["x", "dw", "db", "pw", "pb", "y"]
+            names = (["x", "ew", "eb", "dw", "db", "pw", "pb"] if self.has_expand else
+                     ["x", "dw", "db", "pw", "pb"]) + self.slope_names() + ["y"]
             return [blocked_program(self, self.io_bindings(names))]
         if self.strategy == "dw_pointwise":
             return [self._dw_pointwise_program()]
@@ -733,17 +811,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         T = self.tile
         threads = T * T * self.lanes
         jb = -(-cb // self.lanes)  # accumulators per invocation
-        names = ["x", "ew", "eb", "dw", "db", "pw", "pb", "y"] if self.has_expand else \
-            ["x", "dw", "db", "pw", "pb", "y"]
+        names = (["x", "ew", "eb", "dw", "db", "pw", "pb"] if self.has_expand else ["x", "dw", "db", "pw", "pb"]) + \
+            self.slope_names() + ["y"]
         binds = self.io_bindings(names)
         by_name = {b.name: b for b in binds}
         pixels = n * self.oh * self.ow
         if splits > 1:  # the main pass writes each split's share of the projection into scratch
             part = self.binding("part", "scratch", 0, splits * pixels * cout * 4)
-            binds = tuple(b for b in binds if b.name not in ("pb", "y")) + (part,)
+            binds = tuple(b for b in binds if b.name not in ("pb", "oa", "y")) + (part,)
         if self.has_expand:
             expand = (f"        var v = eb[e];\n        let xb = ((n * {h}u + u32(iy)) * {w}u + u32(ix)) * {cin}u;\n"
-                      + "        " + dot(cin, "x[xb + {k}]", f"wsh[({{k}}) * {ec}u + c]") + "\n        val = act(v);")
+                      + "        " + dot(cin, "x[xb + {k}]", f"wsh[({{k}}) * {ec}u + c]")
+                      + f"\n        val = {self.expand_activated('v', 'e')};")
             stage = f"""    // stage this chunk's expand weights in workgroup memory (coalesced reads)
     for (var i = lidx; i < {cin * ec}u; i += {threads}u) {{
       wsh[i] = ew[(i / {ec}u) * {cexp}u + e0 + i % {ec}u];
@@ -762,10 +841,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         lanes = self.lanes
         proj = " + ".join(f"dv[p * {ec}u + {c}u] * pw[(e0 + {c}u) * {cout}u + co]" for c in range(ec))
         out_at = f"((n * {self.oh}u + u32(oy)) * {self.ow}u + u32(ox)) * {cout}u + co"
-        finish = (f"y[{out_at}] = {self.out_activated(f'acc[j] + pb[co]{residual}')};" if splits == 1 else
+        finish = (f"y[{out_at}] = {self.out_activated(f'acc[j] + pb[co]{residual}', 'co')};" if splits == 1 else
                   f"part[split * {pixels * cout}u + {out_at}] = acc[j];")
-        act_fn = activation_fn(self.attr("activation"))
-        source = prelude(binds) + act_fn + self.out_act_fn(declared=act_fn) + self.residual_fn() + f"""
+        source = prelude(binds) + self.activation_fns(output=splits == 1 or self.out_act != "prelu") + f"""
 var<workgroup> halo: array<f32, {hw * hw * ec}>;   // expanded input halo, one chunk of channels
 var<workgroup> dv: array<f32, {T * T * ec}>;          // depthwise results of the tile, same chunk
 {stage_decl}
@@ -804,7 +882,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // {K}x{K} depthwise conv for this pixel, channels lane, lane + {lanes}, ...
     for (var c = lane; c < {ec}u; c += {lanes}u) {{
       let e = e0 + c;
-      dv[p * {ec}u + c] = act(db[e] + {taps});
+      dv[p * {ec}u + c] = {self.dw_activated(f"db[e] + {taps}")};
     }}
     workgroupBarrier();
     // 1x1 projection: output channels co0 + lane + {lanes} j.
@@ -832,8 +910,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         res = self.residual_term(f"idx / {cout}u", f"idx % {cout}u", f"x[(idx / {cout}u) * {cin}u + idx % {cout}u]")
         body = (f"  var v = pb[idx % {cout}u]{res};\n"
                 f"  for (var s = 0u; s < {splits}u; s++) {{ v += part[s * {pixels * cout}u + idx]; }}\n"
-                f"  y[idx] = {self.out_activated('v')};")
-        sum_binds = ((by_name["x"],) if self.residual else ()) + (by_name["pb"], part, by_name["y"])
+                f"  y[idx] = {self.out_activated('v', f'idx % {cout}u')};")
+        slopes = (by_name["oa"],) if self.out_act == "prelu" else ()
+        sum_binds = ((by_name["x"],) if self.residual else ()) + (by_name["pb"], *slopes, part, by_name["y"])
         total = pixels * cout
         return [main, elementwise_program(f"{self.key}_sum", sum_binds, total, body,
                                           self.out_act_fn() + self.residual_fn(), loop_trips=splits)]

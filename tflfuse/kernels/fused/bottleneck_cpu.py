@@ -28,7 +28,7 @@ Sums run in another order than the staged kernels' (rounding only).
 from __future__ import annotations
 
 from ..base import Program, linear_dispatch
-from ..wgsl import activation_fn, linear_main, prelude
+from ..wgsl import linear_main, prelude
 
 __all__ = ["blocked_geometry", "blocked_loop_trips", "blocked_program", "blocked_schedule"]
 
@@ -152,7 +152,7 @@ def blocked_program(k, bindings) -> Program:
                                        f"x[{res_at.format(p=p, co='co')}]")
             value = f"{sums.format(p=p * alloc)}bias{residual}"
             out.append(f"  if (ox0 + {p} < {k.ow}) {{ {target}[{out_at.format(p=p, co='co')}] = "
-                       f"{k.out_activated(value) if sums else value}; }}")
+                       f"{k.out_activated(value, 'co') if sums else value}; }}")
         return out + ["}"]
     if private:
         L += [f"var acc: array<f32, {tw * alloc}>;   // projection sums: pixel p, channel co0 + c at p * {alloc} + c"]
@@ -170,7 +170,8 @@ def blocked_program(k, bindings) -> Program:
         B += ["  " + " ".join(f"h{q}_{e} += x{q} * w{e};" for e in es) for q in qs]
         B += ["}"]
         B += [f"let b{e} = eb[e0 + {e}u];" for e in es]
-        B += [" ".join(f"let a{q}_{e} = select(0.0, act(h{q}_{e} + b{e}), ok{q});" for e in es) for q in qs]
+        B += [" ".join(f"let a{q}_{e} = select(0.0, {k.expand_activated(f'h{q}_{e} + b{e}', f'e0 + {e}u')}, ok{q});"
+                       for e in es) for q in qs]
     else:   # expansion 1: the depthwise conv reads the input itself (zero in the padding)
         B += [" ".join(f"let a{q}_{e} = select(0.0, x[xb{q} + e0 + {e}u], ok{q});" for e in es) for q in qs]
     taps = [(ky, kx) for ky in range(K) for kx in range(K)]
@@ -179,7 +180,7 @@ def blocked_program(k, bindings) -> Program:
     for p in range(tw):
         for e in es:
             terms = " + ".join(f"a{q_of[(ky, p * s + kx)]}_{e} * d{t}_{e}" for t, (ky, kx) in enumerate(taps))
-            B.append(f"let v{p}_{e} = act(db{e} + {terms});")
+            B.append(f"let v{p}_{e} = {k.dw_activated(f'db{e} + {terms}')};")
     B += [f"for (var c = 0u; c < {alloc}u; c += {step}u) {{"]
     B += [f"  let o{j} = min(co0 + c + {j}u, {cout - 1}u);" for j in range(step)]
     B += ["  " + " ".join(f"let p{e}_{j} = pw[(e0 + {e}u) * {cout}u + o{j}];" for j in range(step)) for e in es]
@@ -202,11 +203,10 @@ def blocked_program(k, bindings) -> Program:
         L += [f"for (var c = 0u; c < {G}u; c++) {{", "  let co = co0 + c;", f"  if (co >= {cout}u) {{ break; }}"]
         for p in range(tw):
             at = out_at.format(p=p, co="co")
-            L.append(f"  if (ox0 + {p} < {k.ow}) {{ y[{at}] = {k.out_activated(f'sums[{at}]')}; }}")
+            L.append(f"  if (ox0 + {p} < {k.ow}) {{ y[{at}] = {k.out_activated(f'sums[{at}]', 'co')}; }}")
         L += ["}"]
     total = g["invocations"]
-    act_fn = activation_fn(k.attr("activation"))
-    source = prelude(bindings) + act_fn + k.out_act_fn(declared=act_fn) + k.residual_fn() + linear_main(
+    source = prelude(bindings) + k.activation_fns() + linear_main(
         WORKGROUP, total, "\n".join("  " + line for line in L))
     return Program(k.key, source, (WORKGROUP, 1, 1), linear_dispatch(total, WORKGROUP), bindings,
                    loop_trips=blocked_loop_trips(k))

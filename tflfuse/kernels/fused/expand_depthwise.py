@@ -349,16 +349,20 @@ def pointwise_expand_program(name: str, bindings: tuple[Binding, ...], rows: int
     """The 1x1 expand conv on its own: ``expanded [rows, Cexp] = act(x [rows, Cin] @ ew [Cin, Cexp] + eb)``
     over bindings named ``x``, ``ew``, ``eb`` and ``expanded``, float32; a tiled product where
     :func:`~tflfuse.kernels.gemm.use_tiled_matmul` says so, else one invocation (or a few lanes sharing the sum,
-    :func:`~tflfuse.kernels.wgsl.split_lanes`) per output."""
-    act = activation_fn(activation)
+    :func:`~tflfuse.kernels.wgsl.split_lanes`) per output. ``activation="prelu"``: TFLite's PRELU with one slope
+    per expanded channel, from a binding named ``ea`` ``[Cexp]``."""
+    if activation == "prelu":
+        act, call = "fn act(v: f32, c: u32) -> f32 { return select(v * ea[c], v, v >= 0.0); }\n", "act({}, {})"
+    else:
+        act, call = activation_fn(activation), "act({})"
     if use_tiled_matmul(rows, cin, cexp, target):
         return product_program(name, bindings, rows, cin, cexp, "x", "ew", "expanded",
-                               "expanded[idx] = act(acc + eb[col]);", act)
+                               f"expanded[idx] = {call.format('acc + eb[col]', 'col')};", act)
     lanes = split_lanes(rows * cexp, cin, target)
     body = (f"  let e = idx % {cexp}u;\n  let pix = idx / {cexp}u;\n  var v = 0.0;\n  "
             + dot(cin, f"x[pix * {cin}u + {{k}}]", f"ew[({{k}}) * {cexp}u + e]", lanes=lanes))
-    return reduction_program(name, bindings, rows * cexp, body, "expanded[idx] = act(v + eb[e]);", act,
-                             lanes=lanes, acc="v", loop_trips=-(-(cin // 4) // lanes))
+    return reduction_program(name, bindings, rows * cexp, body, f"expanded[idx] = {call.format('v + eb[e]', 'e')};",
+                             act, lanes=lanes, acc="v", loop_trips=-(-(cin // 4) // lanes))
 
 
 #: Expand multiply-adds (``N * H * W * Cin * Cexp``) up to which a GPU runs :class:`FusedExpandDepthwise` as
