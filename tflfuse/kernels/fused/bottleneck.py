@@ -10,13 +10,19 @@ Semantics (``composites.bottleneck.fused_bottleneck``, BatchNorm folded): for in
     y = output_act(y)                                     # (output_activation; default linear)
 
 with ``act`` one of relu6 (default), relu, hard_swish (``v * relu6(v + 3) / 6``) and ``hard_sigmoid(v) =
-relu6(v + 3) / 6``. Op inputs, in order: ``x``; ``expand_w [Cin, Cexp]`` and ``expand_b [Cexp]`` when
+relu6(v + 3) / 6``. PReLU blocks (MediaPipe's iris landmark model): ``activation="prelu"`` is TFLite's PRELU
+(``v >= 0 ? v : alpha[c] * v``) after the expand conv, with ``dw_activation`` (any of the others, or
+``"linear"``; absent: ``activation``) after the depthwise conv, and ``output_activation="prelu"`` a PRELU after
+the residual. Op inputs, in order: ``x``; ``expand_w [Cin, Cexp]`` and ``expand_b [Cexp]`` when
 expansion > 1; ``dw_w [K, K, Cexp]``, ``dw_b [Cexp]``, ``project_w [Cexp, Cout]``, ``project_b [Cout]``; with
-squeeze_excite ``se_w1 [Cexp, Csq]``, ``se_b1 [Csq]``, ``se_w2 [Csq, Cexp]``, ``se_b2 [Cexp]``. Attributes:
+squeeze_excite ``se_w1 [Cexp, Csq]``, ``se_b1 [Csq]``, ``se_w2 [Csq, Cexp]``, ``se_b2 [Cexp]``; with
+``activation="prelu"`` ``expand_alpha [Cexp]``, then with ``output_activation="prelu"`` ``output_alpha [Cout]``
+(only the tiled, staged and blocked strategies take them; no squeeze-excite with them). Attributes:
 ``expansion`` (int), ``stride`` (1 or 2), ``residual`` (bool), ``activation`` (str), ``kernel_size`` (int,
-default 3), ``squeeze_excite`` (bool, default False) and ``output_activation`` (``"linear"``, the default,
-``"relu"`` or ``"relu6"``: applied after the residual, as TFLite's ADD with a fused RELU6 after a block, or a
-projection CONV_2D with a fused activation; :func:`tflfuse.fuse` folds both), ``padding`` (``"SAME"``, the
+default 3), ``squeeze_excite`` (bool, default False), ``dw_activation`` (str, default None: ``activation``) and
+``output_activation`` (``"linear"``, the default, ``"relu"``, ``"relu6"`` or ``"prelu"``: applied after the
+residual, as TFLite's ADD with a fused RELU6 after a block, or a projection CONV_2D with a fused activation;
+:func:`tflfuse.fuse` folds both), ``padding`` (``"SAME"``, the
 default, ``"VALID"`` or ``"EXPLICIT"`` with ``explicit_paddings``: eight ints, TensorFlow's NHWC
 ``[0, 0, top, bottom, left, right, 0, 0]``, each of the four below ``kernel_size``; a PAD of zeros before a
 VALID depthwise conv, as in MediaPipe's pose landmark model, is this): files written before the last
