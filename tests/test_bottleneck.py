@@ -871,6 +871,17 @@ PRELU_CASES = [
     (1, 4, 4, 128, 64, 128, 1, True, True, 3),
     (1, 16, 16, 128, 64, 128, 1, True, True, 3),
 ]
+# Downsampling PReLU blocks (``expand_stride`` 2: a 2x2 expand conv of stride 2, VALID; the residual x's 2x2 max
+# pool, zero-extended to Cout): iris_landmark's [1, 32, 32, 64] -> 64 -> 128, odd channels with batch 2, and
+# equal channels; (..., residual "pool").
+STRIDED_PRELU_CASES = [
+    (1, 32, 32, 64, 64, 128, 1, "pool", True, 3),
+    (2, 10, 6, 5, 7, 9, 1, "pool", True, 3),
+    (1, 8, 12, 6, 6, 6, 1, "pool", False, 5),
+    (1, 9, 7, 4, 6, 5, 1, False, True, 3),     # odd sizes (VALID drops the last row and column), no residual
+]
+STRIDED_PRELU_SCHEDULES = {k: SCHEDULES[k] for k in ("cpu", "gpu", "cpu_tiled", "split3", "tile2")}
+STRIDED_PRELU_SCHEDULES["gpu_staged"] = {"target": "gpu", "strategy": "staged"}
 PRELU_SCHEDULES = {k: SCHEDULES[k] for k in ("cpu", "gpu", "cpu_staged", "cpu_tiled", "split3", "gpu_blocked",
                                               "blocked_tile1", "blocked_odd", "tile2")}
 PRELU_SCHEDULES.update({"gpu_staged": {"target": "gpu", "strategy": "staged"},
@@ -879,6 +890,9 @@ PRELU_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:6]))}-s{c[6]}-k{c[9]
                                     f"{'-oprelu' if c[8] else ''}-{s}")
               for c in PRELU_CASES for s in sorted(PRELU_SCHEDULES)
               if not (s in ("split3", "blocked_odd", "tile2", "cpu_tiled") and c[4] >= 64)]
+PRELU_RUNS += [pytest.param(c, s, id=f"{'x'.join(map(str, c[:6]))}-expand_s2-k{c[9]}-{c[7] or 'nores'}-{s}")
+               for c in STRIDED_PRELU_CASES for s in sorted(STRIDED_PRELU_SCHEDULES)
+               if not (s in ("split3", "tile2", "cpu_tiled") and c[4] >= 64)]
 
 
 def _prelu_reference(x, w, stride, residual, padding="SAME"):
@@ -889,27 +903,40 @@ def _prelu_reference(x, w, stride, residual, padding="SAME"):
     def prelu(v, alpha):
         return tf.where(v >= 0, v, v * alpha)
 
-    h = prelu(tf.nn.conv2d(tf.constant(x), w["ew"][None, None], 1, "SAME") + w["eb"], w["ea"])
+    cin = x.shape[-1]
+    if w["ew"].shape[0] == cin:
+        h = tf.nn.conv2d(tf.constant(x), w["ew"][None, None], 1, "SAME")
+    else:   # the 2x2 expand conv of stride 2, VALID: expand_w is its HWIO filter flattened
+        h = tf.nn.conv2d(tf.constant(x), w["ew"].reshape(2, 2, cin, -1), 2, "VALID")
+    h = prelu(h + w["eb"], w["ea"])
     h = tf.nn.depthwise_conv2d(h, w["dw"][..., None], [1, stride, stride, 1], padding) + w["db"]
     y = tf.nn.conv2d(h, w["pw"][None, None], 1, "SAME") + w["pb"]
-    y = y + x if residual else y
+    if residual == "pool":   # x's 2x2 max pool, zero-extended to the output's channels
+        pooled = tf.nn.max_pool2d(x, 2, 2, "VALID")
+        y = y + tf.pad(pooled, [[0, 0], [0, 0], [0, 0], [0, y.shape[-1] - cin]])
+    elif residual:
+        y = y + x
     return (prelu(y, w["oa"]) if "oa" in w else y).numpy()
 
 
 def _prelu_block(case):
     n, h, w_, cin, cexp, cout, stride, residual, out_prelu, k = case
+    strided = case in STRIDED_PRELU_CASES
     rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
     x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
     w = _weights(rng, cin, 2, cout, k)   # then narrowed to cexp expanded channels
-    w["ew"] = (rng.standard_normal((cin, cexp)) / np.sqrt(cin)).astype(np.float32)
+    depth = 4 * cin if strided else cin
+    w["ew"] = (rng.standard_normal((depth, cexp)) / np.sqrt(depth)).astype(np.float32)
     w["eb"] = (0.1 * rng.standard_normal(cexp)).astype(np.float32)
-    w["dw"], w["db"] = w["dw"][..., :cexp], w["db"][:cexp]
+    w["dw"] = (rng.standard_normal((k, k, cexp)) / k).astype(np.float32)
+    w["db"] = (0.1 * rng.standard_normal(cexp)).astype(np.float32)
     w["pw"] = (rng.standard_normal((cexp, cout)) / np.sqrt(cexp)).astype(np.float32)
     w["ea"] = rng.uniform(-0.5, 1.5, cexp).astype(np.float32)   # negative slopes too: PRELU allows them
     if out_prelu:
         w["oa"] = rng.uniform(-0.5, 1.5, cout).astype(np.float32)
-    attrs = {"stride": stride, "residual": residual, "kernel_size": k, "activation": "prelu",
-             "dw_activation": "linear", **({"output_activation": "prelu"} if out_prelu else {})}
+    attrs = {"stride": stride, "residual": bool(residual), "kernel_size": k, "activation": "prelu",
+             "dw_activation": "linear", **({"output_activation": "prelu"} if out_prelu else {}),
+             **({"expand_stride": 2} if strided else {}), **({"residual_pool": 2} if residual == "pool" else {})}
     return x, w, [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb", "ea", "oa") if k in w], attrs
 
 
@@ -920,7 +947,7 @@ def test_prelu_block_matches_tf(device, case, schedule):
     slopes multiply values within the tolerance)."""
     x, w, inputs, attrs = _prelu_block(case)
     (y,) = run_op(device, "fused_bottleneck", inputs, {**attrs, **PRELU_SCHEDULES[schedule]})
-    ref = _prelu_reference(x, w, attrs["stride"], attrs["residual"])
+    ref = _prelu_reference(x, w, attrs["stride"], case[7])
     assert y.shape == ref.shape and y.dtype == np.float32
     assert (ref < 0).any() and (ref > 0).any()
     np.testing.assert_allclose(y, ref, rtol=RTOL, atol=1.5 * _atol(ref))

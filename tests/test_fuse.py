@@ -119,13 +119,21 @@ BOTTLENECK_CASES = {
 }
 
 
-def _prelu_block(cexp, cout, k=3, stride=1, residual=True, out_prelu=True):
+def _prelu_block(cexp, cout, k=3, stride=1, residual=True, out_prelu=True, down=False):
     """MediaPipe iris landmark's residual block: CONV_2D 1x1 -> PRELU -> DEPTHWISE_CONV_2D (no activation) ->
-    CONV_2D 1x1 [-> ADD of the input] [-> PRELU]."""
+    CONV_2D 1x1 [-> ADD of the input] [-> PRELU]; with ``down`` its downsampling block: the first conv 2x2 of
+    stride 2 (VALID), and the residual the input's 2x2 max pool, its channels zero-extended by a PAD."""
     def build(x):
-        y = _prelu()(keras.layers.Conv2D(cexp, 1)(x))
+        y = _prelu()(keras.layers.Conv2D(cexp, 2, 2)(x) if down else keras.layers.Conv2D(cexp, 1)(x))
         y = keras.layers.Conv2D(cout, 1)(keras.layers.DepthwiseConv2D(k, stride, padding="same")(y))
-        y = keras.layers.Add()([x, y]) if residual else y
+        if down and residual:
+            pooled = keras.layers.MaxPooling2D(2)(x)
+            if cout > x.shape[-1]:
+                pooled = keras.layers.Lambda(lambda t: keras.ops.pad(
+                    t, [[0, 0], [0, 0], [0, 0], [0, cout - x.shape[-1]]]))(pooled)
+            y = keras.layers.Add()([y, pooled])
+        elif residual:
+            y = keras.layers.Add()([x, y])
         return _prelu()(y) if out_prelu else y
     return build
 
@@ -135,6 +143,8 @@ PRELU_BOTTLENECK_CASES = {
     "batch2_odd_channels": (dict(cexp=3, cout=5), (6, 5, 5), 2),
     "stride2_k5_no_residual": (dict(cexp=7, cout=6, k=5, stride=2, residual=False), (9, 11, 4), 1),
     "without_output_prelu": (dict(cexp=8, cout=8, out_prelu=False), (8, 8, 8), 1),
+    "down_channel_pad": (dict(cexp=6, cout=10, down=True), (8, 10, 6), 1),
+    "down_batch2_odd": (dict(cexp=5, cout=5, down=True), (6, 4, 5), 2),
 }
 
 
@@ -150,6 +160,7 @@ def test_prelu_bottleneck_pattern(case, device, rng):
     assert (attrs["activation"], attrs["dw_activation"]) == ("prelu", "linear")
     assert attrs.get("output_activation", "linear") == ("prelu" if kw.get("out_prelu", True) else "linear")
     assert attrs["residual"] == kw.get("residual", True)
+    assert (attrs.get("expand_stride", 1), attrs.get("residual_pool", 1)) == ((2, 2) if kw.get("down") else (1, 1))
 
 
 def test_prelu_bottleneck_needs_a_linear_depthwise_conv_and_channel_slopes(device, rng):
@@ -173,14 +184,18 @@ def test_prelu_bottleneck_needs_a_linear_depthwise_conv_and_channel_slopes(devic
 
 
 def test_iris_landmark_blocks_fuse_to_one_dispatch_each():
-    """MediaPipe's iris landmark model: its 20 PReLU residual blocks become fused_bottleneck ops, each one
-    dispatch on a GPU at batch 1 (55 dispatches for the model before, as fused_conv2d + fused_separable_conv2d
-    pairs); outputs against LiteRT are test_real_model_fuses_and_round_trips' (iris_landmark)."""
+    """MediaPipe's iris landmark model: its 26 PReLU residual blocks (6 of them downsampling) become
+    fused_bottleneck ops, each one dispatch on a GPU at batch 1 (55 dispatches for the model before, as
+    fused_conv2d + fused_separable_conv2d pairs); outputs against LiteRT are
+    test_real_model_fuses_and_round_trips' (iris_landmark)."""
     from tflfuse import zoo
 
     fused, report = fuse(zoo.fetch("iris_landmark").read_bytes())
-    assert report.patterns["bottleneck"] == 20, str(report)
-    assert report.dispatches_after == 35, str(report)
+    assert report.patterns["bottleneck"] == 26, str(report)
+    assert report.dispatches_after == 29, str(report)
+    m = Model(fused)
+    assert sum(decode_attrs(m.op_attrs(0, i)).get("expand_stride", 1) == 2
+               for i, n in enumerate(m.op_names(0)) if n == "fused_bottleneck") == 6
 
 
 @pytest.mark.parametrize("case", list(BOTTLENECK_CASES), ids=list(BOTTLENECK_CASES))

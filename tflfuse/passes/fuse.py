@@ -220,13 +220,37 @@ def _channel_slopes(g: Graph, prelu: int, channels: int) -> np.ndarray | None:
     return slopes.reshape(-1).astype(np.float32)
 
 
+def _conv_2x2_s2(g: Graph, oi: int) -> dict | None:
+    """A CONV_2D 2x2 of stride 2 without padding (VALID, or SAME on even sizes), dilation or activation, with a
+    constant filter [O, 2, 2, I]: its weights as [4 I, O], tap (dy, dx) at rows (2 dy + dx) I (``fused_bottleneck``'s
+    ``expand_stride`` 2), as :func:`_conv_1x1` gives a 1x1 conv's."""
+    if g.op_name(oi) != "CONV_2D":
+        return None
+    a, ins = g.attrs(oi), g.inputs(oi)
+    w = _weights(g, ins[1])
+    shape = g.shapes.get(ins[0], ())
+    if w is None or w.ndim != 4 or w.shape[1:3] != (2, 2) or len(shape) != 4 or w.shape[3] != shape[3] or \
+            a.get("stride_h") != 2 or a.get("stride_w") != 2 or a.get("fused_activation_function", "NONE") != "NONE" \
+            or a.get("dilation_h_factor", 1) != 1 or a.get("dilation_w_factor", 1) != 1 or \
+            not (a.get("padding") == "VALID" or (shape[1] % 2 == 0 and shape[2] % 2 == 0)):
+        return None
+    b = _weights(g, ins[2]) if len(ins) > 2 and ins[2] >= 0 else np.zeros(w.shape[0], np.float32)
+    if b is None or not g.is_runtime(ins[0]):
+        return None
+    return {"x": ins[0], "w": w.transpose(1, 2, 3, 0).reshape(4 * w.shape[3], w.shape[0]), "b": b, "act": "NONE",
+            "out": g.outputs_of(oi)[0]}
+
+
 def _prelu_bottleneck(g: Graph, oi: int):
     """CONV_2D 1x1 -> PRELU -> DEPTHWISE_CONV_2D KxK (K 3 or 5, stride 1 or 2, SAME or VALID, no activation) ->
     CONV_2D 1x1 -> [ADD of the block's input] -> [PRELU], each conv without fused activation and each PRELU with
     one constant slope per channel: ``fused_bottleneck`` with ``activation="prelu"``, ``dw_activation=
     "linear"`` and, with the last PRELU, ``output_activation="prelu"`` (MediaPipe's iris landmark model, whose
-    residual blocks narrow 64 channels to 32 and back)."""
-    expand = _conv_1x1(g, oi, {"NONE"})
+    residual blocks narrow 64 channels to 32 and back). Its downsampling blocks too: the first conv a 2x2 of
+    stride 2 (:func:`_conv_2x2_s2`, ``expand_stride`` 2), the depthwise conv of stride 1, and the ADD's other
+    input the block input's 2x2 MAX_POOL_2D of stride 2, [zero-extended by a PAD of its channels]
+    (``residual_pool`` 2)."""
+    expand = _conv_1x1(g, oi, {"NONE"}) or _conv_2x2_s2(g, oi)
     prelu = g.sole_reader(expand["out"]) if expand is not None else None
     if prelu is None or g.op_name(prelu) != "PRELU" or g.inputs(prelu)[0] != expand["out"]:
         return None
@@ -250,13 +274,22 @@ def _prelu_bottleneck(g: Graph, oi: int):
     proj = _conv_1x1(g, project, {"NONE"}) if project is not None else None
     if dw_b is None or proj is None:
         return None
-    chain = [oi, prelu, dw, project]
+    chain, folded = [oi, prelu, dw, project], []
     out, residual = proj["out"], False
     add = g.sole_reader(out)
-    if add is not None and g.op_name(add) == "ADD" and g.attrs(add).get("fused_activation_function") == "NONE" and \
-            _other(g, add, out) == x and stride == 1 and g.shapes.get(x) == g.shapes.get(out):
-        chain.append(add)
-        out, residual = g.outputs_of(add)[0], True
+    strided = expand["w"].shape[0] != g.shapes[x][-1]   # the 2x2 conv of stride 2
+    if add is not None and g.op_name(add) == "ADD" and g.attrs(add).get("fused_activation_function") == "NONE":
+        other = _other(g, add, out)
+        if other == x and stride == 1 and not strided and g.shapes.get(x) == g.shapes.get(out):
+            chain.append(add)
+            out, residual = g.outputs_of(add)[0], True
+        elif other is not None and strided and stride == 1 and g.shapes.get(other) == g.shapes.get(out):
+            pad = _channel_pad(g, other, add)
+            pool = _residual_pool(g, g.inputs(pad)[0] if pad is not None else other, pad if pad is not None else add)
+            if pool is not None and g.inputs(pool)[0] == x:   # x's 2x2 max pool [zero-extended]
+                chain.append(add)
+                folded = [pool] + ([pad] if pad is not None else [])
+                out, residual = g.outputs_of(add)[0], True
     last = g.sole_reader(out)
     out_alpha = _channel_slopes(g, last, proj["w"].shape[1]) if last is not None and \
         g.op_name(last) == "PRELU" and g.inputs(last)[0] == out else None
@@ -270,11 +303,15 @@ def _prelu_bottleneck(g: Graph, oi: int):
              "squeeze_excite": False}
     if a.get("padding") == "VALID":
         attrs["padding"] = "VALID"
+    if strided:
+        attrs["expand_stride"] = 2
+    if folded:
+        attrs["residual_pool"] = 2
     slopes = [alpha]
     if out_alpha is not None:
         attrs["output_activation"] = "prelu"
         slopes.append(out_alpha)
-    return chain, [x, expand["w"], expand["b"], k[0], dw_b, proj["w"], proj["b"], *slopes], out, \
+    return folded + chain, [x, expand["w"], expand["b"], k[0], dw_b, proj["w"], proj["b"], *slopes], out, \
         "fused_bottleneck", attrs
 
 

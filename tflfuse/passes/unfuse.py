@@ -133,11 +133,19 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
     if has_expand:
         ew, eb, *vals = vals
         cexp = ew.shape[1]
-        if act == "prelu":   # TFLite's PRELU after the expand conv, one slope per channel
-            e = b.conv_1x1(x, ew, eb, (n, h, w, cexp))
-            e = b.op("PRELU", [e, b.weight(slopes[0].reshape(1, 1, -1))], (n, h, w, cexp))
+        linear = act == "prelu"   # its PRELU follows, an op of its own
+        if int(attrs.get("expand_stride", 1)) == 2:   # a CONV_2D 2x2 of stride 2, VALID: filter OHWI
+            h, w = h // 2, w // 2
+            code = 0 if linear else _FUSED_CODES.get(act)
+            e = b.op("CONV_2D", [x, b.weight(ew.reshape(2, 2, cin, cexp).transpose(3, 0, 1, 2)), b.weight(eb)],
+                     (n, h, w, cexp), ("Conv2DOptions", {"padding": 1, "strideW": 2, "strideH": 2,
+                                                          "fusedActivationFunction": code or 0}))
+            if code is None:
+                e = _act_after(b, e, (n, h, w, cexp), act)
         else:
-            e = b.conv_1x1(x, ew, eb, (n, h, w, cexp), act)
+            e = b.conv_1x1(x, ew, eb, (n, h, w, cexp), "linear" if linear else act)
+        if linear:   # TFLite's PRELU after the expand conv, one slope per channel
+            e = b.op("PRELU", [e, b.weight(slopes[0].reshape(1, 1, -1))], (n, h, w, cexp))
     else:
         e, cexp = x, cin
     dw, db, pw, pb, *sev = vals
@@ -180,9 +188,12 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
     if attrs.get("residual"):
         p = b.conv_1x1(d, pw, pb, (n, oh, ow, cout))
         res = x
-        if attrs.get("residual_pool", 1) == 2:   # x's 2x2 max pool of stride 2
-            res = b.op("MAX_POOL_2D", [x], (n, oh, ow, cout), ("Pool2DOptions", {
+        if attrs.get("residual_pool", 1) == 2:   # x's 2x2 max pool of stride 2 [zero-extended to Cout]
+            res = b.op("MAX_POOL_2D", [x], (n, oh, ow, cin), ("Pool2DOptions", {
                 "padding": 1, "strideH": 2, "strideW": 2, "filterHeight": 2, "filterWidth": 2}))
+            if cin < cout:
+                res = b.op("PAD", [res, b.weight_i32(np.array([[0, 0]] * 3 + [[0, cout - cin]], np.int32))],
+                           (n, oh, ow, cout), ("PadOptions", {}))
         y = b.op("ADD", [p, res], (n, oh, ow, cout),
                  options=("AddOptions", {"fusedActivationFunction": _FUSED_CODES[fused_act]}), out=last)
     else:

@@ -17,7 +17,11 @@ the residual. Op inputs, in order: ``x``; ``expand_w [Cin, Cexp]`` and ``expand_
 expansion > 1; ``dw_w [K, K, Cexp]``, ``dw_b [Cexp]``, ``project_w [Cexp, Cout]``, ``project_b [Cout]``; with
 squeeze_excite ``se_w1 [Cexp, Csq]``, ``se_b1 [Csq]``, ``se_w2 [Csq, Cexp]``, ``se_b2 [Cexp]``; with
 ``activation="prelu"`` ``expand_alpha [Cexp]``, then with ``output_activation="prelu"`` ``output_alpha [Cout]``
-(only the tiled, staged and blocked strategies take them; no squeeze-excite with them). Attributes:
+(only the tiled, staged and blocked strategies take them; no squeeze-excite with them). With ``expand_stride`` 2
+the expand conv is a 2x2 conv of stride 2, VALID (``e [N, H // 2, W // 2, Cexp]``, ``expand_w [4 Cin, Cexp]``:
+TensorFlow's HWIO filter flattened, tap ``(dy, dx)`` at rows ``(2 dy + dx) Cin``; the tiled and staged strategies
+take it): iris landmark's downsampling blocks, whose residual is x's 2x2 max pool (``residual_pool`` 2, its
+channels zero-extended to Cout where Cin < Cout, as TFLite's PAD of the last axis). Attributes:
 ``expansion`` (int), ``stride`` (1 or 2), ``residual`` (bool), ``activation`` (str), ``kernel_size`` (int,
 default 3), ``squeeze_excite`` (bool, default False), ``dw_activation`` (str, default None: ``activation``) and
 ``output_activation`` (``"linear"``, the default, ``"relu"``, ``"relu6"`` or ``"prelu"``: applied after the
@@ -142,7 +146,7 @@ class FusedBottleneck(CompositeKernel):
                    "se_w2", "se_b2", "expand_alpha", "output_alpha")
     attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "target": "gpu",
                      "kernel_size": 3, "squeeze_excite": False, "output_activation": "linear", "padding": "SAME",
-                     "explicit_paddings": None, "residual_pool": 1, "dw_activation": None}
+                     "explicit_paddings": None, "residual_pool": 1, "dw_activation": None, "expand_stride": 1}
 
     def check(self):
         x = self.expect_rank(0, 4)
@@ -162,10 +166,19 @@ class FusedBottleneck(CompositeKernel):
             raise self.fail(f"kernel_size must be 3 or 5, got {self.k}")
         k = self.k
         off = 2 if self.has_expand else 0
+        self.expand_stride = self._int_attr("expand_stride")
+        if self.expand_stride not in (1, 2) or (self.expand_stride == 2 and not self.has_expand):
+            raise self.fail(f"expand_stride must be 1 (a 1x1 expand conv) or 2 (a 2x2 expand conv of stride 2, "
+                            f"VALID) with an expand conv, got {self.expand_stride!r}")
+        taps = self.expand_stride ** 2
+        # the expanded tensor's size: the 2x2 conv of stride 2 (VALID) halves H and W, rounding down
+        self.eh, self.ewd = (h // 2, w // 2) if self.expand_stride == 2 else (h, w)
         if self.has_expand:
             ew, eb = self.expect_rank(1, 2).shape, self.expect_rank(2, 1).shape
-            if ew[0] != cin or eb[0] != ew[1]:
-                raise self.fail(f"expand_w {list(ew)} / expand_b {list(eb)} do not fit {cin} input channels")
+            if ew[0] != cin * taps or eb[0] != ew[1]:
+                raise self.fail(f"expand_w {list(ew)} / expand_b {list(eb)} do not fit {cin} input channels"
+                                + (f" (a 2x2 expand conv: expand_w [4 * {cin}, Cexp], HWIO flattened)" if taps > 1
+                                   else ""))
             if not cin:
                 raise self.fail("the expand conv needs input channels (x has 0)")
             cexp = ew[1]
@@ -194,20 +207,21 @@ class FusedBottleneck(CompositeKernel):
         self.stride = self._int_attr("stride")
         if self.stride not in (1, 2):
             raise self.fail(f"stride must be 1 or 2, got {self.stride}")
-        self._padding(h, w)
+        self._padding(self.eh, self.ewd)
         self.residual = self.bool_attr("residual")
         self.residual_pool = self.attr("residual_pool")
         if self.residual_pool not in (1, 2) or isinstance(self.residual_pool, bool):
             raise self.fail(f"residual_pool must be 1 (none) or 2 (a 2x2 max pool of stride 2 of x), got "
                             f"{self.residual_pool!r}")
         pooled = self.residual_pool == 2
-        if pooled and not (self.residual and self.stride == 2 and h % 2 == 0 and w % 2 == 0 and
-                           (self.oh, self.ow) == (h // 2, w // 2) and cin == self.cout):
-            raise self.fail(f"residual_pool 2 (x's 2x2 max pool added to the output) needs residual, stride 2, even "
-                            f"sizes, an output of half the input's size and Cin == Cout; got residual "
-                            f"{self.residual}, stride {self.stride}, output {self.oh}x{self.ow} of {h}x{w}, Cin {cin}, "
-                            f"Cout {self.cout}")
-        if self.residual and not pooled and (self.stride != 1 or cin != self.cout or (self.oh, self.ow) != (h, w)):
+        if pooled and not (self.residual and self.stride * self.expand_stride == 2 and h % 2 == 0 and w % 2 == 0 and
+                           (self.oh, self.ow) == (h // 2, w // 2) and cin <= self.cout):
+            raise self.fail(f"residual_pool 2 (x's 2x2 max pool added to the output) needs residual, stride 2 (of the "
+                            f"depthwise or the expand conv), even sizes, an output of half the input's size and Cin <= "
+                            f"Cout (zero-extended); got residual {self.residual}, stride {self.stride}, expand_stride "
+                            f"{self.expand_stride}, output {self.oh}x{self.ow} of {h}x{w}, Cin {cin}, Cout {self.cout}")
+        if self.residual and not pooled and (self.stride != 1 or self.expand_stride != 1 or cin != self.cout or
+                                             (self.oh, self.ow) != (h, w)):
             raise self.fail(f"residual needs stride 1, Cin == Cout and an output of the input's size, got stride "
                             f"{self.stride}, Cin {cin}, Cout {self.cout}, output {self.oh}x{self.ow} of {h}x{w}")
         if self.act == "prelu" and (not self.has_expand or self.has_se):
@@ -227,6 +241,9 @@ class FusedBottleneck(CompositeKernel):
         if self.prelu and self.strategy not in ("tiled", "staged", "blocked"):
             raise self.fail(f"strategy {self.strategy!r} does not take PReLU slopes (activation or "
                             f"output_activation 'prelu'); give 'tiled', 'staged' or 'blocked'")
+        if self.expand_stride == 2 and self.strategy not in ("tiled", "staged"):
+            raise self.fail(f"strategy {self.strategy!r} does not take a 2x2 expand conv (expand_stride 2); give "
+                            f"'tiled' or 'staged'")
         if self.strategy == "dw_projection" and pooled:
             raise self.fail("strategy 'dw_projection' does not pool the residual (residual_pool 2); give another")
         if self.strategy == "dw_projection" and not fits_depthwise_product(cexp, self.cout):
@@ -287,6 +304,12 @@ class FusedBottleneck(CompositeKernel):
     def prelu(self) -> bool:
         """Whether the block has PReLU slopes (only the tiled, staged and blocked strategies take them)."""
         return "prelu" in (self.act, self.out_act)
+
+    @property
+    def core_only(self) -> bool:
+        """Whether only the tiled, staged and blocked strategies take the block (PReLU slopes, or a 2x2 expand
+        conv, which the blocked one does not take either): the defaults of the others leave it alone."""
+        return self.prelu or self.expand_stride != 1
 
     def expand_activated(self, value: str, chan: str) -> str:
         """The expansion's activation of WGSL ``value`` of expanded channel ``chan`` (:meth:`activation_fns`)."""
@@ -351,11 +374,13 @@ class FusedBottleneck(CompositeKernel):
         return f" + res_at({pix}, {co})" if self.residual_pool == 2 else f" + {direct}"
 
     def residual_fn(self) -> str:
-        """WGSL ``fn res_at(pix, co) -> f32`` (reading the binding ``x``) with ``residual_pool`` 2, else ""."""
+        """WGSL ``fn res_at(pix, co) -> f32`` (reading the binding ``x``; zero for ``co`` past x's channels, as
+        TFLite's PAD of the last axis) with ``residual_pool`` 2, else ""."""
         if not self.residual or self.residual_pool != 2:
             return ""
         n, h, w, c = self.input(0).shape
-        return (f"fn res_at(pix: u32, co: u32) -> f32 {{\n"
+        extend = f"  if (co >= {c}u) {{ return 0.0; }}   // zero-extended channels\n" if c < self.cout else ""
+        return (f"fn res_at(pix: u32, co: u32) -> f32 {{\n{extend}"
                 f"  let ox = pix % {self.ow}u;\n"
                 f"  let oy = (pix / {self.ow}u) % {self.oh}u;\n"
                 f"  let b = (((pix / {self.ow * self.oh}u) * {h}u + 2u * oy) * {w}u + 2u * ox) * {c}u + co;\n"
@@ -430,7 +455,8 @@ class FusedBottleneck(CompositeKernel):
         # the whole unfused model's 3.4 ms, and with the wide blocks tiled at batch 1 the blocks took 966
         # against 328 us. The
         # tiled kernel recomputes the expansion on each tile's halo, which only pays where it is narrow.
-        if target == "cpu" and not self.has_se and blocked and self.macs() >= _BLOCKED_MIN_MACS:
+        if target == "cpu" and not self.has_se and blocked and self.expand_stride == 1 and \
+                self.macs() >= _BLOCKED_MIN_MACS:
             schedule = blocked_schedule(self)
             if schedule:
                 return schedule
@@ -465,7 +491,7 @@ class FusedBottleneck(CompositeKernel):
                                          else (float("inf"), -o[1]))
             splits = min(32, -(-_GPU_WORKGROUPS // groups), max(1, self.cexp // 16))
         lanes = {4: 8, 2: 16}[tile]
-        if splits > 1 and self.prelu:
+        if splits > 1 and self.core_only:
             # PReLU blocks (MediaPipe's iris landmark model, not in the sweep above): the invocations that
             # splitting would add come as more lanes of one workgroup instead, over all the output channels, so
             # that no second dispatch sums the shares. For its [1, 16, 16, 128] -> 64 -> 128 blocks: 64
@@ -484,7 +510,7 @@ class FusedBottleneck(CompositeKernel):
     def macs(self) -> int:
         """Multiply-adds of the block without squeeze-excite: expansion, depthwise and projection."""
         n, h, w, _ = self.input(0).shape
-        expand = n * h * w * self.cin * self.cexp if self.has_expand else 0
+        expand = n * self.eh * self.ewd * self.cin * self.expand_stride ** 2 * self.cexp if self.has_expand else 0
         return expand + n * self.oh * self.ow * self.cexp * (self.k * self.k + self.cout)
 
     def _expand_tile(self) -> tuple[int, int, int, int, bool]:
@@ -541,7 +567,7 @@ class FusedBottleneck(CompositeKernel):
         at batch 1: 17.5 against 15.2) and at stride 1 (56x56x24x6 -> 24: 134.2 against the dw_projection
         strategy's 120.0); the bound per image keeps it off small maps in large batches, where most of a tile's
         halo lies outside the image."""
-        if self.target() != "gpu" or self.stride != 2 or not self.has_expand or self.has_se or self.prelu:
+        if self.target() != "gpu" or self.stride != 2 or not self.has_expand or self.has_se or self.core_only:
             return None
         n, h, w, _ = self.input(0).shape
         if n * h * w < _RESIDENT_MIN_PIXELS or h * w < _RESIDENT_MIN_IMAGE or \
@@ -563,7 +589,8 @@ class FusedBottleneck(CompositeKernel):
         (up to 2.2x: 7x7x160x6 145 against 81 us), where the recomputed halos cost more than the expanded
         tensor's bytes."""
         n, h, w, _ = self.input(0).shape
-        return (self.has_expand and not self.has_se and not self.prelu and expand_depthwise_fits(self.cin, self.cexp)
+        return (self.has_expand and not self.has_se and not self.core_only and
+                expand_depthwise_fits(self.cin, self.cexp)
                 and self.cexp > _TILED_MAX_CEXP and n * h * w <= _EXPAND_DW_MAX_PIXELS
                 and self.macs() <= _EXPAND_DW_MAX_MACS)
 
@@ -577,7 +604,7 @@ class FusedBottleneck(CompositeKernel):
         [1, 32, 32, 32] -> 48 5.9 against 11.3, [1, 64, 64, 24] -> 48 9.9 against 15.9); slower on one,
         [1, 8, 8, 864] -> 48 (17.3 against 15.9 us, with one dispatch fewer). The dw_projection strategy,
         where it applies, measured faster than both (e.g. [1, 112, 112, 32] -> 16 24.8 against 46.3 us)."""
-        return not self.has_expand and not self.has_se and not self.prelu and self._pointwise_block() > 0
+        return not self.has_expand and not self.has_se and not self.core_only and self._pointwise_block() > 0
 
     def _takes_dw_projection(self) -> bool:
         """Whether a GPU runs the ``dw_projection`` strategy by default: without squeeze-excite, at stride 1,
@@ -590,7 +617,7 @@ class FusedBottleneck(CompositeKernel):
         tiled strategy). It lost elsewhere: with output widths of 7 or 14 (each pixel alone) 1.6-2.3x slower at
         batch 32, at stride 2 up to 1.7x, and with fewer pixels (56x56 at batch 1: 116 against 78 us) too few
         workgroups carry the depthwise work."""
-        return (not self.has_se and not self.prelu and self.stride == 1 and self.ow % 4 == 0
+        return (not self.has_se and not self.core_only and self.stride == 1 and self.ow % 4 == 0
                 and fits_depthwise_product(self.cexp, self.cout)
                 and self.input(0).shape[0] * self.oh * self.ow >= _DW_PROJECTION_MIN_ROWS)
 
@@ -607,7 +634,8 @@ class FusedBottleneck(CompositeKernel):
         The chunk divides Cexp (so every chunk is full), its halo fits in workgroup memory beside the
         depthwise results, and each split is a whole number of chunks."""
         halo = (self.tile - 1) * self.stride + self.k
-        staged = self.cin if self.has_expand else 0   # expand weights of a chunk, staged in workgroup memory
+        # expand weights of a chunk, staged in workgroup memory
+        staged = self.cin * self.expand_stride ** 2 if self.has_expand else 0
         fit = max(1, _WG_BYTES // (4 * (halo * halo + self.tile * self.tile + staged)))
         chunk = max(d for d in range(1, min(self.cexp, self.chunk, fit) + 1) if self.cexp % d == 0)
         nblocks = -(-self.cout // self.out_block)
@@ -625,8 +653,9 @@ class FusedBottleneck(CompositeKernel):
         halo, ec, cb, _, per_split, _ = self._blocking()
         chunks = per_split // ec
         threads = self.tile * self.tile * self.lanes
-        per_chunk = -(-halo * halo * ec // threads) * (1 + self.cin // 4) + -(-ec // self.lanes) + \
-            -(-cb // self.lanes) + (-(-self.cin * ec // threads) if self.has_expand else 0)
+        depth = self.cin * self.expand_stride ** 2   # the expand conv's terms per output
+        per_chunk = -(-halo * halo * ec // threads) * (1 + depth // 4) + -(-ec // self.lanes) + \
+            -(-cb // self.lanes) + (-(-depth * ec // threads) if self.has_expand else 0)
         return chunks * (1 + per_chunk) + -(-cb // self.lanes)
 
     def scratch_sizes(self) -> tuple[int, ...]:
@@ -641,7 +670,8 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy == "dw_projection":   # the expanded tensor (when expanding)
             return (n * h * w * self.cexp * 4,) if self.has_expand else ()
         if self.strategy == "staged":  # the expanded tensor (when expanding), the depthwise output, the gate
-            return (((n * h * w * self.cexp * 4,) if self.has_expand else ()) + (n * self.oh * self.ow * self.cexp * 4,)
+            return (((n * self.eh * self.ewd * self.cexp * 4,) if self.has_expand else ()) +
+                    (n * self.oh * self.ow * self.cexp * 4,)
                     + ((n * self.cexp * 4,) if self.has_se else ()))
         *_, splits = self._blocking()
         return (splits * self.output_specs()[0].nbytes,) if splits > 1 else ()
@@ -666,8 +696,8 @@ class FusedBottleneck(CompositeKernel):
         inputs = {name: self.binding(name, "input", i, self.inputs[i]) for i, name in enumerate(names)}
         sizes = self.scratch_sizes()
         progs, src = [], inputs["x"]
-        g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1, PT=self.pt,
-                 PL=self.pl, KH=self.k, KW=self.k)
+        g = dict(N=n, H=self.eh, W=self.ewd, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1,
+                 PT=self.pt, PL=self.pl, KH=self.k, KW=self.k)
         if self.strategy == "expand_dw":   # the expansion and the depthwise conv in one dispatch, d into scratch
             d_out = self.binding("d", "scratch", 0, sizes[0])
             ed_binds = tuple(inputs[k] for k in ("x", "ew", "eb", "dw", "db")) + (d_out,)
@@ -682,7 +712,8 @@ class FusedBottleneck(CompositeKernel):
             slopes = (inputs["ea"],) if self.act == "prelu" else ()
             e_binds = (inputs["x"], inputs["ew"], inputs["eb"], *slopes, e_out)
             progs.append(pointwise_expand_program(f"{self.key}_expand", e_binds, n * h * w, cin, cexp,
-                                                  self.act, self.target()))
+                                                  self.act, self.target()) if self.expand_stride == 1 else
+                         self._strided_expand_program(e_binds))
             src = self.binding("x", "scratch", 0, sizes[0], access="read")
         d_index = 1 if self.has_expand and self.strategy != "expand_dw" else 0
         if self.strategy == "dw_projection":   # the depthwise conv computed as the projection reads it
@@ -730,6 +761,25 @@ class FusedBottleneck(CompositeKernel):
                                        self.out_act_fn() + self.residual_fn(), lanes=lanes, acc="v",
                                        loop_trips=-(-(cexp // 4) // lanes)))
         return progs
+
+    def _strided_expand_program(self, bindings) -> Program:
+        """The staged strategy's 2x2 expand conv of stride 2 (VALID, ``expand_stride`` 2) over bindings named
+        ``x``, ``ew`` (``[4 Cin, Cexp]``, tap ``(dy, dx)`` at rows ``(2 dy + dx) Cin``), ``eb`` (, ``ea``) and
+        ``expanded`` ``[N, H // 2, W // 2, Cexp]``: one invocation per output, or lanes sharing its four 1x1 sums
+        (:func:`~tflfuse.kernels.wgsl.split_lanes`), as TFLite's CONV_2D 2x2 of stride 2 then the activation."""
+        n, h, w, cin = self.input(0).shape
+        cexp = self.cexp
+        total = n * self.eh * self.ewd * cexp
+        lanes = split_lanes(total, 4 * cin, self.target())
+        body = (f"  let e = idx % {cexp}u;\n  let pix = idx / {cexp}u;\n  let ox = pix % {self.ewd}u;\n"
+                f"  let oy = (pix / {self.ewd}u) % {self.eh}u;\n  let n = pix / {self.ewd * self.eh}u;\n  var v = 0.0;\n")
+        for t in range(4):
+            body += (f"  let xb{t} = ((n * {h}u + 2u * oy + {t // 2}u) * {w}u + 2u * ox + {t % 2}u) * {cin}u;\n  "
+                     + dot(cin, f"x[xb{t} + {{k}}]", f"ew[({t * cin}u + {{k}}) * {cexp}u + e]", lanes=lanes) + "\n")
+        fn = _PRELU_FN.format(name="eact", slopes="ea") if self.act == "prelu" else activation_fn(self.act)
+        return reduction_program(f"{self.key}_expand", bindings, total, body,
+                                 f"expanded[idx] = {self.expand_activated('v + eb[e]', 'e')};", fn, lanes=lanes,
+                                 acc="v", loop_trips=4 * -(-(cin // 4) // lanes))
 
     def _pointwise_block(self) -> int:
         """Output pixels per workgroup of the ``dw_pointwise`` strategy (:func:`.conv.pixel_block`, any size), or
@@ -825,17 +875,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if splits > 1:  # the main pass writes each split's share of the projection into scratch
             part = self.binding("part", "scratch", 0, splits * pixels * cout * 4)
             binds = tuple(b for b in binds if b.name not in ("pb", "oa", "y")) + (part,)
-        if self.has_expand:
+        depth = cin * self.expand_stride ** 2   # the expand conv's terms per output
+        if self.has_expand and self.expand_stride == 1:
             expand = (f"        var v = eb[e];\n        let xb = ((n * {h}u + u32(iy)) * {w}u + u32(ix)) * {cin}u;\n"
-                      + "        " + dot(cin, "x[xb + {k}]", f"wsh[({{k}}) * {ec}u + c]")
-                      + f"\n        val = {self.expand_activated('v', 'e')};")
+                      + "        " + dot(cin, "x[xb + {k}]", f"wsh[({{k}}) * {ec}u + c]"))
+        elif self.has_expand:   # the 2x2 conv of stride 2: a 1x1 sum per tap (dy, dx), weights at (2 dy + dx) Cin + c
+            expand = "        var v = eb[e];\n" + "".join(
+                f"        let xb{t} = ((n * {h}u + 2u * u32(iy) + {t // 2}u) * {w}u + 2u * u32(ix) + {t % 2}u) * {cin}u;\n"
+                f"        {dot(cin, f'x[xb{t} + {{k}}]', f'wsh[({t * cin}u + {{k}}) * {ec}u + c]')}\n" for t in range(4))
+        if self.has_expand:
+            expand += f"\n        val = {self.expand_activated('v', 'e')};"
             stage = f"""    // stage this chunk's expand weights in workgroup memory (coalesced reads)
-    for (var i = lidx; i < {cin * ec}u; i += {threads}u) {{
+    for (var i = lidx; i < {depth * ec}u; i += {threads}u) {{
       wsh[i] = ew[(i / {ec}u) * {cexp}u + e0 + i % {ec}u];
     }}
     workgroupBarrier();
 """
-            stage_decl = f"var<workgroup> wsh: array<f32, {cin * ec}>;         // expand weights of the chunk\n"
+            stage_decl = f"var<workgroup> wsh: array<f32, {depth * ec}>;         // expand weights of the chunk\n"
         else:
             expand = f"        val = x[((n * {h}u + u32(iy)) * {w}u + u32(ix)) * {cin}u + e];"
             stage, stage_decl = "", ""
@@ -879,7 +935,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       let iy = ty0 * {s} - {self.pt} + hy;
       let ix = tx0 * {s} - {self.pl} + hx;
       var val = 0.0;
-      if (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) {{
+      if (iy >= 0 && iy < {self.eh} && ix >= 0 && ix < {self.ewd}) {{
 {expand}
       }}
       halo[i] = val;
