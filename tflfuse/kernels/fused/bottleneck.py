@@ -772,7 +772,8 @@ class FusedBottleneck(CompositeKernel):
         total = n * self.eh * self.ewd * cexp
         lanes = split_lanes(total, 4 * cin, self.target())
         body = (f"  let e = idx % {cexp}u;\n  let pix = idx / {cexp}u;\n  let ox = pix % {self.ewd}u;\n"
-                f"  let oy = (pix / {self.ewd}u) % {self.eh}u;\n  let n = pix / {self.ewd * self.eh}u;\n  var v = 0.0;\n")
+                f"  let oy = (pix / {self.ewd}u) % {self.eh}u;\n  let n = pix / {self.ewd * self.eh}u;\n"
+                f"  var v = 0.0;\n")
         for t in range(4):
             body += (f"  let xb{t} = ((n * {h}u + 2u * oy + {t // 2}u) * {w}u + 2u * ox + {t % 2}u) * {cin}u;\n  "
                      + dot(cin, f"x[xb{t} + {{k}}]", f"ew[({t * cin}u + {{k}}) * {cexp}u + e]", lanes=lanes) + "\n")
@@ -881,8 +882,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                       + "        " + dot(cin, "x[xb + {k}]", f"wsh[({{k}}) * {ec}u + c]"))
         elif self.has_expand:   # the 2x2 conv of stride 2: a 1x1 sum per tap (dy, dx), weights at (2 dy + dx) Cin + c
             expand = "        var v = eb[e];\n" + "".join(
-                f"        let xb{t} = ((n * {h}u + 2u * u32(iy) + {t // 2}u) * {w}u + 2u * u32(ix) + {t % 2}u) * {cin}u;\n"
-                f"        {dot(cin, f'x[xb{t} + {{k}}]', f'wsh[({t * cin}u + {{k}}) * {ec}u + c]')}\n" for t in range(4))
+                f"        let xb{t} = ((n * {h}u + 2u * u32(iy) + {t // 2}u) * {w}u + 2u * u32(ix) + {t % 2}u)"
+                f" * {cin}u;\n        {dot(cin, f'x[xb{t} + {{k}}]', f'wsh[({t * cin}u + {{k}}) * {ec}u + c]')}\n"
+                for t in range(4))
         if self.has_expand:
             expand += f"\n        val = {self.expand_activated('v', 'e')};"
             stage = f"""    // stage this chunk's expand weights in workgroup memory (coalesced reads)
