@@ -20,7 +20,6 @@ import fnmatch
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,6 +30,7 @@ from absl import app, flags  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_samples import host_sample, ready_interpreter, write_table  # noqa: E402
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -54,16 +54,7 @@ def _interpreter(data: bytes, device, loop: bool):
     record.forget()
     if loop and record.library(_api.ffi) is None:
         raise RuntimeError(f"the compiled loop cannot be had here: {record._loaded.get('why')}")
-    interp = tflfuse.Interpreter(model_content=data, device=device)
-    interp.allocate_tensors()
-    rng = np.random.default_rng(0)
-    for d in interp.get_input_details():
-        interp.set_tensor(d["index"], rng.uniform(-1, 1, d["shape"]).astype(d["dtype"]))
-    out = interp.get_output_details()[0]["index"]
-    for _ in range(3):   # the first command buffer goes through wgpu's API; the next ones are the native ones
-        interp.invoke()
-    interp.get_tensor(out)
-    return interp, out
+    return ready_interpreter(data, device)
 
 
 def _time_model(data: bytes, device) -> dict:
@@ -74,25 +65,8 @@ def _time_model(data: bytes, device) -> dict:
     samples = {f"{w}_{m}": [] for w in _WAYS for m in ("encode", "thr", "lat")}
     for _ in range(FLAGS.rounds):
         for w, (interp, out) in ways.items():
-            plan = interp._plan(0)
-            t0 = time.perf_counter()
-            buffers = [plan._native.encode() for _ in range(FLAGS.batch)]
-            samples[f"{w}_encode"].append((time.perf_counter() - t0) / FLAGS.batch)
-            for b in buffers:
-                b.submit()
-            interp.get_tensor(out)
-            t0 = time.perf_counter()
-            for _ in range(FLAGS.n):
-                interp.invoke()
-            interp.get_tensor(out)
-            samples[f"{w}_thr"].append((time.perf_counter() - t0) / FLAGS.n)
-            lat = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                interp.invoke()
-                interp.get_tensor(out)
-                lat.append(time.perf_counter() - t0)
-            samples[f"{w}_lat"].append(statistics.median(lat))
+            for m, v in host_sample(interp, out, FLAGS.batch, FLAGS.n).items():
+                samples[f"{w}_{m}"].append(v)
     row = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     row["dispatches"] = ways["loop"][0].dispatch_count
     return row
@@ -124,10 +98,7 @@ def main(argv) -> None:
         cells = [f"{r[f'loop_{m}']:.0f}, {r[f'cffi_{m}']:.0f} | {r[f'loop_{m}'] / r[f'cffi_{m}']:.2f}x"
                  for m in ("encode", "thr", "lat")]
         lines.append(f"| {name} | {r['dispatches']} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines)
-    print(text)
-    if FLAGS.out:
-        Path(FLAGS.out).write_text(text + "\n")
+    write_table(lines, FLAGS.out)
 
 
 if __name__ == "__main__":
