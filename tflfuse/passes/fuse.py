@@ -863,10 +863,9 @@ def _input_prelu(g: Graph, oi: int):
     if g.op_name(oi) != "PRELU":
         return None
     ins, out = g.inputs(oi), g.outputs_of(oi)[0]
-    slopes = g.const(ins[1]) if len(ins) > 1 else None
     shape = g.shapes.get(ins[0], ())
-    if slopes is None or not g.is_runtime(ins[0]) or len(shape) != 4 or not np.issubdtype(slopes.dtype, np.floating) \
-            or slopes.ndim < 1 or slopes.shape[-1] != shape[-1] or slopes.size != shape[-1]:
+    slopes = _channel_slopes(g, oi, shape[-1]) if len(shape) == 4 else None
+    if slopes is None or not g.is_runtime(ins[0]):
         return None
     conv = g.sole_reader(out)
     if conv is None or g.op_name(conv) not in ("DEPTHWISE_CONV_2D", "CONV_2D") or g.inputs(conv)[0] != out:
@@ -878,7 +877,7 @@ def _input_prelu(g: Graph, oi: int):
     kernel = _fused_kernel(g, inputs, op_name, attrs)
     if kernel is None or not kernel.reads_per_output():
         return None
-    return ([oi, *chain], [ins[0], *inputs[1:], slopes.reshape(-1).astype(np.float32)], last, op_name,
+    return ([oi, *chain], [ins[0], *inputs[1:], slopes], last, op_name,
             {**attrs, "has_input_prelu": True})
 
 
