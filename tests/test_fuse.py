@@ -119,12 +119,13 @@ BOTTLENECK_CASES = {
 }
 
 
-def _prelu_block(cexp, cout, k=3, stride=1, residual=True, out_prelu=True, down=False):
+def _prelu_block(cexp, cout, k=3, stride=1, residual=True, out_prelu=True, down=False, shared=(1, 2)):
     """MediaPipe iris landmark's residual block: CONV_2D 1x1 -> PRELU -> DEPTHWISE_CONV_2D (no activation) ->
     CONV_2D 1x1 [-> ADD of the input] [-> PRELU]; with ``down`` its downsampling block: the first conv 2x2 of
     stride 2 (VALID), and the residual the input's 2x2 max pool, its channels zero-extended by a PAD."""
     def build(x):
-        y = _prelu()(keras.layers.Conv2D(cexp, 2, 2)(x) if down else keras.layers.Conv2D(cexp, 1)(x))
+        y = keras.layers.PReLU(shared_axes=list(shared))(keras.layers.Conv2D(cexp, 2, 2)(x) if down else
+                                                          keras.layers.Conv2D(cexp, 1)(x))
         y = keras.layers.Conv2D(cout, 1)(keras.layers.DepthwiseConv2D(k, stride, padding="same")(y))
         if down and residual:
             pooled = keras.layers.MaxPooling2D(2)(x)
@@ -145,6 +146,7 @@ PRELU_BOTTLENECK_CASES = {
     "without_output_prelu": (dict(cexp=8, cout=8, out_prelu=False), (8, 8, 8), 1),
     "down_channel_pad": (dict(cexp=6, cout=10, down=True), (8, 10, 6), 1),
     "down_batch2_odd": (dict(cexp=5, cout=5, down=True), (6, 4, 5), 2),
+    "one_slope_for_all_channels": (dict(cexp=6, cout=7, shared=(1, 2, 3)), (5, 6, 7), 1),
 }
 
 

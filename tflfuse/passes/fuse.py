@@ -211,13 +211,14 @@ def _expand_depthwise(g: Graph, oi: int):
 
 def _channel_slopes(g: Graph, prelu: int, channels: int) -> np.ndarray | None:
     """The constant slopes of PRELU ``prelu`` as ``[channels]`` float32, where it holds one per channel
-    (``[C]`` or ``[1, ..., 1, C]``, TFLite's PRELU of Keras' ``PReLU(shared_axes=[1, 2])``); else None."""
+    (``[C]`` or ``[1, ..., 1, C]``, TFLite's PRELU of Keras' ``PReLU(shared_axes=[1, 2])``) or one for all
+    (``[1]``, ``[1, 1, 1]``: ``shared_axes=[1, 2, 3]``, broadcast to every channel); else None."""
     ins = g.inputs(prelu)
     slopes = g.const(ins[1]) if len(ins) > 1 else None
     if slopes is None or not np.issubdtype(slopes.dtype, np.floating) or slopes.ndim < 1 or \
-            slopes.shape[-1] != channels or slopes.size != channels:
+            slopes.shape[-1] not in (1, channels) or slopes.size != slopes.shape[-1]:
         return None
-    return slopes.reshape(-1).astype(np.float32)
+    return np.broadcast_to(slopes.reshape(-1), (channels,)).astype(np.float32)
 
 
 def _conv_2x2_s2(g: Graph, oi: int) -> dict | None:
