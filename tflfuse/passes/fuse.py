@@ -26,8 +26,10 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   2x2 MAX_POOL_2D of stride 2 of the block's input (``residual_pool`` 2: MediaPipe's pose and hand landmark
   models); the same chain in int8 (full-integer files) becomes an int8
   ``fused_bottleneck`` (:mod:`tflfuse.passes.fuse_int8`). Also with PReLUs: CONV_2D 1x1 -> PRELU ->
-  DEPTHWISE_CONV_2D (no activation) -> CONV_2D 1x1 [-> ADD of the block's input] [-> PRELU], per-channel
-  constant slopes (MediaPipe's iris landmark model; ``activation="prelu"``, :func:`_prelu_bottleneck`).
+  DEPTHWISE_CONV_2D (no activation) -> CONV_2D 1x1 [-> ADD of the block's input] [-> PRELU], constant
+  slopes, and the downsampling form whose first conv is 2x2 of stride 2 and whose ADD adds the input's 2x2
+  MAX_POOL_2D [channel-padded] (MediaPipe's iris landmark model; ``activation="prelu"``,
+  :func:`_prelu_bottleneck`).
 * ``expand_depthwise``: CONV_2D 1x1 (its fused activation, or a RELU, RELU6, LOGISTIC, TANH or HARD_SWISH op
   after it) -> DEPTHWISE_CONV_2D of multiplier 1 (likewise): ``fused_expand_depthwise``, the expansion and
   depthwise conv of a block that ``bottleneck`` does not take (MobileNetV3's hard-swish blocks, a
@@ -223,8 +225,8 @@ def _channel_slopes(g: Graph, prelu: int, channels: int) -> np.ndarray | None:
 
 def _conv_2x2_s2(g: Graph, oi: int) -> dict | None:
     """A CONV_2D 2x2 of stride 2 without padding (VALID, or SAME on even sizes), dilation or activation, with a
-    constant filter [O, 2, 2, I]: its weights as [4 I, O], tap (dy, dx) at rows (2 dy + dx) I (``fused_bottleneck``'s
-    ``expand_stride`` 2), as :func:`_conv_1x1` gives a 1x1 conv's."""
+    constant filter [O, 2, 2, I]: its weights as [4 I, O], tap (dy, dx) at rows (2 dy + dx) I
+    (``fused_bottleneck``'s ``expand_stride`` 2), as :func:`_conv_1x1` gives a 1x1 conv's."""
     if g.op_name(oi) != "CONV_2D":
         return None
     a, ins = g.attrs(oi), g.inputs(oi)
@@ -245,9 +247,9 @@ def _conv_2x2_s2(g: Graph, oi: int) -> dict | None:
 def _prelu_bottleneck(g: Graph, oi: int):
     """CONV_2D 1x1 -> PRELU -> DEPTHWISE_CONV_2D KxK (K 3 or 5, stride 1 or 2, SAME or VALID, no activation) ->
     CONV_2D 1x1 -> [ADD of the block's input] -> [PRELU], each conv without fused activation and each PRELU with
-    one constant slope per channel: ``fused_bottleneck`` with ``activation="prelu"``, ``dw_activation=
-    "linear"`` and, with the last PRELU, ``output_activation="prelu"`` (MediaPipe's iris landmark model, whose
-    residual blocks narrow 64 channels to 32 and back). Its downsampling blocks too: the first conv a 2x2 of
+    constant slopes, one per channel or one for all (:func:`_channel_slopes`): ``fused_bottleneck`` with
+    ``activation="prelu"``, ``dw_activation="linear"`` and, with the last PRELU, ``output_activation="prelu"``
+    (MediaPipe's iris landmark model, whose residual blocks narrow 64 channels to 32 and back). Its downsampling blocks too: the first conv a 2x2 of
     stride 2 (:func:`_conv_2x2_s2`, ``expand_stride`` 2), the depthwise conv of stride 1, and the ADD's other
     input the block input's 2x2 MAX_POOL_2D of stride 2, [zero-extended by a PAD of its channels]
     (``residual_pool`` 2)."""
@@ -286,7 +288,8 @@ def _prelu_bottleneck(g: Graph, oi: int):
             out, residual = g.outputs_of(add)[0], True
         elif other is not None and strided and stride == 1 and g.shapes.get(other) == g.shapes.get(out):
             pad = _channel_pad(g, other, add)
-            pool = _residual_pool(g, g.inputs(pad)[0] if pad is not None else other, pad if pad is not None else add)
+            pooled, reader = (g.inputs(pad)[0], pad) if pad is not None else (other, add)
+            pool = _residual_pool(g, pooled, reader)
             if pool is not None and g.inputs(pool)[0] == x:   # x's 2x2 max pool [zero-extended]
                 chain.append(add)
                 folded = [pool] + ([pad] if pad is not None else [])

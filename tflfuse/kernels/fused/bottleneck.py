@@ -492,7 +492,8 @@ class FusedBottleneck(CompositeKernel):
             splits = min(32, -(-_GPU_WORKGROUPS // groups), max(1, self.cexp // 16))
         lanes = {4: 8, 2: 16}[tile]
         if splits > 1 and self.core_only:
-            # PReLU blocks (MediaPipe's iris landmark model, not in the sweep above): the invocations that
+            # PReLU blocks and those with a 2x2 expand conv (MediaPipe's iris landmark model, not in the sweep
+            # above): the invocations that
             # splitting would add come as more lanes of one workgroup instead, over all the output channels, so
             # that no second dispatch sums the shares. For its [1, 16, 16, 128] -> 64 -> 128 blocks: 64
             # workgroups of 2x2 tiles x 64 lanes, the 16,384 invocations of 4 splits, each of 182 loop trips as
