@@ -249,10 +249,10 @@ def _prelu_bottleneck(g: Graph, oi: int):
     CONV_2D 1x1 -> [ADD of the block's input] -> [PRELU], each conv without fused activation and each PRELU with
     constant slopes, one per channel or one for all (:func:`_channel_slopes`): ``fused_bottleneck`` with
     ``activation="prelu"``, ``dw_activation="linear"`` and, with the last PRELU, ``output_activation="prelu"``
-    (MediaPipe's iris landmark model, whose residual blocks narrow 64 channels to 32 and back). Its downsampling blocks too: the first conv a 2x2 of
-    stride 2 (:func:`_conv_2x2_s2`, ``expand_stride`` 2), the depthwise conv of stride 1, and the ADD's other
-    input the block input's 2x2 MAX_POOL_2D of stride 2, [zero-extended by a PAD of its channels]
-    (``residual_pool`` 2)."""
+    (MediaPipe's iris landmark model, whose residual blocks narrow 64 channels to 32 and back). Its downsampling
+    blocks too: the first conv a 2x2 of stride 2 (:func:`_conv_2x2_s2`, ``expand_stride`` 2), the depthwise conv
+    of stride 1, and the ADD's other input the block input's 2x2 MAX_POOL_2D of stride 2, [zero-extended by a
+    PAD of its channels] (``residual_pool`` 2)."""
     expand = _conv_1x1(g, oi, {"NONE"}) or _conv_2x2_s2(g, oi)
     prelu = g.sole_reader(expand["out"]) if expand is not None else None
     if prelu is None or g.op_name(prelu) != "PRELU" or g.inputs(prelu)[0] != expand["out"]:
