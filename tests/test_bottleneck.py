@@ -879,6 +879,7 @@ STRIDED_PRELU_CASES = [
     (2, 10, 6, 5, 7, 9, 1, "pool", True, 3),
     (1, 8, 12, 6, 6, 6, 1, "pool", False, 5),
     (1, 9, 7, 4, 6, 5, 1, False, True, 3),     # odd sizes (VALID drops the last row and column), no residual
+    (2, 7, 9, 4, 6, 8, 1, "pool", True, 3),    # odd sizes with the pooled residual: the pool drops them too
 ]
 STRIDED_PRELU_SCHEDULES = {k: SCHEDULES[k] for k in ("cpu", "gpu", "cpu_tiled", "split3", "tile2")}
 STRIDED_PRELU_SCHEDULES["gpu_staged"] = {"target": "gpu", "strategy": "staged"}

@@ -165,6 +165,33 @@ def test_prelu_bottleneck_pattern(case, device, rng):
     assert (attrs.get("expand_stride", 1), attrs.get("residual_pool", 1)) == ((2, 2) if kw.get("down") else (1, 1))
 
 
+@pytest.mark.parametrize("padding", ["valid", "same"])
+def test_downsampling_prelu_block_resized_to_odd_sizes(padding, device, rng):
+    """A file of even sizes whose input is resized to odd ones (LiteRT's non-strict resize_tensor_input): the
+    fused block's VALID 2x2 conv and pool drop the last row and column as LiteRT's do; a SAME 2x2 conv (which
+    would pad there) is not fused into the block at all, and both files give LiteRT's outputs."""
+    def build(x):
+        y = _prelu()(keras.layers.Conv2D(6, 2, 2, padding=padding)(x))
+        y = keras.layers.Conv2D(8, 1)(keras.layers.DepthwiseConv2D(3, padding="same")(y))
+        if padding == "valid":
+            y = keras.layers.Add()([y, keras.layers.MaxPooling2D(2)(x)])
+        return _prelu()(y)
+
+    original = _stock(build, (8, 8, 8))
+    fused, report = fuse(original)
+    assert report.patterns["bottleneck"] == (padding == "valid"), str(report)
+    x = rng.standard_normal((1, 7, 9, 8)).astype(np.float32)
+    outs = []
+    for interp in (LiteRT(model_content=original), tflfuse.Interpreter(model_content=fused, device=device)):
+        interp.resize_tensor_input(interp.get_input_details()[0]["index"], x.shape)
+        interp.allocate_tensors()
+        interp.set_tensor(interp.get_input_details()[0]["index"], x)
+        interp.invoke()
+        outs.append(interp.get_tensor(interp.get_output_details()[0]["index"]))
+    assert outs[0].shape == outs[1].shape == ((1, 3, 4, 8) if padding == "valid" else (1, 4, 5, 8))
+    np.testing.assert_allclose(outs[1], outs[0], **ACCUMULATION)
+
+
 def test_prelu_bottleneck_needs_a_linear_depthwise_conv_and_channel_slopes(device, rng):
     """A depthwise conv with its own activation, or PReLU slopes that vary over pixels, is no PReLU block: the
     convs are fused apart (and still match LiteRT)."""

@@ -224,9 +224,10 @@ def _channel_slopes(g: Graph, prelu: int, channels: int) -> np.ndarray | None:
 
 
 def _conv_2x2_s2(g: Graph, oi: int) -> dict | None:
-    """A CONV_2D 2x2 of stride 2 without padding (VALID, or SAME on even sizes), dilation or activation, with a
-    constant filter [O, 2, 2, I]: its weights as [4 I, O], tap (dy, dx) at rows (2 dy + dx) I
-    (``fused_bottleneck``'s ``expand_stride`` 2), as :func:`_conv_1x1` gives a 1x1 conv's."""
+    """A CONV_2D 2x2 of stride 2, VALID, without dilation or activation, with a constant filter [O, 2, 2, I]: its
+    weights as [4 I, O], tap (dy, dx) at rows (2 dy + dx) I (``fused_bottleneck``'s ``expand_stride`` 2), as
+    :func:`_conv_1x1` gives a 1x1 conv's. Not SAME, even where the file's sizes are even: an input resized to
+    odd sizes would then be padded, which the fused op never does."""
     if g.op_name(oi) != "CONV_2D":
         return None
     a, ins = g.attrs(oi), g.inputs(oi)
@@ -234,8 +235,7 @@ def _conv_2x2_s2(g: Graph, oi: int) -> dict | None:
     shape = g.shapes.get(ins[0], ())
     if w is None or w.ndim != 4 or w.shape[1:3] != (2, 2) or len(shape) != 4 or w.shape[3] != shape[3] or \
             a.get("stride_h") != 2 or a.get("stride_w") != 2 or a.get("fused_activation_function", "NONE") != "NONE" \
-            or a.get("dilation_h_factor", 1) != 1 or a.get("dilation_w_factor", 1) != 1 or \
-            not (a.get("padding") == "VALID" or (shape[1] % 2 == 0 and shape[2] % 2 == 0)):
+            or a.get("dilation_h_factor", 1) != 1 or a.get("dilation_w_factor", 1) != 1 or a.get("padding") != "VALID":
         return None
     b = _weights(g, ins[2]) if len(ins) > 2 and ins[2] >= 0 else np.zeros(w.shape[0], np.float32)
     if b is None or not g.is_runtime(ins[0]):
@@ -290,7 +290,8 @@ def _prelu_bottleneck(g: Graph, oi: int):
             pad = _channel_pad(g, other, add)
             pooled, reader = (g.inputs(pad)[0], pad) if pad is not None else (other, add)
             pool = _residual_pool(g, pooled, reader)
-            if pool is not None and g.inputs(pool)[0] == x:   # x's 2x2 max pool [zero-extended]
+            # x's 2x2 max pool [zero-extended], VALID as the conv (SAME would pad an input resized to odd sizes)
+            if pool is not None and g.inputs(pool)[0] == x and g.attrs(pool).get("padding") == "VALID":
                 chain.append(add)
                 folded = [pool] + ([pad] if pad is not None else [])
                 out, residual = g.outputs_of(add)[0], True

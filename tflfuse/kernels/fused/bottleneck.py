@@ -214,12 +214,15 @@ class FusedBottleneck(CompositeKernel):
             raise self.fail(f"residual_pool must be 1 (none) or 2 (a 2x2 max pool of stride 2 of x), got "
                             f"{self.residual_pool!r}")
         pooled = self.residual_pool == 2
-        if pooled and not (self.residual and self.stride * self.expand_stride == 2 and h % 2 == 0 and w % 2 == 0 and
+        # even sizes, but with the VALID 2x2 expand conv, which drops an odd last row and column as the VALID pool
+        even = (h % 2 == 0 and w % 2 == 0) or self.expand_stride == 2
+        if pooled and not (self.residual and self.stride * self.expand_stride == 2 and even and
                            (self.oh, self.ow) == (h // 2, w // 2) and cin <= self.cout):
             raise self.fail(f"residual_pool 2 (x's 2x2 max pool added to the output) needs residual, stride 2 (of the "
-                            f"depthwise or the expand conv), even sizes, an output of half the input's size and Cin <= "
-                            f"Cout (zero-extended); got residual {self.residual}, stride {self.stride}, expand_stride "
-                            f"{self.expand_stride}, output {self.oh}x{self.ow} of {h}x{w}, Cin {cin}, Cout {self.cout}")
+                            f"depthwise or the expand conv), even sizes (any with expand_stride 2), an output of half "
+                            f"the input's size and Cin <= Cout (zero-extended); got residual {self.residual}, stride "
+                            f"{self.stride}, expand_stride {self.expand_stride}, output {self.oh}x{self.ow} of "
+                            f"{h}x{w}, Cin {cin}, Cout {self.cout}")
         if self.residual and not pooled and (self.stride != 1 or self.expand_stride != 1 or cin != self.cout or
                                              (self.oh, self.ow) != (h, w)):
             raise self.fail(f"residual needs stride 1, Cin == Cout and an output of the input's size, got stride "
