@@ -10,7 +10,7 @@ from typing import Sequence
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
 __all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "activation_fn", "activation_uniforms", "dot", "elementwise_program",
-           "lane_tree", "prelude", "linear_main", "fmt_f32", "reduction_program", "split_lanes"]
+           "lane_tree", "prelude", "prelu_fn", "linear_main", "fmt_f32", "reduction_program", "split_lanes"]
 
 
 def fmt_f32(x: float) -> str:
@@ -116,6 +116,12 @@ def activation_fn(name: str | None, fn_name: str = "act", uniform_alpha: bool = 
         body = body.replace("params.alpha", fmt_f32(ACTIVATION_ALPHA[key]))
     helpers = "".join(h for call, h in _HELPERS.items() if call in body and h not in declared)
     return f"{helpers}fn {fn_name}(v: f32) -> f32 {{ {body} }}\n"
+
+
+def prelu_fn(fn_name: str, slopes: str) -> str:
+    """``fn {fn_name}(v: f32, c: u32) -> f32``: TFLite's PRELU of channel ``c``, ``v >= 0 ? v : v * slopes[c]``
+    (NaN stays NaN), its slopes read from the binding named ``slopes``."""
+    return f"fn {fn_name}(v: f32, c: u32) -> f32 {{ return select(v * {slopes}[c], v, v >= 0.0); }}\n"
 
 
 def activation_uniforms(name: str | None, alpha: float | None = None) -> tuple[Uniform, ...]:

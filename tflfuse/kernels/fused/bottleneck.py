@@ -93,7 +93,7 @@ from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, 
                                expand_depthwise_shape, expand_depthwise_unroll, pointwise_expand_program,
                                resident_fits, resident_refusal)
 from ..gemm import product_program, tile_attr, use_tiled_matmul
-from ..wgsl import activation_fn, dot, elementwise_program, prelude, reduction_program, split_lanes
+from ..wgsl import activation_fn, dot, elementwise_program, prelu_fn, prelude, reduction_program, split_lanes
 
 __all__ = ["FusedBottleneck", "OUTPUT_ACTIVATIONS"]
 
@@ -107,8 +107,6 @@ _STRATEGIES = ("tiled", "staged", "blocked", "dw_projection", "expand_dw", "dw_p
 #: ``output_activation``'s values: TFLite's fused activations that a block's last op may carry, and ``prelu``
 #: (TFLite's PRELU after the block, slopes from the ``output_alpha`` input).
 OUTPUT_ACTIVATIONS = ("linear", "relu", "relu6", "prelu")
-#: TFLite's PRELU of one channel: ``v >= 0 ? v : v * alpha[c]`` (NaN stays NaN).
-_PRELU_FN = "fn {name}(v: f32, c: u32) -> f32 {{ return select(v * {slopes}[c], v, v >= 0.0); }}\n"
 #: The tuning attributes each strategy reads (the others it ignores): ``tiled`` its whole schedule, ``blocked``
 #: (:func:`.bottleneck_cpu.blocked_program`) its tile, output block and chunk, ``dw_projection`` its product's
 #: ``matmul_tile``, ``expand_dw`` its ``expand_tile``; ``staged`` and ``dw_pointwise`` none (they pick their own
@@ -318,6 +316,10 @@ class FusedBottleneck(CompositeKernel):
         """The expansion's activation of WGSL ``value`` of expanded channel ``chan`` (:meth:`activation_fns`)."""
         return f"eact({value}, {chan})" if self.act == "prelu" else f"act({value})"
 
+    def _expand_act_fn(self) -> str:
+        """The WGSL that :meth:`expand_activated` calls: ``act``, or ``eact(v, c)`` reading the binding ``ea``."""
+        return prelu_fn("eact", "ea") if self.act == "prelu" else activation_fn(self.act)
+
     def dw_activated(self, value: str) -> str:
         """The depthwise conv's activation of WGSL ``value``: ``act`` (as before ``dw_activation``
         existed) where it is the expansion's, else ``dact`` (:meth:`activation_fns`)."""
@@ -327,7 +329,7 @@ class FusedBottleneck(CompositeKernel):
         """WGSL of the block's activations: ``act`` (or ``eact(v, c)``, the expansion's PReLU reading binding
         ``ea``), ``dact`` where the depthwise conv's differs, and with ``output`` ``oact`` and ``res_at``
         (:meth:`out_act_fn`, :meth:`residual_fn`)."""
-        fns = _PRELU_FN.format(name="eact", slopes="ea") if self.act == "prelu" else activation_fn(self.act)
+        fns = self._expand_act_fn()
         if self.dw_act != self.act:
             fns += activation_fn(self.dw_act, "dact", declared=fns)
         return fns + (self.out_act_fn(declared=fns) + self.residual_fn() if output else "")
@@ -409,7 +411,7 @@ class FusedBottleneck(CompositeKernel):
         if self.out_act == "prelu":
             if vec4:
                 raise AssertionError(f"{self.key}: the output PReLU has no vec4 form")
-            return _PRELU_FN.format(name="oact", slopes="oa")
+            return prelu_fn("oact", "oa")
         if not vec4:
             return activation_fn(self.out_act, "oact", declared=declared)
         return (activation_fn(self.out_act, "oact1", declared=declared) + "fn oact(v: vec4<f32>) -> vec4<f32> { "
@@ -781,10 +783,9 @@ class FusedBottleneck(CompositeKernel):
         for t in range(4):
             body += (f"  let xb{t} = ((n * {h}u + 2u * oy + {t // 2}u) * {w}u + 2u * ox + {t % 2}u) * {cin}u;\n  "
                      + dot(cin, f"x[xb{t} + {{k}}]", f"ew[({t * cin}u + {{k}}) * {cexp}u + e]", lanes=lanes) + "\n")
-        fn = _PRELU_FN.format(name="eact", slopes="ea") if self.act == "prelu" else activation_fn(self.act)
         return reduction_program(f"{self.key}_expand", bindings, total, body,
-                                 f"expanded[idx] = {self.expand_activated('v + eb[e]', 'e')};", fn, lanes=lanes,
-                                 acc="v", loop_trips=4 * -(-(cin // 4) // lanes))
+                                 f"expanded[idx] = {self.expand_activated('v + eb[e]', 'e')};", self._expand_act_fn(),
+                                 lanes=lanes, acc="v", loop_trips=4 * -(-(cin // 4) // lanes))
 
     def _pointwise_block(self) -> int:
         """Output pixels per workgroup of the ``dw_pointwise`` strategy (:func:`.conv.pixel_block`, any size), or

@@ -34,7 +34,7 @@ from ..base import MAX_WORKGROUP_STORAGE, Binding, CompositeKernel, KernelError,
 from ..conv import depthwise_program
 from ..gemm import product_program, use_tiled_matmul
 from ..registry import register
-from ..wgsl import ACTIVATION_ALPHA, activation_fn, dot, prelude, reduction_program, split_lanes
+from ..wgsl import ACTIVATION_ALPHA, activation_fn, dot, prelu_fn, prelude, reduction_program, split_lanes
 from .conv import window_geometry
 
 __all__ = ["FusedExpandDepthwise", "RESIDENT_MAX_CIN", "expand_depthwise_program", "expand_depthwise_fits",
@@ -352,7 +352,7 @@ def pointwise_expand_program(name: str, bindings: tuple[Binding, ...], rows: int
     :func:`~tflfuse.kernels.wgsl.split_lanes`) per output. ``activation="prelu"``: TFLite's PRELU with one slope
     per expanded channel, from a binding named ``ea`` ``[Cexp]``."""
     if activation == "prelu":
-        act, call = "fn act(v: f32, c: u32) -> f32 { return select(v * ea[c], v, v >= 0.0); }\n", "act({}, {})"
+        act, call = prelu_fn("act", "ea"), "act({}, {})"
     else:
         act, call = activation_fn(activation), "act({})"
     if use_tiled_matmul(rows, cin, cexp, target):
