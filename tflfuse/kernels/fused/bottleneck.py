@@ -32,7 +32,7 @@ default, ``"VALID"`` or ``"EXPLICIT"`` with ``explicit_paddings``: eight ints, T
 VALID depthwise conv, as in MediaPipe's pose landmark model, is this): files written before the last
 five existed read as MobileNetV2's block.
 
-Without squeeze-excite, five strategies, chosen from the ``target`` attribute and the shapes (all compute
+Without squeeze-excite, six strategies, chosen from the ``target`` attribute and the shapes (all compute
 the same values; see :meth:`FusedBottleneck._schedule`; the ``strategy`` attribute picks one on any target):
 
 * ``tiled`` (a GPU at batch 1, blocks without expansion or with up to 64 expanded channels): ONE dispatch
@@ -55,9 +55,11 @@ the same values; see :meth:`FusedBottleneck._schedule`; the ``strategy`` attribu
   (:mod:`.expand_depthwise`; the expanded tensor never goes to memory), then the projection. On large maps a
   workgroup keeps its halo's inputs in registers and walks all the expanded channels (the resident form).
 * ``dw_pointwise`` (a GPU at batch 1, blocks without expansion that dw_projection does not take:
-  :meth:`FusedBottleneck._takes_dw_pointwise`): ONE dispatch, the one-dispatch schedule of
-  ``fused_separable_conv2d`` (:func:`~tflfuse.kernels.fused.conv.depthwise_pointwise_program`) with the
-  depthwise bias and activation applied to the values its 1x1 conv reads.
+  :meth:`FusedBottleneck._takes_dw_pointwise`; a GPU at any batch, blocks with PReLU slopes or a 2x2 expand
+  conv): the expansion where there is one (into a scratch buffer), then ONE dispatch, the one-dispatch schedule
+  of ``fused_separable_conv2d`` (:func:`~tflfuse.kernels.fused.conv.depthwise_pointwise_program`) with the
+  depthwise bias and activation applied to the values its 1x1 conv reads and the residual (pooled and
+  zero-extended with ``residual_pool`` 2) and output activation in its store.
 * ``staged`` (the GPU cases the other strategies do not take; on the software adapter, small blocks and
   those with squeeze-excite or past its loop cap): three dispatches through scratch buffers (expand,
   depthwise, projection with bias and residual), whose 1x1 convs read the weights as ``[Cin, Cout]``,
@@ -70,8 +72,8 @@ writes the gate ``g``; the projection multiplies ``d`` by ``g`` as it reads it.
 
 In a float16 plan (``precision="float16"``) the tensors the staged, dw_projection and expand_dw strategies keep
 in scratch buffers (``e`` and ``d``) are stored as float16, as the unfused graph's tensors would be
-(:attr:`~tflfuse.kernels.base.Program.half_scratch`); the gate, the tiled strategy's split sums and all
-arithmetic stay float32.
+(:attr:`~tflfuse.kernels.base.Program.half_scratch`); the gate, the tiled strategy's split sums, the
+dw_pointwise strategy's expanded tensor and all arithmetic stay float32.
 """
 
 from __future__ import annotations
@@ -239,20 +241,19 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy not in _STRATEGIES or (self.has_se and self.strategy != "staged"):
             raise self.fail(f"strategy must be one of {', '.join(map(repr, _STRATEGIES))} ('staged' with "
                             f"squeeze_excite), got {self.strategy!r}")
-        if self.prelu and self.strategy not in ("tiled", "staged", "blocked"):
+        if self.prelu and self.strategy not in ("tiled", "staged", "blocked", "dw_pointwise"):
             raise self.fail(f"strategy {self.strategy!r} does not take PReLU slopes (activation or "
-                            f"output_activation 'prelu'); give 'tiled', 'staged' or 'blocked'")
-        if self.expand_stride == 2 and self.strategy not in ("tiled", "staged"):
+                            f"output_activation 'prelu'); give 'tiled', 'staged', 'blocked' or 'dw_pointwise'")
+        if self.expand_stride == 2 and self.strategy not in ("tiled", "staged", "dw_pointwise"):
             raise self.fail(f"strategy {self.strategy!r} does not take a 2x2 expand conv (expand_stride 2); give "
-                            f"'tiled' or 'staged'")
+                            f"'tiled', 'staged' or 'dw_pointwise'")
         if self.strategy == "dw_projection" and pooled:
             raise self.fail("strategy 'dw_projection' does not pool the residual (residual_pool 2); give another")
         if self.strategy == "dw_projection" and not fits_depthwise_product(cexp, self.cout):
             raise self.fail(f"strategy 'dw_projection' needs expanded ({cexp}) and output ({self.cout}) channels "
                             f"that are multiples of 4")
-        if self.strategy == "dw_pointwise" and (self.has_expand or self.has_se):
-            raise self.fail("strategy 'dw_pointwise' takes blocks without expansion conv or squeeze-excite; give "
-                            "another")
+        if self.strategy == "dw_pointwise" and self.has_se:
+            raise self.fail("strategy 'dw_pointwise' takes blocks without squeeze-excite; give 'staged'")
         if self.strategy == "dw_pointwise" and not self.empty and self._pointwise_block() == 0:
             raise self.fail(f"strategy 'dw_pointwise' needs one pixel's {cexp} depthwise values in workgroup memory "
                             f"({SEPARABLE_MAX_CHANNELS} floats at most); give another")
@@ -303,13 +304,14 @@ class FusedBottleneck(CompositeKernel):
 
     @property
     def prelu(self) -> bool:
-        """Whether the block has PReLU slopes (only the tiled, staged and blocked strategies take them)."""
+        """Whether the block has PReLU slopes (only the tiled, staged, dw_pointwise and blocked strategies take
+        them)."""
         return "prelu" in (self.act, self.out_act)
 
     @property
     def core_only(self) -> bool:
-        """Whether only the tiled, staged and blocked strategies take the block (PReLU slopes, or a 2x2 expand
-        conv, which the blocked one does not take either): the defaults of the others leave it alone."""
+        """Whether only the tiled, staged, dw_pointwise and blocked strategies take the block (PReLU slopes, or a
+        2x2 expand conv, which the blocked one does not take either): the defaults of the others leave it alone."""
         return self.prelu or self.expand_stride != 1
 
     def expand_activated(self, value: str, chan: str) -> str:
@@ -378,9 +380,9 @@ class FusedBottleneck(CompositeKernel):
             return ""
         return f" + res_at({pix}, {co})" if self.residual_pool == 2 else f" + {direct}"
 
-    def residual_fn(self) -> str:
-        """WGSL ``fn res_at(pix, co) -> f32`` (reading the binding ``x``; zero for ``co`` past x's channels, as
-        TFLite's PAD of the last axis) with ``residual_pool`` 2, else ""."""
+    def residual_fn(self, source: str = "x") -> str:
+        """WGSL ``fn res_at(pix, co) -> f32`` (reading the op's input x from the binding ``source``; zero for
+        ``co`` past x's channels, as TFLite's PAD of the last axis) with ``residual_pool`` 2, else ""."""
         if not self.residual or self.residual_pool != 2:
             return ""
         n, h, w, c = self.input(0).shape
@@ -389,7 +391,7 @@ class FusedBottleneck(CompositeKernel):
                 f"  let ox = pix % {self.ow}u;\n"
                 f"  let oy = (pix / {self.ow}u) % {self.oh}u;\n"
                 f"  let b = (((pix / {self.ow * self.oh}u) * {h}u + 2u * oy) * {w}u + 2u * ox) * {c}u + co;\n"
-                f"  return {max_pool_2x2('x', 'b', c, w)};\n}}\n")
+                f"  return {max_pool_2x2(source, 'b', c, w)};\n}}\n")
 
     def out_activated(self, value: str, chan: str | None = None) -> str:
         """``value`` (a WGSL f32 or vec4<f32> expression of the block's output, of output channel ``chan``)
@@ -441,7 +443,9 @@ class FusedBottleneck(CompositeKernel):
         of the blocked one would pass the loop cap (and, if ``strategy="tiled"`` is asked for, 8x8 tiles, 4
         lanes, blocks of up to 128 output channels).
         ``"gpu"``: the dw_projection strategy where :meth:`_takes_dw_projection` says it measured faster, the
-        expand_dw one where :meth:`_takes_expand_dw` or :meth:`_resident_tile` does; else the staged strategy
+        expand_dw one where :meth:`_takes_expand_dw` or :meth:`_resident_tile` does; for blocks with PReLU
+        slopes or a 2x2 expand conv the dw_pointwise strategy where a pixel's depthwise values fit workgroup
+        memory; else the staged strategy
         past batch 1 and for expansions wider than 64 channels; else for blocks
         without expansion the dw_pointwise strategy (:meth:`_takes_dw_pointwise`); otherwise
         the tiled strategy with the largest tile and output block whose dispatch has
@@ -471,6 +475,14 @@ class FusedBottleneck(CompositeKernel):
         if target == "gpu" and dw_projection and (self._takes_expand_dw() or self._resident_tile()):
             return {"strategy": "expand_dw", "tile": 1, "lanes": 1, "out_block": self.cout, "chunk": 1,
                     "splits": 1}
+        if target == "gpu" and dw_projection and self.core_only and self._pointwise_block() > 0:
+            # PReLU blocks and those with a 2x2 expand conv (MediaPipe's iris landmark model): the expansion, then
+            # the depthwise conv and the projection in one dispatch. The tiled strategy measured 4.5x slower on
+            # an H200 (2026-12-05, iris_landmark at batch 1, GPU time of its 26 blocks and 3 other ops: 875 us
+            # against 197 for the model fused without this pattern; staged 262): its small maps leave one
+            # workgroup per block walking the expansion's 128-term sums alone, latency-bound.
+            return {"strategy": "dw_pointwise", "tile": 1, "lanes": 1, "out_block": self.cout, "chunk": 1,
+                    "splits": 1}
         narrow = not self.has_expand or self.cexp <= _TILED_MAX_CEXP
         if target == "cpu" or self.has_se or n > 1 or not narrow:
             return {"strategy": "staged", "tile": 8, "lanes": 4, "out_block": min(self.cout, 128),
@@ -497,12 +509,10 @@ class FusedBottleneck(CompositeKernel):
             splits = min(32, -(-_GPU_WORKGROUPS // groups), max(1, self.cexp // 16))
         lanes = {4: 8, 2: 16}[tile]
         if splits > 1 and self.core_only:
-            # PReLU blocks and those with a 2x2 expand conv (MediaPipe's iris landmark model, not in the sweep
-            # above): the invocations that
-            # splitting would add come as more lanes of one workgroup instead, over all the output channels, so
-            # that no second dispatch sums the shares. For its [1, 16, 16, 128] -> 64 -> 128 blocks: 64
-            # workgroups of 2x2 tiles x 64 lanes, the 16,384 invocations of 4 splits, each of 182 loop trips as
-            # there, without the summing dispatch (4 more trips). Not yet measured on a GPU.
+            # PReLU blocks and those with a 2x2 expand conv, where the tiled strategy is asked for (the default
+            # is dw_pointwise, above): the invocations that splitting would add come as more lanes of one
+            # workgroup instead, over all the output channels, so that no second dispatch sums the shares. For a [1, 16, 16, 128] -> 64 -> 128 block: 64 workgroups of
+            # 2x2 tiles x 64 lanes, the 16,384 invocations of 4 splits, each of 182 loop trips as there.
             tile, block, splits = 2, min(self.cout, 128), 1
             lanes = 256 // (tile * tile)
         while lanes > block:
@@ -655,7 +665,7 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy == "blocked":
             return blocked_loop_trips(self)
         if self.strategy == "dw_pointwise":
-            return self._dw_pointwise_program().loop_trips
+            return max(p.loop_trips for p in self._dw_pointwise_programs())
         halo, ec, cb, _, per_split, _ = self._blocking()
         chunks = per_split // ec
         threads = self.tile * self.tile * self.lanes
@@ -669,6 +679,8 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy == "blocked" and not self.empty:   # the projection sums where no private array holds them
             sums = blocked_sums_bytes(self)
             return (sums,) if sums else ()
+        if self.strategy == "dw_pointwise" and self.has_expand and not self.empty:   # the expanded tensor
+            return (n * self.eh * self.ewd * self.cexp * 4,)
         if self.strategy in ("blocked", "dw_pointwise") or self.empty:
             return ()
         if self.strategy == "expand_dw":   # the depthwise output only
@@ -697,9 +709,7 @@ class FusedBottleneck(CompositeKernel):
         still one op of the model, with fewer dispatches than the unfused ops."""
         n, h, w, cin = self.input(0).shape
         cexp, cout = self.cexp, self.cout
-        names = (["x", "ew", "eb"] if self.has_expand else ["x"]) + ["dw", "db", "pw", "pb"] + (
-            ["sw1", "sb1", "sw2", "sb2"] if self.has_se else []) + self.slope_names()
-        inputs = {name: self.binding(name, "input", i, self.inputs[i]) for i, name in enumerate(names)}
+        inputs = self._input_bindings()
         sizes = self.scratch_sizes()
         progs, src = [], inputs["x"]
         g = dict(N=n, H=self.eh, W=self.ewd, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1,
@@ -714,12 +724,7 @@ class FusedBottleneck(CompositeKernel):
                          expand_depthwise_program(f"{self.key}_expand_dw", ed_binds, g, cin, cexp, act, dw_act, *tile,
                                                   unroll))
         elif self.has_expand:
-            e_out = self.binding("expanded", "scratch", 0, sizes[0])
-            slopes = (inputs["ea"],) if self.act == "prelu" else ()
-            e_binds = (inputs["x"], inputs["ew"], inputs["eb"], *slopes, e_out)
-            progs.append(pointwise_expand_program(f"{self.key}_expand", e_binds, n * h * w, cin, cexp,
-                                                  self.act, self.target()) if self.expand_stride == 1 else
-                         self._strided_expand_program(e_binds))
+            progs.append(self._expand_program(inputs))
             src = self.binding("x", "scratch", 0, sizes[0], access="read")
         d_index = 1 if self.has_expand and self.strategy != "expand_dw" else 0
         if self.strategy == "dw_projection":   # the depthwise conv computed as the projection reads it
@@ -768,6 +773,25 @@ class FusedBottleneck(CompositeKernel):
                                        loop_trips=-(-(cexp // 4) // lanes)))
         return progs
 
+    def _input_bindings(self) -> dict:
+        """The op's inputs as bindings, by the names the staged programs give them."""
+        names = (["x", "ew", "eb"] if self.has_expand else ["x"]) + ["dw", "db", "pw", "pb"] + (
+            ["sw1", "sb1", "sw2", "sb2"] if self.has_se else []) + self.slope_names()
+        return {name: self.binding(name, "input", i, self.inputs[i]) for i, name in enumerate(names)}
+
+    def _expand_program(self, inputs: dict) -> Program:
+        """The expansion into scratch buffer 0 (``[N, EH, EW, Cexp]``, through the expansion's activation): the
+        1x1 conv (:func:`.conv.pointwise_expand_program`) or the 2x2 conv of stride 2
+        (:meth:`_strided_expand_program`). ``inputs``: :meth:`_input_bindings`."""
+        n, h, w, cin = self.input(0).shape
+        e_out = self.binding("expanded", "scratch", 0, self.scratch_sizes()[0])
+        slopes = (inputs["ea"],) if self.act == "prelu" else ()
+        e_binds = (inputs["x"], inputs["ew"], inputs["eb"], *slopes, e_out)
+        if self.expand_stride == 2:
+            return self._strided_expand_program(e_binds)
+        return pointwise_expand_program(f"{self.key}_expand", e_binds, n * h * w, cin, self.cexp, self.act,
+                                        self.target())
+
     def _strided_expand_program(self, bindings) -> Program:
         """The staged strategy's 2x2 expand conv of stride 2 (VALID, ``expand_stride`` 2) over bindings named
         ``x``, ``ew`` (``[4 Cin, Cexp]``, tap ``(dy, dx)`` at rows ``(2 dy + dx) Cin``), ``eb`` (, ``ea``) and
@@ -793,23 +817,37 @@ class FusedBottleneck(CompositeKernel):
         n = self.input(0).shape[0]
         return pixel_block(n * self.oh * self.ow, self.cexp, self.cout, "gpu", any_size=True)
 
-    def _dw_pointwise_program(self) -> Program:
-        """The ``dw_pointwise`` strategy: :func:`.conv.depthwise_pointwise_program` (the depthwise values of a
-        block of output pixels in workgroup memory, through the depthwise bias and activation, then the 1x1
-        projection's sums, split between lanes as :func:`.conv.pointwise_split` models) with the projection's
-        bias, the residual and the output activation in its store."""
+    def _dw_pointwise_programs(self) -> list[Program]:
+        """The ``dw_pointwise`` strategy: the expansion where there is one (:meth:`_expand_program`, into scratch),
+        then :func:`.conv.depthwise_pointwise_program` (the depthwise values of a block of output pixels in
+        workgroup memory, through the depthwise bias and activation, then the 1x1 projection's sums, split
+        between lanes as :func:`.conv.pointwise_split` models) with the projection's bias, the residual and the
+        output activation in its store: the dispatches of the unfused graph's 1x1 conv and of
+        fused_separable_conv2d, with the residual's pool and channel padding and the PReLUs in their stores."""
         n, h, w, cin = self.input(0).shape
-        g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1, PT=self.pt,
-                 PL=self.pl, KH=self.k, KW=self.k)
+        cexp = self.cexp
+        g = dict(N=n, H=self.eh, W=self.ewd, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1,
+                 PT=self.pt, PL=self.pl, KH=self.k, KW=self.k)
         npix = n * self.oh * self.ow
-        block, chunk, lanes = pointwise_split(npix, self._pointwise_block(), self.cexp, self.cout)
-        residual = self.residual_term("q", "co", f"x[q * {cin}u + co]")
+        block, chunk, lanes = pointwise_split(npix, self._pointwise_block(), cexp, self.cout)
         act = activation_fn(self.dw_act)
-        return depthwise_pointwise_program(
-            f"{self.key}_dw_pointwise", self.io_bindings(["x", "w", "db", "pw", "pb", "y"]), g, cin, 1, self.cout,
-            block, f"y[idx] = {self.out_activated(f'acc + pb[co]{residual}')};",
-            act + self.out_act_fn(declared=act) + self.residual_fn(), chunk=chunk, lanes=lanes,
-            dw_value="act(v + db[c])")
+        slopes = ["oa"] * (self.out_act == "prelu")
+        if not self.has_expand:   # one dispatch over the op's input
+            binds, progs, res = self.io_bindings(["x", "w", "db", "pw", "pb", *slopes, "y"]), [], "x"
+        else:
+            inputs = self._input_bindings()
+            progs = [self._expand_program(inputs)]
+            binds = ((self.binding("x", "scratch", 0, self.scratch_sizes()[0], access="read"),
+                      dataclasses.replace(inputs["dw"], name="w"), inputs["db"], inputs["pw"], inputs["pb"])
+                     + ((dataclasses.replace(inputs["x"], name="res"),) if self.residual else ())
+                     + tuple(inputs[k] for k in slopes) + (self.binding("y", "output", 0, self.output_specs()[0]),))
+            res = "res"
+        residual = self.residual_term("q", "co", f"{res}[q * {cin}u + co]")
+        return progs + [depthwise_pointwise_program(
+            f"{self.key}_dw_pointwise", binds, g, cexp, 1, self.cout,
+            block, f"y[idx] = {self.out_activated(f'acc + pb[co]{residual}', 'co')};",
+            act + self.out_act_fn(declared=act) + self.residual_fn(res), chunk=chunk, lanes=lanes,
+            dw_value="act(v + db[c])")]
 
     def _gate_program(self, d, se_binds, gate) -> Program:
         """The squeeze-excite gate ``[N, Cexp]``: one workgroup per image averages the depthwise output ``d``
@@ -866,7 +904,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                      ["x", "dw", "db", "pw", "pb"]) + self.slope_names() + ["y"]
             return [blocked_program(self, self.io_bindings(names))]
         if self.strategy == "dw_pointwise":
-            return [self._dw_pointwise_program()]
+            return self._dw_pointwise_programs()
         n, h, w, cin = self.input(0).shape
         cexp, cout, s = self.cexp, self.cout, self.stride
         hw, ec, cb, nblocks, per_split, splits = self._blocking()
