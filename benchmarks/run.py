@@ -286,6 +286,9 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
 
             row["f16_gpu_one_pass_ms"] = gpu_time_plan(half._plan(0), repeats=max(10, repeats // 5),
                                                        reps=SUSTAINED_REPS) / 1e3
+            if path.stem == "mobilenet_v2_unfused":   # target 4 in float16: its products' GPU time
+                _, per_op = _profile(half._plan(0), max(3, repeats // 10))
+                row["f16_products"] = _products(half._plan(0), per_op)
     fused_ops = [n for n in gpu.model.op_names(0) if n.startswith("fused_")]
     litert_file, litert_ref = path, gpu    # the file LiteRT WebGPU runs, and the interpreter with its inputs
     if fused_ops and twin.exists():
@@ -319,22 +322,13 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
         _keep_busy(gpu, out0)
     row.update(_interleaved_ms(fns, warmup, FLAGS.rounds))
     if "timestamp-query" in device.features:
-        from tflfuse.runtime.plan import SUSTAINED_REPS, profile_plan
-
         plan = gpu._plan(0)
-        per_kind: dict[str, float] = {}
-        per_op: dict[int, float] = {}
-        for d in profile_plan(plan, repeats=1 if device.is_software else max(3, repeats // 10),
-                              reps=1 if device.is_software else SUSTAINED_REPS):
-            per_kind[d["op"]] = per_kind.get(d["op"], 0.0) + d["us"]
-            per_op[d["index"]] = per_op.get(d["index"], 0.0) + d["us"]
+        per_kind, per_op = _profile(plan, 1 if device.is_software else max(3, repeats // 10))
         row["gpu_us_by_op"] = {k: round(v, 1) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])}
         # Each profiled op's kind, GPU us, bytes and FLOPs: write_table sets them against the measured peaks.
         row["op_costs"] = [[op.name, round(per_op[op.index], 2), op_bytes(plan.graph, op), op_flops(plan.graph, op)]
                            for op in plan.graph.ops if op.index in per_op]
-        # The tiled matrix products (1x1 convolutions, FULLY_CONNECTED): rows, depth, cols, GPU us, for target 4.
-        sizes = {op.index: _product_sizes(plan.graph, op) for op in plan.graph.ops if op.index in per_op}
-        row["products"] = [[*mkn, round(per_op[i], 2)] for i, mkn in sizes.items() if mkn]
+        row["products"] = _products(plan, per_op)
         blocks = [op for op in plan.graph.ops if op.name == "fused_bottleneck" and op.index in per_op]
         if blocks:   # the bytes each block must move (inputs, weights, output) per second of its GPU time
             moved = sum(op_bytes(plan.graph, op) for op in blocks)
@@ -591,6 +585,7 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
                          f"{100 * r['bottleneck_gb_per_s'] / copy:.0f}% of that")
     lines += _gpu_time_lines(rows, peaks)
     lines += _product_lines(rows, peaks)
+    lines += _product_lines(rows, peaks, half=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     kept = _kept_sections(out.read_text()) if out.exists() else []
     out.write_text("\n".join(lines + [line for s in kept for line in ("", s)]) + "\n")
@@ -714,6 +709,27 @@ def _torch_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _profile(plan, repeats: int) -> tuple[dict[str, float], dict[int, float]]:
+    """GPU us per op kind and per op index of one invoke of ``plan`` (:func:`tflfuse.runtime.plan.profile_plan`:
+    each dispatch run back to back in its own pass; one run per pass on the software adapter)."""
+    from tflfuse.runtime.plan import SUSTAINED_REPS, profile_plan
+
+    software = plan.device.is_software
+    per_kind: dict[str, float] = {}
+    per_op: dict[int, float] = {}
+    for d in profile_plan(plan, repeats=repeats, reps=1 if software else SUSTAINED_REPS):
+        per_kind[d["op"]] = per_kind.get(d["op"], 0.0) + d["us"]
+        per_op[d["index"]] = per_op.get(d["index"], 0.0) + d["us"]
+    return per_kind, per_op
+
+
+def _products(plan, per_op: dict[int, float]) -> list[list]:
+    """The tiled matrix products (1x1 convolutions, FULLY_CONNECTED) of a profiled plan: ``[rows, depth, cols,
+    GPU us]`` each, for target 4."""
+    sizes = {op.index: _product_sizes(plan.graph, op) for op in plan.graph.ops if op.index in per_op}
+    return [[*mkn, round(per_op[i], 2)] for i, mkn in sizes.items() if mkn]
+
+
 def _product_sizes(graph, op) -> tuple[int, int, int] | None:
     """``(rows, depth, cols)`` of an op that runs as one tiled matrix product (a CONV_2D 1x1 or a
     FULLY_CONNECTED whose single program stages its operands in workgroup memory), else None."""
@@ -727,33 +743,38 @@ def _product_sizes(graph, op) -> tuple[int, int, int] | None:
     return rows, op_flops(graph, op) // (2 * rows * cols), cols
 
 
-def _product_lines(rows: list[dict], peaks: dict) -> list[str]:
+def _product_lines(rows: list[dict], peaks: dict, half: bool = False) -> list[str]:
     """Target 4: the tiled matrix products of the unfused MobileNetV2 at its largest batch, per distinct shape,
-    as TFLOP/s and shares of the f32 FMA peak and of each product's roofline bound."""
-    found = [r for r in rows if r["model"] == "mobilenet_v2_unfused" and r.get("products")]
-    if not found or not peaks.get("f32_tflops"):
+    as TFLOP/s and shares of the FMA peak and of each product's roofline bound; with ``half``, those of its
+    float16 plan (2 bytes per element, against the f16 FMA peak)."""
+    key, peak_key, size, what = ("f16_products", "f16_tflops", 2, "f16") if half else \
+        ("products", "f32_tflops", 4, "f32")
+    found = [r for r in rows if r["model"] == "mobilenet_v2_unfused" and r.get(key)]
+    if not found or not peaks.get(peak_key):
         return []
     r = max(found, key=lambda r: r["batch"])
     by_shape: dict[tuple, list[float]] = {}
-    for m, k, n, us in r["products"]:
+    for m, k, n, us in r[key]:
         by_shape.setdefault((m, k, n), []).append(us)
-    peak, gbps = peaks["f32_tflops"], peaks["copy_gb_per_s"]
-    lines = ["", f"Matrix products (1x1 CONV_2D, FULLY_CONNECTED) of mobilenet_v2_unfused at batch {r['batch']}, "
-             f"tiled, GPU time per op as above: TFLOP/s = 2 x rows x depth x cols / time, against the f32 FMA "
-             f"peak ({_num(peak)} TFLOP/s) and against each product's roofline bound (max of its bytes / "
-             f"{_num(gbps)} GB/s and its FLOPs / the FMA peak).", "",
-             "| rows x depth x cols | ops | us per op | TFLOP/s | % of f32 FMA peak | % of roofline |",
+    peak, gbps = peaks[peak_key], peaks["copy_gb_per_s"]
+    plan = (" in its float16 plan (`precision=\"float16\"`: f16 slices, f16 multiply-adds within a slice, f32 "
+            "accumulation across slices)") if half else ""
+    lines = ["", f"Matrix products (1x1 CONV_2D, FULLY_CONNECTED) of mobilenet_v2_unfused at batch {r['batch']}{plan}, "
+             f"tiled, GPU time per op as above: TFLOP/s = 2 x rows x depth x cols / time, against the {what} FMA "
+             f"peak ({_num(peak)} TFLOP/s) and against each product's roofline bound (max of its bytes, {size} per "
+             f"element, / {_num(gbps)} GB/s and its FLOPs / the FMA peak).", "",
+             f"| rows x depth x cols | ops | us per op | TFLOP/s | % of {what} FMA peak | % of roofline |",
              "|---|---:|---:|---:|---:|---:|"]
     total_us = total_flop = total_bound = 0.0
     for (m, k, n), times in by_shape.items():
         us = sum(times) / len(times)
-        flop, nbytes = 2 * m * k * n, 4 * (m * k + k * n + m * n)
+        flop, nbytes = 2 * m * k * n, size * (m * k + k * n + m * n)
         bound = max(nbytes / gbps / 1e3, flop / peak / 1e6)
         total_us, total_flop, total_bound = total_us + sum(times), total_flop + flop * len(times), \
             total_bound + bound * len(times)
         lines.append(f"| {m} x {k} x {n} | {len(times)} | {us:.1f} | {flop / us / 1e6:.1f} | "
                      f"{_pct(100 * flop / us / 1e6 / peak)} | {_pct(100 * bound / us)} |")
-    lines.append(f"| all | {len(r['products'])} | {total_us:.0f} in all | {total_flop / total_us / 1e6:.1f} | "
+    lines.append(f"| all | {len(r[key])} | {total_us:.0f} in all | {total_flop / total_us / 1e6:.1f} | "
                  f"{_pct(100 * total_flop / total_us / 1e6 / peak)} | {_pct(100 * total_bound / total_us)} |")
     return lines
 

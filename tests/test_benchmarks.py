@@ -225,6 +225,23 @@ def test_product_table_gives_each_shape_against_the_fma_peak_and_its_roofline(be
     assert "| all | 3 | 41 in all | 2.0 | 20% | 20% |" in text
 
 
+def test_float16_product_table_counts_two_bytes_an_element_against_the_f16_peak(bench, tmp_path):
+    # 1000 x 100 x 200 (40 MFLOP, 0.64 MB in f16) at 4 us, against an f16 peak of 20 TFLOP/s and 100 GB/s
+    rows = [{"model": "mobilenet_v2_unfused", "batch": 32, "ops": 70, "dispatches": 65, "tflfuse_ms": 3.0,
+             "products": [[1000, 100, 200, 8.0]], "f16_products": [[1000, 100, 200, 4.0]]}]
+    meta = {"date": "2026-12-01 13:00 UTC", "adapter": "Test GPU [DiscreteGPU, Vulkan]", "driver": "1.0",
+            "versions": "tflfuse 0", "repeats": 10, "warmup": 2, "rounds": 2, "throughput_n": 100,
+            "throughput_repeats": 4, "peaks": {"copy_gb_per_s": 100.0, "f32_tflops": 10.0, "f16_tflops": 20.0}}
+    out = tmp_path / "r.md"
+    bench.write_table(rows, meta, out)
+    text = out.read_text()
+    f32, f16 = text.split("in its float16 plan")
+    # float32: 40 MFLOP in 8 us (5 TFLOP/s, 50% of 10); bound max(1.28 MB / 100 GB/s = 12.8 us, 4 us): 160%
+    assert "| 1000 x 100 x 200 | 1 | 8.0 | 5.0 | 50% | 160% |" in f32
+    # float16: 10 TFLOP/s, 50% of 20; bound max(0.64 MB / 100 GB/s = 6.4 us, 2 us) against 4 us: 160%
+    assert "% of f16 FMA peak" in f16 and "| 1000 x 100 x 200 | 1 | 4.0 | 10.0 | 50% | 160% |" in f16
+
+
 def test_int8_table_sets_each_int8_file_beside_its_float_twin_and_litert(bench, tmp_path):
     rows = [{"model": "mobilenet_v2_unfused_int8", "batch": 1, "ops": 70, "dispatches": 66, "tflfuse_ms": 0.9,
              "tflfuse_thr_ms": 0.6, "gpu_one_pass_ms": 0.5, "litert_gpu_ms": 1.8, "litert_gpu_thr_ms": 0.3,
