@@ -124,8 +124,8 @@ _READS = {"tiled": {"tile", "lanes", "out_block", "chunk", "splits"}, "blocked":
 _BLOCKED_MIN_MACS = 1 << 20
 _EMPTY_SCHEDULE = {"strategy": "staged", "tile": 1, "lanes": 1, "out_block": 1, "chunk": 1, "splits": 1}
 _TILED_MAX_CEXP = 64  # on a GPU at batch 1, the tiled strategy for expansions up to this width (see _schedule)
-#: the scratch a default schedule may bind: WebGPU's default maxStorageBufferBindingSize (128 MiB), which every
-#: adapter grants; a strategy whose scratch is larger is taken only where asked for (the device may grant more)
+#: WebGPU's default maxStorageBufferBindingSize (128 MiB), which every adapter grants: the largest expanded
+#: tensor for which a PReLU or 2x2-expand block takes dw_pointwise by default (_expanded_fits)
 _SCRATCH_BINDING_LIMIT = 128 << 20
 _DW_PROJECTION_MIN_ROWS = 112 * 112   # output pixels from which a GPU takes dw_projection (_takes_dw_projection)
 _EXPAND_DW_MAX_PIXELS, _EXPAND_DW_MAX_MACS = 56 * 56, 1 << 25   # bounds of expand_dw (_takes_expand_dw)
@@ -456,11 +456,11 @@ class FusedBottleneck(CompositeKernel):
         even the smallest leave the GPU idle (late, small feature maps at batch 1), the expanded channels are
         split between workgroups: each adds its share of the projection into a scratch buffer and a second
         dispatch sums the shares, adds the bias and the residual. Measured on an H200 by
-        ``benchmarks/sweep_bottleneck.py``. A strategy whose scratch would pass
-        :data:`_SCRATCH_BINDING_LIMIT` (WebGPU's default max storage binding, 128 MiB) is not taken by default:
-        such blocks fall through to the tiled strategy, which needs none. Tuning only: every schedule computes
-        the same values; the attributes ``strategy``, ``tile``, ``lanes``, ``out_block``, ``chunk`` and
-        ``splits`` override it.
+        ``benchmarks/sweep_bottleneck.py``. The PReLU and 2x2-expand blocks take dw_pointwise only where its
+        expanded tensor fits :data:`_SCRATCH_BINDING_LIMIT` (WebGPU's default max storage binding, 128 MiB):
+        larger ones keep the tiled strategy, which needs no scratch. Tuning only: every schedule computes the
+        same values; the attributes ``strategy``, ``tile``, ``lanes``, ``out_block``, ``chunk`` and ``splits``
+        override it.
         """
         n = self.input(0).shape[0]
         target = self.target()
@@ -475,15 +475,14 @@ class FusedBottleneck(CompositeKernel):
             schedule = blocked_schedule(self)
             if schedule:
                 return schedule
-        if target == "gpu" and dw_projection and self._takes_dw_projection() and self._fits("dw_projection"):
+        if target == "gpu" and dw_projection and self._takes_dw_projection():
             return {"strategy": "dw_projection", "tile": 1, "lanes": 1, "out_block": self.cout, "chunk": 1,
                     "splits": 1}
-        if target == "gpu" and dw_projection and (self._takes_expand_dw() or self._resident_tile()) and \
-                self._fits("expand_dw"):
+        if target == "gpu" and dw_projection and (self._takes_expand_dw() or self._resident_tile()):
             return {"strategy": "expand_dw", "tile": 1, "lanes": 1, "out_block": self.cout, "chunk": 1,
                     "splits": 1}
         if target == "gpu" and dw_projection and self.core_only and self._pointwise_block() > 0 and \
-                self._fits("dw_pointwise"):
+                self._expanded_fits():
             # PReLU blocks and those with a 2x2 expand conv (MediaPipe's iris landmark model): the expansion, then
             # the depthwise conv and the projection in one dispatch. The tiled strategy measured 4.5x slower on
             # an H200 (2026-12-05, iris_landmark at batch 1, GPU time of its 26 blocks and 3 other ops: 875 us
@@ -492,7 +491,7 @@ class FusedBottleneck(CompositeKernel):
             return {"strategy": "dw_pointwise", "tile": 1, "lanes": 1, "out_block": self.cout, "chunk": 1,
                     "splits": 1}
         narrow = not self.has_expand or self.cexp <= _TILED_MAX_CEXP
-        if (target == "cpu" or self.has_se or n > 1 or not narrow) and (self.has_se or self._fits("staged")):
+        if target == "cpu" or self.has_se or n > 1 or not narrow:
             return {"strategy": "staged", "tile": 8, "lanes": 4, "out_block": min(self.cout, 128),
                     "chunk": _MAX_CHUNK, "splits": 1}
         if dw_projection and self._takes_dw_pointwise():
@@ -682,28 +681,27 @@ class FusedBottleneck(CompositeKernel):
             -(-cb // self.lanes) + (-(-depth * ec // threads) if self.has_expand else 0)
         return chunks * (1 + per_chunk) + -(-cb // self.lanes)
 
-    def _fits(self, strategy: str) -> bool:
-        """Whether each scratch buffer of ``strategy`` fits :data:`_SCRATCH_BINDING_LIMIT` (a default schedule
-        takes no other; the tiled strategy, which needs none or its split sums, is the fallback)."""
-        return max(self.scratch_sizes(strategy), default=0) <= _SCRATCH_BINDING_LIMIT
+    def _expanded_fits(self) -> bool:
+        """Whether dw_pointwise's expanded tensor (float32 scratch, in a float16 plan too) fits
+        :data:`_SCRATCH_BINDING_LIMIT`, the binding every adapter grants: where it does not, a PReLU or 2x2-expand
+        block keeps the tiled strategy by default, as it did before dw_pointwise took them."""
+        n = self.input(0).shape[0]
+        return n * self.eh * self.ewd * self.cexp * 4 <= _SCRATCH_BINDING_LIMIT
 
-    def scratch_sizes(self, strategy: str | None = None) -> tuple[int, ...]:
-        """Bytes of each scratch buffer of ``strategy`` (default: the op's own); not for the tiled strategy
-        before its schedule is set."""
-        strategy = strategy or self.strategy
+    def scratch_sizes(self) -> tuple[int, ...]:
         n, h, w, _ = self.input(0).shape
-        if strategy == "blocked" and not self.empty:   # the projection sums where no private array holds them
+        if self.strategy == "blocked" and not self.empty:   # the projection sums where no private array holds them
             sums = blocked_sums_bytes(self)
             return (sums,) if sums else ()
-        if strategy == "dw_pointwise" and self.has_expand and not self.empty:   # the expanded tensor
+        if self.strategy == "dw_pointwise" and self.has_expand and not self.empty:   # the expanded tensor
             return (n * self.eh * self.ewd * self.cexp * 4,)
-        if strategy in ("blocked", "dw_pointwise") or self.empty:
+        if self.strategy in ("blocked", "dw_pointwise") or self.empty:
             return ()
-        if strategy == "expand_dw":   # the depthwise output only
+        if self.strategy == "expand_dw":   # the depthwise output only
             return (n * self.oh * self.ow * self.cexp * 4,)
-        if strategy == "dw_projection":   # the expanded tensor (when expanding)
+        if self.strategy == "dw_projection":   # the expanded tensor (when expanding)
             return (n * h * w * self.cexp * 4,) if self.has_expand else ()
-        if strategy == "staged":  # the expanded tensor (when expanding), the depthwise output, the gate
+        if self.strategy == "staged":  # the expanded tensor (when expanding), the depthwise output, the gate
             return (((n * self.eh * self.ewd * self.cexp * 4,) if self.has_expand else ()) +
                     (n * self.oh * self.ow * self.cexp * 4,)
                     + ((n * self.cexp * 4,) if self.has_se else ()))
