@@ -296,7 +296,7 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
                          b: str, store: str, helpers: str = "", uniforms: tuple[Uniform, ...] = (),
                          tile: MatmulTile | str | None = None, *, a_vec: str | None = None,
                          b_vec: str | None = None, store_vec: str | None = None,
-                         a_strip: str | None = None, elem: str = "f32") -> Program:
+                         a_strip: str | None = None, elem: str = "f32", double_buffer: bool = False) -> Program:
     """``C = A @ B`` with ``A [rows, depth]`` and ``B [depth, cols]``, float32, tiled for a GPU; with the float16
     plan's form (f16 slices and multiply-adds, f32 accumulation; the module docstring) kept on the program.
     With ``elem="i32"``, the operands, the workgroup memory and the sums are i32 (exact integer products, as
@@ -342,6 +342,9 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     if ((a_vec or a_strip) and depth % 4) or ((b_vec or store_vec) and cols % 4):
         raise KernelError(f"{name}: vec4 operands need depth ({depth}) and cols ({cols}) multiples of 4")
     tm, tn, rm, rn, tk, sk = tile.tm, tile.tn, tile.rm, tile.rn, tile.tk, tile.sk
+    if double_buffer and tile.workgroup_bytes + 4 * tk * (tm + tn) > _WG_BYTES:
+        raise KernelError(f"{name}: tile {tile.name} double-buffered needs {tile.workgroup_bytes + 4 * tk * (tm + tn)} "
+                          f"bytes of workgroup memory, over {_WG_BYTES}")
     threads = tile.threads
     tks = tk // sk                       # the depths of a staged slice each slice group multiplies
     col_tiles = -(-cols // tn)
@@ -390,8 +393,9 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
                        f"b4({k0} + {e} / {tn // 4}u, c0 + ({e} % {tn // 4}u) * 4u); }}")
         return "\n".join(out)
 
-    def staged(half: bool) -> str:
-        """The statements moving the registers' next slices into workgroup memory (as f16 where ``half``)."""
+    def staged(half: bool, oa: str = "", ob: str = "") -> str:
+        """The statements moving the registers' next slices into workgroup memory (as f16 where ``half``), at
+        the offsets ``oa`` and ``ob`` (WGSL terms ending in ``+``) of the double-buffered form."""
         vec, one = ("vec4<f16>", "f16") if half else ("", "")
         stage = []
         for j in range(a_loads):
@@ -399,38 +403,41 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
             guard = "" if (j + 1) * threads <= a_groups else f"if ({e} < {a_groups}u) "
             if a_strip:   # column i of the block is the vec4 of rows r0 .. r0 + 3 at depth k + i: one ta entry
                 stage.append(f"    {guard}{{ let r4 = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")
-                stage += [f"      ta[(k + {i}u) * {tm // 4}u + {slot('k', 'r4')}] = {vec}(pa{j}[{i}]);" if half else
-                          f"      ta[(k + {i}u) * {tm // 4}u + {slot('k', 'r4')}] = pa{j}[{i}];" for i in range(4)]
+                stage += [f"      ta[{oa}(k + {i}u) * {tm // 4}u + {slot('k', 'r4')}] = {vec}(pa{j}[{i}]);" if half
+                          else f"      ta[{oa}(k + {i}u) * {tm // 4}u + {slot('k', 'r4')}] = pa{j}[{i}];"
+                          for i in range(4)]
                 stage.append("    }")
                 continue
             stage.append(f"    {guard}{{ let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")
             for i, comp in enumerate("xyzw"):
                 value = f"{one}(pa{j}.{comp})" if half else f"pa{j}.{comp}"
-                stage.append(f"      ta[(k + {i}u) * {tm // 4}u + {slot('k', 'r / 4u')}][r % 4u] = {value};")
+                stage.append(f"      ta[{oa}(k + {i}u) * {tm // 4}u + {slot('k', 'r / 4u')}][r % 4u] = {value};")
             stage.append("    }")
         for j in range(b_loads):
             guard = "" if (j + 1) * threads <= b_groups else f"if (lidx + {j * threads}u < {b_groups}u) "
             value = f"{vec}(pb{j})" if half else f"pb{j}"
-            stage.append(f"    {guard}{{ tb[lidx + {j * threads}u] = {value}; }}")
+            stage.append(f"    {guard}{{ tb[{ob}lidx + {j * threads}u] = {value}; }}")
         return "\n".join(stage)
 
-    def b_row(k: int) -> list[str]:
-        return [f"      let b{h} = tb[{'kb + ' if sk > 1 else ''}{k * tn // 4 + h * gx}u + tx];" for h in range(rb)]
+    def b_row(k: int, ob: str) -> list[str]:
+        return [f"      let b{h} = tb[{ob}{'kb + ' if sk > 1 else ''}{k * tn // 4 + h * gx}u + tx];"
+                for h in range(rb)]
 
     lanes = [(g, r, comp, h) for g in range(ra) for r, comp in enumerate("xyzw") for h in range(rb)]
 
-    def multiplied(half: bool) -> str:
-        """The slice's ``tk`` steps written out one after another. Where ``half``, each step is a vec4<f16>
-        fma into the slice's f16 partial sums ``p``, added into the f32 accumulators ``c`` once per slice."""
+    def multiplied(half: bool, oa: str = "", ob: str = "") -> str:
+        """The slice's ``tk`` steps written out one after another, reading the slices at offsets ``oa`` and
+        ``ob``. Where ``half``, each step is a vec4<f16> fma into the slice's f16 partial sums ``p``, added into
+        the f32 accumulators ``c`` once per slice."""
         inner = [f"    var p{g}_{r}_{h} = vec4<f16>(0.0);" for g, r, _, h in lanes] if half else []
         if sk > 1:   # this slice group's depths of the staged slice
             inner += [f"    let ka = ks * {tks * tm // 4}u;", f"    let kb = ks * {tks * tn // 4}u;"]
         for k in range(tks):
             inner.append("    {")
             depth_k = f"ks * {tks}u + {k}u" if sk > 1 else f"{k}u"   # the step's depth in the staged slice
-            inner += [f"      let a{g} = ta[{'ka + ' if sk > 1 else ''}{k * tm // 4}u + "
+            inner += [f"      let a{g} = ta[{oa}{'ka + ' if sk > 1 else ''}{k * tm // 4}u + "
                       f"{slot(depth_k, f'{g * gy}u + ty')}];" for g in range(ra)]
-            inner += b_row(k)
+            inner += b_row(k, ob)
             inner += [f"      p{g}_{r}_{h} = fma(vec4<f16>(a{g}.{comp}), b{h}, p{g}_{r}_{h});" if half else
                       f"      c{g}_{r}_{h} += a{g}.{comp} * b{h};" for g, r, comp, h in lanes]
             inner.append("    }")
@@ -489,6 +496,8 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     a_load = _staging_load("a", "r", "k", rows, depth, a, a_vec, elem)
     b_load = _staging_load("b", "k", "c", depth, cols, b, b_vec, elem)
 
+    buffers = 2 if double_buffer else 1
+    plural = "s" if double_buffer else ""
     red_decl = (f"\nvar<workgroup> red: array<vec4<{elem}>, {tm * tn // 4}>;   // a slice group's sums"
                 if sk > 1 else "")
 
@@ -500,8 +509,8 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
 
 {b_load}
 
-var<workgroup> ta: array<vec4<{t}>, {tk * tm // 4}>;   // the A slice, [k][row / 4]
-var<workgroup> tb: array<vec4<{t}>, {tk * tn // 4}>;   // the B slice, [k][col / 4]{red_decl}
+var<workgroup> ta: array<vec4<{t}>, {tk * tm // 4 * buffers}>;   // the A slice{plural}, [k][row / 4]
+var<workgroup> tb: array<vec4<{t}>, {tk * tn // 4 * buffers}>;   // the B slice{plural}, [k][col / 4]{red_decl}
 
 @compute @workgroup_size({threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -514,7 +523,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let c0 = (tile % {col_tiles}u) * {tn}u;
 {decl}
 {load("0u")}
-  for (var k0 = 0u; k0 < {depth}u; k0 += {tk}u) {{
+{loop(half)}
+{reduced}{stored}
+}}
+"""
+
+    def loop(half: bool) -> str:
+        """The walk over the depth: single-buffered, two barriers a slice (the registers' slice is staged once
+        every invocation is done with the last); double-buffered, the next slice is staged into the other
+        buffer after this one is multiplied, one barrier a slice."""
+        if not double_buffer:
+            return f"""  for (var k0 = 0u; k0 < {depth}u; k0 += {tk}u) {{
     workgroupBarrier();
 {staged(half)}
     workgroupBarrier();
@@ -522,10 +541,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {load(f"k0 + {tk}u")}
     }}
 {multiplied(half)}
-  }}
-{reduced}{stored}
-}}
-"""
+  }}"""
+        return f"""{staged(half)}
+  workgroupBarrier();
+  var odd = 0u;   // the buffer holding this slice
+  for (var k0 = 0u; k0 < {depth}u; k0 += {tk}u) {{
+    let more = k0 + {tk}u < {depth}u;
+    if (more) {{
+{load(f"k0 + {tk}u")}
+    }}
+    let oa = odd * {tk * tm // 4}u;
+    let ob = odd * {tk * tn // 4}u;
+{multiplied(half, "oa + ", "ob + ")}
+    if (more) {{
+      let oa = (1u - odd) * {tk * tm // 4}u;
+      let ob = (1u - odd) * {tk * tn // 4}u;
+{staged(half, "oa + ", "ob + ")}
+    }}
+    workgroupBarrier();
+    odd = 1u - odd;
+  }}"""
     source = source_for(False)
     steps = -(-depth // tk)
     if elem != "f32":
