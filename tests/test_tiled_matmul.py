@@ -233,3 +233,80 @@ def test_float16_storage(device, rng, depth, cols):
     s = np.abs(x64) @ np.abs(w64) + np.abs(b)
     bound = product_bound(s, got.astype(np.float64), want, depth, matmul_tile(1000, depth, cols).slice_depth)
     assert np.all(np.abs(got.astype(np.float64) - want) <= bound)
+
+
+def _run_program(device, prog, arrays, out_bytes: int) -> bytes:
+    """Runs ``prog`` once over ``arrays`` (its bindings in order, each array's bytes zero-padded to the binding's
+    size) and an output buffer of ``out_bytes``; returns the output's bytes."""
+    pipeline = device.pipeline(prog)
+    buffers = []
+    for b, a in zip(prog.bindings, arrays):
+        raw = np.ascontiguousarray(a).tobytes()
+        buffers.append(device.create_buffer(b.size, data=raw + b"\0" * (b.size - len(raw))))
+    buffers.append(device.create_buffer(out_bytes))
+    group = device.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
+        {"binding": i, "resource": {"buffer": buf, "offset": 0, "size": buf.size}} for i, buf in enumerate(buffers)])
+    encoder = device.device.create_command_encoder()
+    cpass = encoder.begin_compute_pass()
+    cpass.set_pipeline(pipeline)
+    cpass.set_bind_group(0, group)
+    cpass.dispatch_workgroups(*prog.dispatch)
+    cpass.end()
+    device.device.queue.submit([encoder.finish()])
+    return bytes(device.device.queue.read_buffer(buffers[-1]))
+
+
+@pytest.mark.parametrize("rows, depth, cols", [(300, 36, 148), (257, 37, 70), (64, 16, 32)])
+@pytest.mark.parametrize("tile", ["64x64/4x4/16", "64x32/4x4/16", "32x32/4x4/16/2", "64x64/8x8/16", "128x64/8x4/8"])
+def test_double_buffered_product(device, rng, rows, depth, cols, tile):
+    """``double_buffer=True`` (two slices of workgroup memory, one barrier a slice) against float64 NumPy, in
+    float32 (vec4 loads and stores where the sizes allow; partial tiles on every side, a depth that is not a
+    multiple of the slice's, a product of one slice), in i32 (exact) and in the float16 plan's form (within
+    ``half_math.product_bound``, as :func:`test_float16_storage`)."""
+    from tflfuse.kernels.base import Binding
+    from tflfuse.kernels.gemm import tiled_matmul_program
+    from tflfuse.kernels.half import half_binding_size, half_storage
+
+    vec = depth % 4 == 0 and cols % 4 == 0
+    x, w = rng.standard_normal((rows, depth)).astype(np.float32), _w(rng, (depth, cols), depth)
+    b = rng.standard_normal(cols).astype(np.float32)
+
+    def program(elem, half_storage_sizes=False):
+        t = f"vec4<{elem}>" if vec else elem
+        size = (lambda n: half_binding_size(n)) if half_storage_sizes else (lambda n: 4 * n)
+        binds = (Binding("x", ("input", 0), "read", t, size(rows * depth)),
+                 Binding("w", ("input", 1), "read", t, size(depth * cols)),
+                 Binding("b", ("input", 2), "read", t, size(cols)),
+                 Binding("y", ("output", 0), "read_write", t, size(rows * cols)))
+        return tiled_matmul_program(
+            "db", binds, rows, depth, cols, f"x[r * {depth}u + k]", f"w[k * {cols}u + c]", "y[idx] = acc + b[col];",
+            tile=tile, a_vec=f"x[(r * {depth}u + k) / 4u]" if vec else None,
+            b_vec=f"w[(k * {cols}u + c) / 4u]" if vec else None,
+            store_vec="y[idx4] = acc + b[col4 / 4u];" if vec else None, elem=elem, double_buffer=True)
+
+    want = x.astype(np.float64) @ w + b
+    got = np.frombuffer(_run_program(device, program("f32"), [x, w, b], rows * cols * 4), np.float32)[:rows * cols]
+    np.testing.assert_allclose(got.reshape(rows, cols), want, **ACCUMULATION)
+    xi, wi, bi = (rng.integers(-128, 128, a.shape).astype(np.int32) for a in (x, w, b))
+    goti = np.frombuffer(_run_program(device, program("i32"), [xi, wi, bi], rows * cols * 4), np.int32)[:rows * cols]
+    np.testing.assert_array_equal(goti.reshape(rows, cols), xi.astype(np.int64) @ wi + bi)
+    if "shader-f16" in device.features:
+        xh, wh, bh = half(x), half(w), half(b)
+        prog = half_storage(program("f32"))
+        raw = _run_program(device, prog, [a.astype(np.float16) for a in (xh, wh, bh)], half_binding_size(rows * cols))
+        goth = np.frombuffer(raw, np.float16)[:rows * cols].astype(np.float64).reshape(rows, cols)
+        x64, w64 = xh.astype(np.float64), wh.astype(np.float64)
+        wanth = x64 @ w64 + bh
+        s = np.abs(x64) @ np.abs(w64) + np.abs(bh)
+        bound = product_bound(s, goth, wanth, depth, MatmulTile.parse(tile).slice_depth)
+        assert np.all(np.abs(goth - wanth) <= bound)
+
+
+def test_double_buffer_needs_two_slices_in_workgroup_memory():
+    from tflfuse.kernels.base import Binding
+    from tflfuse.kernels.gemm import tiled_matmul_program
+
+    binds = tuple(Binding(n, ("input", i), "read", "f32", 4 * 4096) for i, n in enumerate("xwby"))
+    with pytest.raises(KernelError, match="double-buffered needs 32768 bytes of workgroup memory, over 16384"):
+        tiled_matmul_program("db", binds, 512, 64, 256, "x[r * 64u + k]", "w[k * 256u + c]", "y[idx] = acc;",
+                             tile="128x128/8x8/16", double_buffer=True)

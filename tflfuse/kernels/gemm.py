@@ -326,12 +326,16 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
         rows or depth too and must then return finite values (zero past the depth). It stays f32; in the
         float16 form its block is rounded to f16 as it is staged.
       elem: ``"f32"`` or ``"i32"``, the type of the operands and sums (``a``, ``b`` and ``acc``).
+      double_buffer: two buffers of workgroup memory for the slices: the next slice is staged into the other
+        buffer after this one is multiplied, one barrier a slice instead of two (tuning only, the same sums in
+        the same order; timed by ``benchmarks/sweep_gemm_forms.py --double_buffer=off,on``).
     Returns:
       the :class:`~tflfuse.kernels.half.HalfMathProgram` (a :class:`Program` for ``"i32"``), one workgroup per
       tile of ``C``.
     Raises:
       KernelError: for a tile that is unknown or does not map onto the invocations, a vector form where the
-        sizes are not multiples of 4, an unknown ``elem``, or ``a_strip`` with ``"i32"``.
+        sizes are not multiples of 4, an unknown ``elem``, ``a_strip`` with ``"i32"``, or ``double_buffer``
+        where the tile's two slices (and its slice groups' sums) pass 16 KiB of workgroup memory.
     """
     if elem not in _ZERO or (a_strip and elem != "f32"):
         raise KernelError(f"{name}: a tiled product's elements are f32 or i32 (a_strip f32 only), got {elem!r}")
