@@ -996,6 +996,23 @@ def test_prelu_block_keeps_the_tiled_strategy_where_its_expanded_tensor_passes_t
     assert asked.strategy == "dw_pointwise"   # asked for: taken (an adapter may grant a larger binding)
 
 
+def test_blocked_strategy_is_not_the_default_where_its_sums_pass_the_default_binding():
+    """On the software adapter the blocked strategy keeps projection sums past a private array in a float32
+    scratch buffer as large as the float32 output: where that passes WebGPU's default max storage binding (128
+    MiB; a float16 plan's output, half of it, still fits) the default is the staged strategy, whose scratch a
+    float16 plan halves."""
+    def block(h):   # [1, h, h, 4] -> 24 -> 32: 8-pixel tiles of 32 sums each, past the private array
+        return [TensorSpec((1, h, h, 4)), TensorSpec((4, 24)), TensorSpec((24,)), TensorSpec((3, 3, 24)),
+                TensorSpec((24,)), TensorSpec((24, 32)), TensorSpec((32,))]
+
+    small = kernel_class("fused_bottleneck")(block(56), {"target": "cpu"})
+    assert small.strategy == "blocked" and small.scratch_sizes() == (56 * 56 * 32 * 4,)
+    assert 1024 * 1024 * 32 * 4 <= 128 << 20 < 1025 * 1025 * 32 * 4
+    assert kernel_class("fused_bottleneck")(block(1024), {"target": "cpu"}).strategy == "blocked"
+    large = kernel_class("fused_bottleneck")(block(1025), {"target": "cpu"})
+    assert large.strategy == "staged" and max(large.scratch_sizes()) <= 128 << 20
+
+
 def test_tiled_prelu_block_on_a_small_map_takes_lanes_not_a_second_dispatch():
     """On a GPU at batch 1, where the tiled strategy would split the expanded channels between workgroups (a
     second dispatch adding the shares), a PReLU block takes as many invocations as lanes of one workgroup."""

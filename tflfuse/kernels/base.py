@@ -27,6 +27,9 @@ MAX_WORKGROUPS_PER_DIM = 65535
 #: WebGPU's default ``maxComputeWorkgroupStorageSize`` (bytes): every kernel's workgroup memory fits it, so that a
 #: plan runs on any adapter.
 MAX_WORKGROUP_STORAGE = 16384
+#: WebGPU's default ``maxStorageBufferBindingSize`` (bytes), which every adapter grants: where a schedule has a
+#: choice, it keeps its scratch within it (a :class:`~tflfuse.runtime.device.Device` may grant more).
+DEFAULT_MAX_STORAGE_BINDING = 128 << 20
 
 #: dtype name -> WGSL storage element type. bool tensors (1 byte per element in a .tflite) are held as one i32
 #: per element, 0 or 1: WGSL storage has no 8-bit type; int8 and uint8 (quantized) tensors likewise, one value

@@ -12,7 +12,7 @@ import threading
 from absl import logging
 
 from .._tfload import DRIVER_FILE_VARIABLES, DriversBoundError, isolate_vulkan_drivers
-from ..kernels.base import Program
+from ..kernels.base import DEFAULT_MAX_STORAGE_BINDING, Program
 
 __all__ = ["Device", "DeviceLostError", "NoAdapterError", "ShaderCompileError"]
 
@@ -281,7 +281,7 @@ class Device:
 
     @property
     def max_storage_binding(self) -> int:
-        return int(self.limits.get("max-storage-buffer-binding-size", 128 << 20))
+        return int(self.limits.get("max-storage-buffer-binding-size", DEFAULT_MAX_STORAGE_BINDING))
 
     def pipeline(self, program: Program):
         """The compute pipeline for a program, compiled once per distinct WGSL source.

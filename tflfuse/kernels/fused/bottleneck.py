@@ -84,8 +84,8 @@ import re
 import numpy as np
 from absl import logging
 
-from ..base import (MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel, KernelError, Program, TensorSpec,
-                    is_integral)
+from ..base import (DEFAULT_MAX_STORAGE_BINDING, MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel,
+                    KernelError, Program, TensorSpec, is_integral)
 from ..conv import conv_output_size, depthwise_program
 from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule, blocked_sums_bytes
@@ -124,9 +124,6 @@ _READS = {"tiled": {"tile", "lanes", "out_block", "chunk", "splits"}, "blocked":
 _BLOCKED_MIN_MACS = 1 << 20
 _EMPTY_SCHEDULE = {"strategy": "staged", "tile": 1, "lanes": 1, "out_block": 1, "chunk": 1, "splits": 1}
 _TILED_MAX_CEXP = 64  # on a GPU at batch 1, the tiled strategy for expansions up to this width (see _schedule)
-#: WebGPU's default maxStorageBufferBindingSize (128 MiB), which every adapter grants: the largest expanded
-#: tensor for which a PReLU or 2x2-expand block takes dw_pointwise by default (_expanded_fits)
-_SCRATCH_BINDING_LIMIT = 128 << 20
 _DW_PROJECTION_MIN_ROWS = 112 * 112   # output pixels from which a GPU takes dw_projection (_takes_dw_projection)
 _EXPAND_DW_MAX_PIXELS, _EXPAND_DW_MAX_MACS = 56 * 56, 1 << 25   # bounds of expand_dw (_takes_expand_dw)
 _RESIDENT_MIN_PIXELS = 32 * 56 * 56   # input pixels from which expand_dw's resident form is the default
@@ -457,10 +454,10 @@ class FusedBottleneck(CompositeKernel):
         split between workgroups: each adds its share of the projection into a scratch buffer and a second
         dispatch sums the shares, adds the bias and the residual. Measured on an H200 by
         ``benchmarks/sweep_bottleneck.py``. The PReLU and 2x2-expand blocks take dw_pointwise only where its
-        expanded tensor fits :data:`_SCRATCH_BINDING_LIMIT` (WebGPU's default max storage binding, 128 MiB):
-        larger ones keep the tiled strategy, which needs no scratch. Tuning only: every schedule computes the
-        same values; the attributes ``strategy``, ``tile``, ``lanes``, ``out_block``, ``chunk`` and ``splits``
-        override it.
+        expanded tensor fits :data:`~tflfuse.kernels.base.DEFAULT_MAX_STORAGE_BINDING` (WebGPU's default max
+        storage binding, 128 MiB): larger ones keep the tiled strategy, which needs no scratch. Tuning only:
+        every schedule computes the same values; the attributes ``strategy``, ``tile``, ``lanes``,
+        ``out_block``, ``chunk`` and ``splits`` override it.
         """
         n = self.input(0).shape[0]
         target = self.target()
@@ -683,10 +680,10 @@ class FusedBottleneck(CompositeKernel):
 
     def _expanded_fits(self) -> bool:
         """Whether dw_pointwise's expanded tensor (float32 scratch, in a float16 plan too) fits
-        :data:`_SCRATCH_BINDING_LIMIT`, the binding every adapter grants: where it does not, a PReLU or 2x2-expand
-        block keeps the tiled strategy by default, as it did before dw_pointwise took them."""
+        :data:`~tflfuse.kernels.base.DEFAULT_MAX_STORAGE_BINDING`, the binding every adapter grants: where it
+        does not, a PReLU or 2x2-expand block keeps the tiled strategy by default."""
         n = self.input(0).shape[0]
-        return n * self.eh * self.ewd * self.cexp * 4 <= _SCRATCH_BINDING_LIMIT
+        return n * self.eh * self.ewd * self.cexp * 4 <= DEFAULT_MAX_STORAGE_BINDING
 
     def scratch_sizes(self) -> tuple[int, ...]:
         n, h, w, _ = self.input(0).shape

@@ -27,7 +27,7 @@ Sums run in another order than the staged kernels' (rounding only).
 
 from __future__ import annotations
 
-from ..base import Program, linear_dispatch
+from ..base import DEFAULT_MAX_STORAGE_BINDING, Program, linear_dispatch
 from ..wgsl import linear_main, prelude
 
 __all__ = ["blocked_geometry", "blocked_loop_trips", "blocked_program", "blocked_schedule"]
@@ -59,7 +59,8 @@ def blocked_schedule(k) -> dict:
     twice as wide) that still gives two workgroups (both cores of a small machine busy), the largest chunk
     of expanded channels whose halo fits :data:`_HALO_REGISTERS`, all output channels in one invocation
     (a block of them would expand the halo once per block). ``None`` where an invocation would pass the
-    loop cap.
+    loop cap, or where the projection sums need a scratch buffer (:func:`blocked_sums_bytes`) larger than
+    :data:`~tflfuse.kernels.base.DEFAULT_MAX_STORAGE_BINDING` (float32 sums, twice a float16 plan's output).
 
     Measured on llvmpipe (2 cores, 2026-12-01, MobileNetV2's 12 block shapes at 224x224, batch 1, each
     weighted by its count, on a loaded machine: the ratios are the result): 4-pixel tiles with 8-channel
@@ -78,6 +79,9 @@ def blocked_schedule(k) -> dict:
     trips = k.cexp // chunk * (1 + (k.cin if k.has_expand else 0) + -(-k.cout // step)) + k.cout
     if trips >= _LOOP_CAP:
         return None
+    alloc = -(-k.cout // step) * step   # as blocked_geometry's, with all output channels in one block
+    if tw * alloc > _PRIVATE_SUMS and n * k.oh * k.ow * k.cout * 4 > DEFAULT_MAX_STORAGE_BINDING:
+        return None   # its float32 sums would pass the binding every adapter grants (a float16 output can fit)
     return {"strategy": "blocked", "tile": tw, "lanes": 1, "out_block": k.cout, "chunk": chunk, "splits": 1}
 
 
