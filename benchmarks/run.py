@@ -284,11 +284,11 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
         if "timestamp-query" in device.features and not device.is_software:
             from tflfuse.runtime.plan import SUSTAINED_REPS, gpu_time_plan
 
-            row["f16_gpu_one_pass_ms"] = gpu_time_plan(half._plan(0), repeats=max(10, repeats // 5),
+            half_plan = half._plan(0)
+            row["f16_gpu_one_pass_ms"] = gpu_time_plan(half_plan, repeats=max(10, repeats // 5),
                                                        reps=SUSTAINED_REPS) / 1e3
             if path.stem == "mobilenet_v2_unfused":   # target 4 in float16: its products' GPU time
-                _, per_op = _profile(half._plan(0), max(3, repeats // 10))
-                row["f16_products"] = _products(half._plan(0), per_op)
+                row["f16_products"] = _products(half_plan, _profile(half_plan, max(3, repeats // 10))[1])
     fused_ops = [n for n in gpu.model.op_names(0) if n.startswith("fused_")]
     litert_file, litert_ref = path, gpu    # the file LiteRT WebGPU runs, and the interpreter with its inputs
     if fused_ops and twin.exists():

@@ -346,9 +346,10 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     if ((a_vec or a_strip) and depth % 4) or ((b_vec or store_vec) and cols % 4):
         raise KernelError(f"{name}: vec4 operands need depth ({depth}) and cols ({cols}) multiples of 4")
     tm, tn, rm, rn, tk, sk = tile.tm, tile.tn, tile.rm, tile.rn, tile.tk, tile.sk
-    if double_buffer and tile.workgroup_bytes + 4 * tk * (tm + tn) > _WG_BYTES:
-        raise KernelError(f"{name}: tile {tile.name} double-buffered needs {tile.workgroup_bytes + 4 * tk * (tm + tn)} "
-                          f"bytes of workgroup memory, over {_WG_BYTES}")
+    doubled = tile.workgroup_bytes + 4 * tk * (tm + tn)   # a second A and B slice
+    if double_buffer and doubled > _WG_BYTES:
+        raise KernelError(f"{name}: tile {tile.name} double-buffered needs {doubled} bytes of workgroup memory, "
+                          f"over {_WG_BYTES}")
     threads = tile.threads
     tks = tk // sk                       # the depths of a staged slice each slice group multiplies
     col_tiles = -(-cols // tn)
@@ -407,9 +408,9 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
             guard = "" if (j + 1) * threads <= a_groups else f"if ({e} < {a_groups}u) "
             if a_strip:   # column i of the block is the vec4 of rows r0 .. r0 + 3 at depth k + i: one ta entry
                 stage.append(f"    {guard}{{ let r4 = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")
-                stage += [f"      ta[{oa}(k + {i}u) * {tm // 4}u + {slot('k', 'r4')}] = {vec}(pa{j}[{i}]);" if half
-                          else f"      ta[{oa}(k + {i}u) * {tm // 4}u + {slot('k', 'r4')}] = pa{j}[{i}];"
-                          for i in range(4)]
+                for i in range(4):
+                    value = f"{vec}(pa{j}[{i}])" if half else f"pa{j}[{i}]"
+                    stage.append(f"      ta[{oa}(k + {i}u) * {tm // 4}u + {slot('k', 'r4')}] = {value};")
                 stage.append("    }")
                 continue
             stage.append(f"    {guard}{{ let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u;")

@@ -678,12 +678,15 @@ class FusedBottleneck(CompositeKernel):
             -(-cb // self.lanes) + (-(-depth * ec // threads) if self.has_expand else 0)
         return chunks * (1 + per_chunk) + -(-cb // self.lanes)
 
+    def _expanded_bytes(self) -> int:
+        """Bytes of the expanded tensor as float32 scratch (the staged and dw_pointwise strategies')."""
+        return self.input(0).shape[0] * self.eh * self.ewd * self.cexp * 4
+
     def _expanded_fits(self) -> bool:
         """Whether dw_pointwise's expanded tensor (float32 scratch, in a float16 plan too) fits
         :data:`~tflfuse.kernels.base.DEFAULT_MAX_STORAGE_BINDING`, the binding every adapter grants: where it
         does not, a PReLU or 2x2-expand block keeps the tiled strategy by default."""
-        n = self.input(0).shape[0]
-        return n * self.eh * self.ewd * self.cexp * 4 <= DEFAULT_MAX_STORAGE_BINDING
+        return self._expanded_bytes() <= DEFAULT_MAX_STORAGE_BINDING
 
     def scratch_sizes(self) -> tuple[int, ...]:
         n, h, w, _ = self.input(0).shape
@@ -691,7 +694,7 @@ class FusedBottleneck(CompositeKernel):
             sums = blocked_sums_bytes(self)
             return (sums,) if sums else ()
         if self.strategy == "dw_pointwise" and self.has_expand and not self.empty:   # the expanded tensor
-            return (n * self.eh * self.ewd * self.cexp * 4,)
+            return (self._expanded_bytes(),)
         if self.strategy in ("blocked", "dw_pointwise") or self.empty:
             return ()
         if self.strategy == "expand_dw":   # the depthwise output only
@@ -699,7 +702,7 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy == "dw_projection":   # the expanded tensor (when expanding)
             return (n * h * w * self.cexp * 4,) if self.has_expand else ()
         if self.strategy == "staged":  # the expanded tensor (when expanding), the depthwise output, the gate
-            return (((n * self.eh * self.ewd * self.cexp * 4,) if self.has_expand else ()) +
+            return (((self._expanded_bytes(),) if self.has_expand else ()) +
                     (n * self.oh * self.ow * self.cexp * 4,)
                     + ((n * self.cexp * 4,) if self.has_se else ()))
         *_, splits = self._blocking()

@@ -79,8 +79,7 @@ def blocked_schedule(k) -> dict:
     trips = k.cexp // chunk * (1 + (k.cin if k.has_expand else 0) + -(-k.cout // step)) + k.cout
     if trips >= _LOOP_CAP:
         return None
-    alloc = -(-k.cout // step) * step   # as blocked_geometry's, with all output channels in one block
-    if tw * alloc > _PRIVATE_SUMS and n * k.oh * k.ow * k.cout * 4 > DEFAULT_MAX_STORAGE_BINDING:
+    if _sums_in_scratch(tw, k.cout) and n * k.oh * k.ow * k.cout * 4 > DEFAULT_MAX_STORAGE_BINDING:
         return None   # its float32 sums would pass the binding every adapter grants (a float16 output can fit)
     return {"strategy": "blocked", "tile": tw, "lanes": 1, "out_block": k.cout, "chunk": chunk, "splits": 1}
 
@@ -95,11 +94,23 @@ def blocked_geometry(k) -> dict:
     chunk = _divisor_at_most(k.cexp, k.chunk)
     groups = -(-k.cout // min(k.out_block, k.cout))
     block = -(-k.cout // groups)
-    step = min(_CO_STEP, block)
-    alloc = -(-block // step) * step
+    step, alloc = _projection_steps(block)
     tiles_x = -(-k.ow // tw)
     return {"tw": tw, "chunk": chunk, "groups": groups, "block": block, "step": step, "alloc": alloc,
             "tiles_x": tiles_x, "hw": (tw - 1) * k.stride + k.k, "invocations": n * k.oh * tiles_x * groups}
+
+
+def _projection_steps(block: int) -> tuple[int, int]:
+    """``(step, alloc)`` for a block of ``block`` output channels: the projection's channels per step, and the
+    sums an invocation holds per pixel (``block`` rounded up to the step)."""
+    step = min(_CO_STEP, block)
+    return step, -(-block // step) * step
+
+
+def _sums_in_scratch(tw: int, block: int) -> bool:
+    """Whether the projection sums of ``tw`` pixels x ``block`` output channels pass :data:`_PRIVATE_SUMS` and
+    are kept in a scratch buffer (:func:`blocked_sums_bytes`) instead of a private array."""
+    return tw * _projection_steps(block)[1] > _PRIVATE_SUMS
 
 
 def blocked_loop_trips(k) -> int:
@@ -114,7 +125,7 @@ def blocked_sums_bytes(k) -> int:
     """Bytes of the float32 scratch buffer that holds the projection sums of kernel ``k``'s blocked schedule
     where they do not fit a private array (:data:`_PRIVATE_SUMS`), else 0."""
     g = blocked_geometry(k)
-    if g["tw"] * g["alloc"] <= _PRIVATE_SUMS:
+    if not _sums_in_scratch(g["tw"], g["block"]):
         return 0
     return k.input(0).shape[0] * k.oh * k.ow * k.cout * 4
 
