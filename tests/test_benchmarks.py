@@ -206,17 +206,24 @@ def test_table_renders_skipped_peers_and_the_roofline(bench, tmp_path):
     assert "fused_bottleneck 12%, CONV_2D 6.7%" in text
 
 
+def _product_tables(bench, tmp_path, peaks, products, f16_products=None) -> str:
+    """The Markdown that write_table gives for an unfused MobileNetV2 row at batch 32 with these products."""
+    row = {"model": "mobilenet_v2_unfused", "batch": 32, "ops": 70, "dispatches": 65, "tflfuse_ms": 3.0,
+           "products": products}
+    if f16_products:
+        row["f16_products"] = f16_products
+    meta = {"date": "2026-12-01 13:00 UTC", "adapter": "Test GPU [DiscreteGPU, Vulkan]", "driver": "1.0",
+            "versions": "tflfuse 0", "repeats": 10, "warmup": 2, "rounds": 2, "throughput_n": 100,
+            "throughput_repeats": 4, "peaks": peaks}
+    out = tmp_path / "r.md"
+    bench.write_table([row], meta, out)
+    return out.read_text()
+
+
 def test_product_table_gives_each_shape_against_the_fma_peak_and_its_roofline(bench, tmp_path):
     # two ops of 1000 x 100 x 200 (40 MFLOP, 1.28 MB each) at 10 us and 30 us, one of 10 x 100 x 10 at 1 us
     products = [[1000, 100, 200, 10.0], [1000, 100, 200, 30.0], [10, 100, 10, 1.0]]
-    rows = [{"model": "mobilenet_v2_unfused", "batch": 32, "ops": 70, "dispatches": 65, "tflfuse_ms": 3.0,
-             "products": products}]
-    meta = {"date": "2026-12-01 13:00 UTC", "adapter": "Test GPU [DiscreteGPU, Vulkan]", "driver": "1.0",
-            "versions": "tflfuse 0", "repeats": 10, "warmup": 2, "rounds": 2, "throughput_n": 100,
-            "throughput_repeats": 4, "peaks": {"copy_gb_per_s": 1000.0, "f32_tflops": 10.0}}
-    out = tmp_path / "r.md"
-    bench.write_table(rows, meta, out)
-    text = out.read_text()
+    text = _product_tables(bench, tmp_path, {"copy_gb_per_s": 1000.0, "f32_tflops": 10.0}, products)
     # 40 MFLOP in 20 us on average: 2 TFLOP/s, 20% of 10; bound max(1.28 us, 4 us) = 4 us, 20% of 20 us
     assert "| 1000 x 100 x 200 | 2 | 20.0 | 2.0 | 20% | 20% |" in text
     # 20 kFLOP in 1 us: 0.02 TFLOP/s; bound max(8.4 kB / 1000 GB/s = 0.0084 us, 0.002 us): 0.84%
@@ -227,14 +234,8 @@ def test_product_table_gives_each_shape_against_the_fma_peak_and_its_roofline(be
 
 def test_float16_product_table_counts_two_bytes_an_element_against_the_f16_peak(bench, tmp_path):
     # 1000 x 100 x 200 (40 MFLOP, 0.64 MB in f16) at 4 us, against an f16 peak of 20 TFLOP/s and 100 GB/s
-    rows = [{"model": "mobilenet_v2_unfused", "batch": 32, "ops": 70, "dispatches": 65, "tflfuse_ms": 3.0,
-             "products": [[1000, 100, 200, 8.0]], "f16_products": [[1000, 100, 200, 4.0]]}]
-    meta = {"date": "2026-12-01 13:00 UTC", "adapter": "Test GPU [DiscreteGPU, Vulkan]", "driver": "1.0",
-            "versions": "tflfuse 0", "repeats": 10, "warmup": 2, "rounds": 2, "throughput_n": 100,
-            "throughput_repeats": 4, "peaks": {"copy_gb_per_s": 100.0, "f32_tflops": 10.0, "f16_tflops": 20.0}}
-    out = tmp_path / "r.md"
-    bench.write_table(rows, meta, out)
-    text = out.read_text()
+    text = _product_tables(bench, tmp_path, {"copy_gb_per_s": 100.0, "f32_tflops": 10.0, "f16_tflops": 20.0},
+                           [[1000, 100, 200, 8.0]], [[1000, 100, 200, 4.0]])
     f32, f16 = text.split("in its float16 plan")
     # float32: 40 MFLOP in 8 us (5 TFLOP/s, 50% of 10); bound max(1.28 MB / 100 GB/s = 12.8 us, 4 us): 160%;
     # at the bound, 4 us of multiply-adds in 12.8: 31% of the peak, below target 4's 40%
@@ -247,14 +248,7 @@ def test_float16_product_table_counts_two_bytes_an_element_against_the_f16_peak(
 
 def test_product_table_names_no_shape_where_every_bound_allows_target_4(bench, tmp_path):
     # 1000 x 1000 x 1000: 2 GFLOP, 200 us at 10 TFLOP/s; 12 MB / 100 GB/s = 120 us: compute-bound, 100% at the bound
-    rows = [{"model": "mobilenet_v2_unfused", "batch": 32, "ops": 70, "dispatches": 65, "tflfuse_ms": 3.0,
-             "products": [[1000, 1000, 1000, 400.0]]}]
-    meta = {"date": "2026-12-01 13:00 UTC", "adapter": "Test GPU [DiscreteGPU, Vulkan]", "driver": "1.0",
-            "versions": "tflfuse 0", "repeats": 10, "warmup": 2, "rounds": 2, "throughput_n": 100,
-            "throughput_repeats": 4, "peaks": {"copy_gb_per_s": 100.0, "f32_tflops": 10.0}}
-    out = tmp_path / "r.md"
-    bench.write_table(rows, meta, out)
-    text = out.read_text()
+    text = _product_tables(bench, tmp_path, {"copy_gb_per_s": 100.0, "f32_tflops": 10.0}, [[1000, 1000, 1000, 400.0]])
     # 5 TFLOP/s: 50% of the peak, 50% of the 200 us bound, which allows 100%
     assert "| 1000 x 1000 x 1000 | 1 | 400.0 | 5.0 | 50% | 50% | 100% |" in text
     assert "cannot reach" not in text and "in its float16 plan" not in text
