@@ -884,17 +884,73 @@ def _check_against_twins(rows: list[dict], files: dict, device) -> None:
             r["max_abs_err_vs_unfused"] = float(np.abs(res[0] - res[1]).max())
 
 
+#: What a --json_out file that does not fit this version's tables raises inside write_table or write_plot.
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError)
+
+
+def _saved_results(path: str, plot: bool = False) -> dict:
+    """The ``{"rows": [...], "meta": {...}}`` of a --json_out file, checked for its shape: a JSON object whose
+    ``rows`` is a non-empty list of objects, each with a string ``model`` and an integer ``batch``, and whose
+    ``meta`` is an object (for ``plot``, a bare list of rows too, the form --json_out wrote before meta); no NaN,
+    infinite or negative number anywhere (run.py writes none). Raises ValueError with a message naming the file
+    and the problem."""
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{path}: {why}; give a file that benchmarks/run.py --json_out wrote")
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad(f"cannot be read as JSON ({type(e).__name__}: {e})") from None
+    if plot and isinstance(data, list):
+        data = {"rows": data, "meta": {}}
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or not isinstance(data.get("meta"), dict):
+        raise bad("not a --json_out file (a JSON object with a list 'rows' and an object 'meta')")
+    if not data["rows"]:
+        raise bad("its 'rows' are empty (the run timed no model)")
+    for i, r in enumerate(data["rows"]):
+        if not isinstance(r, dict) or not isinstance(r.get("model"), str) or \
+                not isinstance(r.get("batch"), int) or isinstance(r.get("batch"), bool):
+            raise bad(f"row {i} is not an object with a string 'model' and an integer 'batch'")
+
+    def numbers(v):
+        if isinstance(v, dict):
+            for x in v.values():
+                yield from numbers(x)
+        elif isinstance(v, list):
+            for x in v:
+                yield from numbers(x)
+        elif isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool)):
+            yield v
+    if any(not math.isfinite(v) or v < 0 for v in numbers(data)):
+        raise bad("it holds a NaN, infinite or negative number")
+    return data
+
+
 def main(argv):
-    if FLAGS.plot:
-        data = json.loads(Path(FLAGS.plot).read_text())
-        write_plot(data["rows"] if isinstance(data, dict) else data, Path(FLAGS.png))
-        return 0
-    if FLAGS.table:
-        data = json.loads(Path(FLAGS.table).read_text())
-        if not isinstance(data, dict) or "rows" not in data or "meta" not in data:
-            print(f"{FLAGS.table}: not a --json_out file (a JSON object with 'rows' and 'meta')", file=sys.stderr)
+    if FLAGS.plot or FLAGS.table:
+        if FLAGS.plot and FLAGS.table:
+            print("give --plot or --table, not both", file=sys.stderr)
             return 2
-        write_table(data["rows"], data["meta"], Path(FLAGS.out))
+        source, out = (FLAGS.plot, Path(FLAGS.png)) if FLAGS.plot else (FLAGS.table, Path(FLAGS.out))
+        try:
+            if out.resolve() == Path(source).resolve():
+                raise ValueError(f"{source}: the output would overwrite the results it is read from; give another "
+                                 f"{'--png' if FLAGS.plot else '--out'}")
+            data = _saved_results(source, plot=bool(FLAGS.plot))
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            return 2
+        try:
+            if FLAGS.plot:
+                write_plot(data["rows"], out)
+            else:
+                write_table(data["rows"], data["meta"], out)
+        except _MALFORMED as e:
+            print(f"{source}: its results do not fit this version's tables and plot ({type(e).__name__}: {e}); write them "
+                  f"again with benchmarks/run.py --json_out", file=sys.stderr)
+            return 2
+        except OSError as e:
+            print(f"{out}: cannot be written ({type(e).__name__}: {e}); give another path", file=sys.stderr)
+            return 2
         return 0
     if FLAGS.prepare:
         prepare(Path(FLAGS.prepare), FLAGS.fused_files)

@@ -43,6 +43,49 @@ def test_plot_refuses_results_without_fused_rows(tmp_path):
     assert not (tmp_path / "p.png").exists()
 
 
+def _run_script(*args):
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+_GOOD = {"rows": [{"model": "a_unfused", "batch": 1, "ops": 12, "dispatches": 9, "tflfuse_ms": 0.7}],
+         "meta": {"date": "2026-12-01 13:00 UTC", "adapter": "Test GPU [DiscreteGPU, Vulkan]", "driver": "1.0",
+                  "versions": "tflfuse 0", "repeats": 10, "warmup": 2, "rounds": 2, "throughput_n": 100,
+                  "throughput_repeats": 4, "peaks": {}}}
+
+
+def test_table_rewrites_the_tables_from_saved_results(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps(_GOOD))
+    proc = _run_script(f"--table={tmp_path / 'r.json'}", f"--out={tmp_path / 'r.md'}")
+    assert proc.returncode == 0, proc.stderr
+    assert "| a_unfused | 1 | 12 | 9 | 0.70 |" in (tmp_path / "r.md").read_text()
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot be read as JSON (FileNotFoundError"),
+    ("{", "cannot be read as JSON (JSONDecodeError"),
+    ("[1, 2]", "not a --json_out file"),
+    (json.dumps({**_GOOD, "rows": []}), "its 'rows' are empty"),
+    (json.dumps({**_GOOD, "rows": [{"model": 3, "batch": 1}]}), "row 0 is not an object with a string 'model'"),
+    (json.dumps({**_GOOD, "rows": [{**_GOOD["rows"][0], "tflfuse_ms": -1.0}]}), "NaN, infinite or negative"),
+    (json.dumps({**_GOOD, "meta": {}}), "do not fit this version's tables and plot (KeyError"),
+    (json.dumps({**_GOOD, "rows": [{**_GOOD["rows"][0], "tflfuse_ms": "fast"}]}), "do not fit this version's"),
+])
+def test_table_refuses_bad_results_with_a_message_and_writes_nothing(tmp_path, content, message):
+    if content is not None:
+        (tmp_path / "r.json").write_text(content)
+    proc = _run_script(f"--table={tmp_path / 'r.json'}", f"--out={tmp_path / 'r.md'}")
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_table_will_not_overwrite_its_own_results(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps(_GOOD))
+    proc = _run_script(f"--table={tmp_path / 'r.json'}", f"--out={tmp_path / 'r.json'}")
+    assert proc.returncode == 2 and "would overwrite the results it is read from" in proc.stderr
+    assert json.loads((tmp_path / "r.json").read_text()) == _GOOD
+
+
 # ---- the pure functions: FLOP counting, the roofline, the report ----------------------------------------
 @pytest.fixture(scope="module")
 def bench():
