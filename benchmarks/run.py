@@ -945,8 +945,8 @@ def main(argv):
             else:
                 write_table(data["rows"], data["meta"], out)
         except _MALFORMED as e:
-            print(f"{source}: its results do not fit this version's tables and plot ({type(e).__name__}: {e}); write them "
-                  f"again with benchmarks/run.py --json_out", file=sys.stderr)
+            print(f"{source}: its results do not fit this version's tables and plot ({type(e).__name__}: {e}); "
+                  f"write them again with benchmarks/run.py --json_out", file=sys.stderr)
             return 2
         except OSError as e:
             print(f"{out}: cannot be written ({type(e).__name__}: {e}); give another path", file=sys.stderr)
