@@ -898,7 +898,7 @@ def _saved_results(path: str, plot: bool = False) -> dict:
         return ValueError(f"{path}: {why}; give a file that benchmarks/run.py --json_out wrote")
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise bad(f"cannot be read as JSON ({type(e).__name__}: {e})") from None
     if plot and isinstance(data, list):
         data = {"rows": data, "meta": {}}
@@ -939,13 +939,20 @@ def main(argv):
         except ValueError as e:
             print(e, file=sys.stderr)
             return 2
+        what = "plot" if FLAGS.plot else "tables"
         try:
             if FLAGS.plot:
                 write_plot(data["rows"], out)
             else:
                 write_table(data["rows"], data["meta"], out)
+        except BrokenPipeError:   # stdout closed early (| head): the file is written, the echo is cut short
+            sys.stdout = None
+            return 0
+        except UnicodeDecodeError as e:   # write_table reads the old --out first, to keep its hand-kept sections
+            print(f"{out}: the file there is not UTF-8 text ({e}); give another path", file=sys.stderr)
+            return 2
         except _MALFORMED as e:
-            print(f"{source}: its results do not fit this version's tables and plot ({type(e).__name__}: {e}); "
+            print(f"{source}: its results do not fit this version's {what} ({type(e).__name__}: {e}); "
                   f"write them again with benchmarks/run.py --json_out", file=sys.stderr)
             return 2
         except OSError as e:

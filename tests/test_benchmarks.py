@@ -68,7 +68,7 @@ def test_table_rewrites_the_tables_from_saved_results(tmp_path):
     (json.dumps({**_GOOD, "rows": []}), "its 'rows' are empty"),
     (json.dumps({**_GOOD, "rows": [{"model": 3, "batch": 1}]}), "row 0 is not an object with a string 'model'"),
     (json.dumps({**_GOOD, "rows": [{**_GOOD["rows"][0], "tflfuse_ms": -1.0}]}), "NaN, infinite or negative"),
-    (json.dumps({**_GOOD, "meta": {}}), "do not fit this version's tables and plot (KeyError"),
+    (json.dumps({**_GOOD, "meta": {}}), "do not fit this version's tables (KeyError"),
     (json.dumps({**_GOOD, "rows": [{**_GOOD["rows"][0], "tflfuse_ms": "fast"}]}), "do not fit this version's"),
 ])
 def test_table_refuses_bad_results_with_a_message_and_writes_nothing(tmp_path, content, message):
