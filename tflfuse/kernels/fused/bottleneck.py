@@ -679,7 +679,8 @@ class FusedBottleneck(CompositeKernel):
         return chunks * (1 + per_chunk) + -(-cb // self.lanes)
 
     def _expanded_bytes(self) -> int:
-        """Bytes of the expanded tensor as float32 scratch (the staged and dw_pointwise strategies')."""
+        """Bytes of the expanded tensor as float32 scratch (the staged, dw_projection and dw_pointwise
+        strategies')."""
         return self.input(0).shape[0] * self.eh * self.ewd * self.cexp * 4
 
     def _expanded_fits(self) -> bool:
@@ -700,7 +701,7 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy == "expand_dw":   # the depthwise output only
             return (n * self.oh * self.ow * self.cexp * 4,)
         if self.strategy == "dw_projection":   # the expanded tensor (when expanding)
-            return (n * h * w * self.cexp * 4,) if self.has_expand else ()
+            return (self._expanded_bytes(),) if self.has_expand else ()
         if self.strategy == "staged":  # the expanded tensor (when expanding), the depthwise output, the gate
             return (((self._expanded_bytes(),) if self.has_expand else ()) +
                     (n * self.oh * self.ow * self.cexp * 4,)

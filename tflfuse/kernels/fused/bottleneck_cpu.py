@@ -75,11 +75,11 @@ def blocked_schedule(k) -> dict:
             break
     q = k.k * ((tw - 1) * k.stride + k.k)
     chunk = _divisor_at_most(k.cexp, max(4, _HALO_REGISTERS // q))
-    step = min(_CO_STEP, k.cout)
+    step = _projection_steps(k.cout)[0]
     trips = k.cexp // chunk * (1 + (k.cin if k.has_expand else 0) + -(-k.cout // step)) + k.cout
     if trips >= _LOOP_CAP:
         return None
-    if _sums_in_scratch(tw, k.cout) and n * k.oh * k.ow * k.cout * 4 > DEFAULT_MAX_STORAGE_BINDING:
+    if _sums_in_scratch(tw, k.cout) and _sums_bytes(k) > DEFAULT_MAX_STORAGE_BINDING:
         return None   # its float32 sums would pass the binding every adapter grants (a float16 output can fit)
     return {"strategy": "blocked", "tile": tw, "lanes": 1, "out_block": k.cout, "chunk": chunk, "splits": 1}
 
@@ -107,6 +107,12 @@ def _projection_steps(block: int) -> tuple[int, int]:
     return step, -(-block // step) * step
 
 
+def _sums_bytes(k) -> int:
+    """Bytes of the projection sums of every output as float32: the blocked strategy's scratch buffer where
+    :func:`_sums_in_scratch`."""
+    return k.input(0).shape[0] * k.oh * k.ow * k.cout * 4
+
+
 def _sums_in_scratch(tw: int, block: int) -> bool:
     """Whether the projection sums of ``tw`` pixels x ``block`` output channels pass :data:`_PRIVATE_SUMS` and
     are kept in a scratch buffer (:func:`blocked_sums_bytes`) instead of a private array."""
@@ -125,9 +131,7 @@ def blocked_sums_bytes(k) -> int:
     """Bytes of the float32 scratch buffer that holds the projection sums of kernel ``k``'s blocked schedule
     where they do not fit a private array (:data:`_PRIVATE_SUMS`), else 0."""
     g = blocked_geometry(k)
-    if not _sums_in_scratch(g["tw"], g["block"]):
-        return 0
-    return k.input(0).shape[0] * k.oh * k.ow * k.cout * 4
+    return _sums_bytes(k) if _sums_in_scratch(g["tw"], g["block"]) else 0
 
 
 def blocked_program(k, bindings) -> Program:
