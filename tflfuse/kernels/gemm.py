@@ -35,7 +35,16 @@ from the 0.5x of the f16 FMA peak (128 against 64.8 TFLOP/s), and on 6272 x 96 x
 25.1 against 24.9 us. Two changes aimed at that gap lost and were not kept: slices staged twice as deep in the
 same workgroup memory (half the slices and barriers, f16 staging registers, the same partial sums) took 472
 us; a tile chosen per precision would take 671.5 against 691.5 us over MobileNetV2's 34 products (3%), not
-worth a second dispatch shape per program.
+worth a second dispatch shape per program. Two more lost on an H100 (the H200's GH100 chip with less, slower memory;
+2026-12-05, the same sweep, the best of 4 tiles each): f16 partial sums carried across 2 or 4 staged slices (a half
+or a quarter of the conversions to f32) took 421 and 419 against 408 us; the A slice staged as ``vec2<f16>(a, a)``
+per row and depth, so that no multiply-add takes a vec4 splat of one f16 value, took 407.6 against 405.2 us. So
+neither the conversions nor the splats bound the f16 form.
+
+On the same H100 (``benchmarks/sweep_gemm_forms.py --batches=32 --library_form``), MobileNetV2's 19 distinct
+products at batch 32 took 537 us in all with the library's tiles, and 710 us through cuBLAS (PyTorch's float32
+addmm, TF32 off) in the same run; sliced tiles with 8 x 4 and 8 x 8 blocks per invocation (eight of them, e.g.
+``32x32/8x4/32/4``) would take 532 us (1568 x 960 x 320 37.9 against 40.3 us, the rest within 1 us), not taken.
 """
 
 from __future__ import annotations

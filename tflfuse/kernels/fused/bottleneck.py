@@ -607,7 +607,10 @@ class FusedBottleneck(CompositeKernel):
         against 12.7 (28x28x32x6), 12.9 against 15.0 (14x14x64x6 -> 96), 17.9 against 18.9 (7x7x160x6), ten
         of eleven faster; slower on the 112x112x16x6 block (16.5 against 15.5) and at batch 32 on every block
         (up to 2.2x: 7x7x160x6 145 against 81 us), where the recomputed halos cost more than the expanded
-        tensor's bytes."""
+        tensor's bytes. Tiles of a whole image (7 x 7 of 8 or 16 channels, 14 x 14 of 4 or 8), which recompute no
+        halo between tiles, lost there too (an H100, 2026-12-05, the six 14x14 and 7x7 blocks at batch 32): 1.4 to
+        1.9x the staged strategy's time (7x7x160x6 -> 320 102.9 against 68.8 us, 14x14x96x6 -> 96 123.9 against
+        76.8)."""
         n, h, w, _ = self.input(0).shape
         return (self.has_expand and not self.has_se and not self.core_only and
                 expand_depthwise_fits(self.cin, self.cexp)
