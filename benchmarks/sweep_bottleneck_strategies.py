@@ -44,7 +44,9 @@ flags.DEFINE_string("out", None, "JSON file for the results.")
 flags.DEFINE_integer("repeats", 10, "Timed passes per plan (the median is kept).")
 flags.DEFINE_integer("reps", 20, "Runs of the plan back to back in each timed pass.")
 flags.DEFINE_list("expand_tiles", ["4x8/32", "4x8/16", "2x8/32", "2x8/16", "4x4/32", "8x8/16", "2x4/32", "8x4/16"],
-                  "expand_dw tiles (THxTW/chunk) to try.")
+                  "expand_dw tiles (THxTW/chunk, each with every --unrolls) to try; THxTW/chunk/rP (the resident "
+                  "form, P halo pixels per invocation) and THxTW/chunk/rPp (its projection in the same dispatch) "
+                  "as given.")
 flags.DEFINE_bool("dw_projection", True, "Also time dw_projection with each tile of --dw_tiles.")
 flags.DEFINE_list("dw_tiles", list(dict.fromkeys(list(TILES) + ["128x16/4x4/16", "64x16/4x4/16", "256x16/4x4/8",
                                                                  "128x32/4x8/16", "64x32/4x8/16"])),
@@ -82,8 +84,10 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
         for name in (FLAGS.dw_tiles if FLAGS.dw_projection else ())]
     if expand:
         unrolls = sorted({cin // 4 if u == "all" else int(u) for u in FLAGS.unrolls})
+        full = [t for t in FLAGS.expand_tiles if t.count("/") == 2]   # THxTW/C/rP(p): as given
+        runs += [(f"expand_dw {t}", {"strategy": "expand_dw", "expand_tile": t}) for t in full]
         runs += [(f"expand_dw {t}/{u}", {"strategy": "expand_dw", "expand_tile": f"{t}/{u}"})
-                 for t in FLAGS.expand_tiles for u in unrolls if (cin // 4) % u == 0]
+                 for t in FLAGS.expand_tiles if t not in full for u in unrolls if (cin // 4) % u == 0]
     for label, attrs in runs:
         try:
             k = kernel_class("fused_bottleneck")(specs, {"expansion": t, "stride": s,

@@ -119,11 +119,15 @@ SCHEDULES.update({"dw_proj": {"strategy": "dw_projection"},
 # cut at the edges of odd maps, several chunks), and 2x4 tiles loading two input vec4s at once (where Cin / 4
 # is even) or three (where 3 divides it); and its resident form (the input halo in registers, all chunks in one
 # workgroup): 2x4 tiles of 8 (several chunks, tiles cut at the edges), 1x1 tiles of 4, and 8x8 tiles of 4,
-# whose halo passes 256 pixels at stride 2 (two halo pixels per invocation).
+# whose halo passes 256 pixels at stride 2 (two halo pixels per invocation); and the resident form with the
+# projection in its dispatch (output channels that are multiples of 4), with 2x4 tiles of 8 and 8x8 tiles of 4
+# (each invocation holding 1 to 8 vec4 sums of the projection, the residual added in the store).
 SCHEDULES.update({"expand_dw": {"strategy": "expand_dw"},
                   "expand_dw_resident": {"strategy": "expand_dw", "expand_tile": "2x4/8/r1"},
                   "expand_dw_resident_1x1": {"strategy": "expand_dw", "expand_tile": "1x1/4/r4"},
                   "expand_dw_resident_8x8": {"strategy": "expand_dw", "expand_tile": "8x8/4/r2"},
+                  "expand_dw_resident_proj": {"strategy": "expand_dw", "expand_tile": "2x4/8/r1p"},
+                  "expand_dw_resident_proj_8x8": {"strategy": "expand_dw", "expand_tile": "8x8/4/r2p"},
                   "expand_dw_1x1": {"strategy": "expand_dw", "expand_tile": "1x1/4"},
                   "expand_dw_2x4": {"strategy": "expand_dw", "expand_tile": "2x4/8"},
                   "expand_dw_unroll2": {"strategy": "expand_dw", "expand_tile": "2x4/8/2"},
@@ -136,6 +140,7 @@ RUNS = [pytest.param(c, s, id=f"{_IDS[c]}-{s}") for c in CASES for s in sorted(S
         and not (s.startswith("dw_proj") and ((c[3] * c[4]) % 4 or c[5] % 4))
         and not (s.startswith("expand_dw") and (c[4] == 1 or c[3] % 4 or (c[3] * c[4]) % 4))
         and not (s.startswith("expand_dw_resident") and c[3] > 32)   # its inputs in registers: Cin <= 32
+        and not (s.startswith("expand_dw_resident_proj") and c[5] % 4)   # the projection's vec4 sums
         and not (s == "expand_dw_unroll2" and c[3] % 8) and not (s == "expand_dw_unroll3" and c[3] % 12)]
 
 
@@ -362,6 +367,13 @@ def _se_specs(cin=8, t=6, cout=8, h=8, k=5, csq=12):
     ({"strategy": "expand_dw", "expand_tile": "4x8/48/r4", "stride": 2}, _specs(),
      "bytes of workgroup memory, past 16384"),
     ({"strategy": "expand_dw", "expand_tile": "4x8/8/r4"}, _specs(cin=40), "40 input channels exceed the 32"),
+    ({"strategy": "expand_dw", "expand_tile": "4x8/8/r4p"}, _specs(cout=6), "output channels .6. must be a "
+     "multiple of 4"),
+    ({"strategy": "expand_dw", "expand_tile": "4x8/8/r4p"}, _specs(cout=200), "its 32 invocations cannot each "
+     "take one of the 50 vec4s of output channels"),
+    ({"strategy": "expand_dw", "expand_tile": "8x8/4/r4p"}, _specs(cout=32), "hold 16 vec4 sums of the "
+     "projection's 8x8x32 outputs, past 8"),
+    ({"strategy": "expand_dw", "expand_tile": "4x8/8/r4q"}, _specs(), "'THxTW/C/rPp'"),
     ({"kernel_size": 5, "squeeze_excite": True}, _se_specs(cin=400, t=10, csq=100), "workgroup memory"),
 ])
 def test_fused_bottleneck_rejects_bad_v3_shapes_and_attrs(attrs, specs, message):
@@ -513,6 +525,7 @@ def test_no_expanded_channels_is_refused():
     ("dw_projection", (2, 8, 8, 16, 6, 16, 1, True)),     # the depthwise conv inside the projection, residual
     ("expand_dw", (2, 9, 7, 8, 6, 12, 2, False)),         # halo tiles cut at the edges of an odd map
     ("expand_dw/2x4/8/r2", (2, 9, 7, 8, 6, 12, 2, False)),  # its resident form
+    ("expand_dw/2x4/8/r2p", (2, 9, 7, 8, 6, 12, 2, False)),  # with the projection: no scratch, d not rounded
     ("staged", (2, 9, 7, 8, 6, 12, 2, False)),
     ("staged", (1, 8, 8, 16, 6, 16, 1, True)),
 ])
@@ -587,12 +600,14 @@ OUT_ACT_CASES = [
 OUT_ACT_SCHEDULES = {k: SCHEDULES[k] for k in ("cpu", "gpu", "cpu_staged", "split3", "gpu_blocked", "blocked_tile1",
                                                  "dw_proj", "expand_dw", "dw_pointwise")}
 OUT_ACT_SCHEDULES["gpu_staged"] = {"target": "gpu", "strategy": "staged"}
+OUT_ACT_SCHEDULES["expand_dw_resident_proj"] = SCHEDULES["expand_dw_resident_proj"]
 OUT_ACT_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:4]))}-t{c[4]}-o{c[5]}-s{c[6]}-{c[8]}-{s}")
                 for c in OUT_ACT_CASES for s in sorted(OUT_ACT_SCHEDULES)
                 if not (s == "split3" and c[3] * c[4] >= 512)
                 and not (s == "dw_proj" and ((c[3] * c[4]) % 4 or c[5] % 4))
                 and not (s == "expand_dw" and (c[4] == 1 or c[3] % 4))
-                and not (s == "dw_pointwise" and c[4] != 1)]
+                and not (s == "dw_pointwise" and c[4] != 1)
+                and not (s == "expand_dw_resident_proj" and (c[4] == 1 or c[3] % 4 or c[5] > 64))]
 
 
 @pytest.mark.parametrize("case, schedule", OUT_ACT_RUNS)

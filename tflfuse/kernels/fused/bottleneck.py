@@ -53,7 +53,9 @@ the same values; see :meth:`FusedBottleneck._schedule`; the ``strategy`` attribu
   large ones, such as MobileNetV2's first blocks at batch 32: :meth:`FusedBottleneck._resident_tile`): TWO
   dispatches, the expansion of each output tile's input halo and the depthwise conv in workgroup memory
   (:mod:`.expand_depthwise`; the expanded tensor never goes to memory), then the projection. On large maps a
-  workgroup keeps its halo's inputs in registers and walks all the expanded channels (the resident form).
+  workgroup keeps its halo's inputs in registers and walks all the expanded channels (the resident form); with
+  ``expand_tile`` ``"THxTW/C/rPp"`` it also runs the projection, ONE dispatch in which neither the expanded
+  tensor nor the depthwise output goes to memory.
 * ``dw_pointwise`` (a GPU at batch 1, blocks without expansion that dw_projection does not take:
   :meth:`FusedBottleneck._takes_dw_pointwise`; a GPU at any batch, blocks with PReLU slopes or a 2x2 expand
   conv): the expansion where there is one (into a scratch buffer), then ONE dispatch, the one-dispatch schedule
@@ -139,7 +141,8 @@ class FusedBottleneck(CompositeKernel):
     #: tuning only: the schedule (see :meth:`_schedule`) and ``matmul_tile``, the tile of the ``dw_projection``
     #: strategy's product by name (:class:`~tflfuse.kernels.gemm.MatmulTile`).
     #: ``expand_tile``: the ``expand_dw`` strategy's output tile and chunk of expanded channels, ``"THxTW/C"``,
-    #: optionally with the input loads in flight, ``"THxTW/C/U"`` (:meth:`_expand_tile`).
+    #: optionally with the input loads in flight, ``"THxTW/C/U"``, or its resident form, ``"THxTW/C/rP"``, with
+    #: the projection in its dispatch ``"THxTW/C/rPp"`` (:meth:`_expand_tile`).
     extra_attrs = ('strategy', 'tile', 'lanes', 'out_block', 'chunk', 'splits', 'matmul_tile', 'expand_tile')
 
     input_names = ("x", "expand_w", "expand_b", "dw_w", "dw_b", "project_w", "project_b", "se_w1", "se_b1",
@@ -535,24 +538,27 @@ class FusedBottleneck(CompositeKernel):
 
     def _expand_tile(self) -> tuple[int, int, int, int, bool]:
         """``(tile_h, tile_w, chunk, unroll or pixels, resident)`` of the ``expand_dw`` strategy: the
-        ``expand_tile`` attribute (``"THxTW/C"``, ``"THxTW/C/U"`` or ``"THxTW/C/rP"``, e.g. ``"4x8/32"``,
-        ``"4x8/16/4"``, ``"8x8/16/r2"``; U: the input vec4s an invocation loads at once,
-        :func:`.expand_depthwise.expand_depthwise_program`; rP: the resident form with P halo pixels per
-        invocation, :func:`.expand_depthwise.expand_depthwise_resident_program`) or the defaults
+        ``expand_tile`` attribute (``"THxTW/C"``, ``"THxTW/C/U"``, ``"THxTW/C/rP"`` or ``"THxTW/C/rPp"``, e.g.
+        ``"4x8/32"``, ``"4x8/16/4"``, ``"8x8/16/r2"``, ``"7x7/8/r4p"``; U: the input vec4s an invocation loads at
+        once, :func:`.expand_depthwise.expand_depthwise_program`; rP: the resident form with P halo pixels per
+        invocation, :func:`.expand_depthwise.expand_depthwise_resident_program`, and rPp the same with the
+        projection in its dispatch, :meth:`_projected`) or the defaults
         (:meth:`_resident_tile` where it returns one, else :func:`.expand_depthwise.expand_depthwise_shape`
         and :func:`.expand_depthwise.expand_depthwise_unroll`)."""
         text = self.attrs.get("expand_tile") or ""
-        found = re.fullmatch(r"([1-9][0-9]?)x([1-9][0-9]?)/([1-9][0-9]?)(?:/([1-9][0-9]?|r[124]))?", text,
+        found = re.fullmatch(r"([1-9][0-9]?)x([1-9][0-9]?)/([1-9][0-9]?)(?:/([1-9][0-9]?|r[124]p?))?", text,
                              re.ASCII) if isinstance(text, str) else None
         if text and found is None:
-            raise self.fail(f"expand_tile must be 'THxTW/C', 'THxTW/C/U' or 'THxTW/C/rP' (P: 1, 2 or 4) of positive "
-                            f"integers below 100, e.g. '4x8/32', '4x8/16/4' or '8x8/16/r2', got {text!r}")
+            raise self.fail(f"expand_tile must be 'THxTW/C', 'THxTW/C/U', 'THxTW/C/rP' or 'THxTW/C/rPp' (P: 1, 2 or "
+                            f"4) of positive integers below 100, e.g. '4x8/32', '4x8/16/4', '8x8/16/r2' or "
+                            f"'4x8/8/r4p', got {text!r}")
         g = self._window()
-        resident = found.group(4)[1:] if found and (found.group(4) or "").startswith("r") else None
+        resident = found.group(4)[1:2] if found and (found.group(4) or "").startswith("r") else None
         tile = (*(int(v) for v in found.groups()[:3]), int(resident)) if resident else \
             None if found else self._resident_tile()
         if tile:
-            why = resident_refusal(g, self.cin, self.cexp, *tile)
+            # (expand_dw takes no PReLU slopes and no pooled residual: the projection's store needs neither)
+            why = resident_refusal(g, self.cin, self.cexp, *tile, self.cout if self._projected() else 0)
             if why:
                 raise self.fail(f"expand_tile {text!r}: {why}; give a smaller tile or chunk, or drop '/r{tile[3]}' "
                                 f"for the per-chunk form")
@@ -566,6 +572,12 @@ class FusedBottleneck(CompositeKernel):
             return (*shape, unroll, False)
         except KernelError as e:
             raise self.fail(str(e)) from None
+
+    def _projected(self) -> bool:
+        """Whether the ``expand_dw`` strategy's resident form runs the projection in its dispatch: the
+        ``expand_tile`` attribute's ``rPp`` form (``"4x8/8/r4p"``)."""
+        text = self.attrs.get("expand_tile")
+        return isinstance(text, str) and text.endswith("p")
 
     def _window(self) -> dict:
         """The depthwise window's strides, size and dilations (``SH SW KH KW DH DW``), as the halo arithmetic of
@@ -586,7 +598,15 @@ class FusedBottleneck(CompositeKernel):
         -> 32 at batch 16: 52.0 against 43.4 us; 28x28x32x6 -> 64 at batch 32: 53.0 against 34.6; 112x112x16x6
         at batch 1: 17.5 against 15.2) and at stride 1 (56x56x24x6 -> 24: 134.2 against the dw_projection
         strategy's 120.0); the bound per image keeps it off small maps in large batches, where most of a tile's
-        halo lies outside the image."""
+        halo lies outside the image.
+
+        The projection in the same dispatch (``expand_tile`` ``"THxTW/C/rPp"``) and other tiles, measured on an
+        H100 (the H200's GH100 chip with less, slower memory; 2026-12-05, the same sweep, 5 repeats) at batch 32
+        against these defaults: 56x56x24x6 -> 32 64.3 against 74.5 us (``7x7/8/r4p``; 68.1 with ``7x8/8/r4``
+        and the projection apart), 112x112x16x6 -> 24 133.5 against 138.6 (``7x8/8/r4``; 134.4 with
+        ``4x8/8/r4p``), and at stride 1 56x56x24x6 -> 24 119.9 against the dw_projection strategy's 127.1
+        (``8x8/8/r2p``), but 28x28x32x6 -> 32 57.0 against 46.8 (``4x8/8/r4p``). The defaults stay those the
+        H200 measured until it measures these."""
         if self.target() != "gpu" or self.stride != 2 or not self.has_expand or self.has_se or self.core_only:
             return None
         n, h, w, _ = self.input(0).shape
@@ -701,8 +721,8 @@ class FusedBottleneck(CompositeKernel):
             return (self._expanded_bytes(),)
         if self.strategy in ("blocked", "dw_pointwise") or self.empty:
             return ()
-        if self.strategy == "expand_dw":   # the depthwise output only
-            return (n * self.oh * self.ow * self.cexp * 4,)
+        if self.strategy == "expand_dw":   # the depthwise output only (none where the projection is in its dispatch)
+            return () if self._projected() else (n * self.oh * self.ow * self.cexp * 4,)
         if self.strategy == "dw_projection":   # the expanded tensor (when expanding)
             return (self._expanded_bytes(),) if self.has_expand else ()
         if self.strategy == "staged":  # the expanded tensor (when expanding), the depthwise output, the gate
@@ -732,6 +752,16 @@ class FusedBottleneck(CompositeKernel):
         progs, src = [], inputs["x"]
         g = dict(N=n, H=self.eh, W=self.ewd, OH=self.oh, OW=self.ow, SH=self.stride, SW=self.stride, DH=1, DW=1,
                  PT=self.pt, PL=self.pl, KH=self.k, KW=self.k)
+        if self.strategy == "expand_dw" and self._projected():   # one dispatch: expansion, depthwise, projection
+            *tile, pixels, _ = self._expand_tile()
+            co4 = cout // 4
+            res = f" + x[pix * {co4}u + co4]" if self.residual else ""
+            binds = tuple(inputs[k] for k in ("x", "ew", "eb", "dw", "db", "pw", "pb")) + (
+                self.binding("y", "output", 0, self.output_specs()[0]),)
+            store = f"y[pix * {co4}u + co4] = {self.out_activated(f'acc + pb[co4]{res}')};"
+            return [expand_depthwise_resident_program(
+                f"{self.key}_expand_dw_project", binds, g, cin, cexp, self.act, self.dw_act, *tile, pixels, cout,
+                store, self.out_act_fn(True, declared=activation_fn(self.act) + activation_fn(self.dw_act)))]
         if self.strategy == "expand_dw":   # the expansion and the depthwise conv in one dispatch, d into scratch
             d_out = self.binding("d", "scratch", 0, sizes[0])
             ed_binds = tuple(inputs[k] for k in ("x", "ew", "eb", "dw", "db")) + (d_out,)

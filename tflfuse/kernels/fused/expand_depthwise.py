@@ -104,10 +104,11 @@ fn dact4(v: vec4<f32>) -> vec4<f32> { return vec4<f32>(dact(v.x), dact(v.y), dac
 
 
 def _depthwise_from_halo(g: dict, tw: int, hw: int, q: int, c4: int, out_items: int, threads: int,
-                         indent: str) -> str:
-    """WGSL of the depthwise phase both programs share: the workgroup's ``threads`` invocations walk the tile's
+                         indent: str, to_workgroup: bool = False) -> str:
+    """WGSL of the depthwise phase the programs share: the workgroup's ``threads`` invocations walk the tile's
     ``out_items`` (output pixel, vec4 of the chunk's channels) pairs, apply the KxK filter to the expansion of
-    the halo in ``esh`` (``[halo rows][hw][q]`` vec4s), add the bias and write ``d``."""
+    the halo in ``esh`` (``[halo rows][hw][q]`` vec4s), add the bias and write ``d`` (with ``to_workgroup``,
+    the workgroup array ``dsh``, ``[tile pixel][q]``, for a projection in the same dispatch)."""
     taps = "\n".join(
         f"{indent}    acc = fma(esh[((ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u) * {q}u + j], "
         f"dw[{(ky * g['KW'] + kx) * c4}u + cq], acc);"
@@ -123,9 +124,12 @@ def _depthwise_from_halo(g: dict, tw: int, hw: int, q: int, c4: int, out_items: 
     let lx = (p % {tw}u) * {g['SW']}u;
     var acc = db[cq];
 TAPS
-    d[((n * {g['OH']}u + u32(oy)) * {g['OW']}u + u32(ox)) * {c4}u + cq] = dact4(acc);
+    SINK
   }}
 }}"""
+    sink = "dsh[i] = dact4(acc);" if to_workgroup else \
+        f"d[((n * {g['OH']}u + u32(oy)) * {g['OW']}u + u32(ox)) * {c4}u + cq] = dact4(acc);"
+    body = body.replace("SINK", sink)
     return "\n".join(taps if line == "TAPS" else indent + line for line in body.splitlines())
 
 
@@ -221,7 +225,8 @@ def resident_threads(g: dict, tile_h: int, tile_w: int, pixels: int) -> int:
     return -(-hh * hw // pixels // 32) * 32 if hh * hw > pixels * 32 else 32
 
 
-def resident_refusal(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chunk: int, pixels: int) -> str:
+def resident_refusal(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chunk: int, pixels: int,
+                     cout: int = 0) -> str:
     """Why :func:`expand_depthwise_resident_program` does not take this tile, or ``""`` where it does: it needs
     channels that are multiples of 4, at most :data:`RESIDENT_MAX_CIN` input channels (an invocation holds its
     halo pixels' inputs in registers), 1, 2 or 4 ``pixels`` per invocation and at most 256 invocations, a
@@ -238,24 +243,94 @@ def resident_refusal(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chu
     threads = resident_threads(g, tile_h, tile_w, pixels)
     if threads > _THREADS:
         return f"its halo needs {threads} invocations at {pixels} pixels each, past {_THREADS}"
-    used = _workgroup_bytes(g, tile_h, tile_w, chunk, cin)
+    if cout < 0 or cout % 4:
+        return f"the projection's output channels ({cout}) must be a multiple of 4"
+    used = _workgroup_bytes(g, tile_h, tile_w, chunk, cin) + _projection_bytes(tile_h, tile_w, chunk, cout)
     if used > _WG_BYTES:
         return f"its halo's chunk and weights take {used} bytes of workgroup memory, past {_WG_BYTES}"
+    if cout and cout // 4 > threads:
+        return f"its {threads} invocations cannot each take one of the {cout // 4} vec4s of output channels"
+    sums = _projection_sums(tile_h * tile_w, cout, threads)
+    if sums > RESIDENT_MAX_SUMS:
+        return (f"each invocation would hold {sums} vec4 sums of the projection's {tile_h}x{tile_w}x{cout} "
+                f"outputs, past {RESIDENT_MAX_SUMS}")
     return ""
 
 
-def resident_fits(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chunk: int, pixels: int) -> bool:
+def _projection_sums(pixels: int, cout: int, threads: int) -> int:
+    """The vec4 sums each invocation of the resident form's projection holds: its vec4 of output channels for
+    every ``threads // (cout / 4)``-th pixel of the tile (0 without a projection)."""
+    return -(-pixels // (threads // (cout // 4))) if cout else 0
+
+
+def _projection_bytes(tile_h: int, tile_w: int, chunk: int, cout: int) -> int:
+    """Workgroup memory of the resident form's projection: the chunk's depthwise outputs and weight rows."""
+    return 4 * (tile_h * tile_w * chunk + chunk * cout) if cout else 0
+
+
+def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threads: int, store: str) -> dict:
+    """WGSL pieces of the resident form's projection (:func:`expand_depthwise_resident_program` with ``cout``):
+    its workgroup arrays, the sums' initialisation, the staging of the chunk's weight rows, the products of a
+    chunk and the store."""
+    q, co4 = chunk // 4, cout // 4
+    groups = threads // co4   # invocation t takes output vec4 t % co4 of pixels t / co4, + groups, + 2 groups ...
+    px = th * tw
+    sums = range(_projection_sums(px, cout, threads))
+    # each weight vec4 a invocation loads from psh serves all its pixels
+    project = [f"    if (lidx < {groups * co4}u) {{", f"      let co4 = lidx % {co4}u;", f"      let g = lidx / {co4}u;"]
+    for j in range(q):
+        for k in range(4):
+            project.append(f"      let w{j}_{k} = psh[{(4 * j + k) * co4}u + co4];")
+    for m in sums:
+        guard = "" if (m + 1) * groups <= px else f"if (g + {m * groups}u < {px}u) "
+        project.append(f"      {guard}{{")
+        for j in range(q):
+            project.append(f"        let d{j} = dsh[(g + {m * groups}u) * {q}u + {j}u];")
+            project += [f"        s{m} = fma(vec4<f32>(d{j}.{comp}), w{j}_{k}, s{m});" for k, comp in enumerate("xyzw")]
+        project.append("      }")
+    project.append("    }")
+    stores = []
+    for m in sums:
+        stores += [f"  {{",
+                   f"    let co4 = lidx % {co4}u;",
+                   f"    let p = lidx / {co4}u + {m * groups}u;",
+                   f"    let oy = ty0 + i32(p / {tw}u);",
+                   f"    let ox = tx0 + i32(p % {tw}u);",
+                   f"    if (lidx < {groups * co4}u && p < {px}u && oy < {g['OH']} && ox < {g['OW']}) {{",
+                   f"      let pix = (n * {g['OH']}u + u32(oy)) * {g['OW']}u + u32(ox);",
+                   f"      let acc = s{m};",
+                   f"      {store}",
+                   "    }",
+                   "  }"]
+    nl = "\n"
+    return {"declare": f"""
+var<workgroup> dsh: array<vec4<f32>, {th * tw * q}>;   // the chunk's depthwise outputs, [tile pixel][chunk / 4]
+var<workgroup> psh: array<vec4<f32>, {chunk * co4}>;   // the chunk's projection weights, [chunk][Cout / 4]""",
+            "init": "".join(f"\n  var s{m} = vec4<f32>(0.0);" for m in sums),
+            "stage": f"""
+    for (var i = lidx; i < {chunk * co4}u; i += {threads}u) {{
+      psh[i] = pw[c * {chunk * co4}u + i];
+    }}""",
+            "project": "\n    workgroupBarrier();\n" + nl.join(project),
+            "store": "\n" + nl.join(stores)}
+
+
+def resident_fits(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chunk: int, pixels: int,
+                  cout: int = 0) -> bool:
     """Whether :func:`expand_depthwise_resident_program` takes this tile (:func:`resident_refusal`)."""
-    return not resident_refusal(g, cin, cexp, tile_h, tile_w, chunk, pixels)
+    return not resident_refusal(g, cin, cexp, tile_h, tile_w, chunk, pixels, cout)
 
 
 #: Input channels up to which :func:`expand_depthwise_resident_program` holds a halo pixel's inputs in registers.
 RESIDENT_MAX_CIN = 32
+#: Output vec4s of the projection an invocation of the resident form holds across the chunks, at most.
+RESIDENT_MAX_SUMS = 8
 
 
 def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,
                                       expand_activation: str | None, depthwise_activation: str | None,
-                                      tile_h: int, tile_w: int, chunk: int, pixels: int) -> Program:
+                                      tile_h: int, tile_w: int, chunk: int, pixels: int, cout: int = 0,
+                                      store: str = "", helpers: str = "") -> Program:
     """The expand conv and the depthwise conv after it in one dispatch, for large feature maps (batch > 1): a
     workgroup owns a ``tile_h x tile_w`` tile of output pixels of one image and ALL the expanded channels.
 
@@ -269,12 +344,23 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
     tile and chunk, an invocation per halo pixel and four channels), the input halo is read from memory once
     per tile rather than once per chunk and four channels.
 
-    Args and the bindings as :func:`expand_depthwise_program`; ``tile_h``, ``tile_w``, ``chunk`` and
-    ``pixels`` must pass :func:`resident_fits`.
+    With ``cout`` > 0 the 1x1 projection after them runs in the same dispatch (the depthwise output never goes
+    to memory either): the depthwise conv of each chunk goes into workgroup memory with the chunk's rows of
+    the projection weights, and each invocation adds their products into its share of the tile's ``tile_h x
+    tile_w x cout / 4`` output vec4s, held in registers across the chunks: one vec4 of output channels for
+    several pixels, so that each weight it loads serves them all; after the last chunk it runs
+    ``store`` once per output vec4 of the image, with ``pix`` (the output pixel, ``(n * OH + oy) * OW + ox``),
+    ``co4`` (its vec4 of output channels) and the vec4 ``acc`` (the projection without its bias), e.g.
+    ``"y[pix * 6u + co4] = acc + pb[co4];"``; ``helpers`` declares the WGSL functions ``store`` calls.
+
+    Args and the bindings as :func:`expand_depthwise_program`, with ``cout`` > 0 ``pw`` (``[Cexp, Cout]``)
+    and the bindings ``store`` writes and reads instead of ``d``; ``tile_h``, ``tile_w``, ``chunk`` and
+    ``pixels`` must pass :func:`resident_fits` (with ``cout``).
     Raises:
-      KernelError: a tile, chunk or pixel count that :func:`resident_fits` refuses.
+      KernelError: a tile, chunk or pixel count that :func:`resident_fits` refuses, or ``cout`` that is not a
+        multiple of 4.
     """
-    why = resident_refusal(g, cin, cexp, tile_h, tile_w, chunk, pixels)
+    why = resident_refusal(g, cin, cexp, tile_h, tile_w, chunk, pixels, cout)
     if why:
         raise KernelError(f"{name}: the resident expand_depthwise does not take a {tile_h}x{tile_w} tile with "
                           f"chunk {chunk} and {pixels} pixels per invocation: {why}")
@@ -312,9 +398,11 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
                      for j in range(q)),
                    "    }"]
     nl = "\n"
-    source = prelude(binds) + _activations(expand_activation, depthwise_activation) + f"""
+    projection = _resident_projection(g, th, tw, chunk, cout, threads, store) if cout else None
+    source = prelude(binds) + _activations(expand_activation, depthwise_activation) + helpers + f"""
 var<workgroup> wsh: array<vec4<f32>, {cin * q}>;          // the chunk's expand weights, [Cin][chunk / 4]
-var<workgroup> esh: array<vec4<f32>, {halo_px * q}>;    // the expansion of the halo, [{hh}][{hw}][chunk / 4]
+var<workgroup> esh: array<vec4<f32>, {halo_px * q}>;    // the expansion of the halo, [{hh}][{hw}][chunk / 4]{
+projection["declare"] if projection else ""}
 
 @compute @workgroup_size({threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -324,22 +412,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let tx0 = i32(tile % {tiles_x}u) * {tw};
   let ty0 = i32((tile / {tiles_x}u) % {tiles_y}u) * {th};
   let n = tile / {tiles_x * tiles_y}u;
-{nl.join(loads)}
+{nl.join(loads)}{projection["init"] if projection else ""}
   for (var c = 0u; c < {cexp // chunk}u; c++) {{
     let c0 = c * {q}u;   // the chunk's first vec4 of channels
-    workgroupBarrier();   // the last chunk's depthwise conv has read esh
+    workgroupBarrier();   // the last chunk's depthwise conv (and projection) have read esh (and dsh, psh)
     for (var i = lidx; i < {cin * q}u; i += {threads}u) {{
       wsh[i] = ew[(i / {q}u) * {c4}u + c0 + i % {q}u];
-    }}
+    }}{projection["stage"] if projection else ""}
     workgroupBarrier();
 {nl.join(expand)}
     workgroupBarrier();
-{_depthwise_from_halo(g, tw, hw, q, c4, out_items, threads, "    ")}
-  }}
+{_depthwise_from_halo(g, tw, hw, q, c4, out_items, threads, "    ", to_workgroup=bool(projection))}{
+projection["project"] if projection else ""}
+  }}{projection["store"] if projection else ""}
 }}
 """
-    # per chunk: the two loops' trips, each with its last exit test (the software adapter counts those), + 1
-    trips = (cexp // chunk) * (-(-cin * q // threads) + -(-out_items // threads) + 3)
+    # per chunk: the loops' trips, each with its last exit test (the software adapter counts those), + 1
+    trips = (cexp // chunk) * (-(-cin * q // threads) + -(-out_items // threads) + 3 +
+                               (-(-chunk * cout // 4 // threads) + 1 if cout else 0))
     return Program(name, source, (threads, 1, 1), linear_dispatch(groups * threads, threads), binds,
                    loop_trips=trips)
 
