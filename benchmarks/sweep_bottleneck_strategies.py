@@ -32,6 +32,7 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.kernels import KernelError, kernel_class  # noqa: E402
 from tflfuse.kernels.base import TensorSpec  # noqa: E402
+from tflfuse.kernels.fused import expand_depthwise  # noqa: E402
 from tflfuse.kernels.gemm import TILES  # noqa: E402
 from tflfuse.runtime.profile import gpu_time_plan  # noqa: E402
 
@@ -47,6 +48,10 @@ flags.DEFINE_list("expand_tiles", ["4x8/32", "4x8/16", "2x8/32", "2x8/16", "4x4/
                   "expand_dw tiles (THxTW/chunk, each with every --unrolls) to try; THxTW/chunk/rP (the resident "
                   "form, P halo pixels per invocation) and THxTW/chunk/rPp (its projection in the same dispatch) "
                   "as given.")
+flags.DEFINE_list("prefetch", [], "Also time each resident expand_dw tile (THxTW/C/rP, THxTW/C/rPp) with its chunks' "
+                  "weights loaded while the chunk before is expanded ('on') and without ('off'): "
+                  "expand_depthwise.RESIDENT_PREFETCH; none given: the library's.")
+flags.register_validator("prefetch", lambda v: set(v) <= {"on", "off"}, "--prefetch takes 'on' and 'off'")
 flags.DEFINE_bool("dw_projection", True, "Also time dw_projection with each tile of --dw_tiles.")
 flags.DEFINE_list("dw_tiles", list(dict.fromkeys(list(TILES) + ["128x16/4x4/16", "64x16/4x4/16", "256x16/4x4/8",
                                                                  "128x32/4x8/16", "64x32/4x8/16"])),
@@ -85,10 +90,14 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
     if expand:
         unrolls = sorted({cin // 4 if u == "all" else int(u) for u in FLAGS.unrolls})
         full = [t for t in FLAGS.expand_tiles if t.count("/") == 2]   # THxTW/C/rP(p): as given
-        runs += [(f"expand_dw {t}", {"strategy": "expand_dw", "expand_tile": t}) for t in full]
+        runs += [(f"expand_dw {t}" + (f" prefetch={v}" if v else ""), {"strategy": "expand_dw", "expand_tile": t},
+                  v) for t in full for v in (FLAGS.prefetch or [None])]
         runs += [(f"expand_dw {t}/{u}", {"strategy": "expand_dw", "expand_tile": f"{t}/{u}"})
                  for t in FLAGS.expand_tiles if t not in full for u in unrolls if (cin // 4) % u == 0]
-    for label, attrs in runs:
+    default_prefetch = expand_depthwise.RESIDENT_PREFETCH
+    for label, attrs, *prefetch in runs:
+        expand_depthwise.RESIDENT_PREFETCH = default_prefetch if not prefetch or prefetch[0] is None else \
+            prefetch[0] == "on"
         try:
             k = kernel_class("fused_bottleneck")(specs, {"expansion": t, "stride": s,
                                                          "residual": s == 1 and cin == cout, "target": "gpu", **attrs})
@@ -103,6 +112,7 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
                         "rel_err": float(np.abs(got - want).max() / max(scale, 1e-30)), "strategy": k.strategy}
         if label == "staged":
             first = p
+    expand_depthwise.RESIDENT_PREFETCH = default_prefetch
     # the staged plan timed again last: on the H200 machine a process's later dispatches can turn several times
     # slower (chain.chain_plan), which would corrupt the comparison; run fewer blocks per process where it did
     found["staged_again_us"] = gpu_time_plan(first, FLAGS.repeats, FLAGS.reps)

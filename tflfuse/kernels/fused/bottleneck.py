@@ -45,17 +45,18 @@ the same values; see :meth:`FusedBottleneck._schedule`; the ``strategy`` attribu
   memory; an invocation owns a row of output pixels and keeps its halo's expansion, the depthwise results
   and the projection sums in registers, so that each weight it loads serves the whole row
   (:mod:`.bottleneck_cpu`, where the reasons and measurements are).
-* ``dw_projection`` (a GPU, at stride 1 on wide feature maps: :meth:`FusedBottleneck._takes_dw_projection`):
+* ``dw_projection`` (a GPU, at stride 1 on wide feature maps: :meth:`FusedBottleneck._takes_dw_projection`,
+  where the resident ``expand_dw`` form below is not the default):
   TWO dispatches, the expand conv (into a scratch buffer), then the projection, whose product computes the
   depthwise conv (bias, activation) as it stages its input (:mod:`.depthwise_product`), so the depthwise
   output never goes to memory.
-* ``expand_dw`` (a GPU, small feature maps: :meth:`FusedBottleneck._takes_expand_dw`; and at stride 2 on
-  large ones, such as MobileNetV2's first blocks at batch 32: :meth:`FusedBottleneck._resident_tile`): TWO
-  dispatches, the expansion of each output tile's input halo and the depthwise conv in workgroup memory
+* ``expand_dw`` (a GPU, small feature maps: :meth:`FusedBottleneck._takes_expand_dw`; and large ones with
+  few input channels, such as MobileNetV2's first blocks at batch 32: :meth:`FusedBottleneck._resident_tile`):
+  TWO dispatches, the expansion of each output tile's input halo and the depthwise conv in workgroup memory
   (:mod:`.expand_depthwise`; the expanded tensor never goes to memory), then the projection. On large maps a
-  workgroup keeps its halo's inputs in registers and walks all the expanded channels (the resident form); with
-  ``expand_tile`` ``"THxTW/C/rPp"`` it also runs the projection, ONE dispatch in which neither the expanded
-  tensor nor the depthwise output goes to memory.
+  workgroup keeps its halo's inputs in registers and walks all the expanded channels (the resident form), and
+  by default also runs the projection (``expand_tile`` ``"THxTW/C/rPp"``): ONE dispatch, in which neither the
+  expanded tensor nor the depthwise output goes to memory.
 * ``dw_pointwise`` (a GPU at batch 1, blocks without expansion that dw_projection does not take:
   :meth:`FusedBottleneck._takes_dw_pointwise`; a GPU at any batch, blocks with PReLU slopes or a 2x2 expand
   conv): the expansion where there is one (into a scratch buffer), then ONE dispatch, the one-dispatch schedule
@@ -475,7 +476,7 @@ class FusedBottleneck(CompositeKernel):
             schedule = blocked_schedule(self)
             if schedule:
                 return schedule
-        if target == "gpu" and dw_projection and self._takes_dw_projection():
+        if target == "gpu" and dw_projection and self._takes_dw_projection() and not self._resident_tile():
             return {"strategy": "dw_projection", "tile": 1, "lanes": 1, "out_block": self.cout, "chunk": 1,
                     "splits": 1}
         if target == "gpu" and dw_projection and (self._takes_expand_dw() or self._resident_tile()):
@@ -554,8 +555,9 @@ class FusedBottleneck(CompositeKernel):
                             f"'4x8/8/r4p', got {text!r}")
         g = self._window()
         resident = found.group(4)[1:2] if found and (found.group(4) or "").startswith("r") else None
+        default = None if found else self._resident_tile()
         tile = (*(int(v) for v in found.groups()[:3]), int(resident)) if resident else \
-            None if found else self._resident_tile()
+            default[:4] if default else None
         if tile:
             # (expand_dw takes no PReLU slopes and no pooled residual: the projection's store needs neither)
             why = resident_refusal(g, self.cin, self.cexp, *tile, self.cout if self._projected() else 0)
@@ -575,45 +577,57 @@ class FusedBottleneck(CompositeKernel):
 
     def _projected(self) -> bool:
         """Whether the ``expand_dw`` strategy's resident form runs the projection in its dispatch: the
-        ``expand_tile`` attribute's ``rPp`` form (``"4x8/8/r4p"``)."""
+        ``expand_tile`` attribute's ``rPp`` form (``"4x8/8/r4p"``), or without the attribute
+        :meth:`_resident_tile`'s choice."""
         text = self.attrs.get("expand_tile")
-        return isinstance(text, str) and text.endswith("p")
+        if text:
+            return isinstance(text, str) and text.endswith("p")
+        tile = self._resident_tile()
+        return bool(tile and tile[4])
 
     def _window(self) -> dict:
         """The depthwise window's strides, size and dilations (``SH SW KH KW DH DW``), as the halo arithmetic of
         :mod:`.expand_depthwise` takes them."""
         return dict(SH=self.stride, SW=self.stride, KH=self.k, KW=self.k, DH=1, DW=1)
 
-    def _resident_tile(self) -> tuple[int, int, int, int] | None:
-        """The default tile of the resident form of ``expand_dw`` (``(tile_h, tile_w, chunk, pixels)``): on a
-        GPU, at stride 2, for blocks with an expand conv, without squeeze-excite, whose 4 x 8 tiles of 8 channels
-        with 4 halo pixels per invocation :func:`.expand_depthwise.resident_fits` takes, with at least
-        :data:`_RESIDENT_MIN_PIXELS` input pixels in all and :data:`_RESIDENT_MIN_IMAGE` per image; else None
-        (the per-chunk form is the default, and the ``expand_dw`` strategy is not the default on such blocks).
+    def _resident_tile(self) -> tuple[int, int, int, int, bool] | None:
+        """The default tile of the resident form of ``expand_dw`` (``(tile_h, tile_w, chunk, pixels,
+        projected)``, ``projected``: the projection in its dispatch) on a GPU, for blocks with an expand conv,
+        without squeeze-excite, with at least :data:`_RESIDENT_MIN_PIXELS` input pixels in all and
+        :data:`_RESIDENT_MIN_IMAGE` per image: at stride 2 7 x 7 tiles of 8 channels, 4 halo pixels per
+        invocation, projected (4 x 8 tiles without the projection where that does not fit); at stride 1 8 x 8
+        tiles of 8 channels, 2 halo pixels per invocation, projected; where
+        :func:`.expand_depthwise.resident_fits` takes them; else None (the per-chunk form is the default, and
+        the ``expand_dw`` strategy is not the default on such blocks).
 
-        Measured on an H200 (2026-12-04, whole-block GPU time of 20 back-to-back runs, 7 repeats), against the
-        staged strategy: MobileNetV2's 112x112x16x6 -> 24 block at batch 32 136.3 against 175.9 us (4 x 8 tiles
-        of 8 channels, 4 pixels per invocation; the best of 11 tiles), at batch 16 69.8 against 95.3, at batch 8
-        39.7 against 48.8; 56x56x24x6 -> 32 at batch 32 74.9 against 85.9. It lost on fewer pixels (56x56x24x6
-        -> 32 at batch 16: 52.0 against 43.4 us; 28x28x32x6 -> 64 at batch 32: 53.0 against 34.6; 112x112x16x6
-        at batch 1: 17.5 against 15.2) and at stride 1 (56x56x24x6 -> 24: 134.2 against the dw_projection
-        strategy's 120.0); the bound per image keeps it off small maps in large batches, where most of a tile's
-        halo lies outside the image.
+        Measured on an H200 (2026-12-04, whole-block GPU time of 20 back-to-back runs, 7 repeats), the resident
+        form without the projection against the staged strategy: MobileNetV2's 112x112x16x6 -> 24 block at
+        batch 32 136.3 against 175.9 us (4 x 8 tiles of 8 channels, 4 pixels per invocation; the best of 11
+        tiles), at batch 16 69.8 against 95.3, at batch 8 39.7 against 48.8; 56x56x24x6 -> 32 at batch 32 74.9
+        against 85.9. It lost on fewer pixels (56x56x24x6 -> 32 at batch 16: 52.0 against 43.4 us; 28x28x32x6
+        -> 64 at batch 32: 53.0 against 34.6; 112x112x16x6 at batch 1: 17.5 against 15.2); the bound per image
+        keeps it off small maps in large batches, where most of a tile's halo lies outside the image.
 
-        The projection in the same dispatch (``expand_tile`` ``"THxTW/C/rPp"``) and other tiles, measured on an
-        H100 (the H200's GH100 chip with less, slower memory; 2026-12-05, the same sweep, 5 repeats) at batch 32
-        against these defaults: 56x56x24x6 -> 32 64.3 against 74.5 us (``7x7/8/r4p``; 68.1 with ``7x8/8/r4``
-        and the projection apart), 112x112x16x6 -> 24 133.5 against 138.6 (``7x8/8/r4``; 134.4 with
-        ``4x8/8/r4p``), and at stride 1 56x56x24x6 -> 24 119.9 against the dw_projection strategy's 127.1
-        (``8x8/8/r2p``), but 28x28x32x6 -> 32 57.0 against 46.8 (``4x8/8/r4p``). The defaults stay those the
-        H200 measured until it measures these."""
-        if self.target() != "gpu" or self.stride != 2 or not self.has_expand or self.has_se or self.core_only:
+        With the projection in the same dispatch and each chunk's weights loaded while the chunk before it is
+        expanded (:data:`.expand_depthwise.RESIDENT_PREFETCH`), measured on an H100 (the H200's GH100 chip with
+        less, slower memory; 2026-12-05, ``benchmarks/sweep_bottleneck_strategies.py --prefetch=off,on``, 5
+        repeats) at batch 32: 112x112x16x6 -> 24 122.1 us against 136.9 for the 4 x 8 tiles above (131.8 with
+        their weights prefetched; 120.9 with 4 x 8 tiles projected); 56x56x24x6 -> 32 57.6 against 74.7 (56.2
+        with 7 x 8 tiles; 84.8 with 4 x 8 tiles projected, whose 8 sums per invocation hold few pixels); at
+        stride 1 56x56x24x6 -> 24 (with its residual) 109.0 against 127.6 for the dw_projection strategy, the
+        default before; 28x28x32x6 -> 32, below the bound per image, 57.0 (4 x 8 tiles projected, without the
+        prefetch) against dw_projection's 46.8."""
+        if self.target() != "gpu" or not self.has_expand or self.has_se or self.core_only:
             return None
         n, h, w, _ = self.input(0).shape
-        if n * h * w < _RESIDENT_MIN_PIXELS or h * w < _RESIDENT_MIN_IMAGE or \
-                not resident_fits(self._window(), self.cin, self.cexp, 4, 8, 8, 4):
+        if n * h * w < _RESIDENT_MIN_PIXELS or h * w < _RESIDENT_MIN_IMAGE:
             return None
-        return 4, 8, 8, 4
+        tiles = [(8, 8, 8, 2, True)] if self.stride == 1 else [(7, 7, 8, 4, True), (4, 8, 8, 4, False)]
+        for th, tw, chunk, pixels, projected in tiles:
+            if resident_fits(self._window(), self.cin, self.cexp, th, tw, chunk, pixels,
+                             self.cout if projected else 0):
+                return th, tw, chunk, pixels, projected
+        return None
 
     def _takes_expand_dw(self) -> bool:
         """Whether a GPU runs the ``expand_dw`` strategy by default: a block with an expand conv, without

@@ -257,6 +257,32 @@ def resident_refusal(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chu
     return ""
 
 
+def _chunk_weights(cin: int, q: int, c4: int, chunk: int, cout: int, threads: int) -> dict:
+    """WGSL moving a chunk's expand weights (``ew`` rows into ``wsh``) and, with ``cout``, its projection rows
+    (``pw`` into ``psh``) into workgroup memory: ``load`` reads them from memory after the chunk's first barrier;
+    with :data:`RESIDENT_PREFETCH`, ``first`` loads chunk 0's into registers before the loop, ``stage`` stores
+    the registers and ``next`` loads the next chunk's right after the second barrier, so that their latency
+    passes while the chunk is expanded."""
+    parts = [("wsh", "wn", cin * q, lambda i, c0: f"ew[(({i}) / {q}u) * {c4}u + {c0} + ({i}) % {q}u]")]
+    if cout:
+        co4 = cout // 4
+        parts.append(("psh", "pn", chunk * co4, lambda i, c0: f"pw[({c0}) * {4 * co4}u + {i}]"))
+    load, first, stage, nxt = [], [], [], []
+    for arr, reg, n, at in parts:
+        load.append(f"    for (var i = lidx; i < {n}u; i += {threads}u) {{\n      {arr}[i] = {at('i', 'c0')};\n    }}")
+        for m in range(-(-n // threads)):
+            i = f"lidx + {m * threads}u"
+            clamped = f"min({i}, {n - 1}u)"   # an address in the array; past n the value is not stored
+            guard = "" if (m + 1) * threads <= n else f"if ({i} < {n}u) "
+            first.append(f"  var {reg}{m} = {at(clamped, '0u')};")
+            stage.append(f"    {guard}{{ {arr}[{i}] = {reg}{m}; }}")
+            nxt.append(f"      {reg}{m} = {at(clamped, f'c0 + {q}u')};")
+    nl = "\n"
+    return {"load": nl.join(load), "first": "".join(nl + f for f in first), "stage": nl.join(stage),
+            "next": f"\n    if (c0 + {q}u < {c4}u) {{   // the next chunk's weights, while this one is expanded\n"
+                    + nl.join(nxt) + "\n    }"}
+
+
 def _projection_sums(pixels: int, cout: int, threads: int) -> int:
     """The vec4 sums each invocation of the resident form's projection holds: its vec4 of output channels for
     every ``threads // (cout / 4)``-th pixel of the tile (0 without a projection)."""
@@ -307,10 +333,6 @@ def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threa
 var<workgroup> dsh: array<vec4<f32>, {th * tw * q}>;   // the chunk's depthwise outputs, [tile pixel][chunk / 4]
 var<workgroup> psh: array<vec4<f32>, {chunk * co4}>;   // the chunk's projection weights, [chunk][Cout / 4]""",
             "init": "".join(f"\n  var s{m} = vec4<f32>(0.0);" for m in sums),
-            "stage": f"""
-    for (var i = lidx; i < {chunk * co4}u; i += {threads}u) {{
-      psh[i] = pw[c * {chunk * co4}u + i];
-    }}""",
             "project": "\n    workgroupBarrier();\n" + nl.join(project),
             "store": "\n" + nl.join(stores)}
 
@@ -325,6 +347,9 @@ def resident_fits(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chunk:
 RESIDENT_MAX_CIN = 32
 #: Output vec4s of the projection an invocation of the resident form holds across the chunks, at most.
 RESIDENT_MAX_SUMS = 8
+#: Whether the resident form loads each chunk's weights into registers while the chunk before it is expanded
+#: (:func:`_chunk_weights`), rather than from memory between the chunk's two barriers.
+RESIDENT_PREFETCH = True
 
 
 def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,
@@ -399,6 +424,7 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
                    "    }"]
     nl = "\n"
     projection = _resident_projection(g, th, tw, chunk, cout, threads, store) if cout else None
+    weights = _chunk_weights(cin, q, c4, chunk, cout, threads)
     source = prelude(binds) + _activations(expand_activation, depthwise_activation) + helpers + f"""
 var<workgroup> wsh: array<vec4<f32>, {cin * q}>;          // the chunk's expand weights, [Cin][chunk / 4]
 var<workgroup> esh: array<vec4<f32>, {halo_px * q}>;    // the expansion of the halo, [{hh}][{hw}][chunk / 4]{
@@ -412,14 +438,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let tx0 = i32(tile % {tiles_x}u) * {tw};
   let ty0 = i32((tile / {tiles_x}u) % {tiles_y}u) * {th};
   let n = tile / {tiles_x * tiles_y}u;
-{nl.join(loads)}{projection["init"] if projection else ""}
+{nl.join(loads)}{projection["init"] if projection else ""}{weights["first"] if RESIDENT_PREFETCH else ""}
   for (var c = 0u; c < {cexp // chunk}u; c++) {{
     let c0 = c * {q}u;   // the chunk's first vec4 of channels
     workgroupBarrier();   // the last chunk's depthwise conv (and projection) have read esh (and dsh, psh)
-    for (var i = lidx; i < {cin * q}u; i += {threads}u) {{
-      wsh[i] = ew[(i / {q}u) * {c4}u + c0 + i % {q}u];
-    }}{projection["stage"] if projection else ""}
-    workgroupBarrier();
+{weights["stage"] if RESIDENT_PREFETCH else weights["load"]}
+    workgroupBarrier();{weights["next"] if RESIDENT_PREFETCH else ""}
 {nl.join(expand)}
     workgroupBarrier();
 {_depthwise_from_halo(g, tw, hw, q, c4, out_items, threads, "    ", to_workgroup=bool(projection))}{
