@@ -197,6 +197,27 @@ def test_resident_expand_dw_choice():
     assert schedule(128, 28, 32, 64, 2)[0] == "staged"    # 28x28 images: below the bound per image
 
 
+@pytest.mark.parametrize("stride, cout", [(1, 8), (2, 16)])
+def test_resident_default_with_its_projection_matches_tf(device, stride, cout):
+    """The GPU's default on a large map at a large batch (31 images of 57x57, past _RESIDENT_MIN_PIXELS; 7x7
+    and 8x8 tiles cut at the map's edges; two chunks, so one prefetch of the next chunk's weights): the resident
+    expand_dw form with the projection in its one dispatch, against TensorFlow's ops (the residual at stride 1)."""
+    case = (31, 57, 57, 8, 2, cout, stride, stride == 1, "relu6")
+    n, h, w_, cin, t, cout, stride, residual, activation = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
+    w = _weights(rng, cin, t, cout)
+    inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
+    attrs = {"expansion": t, "stride": stride, "residual": residual, "activation": activation, "target": "gpu"}
+    k = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
+    assert k.strategy == "expand_dw" and k._projected() and [p.name for p in k.programs()] == [
+        "fused_bottleneck_expand_dw_project"] and k.scratch_sizes() == ()
+    (y,) = run_op(device, "fused_bottleneck", inputs, attrs)
+    ref = _tf_reference(x, w, stride, residual, activation)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
+
+
 def _specs(cin=8, t=6, cout=8, h=8, n=1):
     e = cin * t
     return [TensorSpec((n, h, h, cin)), TensorSpec((cin, e)), TensorSpec((e,)), TensorSpec((3, 3, e)),
