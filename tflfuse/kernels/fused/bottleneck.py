@@ -605,8 +605,9 @@ class FusedBottleneck(CompositeKernel):
         batch 32 136.3 against 175.9 us (4 x 8 tiles of 8 channels, 4 pixels per invocation; the best of 11
         tiles), at batch 16 69.8 against 95.3, at batch 8 39.7 against 48.8; 56x56x24x6 -> 32 at batch 32 74.9
         against 85.9. It lost on fewer pixels (56x56x24x6 -> 32 at batch 16: 52.0 against 43.4 us; 28x28x32x6
-        -> 64 at batch 32: 53.0 against 34.6; 112x112x16x6 at batch 1: 17.5 against 15.2); the bound per image
-        keeps it off small maps in large batches, where most of a tile's halo lies outside the image.
+        -> 64 at batch 32: 53.0 against 34.6; 112x112x16x6 at batch 1: 17.5 against 15.2) and at stride 1
+        (56x56x24x6 -> 24: 134.2 against the dw_projection strategy's 120.0); the bound per image keeps it off
+        small maps in large batches, where most of a tile's halo lies outside the image.
 
         With the projection in the same dispatch and each chunk's weights loaded while the chunk before it is
         expanded (:data:`.expand_depthwise.RESIDENT_PREFETCH`), measured on an H100 (the H200's GH100 chip with
@@ -616,7 +617,8 @@ class FusedBottleneck(CompositeKernel):
         with 7 x 8 tiles; 84.8 with 4 x 8 tiles projected, whose 8 sums per invocation hold few pixels); at
         stride 1 56x56x24x6 -> 24 (with its residual) 109.0 against 127.6 for the dw_projection strategy, the
         default before; 28x28x32x6 -> 32, below the bound per image, 57.0 (4 x 8 tiles projected, without the
-        prefetch) against dw_projection's 46.8."""
+        prefetch) against dw_projection's 46.8. At batch 8 (where 112x112x16x6 -> 24 takes it) the projected
+        form has not been measured."""
         if self.target() != "gpu" or not self.has_expand or self.has_se or self.core_only:
             return None
         n, h, w, _ = self.input(0).shape

@@ -231,7 +231,9 @@ def resident_refusal(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chu
     channels that are multiples of 4, at most :data:`RESIDENT_MAX_CIN` input channels (an invocation holds its
     halo pixels' inputs in registers), 1, 2 or 4 ``pixels`` per invocation and at most 256 invocations, a
     ``chunk`` that is a multiple of 4 dividing ``cexp``, and the halo's expansion and the chunk's weights within
-    workgroup memory."""
+    workgroup memory; with ``cout`` (the projection in its dispatch), ``cout`` a multiple of 4, at most one vec4
+    of output channels per invocation, at most :data:`RESIDENT_MAX_SUMS` vec4 sums per invocation, and the
+    chunk's depthwise outputs and projection weights within workgroup memory too."""
     if not expand_depthwise_fits(cin, cexp):
         return f"input ({cin}) and expanded ({cexp}) channels must be positive multiples of 4"
     if cin > RESIDENT_MAX_CIN:
@@ -302,7 +304,7 @@ def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threa
     groups = threads // co4   # invocation t takes output vec4 t % co4 of pixels t / co4, + groups, + 2 groups ...
     px = th * tw
     sums = range(_projection_sums(px, cout, threads))
-    # each weight vec4 a invocation loads from psh serves all its pixels
+    # each weight vec4 an invocation loads from psh serves all its pixels
     project = [f"    if (lidx < {groups * co4}u) {{", f"      let co4 = lidx % {co4}u;", f"      let g = lidx / {co4}u;"]
     for j in range(q):
         for k in range(4):
@@ -367,7 +369,9 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
     workgroup then computes the depthwise conv of the
     tile from there, four channels per invocation. Unlike :func:`expand_depthwise_program` (a workgroup per
     tile and chunk, an invocation per halo pixel and four channels), the input halo is read from memory once
-    per tile rather than once per chunk and four channels.
+    per tile rather than once per chunk and four channels. With :data:`RESIDENT_PREFETCH` (the default) each
+    chunk's weights are loaded into registers while the chunk before it is expanded, and stored into workgroup
+    memory after that chunk's depthwise conv.
 
     With ``cout`` > 0 the 1x1 projection after them runs in the same dispatch (the depthwise output never goes
     to memory either): the depthwise conv of each chunk goes into workgroup memory with the chunk's rows of
