@@ -763,11 +763,15 @@ POOL_CASES = [
 ]
 POOL_SCHEDULES = {k: {**SCHEDULES, **OUT_ACT_SCHEDULES}[k] for k in (
     "cpu", "gpu", "cpu_staged", "gpu_staged", "split3", "gpu_blocked", "blocked_tile1", "expand_dw", "tile1",
-    "dw_pointwise")}
+    "dw_pointwise", "expand_dw_resident")}
 POOL_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:4]))}-t{c[4]}-{c[6]}-{s}")
              for c in POOL_CASES for s in sorted(POOL_SCHEDULES)
-             if not (s == "expand_dw" and (c[4] == 1 or c[3] % 4))
+             if not (s.startswith("expand_dw") and (c[4] == 1 or c[3] % 4))
              and not (s == "dw_pointwise" and c[4] != 1)]
+# The GPU's default where the resident expand_dw form takes the block (a large batch of large maps): its tile
+# without the projection, which pools the residual in its separate projection.
+POOL_RUNS.append(pytest.param((32, 56, 56, 16, 2, 16, "relu6"), {"target": "gpu"},
+                              id="32x56x56x16-t2-relu6-gpu_resident_default"))
 
 
 @pytest.mark.parametrize("case, schedule", POOL_RUNS)
@@ -780,9 +784,13 @@ def test_pooled_residual_matches_tf(device, case, schedule):
     x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
     w = _weights(rng, cin, t, cout)
     inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb") if k in w]
-    (y,) = run_op(device, "fused_bottleneck", inputs,
-                  {"expansion": t, "stride": 2, "residual": True, "residual_pool": 2, "output_activation": out_act,
-                   **POOL_SCHEDULES[schedule]})
+    attrs = {"expansion": t, "stride": 2, "residual": True, "residual_pool": 2, "output_activation": out_act,
+             **(POOL_SCHEDULES[schedule] if isinstance(schedule, str) else schedule)}
+    if not isinstance(schedule, str):   # the default on a large batch: resident, the projection apart
+        specs = [TensorSpec(a.shape) for a in inputs]
+        k = kernel_class("fused_bottleneck")(specs, attrs)
+        assert k.strategy == "expand_dw" and k._expand_tile() == (4, 8, 8, 4, True) and not k._projected()
+    (y,) = run_op(device, "fused_bottleneck", inputs, attrs)
     ref = _tf_reference(x, w, 2, False, "relu6") + tf.nn.max_pool2d(x, 2, 2, "VALID").numpy()
     ref = {"linear": lambda v: v, "relu6": tf.nn.relu6, "relu": tf.nn.relu}[out_act](ref)
     ref = np.asarray(ref)
@@ -796,6 +804,8 @@ def test_pooled_residual_matches_tf(device, case, schedule):
     ({"residual_pool": 3}, "residual_pool must be 1"),
     ({"residual_pool": True}, "residual_pool must be 1"),
     ({"residual_pool": 2, "stride": 2, "residual": True, "strategy": "dw_projection"}, "does not pool the residual"),
+    ({"residual_pool": 2, "stride": 2, "residual": True, "strategy": "expand_dw", "expand_tile": "4x8/8/r4p"},
+     "the projection in the resident dispatch does not pool the residual .residual_pool 2.; drop the trailing 'p'"),
 ])
 def test_pooled_residual_refuses(attrs, message):
     with pytest.raises(KernelError, match=message):

@@ -559,11 +559,15 @@ class FusedBottleneck(CompositeKernel):
         tile = (*(int(v) for v in found.groups()[:3]), int(resident)) if resident else \
             default[:4] if default else None
         if tile:
-            # (expand_dw takes no PReLU slopes and no pooled residual: the projection's store needs neither)
-            why = resident_refusal(g, self.cin, self.cexp, *tile, self.cout if self._projected() else 0)
+            projected = self._projected()   # (expand_dw takes no PReLU slopes: the projection's store needs none)
+            if projected and self.residual and self.residual_pool == 2:
+                raise self.fail(f"expand_tile {text!r}: the projection in the resident dispatch does not pool the "
+                                f"residual (residual_pool 2); drop the trailing 'p' to run the projection apart")
+            why = resident_refusal(g, self.cin, self.cexp, *tile, self.cout if projected else 0)
             if why:
-                raise self.fail(f"expand_tile {text!r}: {why}; give a smaller tile or chunk, or drop '/r{tile[3]}' "
-                                f"for the per-chunk form")
+                raise self.fail(f"expand_tile {text!r}: {why}; " + (
+                    "give another tile or chunk, or drop the trailing 'p' to run the projection apart" if projected
+                    else f"give a smaller tile or chunk, or drop '/r{tile[3]}' for the per-chunk form"))
             return (*tile, True)
         unroll = int(found.group(4)) if found and found.group(4) else expand_depthwise_unroll(self.cin)
         if self.cin % (4 * unroll):
@@ -595,8 +599,9 @@ class FusedBottleneck(CompositeKernel):
         projected)``, ``projected``: the projection in its dispatch) on a GPU, for blocks with an expand conv,
         without squeeze-excite, with at least :data:`_RESIDENT_MIN_PIXELS` input pixels in all and
         :data:`_RESIDENT_MIN_IMAGE` per image: at stride 2 7 x 7 tiles of 8 channels, 4 halo pixels per
-        invocation, projected (4 x 8 tiles without the projection where that does not fit); at stride 1 8 x 8
-        tiles of 8 channels, 2 halo pixels per invocation, projected; where
+        invocation, projected (4 x 8 tiles without the projection where that does not fit or the residual is
+        pooled, ``residual_pool`` 2); at stride 1 8 x 8 tiles of 8 channels, 2 halo pixels per invocation,
+        projected; where
         :func:`.expand_depthwise.resident_fits` takes them; else None (the per-chunk form is the default, and
         the ``expand_dw`` strategy is not the default on such blocks).
 
@@ -625,8 +630,9 @@ class FusedBottleneck(CompositeKernel):
         if n * h * w < _RESIDENT_MIN_PIXELS or h * w < _RESIDENT_MIN_IMAGE:
             return None
         tiles = [(8, 8, 8, 2, True)] if self.stride == 1 else [(7, 7, 8, 4, True), (4, 8, 8, 4, False)]
+        pooled = self.residual and self.residual_pool == 2   # a residual the projected store does not pool
         for th, tw, chunk, pixels, projected in tiles:
-            if resident_fits(self._window(), self.cin, self.cexp, th, tw, chunk, pixels,
+            if not (projected and pooled) and resident_fits(self._window(), self.cin, self.cexp, th, tw, chunk, pixels,
                              self.cout if projected else 0):
                 return th, tw, chunk, pixels, projected
         return None
