@@ -777,7 +777,7 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy == "expand_dw" and self._projected():   # one dispatch: expansion, depthwise, projection
             *tile, pixels, _ = self._expand_tile()
             co4 = cout // 4
-            res = f" + x[pix * {co4}u + co4]" if self.residual else ""
+            res = self.residual_term("pix", "co4", f"x[pix * {co4}u + co4]")   # never pooled: _expand_tile
             binds = tuple(inputs[k] for k in ("x", "ew", "eb", "dw", "db", "pw", "pb")) + (
                 self.binding("y", "output", 0, self.output_specs()[0]),)
             store = f"y[pix * {co4}u + co4] = {self.out_activated(f'acc + pb[co4]{res}')};"
