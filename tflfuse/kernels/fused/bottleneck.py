@@ -622,7 +622,10 @@ class FusedBottleneck(CompositeKernel):
         with 7 x 8 tiles; 84.8 with 4 x 8 tiles projected, whose 8 sums per invocation hold few pixels); at
         stride 1 56x56x24x6 -> 24 (with its residual) 109.0 against 127.6 for the dw_projection strategy, the
         default before; 28x28x32x6 -> 32, below the bound per image, 57.0 (4 x 8 tiles projected, without the
-        prefetch) against dw_projection's 46.8. At batch 8 (where 112x112x16x6 -> 24 takes it) the projected
+        prefetch) against dw_projection's 46.8. On the H200 (2026-12-05 17:17, the same sweep, batch 32):
+        112x112x16x6 -> 24 121.4 against 134.1 for the 4 x 8 tiles above (129.0 prefetched), 56x56x24x6 -> 32
+        57.4 against 74.5, 56x56x24x6 -> 24 109.0 (staged 136.1); MobileNetV2's GPU time at batch 32 went from
+        1.25 to 1.20 ms (``benchmarks/run.py``). At batch 8 (where 112x112x16x6 -> 24 takes it) the projected
         form has not been measured."""
         if self.target() != "gpu" or not self.has_expand or self.has_se or self.core_only:
             return None
