@@ -218,6 +218,41 @@ def test_resident_default_with_its_projection_matches_tf(device, stride, cout):
     np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
 
 
+def test_expand_dw_tile_choice_at_batch_1():
+    """The per-chunk expand_dw form's default tile on a GPU (expand_depthwise_shape's docstring): 7x7 tiles of 8
+    channels where the output's sides are multiples of 7 (MobileNetV2's maps at 224), else 4x8 tiles of 16
+    (MediaPipe's maps, powers of two), and 4x8 where the expansion is not a multiple of 8."""
+    def tile(h, cin, cout, stride, t=6):
+        k = kernel_class("fused_bottleneck")(_specs(cin=cin, t=t, cout=cout, h=h),
+                                             {"expansion": t, "stride": stride, "target": "gpu"})
+        assert k.strategy == "expand_dw"
+        return k._expand_tile()[:3]
+    assert tile(56, 24, 24, 1) == (7, 7, 8)     # 15.7 against 16.5 us
+    assert tile(28, 32, 64, 2) == (7, 7, 8)     # 14x14 output: 8.8 against 9.6 us
+    assert tile(7, 160, 160, 1) == (7, 7, 8)
+    assert tile(32, 24, 24, 1) == (4, 8, 16)    # 32x32 maps
+    assert tile(14, 20, 20, 1, t=5) == (4, 8, 4)  # 100 expanded channels
+
+
+@pytest.mark.parametrize("case", [(2, 28, 28, 8, 6, 12, 2, False, "relu6"), (3, 21, 21, 12, 6, 12, 1, True, "relu")])
+def test_expand_dw_seven_by_seven_default_matches_tf(device, case):
+    """The 7x7 tiles of 8 channels that the per-chunk expand_dw form takes by default on maps whose sides are
+    multiples of 7 (batch > 1, 14x14 at stride 2, 21x21 with the residual; six chunks), against TensorFlow's ops."""
+    n, h, w_, cin, t, cout, stride, residual, activation = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
+    w = _weights(rng, cin, t, cout)
+    inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
+    attrs = {"expansion": t, "stride": stride, "residual": residual, "activation": activation, "target": "gpu",
+             "strategy": "expand_dw"}
+    k = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
+    assert k._expand_tile()[:3] == (7, 7, 8) and not k._expand_tile()[4]
+    (y,) = run_op(device, "fused_bottleneck", inputs, attrs)
+    ref = _tf_reference(x, w, stride, residual, activation)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
+
+
 def _specs(cin=8, t=6, cout=8, h=8, n=1):
     e = cin * t
     return [TensorSpec((n, h, h, cin)), TensorSpec((cin, e)), TensorSpec((e,)), TensorSpec((3, 3, e)),

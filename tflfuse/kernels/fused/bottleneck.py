@@ -590,9 +590,9 @@ class FusedBottleneck(CompositeKernel):
         return bool(tile and tile[4])
 
     def _window(self) -> dict:
-        """The depthwise window's strides, size and dilations (``SH SW KH KW DH DW``), as the halo arithmetic of
-        :mod:`.expand_depthwise` takes them."""
-        return dict(SH=self.stride, SW=self.stride, KH=self.k, KW=self.k, DH=1, DW=1)
+        """The depthwise window's strides, size and dilations (``SH SW KH KW DH DW``) and the output's height and
+        width (``OH OW``), as the halo arithmetic and the tile choice of :mod:`.expand_depthwise` take them."""
+        return dict(SH=self.stride, SW=self.stride, KH=self.k, KW=self.k, DH=1, DW=1, OH=self.oh, OW=self.ow)
 
     def _resident_tile(self) -> tuple[int, int, int, int, bool] | None:
         """The default tile of the resident form of ``expand_dw`` (``(tile_h, tile_w, chunk, pixels,
