@@ -187,12 +187,19 @@ def test_resident_expand_dw_choice():
     assert schedule(32, 56, 24, 32, 2) == ("expand_dw", (7, 7, 8, 4, True), 1)    # 57.6 against 74.7 us
     assert schedule(32, 56, 24, 24, 1) == ("expand_dw", (8, 8, 8, 2, True), 1)    # 109.0 against 127.6 us
     assert schedule(32, 56, 24, 200, 2) == ("expand_dw", (4, 8, 8, 4, True), 2)   # 7x7x200 sums: not projected
-    assert schedule(1, 112, 16, 24, 2)[0] == "staged"                             # 17.5 against 15.2 us
+    assert schedule(1, 112, 16, 24, 2) == ("expand_dw", (4, 8, 16, 1, True), 1)  # 12.4 against 15.0 us
+    assert schedule(2, 112, 16, 24, 2) == ("expand_dw", (7, 7, 8, 2, True), 1)   # 16.6 against 17.8 us
+    assert schedule(4, 112, 16, 24, 2) == ("expand_dw", (7, 7, 8, 2, True), 1)   # 20.9 against 24.4 us
+    assert schedule(8, 112, 16, 24, 2) == ("expand_dw", (7, 7, 8, 4, True), 1)   # 34.2 against 47.6 us
+    assert schedule(1, 112, 16, 16, 1)[0] == "dw_projection"   # stride 1: not measured there below batch 32
+    assert schedule(1, 96, 16, 24, 2)[0] == "staged"     # below 112x112 per image
+    narrow = kernel_class("fused_bottleneck")(_specs(cin=16, t=4, cout=24, h=128),
+                                              {"expansion": 4, "stride": 2, "target": "gpu"})
+    assert narrow.strategy == "tiled"   # 64 expanded channels at batch 1: the tiled strategy, as before
     assert schedule(32, 28, 32, 64, 2)[0] == "staged"                             # 53.0 against 34.6 us
     assert schedule(32, 28, 32, 32, 1)[0] == "dw_projection"                      # 46.8 against 57.0 us
     assert schedule(32, 112, 16, 24, 2, "cpu")[0] != "expand_dw"
     assert schedule(32, 56, 40, 32, 2)[0] == "staged"    # 40 input channels: past what registers hold
-    assert schedule(8, 112, 16, 24, 2)[0] == "expand_dw"  # 39.7 against 48.8 us
     assert schedule(16, 56, 24, 32, 2)[0] == "staged"     # 52.0 against 43.4 us
     assert schedule(128, 28, 32, 64, 2)[0] == "staged"    # 28x28 images: below the bound per image
 
@@ -232,6 +239,27 @@ def test_expand_dw_tile_choice_at_batch_1():
     assert tile(7, 160, 160, 1) == (7, 7, 8)
     assert tile(32, 24, 24, 1) == (4, 8, 16)    # 32x32 maps
     assert tile(14, 20, 20, 1, t=5) == (4, 8, 4)  # 100 expanded channels
+
+
+@pytest.mark.parametrize("n, side", [(1, 113), (3, 112)])
+def test_resident_default_at_small_batches_matches_tf(device, n, side):
+    """The GPU's default on a map of at least 112x112 at stride 2 below _RESIDENT_MIN_PIXELS: the resident
+    expand_dw form with the projection in its one dispatch (4x8 tiles of 16 channels, 1 pixel per invocation, for
+    one image, an odd map; 7x7 of 8 with 2 for three), against TensorFlow's ops."""
+    case = (n, side, side, 16, 6, 12, 2, False, "relu6")
+    _, h, w_, cin, t, cout, stride, residual, activation = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
+    w = _weights(rng, cin, t, cout)
+    inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
+    attrs = {"expansion": t, "stride": stride, "residual": residual, "activation": activation, "target": "gpu"}
+    k = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
+    assert k.strategy == "expand_dw" and k._expand_tile() == ((4, 8, 16, 1, True) if n == 1 else (7, 7, 8, 2, True))
+    assert [p.name for p in k.programs()] == ["fused_bottleneck_expand_dw_project"]
+    (y,) = run_op(device, "fused_bottleneck", inputs, attrs)
+    ref = _tf_reference(x, w, stride, residual, activation)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
 
 
 @pytest.mark.parametrize("case", [(2, 28, 28, 8, 6, 12, 2, False, "relu6"), (3, 21, 21, 12, 6, 12, 1, True, "relu")])
@@ -328,7 +356,9 @@ def test_gpu_takes_dw_projection_where_it_measured_faster():
     assert strategy(16, 56, 24, 6, 24).programs()[1].workgroup_size == (64, 1, 1)   # the 64x64/8x8 tile
     small = strategy(1, 14, 64, 6, 96)   # a small map at batch 1: the expansion and depthwise in one dispatch
     assert small.strategy == "expand_dw" and len(small.programs()) == 2 and len(small.scratch_sizes()) == 1
-    assert strategy(1, 112, 16, 6, 24, stride=2).strategy == "staged"   # 112x112 input pixels
+    assert strategy(1, 96, 16, 6, 24, stride=2).strategy == "staged"    # 96x96 input pixels
+    big = strategy(1, 112, 16, 6, 24, stride=2)   # 112x112: the resident form, projected (_resident_tile)
+    assert big.strategy == "expand_dw" and len(big.programs()) == 1 and big.scratch_sizes() == ()
     assert strategy(32, 7, 160, 6, 160).strategy == "staged"            # batch 32
     assert strategy(1, 14, 8, 6, 8).strategy == "tiled"                 # 48 expanded channels: the tiled one
 

@@ -131,6 +131,7 @@ _DW_PROJECTION_MIN_ROWS = 112 * 112   # output pixels from which a GPU takes dw_
 _EXPAND_DW_MAX_PIXELS, _EXPAND_DW_MAX_MACS = 56 * 56, 1 << 25   # bounds of expand_dw (_takes_expand_dw)
 _RESIDENT_MIN_PIXELS = 32 * 56 * 56   # input pixels from which expand_dw's resident form is the default
 _RESIDENT_MIN_IMAGE = 56 * 56         # and pixels per image (_resident_tile)
+_RESIDENT_SMALL_BATCH_IMAGE = 112 * 112   # or, at stride 2, pixels per image from which fewer images take it
 
 
 @register("fused_bottleneck")
@@ -601,7 +602,10 @@ class FusedBottleneck(CompositeKernel):
         :data:`_RESIDENT_MIN_IMAGE` per image: at stride 2 7 x 7 tiles of 8 channels, 4 halo pixels per
         invocation, projected (4 x 8 tiles without the projection where that does not fit or the residual is
         pooled, ``residual_pool`` 2); at stride 1 8 x 8 tiles of 8 channels, 2 halo pixels per invocation,
-        projected; where
+        projected; at stride 2 with fewer pixels in all but at least :data:`_RESIDENT_SMALL_BATCH_IMAGE` per
+        image and more expanded channels than the tiled strategy takes (:data:`_TILED_MAX_CEXP`; narrower
+        blocks keep it at batch 1), projected, 4 x 8 tiles of 16 channels with 1 halo pixel per invocation for
+        one image, else 7 x 7 of 8 with 2; where
         :func:`.expand_depthwise.resident_fits` takes them; else None (the per-chunk form is the default, and
         the ``expand_dw`` strategy is not the default on such blocks).
 
@@ -625,14 +629,22 @@ class FusedBottleneck(CompositeKernel):
         prefetch) against dw_projection's 46.8. On the H200 (2026-12-05 17:17, the same sweep, batch 32):
         112x112x16x6 -> 24 121.4 against 134.1 for the 4 x 8 tiles above (129.0 prefetched), 56x56x24x6 -> 32
         57.4 against 74.5, 56x56x24x6 -> 24 109.0 (staged 136.1); MobileNetV2's GPU time at batch 32 went from
-        1.25 to 1.20 ms (``benchmarks/run.py``). At batch 8 (where 112x112x16x6 -> 24 takes it) the projected
-        form has not been measured."""
+        1.25 to 1.20 ms (``benchmarks/run.py``). 112x112x16x6 -> 24 at smaller batches (the same machine, 18:03,
+        7 repeats, against the staged strategy, the default before there): at batch 8 34.2 against 47.6 us (38.0
+        for the 4 x 8 tiles unprojected); at batch 1 4 x 8 tiles of 16 with 1 pixel per invocation 12.4 against
+        15.0 (7 x 7 / 8 with 4 pixels 21.7; on an H100 12.5 against 15.6); at batch 2 and 4 7 x 7 / 8 with 2
+        pixels 16.6 against 17.8 and 20.9 against 24.4 (the 4 x 8 / 16 tiles 18.2 and 23.9). Not measured at
+        stride 1 below batch 32, so not taken there."""
         if self.target() != "gpu" or not self.has_expand or self.has_se or self.core_only:
             return None
         n, h, w, _ = self.input(0).shape
-        if n * h * w < _RESIDENT_MIN_PIXELS or h * w < _RESIDENT_MIN_IMAGE:
+        if (n * h * w < _RESIDENT_MIN_PIXELS and self.stride == 2 and h * w >= _RESIDENT_SMALL_BATCH_IMAGE
+                and self.cexp > _TILED_MAX_CEXP):
+            tiles = [(4, 8, 16, 1, True)] if n == 1 else [(7, 7, 8, 2, True)]   # few images of a large map
+        elif n * h * w < _RESIDENT_MIN_PIXELS or h * w < _RESIDENT_MIN_IMAGE:
             return None
-        tiles = [(8, 8, 8, 2, True)] if self.stride == 1 else [(7, 7, 8, 4, True), (4, 8, 8, 4, False)]
+        else:
+            tiles = [(8, 8, 8, 2, True)] if self.stride == 1 else [(7, 7, 8, 4, True), (4, 8, 8, 4, False)]
         pooled = self.residual and self.residual_pool == 2   # a residual the projected store does not pool
         for th, tw, chunk, pixels, projected in tiles:
             if not (projected and pooled) and resident_fits(self._window(), self.cin, self.cexp, th, tw, chunk, pixels,
