@@ -629,7 +629,7 @@ class FusedBottleneck(CompositeKernel):
         prefetch) against dw_projection's 46.8. On the H200 (2026-12-05 17:17, the same sweep, batch 32):
         112x112x16x6 -> 24 121.4 against 134.1 for the 4 x 8 tiles above (129.0 prefetched), 56x56x24x6 -> 32
         57.4 against 74.5, 56x56x24x6 -> 24 109.0 (staged 136.1); MobileNetV2's GPU time at batch 32 went from
-        1.25 to 1.20 ms (``benchmarks/run.py``). 112x112x16x6 -> 24 at smaller batches (the same machine, 18:03,
+        1.25 to 1.20 ms (``benchmarks/run.py``). 112x112x16x6 -> 24 at smaller batches (the same machine and session,
         7 repeats, against the staged strategy, the default before there): at batch 8 34.2 against 47.6 us (38.0
         for the 4 x 8 tiles unprojected); at batch 1 4 x 8 tiles of 16 with 1 pixel per invocation 12.4 against
         15.0 (7 x 7 / 8 with 4 pixels 21.7; on an H100 12.5 against 15.6); at batch 2 and 4 7 x 7 / 8 with 2

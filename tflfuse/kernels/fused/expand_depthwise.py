@@ -73,7 +73,9 @@ def expand_depthwise_shape(g: dict, cin: int, cexp: int, tile_h: int = 0, tile_w
     its maps (112, 56, 28, 14 and 7 pixels a side, which 7 x 7 tiles cover without a partial tile) 7 x 7 tiles
     of 8 channels then took 152.4 against 158.5 us over its 12 block shapes at batch 1, faster on 11, and again
     4 to 8% faster on the five it then ran per chunk (an H100, 2026-12-05, in two sessions; the 4 x 8 tiles of
-    8 channels 0 to 3%). Tuning only: every tile computes the same values in the same order.
+    8 channels 0 to 3%); on an H200 (2026-12-05) 128.1 against 134.8 us over the 10 blocks it runs per chunk at
+    batch 1, and the model's GPU time 0.233 against 0.243 ms (``benchmarks/run.py``). Tuning only: every tile
+    computes the same values in the same order.
     Raises :class:`KernelError` where nothing fits."""
     if tile_h > 0 and tile_w > 0:
         tiles = [(tile_h, tile_w)]
