@@ -204,25 +204,37 @@ def test_resident_expand_dw_choice():
     assert schedule(128, 28, 32, 64, 2)[0] == "staged"    # 28x28 images: below the bound per image
 
 
-@pytest.mark.parametrize("stride, cout", [(1, 8), (2, 16)])
-def test_resident_default_with_its_projection_matches_tf(device, stride, cout):
-    """The GPU's default on a large map at a large batch (31 images of 57x57, past _RESIDENT_MIN_PIXELS; 7x7
-    and 8x8 tiles cut at the map's edges; two chunks, so one prefetch of the next chunk's weights): the resident
-    expand_dw form with the projection in its one dispatch, against TensorFlow's ops (the residual at stride 1)."""
-    case = (31, 57, 57, 8, 2, cout, stride, stride == 1, "relu6")
+def _default_block_against_tf(device, case, **attrs):
+    """Runs the block ``case`` (as CASES) with the GPU's default schedule (and ``attrs``) against TensorFlow's
+    ops; returns its kernel, for the test to check the schedule it took."""
     n, h, w_, cin, t, cout, stride, residual, activation = case
     rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
     x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
     w = _weights(rng, cin, t, cout)
     inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
-    attrs = {"expansion": t, "stride": stride, "residual": residual, "activation": activation, "target": "gpu"}
-    k = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
-    assert k.strategy == "expand_dw" and k._projected() and [p.name for p in k.programs()] == [
-        "fused_bottleneck_expand_dw_project"] and k.scratch_sizes() == ()
+    attrs = {"expansion": t, "stride": stride, "residual": residual, "activation": activation, "target": "gpu",
+             **attrs}
     (y,) = run_op(device, "fused_bottleneck", inputs, attrs)
     ref = _tf_reference(x, w, stride, residual, activation)
     assert y.shape == ref.shape
     np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
+    return kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
+
+
+@pytest.mark.parametrize("case, tile", [
+    ((31, 57, 57, 8, 2, 8, 1, True, "relu6"), (8, 8, 8, 2, True)),
+    ((31, 57, 57, 8, 2, 16, 2, False, "relu6"), (7, 7, 8, 4, True)),
+    ((1, 113, 113, 16, 6, 12, 2, False, "relu6"), (4, 8, 16, 1, True)),
+    ((3, 112, 112, 16, 6, 12, 2, False, "relu6"), (7, 7, 8, 2, True))])
+def test_resident_default_with_its_projection_matches_tf(device, case, tile):
+    """The GPU's default resident expand_dw form with the projection in its one dispatch, against TensorFlow's
+    ops: on a large map at a large batch (31 images of 57x57, past _RESIDENT_MIN_PIXELS; 7x7 and 8x8 tiles cut at
+    the map's edges; two chunks, so one prefetch of the next chunk's weights; the residual at stride 1), and at
+    stride 2 on maps of at least 112x112 below that bound (4x8 tiles of 16 channels, 1 pixel per invocation, for
+    one image of an odd map; 7x7 of 8 with 2 for three images)."""
+    k = _default_block_against_tf(device, case)
+    assert k.strategy == "expand_dw" and k._expand_tile() == tile and k._projected()
+    assert [p.name for p in k.programs()] == ["fused_bottleneck_expand_dw_project"] and k.scratch_sizes() == ()
 
 
 def test_expand_dw_tile_choice_at_batch_1():
@@ -241,44 +253,12 @@ def test_expand_dw_tile_choice_at_batch_1():
     assert tile(14, 20, 20, 1, t=5) == (4, 8, 4)  # 100 expanded channels
 
 
-@pytest.mark.parametrize("n, side", [(1, 113), (3, 112)])
-def test_resident_default_at_small_batches_matches_tf(device, n, side):
-    """The GPU's default on a map of at least 112x112 at stride 2 below _RESIDENT_MIN_PIXELS: the resident
-    expand_dw form with the projection in its one dispatch (4x8 tiles of 16 channels, 1 pixel per invocation, for
-    one image, an odd map; 7x7 of 8 with 2 for three), against TensorFlow's ops."""
-    case = (n, side, side, 16, 6, 12, 2, False, "relu6")
-    _, h, w_, cin, t, cout, stride, residual, activation = case
-    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
-    x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
-    w = _weights(rng, cin, t, cout)
-    inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
-    attrs = {"expansion": t, "stride": stride, "residual": residual, "activation": activation, "target": "gpu"}
-    k = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
-    assert k.strategy == "expand_dw" and k._expand_tile() == ((4, 8, 16, 1, True) if n == 1 else (7, 7, 8, 2, True))
-    assert [p.name for p in k.programs()] == ["fused_bottleneck_expand_dw_project"]
-    (y,) = run_op(device, "fused_bottleneck", inputs, attrs)
-    ref = _tf_reference(x, w, stride, residual, activation)
-    assert y.shape == ref.shape
-    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
-
-
 @pytest.mark.parametrize("case", [(2, 28, 28, 8, 6, 12, 2, False, "relu6"), (3, 21, 21, 12, 6, 12, 1, True, "relu")])
 def test_expand_dw_seven_by_seven_default_matches_tf(device, case):
     """The 7x7 tiles of 8 channels that the per-chunk expand_dw form takes by default on maps whose sides are
     multiples of 7 (batch > 1, 14x14 at stride 2, 21x21 with the residual; six chunks), against TensorFlow's ops."""
-    n, h, w_, cin, t, cout, stride, residual, activation = case
-    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
-    x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
-    w = _weights(rng, cin, t, cout)
-    inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
-    attrs = {"expansion": t, "stride": stride, "residual": residual, "activation": activation, "target": "gpu",
-             "strategy": "expand_dw"}
-    k = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
+    k = _default_block_against_tf(device, case, strategy="expand_dw")
     assert k._expand_tile()[:3] == (7, 7, 8) and not k._expand_tile()[4]
-    (y,) = run_op(device, "fused_bottleneck", inputs, attrs)
-    ref = _tf_reference(x, w, stride, residual, activation)
-    assert y.shape == ref.shape
-    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
 
 
 def _specs(cin=8, t=6, cout=8, h=8, n=1):
