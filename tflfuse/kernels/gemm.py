@@ -45,7 +45,7 @@ On the same H100 (``benchmarks/sweep_gemm_forms.py --batches=32 --library_form``
 products at batch 32 took 537 us in all with the library's tiles, and 710 us through cuBLAS (PyTorch's float32
 addmm, TF32 off) in the same run; sliced tiles with 8 x 4 and 8 x 8 blocks per invocation (eight of them, e.g.
 ``32x32/8x4/32/4``) would take 532 us (1568 x 960 x 320 37.9 against 40.3 us, the rest within 1 us), not taken.
-On the H200 (2026-12-05 17:19, the same sweep) the 19 products took 523 us with the library's tiles and 586 us
+On the H200 (2026-12-05, the same sweep) the 19 products took 523 us with the library's tiles and 586 us
 through cuBLAS. The depth split between workgroups (each walking its run of the depth and storing partial sums,
 a second dispatch in the same pass adding them and the bias; 2, 3 or 4 runs, over 7 tiles) would take 510
 against 520 us for the best tile of each without it: 1568 x 960 x 320 34.3 against 40.5, 6272 x 576 x 96 30.6

@@ -604,7 +604,7 @@ class FusedBottleneck(CompositeKernel):
         pooled, ``residual_pool`` 2); at stride 1 8 x 8 tiles of 8 channels, 2 halo pixels per invocation,
         projected; at stride 2 with fewer pixels in all but at least :data:`_RESIDENT_SMALL_BATCH_IMAGE` per
         image and more expanded channels than the tiled strategy takes (:data:`_TILED_MAX_CEXP`; narrower
-        blocks keep it at batch 1), projected, 4 x 8 tiles of 16 channels with 1 halo pixel per invocation for
+        blocks keep the tiled strategy at batch 1), projected, 4 x 8 tiles of 16 channels with 1 halo pixel per invocation for
         one image, else 7 x 7 of 8 with 2; where
         :func:`.expand_depthwise.resident_fits` takes them; else None (the per-chunk form is the default, and
         the ``expand_dw`` strategy is not the default on such blocks).
@@ -626,7 +626,7 @@ class FusedBottleneck(CompositeKernel):
         with 7 x 8 tiles; 84.8 with 4 x 8 tiles projected, whose 8 sums per invocation hold few pixels); at
         stride 1 56x56x24x6 -> 24 (with its residual) 109.0 against 127.6 for the dw_projection strategy, the
         default before; 28x28x32x6 -> 32, below the bound per image, 57.0 (4 x 8 tiles projected, without the
-        prefetch) against dw_projection's 46.8. On the H200 (2026-12-05 17:17, the same sweep, batch 32):
+        prefetch) against dw_projection's 46.8. On the H200 (2026-12-05, the same sweep, batch 32):
         112x112x16x6 -> 24 121.4 against 134.1 for the 4 x 8 tiles above (129.0 prefetched), 56x56x24x6 -> 32
         57.4 against 74.5, 56x56x24x6 -> 24 109.0 (staged 136.1); MobileNetV2's GPU time at batch 32 went from
         1.25 to 1.20 ms (``benchmarks/run.py``). 112x112x16x6 -> 24 at smaller batches (the same machine and session,
