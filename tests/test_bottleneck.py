@@ -175,9 +175,9 @@ def test_depthwise_product_tile_choice():
 def test_resident_expand_dw_choice():
     """The GPU's default on MobileNetV2's large-map blocks against what was measured (_resident_tile's
     docstring): the resident expand_dw form with the projection in its dispatch on the 112x112x16 and 56x56x24
-    blocks at batch 32 (at stride 1 too, where the dw_projection strategy was the default), not at batch 1, not
-    on 28x28 maps at batch 32; without the projection where its sums would not fit; never on the software
-    adapter."""
+    blocks at batch 32 (at stride 1 too, where the dw_projection strategy was the default) and on the 112x112x16
+    block at stride 2 from batch 1, not on 56x56 maps below batch 32 nor on 28x28 maps at batch 32, nor at batch
+    1 on narrow expansions; without the projection where its sums would not fit; never on the software adapter."""
     def schedule(n, h, cin, cout, stride, target="gpu"):
         k = kernel_class("fused_bottleneck")(_specs(cin=cin, cout=cout, h=h, n=n),
                                              {"expansion": 6, "stride": stride, "target": target})

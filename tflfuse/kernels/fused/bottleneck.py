@@ -604,10 +604,10 @@ class FusedBottleneck(CompositeKernel):
         pooled, ``residual_pool`` 2); at stride 1 8 x 8 tiles of 8 channels, 2 halo pixels per invocation,
         projected; at stride 2 with fewer pixels in all but at least :data:`_RESIDENT_SMALL_BATCH_IMAGE` per
         image and more expanded channels than the tiled strategy takes (:data:`_TILED_MAX_CEXP`; narrower
-        blocks keep the tiled strategy at batch 1), projected, 4 x 8 tiles of 16 channels with 1 halo pixel per invocation for
-        one image, else 7 x 7 of 8 with 2; where
-        :func:`.expand_depthwise.resident_fits` takes them; else None (the per-chunk form is the default, and
-        the ``expand_dw`` strategy is not the default on such blocks).
+        blocks keep the tiled strategy at batch 1), projected, 4 x 8 tiles of 16 channels with 1 halo pixel per
+        invocation for one image, else 7 x 7 of 8 with 2; where :func:`.expand_depthwise.resident_fits` takes
+        them; else None (the per-chunk form is the default, and the ``expand_dw`` strategy is not the default on
+        such blocks).
 
         Measured on an H200 (2026-12-04, whole-block GPU time of 20 back-to-back runs, 7 repeats), the resident
         form without the projection against the staged strategy: MobileNetV2's 112x112x16x6 -> 24 block at
