@@ -58,12 +58,15 @@ def products(n: int) -> list[tuple[int, int, int]]:
 
 def time_strips(device, key, x, w, b, attrs, strips, want, bound_us, repeats):
     """``strip`` -> ``{"us", "rel_err", "pct_of_bound"}`` for the op ``key`` over input ``x``, filter ``w``
-    and bias ``b`` with each ``strip`` attribute: its output checked against ``want`` (float64), then its GPU
+    and bias ``b`` with each ``strip`` attribute (an int, or ``"P/Q"``: ``strip`` P with ``strip_quads`` Q, a
+    CONV_2D's output-channel vec4s per invocation): its output checked against ``want`` (float64), then its GPU
     time (timestamp queries around 50 runs back to back, median of ``repeats`` passes) against ``bound_us``."""
     specs = [TensorSpec(x.shape), TensorSpec(w.shape), TensorSpec(b.shape)]
     found = {}
     for strip in strips:
-        k = kernel_class(key)(specs, {**attrs, "strip": strip})
+        pixels, _, quads = str(strip).partition("/")
+        extra = {"strip_quads": int(quads)} if quads else {}
+        k = kernel_class(key)(specs, {**attrs, "strip": int(pixels), **extra})
         plan = chain_plan(device, [(key, k, [0, 1, 2], 3)], {0: x, 1: w, 2: b}, 0)
         plan.run()
         err = float(np.abs(plan.read(3) - want).max() / np.abs(want).max())

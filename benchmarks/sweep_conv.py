@@ -31,7 +31,8 @@ from peaks import copy_bandwidth_gb_per_s, fma_tflops  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
-flags.DEFINE_list("strips", ["0", "1", "2", "4"], "Strips to try (0: the per-element schedule).")
+flags.DEFINE_list("strips", ["0", "1", "2", "4"], "Strips to try (0: the per-element schedule; P/Q: P pixels "
+                  "and Q output-channel vec4s per invocation, CONV_2D's strip_quads).")
 flags.DEFINE_string("out", None, "JSON file for the results.")
 flags.DEFINE_integer("repeats", 10, "Timed passes per schedule.")
 
@@ -81,7 +82,8 @@ def main(argv):
             attrs = {"padding": pad, "stride_h": s, "stride_w": s, "filter_layout": "HWIO"}
             specs = [TensorSpec(x.shape), TensorSpec(f.shape), TensorSpec(b.shape)]
             row["default"] = kernel_class("CONV_2D")(specs, attrs).strip()
-            row["strips"] = time_strips(device, "CONV_2D", x, f, b, attrs, map(int, FLAGS.strips), want, bound_us,
+            row["strips"] = time_strips(device, "CONV_2D", x, f, b, attrs, [
+                v for v in FLAGS.strips if (cout // 4) % int((v.partition("/")[2] or "1")) == 0], want, bound_us,
                                         FLAGS.repeats)
             best = min(row["strips"], key=lambda k: row["strips"][k]["us"])
             print(f"N{n} {where} {h}x{w}x{cin}->{cout} {kh}x{kw}/{s}: bound {bound_us:.1f} us; default strip "

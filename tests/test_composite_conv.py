@@ -198,6 +198,18 @@ def test_every_activation_with_residual(device, rng, op, target, act):
                  target=target)
 
 
+@pytest.mark.parametrize("act", ["relu6", "prelu"])
+def test_fused_conv2d_strip_of_two_channel_vec4s(device, rng, monkeypatch, act):
+    """fused_conv2d's strip form with two vec4s of output channels per invocation (conv_strip_quads, which takes
+    it for stems of 3 input channels from 2**18 invocations; the bound lowered here so that a small map takes
+    it), with the residual after the activation and the per-channel affine, against the float64 NumPy conv and
+    Keras' activations at the module's tolerance."""
+    monkeypatch.setattr("tflfuse.kernels.conv._STRIP_QUADS_MIN_INVOCATIONS", 1)
+    sources = conv_run(device, rng, "fused_conv2d", (2, 13, 11, 3, 3, 3, 32, (2, 2), (1, 1), "SAME"), act,
+                       residual=True, target="gpu", after=True, post=True)
+    assert "acc0_1" in sources[0] and "acc0_2" not in sources[0]   # the strip form, two vec4s per invocation
+
+
 @pytest.mark.parametrize("op, target", OPS + [("fused_matmul", None)])
 @pytest.mark.parametrize("after, post", [(True, False), (False, True), (True, True)],
                          ids=["residual_after", "post_affine", "both"])

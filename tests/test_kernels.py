@@ -13,7 +13,7 @@ from ai_edge_litert import schema_py_generated as schema
 import tflfuse
 from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import MAX_WORKGROUPS_PER_DIM, Program, TensorSpec
-from tflfuse.kernels.conv import conv_strip
+from tflfuse.kernels.conv import conv_strip, conv_strip_quads
 
 from conftest import ACCUMULATION, ELEMENTWISE, EXACT, FP16_WEIGHTS, LONG_ACCUMULATION, SEED, TRANSCENDENTAL
 from oplib import check_op
@@ -195,6 +195,36 @@ def test_conv_2d_strip_schedules_agree_with_tf(case, strip, device, rng):
     np.testing.assert_allclose(got, want, **ACCUMULATION)
 
 
+@pytest.mark.parametrize("case, quads", [("stem_cin3_stride2_same_batch2", 2), ("stem_cin3_stride2_same_batch2", 4),
+                                         ("stem_cin3_stride2_same_batch2", 8), ("1x3_cin5_same", 2),
+                                         ("dilation2_cin4_same", 2), ("dilation2_cin4_same", 4)])
+def test_conv_2d_strip_quads_agree_with_tf(case, quads, device, rng):
+    """The strip schedule with several output-channel vec4s per invocation (``strip_quads``, tuning only), strips
+    of 3 pixels on rows 3 does not divide, against TF's conv2d + bias + RELU6 at ACCUMULATION's tolerance (sums
+    of at most 75 terms), as the one-vec4 form above."""
+    shape, (kh, kw, cout), stride, padding, dil = CONV_STRIP_CASES[case]
+    x = rng.standard_normal(shape).astype(np.float32)
+    f = _weights(rng, (kh, kw, shape[3], cout), kh * kw * shape[3])
+    b = rng.standard_normal(cout).astype(np.float32)
+    attrs = {"filter_layout": "HWIO", "padding": padding, "stride_h": stride, "stride_w": stride,
+             "dilation_h_factor": dil, "dilation_w_factor": dil, "fused_activation_function": "RELU6",
+             "target": "gpu", "strip": 3, "strip_quads": quads}
+    (got,) = tflfuse.runtime.plan.run_op(device, "CONV_2D", [x, f, b], attrs)
+    want = tf.nn.relu6(tf.nn.conv2d(x, f, stride, padding, dilations=dil) + b).numpy()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, **ACCUMULATION)
+
+
+def test_conv_2d_strip_quads_choice():
+    """Two vec4s of output channels per invocation for a stem (3 input channels, 32 outputs) at batch 32, one
+    at batch 1 (too few invocations) and for 16 output channels or 4-channel inputs (conv_strip_quads)."""
+    def quads(n, cin, cout):
+        g = {"N": n, "OH": 112, "OW": 112}
+        return conv_strip_quads(g, cin, cout, 4)
+    assert quads(32, 3, 32) == 2
+    assert (quads(1, 3, 32), quads(32, 3, 16), quads(32, 4, 32), quads(32, 3, 36)) == (1, 1, 1, 1)
+
+
 @pytest.mark.parametrize("case", ["stem_cin3_stride2_same_batch2", "cin8_vec4_input_valid"])
 def test_conv_2d_strip_stores_float16(case, device, rng):
     """``precision="float16"`` through the strip schedule (scalar and vec4 input reads): inputs and output stored
@@ -217,6 +247,9 @@ def test_conv_2d_strip_stores_float16(case, device, rng):
     (9, (3, 3, 4, 8), {}, "strip must be an int from 0 to 8, got 9"),
     (2, (3, 3, 4, 6), {}, "the strip schedule needs .*output channels a multiple of 4.*give strip=0"),
     (2, (8, 3, 3, 4), {"filter_layout": "OHWI"}, "the strip schedule needs filter_layout HWIO"),
+    (2, (3, 3, 4, 8), {"strip_quads": 3}, r"strip_quads must be one of \(1, 2, 4, 8\) dividing .*got 3"),
+    (2, (3, 3, 4, 8), {"strip_quads": 4}, r"strip_quads must be one of .* \(8 / 4\), got 4"),
+    (2, (3, 3, 4, 8), {"strip_quads": True}, "strip_quads must be one of .*got True"),
 ])
 def test_conv_2d_strip_refuses_what_it_cannot_run(strip, filt, attrs, message):
     specs = [TensorSpec((1, 9, 9, 4)), TensorSpec(filt), None]

@@ -17,8 +17,8 @@ from .registry import register
 from .gemm import few_rows_program, product_program, tile_attr, use_few_rows, use_tiled_matmul
 from .wgsl import activation_fn, dot, elementwise_program, reduction_program, split_lanes
 
-__all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "SUM_STORED_LATER", "conv_output_size", "depthwise_program",
-           "depthwise_strip",
+__all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "STRIP_QUADS", "SUM_STORED_LATER", "conv_output_size",
+           "conv_strip", "conv_strip_program", "conv_strip_quads", "depthwise_program", "depthwise_strip",
            "is_pointwise", "window_body", "window_lanes", "window_taps"]
 
 
@@ -143,7 +143,9 @@ class Conv2D(_Conv):
     #: ``strip`` (tuning only; default :func:`conv_strip`): output pixels per invocation of the vec4 strip
     #: schedule (:func:`conv_strip_program`), 1 to 8, or 0 for the per-element schedule; every value computes
     #: the same outputs. ``matmul_tile``: a 1x1 product's tile, as FULLY_CONNECTED's (tuning only).
-    extra_attrs = ("strip", "matmul_tile")
+    #: ``strip_quads`` (tuning only; default :func:`conv_strip_quads`): output-channel vec4s per invocation of
+    #: the strip schedule, one of :data:`STRIP_QUADS` dividing the output channels / 4.
+    extra_attrs = ("strip", "strip_quads", "matmul_tile")
     #: input index -> (attribute, value, transform): how the planner re-lays out a constant input
     relayout = {1: ("filter_layout", "HWIO", _hwio)}
 
@@ -172,6 +174,11 @@ class Conv2D(_Conv):
             if strip and not self._strip_applies():
                 raise self.fail("the strip schedule needs filter_layout HWIO, one group, output channels a "
                                 "multiple of 4 and not a 1x1 product run tiled; give strip=0")
+        quads = self.attrs.get("strip_quads")
+        if quads is not None and (isinstance(quads, bool) or quads not in STRIP_QUADS or
+                                  self.cout % (4 * quads)):
+            raise self.fail(f"strip_quads must be one of {STRIP_QUADS} dividing the output channels / 4 "
+                            f"({self.cout} / 4), got {quads!r}")
 
     def _strip_applies(self) -> bool:
         g = self.g
@@ -214,8 +221,9 @@ class Conv2D(_Conv):
         if strip:
             c4 = f"let v = acc + {'b[c]' if self.has_input(2) else 'vec4<f32>(0.0)'};\n    " \
                  "y[pix * {}u + c] = vec4<f32>(act(v.x), act(v.y), act(v.z), act(v.w));".format(self.cout // 4)
+            quads = self.attrs.get("strip_quads") or conv_strip_quads(g, cin, self.cout, strip)
             return [conv_strip_program(self.key, self.io_bindings(self._names()), g, cin, self.cout, strip, c4,
-                                       act)]
+                                       act, quads=quads)]
         lanes = window_lanes(total, g, fcin, self.target())
         inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u + c0;
       let wb = {wb};
@@ -225,6 +233,10 @@ class Conv2D(_Conv):
         trips = g["KH"] * (1 + g["KW"] * (1 + -(-(fcin // 4) // lanes)))
         return [reduction_program(self.key, self.io_bindings(self._names()), total, body,
                                   f"y[idx] = act(acc + {bias});", act, lanes=lanes, loop_trips=trips)]
+
+
+#: :func:`conv_strip_program`'s ``quads``: the output-channel vec4s one invocation may own.
+STRIP_QUADS = (1, 2, 4, 8)
 
 
 def conv_strip(g: dict, cin: int, cout: int, target: str) -> int:
@@ -245,36 +257,62 @@ def conv_strip(g: dict, cin: int, cout: int, target: str) -> int:
     return 4 if g["N"] * g["OH"] * -(-g["OW"] // 4) * (cout // 4) >= 1 << 16 else 2
 
 
+#: :func:`conv_strip_quads`: strips of two output-channel vec4s from this many invocations, and this many channels.
+_STRIP_QUADS_MIN_INVOCATIONS, _STRIP_QUADS_MIN_COUT = 1 << 18, 32
+
+
+def conv_strip_quads(g: dict, cin: int, cout: int, strip: int) -> int:
+    """Output-channel vec4s per invocation of :func:`conv_strip_program` (``quads``) with ``strip`` pixels per
+    invocation: 2 where the input's channels are read one float at a time (fewer than 4), there are at least
+    :data:`_STRIP_QUADS_MIN_COUT` output channels in multiples of 8 and the halved invocations still number at
+    least :data:`_STRIP_QUADS_MIN_INVOCATIONS` (each scalar input load then serves two vec4s of sums); else 1.
+
+    Measured on an H100 (``benchmarks/sweep_conv.py --strips=...,4/2,...``, 2026-12-05, GPU time of 50 runs
+    back to back, median of 7 passes), strips of 4 pixels: at batch 32 MobileNetV2's stem (224x224x3 -> 32,
+    3x3 stride 2) 40.4 us with 2 vec4s against 46.8 with one (48.9 with 4), palm_detection's (192x192x3 -> 32,
+    5x5 stride 2) 69.8 against 85.3; selfie_segmentation's (256x256x3 -> 16) 44.1 against 33.4, and at batch 1
+    MobileNetV2's stem 7.4 against 6.2 (strips of 2 with one vec4 6.6, the default there), too few invocations
+    to hide the loads; a 3x3 conv over 24 channels (vec4 input reads) lost at every size (56x56x24 -> 48 at
+    batch 32 109.5 against 103.6)."""
+    invocations = g["N"] * g["OH"] * -(-g["OW"] // max(strip, 1)) * (cout // 8)
+    wide = cin < 4 and cout >= _STRIP_QUADS_MIN_COUT and cout % 8 == 0
+    return 2 if wide and invocations >= _STRIP_QUADS_MIN_INVOCATIONS else 1
+
+
 def conv_strip_program(name: str, bindings, g: dict, cin: int, cout: int, strip: int, store: str,
-                       helpers: str = "", uniforms=()) -> Program:
-    """CONV_2D's vec4 strip schedule: one invocation computes ``strip`` output pixels of one row for four
-    output channels, over bindings named ``x`` (NHWC ``[N, H, W, cin]``), ``w`` (HWIO ``[KH, KW, cin, cout]``)
-    and those ``store`` uses. Each tap's weights are read as vec4s over the output channels once for the
-    whole strip, the input as vec4s over the input channels where ``cin % 4 == 0`` (else one float each);
-    taps in the padding read a clamped address and add zero. ``store`` runs per output pixel with ``pix``
+                       helpers: str = "", uniforms=(), quads: int = 1) -> Program:
+    """CONV_2D's vec4 strip schedule: one invocation computes ``strip`` output pixels of one row for ``4 *
+    quads`` output channels (``quads`` of :data:`STRIP_QUADS`, dividing ``cout / 4``), over bindings named ``x``
+    (NHWC ``[N, H, W, cin]``), ``w`` (HWIO ``[KH, KW, cin, cout]``) and those ``store`` uses. Each tap's weights
+    are read as vec4s over the output channels once for the whole strip, the input as vec4s over the input
+    channels where ``cin % 4 == 0`` (else one float each), once for all ``quads``; taps in the padding read a
+    clamped address and add zero. ``store`` runs per output pixel and vec4 of channels with ``pix``
     (u32: ``(n * OH + oy) * OW + ox``), ``c`` (the output channel / 4) and the vec4 sum ``acc``; the bindings
     ``w``, ``y`` and ``b`` are bound as vec4s (and ``x`` where ``cin % 4 == 0``). ``g`` is
-    :meth:`_Conv._geometry`. Raises :class:`~tflfuse.kernels.base.KernelError` where ``cout % 4``."""
-    if cout % 4 or not 1 <= strip <= 8:
-        raise KernelError(f"{name}: the strip schedule needs output channels a multiple of 4 and a strip of 1 "
-                          f"to 8, got {cout} channels and strip {strip}")
+    :meth:`_Conv._geometry`. Raises :class:`~tflfuse.kernels.base.KernelError` where ``cout % 4``, or for a
+    strip or ``quads`` out of range."""
+    if cout % 4 or not 1 <= strip <= 8 or quads not in STRIP_QUADS or (cout // 4) % quads:
+        raise KernelError(f"{name}: the strip schedule needs output channels a multiple of 4, a strip of 1 to 8 "
+                          f"and quads in {STRIP_QUADS} dividing the output channels / 4, got {cout} channels, "
+                          f"strip {strip} and quads {quads}")
     c4, vec_x = cout // 4, cin % 4 == 0
     vec = {"w", "y", "b"} | ({"x"} if vec_x else set())
     binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") if b.name in vec else b for b in bindings)
     strips = -(-g["OW"] // strip)
-    px = range(strip)
-    lines = [f"  let c = idx % {c4}u;",
-             f"  let s = (idx / {c4}u) % {strips}u;",
-             f"  let oy = i32((idx / {c4 * strips}u) % {g['OH']}u);",
-             f"  let n = idx / {c4 * strips * g['OH']}u;",
+    groups = c4 // quads             # invocations per strip, each owning ``quads`` vec4s of output channels
+    px, qs = range(strip), range(quads)
+    lines = [f"  let cg = idx % {groups}u;",
+             f"  let s = (idx / {groups}u) % {strips}u;",
+             f"  let oy = i32((idx / {groups * strips}u) % {g['OH']}u);",
+             f"  let n = idx / {groups * strips * g['OH']}u;",
              f"  let ox0 = i32(s) * {strip};"]
-    lines += [f"  var acc{p} = vec4<f32>(0.0);" for p in px]
+    lines += [f"  var acc{p}_{q} = vec4<f32>(0.0);" for p in px for q in qs]
     lines.append(f"""  for (var ky = 0; ky < {g['KH']}; ky++) {{
     let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
     if (iy < 0 || iy >= {g['H']}) {{ continue; }}
     let row = (n * {g['H']}u + u32(iy)) * {g['W']}u;
     for (var kx = 0; kx < {g['KW']}; kx++) {{
-      let wb = (u32(ky) * {g['KW']}u + u32(kx)) * {cin * c4}u + c;""")
+      let wb = (u32(ky) * {g['KW']}u + u32(kx)) * {cin * c4}u + cg * {quads}u;""")
     for p in px:
         lines.append(f"      let ix{p} = (ox0 + {p}) * {g['SW']} - {g['PL']} + kx * {g['DW']};\n"
                      f"      let in{p} = ix{p} >= 0 && ix{p} < {g['W']};\n"
@@ -282,25 +320,31 @@ def conv_strip_program(name: str, bindings, g: dict, cin: int, cout: int, strip:
     main = cin - cin % 4
     if main:
         lines.append(f"      for (var ci = 0u; ci < {main}u; ci += 4u) {{")
-        lines += [f"        let w{j} = w[wb + (ci + {j}u) * {c4}u];" for j in range(4)]
+        lines += [f"        let w{j}_{q} = w[wb + (ci + {j}u) * {c4}u + {q}u];" for j in range(4) for q in qs]
         for p in px:
             if vec_x:
                 lines.append(f"        let v{p} = select(vec4<f32>(0.0), x[xb{p} + ci / 4u], in{p});")
             else:
                 lines.append(f"        let v{p} = select(vec4<f32>(0.0), vec4<f32>(x[xb{p} + ci], x[xb{p} + ci + 1u], "
                              f"x[xb{p} + ci + 2u], x[xb{p} + ci + 3u]), in{p});")
-            lines.append(f"        acc{p} += v{p}.x * w0 + v{p}.y * w1 + v{p}.z * w2 + v{p}.w * w3;")
+            lines += [f"        acc{p}_{q} += v{p}.x * w0_{q} + v{p}.y * w1_{q} + v{p}.z * w2_{q} + v{p}.w * w3_{q};"
+                      for q in qs]
         lines.append("      }")
     for j in range(main, cin):   # the input channels past the last multiple of 4 (all of them for cin < 4)
-        lines.append(f"      {{ let wt = w[wb + {j * c4}u];")
-        lines += [f"        acc{p} += select(0.0, x[xb{p} + {j}u], in{p}) * wt;" for p in px]
+        lines.append(f"      {{")
+        lines += [f"        let v{p} = select(0.0, x[xb{p} + {j}u], in{p});" for p in px]
+        for q in qs:
+            lines.append(f"        let wt{q} = w[wb + {j * c4 + q}u];")
+            lines += [f"        acc{p}_{q} += v{p} * wt{q};" for p in px]
         lines.append("      }")
     lines.append("    }\n  }")
     out = f"(n * {g['OH']}u + u32(oy)) * {g['OW']}u"
     for p in px:
-        block = f"{{\n    let pix = {out} + u32(ox0 + {p});\n    let acc = acc{p};\n    {store}\n  }}"
+        body = "".join(f"\n    {{\n      let c = cg * {quads}u + {q}u;\n      let acc = acc{p}_{q};"
+                       f"\n      {store}\n    }}" for q in qs)
+        block = f"{{\n    let pix = {out} + u32(ox0 + {p});{body}\n  }}"
         lines.append(f"  {block}" if p == 0 else f"  if (ox0 + {p} < {g['OW']}) {block}")
-    total = g["N"] * g["OH"] * strips * c4
+    total = g["N"] * g["OH"] * strips * groups
     return elementwise_program(name, binds, total, "\n".join(lines), helpers, uniforms,
                                loop_trips=g["KH"] * (1 + g["KW"] * (1 + main // 4)))
 

@@ -44,8 +44,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import MAX_WORKGROUP_STORAGE, CompositeKernel, KernelError, Program, TensorSpec, linear_dispatch
-from ..conv import (SUM_STORED_LATER, conv_output_size, conv_strip, conv_strip_program, depthwise_program,
-                    is_pointwise, window_body, window_lanes, window_taps)
+from ..conv import (SUM_STORED_LATER, conv_output_size, conv_strip, conv_strip_program, conv_strip_quads,
+                    depthwise_program, is_pointwise, window_body, window_lanes, window_taps)
 from ..elementwise import broadcast_index
 from ..registry import register
 from ..gemm import MatmulTile, product_program, tile_attr, use_tiled_matmul
@@ -331,9 +331,10 @@ class FusedConv2D(_FusedWindow):
         self.check_epilogue((x.shape[0], self.g["OH"], self.g["OW"], cout), cout)
 
     def _form(self) -> tuple[str, int]:
-        """``("tiled", 0)``: a tiled 1x1 product; ``("strip", pixels)``: strips of four output channels
-        (:func:`~tflfuse.kernels.conv.conv_strip`); ``("window", 0)``: one invocation (or a few lanes) per output
-        element, the form that alone applies ``has_input_prelu`` (so always with it)."""
+        """``("tiled", 0)``: a tiled 1x1 product; ``("strip", pixels)``: strips of four (or eight:
+        :func:`~tflfuse.kernels.conv.conv_strip_quads`) output channels (:func:`~tflfuse.kernels.conv.conv_strip`);
+        ``("window", 0)``: one invocation (or a few lanes) per output element, the form that alone applies
+        ``has_input_prelu`` (so always with it)."""
         g, cin = self.g, self.input(0).shape[3]
         if self.flags["has_input_prelu"]:
             return "window", 0
@@ -357,11 +358,12 @@ class FusedConv2D(_FusedWindow):
             return [product_program(self.key, self.io_bindings(names), rows, cin, cout, "x", "w", "y",
                                     "y[idx] = epilogue(acc, idx, col);", self.epilogue_fn(),
                                     self.epilogue_uniforms())]
-        if form == "strip":   # four output channels and a strip of pixels per invocation; the epilogue per channel
+        if form == "strip":   # vec4s of output channels, a strip of pixels per invocation; epilogue per channel
             comps = ", ".join(f"epilogue(acc.{c}, base + {j}u, c * 4u + {j}u)" for j, c in enumerate("xyzw"))
             store = f"let base = pix * {cout}u + c * 4u;\n    y[pix * {cout // 4}u + c] = vec4<f32>({comps});"
             return [conv_strip_program(self.key, self.io_bindings(names), g, cin, cout, strip, store,
-                                       self.epilogue_fn(), self.epilogue_uniforms())]
+                                       self.epilogue_fn(), self.epilogue_uniforms(),
+                                       quads=conv_strip_quads(g, cin, cout, strip))]
         pre = self.flags["has_input_prelu"]   # the per-output form alone reads the input through xin()
         lanes = window_lanes(total, g, cin, self.target())
         inner = f"""      let xb = ((n * {g['H']}u + u32(iy)) * {g['W']}u + u32(ix)) * {cin}u;
