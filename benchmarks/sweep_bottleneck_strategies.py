@@ -57,6 +57,8 @@ flags.DEFINE_list("dw_tiles", list(dict.fromkeys(list(TILES) + ["128x16/4x4/16",
                                                                  "128x32/4x8/16", "64x32/4x8/16"])),
                   "dw_projection tiles (TMxTN/RMxRN/TK[/SK], MatmulTile.parse) to try.")
 flags.DEFINE_list("blocks", [], "Indices into chain.BLOCKS to sweep (default: all).")
+flags.DEFINE_integer("resident_max_cin", None, "Input channels up to which the resident expand_dw tiles are taken "
+                     "(expand_depthwise.RESIDENT_MAX_CIN); none given: the library's.")
 flags.DEFINE_list("unrolls", ["1", "2", "4", "8"],
                   "expand_dw input loads in flight (THxTW/chunk/U) to try with each tile, where U divides Cin / 4; "
                   "'all' for Cin / 4.")
@@ -120,6 +122,8 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
 
 
 def main(argv):
+    if FLAGS.resident_max_cin is not None:
+        expand_depthwise.RESIDENT_MAX_CIN = FLAGS.resident_max_cin
     device = tflfuse.Device()
     print(f"adapter: {device.describe()}", flush=True)
     rng = np.random.default_rng(0)

@@ -520,8 +520,9 @@ class FusedBottleneck(CompositeKernel):
         if splits > 1 and self.core_only:
             # PReLU blocks and those with a 2x2 expand conv, where the tiled strategy is asked for (the default
             # is dw_pointwise, above): the invocations that splitting would add come as more lanes of one
-            # workgroup instead, over all the output channels, so that no second dispatch sums the shares. For a [1, 16, 16, 128] -> 64 -> 128 block: 64 workgroups of
-            # 2x2 tiles x 64 lanes, the 16,384 invocations of 4 splits, each of 182 loop trips as there.
+            # workgroup instead, over all the output channels, so that no second dispatch sums the shares. For a
+            # [1, 16, 16, 128] -> 64 -> 128 block: 64 workgroups of 2x2 tiles x 64 lanes, the 16,384 invocations
+            # of 4 splits, each of 182 loop trips as there.
             tile, block, splits = 2, min(self.cout, 128), 1
             lanes = 256 // (tile * tile)
         while lanes > block:
@@ -633,8 +634,13 @@ class FusedBottleneck(CompositeKernel):
         7 repeats, against the staged strategy, the default before there): at batch 8 34.2 against 47.6 us (38.0
         for the 4 x 8 tiles unprojected); at batch 1 4 x 8 tiles of 16 with 1 pixel per invocation 12.4 against
         15.0 (7 x 7 / 8 with 4 pixels 21.7; on an H100 12.5 against 15.6); at batch 2 and 4 7 x 7 / 8 with 2
-        pixels 16.6 against 17.8 and 20.9 against 24.4 (the 4 x 8 / 16 tiles 18.2 and 23.9). Not measured at
-        stride 1 below batch 32, so not taken there."""
+        pixels 16.6 against 17.8 and 20.9 against 24.4 (the 4 x 8 / 16 tiles 18.2 and 23.9). At batch 1 on smaller
+        maps it lost to the per-chunk form (an H100, 2026-12-05, ``sweep_bottleneck_strategies.py --batches=1``, the
+        best of 13 projected tiles, 1 or 2 pixels per invocation): 56x56x24x6 -> 32 12.8 against 10.0 us,
+        28x28x32x6 -> 32 17.7 against 10.0, 28x28x32x6 -> 64 18.3 against 9.1, and with the input-channel bound
+        raised to 64 (``--resident_max_cin=64``) 14x14x64x6 -> 64 45.3 against 10.4: a workgroup walks all the
+        expanded channels alone, and the few tiles leave most SMs idle. 56x56x24x6 -> 24 took 14.8 against 15.7
+        (2 x 4 / 16 tiles), too little to take."""
         if self.target() != "gpu" or not self.has_expand or self.has_se or self.core_only:
             return None
         n, h, w, _ = self.input(0).shape
