@@ -166,15 +166,24 @@ def validate_sweep_flags(forms) -> None:
     from tflfuse.kernels.gemm import MatmulTile
     from tflfuse.runtime.profile import MAX_WARM_MS
 
-    def tiles(names) -> bool:
-        for name in names:
-            try:
+    def tiles(names, workgroup_bytes=None) -> bool:
+        from tflfuse.kernels import gemm
+        bound = gemm._WG_BYTES
+        gemm._WG_BYTES = workgroup_bytes or bound   # a sweep's --workgroup_bytes, where it has one
+        try:
+            for name in names:
                 MatmulTile.parse(name)
-            except KernelError as e:
-                raise flags.ValidationError(f"--tiles: {e}") from None
+        except KernelError as e:
+            raise flags.ValidationError(f"--tiles: {e}") from None
+        finally:
+            gemm._WG_BYTES = bound
         return True
 
-    flags.register_validator("tiles", tiles)
+    if "workgroup_bytes" in flags.FLAGS:
+        flags.register_multi_flags_validator(["tiles", "workgroup_bytes"],
+                                             lambda v: tiles(v["tiles"], v["workgroup_bytes"]))
+    else:
+        flags.register_validator("tiles", tiles)
     flags.register_validator("forms", lambda v: bool(v) and set(v) <= set(forms),
                              f"--forms must be a non-empty list of {', '.join(forms)}")
     flags.register_validator("batches", lambda v: bool(v) and all(b.isdigit() and int(b) > 0 for b in v),

@@ -27,6 +27,7 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.kernels import KernelError  # noqa: E402
 from tflfuse.kernels.base import Binding  # noqa: E402
+from tflfuse.kernels import gemm  # noqa: E402
 from tflfuse.kernels.gemm import TILES, MatmulTile, matmul_tile, tiled_matmul_program, use_vec4  # noqa: E402
 from tflfuse.runtime.profile import WARM_MS, pass_gpu_us  # noqa: E402
 
@@ -47,6 +48,9 @@ flags.DEFINE_list("tiles", list(dict.fromkeys(list(TILES) + [
     "32x32/4x4/32/4", "32x32/4x4/32/2", "64x32/4x8/16/4", "64x32/8x4/16/4", "64x32/4x4/16/2",
     "128x16/4x4/16", "64x16/4x4/16", "256x16/4x4/8", "128x32/4x8/16", "64x32/4x8/16"])),
                   "Tiles to try: TMxTN/RMxRN/TK or TMxTN/RMxRN/TK/SK (MatmulTile.parse).")
+flags.DEFINE_integer("workgroup_bytes", None, "Workgroup memory a tile may take (tflfuse.kernels.gemm's bound, "
+                     "WebGPU's default 16384): more lets deeper or double-buffered slices run where the adapter "
+                     "allows it; none given: the library's.")
 flags.DEFINE_bool("library_form", False, "Only the form the library runs for each product (use_vec4).")
 flags.DEFINE_list("extra", [], "More products to time, ROWSxDEPTHxCOLS (e.g. 2048x2048x2048, the kernel's "
                   "rate on a large square product).")
@@ -122,6 +126,8 @@ def torch_us(rows, depth, cols):
 
 
 def main(argv):
+    if FLAGS.workgroup_bytes is not None:
+        gemm._WG_BYTES = FLAGS.workgroup_bytes
     device = tflfuse.Device()
     print(f"adapter: {device.describe()}", flush=True)
     peak = fma_tflops(device, "f32")

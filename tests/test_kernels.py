@@ -250,6 +250,7 @@ def test_conv_2d_strip_stores_float16(case, device, rng):
     (2, (3, 3, 4, 8), {"strip_quads": 3}, r"strip_quads must be one of \(1, 2, 4, 8\) dividing .*got 3"),
     (2, (3, 3, 4, 8), {"strip_quads": 4}, r"strip_quads must be one of .* \(8 / 4\), got 4"),
     (2, (3, 3, 4, 8), {"strip_quads": True}, "strip_quads must be one of .*got True"),
+    (2, (3, 3, 4, 8), {"strip_quads": 2.0}, "strip_quads must be one of .*got 2.0"),
 ])
 def test_conv_2d_strip_refuses_what_it_cannot_run(strip, filt, attrs, message):
     specs = [TensorSpec((1, 9, 9, 4)), TensorSpec(filt), None]

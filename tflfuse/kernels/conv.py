@@ -175,8 +175,8 @@ class Conv2D(_Conv):
                 raise self.fail("the strip schedule needs filter_layout HWIO, one group, output channels a "
                                 "multiple of 4 and not a 1x1 product run tiled; give strip=0")
         quads = self.attrs.get("strip_quads")
-        if quads is not None and (isinstance(quads, bool) or quads not in STRIP_QUADS or
-                                  self.cout % (4 * quads)):
+        if quads is not None and (isinstance(quads, bool) or not isinstance(quads, int) or quads not in STRIP_QUADS
+                                  or (quads > 1 and self.cout % (4 * quads))):
             raise self.fail(f"strip_quads must be one of {STRIP_QUADS} dividing the output channels / 4 "
                             f"({self.cout} / 4), got {quads!r}")
 

@@ -50,7 +50,12 @@ through cuBLAS. The depth split between workgroups (each walking its run of the 
 a second dispatch in the same pass adding them and the bias; 2, 3 or 4 runs, over 7 tiles) would take 510
 against 520 us for the best tile of each without it: 1568 x 960 x 320 34.3 against 40.5, 6272 x 576 x 96 30.6
 against 32.8, 1568 x 960 x 160 24.3 against 26.2, no gain on the rest. Not taken: 2% for a second dispatch and
-a scratch buffer per product.
+a scratch buffer per product. Deeper slices in more workgroup memory than WebGPU's default 16 KiB (tiles
+staging 32 depths, e.g. ``128x128/8x8/32`` in 32 KiB, or 64 with slice groups; an H100, 2026-12-05,
+``sweep_gemm_forms.py --workgroup_bytes=49152`` over the same 19 products with 17 tiles) would take 527 against
+533 us for the best of the 16 KiB tiles (538 with the library's; cuBLAS 675): 1568 x 320 x 1280 37.8 against
+40.4, 1568 x 160 x 960 17.6 against 19.4, slower on 15 of the 19. Not worth tiles that depend on the adapter's
+limits.
 """
 
 from __future__ import annotations
