@@ -179,18 +179,30 @@ def test_conv_2d_strip_schedules_agree_with_tf(case, strip, device, rng):
     """The GPU's strip schedule (``target="gpu"``, which the software adapter's plans do not choose) with every
     ``strip`` (tuning only; None: conv_strip's choice) on rows no strip divides (and the default's schedule),
     against TF's conv2d + bias + RELU6, at ACCUMULATION's sums of at most 75 terms."""
+    x, f, b, attrs = _conv_strip_inputs(case, rng, {} if strip is None else {"strip": strip})
+    kernel = kernel_class("CONV_2D")([TensorSpec(x.shape), TensorSpec(f.shape), TensorSpec(b.shape)], attrs)
+    # None: these outputs are few, so the choice is the per-element schedule with split lanes (strip 0)
+    assert kernel.strip() == (strip if strip is not None else conv_strip(kernel.g, x.shape[3], b.size, "gpu"))
+    _conv_strip_against_tf(device, x, f, b, attrs)
+
+
+def _conv_strip_inputs(case, rng, tuning):
+    """Input, HWIO filter, bias and attributes (RELU6, ``target="gpu"``, ``tuning``) of a CONV_STRIP_CASES case."""
     shape, (kh, kw, cout), stride, padding, dil = CONV_STRIP_CASES[case]
     x = rng.standard_normal(shape).astype(np.float32)
     f = _weights(rng, (kh, kw, shape[3], cout), kh * kw * shape[3])
     b = rng.standard_normal(cout).astype(np.float32)
     attrs = {"filter_layout": "HWIO", "padding": padding, "stride_h": stride, "stride_w": stride,
              "dilation_h_factor": dil, "dilation_w_factor": dil, "fused_activation_function": "RELU6",
-             "target": "gpu", **({} if strip is None else {"strip": strip})}
-    kernel = kernel_class("CONV_2D")([TensorSpec(x.shape), TensorSpec(f.shape), TensorSpec(b.shape)], attrs)
-    # None: these outputs are few, so the choice is the per-element schedule with split lanes (strip 0)
-    assert kernel.strip() == (strip if strip is not None else conv_strip(kernel.g, shape[3], cout, "gpu"))
+             "target": "gpu", **tuning}
+    return x, f, b, attrs
+
+
+def _conv_strip_against_tf(device, x, f, b, attrs):
+    """CONV_2D on the device against TF's conv2d + bias + RELU6, at ACCUMULATION's tolerance."""
     (got,) = tflfuse.runtime.plan.run_op(device, "CONV_2D", [x, f, b], attrs)
-    want = tf.nn.relu6(tf.nn.conv2d(x, f, stride, padding, dilations=dil) + b).numpy()
+    stride, dil = attrs["stride_h"], attrs["dilation_h_factor"]
+    want = tf.nn.relu6(tf.nn.conv2d(x, f, stride, attrs["padding"], dilations=dil) + b).numpy()
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, **ACCUMULATION)
 
@@ -202,17 +214,8 @@ def test_conv_2d_strip_quads_agree_with_tf(case, quads, device, rng):
     """The strip schedule with several output-channel vec4s per invocation (``strip_quads``, tuning only), strips
     of 3 pixels on rows 3 does not divide, against TF's conv2d + bias + RELU6 at ACCUMULATION's tolerance (sums
     of at most 75 terms), as the one-vec4 form above."""
-    shape, (kh, kw, cout), stride, padding, dil = CONV_STRIP_CASES[case]
-    x = rng.standard_normal(shape).astype(np.float32)
-    f = _weights(rng, (kh, kw, shape[3], cout), kh * kw * shape[3])
-    b = rng.standard_normal(cout).astype(np.float32)
-    attrs = {"filter_layout": "HWIO", "padding": padding, "stride_h": stride, "stride_w": stride,
-             "dilation_h_factor": dil, "dilation_w_factor": dil, "fused_activation_function": "RELU6",
-             "target": "gpu", "strip": 3, "strip_quads": quads}
-    (got,) = tflfuse.runtime.plan.run_op(device, "CONV_2D", [x, f, b], attrs)
-    want = tf.nn.relu6(tf.nn.conv2d(x, f, stride, padding, dilations=dil) + b).numpy()
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, **ACCUMULATION)
+    x, f, b, attrs = _conv_strip_inputs(case, rng, {"strip": 3, "strip_quads": quads})
+    _conv_strip_against_tf(device, x, f, b, attrs)
 
 
 def test_conv_2d_strip_quads_choice():
