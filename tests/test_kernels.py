@@ -254,6 +254,7 @@ def test_conv_2d_strip_stores_float16(case, device, rng):
     (2, (3, 3, 4, 8), {"strip_quads": 4}, r"strip_quads must be one of .* \(8 / 4\), got 4"),
     (2, (3, 3, 4, 8), {"strip_quads": True}, "strip_quads must be one of .*got True"),
     (2, (3, 3, 4, 8), {"strip_quads": 2.0}, "strip_quads must be one of .*got 2.0"),
+    (0, (3, 3, 4, 8), {"strip_quads": 2}, "strip_quads 2 tunes the strip schedule, which this conv does not run"),
 ])
 def test_conv_2d_strip_refuses_what_it_cannot_run(strip, filt, attrs, message):
     specs = [TensorSpec((1, 9, 9, 4)), TensorSpec(filt), None]

@@ -179,6 +179,9 @@ class Conv2D(_Conv):
                                   or (quads > 1 and self.cout % (4 * quads))):
             raise self.fail(f"strip_quads must be one of {STRIP_QUADS} dividing the output channels / 4 "
                             f"({self.cout} / 4), got {quads!r}")
+        if quads is not None and quads > 1 and not self.strip():
+            raise self.fail(f"strip_quads {quads} tunes the strip schedule, which this conv does not run (strip "
+                            f"0); give a strip from 1 to 8 too, or drop strip_quads")
 
     def _strip_applies(self) -> bool:
         g = self.g
@@ -331,7 +334,7 @@ def conv_strip_program(name: str, bindings, g: dict, cin: int, cout: int, strip:
                       for q in qs]
         lines.append("      }")
     for j in range(main, cin):   # the input channels past the last multiple of 4 (all of them for cin < 4)
-        lines.append(f"      {{")
+        lines.append("      {")
         lines += [f"        let v{p} = select(0.0, x[xb{p} + {j}u], in{p});" for p in px]
         for q in qs:
             lines.append(f"        let wt{q} = w[wb + {j * c4 + q}u];")
