@@ -32,7 +32,7 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.kernels import KernelError, kernel_class  # noqa: E402
 from tflfuse.kernels.base import TensorSpec  # noqa: E402
-from tflfuse.kernels.fused import expand_depthwise  # noqa: E402
+from tflfuse.kernels.fused import bottleneck, expand_depthwise  # noqa: E402
 from tflfuse.kernels.gemm import TILES  # noqa: E402
 from tflfuse.runtime.profile import gpu_time_plan  # noqa: E402
 
@@ -59,6 +59,8 @@ flags.DEFINE_list("dw_tiles", list(dict.fromkeys(list(TILES) + ["128x16/4x4/16",
 flags.DEFINE_list("blocks", [], "Indices into chain.BLOCKS to sweep (default: all).")
 flags.DEFINE_integer("resident_max_cin", None, "Input channels up to which the resident expand_dw tiles are taken "
                      "(expand_depthwise.RESIDENT_MAX_CIN); none given: the library's.")
+flags.DEFINE_integer("few_rows_projection_max_rows", None, "Output pixels up to which the projection is a few-rows "
+                     "product (fused_bottleneck's _FEW_ROWS_PROJECTION_MAX_ROWS; 0: never); none given: the library's.")
 flags.DEFINE_list("unrolls", ["1", "2", "4", "8"],
                   "expand_dw input loads in flight (THxTW/chunk/U) to try with each tile, where U divides Cin / 4; "
                   "'all' for Cin / 4.")
@@ -124,6 +126,8 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
 def main(argv):
     if FLAGS.resident_max_cin is not None:
         expand_depthwise.RESIDENT_MAX_CIN = FLAGS.resident_max_cin
+    if FLAGS.few_rows_projection_max_rows is not None:
+        bottleneck._FEW_ROWS_PROJECTION_MAX_ROWS = FLAGS.few_rows_projection_max_rows
     device = tflfuse.Device()
     print(f"adapter: {device.describe()}", flush=True)
     rng = np.random.default_rng(0)

@@ -261,6 +261,18 @@ def test_expand_dw_seven_by_seven_default_matches_tf(device, case):
     assert k._expand_tile()[:3] == (7, 7, 8) and not k._expand_tile()[4]
 
 
+@pytest.mark.parametrize("case", [(1, 7, 7, 64, 6, 64, 1, True, "relu6"), (1, 13, 13, 64, 6, 80, 2, False, "relu"),
+                                  (2, 5, 5, 64, 6, 64, 1, True, "relu6")])
+def test_few_rows_projection_default_matches_tf(device, case):
+    """Small maps' projections (at most 64 output pixels, at least 2**20 multiply-adds) as the few-rows product
+    with the bias and residual in its store (gemm.few_rows_program): a 7x7 map at batch 1 with the residual, 13x13
+    at stride 2, and two 5x5 images (50 rows: a last block of rows cut short), against TensorFlow's ops."""
+    k = _default_block_against_tf(device, case)
+    project = k.programs()[-1].source
+    assert k.strategy == "expand_dw" and "var<workgroup> shares" in project
+    assert (" + res[(r0" in project) == case[7]
+
+
 def _specs(cin=8, t=6, cout=8, h=8, n=1):
     e = cin * t
     return [TensorSpec((n, h, h, cin)), TensorSpec((cin, e)), TensorSpec((e,)), TensorSpec((3, 3, e)),
@@ -601,6 +613,7 @@ def test_no_expanded_channels_is_refused():
     ("expand_dw/2x4/8/r2p", (2, 9, 7, 8, 6, 12, 2, False)),  # with the projection: no scratch, d not rounded
     ("staged", (2, 9, 7, 8, 6, 12, 2, False)),
     ("staged", (1, 8, 8, 16, 6, 16, 1, True)),
+    ("expand_dw", (1, 7, 7, 64, 6, 64, 1, True)),        # the few-rows projection (float32 sums) with the residual
 ])
 def test_float16_block_rounds_its_tensors_to_float16(device, strategy, case):
     """precision="float16": the block's tensors (the output, and the expanded tensor and depthwise output it
@@ -668,6 +681,7 @@ OUT_ACT_CASES = [
     (2, 9, 7, 8, 6, 12, 2, False, "relu"),
     (1, 15, 15, 16, 1, 16, 1, True, "relu6"),
     (1, 64, 64, 16, 1, 32, 1, False, "relu6"),     # a staged GPU projection past 2**17 outputs: the tiled product
+    (1, 7, 7, 64, 6, 64, 1, True, "relu"),         # GPU projections of 49 rows: the few-rows product, residual
     (1, 7, 7, 32, 6, 200, 1, False, "relu6"),
 ]
 OUT_ACT_SCHEDULES = {k: SCHEDULES[k] for k in ("cpu", "gpu", "cpu_staged", "split3", "gpu_blocked", "blocked_tile1",
@@ -680,7 +694,7 @@ OUT_ACT_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:4]))}-t{c[4]}-o{c[
                 and not (s == "dw_proj" and ((c[3] * c[4]) % 4 or c[5] % 4))
                 and not (s == "expand_dw" and (c[4] == 1 or c[3] % 4))
                 and not (s == "dw_pointwise" and c[4] != 1)
-                and not (s == "expand_dw_resident_proj" and (c[4] == 1 or c[3] % 4 or c[5] > 64))]
+                and not (s == "expand_dw_resident_proj" and (c[4] == 1 or c[3] % 4 or c[3] > 32 or c[5] > 64))]
 
 
 @pytest.mark.parametrize("case, schedule", OUT_ACT_RUNS)

@@ -693,7 +693,7 @@ def few_rows_lanes(rows: int, depth: int, cols: int) -> int:
 
 
 def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int,
-                     act: str = "", has_bias: bool = False) -> Program:
+                     act: str = "", has_bias: bool = False, residual: bool = False) -> Program:
     """``y [rows, cols] = act(x [rows, depth] @ w [depth, cols] (+ b [cols]))`` for products with few outputs and
     long dot products (FULLY_CONNECTED at small batch sizes, 1x1 convolutions of small feature maps), float32.
 
@@ -706,10 +706,11 @@ def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth:
     sums run in another order than a serial loop's, so results differ from it by rounding only.
 
     Args:
-      bindings: storage buffers named ``x``, ``w``, ``b`` (only with ``has_bias``) and ``y``; all are bound as
-        ``array<vec4<f32>>``.
+      bindings: storage buffers named ``x``, ``w``, ``b`` (only with ``has_bias``), ``res`` (only with
+        ``residual``) and ``y``; all are bound as ``array<vec4<f32>>``.
       act: WGSL declaring ``fn act(v: f32) -> f32`` (:func:`~tflfuse.kernels.wgsl.activation_fn`), or empty for
         none.
+      residual: add ``res [rows, cols]`` (an inverted-residual block's input) to the sums before ``act``.
     Raises:
       KernelError: where :func:`use_few_rows`'s shape conditions (multiples of 4, rows > 0) do not hold.
     """
@@ -729,13 +730,14 @@ def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth:
                  f"    acc{r} = fma(vec4<f32>(x{r}.x), w0, fma(vec4<f32>(x{r}.y), w1, fma(vec4<f32>(x{r}.z), w2, "
                  f"fma(vec4<f32>(x{r}.w), w3, acc{r}))));"]
     bias = " + b[cq]" if has_bias else ""
+    res = " + res[(r0 + {r}u) * " + f"{c4}u + cq]" if residual else ""   # {r}: the row, below
     value = "vec4<f32>(act(v.x), act(v.y), act(v.z), act(v.w))" if act else "v"
     # lane 0 reads only its own share after the tree's last barrier, so the next row may overwrite the others
     stores = "\n".join(f"""  shares[lidx] = acc{r};
   workgroupBarrier();
 {lane_tree(lanes, per)}
   if (lane == 0u && o < {outputs}u && r0 + {r}u < {rows}u) {{
-    let v = shares[lidx]{bias};
+    let v = shares[lidx]{bias}{res.format(r=r)};
     y[(r0 + {r}u) * {c4}u + cq] = {value};
   }}""" for r in rs)
     source = prelude(binds) + act + f"""

@@ -97,7 +97,7 @@ from .depthwise_product import depthwise_product_program, fits_depthwise_product
 from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, expand_depthwise_resident_program,
                                expand_depthwise_shape, expand_depthwise_unroll, pointwise_expand_program,
                                resident_fits, resident_refusal)
-from ..gemm import product_program, tile_attr, use_tiled_matmul
+from ..gemm import few_rows_program, product_program, tile_attr, use_few_rows, use_tiled_matmul
 from ..wgsl import activation_fn, dot, elementwise_program, prelu_fn, prelude, reduction_program, split_lanes
 
 __all__ = ["FusedBottleneck", "OUTPUT_ACTIVATIONS"]
@@ -132,6 +132,7 @@ _EXPAND_DW_MAX_PIXELS, _EXPAND_DW_MAX_MACS = 56 * 56, 1 << 25   # bounds of expa
 _RESIDENT_MIN_PIXELS = 32 * 56 * 56   # input pixels from which expand_dw's resident form is the default
 _RESIDENT_MIN_IMAGE = 56 * 56         # and pixels per image (_resident_tile)
 _RESIDENT_SMALL_BATCH_IMAGE = 112 * 112   # or, at stride 2, pixels per image from which fewer images take it
+_FEW_ROWS_PROJECTION_MAX_ROWS = 64   # output pixels up to which the projection is a few-rows product
 
 
 @register("fused_bottleneck")
@@ -852,9 +853,18 @@ class FusedBottleneck(CompositeKernel):
                 f"let co = col;\n          let pix = row;\n          y[idx] = {value};",
                 self.out_act_fn() + self.residual_fn()))
             return progs
-        # The per-output form, split between lanes. gemm.few_rows_program measured slower here (H200, 2026-12-04,
-        # batch 1, its store taking the bias, residual and output activation): MobileNetV2's 16 projections 107.3
-        # against 101.9 us, hand_landmark_lite's 13 75.8 against 65.7, the model 253 against 240 us of GPU time.
+        if self._few_rows_projection(total // cout):
+            renamed = (dataclasses.replace(d_read, name="x"), dataclasses.replace(inputs["pw"], name="w"),
+                       dataclasses.replace(inputs["pb"], name="b"))
+            res = (dataclasses.replace(inputs["x"], name="res"),) if self.residual else ()
+            progs.append(few_rows_program(f"{self.key}_project", renamed + res + (out,), total // cout, cexp, cout,
+                                          activation_fn(self.out_act) if self.out_act != "linear" else "", True,
+                                          self.residual))
+            return progs
+        # The per-output form, split between lanes. gemm.few_rows_program measured slower here on every projection
+        # (H200, 2026-12-04, batch 1, its store taking the bias, residual and output activation): MobileNetV2's 16
+        # projections 107.3 against 101.9 us, hand_landmark_lite's 13 75.8 against 65.7, the model 253 against 240
+        # us of GPU time; on at most 64 rows it is faster (_few_rows_projection).
         lanes = split_lanes(total, cexp, self.target())
         body = (f"  let co = idx % {cout}u;\n  let pix = idx / {cout}u;\n  var v = 0.0;\n  "
                 + dot(cexp, f"d[pix * {cexp}u + {{k}}]{gated}", f"pw[({{k}}) * {cout}u + co]", lanes=lanes))
@@ -863,6 +873,24 @@ class FusedBottleneck(CompositeKernel):
                                        self.out_act_fn() + self.residual_fn(), lanes=lanes, acc="v",
                                        loop_trips=-(-(cexp // 4) // lanes)))
         return progs
+
+    def _few_rows_projection(self, rows: int) -> bool:
+        """Whether the staged and expand_dw strategies' projection runs as
+        :func:`~tflfuse.kernels.gemm.few_rows_program` (each weight it loads serving several output pixels): on a
+        GPU, for products that
+        :func:`~tflfuse.kernels.gemm.use_few_rows` takes with at most :data:`_FEW_ROWS_PROJECTION_MAX_ROWS` output
+        pixels, without squeeze-excite, a pooled residual or an output PReLU.
+
+        Measured on an H100 (2026-12-05, ``sweep_bottleneck_strategies.py --batches=1
+        --few_rows_projection_max_rows=64,0``, whole-block GPU time of 20 runs back to back, median of 10 passes)
+        against the per-output form with split lanes, on MobileNetV2's blocks with 7x7 outputs: 7x7x160x6 -> 160
+        14.4 against 16.1 us, 7x7x160x6 -> 320 16.5 against 18.7, 14x14x96x6 -> 160 at stride 2 14.0 against 14.2;
+        the model at batch 1 (``benchmarks/run.py``, the same call) 0.230 ms of GPU time against 0.238 in the full
+        runs of that session. On MobileNetV2's 14x14 maps (196 rows) the few-rows form lost before (below), so the
+        bound stays at 64 rows."""
+        return (rows <= _FEW_ROWS_PROJECTION_MAX_ROWS and not self.has_se and self.out_act != "prelu"
+                and not (self.residual and (self.residual_pool == 2 or self.cin != self.cout))
+                and use_few_rows(rows, self.cexp, self.cout, self.target()))
 
     def _input_bindings(self) -> dict:
         """The op's inputs as bindings, by the names the staged programs give them."""
