@@ -694,8 +694,9 @@ def few_rows_lanes(rows: int, depth: int, cols: int) -> int:
 
 def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int,
                      act: str = "", has_bias: bool = False, residual: bool = False) -> Program:
-    """``y [rows, cols] = act(x [rows, depth] @ w [depth, cols] (+ b [cols]))`` for products with few outputs and
-    long dot products (FULLY_CONNECTED at small batch sizes, 1x1 convolutions of small feature maps), float32.
+    """``y [rows, cols] = act(x [rows, depth] @ w [depth, cols] (+ b [cols]) (+ res [rows, cols]))`` for products
+    with few outputs and long dot products (FULLY_CONNECTED at small batch sizes, 1x1 convolutions of small feature
+    maps, the projections of inverted-residual blocks on them), float32.
 
     An invocation owns a block of :func:`few_rows_block` rows and four neighbouring columns: per vec4
     step of the depth it loads four vec4s of ``w`` (4 depths x 4 columns) once for all its rows, and one vec4 of

@@ -861,10 +861,10 @@ class FusedBottleneck(CompositeKernel):
                                           activation_fn(self.out_act) if self.out_act != "linear" else "", True,
                                           self.residual))
             return progs
-        # The per-output form, split between lanes. gemm.few_rows_program measured slower here on every projection
-        # (H200, 2026-12-04, batch 1, its store taking the bias, residual and output activation): MobileNetV2's 16
-        # projections 107.3 against 101.9 us, hand_landmark_lite's 13 75.8 against 65.7, the model 253 against 240
-        # us of GPU time; on at most 64 rows it is faster (_few_rows_projection).
+        # The per-output form, split between lanes. gemm.few_rows_program measured slower here over all the
+        # projections (H200, 2026-12-04, batch 1, its store taking the bias, residual and output activation):
+        # MobileNetV2's 16 projections 107.3 against 101.9 us, hand_landmark_lite's 13 75.8 against 65.7, the model
+        # 253 against 240 us of GPU time; on at most 64 rows it is faster (_few_rows_projection).
         lanes = split_lanes(total, cexp, self.target())
         body = (f"  let co = idx % {cout}u;\n  let pix = idx / {cout}u;\n  var v = 0.0;\n  "
                 + dot(cexp, f"d[pix * {cexp}u + {{k}}]{gated}", f"pw[({{k}}) * {cout}u + co]", lanes=lanes))
@@ -877,12 +877,13 @@ class FusedBottleneck(CompositeKernel):
     def _few_rows_projection(self, rows: int) -> bool:
         """Whether the staged and expand_dw strategies' projection runs as
         :func:`~tflfuse.kernels.gemm.few_rows_program` (each weight it loads serving several output pixels): on a
-        GPU, for products that
-        :func:`~tflfuse.kernels.gemm.use_few_rows` takes with at most :data:`_FEW_ROWS_PROJECTION_MAX_ROWS` output
-        pixels, without squeeze-excite, a pooled residual or an output PReLU.
+        GPU, for products that :func:`~tflfuse.kernels.gemm.use_few_rows` takes with at most
+        :data:`_FEW_ROWS_PROJECTION_MAX_ROWS` output pixels, without squeeze-excite, a pooled residual or an output
+        PReLU.
 
-        Measured on an H100 (2026-12-05, ``sweep_bottleneck_strategies.py --batches=1
-        --few_rows_projection_max_rows=64,0``, whole-block GPU time of 20 runs back to back, median of 10 passes)
+        Measured on an H100 (2026-12-05, ``sweep_bottleneck_strategies.py --batches=1``, once with
+        ``--few_rows_projection_max_rows=64`` and once with ``=0``, whole-block GPU time of 20 runs back to back,
+        median of 10 passes)
         against the per-output form with split lanes, on MobileNetV2's blocks with 7x7 outputs: 7x7x160x6 -> 160
         14.4 against 16.1 us, 7x7x160x6 -> 320 16.5 against 18.7, 14x14x96x6 -> 160 at stride 2 14.0 against 14.2;
         the model at batch 1 (``benchmarks/run.py``, the same call) 0.230 ms of GPU time against 0.238 in the full
