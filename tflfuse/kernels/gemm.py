@@ -731,14 +731,17 @@ def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth:
                  f"    acc{r} = fma(vec4<f32>(x{r}.x), w0, fma(vec4<f32>(x{r}.y), w1, fma(vec4<f32>(x{r}.z), w2, "
                  f"fma(vec4<f32>(x{r}.w), w3, acc{r}))));"]
     bias = " + b[cq]" if has_bias else ""
-    res = " + res[(r0 + {r}u) * " + f"{c4}u + cq]" if residual else ""   # {r}: the row, below
+
+    def res(r: int) -> str:   # row r's residual term
+        return f" + res[(r0 + {r}u) * {c4}u + cq]" if residual else ""
+
     value = "vec4<f32>(act(v.x), act(v.y), act(v.z), act(v.w))" if act else "v"
     # lane 0 reads only its own share after the tree's last barrier, so the next row may overwrite the others
     stores = "\n".join(f"""  shares[lidx] = acc{r};
   workgroupBarrier();
 {lane_tree(lanes, per)}
   if (lane == 0u && o < {outputs}u && r0 + {r}u < {rows}u) {{
-    let v = shares[lidx]{bias}{res.format(r=r)};
+    let v = shares[lidx]{bias}{res(r)};
     y[(r0 + {r}u) * {c4}u + cq] = {value};
   }}""" for r in rs)
     source = prelude(binds) + act + f"""
