@@ -886,9 +886,9 @@ class FusedBottleneck(CompositeKernel):
         median of 10 passes) against the per-output form with split lanes, on MobileNetV2's blocks with 7x7
         outputs: 7x7x160x6 -> 160 14.4 against 16.1 us, 7x7x160x6 -> 320 16.5 against 18.7, 14x14x96x6 -> 160
         at stride 2 14.0 against 14.2; the model at batch 1 (``benchmarks/run.py``, the same call) 0.230 ms of
-        GPU time against 0.238 in the full runs of that session. On MobileNetV2's 14x14 maps (196 rows) the few-rows form lost before (below), so the
-        bound stays at 64 rows. MediaPipe's blocks of 7x7 (hand landmark) and 8x8 (pose landmark) outputs take it
-        too, not timed on their own."""
+        GPU time against 0.238 in the full runs of that session. On MobileNetV2's 14x14 maps (196 rows) the
+        few-rows form lost before (below), so the bound stays at 64 rows. MediaPipe's blocks of 7x7 (hand
+        landmark) and 8x8 (pose landmark) outputs take it too, not timed on their own."""
         return (rows <= _FEW_ROWS_PROJECTION_MAX_ROWS and not self.has_se and self.out_act != "prelu"
                 and not (self.residual and self.residual_pool == 2)
                 and use_few_rows(rows, self.cexp, self.cout, self.target()))
