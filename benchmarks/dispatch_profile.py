@@ -3,7 +3,8 @@ goes, dispatch by dispatch, and how much of it is the gaps between dispatches (t
 of the dispatches' own times).
 
     python benchmarks/dispatch_profile.py --models=.bench [--select=selfie*,hand_recrop*] [--batch=1]
-                                          [--precision=float16] [--out=DISPATCHES.md] [--json_out=dispatches.json]
+                                          [--precision=float16 [--resident_half_math=on]]
+                                          [--out=DISPATCHES.md] [--json_out=dispatches.json]
 
 Real models of ``--models`` (``NAME_unfused.tflite``) are fused at load with :func:`tflfuse.fuse`, as
 ``benchmarks/run.py`` does; both the fused and the unfused file are profiled. Times are GPU microseconds from
@@ -34,6 +35,8 @@ flags.DEFINE_list("select", ["*"], "globs of file stems to profile")
 flags.DEFINE_integer("batch", 1, "batch size (the first input dimension)")
 flags.DEFINE_integer("repeats", 5, "passes per dispatch (median)")
 flags.DEFINE_enum("precision", "float32", ["float32", "float16"], "the Interpreter's precision")
+flags.DEFINE_enum("resident_half_math", None, ["on", "off"], "whether a float16 plan runs the fused bottleneck's "
+                  "resident form with f16 arithmetic (expand_depthwise.RESIDENT_HALF_MATH); none given: the library's")
 flags.DEFINE_string("out", None, "also write the tables here (Markdown)")
 flags.DEFINE_string("json_out", None, "also write the raw results here (JSON)")
 
@@ -83,6 +86,10 @@ def _tables(results: dict, adapter: str, batch: int, precision: str) -> str:
 
 def main(argv) -> None:
     del argv
+    if FLAGS.resident_half_math:
+        from tflfuse.kernels.fused import expand_depthwise
+
+        expand_depthwise.RESIDENT_HALF_MATH = FLAGS.resident_half_math == "on"
     folder = Path(FLAGS.models)
     adapter = tflfuse.Device().describe()
     results = {}

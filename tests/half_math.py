@@ -39,10 +39,16 @@ def half(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float16).astype(np.float32)
 
 
+def sum_bound(s: np.ndarray, depth: int, tk: int = MAX_TK) -> np.ndarray:
+    """The module docstring's bound before the store: a sum of ``depth`` products of f16 values (``s`` the sum
+    of their magnitudes and the bias's) taken as f16 multiply-adds in runs of at most ``tk``, each run's sum
+    added into float32."""
+    return (gamma(2 * tk, 2.0 ** -11) + gamma(depth + 2, 2.0 ** -24)) * s + 2 * depth * 2.0 ** -14
+
+
 def product_bound(s: np.ndarray, got: np.ndarray, want: np.ndarray, depth: int, tk: int = MAX_TK,
                   staged_a: bool = False) -> np.ndarray:
     """The module docstring's bound on ``|got - want|``, elementwise: ``s = |A| @ |B| + |bias|``, ``want`` the
     float64 product (through a 1-Lipschitz activation, which keeps the bound)."""
-    rel = gamma(2 * tk, 2.0 ** -11) + gamma(depth + 2, 2.0 ** -24) + (2.0 ** -10 if staged_a else 0.0)
     mag = np.maximum(np.maximum(np.abs(got), np.abs(want)), 2.0 ** -14)
-    return rel * s + 2 * depth * 2.0 ** -14 + 2.0 ** -10 * mag
+    return sum_bound(s, depth, tk) + (2.0 ** -10 * s if staged_a else 0.0) + 2.0 ** -10 * mag

@@ -33,6 +33,7 @@ import dataclasses
 from ..base import MAX_WORKGROUP_STORAGE, Binding, CompositeKernel, KernelError, Program, TensorSpec, linear_dispatch
 from ..conv import depthwise_program
 from ..gemm import product_program, use_tiled_matmul
+from ..half import HalfMathProgram
 from ..registry import register
 from ..wgsl import ACTIVATION_ALPHA, activation_fn, dot, prelu_fn, prelude, reduction_program, split_lanes
 from .conv import window_geometry
@@ -116,16 +117,31 @@ fn dact4(v: vec4<f32>) -> vec4<f32> { return vec4<f32>(dact(v.x), dact(v.y), dac
 """
 
 
+def _half_chain(steps: list[str], acc: str, part: str, indent: str) -> list[str]:
+    """WGSL of a float16 form's chain of multiply-adds: ``steps`` (statements adding into the ``vec4<f16>``
+    partial sum ``part``) in runs of at most :data:`HALF_STEPS`, each run's sum added into the f32 ``acc``."""
+    out = []
+    for i in range(0, len(steps), HALF_STEPS):
+        out += [f"{indent}{{", f"{indent}  var {part} = vec4<f16>(0.0);", *(indent + "  " + t for t in
+                                                                            steps[i:i + HALF_STEPS]),
+                f"{indent}  {acc} += vec4<f32>({part});", f"{indent}}}"]
+    return out
+
+
 def _depthwise_from_halo(g: dict, tw: int, hw: int, q: int, c4: int, out_items: int, threads: int,
-                         indent: str, to_workgroup: bool = False) -> str:
+                         indent: str, to_workgroup: bool = False, half: bool = False) -> str:
     """WGSL of the depthwise phase the programs share: the workgroup's ``threads`` invocations walk the tile's
     ``out_items`` (output pixel, vec4 of the chunk's channels) pairs, apply the KxK filter to the expansion of
     the halo in ``esh`` (``[halo rows][hw][q]`` vec4s), add the bias and write ``d`` (with ``to_workgroup``,
-    the workgroup array ``dsh``, ``[tile pixel][q]``, for a projection in the same dispatch)."""
-    taps = "\n".join(
-        f"{indent}    acc = fma(esh[((ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u) * {q}u + j], "
-        f"dw[{(ky * g['KW'] + kx) * c4}u + cq], acc);"
-        for ky in range(g["KH"]) for kx in range(g["KW"]))
+    the workgroup array ``dsh``, ``[tile pixel][q]``, for a projection in the same dispatch). With ``half``,
+    ``esh`` and ``dsh`` hold ``vec4<f16>`` and the taps are f16 multiply-adds (:func:`_half_chain`)."""
+    tap = [(f"esh[((ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u) * {q}u + j]",
+            f"dw[{(ky * g['KW'] + kx) * c4}u + cq]") for ky in range(g["KH"]) for kx in range(g["KW"])]
+    if half:
+        taps = "\n".join(_half_chain([f"hp = fma({e}, vec4<f16>({w}), hp);" for e, w in tap], "acc", "hp",
+                                     indent + "    "))
+    else:
+        taps = "\n".join(f"{indent}    acc = fma({e}, {w}, acc);" for e, w in tap)
     body = f"""for (var i = lidx; i < {out_items}u; i += {threads}u) {{
   let j = i % {q}u;
   let p = i / {q}u;
@@ -140,8 +156,8 @@ TAPS
     SINK
   }}
 }}"""
-    sink = "dsh[i] = dact4(acc);" if to_workgroup else \
-        f"d[((n * {g['OH']}u + u32(oy)) * {g['OW']}u + u32(ox)) * {c4}u + cq] = dact4(acc);"
+    sink = (f"dsh[i] = {'vec4<f16>(dact4(acc))' if half else 'dact4(acc)'};" if to_workgroup else
+            f"d[((n * {g['OH']}u + u32(oy)) * {g['OW']}u + u32(ox)) * {c4}u + cq] = dact4(acc);")
     body = body.replace("SINK", sink)
     return "\n".join(taps if line == "TAPS" else indent + line for line in body.splitlines())
 
@@ -272,16 +288,19 @@ def resident_refusal(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chu
     return ""
 
 
-def _chunk_weights(cin: int, q: int, c4: int, chunk: int, cout: int, threads: int) -> dict:
+def _chunk_weights(cin: int, q: int, c4: int, chunk: int, cout: int, threads: int, half: bool = False) -> dict:
     """WGSL moving a chunk's expand weights (``ew`` rows into ``wsh``) and, with ``cout``, its projection rows
     (``pw`` into ``psh``) into workgroup memory: ``load`` reads them from memory after the chunk's first barrier;
     with :data:`RESIDENT_PREFETCH`, ``first`` loads chunk 0's into registers before the loop, ``stage`` stores
     the registers and ``next`` loads the next chunk's right after the second barrier, so that their latency
-    passes while the chunk is expanded."""
-    parts = [("wsh", "wn", cin * q, lambda i, c0: f"ew[(({i}) / {q}u) * {c4}u + {c0} + ({i}) % {q}u]")]
+    passes while the chunk is expanded. With ``half`` the registers and arrays hold ``vec4<f16>``."""
+    def typed(value: str) -> str:
+        return f"vec4<f16>({value})" if half else value
+
+    parts = [("wsh", "wn", cin * q, lambda i, c0: typed(f"ew[(({i}) / {q}u) * {c4}u + {c0} + ({i}) % {q}u]"))]
     if cout:
         co4 = cout // 4
-        parts.append(("psh", "pn", chunk * co4, lambda i, c0: f"pw[({c0}) * {4 * co4}u + {i}]"))
+        parts.append(("psh", "pn", chunk * co4, lambda i, c0: typed(f"pw[({c0}) * {4 * co4}u + {i}]")))
     load, first, stage, nxt = [], [], [], []
     for arr, reg, n, at in parts:
         load.append(f"    for (var i = lidx; i < {n}u; i += {threads}u) {{\n      {arr}[i] = {at('i', 'c0')};\n    }}")
@@ -309,10 +328,12 @@ def _projection_bytes(tile_h: int, tile_w: int, chunk: int, cout: int) -> int:
     return 4 * (tile_h * tile_w * chunk + chunk * cout) if cout else 0
 
 
-def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threads: int, store: str) -> dict:
+def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threads: int, store: str,
+                         half: bool = False) -> dict:
     """WGSL pieces of the resident form's projection (:func:`expand_depthwise_resident_program` with ``cout``):
     its workgroup arrays, the sums' initialisation, the staging of the chunk's weight rows, the products of a
-    chunk and the store."""
+    chunk and the store. With ``half`` the arrays hold ``vec4<f16>`` and a chunk's products are f16
+    multiply-adds (:func:`_half_chain`) added into the f32 sums."""
     q, co4 = chunk // 4, cout // 4
     groups = threads // co4   # invocation t takes output vec4 t % co4 of pixels t / co4, + groups, + 2 groups ...
     px = th * tw
@@ -325,12 +346,18 @@ def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threa
     for m in sums:
         guard = "" if (m + 1) * groups <= px else f"if (g + {m * groups}u < {px}u) "
         project.append(f"      {guard}{{")
-        for j in range(q):
-            project.append(f"        let d{j} = dsh[(g + {m * groups}u) * {q}u + {j}u];")
-            project += [f"        s{m} = fma(vec4<f32>(d{j}.{comp}), w{j}_{k}, s{m});" for k, comp in enumerate("xyzw")]
+        loads = [f"        let d{j} = dsh[(g + {m * groups}u) * {q}u + {j}u];" for j in range(q)]
+        if half:   # the loads, then the chain of f16 multiply-adds
+            project += loads + _half_chain([f"hp = fma(vec4<f16>(d{j}.{comp}), w{j}_{k}, hp);" for j in range(q)
+                                            for k, comp in enumerate("xyzw")], f"s{m}", "hp", "        ")
+        else:   # each load before its four multiply-adds
+            for j in range(q):
+                project.append(loads[j])
+                project += [f"        s{m} = fma(vec4<f32>(d{j}.{comp}), w{j}_{k}, s{m});"
+                            for k, comp in enumerate("xyzw")]
         project.append("      }")
     project.append("    }")
-    stores = []
+    stores, t = [], "f16" if half else "f32"
     for m in sums:
         stores += [f"  {{",
                    f"    let co4 = lidx % {co4}u;",
@@ -345,8 +372,8 @@ def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threa
                    "  }"]
     nl = "\n"
     return {"declare": f"""
-var<workgroup> dsh: array<vec4<f32>, {th * tw * q}>;   // the chunk's depthwise outputs, [tile pixel][chunk / 4]
-var<workgroup> psh: array<vec4<f32>, {chunk * co4}>;   // the chunk's projection weights, [chunk][Cout / 4]""",
+var<workgroup> dsh: array<vec4<{t}>, {th * tw * q}>;   // the chunk's depthwise outputs, [tile pixel][chunk / 4]
+var<workgroup> psh: array<vec4<{t}>, {chunk * co4}>;   // the chunk's projection weights, [chunk][Cout / 4]""",
             "init": "".join(f"\n  var s{m} = vec4<f32>(0.0);" for m in sums),
             "project": "\n    workgroupBarrier();\n" + nl.join(project),
             "store": "\n" + nl.join(stores)}
@@ -365,6 +392,16 @@ RESIDENT_MAX_SUMS = 8
 #: Whether the resident form loads each chunk's weights into registers while the chunk before it is expanded
 #: (:func:`_chunk_weights`), rather than from memory between the chunk's two barriers.
 RESIDENT_PREFETCH = True
+#: Whether a float16 plan runs the resident form with f16 arithmetic (a
+#: :class:`~tflfuse.kernels.half.HalfMathProgram`): its workgroup arrays, input registers and weights as
+#: ``vec4<f16>``, the expand conv's, the depthwise taps' and the projection's multiply-adds in f16, each run of at
+#: most :data:`HALF_STEPS` of them added into f32 sums. Off: float16 storage only, f32 arithmetic (the float32
+#: plan's source either way). Off until timed on a GPU: ``benchmarks/dispatch_profile.py --batch=32
+#: --precision=float16 --resident_half_math=off`` and ``=on`` (a process each) compare the two.
+RESIDENT_HALF_MATH = False
+#: The f16 multiply-adds of a float16 form's partial sum before it is added into float32: the steps of the
+#: largest tile's slice of :mod:`tflfuse.kernels.gemm`, whose error bound tests/half_math.py derives.
+HALF_STEPS = 16
 
 
 def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,
@@ -395,6 +432,13 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
     ``co4`` (its vec4 of output channels) and the vec4 ``acc`` (the projection without its bias), e.g.
     ``"y[pix * 6u + co4] = acc + pb[co4];"``; ``helpers`` declares the WGSL functions ``store`` calls.
 
+    With :data:`RESIDENT_HALF_MATH` the program is a :class:`~tflfuse.kernels.half.HalfMathProgram` whose
+    float16 form holds the input registers, the weights and the workgroup arrays as ``vec4<f16>`` and takes
+    the expand conv's, the depthwise taps' and the projection's multiply-adds in f16, in runs of at most
+    :data:`HALF_STEPS` whose sums are added into float32 (the biases, the activations and the store stay
+    float32): per stage within ``(gamma(2 t, 2**-11) + gamma(n + 2, 2**-24))`` of its sum of magnitudes, ``t``
+    the run's length and ``n`` the stage's depth (tests/half_math.py); a run's sum must stay below f16's 65504.
+
     Args and the bindings as :func:`expand_depthwise_program`, with ``cout`` > 0 ``pw`` (``[Cexp, Cout]``)
     and the bindings ``store`` writes and reads instead of ``d``; ``tile_h``, ``tile_w``, ``chunk`` and
     ``pixels`` must pass :func:`resident_fits` (with ``cout``).
@@ -416,35 +460,53 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
     groups = g["N"] * tiles_y * tiles_x
     out_items = th * tw * q
     rs = range(pixels)   # this invocation's halo pixels: lidx, lidx + threads, ...
-    loads = []
-    for r in rs:
-        loads += [f"  let p{r} = lidx + {r * threads}u;",
-                  f"  let iy{r} = ty0 * {g['SH']} - {g['PT']} + i32(p{r} / {hw}u);",
-                  f"  let ix{r} = tx0 * {g['SW']} - {g['PL']} + i32(p{r} % {hw}u);",
-                  f"  let in{r} = p{r} < {halo_px}u && iy{r} >= 0 && iy{r} < {g['H']} && ix{r} >= 0 && "
-                  f"ix{r} < {g['W']};",
-                  f"  var x{r}: array<vec4<f32>, {k4}>;",
-                  f"  if (in{r}) {{",
-                  f"    let xb = ((n * {g['H']}u + u32(iy{r})) * {g['W']}u + u32(ix{r})) * {k4}u;",
-                  *(f"    x{r}[{k}] = x[xb + {k}u];" for k in range(k4)),
-                  "  }"]
-    expand = [*(f"    var a{r}_{j} = eb[c0 + {j}u];" for r in rs for j in range(q))]
-    for k in range(k4):
-        for i, comp in enumerate("xyzw"):
-            for j in range(q):
-                expand.append(f"    let w{k}_{i}_{j} = wsh[{(k * 4 + i) * q + j}u];")
-                expand += [f"    a{r}_{j} = fma(vec4<f32>(x{r}[{k}].{comp}), w{k}_{i}_{j}, a{r}_{j});" for r in rs]
-    for r in rs:
-        expand += [f"    if (p{r} < {halo_px}u) {{",
-                   *(f"      esh[p{r} * {q}u + {j}u] = select(vec4<f32>(0.0), eact4(a{r}_{j}), in{r});"
-                     for j in range(q)),
-                   "    }"]
     nl = "\n"
-    projection = _resident_projection(g, th, tw, chunk, cout, threads, store) if cout else None
-    weights = _chunk_weights(cin, q, c4, chunk, cout, threads)
-    source = prelude(binds) + _activations(expand_activation, depthwise_activation) + helpers + f"""
-var<workgroup> wsh: array<vec4<f32>, {cin * q}>;          // the chunk's expand weights, [Cin][chunk / 4]
-var<workgroup> esh: array<vec4<f32>, {halo_px * q}>;    // the expansion of the halo, [{hh}][{hw}][chunk / 4]{
+
+    def source_for(half: bool) -> str:
+        t = "f16" if half else "f32"
+
+        def typed(value: str) -> str:
+            return f"vec4<f16>({value})" if half else value
+
+        loads = []
+        for r in rs:
+            loads += [f"  let p{r} = lidx + {r * threads}u;",
+                      f"  let iy{r} = ty0 * {g['SH']} - {g['PT']} + i32(p{r} / {hw}u);",
+                      f"  let ix{r} = tx0 * {g['SW']} - {g['PL']} + i32(p{r} % {hw}u);",
+                      f"  let in{r} = p{r} < {halo_px}u && iy{r} >= 0 && iy{r} < {g['H']} && ix{r} >= 0 && "
+                      f"ix{r} < {g['W']};",
+                      f"  var x{r}: array<vec4<{t}>, {k4}>;",
+                      f"  if (in{r}) {{",
+                      f"    let xb = ((n * {g['H']}u + u32(iy{r})) * {g['W']}u + u32(ix{r})) * {k4}u;",
+                      *(f"    x{r}[{k}] = {typed(f'x[xb + {k}u]')};" for k in range(k4)),
+                      "  }"]
+        expand = [*(f"    var a{r}_{j} = eb[c0 + {j}u];" for r in rs for j in range(q))]
+        # the expand conv's depth, a run of at most HALF_STEPS input channels at a time in the f16 form: each run's
+        # f16 partial sums added into the f32 accumulators
+        run = HALF_STEPS // 4 if half else k4
+        for k0 in range(0, k4, run):
+            if half:
+                expand += ["    {"] + [f"    var h{r}_{j} = vec4<f16>(0.0);" for r in rs for j in range(q)]
+            acc = "h" if half else "a"
+            for k in range(k0, min(k4, k0 + run)):
+                for i, comp in enumerate("xyzw"):
+                    for j in range(q):
+                        expand.append(f"    let w{k}_{i}_{j} = wsh[{(k * 4 + i) * q + j}u];")
+                        expand += [f"    {acc}{r}_{j} = fma(vec4<{t}>(x{r}[{k}].{comp}), w{k}_{i}_{j}, {acc}{r}_{j});"
+                                   for r in rs]
+            if half:
+                expand += [f"    a{r}_{j} += vec4<f32>(h{r}_{j});" for r in rs for j in range(q)] + ["    }"]
+        stored = "vec4<f16>(select(vec4<f32>(0.0), eact4(a{r}_{j}), in{r}))" if half else \
+            "select(vec4<f32>(0.0), eact4(a{r}_{j}), in{r})"
+        for r in rs:
+            expand += [f"    if (p{r} < {halo_px}u) {{",
+                       *(f"      esh[p{r} * {q}u + {j}u] = {stored.format(r=r, j=j)};" for j in range(q)),
+                       "    }"]
+        projection = _resident_projection(g, th, tw, chunk, cout, threads, store, half) if cout else None
+        weights = _chunk_weights(cin, q, c4, chunk, cout, threads, half)
+        return prelude(binds) + _activations(expand_activation, depthwise_activation) + helpers + f"""
+var<workgroup> wsh: array<vec4<{t}>, {cin * q}>;          // the chunk's expand weights, [Cin][chunk / 4]
+var<workgroup> esh: array<vec4<{t}>, {halo_px * q}>;    // the expansion of the halo, [{hh}][{hw}][chunk / 4]{
 projection["declare"] if projection else ""}
 
 @compute @workgroup_size({threads})
@@ -463,16 +525,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     workgroupBarrier();{weights["next"] if RESIDENT_PREFETCH else ""}
 {nl.join(expand)}
     workgroupBarrier();
-{_depthwise_from_halo(g, tw, hw, q, c4, out_items, threads, "    ", to_workgroup=bool(projection))}{
+{_depthwise_from_halo(g, tw, hw, q, c4, out_items, threads, "    ", to_workgroup=bool(projection), half=half)}{
 projection["project"] if projection else ""}
   }}{projection["store"] if projection else ""}
 }}
 """
+    source = source_for(False)
     # per chunk: the loops' trips, each with its last exit test (the software adapter counts those), + 1
     trips = (cexp // chunk) * (-(-cin * q // threads) + -(-out_items // threads) + 3 +
                                (-(-chunk * cout // 4 // threads) + 1 if cout else 0))
-    return Program(name, source, (threads, 1, 1), linear_dispatch(groups * threads, threads), binds,
-                   loop_trips=trips)
+    dispatch = linear_dispatch(groups * threads, threads)
+    if not RESIDENT_HALF_MATH:
+        return Program(name, source, (threads, 1, 1), dispatch, binds, loop_trips=trips)
+    return HalfMathProgram(name, source, (threads, 1, 1), dispatch, binds, loop_trips=trips,
+                           half_math=source_for(True), half_math_of=source)
 
 
 def pointwise_expand_program(name: str, bindings: tuple[Binding, ...], rows: int, cin: int, cexp: int,
