@@ -12,9 +12,9 @@ as LiteRT's GPU delegate does with ``precision_loss_allowed``.
 The exception is a :class:`HalfMathProgram`, which the matrix products
 (:func:`tflfuse.kernels.gemm.tiled_matmul_program`: 1x1 CONV_2D, FULLY_CONNECTED, BATCH_MATMUL and the fused
 bottleneck's products) return, and the fused bottleneck's resident form where
-:data:`tflfuse.kernels.fused.expand_depthwise.RESIDENT_HALF_MATH` is set: it carries a second source whose workgroup memory and multiply-adds are f16,
-with f32 accumulation across the depth (LiteRT's FP16 mode: "f16 storage and math with f32 accumulation in
-reductions"), and :func:`half_storage` rewrites that source instead. The float32 plan never sees it, so its
+:data:`tflfuse.kernels.fused.expand_depthwise.RESIDENT_HALF_MATH` is set: it carries a second source whose
+workgroup memory and multiply-adds are f16, with f32 accumulation across the depth (LiteRT's FP16 mode: "f16
+storage and math with f32 accumulation in reductions"), and :func:`half_storage` rewrites that source instead. The float32 plan never sees it, so its
 shaders are the same text with or without this mechanism; and the kernels that build products need no
 precision argument (the plan decides the precision after the kernels made their programs).
 
