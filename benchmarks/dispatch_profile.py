@@ -3,7 +3,7 @@ goes, dispatch by dispatch, and how much of it is the gaps between dispatches (t
 of the dispatches' own times).
 
     python benchmarks/dispatch_profile.py --models=.bench [--select=selfie*,hand_recrop*] [--batch=1]
-                                          [--precision=float16 [--resident_half_math=on]]
+                                          [--precision=float16 [--half_math=resident,depthwise]]
                                           [--out=DISPATCHES.md] [--json_out=dispatches.json]
 
 Real models of ``--models`` (``NAME_unfused.tflite``) are fused at load with :func:`tflfuse.fuse`, as
@@ -30,13 +30,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
+#: --half_math's forms: the module and the flag each sets.
+_HALF_MATH = {"resident": ("tflfuse.kernels.fused.expand_depthwise", "RESIDENT_HALF_MATH"),
+              "depthwise": ("tflfuse.kernels.conv", "DEPTHWISE_HALF_MATH")}
 flags.DEFINE_string("models", ".bench", "folder of .tflite models")
 flags.DEFINE_list("select", ["*"], "globs of file stems to profile")
 flags.DEFINE_integer("batch", 1, "batch size (the first input dimension)")
 flags.DEFINE_integer("repeats", 5, "passes per dispatch (median)")
 flags.DEFINE_enum("precision", "float32", ["float32", "float16"], "the Interpreter's precision")
-flags.DEFINE_enum("resident_half_math", None, ["on", "off"], "whether a float16 plan runs the fused bottleneck's "
-                  "resident form with f16 arithmetic (expand_depthwise.RESIDENT_HALF_MATH); none given: the library's")
+flags.DEFINE_list("half_math", None, "the forms a float16 plan runs with f16 arithmetic: 'resident' (the fused "
+                  "bottleneck's resident form, expand_depthwise.RESIDENT_HALF_MATH), 'depthwise' (DEPTHWISE_CONV_2D's "
+                  "strips, conv.DEPTHWISE_HALF_MATH), or 'none'; the others run without; not given: the library's")
+flags.register_validator("half_math", lambda v: v is None or set(v) <= set(_HALF_MATH) or v == ["none"],
+                         f"--half_math takes {', '.join(_HALF_MATH)} or 'none'")
 flags.DEFINE_string("out", None, "also write the tables here (Markdown)")
 flags.DEFINE_string("json_out", None, "also write the raw results here (JSON)")
 
@@ -86,10 +92,11 @@ def _tables(results: dict, adapter: str, batch: int, precision: str) -> str:
 
 def main(argv) -> None:
     del argv
-    if FLAGS.resident_half_math:
-        from tflfuse.kernels.fused import expand_depthwise
+    if FLAGS.half_math is not None:
+        import importlib
 
-        expand_depthwise.RESIDENT_HALF_MATH = FLAGS.resident_half_math == "on"
+        for form, (module, flag) in _HALF_MATH.items():
+            setattr(importlib.import_module(module), flag, form in FLAGS.half_math)
     folder = Path(FLAGS.models)
     adapter = tflfuse.Device().describe()
     results = {}

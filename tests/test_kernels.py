@@ -14,6 +14,7 @@ import tflfuse
 from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import MAX_WORKGROUPS_PER_DIM, Program, TensorSpec
 from tflfuse.kernels.conv import conv_strip, conv_strip_quads
+from tflfuse.kernels.half import half_programs
 
 from conftest import ACCUMULATION, ELEMENTWISE, EXACT, FP16_WEIGHTS, LONG_ACCUMULATION, SEED, TRANSCENDENTAL
 from oplib import check_op
@@ -328,6 +329,46 @@ def test_depthwise_strip_refuses_what_it_cannot_run(strip, shape, message):
     specs = [TensorSpec(shape), TensorSpec((1, 3, 3, shape[3])), None]
     with pytest.raises(KernelError, match=f"DEPTHWISE_CONV_2D: {message}"):
         kernel_class("DEPTHWISE_CONV_2D")(specs, {"strip": strip})
+
+
+@pytest.mark.parametrize("case", ["strip_stride2_same_odd_batch2", "strip_1x5_valid_c12",
+                                  "strip_5x1_dilation2_same_no_bias", "strip_7x7_same_c16", "strip_stride3_same"])
+def test_depthwise_strip_float16_math_within_its_bound(case, device, rng, monkeypatch):
+    """conv.DEPTHWISE_HALF_MATH: the strip schedule of a float16 plan with f16 arithmetic (inputs and weights
+    read as f16, the taps' multiply-adds in f16 runs of at most HALF_STEPS added into the f32 sum, the bias,
+    activation and store in f32); 7x7 takes three full runs and one tap.
+
+    Against TensorFlow in float64 on the same float16-representable inputs and weights: ``|got - want| <=
+    half_math.product_bound(S, got, want, taps, min(taps, 16))`` with ``S = dw(|x|, |w|) + |b|`` (the f16
+    runs' ``gamma(2 t, 2**-11) S``, the f32 sum's ``gamma(taps + 2, 2**-24) S``, ``2**-14`` of each step's
+    roundings flushed, one f16 ulp at the store; the activations are 1-Lipschitz)."""
+    from half_math import half, product_bound
+
+    from tflfuse.kernels import conv
+
+    monkeypatch.setattr(conv, "DEPTHWISE_HALF_MATH", True)
+    shape, (kh, kw, mult), stride, padding, dil, bias, act = DEPTHWISE_CASES[case]
+    cin = shape[-1]
+    x = half(rng.standard_normal(shape).astype(np.float32))
+    w = half(_weights(rng, (1, kh, kw, cin), kh * kw))
+    b = half(rng.standard_normal(cin).astype(np.float32)) if bias else np.zeros(cin, np.float32)
+    attrs = {"padding": padding, "stride_h": stride, "stride_w": stride, "dilation_h_factor": dil,
+             "dilation_w_factor": dil, "fused_activation_function": act}
+    kernel = kernel_class("DEPTHWISE_CONV_2D")([TensorSpec(a.shape) for a in (x, w, b)], attrs)
+    assert "var h0 = vec4<f16>(0.0);" in half_programs(kernel)[0].source   # the f16-math form runs
+    (got,) = tflfuse.runtime.plan.run_op(device, "DEPTHWISE_CONV_2D", [x, w, b], attrs, precision="float16")
+
+    def depthwise(v, f):
+        return tf.nn.depthwise_conv2d(v, np.transpose(f, (1, 2, 3, 0)), [1, stride, stride, 1], padding,
+                                      dilations=[dil, dil]).numpy()
+
+    x64, w64, b64 = (a.astype(np.float64) for a in (x, w, b))
+    want = np.asarray(ACTIVATIONS[act](depthwise(x64, w64) + b64))
+    s = depthwise(np.abs(x64), np.abs(w64)) + np.abs(b64)
+    bound = product_bound(s, got, want, kh * kw, min(kh * kw, 16))
+    err = np.abs(got - want)
+    assert got.shape == want.shape and (err <= bound).all(), f"worst {float((err / bound).max()):.3g} of the bound"
+    assert bound.max() < 0.05 * np.abs(want).max()   # the bound is not vacuous
 
 
 def _draw_depthwise(g):

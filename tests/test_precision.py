@@ -135,3 +135,28 @@ def test_rewrite_ignores_comments_and_refuses_an_undeclared_binding(device):
     with pytest.raises(KernelError, match=r"SQUARE_DEMO \(binding 'x'\): not declared once as array<f32>"):
         half_storage(Program("SQUARE_DEMO", declared.replace("x: array<f32>", "x: array<u32>") + body, (4, 1, 1),
                              (1, 1, 1), binds))
+
+
+def test_rewrite_keeps_a_read_converted_to_f16_as_f16(device):
+    """In a HalfMathProgram's float16 source, ``f16(x[i])`` reads the stored f16 value as it is (no round trip
+    through f32), while any other read of ``x`` is converted to f32; the result is the same either way (f16
+    values convert exactly), checked against NumPy: ``y = 3 x + x`` of float16 inputs, the product taken in f16
+    (exact for these values: 3 x needs at most one more bit than x) and rounded once to f16 at the store."""
+    from tflfuse.kernels.half import with_half_math
+
+    binds = (Binding("x", ("input", 0), "read", "f32", 16), Binding("y", ("output", 0), "read_write", "f32", 16))
+    declared = ("@group(0) @binding(0) var<storage, read> x: array<f32>;\n"
+                "@group(0) @binding(1) var<storage, read_write> y: array<f32>;\n")
+    main = "@compute @workgroup_size(4) fn main(@builtin(local_invocation_index) i: u32) {{\n  {}\n}}\n"
+    prog = with_half_math(Program("TIMES_FOUR", declared + main.format("y[i] = x[i] * 3.0 + x[i];"), (4, 1, 1),
+                                  (1, 1, 1), binds),
+                          declared + main.format("y[i] = f32(f16(x[i]) * f16(3.0)) + x[i];"))
+    half = half_storage(prog)
+    assert "f32(f16(x[i]) * f16(3.0)) + f32(x[i])" in half.source
+    info = ShaderInfo("TIMES_FOUR", half.source, "main", (4, 1, 1), (1, 1, 1),
+                      tuple({"binding": i, "role": list(b.role), "type": b.elem_type, "size": b.size}
+                            for i, b in enumerate(half.bindings)), (), ((4,),))
+    x = np.array([0.5, -3.0, 1024.0, 1e-3], np.float32)
+    (got,) = run_shader(device, info, [x])
+    x16 = x.astype(np.float16).astype(np.float64)
+    np.testing.assert_array_equal(got, (4 * x16).astype(np.float16))

@@ -15,6 +15,7 @@ import numpy as np
 from .base import Kernel, KernelError, Program, TensorSpec
 from .registry import register
 from .gemm import few_rows_program, product_program, tile_attr, use_few_rows, use_tiled_matmul
+from .half import HALF_STEPS, with_half_math
 from .wgsl import activation_fn, dot, elementwise_program, reduction_program, split_lanes
 
 __all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "STRIP_QUADS", "SUM_STORED_LATER", "conv_output_size",
@@ -434,39 +435,74 @@ def depthwise_program(name: str, bindings, g: dict, cin: int, mult: int, has_bia
                                loop_trips=g["KH"] * (1 + g["KW"]))
 
 
+#: Whether a float16 plan runs :func:`depthwise_program`'s strip schedule with f16 arithmetic (a
+#: :class:`~tflfuse.kernels.half.HalfMathProgram`): the inputs and weights read as ``vec4<f16>`` without
+#: conversion and the taps' multiply-adds in f16, each run of at most :data:`HALF_STEPS` added into the f32 sum
+#: (the bias, the activation and the store stay float32). Off: float16 storage only, each value read converted to
+#: f32 (the float32 plan's source either way). Off until timed on a GPU: ``benchmarks/dispatch_profile.py
+#: --precision=float16 --half_math=depthwise`` against ``--half_math=none``.
+DEPTHWISE_HALF_MATH = False
+
+
 def _depthwise_strip_program(name: str, bindings, g: dict, cout: int, strip: int, has_bias: bool,
                              activation: str | None) -> Program:
-    """:func:`depthwise_program`'s vec4 strip schedule: ``strip`` output pixels of one row, four channels."""
+    """:func:`depthwise_program`'s vec4 strip schedule: ``strip`` output pixels of one row, four channels; with
+    :data:`DEPTHWISE_HALF_MATH`, also its f16-arithmetic form for float16 plans (within ``(gamma(2 t, 2**-11) +
+    gamma(n + 2, 2**-24))`` of the sum of the taps' magnitudes and the bias's, ``t`` a run's length and ``n``
+    the window's taps: tests/half_math.py)."""
     c4 = cout // 4
     strips = -(-g["OW"] // strip)
     binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") for b in bindings)
-    lines = [f"  let c = idx % {c4}u;",
-             f"  let s = (idx / {c4}u) % {strips}u;",
-             f"  let oy = i32((idx / {c4 * strips}u) % {g['OH']}u);",
-             f"  let n = idx / {c4 * strips * g['OH']}u;",
-             f"  let ox0 = i32(s) * {strip};"]
-    bias = "b[c]" if has_bias else "vec4<f32>(0.0)"
-    lines += [f"  var acc{p} = {bias};" for p in range(strip)]
-    for ky in range(g["KH"]):
-        lines.append(f"  {{ let iy = oy * {g['SH']} - {g['PT']} + {ky * g['DH']};\n"
-                     f"    let row = (n * {g['H']}u + u32(clamp(iy, 0, {g['H'] - 1}))) * {g['W']}u;\n"
-                     f"    let row_in = iy >= 0 && iy < {g['H']};")
-        columns = sorted({p * g["SW"] + kx * g["DW"] for p in range(strip) for kx in range(g["KW"])})
-        for col in columns:
-            lines.append(f"    let ix{col} = ox0 * {g['SW']} - {g['PL']} + {col};\n"
-                         f"    let v{col} = select(vec4<f32>(0.0), x[(row + u32(clamp(ix{col}, 0, {g['W'] - 1})))"
-                         f" * {c4}u + c], row_in && ix{col} >= 0 && ix{col} < {g['W']});")
-        for kx in range(g["KW"]):
-            lines.append(f"    let w{kx} = w[{(ky * g['KW'] + kx) * c4}u + c];")
-            lines += [f"    acc{p} = fma(v{p * g['SW'] + kx * g['DW']}, w{kx}, acc{p});" for p in range(strip)]
-        lines.append("  }")
-    out = f"(n * {g['OH']}u + u32(oy)) * {g['OW']}u"
-    for p in range(strip):
-        store = (f"y[({out} + u32(ox0 + {p})) * {c4}u + c] = "
-                 f"vec4<f32>(act(acc{p}.x), act(acc{p}.y), act(acc{p}.z), act(acc{p}.w));")
-        lines.append(f"  {store}" if p == 0 else f"  if (ox0 + {p} < {g['OW']}) {{ {store} }}")
+    taps = g["KH"] * g["KW"]
+
+    def body(half: bool) -> str:
+        t = "f16" if half else "f32"
+        lines = [f"  let c = idx % {c4}u;",
+                 f"  let s = (idx / {c4}u) % {strips}u;",
+                 f"  let oy = i32((idx / {c4 * strips}u) % {g['OH']}u);",
+                 f"  let n = idx / {c4 * strips * g['OH']}u;",
+                 f"  let ox0 = i32(s) * {strip};"]
+        bias = "b[c]" if has_bias else "vec4<f32>(0.0)"
+        lines += [f"  var acc{p} = {bias};" for p in range(strip)]
+        if half:   # each pixel's f16 partial sum, added into acc every HALF_STEPS taps and at the end
+            lines += [f"  var h{p} = vec4<f16>(0.0);" for p in range(strip)]
+        tap = 0
+        for ky in range(g["KH"]):
+            lines.append(f"  {{ let iy = oy * {g['SH']} - {g['PT']} + {ky * g['DH']};\n"
+                         f"    let row = (n * {g['H']}u + u32(clamp(iy, 0, {g['H'] - 1}))) * {g['W']}u;\n"
+                         f"    let row_in = iy >= 0 && iy < {g['H']};")
+            columns = sorted({p * g["SW"] + kx * g["DW"] for p in range(strip) for kx in range(g["KW"])})
+            for col in columns:
+                read = f"x[(row + u32(clamp(ix{col}, 0, {g['W'] - 1}))) * {c4}u + c]"
+                lines.append(f"    let ix{col} = ox0 * {g['SW']} - {g['PL']} + {col};\n"
+                             f"    let v{col} = select(vec4<{t}>(0.0), {f'vec4<f16>({read})' if half else read}"
+                             f", row_in && ix{col} >= 0 && ix{col} < {g['W']});")
+            for kx in range(g["KW"]):
+                read = f"w[{(ky * g['KW'] + kx) * c4}u + c]"
+                lines.append(f"    let w{kx} = {f'vec4<f16>({read})' if half else read};")
+                if half:
+                    lines += [f"    h{p} = fma(v{p * g['SW'] + kx * g['DW']}, w{kx}, h{p});" for p in range(strip)]
+                    tap += 1
+                    if tap % HALF_STEPS == 0 and tap < taps:
+                        lines += [f"    acc{p} += vec4<f32>(h{p});\n    h{p} = vec4<f16>(0.0);" for p in range(strip)]
+                else:
+                    lines += [f"    acc{p} = fma(v{p * g['SW'] + kx * g['DW']}, w{kx}, acc{p});" for p in range(strip)]
+            lines.append("  }")
+        if half:
+            lines += [f"  acc{p} += vec4<f32>(h{p});" for p in range(strip)]
+        out = f"(n * {g['OH']}u + u32(oy)) * {g['OW']}u"
+        for p in range(strip):
+            store = (f"y[({out} + u32(ox0 + {p})) * {c4}u + c] = "
+                     f"vec4<f32>(act(acc{p}.x), act(acc{p}.y), act(acc{p}.z), act(acc{p}.w));")
+            lines.append(f"  {store}" if p == 0 else f"  if (ox0 + {p} < {g['OW']}) {{ {store} }}")
+        return "\n".join(lines)
+
     total = g["N"] * g["OH"] * strips * c4
-    return elementwise_program(name, binds, total, "\n".join(lines), activation_fn(activation))
+    program = elementwise_program(name, binds, total, body(False), activation_fn(activation))
+    if not DEPTHWISE_HALF_MATH:
+        return program
+    return with_half_math(program, elementwise_program(name, binds, total, body(True),
+                                                       activation_fn(activation)).source)
 
 
 @register("FULLY_CONNECTED")

@@ -4,19 +4,22 @@
 (roles ``input`` and ``output`` declared ``array<f32>``, and the scratch buffers a program lists in
 :attr:`~tflfuse.kernels.base.Program.half_scratch`: tensors inside a fused op, such as the fused bottleneck's
 expanded tensor) hold IEEE binary16 values (``array<f16>``, WGSL's ``shader-f16`` feature): every read ``x[i]``
-becomes ``f32(x[i])`` and every store ``y[i] = v`` becomes ``y[i] = f16(v)`` (``array<vec4<f32>>`` bindings
+becomes ``f32(x[i])`` (except as the whole argument of a conversion to f16, ``f16(x[i])``, which then reads
+the f16 value as it is) and every store ``y[i] = v`` becomes ``y[i] = f16(v)`` (``array<vec4<f32>>`` bindings
 likewise become ``array<vec4<f16>>``). Arithmetic, accumulators, workgroup memory, uniforms and the other
 scratch buffers (partial sums) stay float32, so a reduction accumulates in f32 and rounds once, at the store,
 as LiteRT's GPU delegate does with ``precision_loss_allowed``.
 
 The exception is a :class:`HalfMathProgram`, which the matrix products
 (:func:`tflfuse.kernels.gemm.tiled_matmul_program`: 1x1 CONV_2D, FULLY_CONNECTED, BATCH_MATMUL and the fused
-bottleneck's products) return, and the fused bottleneck's resident form where
-:data:`tflfuse.kernels.fused.expand_depthwise.RESIDENT_HALF_MATH` is set: it carries a second source whose
-workgroup memory and multiply-adds are f16, with f32 accumulation across the depth (LiteRT's FP16 mode: "f16
-storage and math with f32 accumulation in reductions"), and :func:`half_storage` rewrites that source instead. The float32 plan never sees it, so its
-shaders are the same text with or without this mechanism; and the kernels that build products need no
-precision argument (the plan decides the precision after the kernels made their programs).
+bottleneck's products) return, as do the fused bottleneck's resident form and DEPTHWISE_CONV_2D's strips where
+:data:`tflfuse.kernels.fused.expand_depthwise.RESIDENT_HALF_MATH` and
+:data:`tflfuse.kernels.conv.DEPTHWISE_HALF_MATH` are set (:func:`with_half_math`): it carries a second source
+whose workgroup memory and multiply-adds are f16, with f32 accumulation across the depth (LiteRT's FP16 mode:
+"f16 storage and math with f32 accumulation in reductions"), and :func:`half_storage` rewrites that source
+instead. The float32 plan never sees it, so its shaders are the same text with or without this mechanism; and
+the kernels that build products need no precision argument (the plan decides the precision after the kernels
+made their programs).
 
 Every kernel works unchanged because kernels touch storage only by indexing their bindings (``name[expr]``):
 the rewrite finds those by the binding names, with brackets balanced and statements ended at ``;``.
@@ -29,10 +32,16 @@ import re
 
 from .base import Binding, KernelError, Program
 
-__all__ = ["HALF_TYPES", "HalfMathProgram", "half_binding_size", "half_programs", "half_storage", "is_half_binding"]
+__all__ = ["HALF_STEPS", "HALF_TYPES", "HalfMathProgram", "half_binding_size", "half_programs", "half_storage",
+           "is_half_binding", "with_half_math"]
 
 #: A float binding's element type -> its type in a float16 plan.
 HALF_TYPES = {"f32": "f16", "vec4<f32>": "vec4<f16>"}
+#: The f16 multiply-adds of a float16 form's partial sum before it is added into float32, at most, in the forms
+#: written for it outside the matrix products (the fused bottleneck's resident form, DEPTHWISE_CONV_2D's strips):
+#: the steps of the largest tile's slice of :mod:`tflfuse.kernels.gemm`, whose error bound tests/half_math.py
+#: derives.
+HALF_STEPS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +53,13 @@ class HalfMathProgram(Program):
 
     half_math: str = dataclasses.field(default="", repr=False, compare=False)
     half_math_of: str = dataclasses.field(default="", repr=False, compare=False)
+
+
+def with_half_math(program: Program, half_math: str) -> HalfMathProgram:
+    """``program`` as a :class:`HalfMathProgram` whose float16 form is the WGSL ``half_math`` (the same bindings,
+    declared f32), valid for ``program``'s source."""
+    return HalfMathProgram(**{f.name: getattr(program, f.name) for f in dataclasses.fields(Program)},
+                           half_math=half_math, half_math_of=program.source)
 
 
 def is_half_binding(b: Binding, half_scratch: tuple[int, ...] = ()) -> bool:
@@ -176,7 +192,8 @@ def _rewrite_scoped(s: str, types: dict[str, str], program: str) -> str:
 
 def _rewrite(s: str, types: dict[str, str], program: str) -> str:
     """``s`` with each read of a binding in ``types`` (name -> its f32 element type) converted to that type
-    and each store converted to the binding's f16 type."""
+    and each store converted to the binding's f16 type; a read that is the whole argument of a conversion to
+    the f16 type (``vec4<f16>(x[i])``, written by a :class:`HalfMathProgram`'s source) stays f16."""
     pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, types)) + r")\b(\s*)(\[|[^\[\s:])")
     out, pos = [], 0
     while True:
@@ -194,8 +211,11 @@ def _rewrite(s: str, types: dict[str, str], program: str) -> str:
         access = f"{name}[{_rewrite(s[open_at + 1:close], types, program)}]"
         wide, narrow = types[name], HALF_TYPES[types[name]]
         op = _ASSIGN.match(s, close + 1)
-        if op is None:   # a read
-            out.append(f"{wide}({access})")
+        if op is None:   # a read: as f32, unless it is the whole argument of a conversion to the f16 type
+            k = m.start() - len(narrow) - 1   # where "f16(" or "vec4<f16>(" would start
+            raw = (k >= 0 and s.startswith(f"{narrow}(", k) and not (k and (s[k - 1].isalnum() or s[k - 1] == "_"))
+                   and s.startswith(")", close + 1))
+            out.append(access if raw else f"{wide}({access})")
             pos = close + 1
             continue
         rhs_start = op.end()

@@ -33,7 +33,7 @@ import dataclasses
 from ..base import MAX_WORKGROUP_STORAGE, Binding, CompositeKernel, KernelError, Program, TensorSpec, linear_dispatch
 from ..conv import depthwise_program
 from ..gemm import product_program, use_tiled_matmul
-from ..half import HalfMathProgram
+from ..half import HALF_STEPS, with_half_math
 from ..registry import register
 from ..wgsl import ACTIVATION_ALPHA, activation_fn, dot, prelu_fn, prelude, reduction_program, split_lanes
 from .conv import window_geometry
@@ -397,11 +397,8 @@ RESIDENT_PREFETCH = True
 #: ``vec4<f16>``, the expand conv's, the depthwise taps' and the projection's multiply-adds in f16, each run of at
 #: most :data:`HALF_STEPS` of them added into f32 sums. Off: float16 storage only, f32 arithmetic (the float32
 #: plan's source either way). Off until timed on a GPU: ``benchmarks/dispatch_profile.py --batch=32
-#: --precision=float16 --resident_half_math=off`` and ``=on`` (a process each) compare the two.
+#: --precision=float16 --half_math=resident`` against ``--half_math=none``.
 RESIDENT_HALF_MATH = False
-#: The f16 multiply-adds of a float16 form's partial sum before it is added into float32: the steps of the
-#: largest tile's slice of :mod:`tflfuse.kernels.gemm`, whose error bound tests/half_math.py derives.
-HALF_STEPS = 16
 
 
 def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,
@@ -534,11 +531,9 @@ projection["project"] if projection else ""}
     # per chunk: the loops' trips, each with its last exit test (the software adapter counts those), + 1
     trips = (cexp // chunk) * (-(-cin * q // threads) + -(-out_items // threads) + 3 +
                                (-(-chunk * cout // 4 // threads) + 1 if cout else 0))
-    dispatch = linear_dispatch(groups * threads, threads)
-    if not RESIDENT_HALF_MATH:
-        return Program(name, source, (threads, 1, 1), dispatch, binds, loop_trips=trips)
-    return HalfMathProgram(name, source, (threads, 1, 1), dispatch, binds, loop_trips=trips,
-                           half_math=source_for(True), half_math_of=source)
+    program = Program(name, source, (threads, 1, 1), linear_dispatch(groups * threads, threads), binds,
+                      loop_trips=trips)
+    return with_half_math(program, source_for(True)) if RESIDENT_HALF_MATH else program
 
 
 def pointwise_expand_program(name: str, bindings: tuple[Binding, ...], rows: int, cin: int, cexp: int,
