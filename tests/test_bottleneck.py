@@ -678,28 +678,34 @@ def test_float16_block_rounds_its_tensors_to_float16(device, strategy, case):
     ((1, 12, 12, 24, 6, 24, 1, True), "8x8/8/r2p", 3),   # 24 input channels: two runs of f16 expand steps
     ((3, 11, 13, 24, 4, 28, 1, False), "4x8/24/r1p", 3),  # chunks of 24: two runs of f16 projection steps
     ((1, 10, 9, 16, 4, 16, 2, False), "2x4/8/r1p", 5),   # 5x5: 25 taps, two runs of f16 depthwise steps
+    ((2, 9, 7, 8, 6, 12, 2, False), "dw_projection", 3),  # the depthwise conv in the product's A staging
+    ((1, 12, 12, 8, 6, 8, 1, True), "dw_projection", 3),  # rows of 12: four pixels share their input loads
+    ((1, 10, 9, 16, 4, 16, 2, False), "dw_projection", 5),
 ])
-def test_float16_resident_form_with_f16_math_within_its_bound(device, monkeypatch, case, tile, k):
-    """expand_depthwise.RESIDENT_HALF_MATH: the resident expand_dw form of a float16 plan with f16 arithmetic
-    (workgroup memory, registers and multiply-adds in f16, runs of at most HALF_STEPS added into f32 sums).
+def test_float16_block_with_f16_math_within_its_bound(device, monkeypatch, case, tile, k):
+    """expand_depthwise.RESIDENT_HALF_MATH and conv.DEPTHWISE_HALF_MATH: a float16 plan's resident expand_dw
+    form (a ``tile``; registers, workgroup memory and the expand conv's, taps' and projection's multiply-adds
+    in f16) and its dw_projection strategy (the depthwise conv in the product's A staging: the taps in f16),
+    f16 multiply-adds in runs of at most HALF_STEPS added into f32 sums.
 
     Against TensorFlow in float64 on the same float16-representable inputs and weights, all non-negative (so
     that each stage's sum of magnitudes is its value: with cancellation the worst-case bound below is loose by
-    the ratio of the two), each stage's worst case propagated into the next, elementwise, with ``eps = 2**-10`` and ``2**-14`` per f16 store (test above) and
-    ``half_math.sum_bound`` for each stage's sums (f16 multiply-adds in runs of ``tk``: the expand conv's
-    ``min(Cin, 16)``, the taps' ``min(K K, 16)``, the projection's ``min(chunk, 16)``; ``2**-14`` of each
-    step's roundings may be flushed):
+    the ratio of the two), each stage's worst case propagated into the next, elementwise, with ``eps =
+    2**-10`` and ``2**-14`` per f16 store (test above) and ``half_math.sum_bound`` for each stage's sums (f16
+    multiply-adds in runs of ``tk``: the expand conv's ``min(Cin, 16)`` (dw_projection's expand product: an
+    f16 product's slice or f32 sums, within the same), the taps' ``min(K K, 16)``, the projection's ``min(chunk,
+    16)`` in the resident dispatch, else a product's 16; ``2**-14`` of each step's roundings may be flushed):
 
-    - expanded ``e``, stored as f16 in workgroup memory: ``de = sum_bound(|x| @ |ew| + |eb|) + eps (|e| + ..)
-      + 2**-14``;
-    - depthwise ``d``, stored as f16: ``dd = dw(de, |dw|) + sum_bound(dw(|e| + de, |dw|) + |db|) + eps (|d| +
-      ..) + 2**-14``;
+    - expanded ``e``, stored as f16 (workgroup memory or a scratch buffer): ``de = sum_bound(|x| @ |ew| + |eb|)
+      + eps (|e| + ..) + 2**-14``;
+    - depthwise ``d``, stored as f16 (workgroup memory, a scratch buffer, or the product's A slice): ``dd =
+      dw(de, |dw|) + sum_bound(dw(|e| + de, |dw|) + |db|) + eps (|d| + ..) + 2**-14``;
     - output ``y``: ``dd @ |pw| + half_math.product_bound`` of ``S = (|d| + dd) @ |pw| + |pb| (+ |x|)``."""
     import tensorflow as tf
 
+    from tflfuse.kernels import conv
     from tflfuse.kernels.fused import expand_depthwise
 
-    monkeypatch.setattr(expand_depthwise, "RESIDENT_HALF_MATH", True)
     n, h, w_, cin, t, cout, stride, residual = case
     rng = np.random.default_rng(zlib.crc32(repr((case, tile, k)).encode()))
     x = rng.random((n, h, w_, cin)).astype(np.float16).astype(np.float32)
@@ -709,17 +715,22 @@ def test_float16_resident_form_with_f16_math_within_its_bound(device, monkeypatc
     w = {key: (np.abs(v) * gain.get(key, 1)).astype(np.float16).astype(np.float32)
          for key, v in _weights(rng, cin, t, cout, k).items()}
     inputs = [x] + [w[key] for key in ("ew", "eb", "dw", "db", "pw", "pb")]
-    attrs = {"expansion": t, "stride": stride, "residual": residual, "target": "gpu", "strategy": "expand_dw",
-             "expand_tile": tile, "kernel_size": k}
+    attrs = {"expansion": t, "stride": stride, "residual": residual, "target": "gpu", "kernel_size": k,
+             **({"strategy": tile} if tile == "dw_projection" else {"strategy": "expand_dw", "expand_tile": tile})}
     kernel = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
-    assert "var hp = vec4<f16>(0.0);" in half_programs(kernel)[0].source   # the f16-math form runs
+    storage_only = [p.source for p in half_programs(kernel)]
+    monkeypatch.setattr(expand_depthwise, "RESIDENT_HALF_MATH", True)
+    monkeypatch.setattr(conv, "DEPTHWISE_HALF_MATH", True)
+    kernel = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
+    assert [p.source for p in half_programs(kernel)] != storage_only   # the f16-math form runs
     (got,) = run_op(device, "fused_bottleneck", inputs, attrs, precision="float16")
     np.testing.assert_array_equal(got, got.astype(np.float16).astype(np.float32))   # stored as float16
 
     eps, flush = 2.0 ** -10, 2.0 ** -14
     w64 = {key: v.astype(np.float64) for key, v in w.items()}
     x64 = x.astype(np.float64)
-    cexp, chunk = cin * t, int(tile.split("/")[1])
+    cexp = cin * t
+    chunk = int(tile.split("/")[1]) if tile.endswith("p") else 16   # a product's runs: at most 16
 
     def expand(v, ew, eb):
         return (tf.nn.conv2d(v, ew[None, None], 1, "SAME") + eb).numpy()
@@ -736,15 +747,12 @@ def test_float16_resident_form_with_f16_math_within_its_bound(device, monkeypatc
     dd += eps * (np.abs(d) + dd) + flush
     want = d @ w64["pw"] + w64["pb"] + (x64 if residual else 0)
     s = (np.abs(d) + dd) @ np.abs(w64["pw"]) + np.abs(w64["pb"]) + (np.abs(x64) if residual else 0)
-    # the projection: in the dispatch (f16 runs of a chunk), or apart (a float16 plan's product, any tile)
-    own = product_bound(s, got, want, cexp, min(chunk, 16)) if tile.endswith("p") else \
-        product_bound(s, got, want, cexp)
-    bound = dd @ np.abs(w64["pw"]) + own
+    bound = dd @ np.abs(w64["pw"]) + product_bound(s, got, want, cexp, min(chunk, 16))
     err = np.abs(got - want)
     assert (err <= bound).all(), f"worst {float((err / bound).max()):.3g} of the bound"
-    # not vacuous: under 6% of each output (the three f16 stages' gamma(2 tk, 2**-11), at most 4.8% at tk = 16,
+    # not vacuous: under 7% of each output (the three f16 stages' gamma(2 tk, 2**-11), at most 4.8% at tk = 16,
     # three f16 stores 0.3%, flushed subnormals up to 1.5% at these magnitudes), so a wrong tap or channel shows
-    assert (bound < 0.06 * want).all()
+    assert (bound < 0.07 * want).all()
 
 
 # ---- output_activation: a RELU6 / RELU after the projection (and the residual) ----------------------------------

@@ -435,10 +435,11 @@ def depthwise_program(name: str, bindings, g: dict, cin: int, mult: int, has_bia
                                loop_trips=g["KH"] * (1 + g["KW"]))
 
 
-#: Whether a float16 plan runs :func:`depthwise_program`'s strip schedule with f16 arithmetic (a
-#: :class:`~tflfuse.kernels.half.HalfMathProgram`): the inputs and weights read as ``vec4<f16>`` without
-#: conversion and the taps' multiply-adds in f16, each run of at most :data:`HALF_STEPS` added into the f32 sum
-#: (the bias, the activation and the store stay float32). Off: float16 storage only, each value read converted to
+#: Whether a float16 plan runs :func:`depthwise_program`'s strip schedule, and the depthwise conv inside a
+#: product's A staging (:func:`tflfuse.kernels.fused.depthwise_product.depthwise_product_program`), with f16
+#: arithmetic (a :class:`~tflfuse.kernels.half.HalfMathProgram`): the inputs and weights read as ``vec4<f16>``
+#: without conversion and the taps' multiply-adds in f16, each run of at most :data:`HALF_STEPS` added into the
+#: f32 sum (the bias, the activation and the store stay float32). Off: float16 storage only, each value read converted to
 #: f32 (the float32 plan's source either way). Off until timed on a GPU: ``benchmarks/dispatch_profile.py
 #: --precision=float16 --half_math=depthwise`` against ``--half_math=none``.
 DEPTHWISE_HALF_MATH = False

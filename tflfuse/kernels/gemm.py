@@ -324,7 +324,8 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
                          b: str, store: str, helpers: str = "", uniforms: tuple[Uniform, ...] = (),
                          tile: MatmulTile | str | None = None, *, a_vec: str | None = None,
                          b_vec: str | None = None, store_vec: str | None = None,
-                         a_strip: str | None = None, elem: str = "f32", double_buffer: bool = False) -> Program:
+                         a_strip: str | None = None, elem: str = "f32", double_buffer: bool = False,
+                         half_helpers: str | None = None) -> Program:
     """``C = A @ B`` with ``A [rows, depth]`` and ``B [depth, cols]``, float32, tiled for a GPU; with the float16
     plan's form (f16 slices and multiply-adds, f32 accumulation; the module docstring) kept on the program.
     With ``elem="i32"``, the operands, the workgroup memory and the sums are i32 (exact integer products, as
@@ -351,7 +352,7 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
         mat4x4<f32>`` giving the 4 x 4 block ``A[r0 : r0 + 4, k : k + 4]`` (``r0`` and ``k`` multiples of 4),
         column ``i`` the vec4 of ``A[r0 .. r0 + 3, k + i]``; used instead of ``a`` and ``a_vec``, once per block,
         so that the function can share work between the four rows. It is called for blocks past the matrix's
-        rows or depth too and must then return finite values (zero past the depth). It stays f32; in the
+        rows or depth too and must then return finite values (zero past the depth). It returns f32; in the
         float16 form its block is rounded to f16 as it is staged.
       elem: ``"f32"`` or ``"i32"``, the type of the operands and sums (``a``, ``b`` and ``acc``).
       double_buffer: two buffers of workgroup memory for the slices: the next slice is staged into the other
@@ -359,6 +360,8 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
         the same order; timed by ``benchmarks/sweep_gemm_forms.py --double_buffer=off,on``: on an H200, 2026-12-05,
         MobileNetV2's 19 distinct products at batch 32 took 591 us in all double-buffered against 524 us with the
         library's tiles, 572 against 518 with the best tile of each form, so it is off by default).
+      half_helpers: the float16 form's ``helpers`` (the same functions, e.g. an ``a_strip`` whose arithmetic is
+        partly f16); None: ``helpers``.
     Returns:
       the :class:`~tflfuse.kernels.half.HalfMathProgram` (a :class:`Program` for ``"i32"``), one workgroup per
       tile of ``C``.
@@ -538,7 +541,7 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
 
     def source_for(half: bool) -> str:
         t = "f16" if half else elem
-        return prelude(bindings, uniforms) + helpers + f"""
+        return prelude(bindings, uniforms) + (half_helpers if half and half_helpers is not None else helpers) + f"""
 // Staging loads without branches: the address is clamped into the matrix and the value zeroed past its edges.
 {a_load}
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 
 from ..base import Binding, KernelError, Program, Uniform
+from .. import conv
 from ..gemm import MatmulTile, tiled_matmul_program
+from ..half import HALF_STEPS
 from ..wgsl import activation_fn
 
 __all__ = ["depthwise_product_program", "fits_depthwise_product"]
@@ -74,16 +76,21 @@ def depthwise_product_program(name: str, bindings: tuple[Binding, ...], g: dict,
     vec4 = {"x", "dw", "db", "pw"} if scalar_store else {b.name for b in bindings}
     binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") if b.name in vec4 else b for b in bindings)
     has_bias = any(b.name == "db" for b in bindings)
-    depthwise = activation_fn(activation, "dact") + _strip_function(g, channels, rows, has_bias)
+    dact = activation_fn(activation, "dact")
+    depthwise = dact + _strip_function(g, channels, rows, has_bias)
+    # the float16 form's depthwise conv in f16 arithmetic where DEPTHWISE_CONV_2D's strips take it
+    half = dact + _strip_function(g, channels, rows, has_bias, half=True) + helpers if conv.DEPTHWISE_HALF_MATH \
+        else None
     scalar = f"pw[k * {cols // 4}u + c / 4u][c % 4u]"
     # A is staged by depthwise_strip (a_strip): the scalar `a` never runs; C is stored as vec4s (store_vec) unless
     # scalar_store
     return tiled_matmul_program(name, binds, rows, channels, cols, "0.0", scalar, store, depthwise + helpers,
                                 uniforms, tile=tile, b_vec=f"pw[(k * {cols}u + c) / 4u]",
-                                store_vec=None if scalar_store else store, a_strip="depthwise_strip")
+                                store_vec=None if scalar_store else store, a_strip="depthwise_strip",
+                                half_helpers=half)
 
 
-def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True) -> str:
+def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True, half: bool = False) -> str:
     """WGSL ``fn depthwise_strip(r0, k) -> mat4x4<f32>``: the depthwise conv (bias and activation included) of
     the output pixels ``r0 .. r0 + 3`` for channels ``k .. k + 3``, column ``i`` channel ``k + i`` (the A block
     of :func:`tflfuse.kernels.gemm.tiled_matmul_program`'s ``a_strip``; without ``has_bias``, no ``db``
@@ -92,12 +99,20 @@ def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True) ->
     alone. The weights' loads are shared either way. Blocks past the depth are zero (a slice deeper than the
     channels left: its A must add nothing even where a depthwise value overflows to infinity, which the
     product's zero B would turn into NaN); blocks past the rows read clamped addresses (their values are never
-    stored). ``rows`` 0 (an empty output, which no invocation reaches) compiles too."""
+    stored). ``rows`` 0 (an empty output, which no invocation reaches) compiles too. With ``half`` (for the
+    float16 form, :data:`tflfuse.kernels.conv.DEPTHWISE_HALF_MATH`) the inputs and weights are read as f16 and
+    the taps' multiply-adds are f16, each run of at most :data:`~tflfuse.kernels.half.HALF_STEPS` added into the
+    f32 sum that takes the bias and the activation."""
     c4 = channels // 4
     kh, kw = g["KH"], g["KW"]
+    t = "f16" if half else "f32"
+
+    def typed(read: str) -> str:
+        return f"vec4<f16>({read})" if half else read
+
     lines = [f"  if (k >= {channels}u) {{ return mat4x4<f32>(); }}   // past the depth: adds nothing",
              "  let c = k / 4u;"]
-    lines += [f"  let w{t} = dw[{t * c4}u + c];" for t in range(kh * kw)]
+    lines += [f"  let w{t_} = {typed(f'dw[{t_ * c4}u + c]')};" for t_ in range(kh * kw)]
     lines.append("  let dbias = db[c];" if has_bias else "  let dbias = vec4<f32>(0.0);")
     shared = g["OW"] % 4 == 0
     pixels = [0] if shared else range(4)
@@ -109,18 +124,26 @@ def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True) ->
                   f"    let n = r / {g['OW'] * g['OH']}u;"]
         strip = range(4) if shared else [q]
         lines += [f"    var a{p} = dbias;" for p in strip]
+        if half:
+            lines += [f"    var h{p} = vec4<f16>(0.0);" for p in strip]
+        tap = 0
         for ky in range(kh):
             lines.append(f"    {{ let iy = oy * {g['SH']} - {g['PT']} + {ky * g['DH']};\n"
                          f"      let row = (n * {g['H']}u + u32(clamp(iy, 0, {g['H'] - 1}))) * {g['W']}u;\n"
                          f"      let row_in = iy >= 0 && iy < {g['H']};")
             offsets = sorted({(p - strip[0]) * g["SW"] + kx * g["DW"] for p in strip for kx in range(kw)})
             for o in offsets:
+                read = typed(f"x[(row + u32(clamp(ix{o}, 0, {g['W'] - 1}))) * {c4}u + c]")
                 lines.append(f"      let ix{o} = ox0 * {g['SW']} - {g['PL']} + {o};\n"
-                             f"      let v{o} = select(vec4<f32>(0.0), x[(row + u32(clamp(ix{o}, 0, {g['W'] - 1}))) * "
-                             f"{c4}u + c], row_in && ix{o} >= 0 && ix{o} < {g['W']});")
+                             f"      let v{o} = select(vec4<{t}>(0.0), {read}, "
+                             f"row_in && ix{o} >= 0 && ix{o} < {g['W']});")
             for kx in range(kw):
-                lines += [f"      a{p} = fma(v{(p - strip[0]) * g['SW'] + kx * g['DW']}, w{ky * kw + kx}, a{p});"
-                          for p in strip]
+                acc = "h" if half else "a"
+                lines += [f"      {acc}{p} = fma(v{(p - strip[0]) * g['SW'] + kx * g['DW']}, w{ky * kw + kx}, "
+                          f"{acc}{p});" for p in strip]
+                tap += 1
+                if half and (tap % HALF_STEPS == 0 or tap == kh * kw):   # the run's sum into f32
+                    lines += [f"      a{p} += vec4<f32>(h{p});\n      h{p} = vec4<f16>(0.0);" for p in strip]
             lines.append("    }")
         lines += [f"    d{p} = vec4<f32>(dact(a{p}.x), dact(a{p}.y), dact(a{p}.z), dact(a{p}.w));" for p in strip]
         lines.append("  }")
