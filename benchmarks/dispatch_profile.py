@@ -3,7 +3,7 @@ goes, dispatch by dispatch, and how much of it is the gaps between dispatches (t
 of the dispatches' own times).
 
     python benchmarks/dispatch_profile.py --models=.bench [--select=selfie*,hand_recrop*] [--batch=1]
-                                          [--precision=float16 [--half_math=resident,depthwise]]
+                                          [--precision=float16 [--half_math=resident,depthwise,conv]]
                                           [--out=DISPATCHES.md] [--json_out=dispatches.json]
 
 Real models of ``--models`` (``NAME_unfused.tflite``) are fused at load with :func:`tflfuse.fuse`, as
@@ -32,7 +32,8 @@ from selection import selected_models  # noqa: E402
 FLAGS = flags.FLAGS
 #: --half_math's forms: the module and the flag each sets.
 _HALF_MATH = {"resident": ("tflfuse.kernels.fused.expand_depthwise", "RESIDENT_HALF_MATH"),
-              "depthwise": ("tflfuse.kernels.conv", "DEPTHWISE_HALF_MATH")}
+              "depthwise": ("tflfuse.kernels.conv", "DEPTHWISE_HALF_MATH"),
+              "conv": ("tflfuse.kernels.conv", "CONV_HALF_MATH")}
 flags.DEFINE_string("models", ".bench", "folder of .tflite models")
 flags.DEFINE_list("select", ["*"], "globs of file stems to profile")
 flags.DEFINE_integer("batch", 1, "batch size (the first input dimension)")
@@ -40,7 +41,8 @@ flags.DEFINE_integer("repeats", 5, "passes per dispatch (median)")
 flags.DEFINE_enum("precision", "float32", ["float32", "float16"], "the Interpreter's precision")
 flags.DEFINE_list("half_math", None, "the forms a float16 plan runs with f16 arithmetic: 'resident' (the fused "
                   "bottleneck's resident form, expand_depthwise.RESIDENT_HALF_MATH), 'depthwise' (DEPTHWISE_CONV_2D's "
-                  "strips, conv.DEPTHWISE_HALF_MATH), or 'none'; the others run without; not given: the library's")
+                  "strips and the depthwise conv in products, conv.DEPTHWISE_HALF_MATH), 'conv' (CONV_2D's strips, "
+                  "conv.CONV_HALF_MATH), or 'none'; the others run without; not given: the library's")
 flags.register_validator("half_math", lambda v: v is None or set(v) <= set(_HALF_MATH) or v == ["none"],
                          f"--half_math takes {', '.join(_HALF_MATH)} or 'none'")
 flags.DEFINE_string("out", None, "also write the tables here (Markdown)")

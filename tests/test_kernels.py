@@ -247,6 +247,45 @@ def test_conv_2d_strip_stores_float16(case, device, rng):
     assert np.all(np.abs(got.astype(np.float64) - want) <= 2.0 ** -10 * np.maximum(np.abs(want), 2.0 ** -14))
 
 
+@pytest.mark.parametrize("case, quads", [("stem_cin3_stride2_same_batch2", 2), ("cin8_vec4_input_valid", 1),
+                                         ("1x3_cin5_same", 2), ("dilation2_cin4_same", 1),
+                                         ("5x1_stride2_cin6_batch3", 1), ("cin20_runs_of_4", 1)])
+def test_conv_2d_strip_float16_math_within_its_bound(case, quads, device, rng, monkeypatch):
+    """conv.CONV_HALF_MATH: the strip schedule of a float16 plan with f16 arithmetic (inputs and weights read
+    as f16, the multiply-adds in f16 partial sums added into f32 after each row of the window where ``KW *
+    Cin <= 16``, after each tap where ``Cin <= 16``, else after each vec4 of input channels: runs of ``tk`` =
+    9, 8, 15, 12, 6 and 4 here; the store in f32).
+
+    Against TensorFlow in float64 on the same float16-representable inputs: ``|got - want| <=
+    half_math.product_bound(S, got, want, KH KW Cin, tk)`` with ``S = conv(|x|, |f|) + |b|`` (RELU is
+    1-Lipschitz)."""
+    from half_math import half, product_bound
+
+    from tflfuse.kernels import conv
+
+    monkeypatch.setattr(conv, "CONV_HALF_MATH", True)
+    shape, (kh, kw, cout), stride, padding, dil = ({**CONV_STRIP_CASES, "cin20_runs_of_4": (
+        (1, 7, 9, 20), (3, 3, 8), 1, "SAME", 1)})[case]
+    cin = shape[3]
+    x = half(rng.standard_normal(shape).astype(np.float32))
+    f = half(_weights(rng, (kh, kw, cin, cout), kh * kw * cin))
+    b = half(rng.standard_normal(cout).astype(np.float32))
+    attrs = {"filter_layout": "HWIO", "padding": padding, "stride_h": stride, "stride_w": stride,
+             "dilation_h_factor": dil, "dilation_w_factor": dil, "fused_activation_function": "RELU",
+             "target": "gpu", "strip": 3, "strip_quads": quads}
+    kernel = kernel_class("CONV_2D")([TensorSpec(a.shape) for a in (x, f, b)], attrs)
+    assert "var h0_0 = vec4<f16>(0.0);" in half_programs(kernel)[0].source   # the f16-math form runs
+    (got,) = tflfuse.runtime.plan.run_op(device, "CONV_2D", [x, f, b], attrs, precision="float16")
+    x64, f64, b64 = (a.astype(np.float64) for a in (x, f, b))
+    want = tf.nn.relu(tf.nn.conv2d(x64, f64, stride, padding, dilations=dil) + b64).numpy()
+    s = tf.nn.conv2d(np.abs(x64), np.abs(f64), stride, padding, dilations=dil).numpy() + np.abs(b64)
+    tk = kw * cin if kw * cin <= 16 else cin if cin <= 16 else 4
+    bound = product_bound(s, got, want, kh * kw * cin, tk)
+    err = np.abs(got - want)
+    assert got.shape == want.shape and (err <= bound).all(), f"worst {float((err / bound).max()):.3g} of the bound"
+    assert bound.max() < 0.05 * np.abs(want).max()   # the bound is not vacuous
+
+
 @pytest.mark.parametrize("strip, filt, attrs, message", [
     (9, (3, 3, 4, 8), {}, "strip must be an int from 0 to 8, got 9"),
     (2, (3, 3, 4, 6), {}, "the strip schedule needs .*output channels a multiple of 4.*give strip=0"),

@@ -239,6 +239,14 @@ class Conv2D(_Conv):
                                   f"y[idx] = act(acc + {bias});", act, lanes=lanes, loop_trips=trips)]
 
 
+#: Whether a float16 plan runs CONV_2D's strip schedule (:func:`conv_strip_program`) with f16 arithmetic (a
+#: :class:`~tflfuse.kernels.half.HalfMathProgram`): inputs and weights read as f16 without conversion, the
+#: multiply-adds in f16 into partial sums added into the f32 sums after each row of the window (where a row's
+#: ``KW * Cin`` multiply-adds are at most :data:`HALF_STEPS`), each tap (``Cin`` at most that) or each vec4 of
+#: input channels; the store stays float32. Off: float16 storage only (the float32 plan's source either way).
+#: Off until timed on a GPU: ``benchmarks/dispatch_profile.py --precision=float16 --half_math=conv`` against
+#: ``--half_math=none``.
+CONV_HALF_MATH = False
 #: :func:`conv_strip_program`'s ``quads``: the output-channel vec4s one invocation may own.
 STRIP_QUADS = (1, 2, 4, 8)
 
@@ -305,52 +313,88 @@ def conv_strip_program(name: str, bindings, g: dict, cin: int, cout: int, strip:
     strips = -(-g["OW"] // strip)
     groups = c4 // quads             # invocations per strip, each owning ``quads`` vec4s of output channels
     px, qs = range(strip), range(quads)
-    lines = [f"  let cg = idx % {groups}u;",
-             f"  let s = (idx / {groups}u) % {strips}u;",
-             f"  let oy = i32((idx / {groups * strips}u) % {g['OH']}u);",
-             f"  let n = idx / {groups * strips * g['OH']}u;",
-             f"  let ox0 = i32(s) * {strip};"]
-    lines += [f"  var acc{p}_{q} = vec4<f32>(0.0);" for p in px for q in qs]
-    lines.append(f"""  for (var ky = 0; ky < {g['KH']}; ky++) {{
+    main = cin - cin % 4
+    # the float16 form's f16 partial sums go into the f32 sums after each row of the window where a row's
+    # multiply-adds fit a run, else after each tap where a tap's do, else after each vec4 of input channels
+    run = "row" if g["KW"] * cin <= HALF_STEPS else "tap" if cin <= HALF_STEPS else "quad"
+
+    def body(half: bool) -> str:
+        t, add = ("f16", "h") if half else ("f32", "acc")
+        flush = "".join(f"\n{{i}}acc{p}_{q} += vec4<f32>(h{p}_{q});\n{{i}}h{p}_{q} = vec4<f16>(0.0);"
+                        for p in px for q in qs) if half else ""
+
+        def typed(read: str) -> str:   # an input read: a vec4 where the input is read as vec4s, else a float
+            return f"{'vec4<f16>' if vec_x else 'f16'}({read})" if half else read
+
+        def wtyped(read: str) -> str:   # a weight vec4's read
+            return f"vec4<f16>({read})" if half else read
+
+        lines = [f"  let cg = idx % {groups}u;",
+                 f"  let s = (idx / {groups}u) % {strips}u;",
+                 f"  let oy = i32((idx / {groups * strips}u) % {g['OH']}u);",
+                 f"  let n = idx / {groups * strips * g['OH']}u;",
+                 f"  let ox0 = i32(s) * {strip};"]
+        lines += [f"  var acc{p}_{q} = vec4<f32>(0.0);" for p in px for q in qs]
+        if half:
+            lines += [f"  var h{p}_{q} = vec4<f16>(0.0);" for p in px for q in qs]
+        lines.append(f"""  for (var ky = 0; ky < {g['KH']}; ky++) {{
     let iy = oy * {g['SH']} - {g['PT']} + ky * {g['DH']};
     if (iy < 0 || iy >= {g['H']}) {{ continue; }}
     let row = (n * {g['H']}u + u32(iy)) * {g['W']}u;
     for (var kx = 0; kx < {g['KW']}; kx++) {{
       let wb = (u32(ky) * {g['KW']}u + u32(kx)) * {cin * c4}u + cg * {quads}u;""")
-    for p in px:
-        lines.append(f"      let ix{p} = (ox0 + {p}) * {g['SW']} - {g['PL']} + kx * {g['DW']};\n"
-                     f"      let in{p} = ix{p} >= 0 && ix{p} < {g['W']};\n"
-                     f"      let xb{p} = (row + u32(clamp(ix{p}, 0, {g['W'] - 1}))) * {cin // 4 if vec_x else cin}u;")
-    main = cin - cin % 4
-    if main:
-        lines.append(f"      for (var ci = 0u; ci < {main}u; ci += 4u) {{")
-        lines += [f"        let w{j}_{q} = w[wb + (ci + {j}u) * {c4}u + {q}u];" for j in range(4) for q in qs]
         for p in px:
-            if vec_x:
-                lines.append(f"        let v{p} = select(vec4<f32>(0.0), x[xb{p} + ci / 4u], in{p});")
-            else:
-                lines.append(f"        let v{p} = select(vec4<f32>(0.0), vec4<f32>(x[xb{p} + ci], x[xb{p} + ci + 1u], "
-                             f"x[xb{p} + ci + 2u], x[xb{p} + ci + 3u]), in{p});")
-            lines += [f"        acc{p}_{q} += v{p}.x * w0_{q} + v{p}.y * w1_{q} + v{p}.z * w2_{q} + v{p}.w * w3_{q};"
-                      for q in qs]
-        lines.append("      }")
-    for j in range(main, cin):   # the input channels past the last multiple of 4 (all of them for cin < 4)
-        lines.append("      {")
-        lines += [f"        let v{p} = select(0.0, x[xb{p} + {j}u], in{p});" for p in px]
-        for q in qs:
-            lines.append(f"        let wt{q} = w[wb + {j * c4 + q}u];")
-            lines += [f"        acc{p}_{q} += v{p} * wt{q};" for p in px]
-        lines.append("      }")
-    lines.append("    }\n  }")
-    out = f"(n * {g['OH']}u + u32(oy)) * {g['OW']}u"
-    for p in px:
-        body = "".join(f"\n    {{\n      let c = cg * {quads}u + {q}u;\n      let acc = acc{p}_{q};"
-                       f"\n      {store}\n    }}" for q in qs)
-        block = f"{{\n    let pix = {out} + u32(ox0 + {p});{body}\n  }}"
-        lines.append(f"  {block}" if p == 0 else f"  if (ox0 + {p} < {g['OW']}) {block}")
+            lines.append(f"      let ix{p} = (ox0 + {p}) * {g['SW']} - {g['PL']} + kx * {g['DW']};\n"
+                         f"      let in{p} = ix{p} >= 0 && ix{p} < {g['W']};\n"
+                         f"      let xb{p} = (row + u32(clamp(ix{p}, 0, {g['W'] - 1}))) * "
+                         f"{cin // 4 if vec_x else cin}u;")
+        if main:
+            lines.append(f"      for (var ci = 0u; ci < {main}u; ci += 4u) {{")
+            lines += [f"        let w{j}_{q} = {wtyped(f'w[wb + (ci + {j}u) * {c4}u + {q}u]')};"
+                      for j in range(4) for q in qs]
+            for p in px:
+                if vec_x:
+                    lines.append(f"        let v{p} = select(vec4<{t}>(0.0), {typed(f'x[xb{p} + ci / 4u]')}, in{p});")
+                else:
+                    reads = ", ".join(typed(f"x[xb{p} + ci{f' + {j}u' if j else ''}]") for j in range(4))
+                    lines.append(f"        let v{p} = select(vec4<{t}>(0.0), vec4<{t}>({reads}), in{p});")
+                lines += [f"        {add}{p}_{q} = fma(vec4<{t}>(v{p}.{c}), w{j}_{q}, {add}{p}_{q});"
+                          for q in qs for j, c in enumerate("xyzw")] if half else \
+                    [f"        acc{p}_{q} += v{p}.x * w0_{q} + v{p}.y * w1_{q} + v{p}.z * w2_{q} + v{p}.w * w3_{q};"
+                     for q in qs]
+            if half and run == "quad":
+                lines.append(flush.format(i="        ").lstrip("\n"))
+            lines.append("      }")
+        for j in range(main, cin):   # the input channels past the last multiple of 4 (all of them for cin < 4)
+            lines.append("      {")
+            zero = "f16(0.0)" if half else "0.0"
+            lines += [f"        let v{p} = select({zero}, {typed(f'x[xb{p} + {j}u]')}, in{p});" for p in px]
+            for q in qs:
+                lines.append(f"        let wt{q} = {wtyped(f'w[wb + {j * c4 + q}u]')};")
+                lines += [f"        h{p}_{q} = fma(vec4<f16>(v{p}), wt{q}, h{p}_{q});" if half else
+                          f"        acc{p}_{q} += v{p} * wt{q};" for p in px]
+            lines.append("      }")
+        if half and run == "tap":
+            lines.append(flush.format(i="      ").lstrip("\n"))
+        lines.append("    }")
+        if half and run == "row":
+            lines.append(flush.format(i="    ").lstrip("\n"))
+        lines.append("  }")
+        out = f"(n * {g['OH']}u + u32(oy)) * {g['OW']}u"
+        for p in px:
+            stored = "".join(f"\n    {{\n      let c = cg * {quads}u + {q}u;\n      let acc = acc{p}_{q};"
+                             f"\n      {store}\n    }}" for q in qs)
+            block = f"{{\n    let pix = {out} + u32(ox0 + {p});{stored}\n  }}"
+            lines.append(f"  {block}" if p == 0 else f"  if (ox0 + {p} < {g['OW']}) {block}")
+        return "\n".join(lines)
+
     total = g["N"] * g["OH"] * strips * groups
-    return elementwise_program(name, binds, total, "\n".join(lines), helpers, uniforms,
-                               loop_trips=g["KH"] * (1 + g["KW"] * (1 + main // 4)))
+    trips = g["KH"] * (1 + g["KW"] * (1 + main // 4))
+    program = elementwise_program(name, binds, total, body(False), helpers, uniforms, loop_trips=trips)
+    if not CONV_HALF_MATH:
+        return program
+    return with_half_math(program, elementwise_program(name, binds, total, body(True), helpers, uniforms,
+                                                       loop_trips=trips).source)
 
 
 @register("DEPTHWISE_CONV_2D")
@@ -439,9 +483,9 @@ def depthwise_program(name: str, bindings, g: dict, cin: int, mult: int, has_bia
 #: product's A staging (:func:`tflfuse.kernels.fused.depthwise_product.depthwise_product_program`), with f16
 #: arithmetic (a :class:`~tflfuse.kernels.half.HalfMathProgram`): the inputs and weights read as ``vec4<f16>``
 #: without conversion and the taps' multiply-adds in f16, each run of at most :data:`HALF_STEPS` added into the
-#: f32 sum (the bias, the activation and the store stay float32). Off: float16 storage only, each value read converted to
-#: f32 (the float32 plan's source either way). Off until timed on a GPU: ``benchmarks/dispatch_profile.py
-#: --precision=float16 --half_math=depthwise`` against ``--half_math=none``.
+#: f32 sum (the bias, the activation and the store stay float32). Off: float16 storage only, each value read
+#: converted to f32 (the float32 plan's source either way). Off until timed on a GPU:
+#: ``benchmarks/dispatch_profile.py --precision=float16 --half_math=depthwise`` against ``--half_math=none``.
 DEPTHWISE_HALF_MATH = False
 
 
