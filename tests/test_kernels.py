@@ -14,7 +14,7 @@ import tflfuse
 from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import MAX_WORKGROUPS_PER_DIM, Program, TensorSpec
 from tflfuse.kernels.conv import conv_strip, conv_strip_quads
-from tflfuse.kernels.half import half_programs
+from tflfuse.kernels.half import HALF_STEPS, half_programs
 
 from conftest import ACCUMULATION, ELEMENTWISE, EXACT, FP16_WEIGHTS, LONG_ACCUMULATION, SEED, TRANSCENDENTAL
 from oplib import check_op
@@ -257,8 +257,8 @@ def test_conv_2d_strip_float16_math_within_its_bound(case, quads, device, rng, m
     9, 8, 15, 12, 6 and 4 here; the store in f32).
 
     Against TensorFlow in float64 on the same float16-representable inputs: ``|got - want| <=
-    half_math.product_bound(S, got, want, KH KW Cin, tk)`` with ``S = conv(|x|, |f|) + |b|`` (RELU is
-    1-Lipschitz)."""
+    half_math.product_bound(S, got, want, KH KW Cin, tk)`` with ``S = conv(|x|, |f|) + |b|`` and the largest
+    operand for flushed subnormals (RELU is 1-Lipschitz)."""
     from half_math import half, product_bound
 
     from tflfuse.kernels import conv
@@ -279,8 +279,8 @@ def test_conv_2d_strip_float16_math_within_its_bound(case, quads, device, rng, m
     x64, f64, b64 = (a.astype(np.float64) for a in (x, f, b))
     want = tf.nn.relu(tf.nn.conv2d(x64, f64, stride, padding, dilations=dil) + b64).numpy()
     s = tf.nn.conv2d(np.abs(x64), np.abs(f64), stride, padding, dilations=dil).numpy() + np.abs(b64)
-    tk = kw * cin if kw * cin <= 16 else cin if cin <= 16 else 4
-    bound = product_bound(s, got, want, kh * kw * cin, tk)
+    tk = kw * cin if kw * cin <= HALF_STEPS else cin if cin <= HALF_STEPS else 4
+    bound = product_bound(s, got, want, kh * kw * cin, tk, operand_max=max(np.abs(x).max(), np.abs(f).max()))
     err = np.abs(got - want)
     assert got.shape == want.shape and (err <= bound).all(), f"worst {float((err / bound).max()):.3g} of the bound"
     assert bound.max() < 0.05 * np.abs(want).max()   # the bound is not vacuous
@@ -379,8 +379,8 @@ def test_depthwise_strip_float16_math_within_its_bound(case, device, rng, monkey
 
     Against TensorFlow in float64 on the same float16-representable inputs and weights: ``|got - want| <=
     half_math.product_bound(S, got, want, taps, min(taps, 16))`` with ``S = dw(|x|, |w|) + |b|`` (the f16
-    runs' ``gamma(2 t, 2**-11) S``, the f32 sum's ``gamma(taps + 2, 2**-24) S``, ``2**-14`` of each step's
-    roundings flushed, one f16 ulp at the store; the activations are 1-Lipschitz)."""
+    runs' ``gamma(2 t, 2**-11) S``, the f32 sum's ``gamma(taps + 2, 2**-24) S``, flushed subnormals with the
+    largest operand, one f16 ulp at the store; the activations are 1-Lipschitz)."""
     from half_math import half, product_bound
 
     from tflfuse.kernels import conv
@@ -404,7 +404,8 @@ def test_depthwise_strip_float16_math_within_its_bound(case, device, rng, monkey
     x64, w64, b64 = (a.astype(np.float64) for a in (x, w, b))
     want = np.asarray(ACTIVATIONS[act](depthwise(x64, w64) + b64))
     s = depthwise(np.abs(x64), np.abs(w64)) + np.abs(b64)
-    bound = product_bound(s, got, want, kh * kw, min(kh * kw, 16))
+    bound = product_bound(s, got, want, kh * kw, min(kh * kw, HALF_STEPS), operand_max=max(np.abs(x).max(),
+                                                                                         np.abs(w).max()))
     err = np.abs(got - want)
     assert got.shape == want.shape and (err <= bound).all(), f"worst {float((err / bound).max()):.3g} of the bound"
     assert bound.max() < 0.05 * np.abs(want).max()   # the bound is not vacuous

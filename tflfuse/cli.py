@@ -74,8 +74,9 @@ _flag(flags.DEFINE_string, "out", None, "shader --model: folder for the .wgsl fi
 _flag(flags.DEFINE_enum, "target", "gpu", "shader, fuse, export: schedules (and dispatch counts) for a GPU or the "
       "software adapter (export's default: the adapter's).", "shader fuse export", enum_values=["gpu", "cpu"])
 _flag(flags.DEFINE_enum, "precision", "float32", "run, shader, export: float16 stores every float tensor as float16 "
-      "on the GPU (arithmetic in float32; needs the adapter's shader-f16), as LiteRT's GPU delegate allows with "
-      "precision_loss_allowed.", "run shader export", enum_values=["float32", "float16"])
+      "on the GPU (arithmetic in float32 except the tiled products' f16 multiply-adds; needs the adapter's "
+      "shader-f16), as LiteRT's GPU delegate allows with precision_loss_allowed.", "run shader export",
+      enum_values=["float32", "float16"])
 _flag(flags.DEFINE_list, "patterns", [], "fuse: the patterns to apply (default: all of tflfuse.passes.fuse.PATTERNS).",
       "fuse")
 _flag(flags.DEFINE_bool, "keep_custom_ops", False, "unfuse: keep custom ops that have no expansion into builtins "

@@ -20,7 +20,10 @@ whose workgroup memory and multiply-adds are f16, with f32 accumulation across t
 "f16 storage and math with f32 accumulation in reductions"), and :func:`half_storage` rewrites that source
 instead. The float32 plan never sees it, so its shaders are the same text with or without this mechanism; and
 the kernels that build products need no precision argument (the plan decides the precision after the kernels
-made their programs).
+made their programs). f16 arithmetic has f16's range: in those forms every partial sum of a run (not only the
+result) and every value held as f16 must stay within +-65504. Past it a value is +-inf (NaN after inf - inf),
+and a clamping activation after it (RELU6 of -inf is 0) turns that into a finite wrong output; LiteRT's FP16
+mode shares the limit.
 
 Every kernel works unchanged because kernels touch storage only by indexing their bindings (``name[expr]``):
 the rewrite finds those by the binding names, with brackets balanced and statements ended at ``;``.

@@ -433,8 +433,10 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
     float16 form holds the input registers, the weights and the workgroup arrays as ``vec4<f16>`` and takes
     the expand conv's, the depthwise taps' and the projection's multiply-adds in f16, in runs of at most
     :data:`HALF_STEPS` whose sums are added into float32 (the biases, the activations and the store stay
-    float32): per stage within ``(gamma(2 t, 2**-11) + gamma(n + 2, 2**-24))`` of its sum of magnitudes, ``t``
-    the run's length and ``n`` the stage's depth (tests/half_math.py); a run's sum must stay below f16's 65504.
+    float32): per stage within ``(gamma(2 t, 2**-11) + gamma(n + 2, 2**-24))`` of its sum of magnitudes plus
+    ``2 n 2**-14`` (flushed f16 subnormals), ``t`` the run's length and ``n`` the stage's depth, and one f16
+    rounding of each value held in workgroup memory (tests/half_math.py). Every partial sum of a run and every
+    expanded and depthwise value must stay within f16's range (:mod:`tflfuse.kernels.half`).
 
     Args and the bindings as :func:`expand_depthwise_program`, with ``cout`` > 0 ``pw`` (``[Cexp, Cout]``)
     and the bindings ``store`` writes and reads instead of ``d``; ``tile_h``, ``tile_w``, ``chunk`` and
@@ -480,7 +482,7 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
         expand = [*(f"    var a{r}_{j} = eb[c0 + {j}u];" for r in rs for j in range(q))]
         # the expand conv's depth, a run of at most HALF_STEPS input channels at a time in the f16 form: each run's
         # f16 partial sums added into the f32 accumulators
-        run = HALF_STEPS // 4 if half else k4
+        run = max(HALF_STEPS // 4, 1) if half else k4
         for k0 in range(0, k4, run):
             if half:
                 expand += ["    {"] + [f"    var h{r}_{j} = vec4<f16>(0.0);" for r in rs for j in range(q)]
