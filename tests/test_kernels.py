@@ -249,12 +249,13 @@ def test_conv_2d_strip_stores_float16(case, device, rng):
 
 @pytest.mark.parametrize("case, quads", [("stem_cin3_stride2_same_batch2", 2), ("cin8_vec4_input_valid", 1),
                                          ("1x3_cin5_same", 2), ("dilation2_cin4_same", 1),
-                                         ("5x1_stride2_cin6_batch3", 1), ("cin20_runs_of_4", 1)])
+                                         ("5x1_stride2_cin6_batch3", 1), ("cin20_runs_of_4", 1),
+                                         ("cin18_runs_of_4_and_2", 2)])
 def test_conv_2d_strip_float16_math_within_its_bound(case, quads, device, rng, monkeypatch):
     """conv.CONV_HALF_MATH: the strip schedule of a float16 plan with f16 arithmetic (inputs and weights read
     as f16, the multiply-adds in f16 partial sums added into f32 after each row of the window where ``KW *
-    Cin <= 16``, after each tap where ``Cin <= 16``, else after each vec4 of input channels: runs of ``tk`` =
-    9, 8, 15, 12, 6 and 4 here; the store in f32).
+    Cin <= 16``, after each tap where ``Cin <= 16``, else after each vec4 of input channels and after a tap's
+    last ``Cin % 4``: runs of ``tk`` = 9, 8, 15, 12, 6, 4 and 4 here; the store in f32).
 
     Against TensorFlow in float64 on the same float16-representable inputs: ``|got - want| <=
     half_math.product_bound(S, got, want, KH KW Cin, tk)`` with ``S = conv(|x|, |f|) + |b|`` and the largest
@@ -264,8 +265,9 @@ def test_conv_2d_strip_float16_math_within_its_bound(case, quads, device, rng, m
     from tflfuse.kernels import conv
 
     monkeypatch.setattr(conv, "CONV_HALF_MATH", True)
-    shape, (kh, kw, cout), stride, padding, dil = ({**CONV_STRIP_CASES, "cin20_runs_of_4": (
-        (1, 7, 9, 20), (3, 3, 8), 1, "SAME", 1)})[case]
+    more = {"cin20_runs_of_4": ((1, 7, 9, 20), (3, 3, 8), 1, "SAME", 1),
+            "cin18_runs_of_4_and_2": ((2, 8, 7, 18), (3, 2, 16), 2, "SAME", 1)}
+    shape, (kh, kw, cout), stride, padding, dil = {**CONV_STRIP_CASES, **more}[case]
     cin = shape[3]
     x = half(rng.standard_normal(shape).astype(np.float32))
     f = half(_weights(rng, (kh, kw, cin, cout), kh * kw * cin))

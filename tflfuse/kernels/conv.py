@@ -374,7 +374,7 @@ def conv_strip_program(name: str, bindings, g: dict, cin: int, cout: int, strip:
                 lines += [f"        h{p}_{q} = fma(vec4<f16>(v{p}), wt{q}, h{p}_{q});" if half else
                           f"        acc{p}_{q} += v{p} * wt{q};" for p in px]
             lines.append("      }")
-        if half and run == "tap":
+        if half and (run == "tap" or (run == "quad" and main < cin)):   # this tap's (tail channels') run
             lines.append(flush.format(i="      ").lstrip("\n"))
         lines.append("    }")
         if half and run == "row":
