@@ -493,8 +493,9 @@ def _depthwise_strip_program(name: str, bindings, g: dict, cout: int, strip: int
                              activation: str | None) -> Program:
     """:func:`depthwise_program`'s vec4 strip schedule: ``strip`` output pixels of one row, four channels; with
     :data:`DEPTHWISE_HALF_MATH`, also its f16-arithmetic form for float16 plans (within ``(gamma(2 t, 2**-11) +
-    gamma(n + 2, 2**-24))`` of the sum of the taps' magnitudes and the bias's, ``t`` a run's length and ``n``
-    the window's taps: tests/half_math.py)."""
+    gamma(n + 2, 2**-24))`` of the sum of the taps' magnitudes and the bias's plus ``2 n 2**-14`` (flushed f16
+    subnormals) and one f16 rounding at the store, ``t`` a run's length and ``n`` the window's taps:
+    tests/half_math.py)."""
     c4 = cout // 4
     strips = -(-g["OW"] // strip)
     binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") for b in bindings)

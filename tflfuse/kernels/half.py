@@ -42,9 +42,9 @@ __all__ = ["HALF_STEPS", "HALF_TYPES", "HalfMathProgram", "half_binding_size", "
 #: A float binding's element type -> its type in a float16 plan.
 HALF_TYPES = {"f32": "f16", "vec4<f32>": "vec4<f16>"}
 #: The f16 multiply-adds of a float16 form's partial sum before it is added into float32, at most, in the forms
-#: written for it outside the matrix products (the fused bottleneck's resident form, DEPTHWISE_CONV_2D's strips):
-#: the steps of the largest tile's slice of :mod:`tflfuse.kernels.gemm`, whose error bound tests/half_math.py
-#: derives.
+#: written for it outside the matrix products (the fused bottleneck's resident form, DEPTHWISE_CONV_2D's strips
+#: and the depthwise conv in a product's A staging, CONV_2D's strips): the steps of the largest tile's slice of
+#: :mod:`tflfuse.kernels.gemm`, whose error bound tests/half_math.py derives.
 HALF_STEPS = 16
 
 
