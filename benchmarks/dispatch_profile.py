@@ -31,7 +31,7 @@ from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
 #: --half_math's forms: the module and the flag each sets.
-_HALF_MATH = {"resident": ("tflfuse.kernels.fused.expand_depthwise", "RESIDENT_HALF_MATH"),
+_HALF_MATH = {"resident": ("tflfuse.kernels.fused.resident", "RESIDENT_HALF_MATH"),
               "depthwise": ("tflfuse.kernels.conv", "DEPTHWISE_HALF_MATH"),
               "conv": ("tflfuse.kernels.conv", "CONV_HALF_MATH")}
 flags.DEFINE_string("models", ".bench", "folder of .tflite models")
@@ -40,7 +40,7 @@ flags.DEFINE_integer("batch", 1, "batch size (the first input dimension)")
 flags.DEFINE_integer("repeats", 5, "passes per dispatch (median)")
 flags.DEFINE_enum("precision", "float32", ["float32", "float16"], "the Interpreter's precision")
 flags.DEFINE_list("half_math", None, "the forms a float16 plan runs with f16 arithmetic: 'resident' (the fused "
-                  "bottleneck's resident form, expand_depthwise.RESIDENT_HALF_MATH), 'depthwise' (DEPTHWISE_CONV_2D's "
+                  "bottleneck's resident form, resident.RESIDENT_HALF_MATH), 'depthwise' (DEPTHWISE_CONV_2D's "
                   "strips and the depthwise conv in products, conv.DEPTHWISE_HALF_MATH), 'conv' (CONV_2D's strips, "
                   "conv.CONV_HALF_MATH), or 'none'; the others run without; not given: the library's")
 flags.register_validator("half_math", lambda v: v is None or set(v) <= set(_HALF_MATH) or v == ["none"],

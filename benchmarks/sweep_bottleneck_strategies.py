@@ -32,7 +32,7 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.kernels import KernelError, kernel_class  # noqa: E402
 from tflfuse.kernels.base import TensorSpec  # noqa: E402
-from tflfuse.kernels.fused import bottleneck, expand_depthwise  # noqa: E402
+from tflfuse.kernels.fused import bottleneck, resident  # noqa: E402
 from tflfuse.kernels.gemm import TILES  # noqa: E402
 from tflfuse.runtime.profile import gpu_time_plan  # noqa: E402
 
@@ -50,7 +50,7 @@ flags.DEFINE_list("expand_tiles", ["4x8/32", "4x8/16", "2x8/32", "2x8/16", "4x4/
                   "as given.")
 flags.DEFINE_list("prefetch", [], "Also time each resident expand_dw tile (THxTW/C/rP, THxTW/C/rPp) with its chunks' "
                   "weights loaded while the chunk before is expanded ('on') and without ('off'): "
-                  "expand_depthwise.RESIDENT_PREFETCH; none given: the library's.")
+                  "resident.RESIDENT_PREFETCH; none given: the library's.")
 flags.register_validator("prefetch", lambda v: set(v) <= {"on", "off"}, "--prefetch takes 'on' and 'off'")
 flags.DEFINE_bool("dw_projection", True, "Also time dw_projection with each tile of --dw_tiles.")
 flags.DEFINE_list("dw_tiles", list(dict.fromkeys(list(TILES) + ["128x16/4x4/16", "64x16/4x4/16", "256x16/4x4/8",
@@ -58,7 +58,7 @@ flags.DEFINE_list("dw_tiles", list(dict.fromkeys(list(TILES) + ["128x16/4x4/16",
                   "dw_projection tiles (TMxTN/RMxRN/TK[/SK], MatmulTile.parse) to try.")
 flags.DEFINE_list("blocks", [], "Indices into chain.BLOCKS to sweep (default: all).")
 flags.DEFINE_integer("resident_max_cin", None, "Input channels up to which the resident expand_dw tiles are taken "
-                     "(expand_depthwise.RESIDENT_MAX_CIN); none given: the library's.")
+                     "(resident.RESIDENT_MAX_CIN); none given: the library's.")
 flags.DEFINE_integer("few_rows_projection_max_rows", None, "Output pixels up to which the projection is a few-rows "
                      "product (fused_bottleneck's _FEW_ROWS_PROJECTION_MAX_ROWS; 0: never); none given: the library's.")
 flags.DEFINE_list("unrolls", ["1", "2", "4", "8"],
@@ -98,9 +98,9 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
                   v) for t in full for v in (FLAGS.prefetch or [None])]
         runs += [(f"expand_dw {t}/{u}", {"strategy": "expand_dw", "expand_tile": f"{t}/{u}"})
                  for t in FLAGS.expand_tiles if t not in full for u in unrolls if (cin // 4) % u == 0]
-    default_prefetch = expand_depthwise.RESIDENT_PREFETCH
+    default_prefetch = resident.RESIDENT_PREFETCH
     for label, attrs, *prefetch in runs:
-        expand_depthwise.RESIDENT_PREFETCH = default_prefetch if not prefetch or prefetch[0] is None else \
+        resident.RESIDENT_PREFETCH = default_prefetch if not prefetch or prefetch[0] is None else \
             prefetch[0] == "on"
         try:
             k = kernel_class("fused_bottleneck")(specs, {"expansion": t, "stride": s,
@@ -116,7 +116,7 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
                         "rel_err": float(np.abs(got - want).max() / max(scale, 1e-30)), "strategy": k.strategy}
         if label == "staged":
             first = p
-    expand_depthwise.RESIDENT_PREFETCH = default_prefetch
+    resident.RESIDENT_PREFETCH = default_prefetch
     # the staged plan timed again last: on the H200 machine a process's later dispatches can turn several times
     # slower (chain.chain_plan), which would corrupt the comparison; run fewer blocks per process where it did
     found["staged_again_us"] = gpu_time_plan(first, FLAGS.repeats, FLAGS.reps)
@@ -125,7 +125,7 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
 
 def main(argv):
     if FLAGS.resident_max_cin is not None:
-        expand_depthwise.RESIDENT_MAX_CIN = FLAGS.resident_max_cin
+        resident.RESIDENT_MAX_CIN = FLAGS.resident_max_cin
     if FLAGS.few_rows_projection_max_rows is not None:
         bottleneck._FEW_ROWS_PROJECTION_MAX_ROWS = FLAGS.few_rows_projection_max_rows
     device = tflfuse.Device()

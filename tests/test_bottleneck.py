@@ -685,7 +685,7 @@ def test_float16_block_rounds_its_tensors_to_float16(device, strategy, case):
     ((1, 10, 9, 16, 4, 16, 2, False), "dw_projection", 5, "linear"),
 ])
 def test_float16_block_with_f16_math_within_its_bound(device, monkeypatch, case, tile, k, out_act):
-    """expand_depthwise.RESIDENT_HALF_MATH and conv.DEPTHWISE_HALF_MATH: a float16 plan's resident expand_dw
+    """resident.RESIDENT_HALF_MATH and conv.DEPTHWISE_HALF_MATH: a float16 plan's resident expand_dw
     form (a ``tile``; registers, workgroup memory and the expand conv's, taps' and projection's multiply-adds
     in f16) and its dw_projection strategy (the depthwise conv in the product's A staging: the taps in f16),
     f16 multiply-adds in runs of at most HALF_STEPS added into f32 sums.
@@ -708,7 +708,7 @@ def test_float16_block_with_f16_math_within_its_bound(device, monkeypatch, case,
     import tensorflow as tf
 
     from tflfuse.kernels import conv
-    from tflfuse.kernels.fused import expand_depthwise
+    from tflfuse.kernels.fused import resident
     from tflfuse.kernels.half import HALF_STEPS
 
     n, h, w_, cin, t, cout, stride, residual = case
@@ -725,7 +725,7 @@ def test_float16_block_with_f16_math_within_its_bound(device, monkeypatch, case,
              **({"strategy": tile} if tile == "dw_projection" else {"strategy": "expand_dw", "expand_tile": tile})}
     kernel = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
     storage_only = [p.source for p in half_programs(kernel)]
-    monkeypatch.setattr(expand_depthwise, "RESIDENT_HALF_MATH", True)
+    monkeypatch.setattr(resident, "RESIDENT_HALF_MATH", True)
     monkeypatch.setattr(conv, "DEPTHWISE_HALF_MATH", True)
     kernel = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
     assert [p.source for p in half_programs(kernel)] != storage_only   # the f16-math form runs

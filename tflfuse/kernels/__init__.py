@@ -4,6 +4,7 @@
 """
 
 from . import conv, data, elementwise, pool, resize, shape_ops, transpose_conv  # noqa: F401  (registers the kernels)
+from . import fully_connected  # noqa: F401  (FULLY_CONNECTED)
 from . import mediapipe_ops  # noqa: F401  (MediaPipe's landmark custom ops)
 from . import layout, matmul_batch, reduce  # noqa: F401  (layout ops, BATCH_MATMUL, reductions)
 from . import compare, gather_nd, scan  # noqa: F401  (comparisons, logic, SELECT, CAST; GATHER_ND; ARG_MAX, CUMSUM)

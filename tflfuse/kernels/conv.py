@@ -1,16 +1,13 @@
-"""Convolutions and matrix products: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED.
+"""Convolutions: CONV_2D and DEPTHWISE_CONV_2D (FULLY_CONNECTED is in :mod:`.fully_connected`).
 
 Layouts are TFLite's: activations NHWC; CONV_2D filters OHWI ``[Cout, KH, KW, Cin]``; DEPTHWISE_CONV_2D
-filters ``[1, KH, KW, Cin * depth_multiplier]``; FULLY_CONNECTED weights ``[Cout, Cin]``. Padding SAME/VALID,
-strides, dilation and the fused activation follow TFLite's reference kernels
-(tensorflow/lite/kernels/internal/reference/conv.h, depthwiseconv_float.h, fully_connected.h).
+filters ``[1, KH, KW, Cin * depth_multiplier]``. Padding SAME/VALID, strides, dilation and the fused activation
+follow TFLite's reference kernels (tensorflow/lite/kernels/internal/reference/conv.h, depthwiseconv_float.h).
 """
 
 from __future__ import annotations
 
 import dataclasses
-
-import numpy as np
 
 from .base import Kernel, KernelError, Program, TensorSpec
 from .registry import register
@@ -18,7 +15,7 @@ from .gemm import few_rows_program, product_program, tile_attr, use_few_rows, us
 from .half import HALF_STEPS, with_half_math
 from .wgsl import activation_fn, dot, elementwise_program, reduction_program, split_lanes
 
-__all__ = ["Conv2D", "DepthwiseConv2D", "FullyConnected", "STRIP_QUADS", "SUM_STORED_LATER", "conv_output_size",
+__all__ = ["Conv2D", "DepthwiseConv2D", "STRIP_QUADS", "SUM_STORED_LATER", "conv_output_size",
            "conv_strip", "conv_strip_program", "conv_strip_quads", "depthwise_program", "depthwise_strip",
            "is_pointwise", "window_body", "window_lanes", "window_taps"]
 
@@ -549,66 +546,3 @@ def _depthwise_strip_program(name: str, bindings, g: dict, cout: int, strip: int
         return program
     return with_half_math(program, elementwise_program(name, binds, total, body(True),
                                                        activation_fn(activation)).source)
-
-
-@register("FULLY_CONNECTED")
-class FullyConnected(Kernel):
-    """FULLY_CONNECTED: input ``[..., Cin]`` (flattened to ``[B, Cin]``), weights ``[Cout, Cin]``, bias
-    ``[Cout]`` (optional) -> ``[B, Cout]``, or ``[..., Cout]`` with ``keep_num_dims``; float32."""
-
-    optional_inputs = frozenset({2})
-    input_names = ("input", "weights", "bias")
-    attr_defaults = {"fused_activation_function": "NONE", "keep_num_dims": False, "weights_layout": "OI",
-                     "target": "gpu"}
-    #: a constant ``[Cout, Cin]`` matrix is transposed at load, so neighbouring invocations read neighbouring
-    #: weights (``weights_layout="IO"``); see :class:`Conv2D`.
-    relayout = {1: ("weights_layout", "IO", np.transpose)}
-    #: ``matmul_tile``: the tiled product's tile by name, e.g. ``"128x128/8x8/16"``
-    #: (:class:`~tflfuse.kernels.gemm.MatmulTile`; tuning only).
-    extra_attrs = ("matmul_tile", "weights_format")
-
-    def check(self):
-        if str(self.attrs.get("weights_format", "DEFAULT")) not in ("DEFAULT", "0"):   # shuffled: a uint8 format
-            raise self.fail(f"weights_format {self.attrs.get('weights_format')!r} (shuffled weights) is not "
-                            f"supported for float weights; the file needs weights_format DEFAULT (0)")
-        x, wt = self.expect_rank(0, *range(1, 7)), self.expect_rank(1, 2)
-        self.layout = str(self.attr("weights_layout")).upper()
-        if self.layout not in ("OI", "IO"):
-            raise self.fail(f"weights_layout must be 'OI' or 'IO', got {self.attr('weights_layout')!r}")
-        self.cout, self.cin = wt.shape if self.layout == "OI" else wt.shape[::-1]
-        if self.cin == 0 or x.size % self.cin:
-            raise self.fail(f"input of {x.size} elements does not flatten to rows of {self.cin}")
-        self.rows = x.size // self.cin
-        tile_attr(self)
-        if self.attr("keep_num_dims") and x.shape[-1] != self.cin:
-            raise self.fail(f"keep_num_dims needs the input's last dimension to be {self.cin}")
-        if self.has_input(2):
-            b = self.expect_rank(2, 1)
-            if b.shape[0] != self.cout:
-                raise self.fail(f"bias has {b.shape[0]} elements, weights have {self.cout} rows")
-
-    def output_specs(self):
-        if self.attr("keep_num_dims"):
-            return (TensorSpec(self.input(0).shape[:-1] + (self.cout,)),)
-        return (TensorSpec((self.rows, self.cout)),)
-
-    def programs(self):
-        bias = "b[co]" if self.has_input(2) else "0.0"
-        weight = f"w[co * {self.cin}u + {{k}}]" if self.layout == "OI" else f"w[({{k}}) * {self.cout}u + co]"
-        total = self.rows * self.cout
-        names = ["x", "w", "b", "y"] if self.has_input(2) else ["x", "w", "y"]
-        act = activation_fn(self.attr("fused_activation_function"))
-        if self.layout == "IO" and use_tiled_matmul(self.rows, self.cin, self.cout, self.target()):
-            return [product_program(self.key, self.io_bindings(names), self.rows, self.cin, self.cout, "x", "w",
-                                    "y", f"let co = col;\n          y[idx] = act(acc + {bias});", act,
-                                    tile=tile_attr(self))]
-        if self.layout == "IO" and use_few_rows(self.rows, self.cin, self.cout, self.target()):
-            return [few_rows_program(self.key, self.io_bindings(names), self.rows, self.cin, self.cout, act,
-                                     self.has_input(2))]
-        lanes = split_lanes(total, self.cin, self.target())
-        body = f"""  let co = idx % {self.cout}u;
-  let r = idx / {self.cout}u;
-  var acc = 0.0;
-  {dot(self.cin, f'x[r * {self.cin}u + {{k}}]', weight, 'acc', lanes=lanes)}"""
-        return [reduction_program(self.key, self.io_bindings(names), total, body, f"y[idx] = act(acc + {bias});",
-                                  act, lanes=lanes, loop_trips=-(-(self.cin // 4) // lanes))]

@@ -14,7 +14,7 @@ The exception is a :class:`HalfMathProgram`, which the matrix products
 (:func:`tflfuse.kernels.gemm.tiled_matmul_program`: 1x1 CONV_2D, FULLY_CONNECTED, BATCH_MATMUL and the fused
 bottleneck's products) return, as do the fused bottleneck's resident form, DEPTHWISE_CONV_2D's strips (and
 the depthwise conv inside a product) and CONV_2D's strips where
-:data:`tflfuse.kernels.fused.expand_depthwise.RESIDENT_HALF_MATH`, :data:`tflfuse.kernels.conv.DEPTHWISE_HALF_MATH`
+:data:`tflfuse.kernels.fused.resident.RESIDENT_HALF_MATH`, :data:`tflfuse.kernels.conv.DEPTHWISE_HALF_MATH`
 and :data:`tflfuse.kernels.conv.CONV_HALF_MATH` are set (:func:`with_half_math`): it carries a second source
 whose workgroup memory and multiply-adds are f16, with f32 accumulation across the depth (LiteRT's FP16 mode:
 "f16 storage and math with f32 accumulation in reductions"), and :func:`half_storage` rewrites that source

@@ -94,9 +94,9 @@ from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule, blocked_sums_bytes
 from .conv import SEPARABLE_MAX_CHANNELS, depthwise_pointwise_program, max_pool_2x2, pixel_block, pointwise_split
 from .depthwise_product import depthwise_product_program, fits_depthwise_product
-from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, expand_depthwise_resident_program,
-                               expand_depthwise_shape, expand_depthwise_unroll, pointwise_expand_program,
-                               resident_fits, resident_refusal)
+from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, expand_depthwise_shape,
+                               expand_depthwise_unroll, pointwise_expand_program)
+from .resident import expand_depthwise_resident_program, resident_fits, resident_refusal
 from ..gemm import few_rows_program, product_program, tile_attr, use_few_rows, use_tiled_matmul
 from ..wgsl import activation_fn, dot, elementwise_program, prelu_fn, prelude, reduction_program, split_lanes
 
@@ -545,7 +545,7 @@ class FusedBottleneck(CompositeKernel):
         ``expand_tile`` attribute (``"THxTW/C"``, ``"THxTW/C/U"``, ``"THxTW/C/rP"`` or ``"THxTW/C/rPp"``, e.g.
         ``"4x8/32"``, ``"4x8/16/4"``, ``"8x8/16/r2"``, ``"7x7/8/r4p"``; U: the input vec4s an invocation loads at
         once, :func:`.expand_depthwise.expand_depthwise_program`; rP: the resident form with P halo pixels per
-        invocation, :func:`.expand_depthwise.expand_depthwise_resident_program`, and rPp the same with the
+        invocation, :func:`.resident.expand_depthwise_resident_program`, and rPp the same with the
         projection in its dispatch, :meth:`_projected`) or the defaults
         (:meth:`_resident_tile` where it returns one, else :func:`.expand_depthwise.expand_depthwise_shape`
         and :func:`.expand_depthwise.expand_depthwise_unroll`)."""
@@ -607,7 +607,7 @@ class FusedBottleneck(CompositeKernel):
         projected; at stride 2 with fewer pixels in all but at least :data:`_RESIDENT_SMALL_BATCH_IMAGE` per
         image and more expanded channels than the tiled strategy takes (:data:`_TILED_MAX_CEXP`; narrower
         blocks keep the tiled strategy at batch 1), projected, 4 x 8 tiles of 16 channels with 1 halo pixel per
-        invocation for one image, else 7 x 7 of 8 with 2; where :func:`.expand_depthwise.resident_fits` takes
+        invocation for one image, else 7 x 7 of 8 with 2; where :func:`.resident.resident_fits` takes
         them; else None (the per-chunk form is the default, and the ``expand_dw`` strategy is not the default on
         such blocks).
 
@@ -621,7 +621,7 @@ class FusedBottleneck(CompositeKernel):
         small maps in large batches, where most of a tile's halo lies outside the image.
 
         With the projection in the same dispatch and each chunk's weights loaded while the chunk before it is
-        expanded (:data:`.expand_depthwise.RESIDENT_PREFETCH`), measured on an H100 (the H200's GH100 chip with
+        expanded (:data:`.resident.RESIDENT_PREFETCH`), measured on an H100 (the H200's GH100 chip with
         less, slower memory; 2026-12-05, ``benchmarks/sweep_bottleneck_strategies.py --prefetch=off,on``, 5
         repeats) at batch 32: 112x112x16x6 -> 24 122.1 us against 136.9 for the 4 x 8 tiles above (131.8 with
         their weights prefetched; 120.9 with 4 x 8 tiles projected); 56x56x24x6 -> 32 57.6 against 74.7 (56.2
