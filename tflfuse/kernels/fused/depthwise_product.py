@@ -105,14 +105,14 @@ def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True, ha
     f32 sum that takes the bias and the activation."""
     c4 = channels // 4
     kh, kw = g["KH"], g["KW"]
-    t = "f16" if half else "f32"
+    elem = "f16" if half else "f32"
 
     def typed(read: str) -> str:
         return f"vec4<f16>({read})" if half else read
 
     lines = [f"  if (k >= {channels}u) {{ return mat4x4<f32>(); }}   // past the depth: adds nothing",
              "  let c = k / 4u;"]
-    lines += [f"  let w{t_} = {typed(f'dw[{t_ * c4}u + c]')};" for t_ in range(kh * kw)]
+    lines += [f"  let w{t} = {typed(f'dw[{t * c4}u + c]')};" for t in range(kh * kw)]
     lines.append("  let dbias = db[c];" if has_bias else "  let dbias = vec4<f32>(0.0);")
     shared = g["OW"] % 4 == 0
     pixels = [0] if shared else range(4)
@@ -135,7 +135,7 @@ def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True, ha
             for o in offsets:
                 read = typed(f"x[(row + u32(clamp(ix{o}, 0, {g['W'] - 1}))) * {c4}u + c]")
                 lines.append(f"      let ix{o} = ox0 * {g['SW']} - {g['PL']} + {o};\n"
-                             f"      let v{o} = select(vec4<{t}>(0.0), {read}, "
+                             f"      let v{o} = select(vec4<{elem}>(0.0), {read}, "
                              f"row_in && ix{o} >= 0 && ix{o} < {g['W']});")
             for kx in range(kw):
                 acc = "h" if half else "a"
