@@ -761,7 +761,7 @@ def test_float16_block_with_f16_math_within_its_bound(device, monkeypatch, case,
     err = np.abs(got - want)
     assert (err <= bound).all(), f"worst {float((err / bound).max()):.3g} of the bound"
     # not vacuous: under 7% of each output (the three f16 stages' gamma(2 tk, 2**-11), at most 4.8% at tk = 16,
-    # three f16 stores 0.3%, flushed subnormals up to 2% at these magnitudes), so a wrong tap or channel shows
+    # three f16 stores 0.3%, flushed subnormals up to 2% at these magnitudes): an error of 7% of an output shows
     assert (bound < 0.07 * want).all()
 
 
