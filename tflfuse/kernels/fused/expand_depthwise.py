@@ -11,7 +11,8 @@ before it multiplies them (:func:`expand_depthwise_unroll`), so that the loads a
 Neighbouring tiles recompute the expansion of their shared halo rows and columns: at stride 2 with 4 x 8
 tiles and a 3x3 window, 153 halo pixels for the 128 input pixels the tile owns (1.2x the expand conv's
 multiply-adds), for a tensor ``Cexp / Cin`` times the input that is neither written nor read back.
-MobileNet's inverted residual block at stride 2 is where that pays most.
+MobileNet's inverted residual block at stride 2 is where that pays most. The resident form, in which a
+workgroup walks all the expanded channels of its tile (and may project them too), is in :mod:`.resident`.
 
 Semantics: TFLite's CONV_2D 1x1 then DEPTHWISE_CONV_2D (depth multiplier 1, SAME padding), with their fused
 activations (tensorflow/lite/kernels/conv.cc, depthwise_conv.cc); sums run in another order than TFLite's,
