@@ -14,6 +14,7 @@ pass of its own (so that the GPU's clocks are those of sustained work), medians 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import sys
@@ -23,17 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tflfuse  # noqa: E402
 from absl import app, flags  # noqa: E402
-
-import numpy as np  # noqa: E402
+from tflfuse.kernels.half import HALF_MATH_FORMS, half_math_forms  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plan_profile import planned, profile_plan_dispatches  # noqa: E402
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
-#: --half_math's forms: the module and the flag each sets.
-_HALF_MATH = {"resident": ("tflfuse.kernels.fused.resident", "RESIDENT_HALF_MATH"),
-              "depthwise": ("tflfuse.kernels.conv", "DEPTHWISE_HALF_MATH"),
-              "conv": ("tflfuse.kernels.conv", "CONV_HALF_MATH")}
 flags.DEFINE_string("models", ".bench", "folder of .tflite models")
 flags.DEFINE_list("select", ["*"], "globs of file stems to profile")
 flags.DEFINE_integer("batch", 1, "batch size (the first input dimension)")
@@ -43,37 +40,15 @@ flags.DEFINE_list("half_math", None, "the forms a float16 plan runs with f16 ari
                   "bottleneck's resident form, resident.RESIDENT_HALF_MATH), 'depthwise' (DEPTHWISE_CONV_2D's "
                   "strips and the depthwise conv in products, conv.DEPTHWISE_HALF_MATH), 'conv' (CONV_2D's strips, "
                   "conv.CONV_HALF_MATH), or 'none'; the others run without; not given: the library's")
-flags.register_validator("half_math", lambda v: v is None or set(v) <= set(_HALF_MATH) or v == ["none"],
-                         f"--half_math takes {', '.join(_HALF_MATH)} or 'none'")
+flags.register_validator("half_math", lambda v: v is None or set(v) <= set(HALF_MATH_FORMS) or v == ["none"],
+                         f"--half_math takes {', '.join(HALF_MATH_FORMS)} or 'none'")
 flags.DEFINE_string("out", None, "also write the tables here (Markdown)")
 flags.DEFINE_string("json_out", None, "also write the raw results here (JSON)")
 
 
 def profile_model(data: bytes, batch: int, repeats: int, precision: str = "float32") -> dict:
-    """The one-pass GPU time and each dispatch's GPU time (with its program's name, workgroup size and
-    dispatch size) of a model at ``batch``. Raises ``RuntimeError`` where the adapter has no timestamps."""
-    from tflfuse.runtime.plan import ExecutionPlan
-    from tflfuse.runtime.profile import SUSTAINED_REPS, gpu_time_plan, profile_plan
-
-    interp = tflfuse.Interpreter(model_content=data, precision=precision)
-    for d in interp.get_input_details():
-        if d["shape"][0] != batch:
-            interp.resize_tensor_input(d["index"], [batch, *d["shape"][1:]])
-    interp.allocate_tensors()
-    rng = np.random.default_rng(0)
-    for d in interp.get_input_details():
-        interp.set_tensor(d["index"], rng.uniform(-1, 1, d["shape"]).astype(d["dtype"]))
-    interp.invoke()
-    plan = interp._plan(0)
-    if not isinstance(plan, ExecutionPlan):
-        raise TypeError(f"expected one ExecutionPlan, got {type(plan).__name__}")
-    one_pass = gpu_time_plan(plan, repeats=max(5, repeats), reps=SUSTAINED_REPS)
-    rows = profile_plan(plan, repeats=repeats, reps=SUSTAINED_REPS)
-    for r, (prog, _, _) in zip(rows, plan.steps):
-        r["workgroup"] = list(prog.workgroup_size)
-        r["dispatch"] = list(prog.dispatch)
-        r["invocations"] = int(np.prod(prog.workgroup_size) * np.prod(prog.dispatch))
-    return {"one_pass_us": one_pass, "dispatches": rows, "sum_us": sum(r["us"] for r in rows)}
+    """:func:`profile_plan_dispatches` of the model's plan at ``batch`` (:func:`planned`)."""
+    return profile_plan_dispatches(planned(data, batch, precision)[1], repeats)
 
 
 def _tables(results: dict, adapter: str, batch: int, precision: str) -> str:
@@ -94,17 +69,15 @@ def _tables(results: dict, adapter: str, batch: int, precision: str) -> str:
 
 def main(argv) -> None:
     del argv
-    if FLAGS.half_math is not None:
-        import importlib
-
-        for form, (module, flag) in _HALF_MATH.items():
-            setattr(importlib.import_module(module), flag, form in FLAGS.half_math)
     folder = Path(FLAGS.models)
     adapter = tflfuse.Device().describe()
     results = {}
-    for name, data in selected_models(folder, FLAGS.select):
-        results[name] = profile_model(data, FLAGS.batch, FLAGS.repeats, FLAGS.precision)
-        print(name, f"{results[name]['one_pass_us']:.1f} us", flush=True)
+    forms = contextlib.nullcontext() if FLAGS.half_math is None else \
+        half_math_forms([f for f in FLAGS.half_math if f != "none"])
+    with forms:
+        for name, data in selected_models(folder, FLAGS.select):
+            results[name] = profile_model(data, FLAGS.batch, FLAGS.repeats, FLAGS.precision)
+            print(name, f"{results[name]['one_pass_us']:.1f} us", flush=True)
     text = _tables(results, adapter, FLAGS.batch, FLAGS.precision)
     print(text)
     if FLAGS.out:

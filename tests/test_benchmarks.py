@@ -373,3 +373,26 @@ def test_shader_checks_compares_trusted_and_checked_devices(device):
     text = module.table([fixed], "Test GPU", rounds=1, n=2)
     assert "| conv | 2 | 80.0 | 100.0 | 0.80x | 0.300 | 0.250 | 1.20x | 0.00e+00 |" in text
     assert "Geometric mean of the GPU ratios: 0.80x over 1 rows." in text and "adapter: Test GPU" in text
+
+
+def test_half_math_ab_times_each_setting_and_names_the_dispatches_that_differ(tmp_path):
+    """benchmarks/half_math_ab.py, run as a user runs it, on a one-op model (a 3x3 DEPTHWISE_CONV_2D over 8
+    channels: the strip schedule, whose f16 form the 'depthwise' setting takes) at one round: a table row per
+    setting, and the depthwise dispatch listed among those whose program differs. Its times say nothing here
+    (the software adapter); only what it runs and writes is checked."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((1, 3, 3, 8)).astype(np.float16).astype(np.float32)
+    model = build([t((1, 9, 9, 8)), t((1, 3, 3, 8), data=w), t((1, 9, 9, 8))],
+                  [{"op": "DEPTHWISE_CONV_2D", "inputs": [0, 1, -1], "outputs": [2],
+                    "options": ("DepthwiseConv2DOptions", {"padding": 0, "strideW": 1, "strideH": 1,
+                                                           "depthMultiplier": 1})}], [0], [2])
+    (tmp_path / "dw.tflite").write_bytes(model)
+    out = tmp_path / "hm.md"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "half_math_ab.py"), f"--models={tmp_path}",
+                           "--select=dw", "--batch=1", "--rounds=1", "--repeats=1", "--forms=depthwise,conv",
+                           f"--out={out}"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    for setting in ("none", "depthwise", "conv", "all"):
+        assert f"| {setting} | " in text
+    assert "| 0 | DEPTHWISE_CONV_2D |" in text and "none against all" in text

@@ -160,3 +160,28 @@ def test_rewrite_keeps_a_read_converted_to_f16_as_f16(device):
     (got,) = run_shader(device, info, [x])
     x16 = x.astype(np.float16).astype(np.float64)
     np.testing.assert_array_equal(got, (4 * x16).astype(np.float16))
+
+
+def test_half_math_forms_switches_and_restores():
+    """half_math_forms: the named forms on and the others off inside the block, every switch as it was after it
+    (also after an exception), and an unknown name refused before anything changes."""
+    from tflfuse.kernels import conv
+    from tflfuse.kernels.fused import resident
+    from tflfuse.kernels.half import half_math_forms
+
+    def switches():
+        return resident.RESIDENT_HALF_MATH, conv.DEPTHWISE_HALF_MATH, conv.CONV_HALF_MATH
+
+    before = switches()
+    with half_math_forms(["conv", "resident"]):
+        assert switches() == (True, False, True)
+    assert switches() == before
+    with pytest.raises(RuntimeError, match="inside"):
+        with half_math_forms(["depthwise"]):
+            assert switches() == (False, True, False)
+            raise RuntimeError("inside")
+    assert switches() == before
+    with pytest.raises(ValueError, match=r"unknown f16-arithmetic forms \['convs'\]; the forms are"):
+        with half_math_forms(["convs"]):
+            pass
+    assert switches() == before

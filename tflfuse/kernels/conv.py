@@ -241,8 +241,7 @@ class Conv2D(_Conv):
 #: multiply-adds in f16 into partial sums added into the f32 sums after each row of the window (where a row's
 #: ``KW * Cin`` multiply-adds are at most :data:`HALF_STEPS`), each tap (``Cin`` at most that) or each vec4 of
 #: input channels; the store stays float32. Off: float16 storage only (the float32 plan's source either way).
-#: Off until timed on a GPU: ``benchmarks/dispatch_profile.py --precision=float16 --half_math=conv`` against
-#: ``--half_math=none``.
+#: Off until timed on a GPU (``benchmarks/half_math_ab.py``, which times each form beside none).
 CONV_HALF_MATH = False
 #: :func:`conv_strip_program`'s ``quads``: the output-channel vec4s one invocation may own.
 STRIP_QUADS = (1, 2, 4, 8)
@@ -481,8 +480,8 @@ def depthwise_program(name: str, bindings, g: dict, cin: int, mult: int, has_bia
 #: arithmetic (a :class:`~tflfuse.kernels.half.HalfMathProgram`): the inputs and weights read as ``vec4<f16>``
 #: without conversion and the taps' multiply-adds in f16, each run of at most :data:`HALF_STEPS` added into the
 #: f32 sum (the bias, the activation and the store stay float32). Off: float16 storage only, each value read
-#: converted to f32 (the float32 plan's source either way). Off until timed on a GPU:
-#: ``benchmarks/dispatch_profile.py --precision=float16 --half_math=depthwise`` against ``--half_math=none``.
+#: converted to f32 (the float32 plan's source either way). Off until timed on a GPU
+#: (``benchmarks/half_math_ab.py``).
 DEPTHWISE_HALF_MATH = False
 
 

@@ -31,16 +31,23 @@ the rewrite finds those by the binding names, with brackets balanced and stateme
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
 import re
+from collections.abc import Iterable
 
 from .base import Binding, KernelError, Program
 
-__all__ = ["HALF_STEPS", "HALF_TYPES", "HalfMathProgram", "half_binding_size", "half_programs", "half_storage",
-           "is_half_binding", "with_half_math"]
+__all__ = ["HALF_MATH_FORMS", "HALF_STEPS", "HALF_TYPES", "HalfMathProgram", "half_binding_size", "half_math_forms",
+           "half_programs", "half_storage", "is_half_binding", "with_half_math"]
 
 #: A float binding's element type -> its type in a float16 plan.
 HALF_TYPES = {"f32": "f16", "vec4<f32>": "vec4<f16>"}
+#: The f16-arithmetic forms that stay off until timed on a GPU: name -> (module, its switch).
+HALF_MATH_FORMS = {"resident": ("tflfuse.kernels.fused.resident", "RESIDENT_HALF_MATH"),
+                   "depthwise": ("tflfuse.kernels.conv", "DEPTHWISE_HALF_MATH"),
+                   "conv": ("tflfuse.kernels.conv", "CONV_HALF_MATH")}
 #: The f16 multiply-adds of a float16 form's partial sum before it is added into float32, at most, in the forms
 #: written for it outside the matrix products (the fused bottleneck's resident form, DEPTHWISE_CONV_2D's strips
 #: and the depthwise conv in a product's A staging, CONV_2D's strips): the steps of the largest tile's slice of
@@ -57,6 +64,30 @@ class HalfMathProgram(Program):
 
     half_math: str = dataclasses.field(default="", repr=False, compare=False)
     half_math_of: str = dataclasses.field(default="", repr=False, compare=False)
+
+
+@contextlib.contextmanager
+def half_math_forms(forms: Iterable[str]):
+    """Within the ``with`` block, the forms of :data:`HALF_MATH_FORMS` named in ``forms`` are on and the others
+    off; each switch is restored after it. Kernels read their switch when they make their programs, so a plan
+    keeps the forms it was planned with (a benchmark's A/B: ``benchmarks/half_math_ab.py``).
+
+    Raises:
+      ValueError: a name that is not one of :data:`HALF_MATH_FORMS`.
+    """
+    forms = set(forms)
+    if forms - set(HALF_MATH_FORMS):
+        raise ValueError(f"unknown f16-arithmetic forms {sorted(forms - set(HALF_MATH_FORMS))}; "
+                         f"the forms are {sorted(HALF_MATH_FORMS)}")
+    modules = {name: importlib.import_module(module) for name, (module, _) in HALF_MATH_FORMS.items()}
+    before = {name: getattr(modules[name], switch) for name, (_, switch) in HALF_MATH_FORMS.items()}
+    try:
+        for name, (_, switch) in HALF_MATH_FORMS.items():
+            setattr(modules[name], switch, name in forms)
+        yield
+    finally:
+        for name, (_, switch) in HALF_MATH_FORMS.items():
+            setattr(modules[name], switch, before[name])
 
 
 def with_half_math(program: Program, half_math: str) -> HalfMathProgram:

@@ -176,8 +176,7 @@ RESIDENT_PREFETCH = True
 #: :class:`~tflfuse.kernels.half.HalfMathProgram`): its workgroup arrays, input registers and weights as
 #: ``vec4<f16>``, the expand conv's, the depthwise taps' and the projection's multiply-adds in f16, each run of at
 #: most :data:`HALF_STEPS` of them added into f32 sums. Off: float16 storage only, f32 arithmetic (the float32
-#: plan's source either way). Off until timed on a GPU: ``benchmarks/dispatch_profile.py --batch=32
-#: --precision=float16 --half_math=resident`` against ``--half_math=none``.
+#: plan's source either way). Off until timed on a GPU (``benchmarks/half_math_ab.py``).
 RESIDENT_HALF_MATH = False
 
 

@@ -1,0 +1,42 @@
+"""A model's ExecutionPlan at a batch size, and its GPU time dispatch by dispatch: what
+``benchmarks/dispatch_profile.py`` and ``benchmarks/half_math_ab.py`` time (no flags of their own)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import tflfuse
+
+
+def planned(data: bytes, batch: int, precision: str = "float32"):
+    """An Interpreter of the model at ``batch`` with seeded inputs set and one invoke run, and its
+    ExecutionPlan. Raises ``TypeError`` where the model does not run as one plan (a CPU fallback)."""
+    from tflfuse.runtime.plan import ExecutionPlan
+
+    interp = tflfuse.Interpreter(model_content=data, precision=precision)
+    for d in interp.get_input_details():
+        if d["shape"][0] != batch:
+            interp.resize_tensor_input(d["index"], [batch, *d["shape"][1:]])
+    interp.allocate_tensors()
+    rng = np.random.default_rng(0)
+    for d in interp.get_input_details():
+        interp.set_tensor(d["index"], rng.uniform(-1, 1, d["shape"]).astype(d["dtype"]))
+    interp.invoke()
+    plan = interp._plan(0)
+    if not isinstance(plan, ExecutionPlan):
+        raise TypeError(f"expected one ExecutionPlan, got {type(plan).__name__}")
+    return interp, plan
+
+
+def profile_plan_dispatches(plan, repeats: int) -> dict:
+    """The one-pass GPU time and each dispatch's GPU time (with its program's name, workgroup size and
+    dispatch size) of ``plan``. Raises ``RuntimeError`` where the adapter has no timestamps."""
+    from tflfuse.runtime.profile import SUSTAINED_REPS, gpu_time_plan, profile_plan
+
+    one_pass = gpu_time_plan(plan, repeats=max(5, repeats), reps=SUSTAINED_REPS)
+    rows = profile_plan(plan, repeats=repeats, reps=SUSTAINED_REPS)
+    for r, (prog, _, _) in zip(rows, plan.steps):
+        r["workgroup"] = list(prog.workgroup_size)
+        r["dispatch"] = list(prog.dispatch)
+        r["invocations"] = int(np.prod(prog.workgroup_size) * np.prod(prog.dispatch))
+    return {"one_pass_us": one_pass, "dispatches": rows, "sum_us": sum(r["us"] for r in rows)}
