@@ -66,7 +66,7 @@ def time_model(data: bytes, batch: int, forms: list[str], rounds: int, repeats: 
     alternating rounds, with the dispatches' program names and whether each differs from the plan without.
 
     Raises:
-      AssertionError: a setting's output differs from the plan without by more than 5% of its largest value.
+      RuntimeError: a setting's output differs from the plan without by more than 5% of its largest value.
     """
     plans, sources = {}, {}
     for name, on in settings(forms).items():
@@ -79,7 +79,8 @@ def time_model(data: bytes, batch: int, forms: list[str], rounds: int, repeats: 
     scale = max(float(np.abs(want).max()), 1e-30)
     for name, (interp, _) in plans.items():
         err = float(np.abs(interp.get_tensor(out_index) - want).max()) / scale
-        assert err <= 0.05, f"{name}: output {err:.3g} of its largest value from the plan without"
+        if not err <= 0.05:   # NaN too
+            raise RuntimeError(f"{name}: output {err:.3g} of its largest value from the plan without the forms")
     samples = {name: {"one_pass": [], "dispatches": []} for name in plans}
     order = list(plans)
     for r in range(rounds):
