@@ -64,7 +64,7 @@ import dataclasses
 import re
 
 from .base import MAX_WORKGROUP_STORAGE, Binding, KernelError, Program, Uniform, linear_dispatch
-from .half import HalfMathProgram
+from .half import with_half_math
 from .wgsl import lane_tree, prelude
 
 __all__ = ["MEASURED_TILES", "MatmulTile", "TILES", "few_rows_block", "few_rows_lanes", "few_rows_program",
@@ -601,12 +601,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }}"""
     source = source_for(False)
     steps = -(-depth // tk)
-    if elem != "f32":
-        return Program(name, source, (threads, 1, 1), linear_dispatch(tiles * threads, threads), bindings, uniforms,
-                       loop_trips=2 * steps)
-    return HalfMathProgram(name, source, (threads, 1, 1), linear_dispatch(tiles * threads, threads), bindings,
-                           uniforms, loop_trips=2 * steps, half_math=source_for(True),
-                           half_math_of=source)
+    program = Program(name, source, (threads, 1, 1), linear_dispatch(tiles * threads, threads), bindings, uniforms,
+                      loop_trips=2 * steps)
+    return with_half_math(program, source_for(True)) if elem == "f32" else program
 
 
 def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int, a: str, b: str,
