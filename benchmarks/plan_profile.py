@@ -8,16 +8,22 @@ import numpy as np
 import tflfuse
 
 
+def at_batch(interp, batch: int):
+    """Resizes each input of ``interp`` (tflfuse's or LiteRT's Interpreter) to ``batch`` along axis 0 where it
+    differs, then calls ``allocate_tensors``; returns ``interp``."""
+    for d in interp.get_input_details():
+        if d["shape"][0] != batch:
+            interp.resize_tensor_input(d["index"], [batch, *d["shape"][1:]])
+    interp.allocate_tensors()
+    return interp
+
+
 def planned(data: bytes, batch: int, precision: str = "float32"):
     """An Interpreter of the model at ``batch`` with seeded inputs set and one invoke run, and its
     ExecutionPlan. Raises ``TypeError`` where the model does not run as one plan (a CPU fallback)."""
     from tflfuse.runtime.plan import ExecutionPlan
 
-    interp = tflfuse.Interpreter(model_content=data, precision=precision)
-    for d in interp.get_input_details():
-        if d["shape"][0] != batch:
-            interp.resize_tensor_input(d["index"], [batch, *d["shape"][1:]])
-    interp.allocate_tensors()
+    interp = at_batch(tflfuse.Interpreter(model_content=data, precision=precision), batch)
     rng = np.random.default_rng(0)
     for d in interp.get_input_details():
         interp.set_tensor(d["index"], rng.uniform(-1, 1, d["shape"]).astype(d["dtype"]))

@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peaks import measure_peaks  # noqa: E402
+from plan_profile import at_batch  # noqa: E402
 from roofline import op_bytes, op_flops, roofline_by_kind, roofline_percent  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -185,13 +186,6 @@ def _inputs(details, rng):
     return [rng.uniform(-1, 1, d["shape"]).astype(d["dtype"]) for d in details]
 
 
-def _allocate(interp, batch: int):
-    for d in interp.get_input_details():
-        if batch != d["shape"][0]:
-            interp.resize_tensor_input(d["index"], [batch, *d["shape"][1:]])
-    interp.allocate_tensors()
-
-
 def _tflfuse_runners(interp, out: int, n: int):
     """(latency, throughput) functions: one invoke with the read-back of tensor ``out``; ``n`` invokes
     (each one submit of ExecutionPlan.run(), nothing read) then one read-back."""
@@ -210,7 +204,7 @@ def _tflfuse_runners(interp, out: int, n: int):
 
 def _interpreter(path: Path, device, batch: int, xs):
     it = tflfuse.Interpreter(model_path=path, device=device)
-    _allocate(it, batch)
+    at_batch(it, batch)
     for d, x in zip(it.get_input_details(), xs):
         it.set_tensor(d["index"], x)
     return it
@@ -240,7 +234,7 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
 
     rng = np.random.default_rng(0)
     gpu = tflfuse.Interpreter(model_path=path, device=device)
-    _allocate(gpu, batch)
+    at_batch(gpu, batch)
     xs = _inputs(gpu.get_input_details(), rng)
     for d, x in zip(gpu.get_input_details(), xs):
         gpu.set_tensor(d["index"], x)
@@ -276,7 +270,7 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
     quantized = path.stem.endswith("_int8")   # no float16 run: its tensors are int8 (held one per i32)
     if FLAGS.f16 and "shader-f16" in device.features and not quantized:   # the same file, precision="float16"
         half = tflfuse.Interpreter(model_path=path, device=device, precision="float16")
-        _allocate(half, batch)
+        at_batch(half, batch)
         for d, x in zip(half.get_input_details(), xs):
             half.set_tensor(d["index"], x)
         run_half, run_half_n = _tflfuse_runners(half, out0, FLAGS.throughput_n)
@@ -343,7 +337,7 @@ def _litert_cpu(path: Path, batch: int, xs):
     from ai_edge_litert.interpreter import Interpreter as LiteRT
 
     cpu = LiteRT(model_path=str(path), num_threads=max(1, min(8, os.cpu_count() or 1)))
-    _allocate(cpu, batch)
+    at_batch(cpu, batch)
     for d, x in zip(cpu.get_input_details(), xs):
         cpu.set_tensor(d["index"], x)
     cpu.invoke()
@@ -875,7 +869,7 @@ def _check_against_twins(rows: list[dict], files: dict, device) -> None:
             res = []
             for name in (r["model"], r["model"].replace("_fused", "_unfused")):
                 it = tflfuse.Interpreter(model_path=files[name], device=device)
-                _allocate(it, r["batch"])
+                at_batch(it, r["batch"])
                 rng = np.random.default_rng(0)
                 for d, x in zip(it.get_input_details(), _inputs(it.get_input_details(), rng)):
                     it.set_tensor(d["index"], x)

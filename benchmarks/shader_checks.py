@@ -27,6 +27,7 @@ from absl import app, flags  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plan_profile import at_batch  # noqa: E402
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -43,11 +44,7 @@ def _define_flags() -> None:
     flags.DEFINE_string("out", None, "also write the table here (Markdown)")
 
 def _interpreter(data: bytes, device, batch: int, xs):
-    it = tflfuse.Interpreter(model_content=data, device=device)
-    for d in it.get_input_details():
-        if d["shape"][0] != batch:
-            it.resize_tensor_input(d["index"], [batch, *d["shape"][1:]])
-    it.allocate_tensors()
+    it = at_batch(tflfuse.Interpreter(model_content=data, device=device), batch)
     for d, x in zip(it.get_input_details(), xs):
         it.set_tensor(d["index"], x)
     return it
