@@ -723,6 +723,8 @@ def test_float16_block_with_f16_math_within_its_bound(device, monkeypatch, case,
     attrs = {"expansion": t, "stride": stride, "residual": residual, "target": "gpu", "kernel_size": k,
              "output_activation": out_act,
              **({"strategy": tile} if tile == "dw_projection" else {"strategy": "expand_dw", "expand_tile": tile})}
+    monkeypatch.setattr(resident, "RESIDENT_HALF_MATH", False)
+    monkeypatch.setattr(conv, "DEPTHWISE_HALF_MATH", False)
     kernel = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
     storage_only = [p.source for p in half_programs(kernel)]
     monkeypatch.setattr(resident, "RESIDENT_HALF_MATH", True)

@@ -50,8 +50,9 @@ class Interpreter:
         with :meth:`get_tensor` (as LiteRT's flag of that name); costs memory.
       precision: ``"float32"`` (the default) or ``"float16"``: float tensors (and the tensors a fused op keeps
         in scratch buffers) held as float16 on the GPU, as LiteRT's GPU delegate allows with
-        ``precision_loss_allowed`` (its FP16 mode); the tiled matrix products multiply in float16 within each
-        slice of the depth and add the slices in float32; other arithmetic and sums run in float32. Inputs
+        ``precision_loss_allowed`` (its FP16 mode); the tiled matrix products and the fused bottleneck's resident
+        form multiply in float16 in runs of at most 16 multiply-adds added into float32 sums; other arithmetic
+        and sums run in float32. Inputs
         are still set and outputs read as float32; they are rounded to float16 on the way in and carry about
         3 significant digits. Needs the adapter's ``shader-f16`` feature (ValueError
         at :meth:`allocate_tensors` where it is missing).

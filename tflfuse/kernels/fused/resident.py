@@ -176,8 +176,10 @@ RESIDENT_PREFETCH = True
 #: :class:`~tflfuse.kernels.half.HalfMathProgram`): its workgroup arrays, input registers and weights as
 #: ``vec4<f16>``, the expand conv's, the depthwise taps' and the projection's multiply-adds in f16, each run of at
 #: most :data:`HALF_STEPS` of them added into f32 sums. Off: float16 storage only, f32 arithmetic (the float32
-#: plan's source either way). Off until timed on a GPU (``benchmarks/half_math_ab.py``).
-RESIDENT_HALF_MATH = False
+#: plan's source either way). On: MobileNetV2 (composites, 224) in float16 at batch 32 took 1033 us of GPU time
+#: with it against 1110 us without (0.930x; its three resident dispatches 0.66-0.79x) and 230.6 against 233.3 us
+#: at batch 1, H100 through Vulkan, 2026-12-06 (``benchmarks/RESULTS-half-math.md``).
+RESIDENT_HALF_MATH = True
 
 
 def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,
