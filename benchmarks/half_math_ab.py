@@ -5,17 +5,19 @@ none, side by side in one process, in alternating rounds.
         [--forms=resident,depthwise,conv] [--rounds=3] [--out=benchmarks/RESULTS-half-math.md]
 
 The forms (:data:`tflfuse.kernels.half.HALF_MATH_FORMS`: the fused bottleneck's resident form, DEPTHWISE_CONV_2D's
-strips with the depthwise conv inside products, CONV_2D's strips) stay off until a run of this shows them
-faster. For each model of ``--models`` that ``--select`` picks (``NAME_unfused.tflite`` files are fused at load,
-as ``benchmarks/run.py`` does), the settings are: none, each of ``--forms`` alone, and all of them. Each is an
-Interpreter with ``precision="float16"`` planned inside :func:`tflfuse.kernels.half.half_math_forms` (a plan keeps
-the forms it was planned with). Their outputs are checked against the plan without (within 5% of the output's
-largest value: f16 products against f16 storage). Then, in ``--rounds`` rounds in alternating order, each plan's
+strips with the depthwise conv inside products, CONV_2D's strips) are switched on by default only where a run of
+this shows them faster. For each model of ``--models`` that ``--select`` picks (``NAME_unfused.tflite`` files
+are fused at load, as ``benchmarks/run.py`` does), the settings are: none, each of ``--forms`` alone, and all of
+them. Each is an Interpreter with ``precision="float16"`` planned inside
+:func:`tflfuse.kernels.half.half_math_forms` (a plan keeps the forms it was planned with). Their outputs are
+checked against the plan without, within the larger of 5% of the output's largest value and twice the plan
+without's own distance from the float32 plan (where f16 storage alone moves an output far, a sigmoid over large
+logits, f16 arithmetic may move it as far). Then, in ``--rounds`` rounds in alternating order, each plan's
 one-pass GPU time (``SUSTAINED_REPS`` runs of its dispatches in one compute pass, per run) and each dispatch's GPU
 time (``benchmarks/plan_profile.py``, as ``benchmarks/dispatch_profile.py`` takes them) are taken. Medians over
 the rounds, in microseconds.
 
-The tables give each setting's one-pass time and its ratio to none, and, for every dispatch whose program
+The tables give each setting's one-pass time, its ratio to none and its output's distance from none, and, for every dispatch whose program
 differs between none and all, both times and their ratio. Needs the ``timestamp-query`` and ``shader-f16``
 features.
 """
@@ -66,8 +68,10 @@ def time_model(data: bytes, batch: int, forms: list[str], rounds: int, repeats: 
     alternating rounds, with the dispatches' program names and whether each differs from the plan without.
 
     Raises:
-      RuntimeError: a setting's output differs from the plan without by more than 5% of its largest value.
+      RuntimeError: a setting's output differs from the plan without by more than the larger of 5% of its
+        largest value and twice the plan without's own distance from the float32 plan (f16 storage alone).
     """
+    reference = planned(data, batch, "float32")[0]
     plans, sources = {}, {}
     for name, on in settings(forms).items():
         with half_math_forms(on):
@@ -77,10 +81,14 @@ def time_model(data: bytes, batch: int, forms: list[str], rounds: int, repeats: 
     out_index = plans["none"][0].get_output_details()[0]["index"]
     want = plans["none"][0].get_tensor(out_index).astype(np.float64)
     scale = max(float(np.abs(want).max()), 1e-30)
+    storage = float(np.abs(reference.get_tensor(out_index) - want).max()) / scale
+    allowed = max(0.05, 2 * storage)
+    deviation = {}
     for name, (interp, _) in plans.items():
-        err = float(np.abs(interp.get_tensor(out_index) - want).max()) / scale
-        if not err <= 0.05:   # NaN too
-            raise RuntimeError(f"{name}: output {err:.3g} of its largest value from the plan without the forms")
+        deviation[name] = float(np.abs(interp.get_tensor(out_index) - want).max()) / scale
+        if not deviation[name] <= allowed:   # NaN too
+            raise RuntimeError(f"{name}: output {deviation[name]:.3g} of its largest value from the plan without "
+                               f"the forms, past {allowed:.3g} (the plan without is {storage:.3g} from float32)")
     samples = {name: {"one_pass": [], "dispatches": []} for name in plans}
     order = list(plans)
     for r in range(rounds):
@@ -93,7 +101,7 @@ def time_model(data: bytes, batch: int, forms: list[str], rounds: int, repeats: 
     return {name: {"one_pass_us": statistics.median(s["one_pass"]),
                    "dispatch_us": [statistics.median(col) for col in zip(*s["dispatches"])]}
             for name, s in samples.items()} | {
-        "_programs": names, "_differs": [a != b for a, b in zip(sources["none"], sources[last])], "_last": last}
+        "_deviation": deviation, "_storage": storage, "_programs": names, "_differs": [a != b for a, b in zip(sources["none"], sources[last])], "_last": last}
 
 
 def tables(results: dict, adapter: str, batch: int) -> str:
@@ -105,8 +113,11 @@ def tables(results: dict, adapter: str, batch: int) -> str:
     for model, r in results.items():
         names = [k for k in r if not k.startswith("_")]
         base = r["none"]["one_pass_us"]
-        lines += [f"## {model}", "", "| setting | one-pass us | / none |", "|---|---:|---:|"]
-        lines += [f"| {n} | {r[n]['one_pass_us']:.1f} | {r[n]['one_pass_us'] / base:.3f}x |" for n in names]
+        lines += [f"## {model}", "", f"The plan without the forms is {r['_storage']:.3g} of its output's largest "
+                  "value from the float32 plan (f16 storage alone); output distance: each setting's from it.", "",
+                  "| setting | one-pass us | / none | output distance |", "|---|---:|---:|---:|"]
+        lines += [f"| {n} | {r[n]['one_pass_us']:.1f} | {r[n]['one_pass_us'] / base:.3f}x | "
+                  f"{r['_deviation'][n]:.2g} |" for n in names]
         last = r["_last"]
         lines += ["", f"Dispatches whose program differs (none against {last}):", "",
                   f"| # | program | none us | {last} us | ratio |", "|---:|---|---:|---:|---:|"]

@@ -3,6 +3,7 @@ its pure functions (FLOP counting, the roofline, the report), imported."""
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import types
@@ -396,3 +397,6 @@ def test_half_math_ab_times_each_setting_and_names_the_dispatches_that_differ(tm
     for setting in ("none", "depthwise", "conv", "all"):
         assert f"| {setting} | " in text
     assert "| 0 | DEPTHWISE_CONV_2D |" in text and "none against all" in text
+    # each setting's output distance from none (none's own is 0), beside none's distance from float32
+    assert re.search(r"\| none \| [0-9.]+ \| 1\.000x \| 0 \|", text), text
+    assert re.search(r"The plan without the forms is [0-9.e-]+ of its output's largest value", text), text

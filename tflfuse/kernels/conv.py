@@ -241,7 +241,7 @@ class Conv2D(_Conv):
 #: multiply-adds in f16 into partial sums added into the f32 sums after each row of the window (where a row's
 #: ``KW * Cin`` multiply-adds are at most :data:`HALF_STEPS`), each tap (``Cin`` at most that) or each vec4 of
 #: input channels; the store stays float32. Off: float16 storage only (the float32 plan's source either way).
-#: Off: MobileNetV2 (composites, 224) in float16 took 0.997x the GPU time with it at batch 32, H100 through
+#: Left off: MobileNetV2 (composites, 224) in float16 took 0.997x the GPU time with it at batch 32, H100 through
 #: Vulkan, 2026-12-06 (``benchmarks/RESULTS-half-math.md``), within noise.
 CONV_HALF_MATH = False
 #: :func:`conv_strip_program`'s ``quads``: the output-channel vec4s one invocation may own.
@@ -481,10 +481,11 @@ def depthwise_program(name: str, bindings, g: dict, cin: int, mult: int, has_bia
 #: arithmetic (a :class:`~tflfuse.kernels.half.HalfMathProgram`): the inputs and weights read as ``vec4<f16>``
 #: without conversion and the taps' multiply-adds in f16, each run of at most :data:`HALF_STEPS` added into the
 #: f32 sum (the bias, the activation and the store stay float32). Off: float16 storage only, each value read
-#: converted to f32 (the float32 plan's source either way). Off: MobileNetV2 (composites, 224) in float16 took
-#: 0.990x the GPU time with it at batch 32, and selfie_segmentation_landscape_unfused at batch 1 gave outputs
-#: 0.122 of their largest value from the plan without it, H100 through Vulkan, 2026-12-06
-#: (``benchmarks/RESULTS-half-math.md``).
+#: converted to f32 (the float32 plan's source either way). Left off: MobileNetV2 (composites, 224) in float16
+#: took 0.990x the GPU time with it at batch 32, H100 through Vulkan, 2026-12-06
+#: (``benchmarks/RESULTS-half-math.md``); in the same call selfie_segmentation_landscape_unfused's output at
+#: batch 1 moved 0.122 of its largest value from the plan without it, about as far as f16 storage alone moves it
+#: from LiteRT CPU (0.11 in ``benchmarks/RESULTS-h100.md``).
 DEPTHWISE_HALF_MATH = False
 
 
