@@ -17,8 +17,8 @@ one-pass GPU time (``SUSTAINED_REPS`` runs of its dispatches in one compute pass
 time (``benchmarks/plan_profile.py``, as ``benchmarks/dispatch_profile.py`` takes them) are taken. Medians over
 the rounds, in microseconds.
 
-The tables give each setting's one-pass time, its ratio to none and its output's distance from none, and, for every dispatch whose program
-differs between none and all, both times and their ratio. Needs the ``timestamp-query`` and ``shader-f16``
+The tables give each setting's one-pass time, its ratio to none and its output's distance from none, and, for
+every dispatch whose program differs between none and all, both times and their ratio. Needs the ``timestamp-query`` and ``shader-f16``
 features.
 """
 
@@ -101,7 +101,8 @@ def time_model(data: bytes, batch: int, forms: list[str], rounds: int, repeats: 
     return {name: {"one_pass_us": statistics.median(s["one_pass"]),
                    "dispatch_us": [statistics.median(col) for col in zip(*s["dispatches"])]}
             for name, s in samples.items()} | {
-        "_deviation": deviation, "_storage": storage, "_programs": names, "_differs": [a != b for a, b in zip(sources["none"], sources[last])], "_last": last}
+        "_deviation": deviation, "_storage": storage, "_programs": names,
+        "_differs": [a != b for a, b in zip(sources["none"], sources[last])], "_last": last}
 
 
 def tables(results: dict, adapter: str, batch: int) -> str:

@@ -622,7 +622,8 @@ def _f16_lines(rows: list[dict], by_name: dict) -> list[str]:
         return []
     lines = ["", "float16 (`precision=\"float16\"`: every float tensor stored as float16 on the GPU; the tiled "
                  "matrix products and the fused bottleneck's resident form multiply in float16 in runs of at most "
-                 "16 multiply-adds added into float32 sums, other arithmetic in float32), timed in the same alternating rounds as the rows above. "
+                 "16 multiply-adds added into float32 sums, other arithmetic in float32), timed in the same "
+                 "alternating rounds as the rows above. "
                  "Errors are max |x - LiteRT CPU| / max |LiteRT CPU| on the first output (a fused file's LiteRT CPU result is its twin's); "
                  "LiteRT WebGPU computes in float16 too.", "",
              "| model | batch | f16 ms | f16 thr. ms | f16 GPU ms | f16 / f32 (latency, thr., GPU) | "
