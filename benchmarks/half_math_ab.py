@@ -18,8 +18,8 @@ time (``benchmarks/plan_profile.py``, as ``benchmarks/dispatch_profile.py`` take
 the rounds, in microseconds.
 
 The tables give each setting's one-pass time, its ratio to none and its output's distance from none, and, for
-every dispatch whose program differs between none and all, both times and their ratio. Needs the ``timestamp-query`` and ``shader-f16``
-features.
+every dispatch whose program differs between none and all, both times and their ratio. Needs the
+``timestamp-query`` and ``shader-f16`` features.
 """
 
 from __future__ import annotations
