@@ -44,7 +44,7 @@ __all__ = ["HALF_MATH_FORMS", "HALF_STEPS", "HALF_TYPES", "HalfMathProgram", "ha
 
 #: A float binding's element type -> its type in a float16 plan.
 HALF_TYPES = {"f32": "f16", "vec4<f32>": "vec4<f16>"}
-#: The f16-arithmetic forms that stay off until timed on a GPU: name -> (module, its switch).
+#: The f16-arithmetic forms, each on by default only where timed faster on a GPU: name -> (module, its switch).
 HALF_MATH_FORMS = {"resident": ("tflfuse.kernels.fused.resident", "RESIDENT_HALF_MATH"),
                    "depthwise": ("tflfuse.kernels.conv", "DEPTHWISE_HALF_MATH"),
                    "conv": ("tflfuse.kernels.conv", "CONV_HALF_MATH")}

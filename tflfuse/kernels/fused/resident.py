@@ -177,8 +177,10 @@ RESIDENT_PREFETCH = True
 #: ``vec4<f16>``, the expand conv's, the depthwise taps' and the projection's multiply-adds in f16, each run of at
 #: most :data:`HALF_STEPS` of them added into f32 sums. Off: float16 storage only, f32 arithmetic (the float32
 #: plan's source either way). On: MobileNetV2 (composites, 224) in float16 at batch 32 took 1033 us of GPU time
-#: with it against 1110 us without (0.930x; its three resident dispatches 0.66-0.79x) and 230.6 against 233.3 us
-#: at batch 1, H100 through Vulkan, 2026-12-06 (``benchmarks/RESULTS-half-math.md``).
+#: with it against 1110 us without (0.930x; its three resident dispatches 0.66-0.79x), H100 through Vulkan,
+#: 2026-12-06 (``benchmarks/RESULTS-half-math.md``); its f16 error against LiteRT CPU 7.1e-3 against 6.0e-3
+#: before (``benchmarks/RESULTS-h100.md``). f16 arithmetic has f16's range: a run's partial sum or an expanded
+#: value past 65504 is inf (NaN where two runs overflow with opposite signs), where f32 arithmetic kept it.
 RESIDENT_HALF_MATH = True
 
 
