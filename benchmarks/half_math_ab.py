@@ -71,21 +71,26 @@ def time_model(data: bytes, batch: int, forms: list[str], rounds: int, repeats: 
       RuntimeError: a setting's output differs from the plan without by more than the larger of 5% of its
         largest value and twice the plan without's own distance from the float32 plan (f16 storage alone).
     """
-    reference = planned(data, batch, "float32")[0]
+    interp = planned(data, batch, "float32")[0]
+    out_index = interp.get_output_details()[0]["index"]
+    reference = interp.get_tensor(out_index)   # read once: the float32 plan is not kept
+    del interp
     plans, sources = {}, {}
     for name, on in settings(forms).items():
         with half_math_forms(on):
             interp, plan = planned(data, batch, "float16")
         plans[name] = (interp, plan)
         sources[name] = [prog.source for prog, _, _ in plan.steps]
-    out_index = plans["none"][0].get_output_details()[0]["index"]
     want = plans["none"][0].get_tensor(out_index).astype(np.float64)
     scale = max(float(np.abs(want).max()), 1e-30)
-    storage = float(np.abs(reference.get_tensor(out_index) - want).max()) / scale
+
+    def distance(got) -> float:   # from the plan without, a share of its output's largest value
+        return float(np.abs(got - want).max()) / scale
+
+    storage = distance(reference)
     allowed = max(0.05, 2 * storage)
-    deviation = {}
-    for name, (interp, _) in plans.items():
-        deviation[name] = float(np.abs(interp.get_tensor(out_index) - want).max()) / scale
+    deviation = {name: distance(interp.get_tensor(out_index)) for name, (interp, _) in plans.items()}
+    for name in plans:
         if not deviation[name] <= allowed:   # NaN too
             raise RuntimeError(f"{name}: output {deviation[name]:.3g} of its largest value from the plan without "
                                f"the forms, past {allowed:.3g} (the plan without is {storage:.3g} from float32)")
