@@ -376,6 +376,25 @@ def test_shader_checks_compares_trusted_and_checked_devices(device):
     assert "Geometric mean of the GPU ratios: 0.80x over 1 rows." in text and "adapter: Test GPU" in text
 
 
+def test_readback_ab_times_each_spin_setting_on_one_interpreter(tmp_path):
+    """benchmarks/readback_ab.py, run as a user runs it, on a one-op model at one round: a row per model with a
+    time and a ratio per --spins setting, the first 1.000x. Its times say nothing here (the software adapter,
+    which never polls first); only what it runs and writes is checked."""
+    model = build([t((1, 9, 9, 8)), t((1, 9, 9, 8))], [{"op": "RELU", "inputs": [0], "outputs": [1]}], [0], [1])
+    (tmp_path / "relu.tflite").write_bytes(model)
+    out = tmp_path / "rb.md"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "readback_ab.py"), f"--models={tmp_path}",
+                           "--select=relu", "--rounds=1", "--invokes=2", "--spins=0,0.001", f"--out={out}"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert "| model | spin 0 ms us | ratio | spin 1 ms us | ratio |" in text, text
+    assert re.search(r"\| relu \| [0-9.]+ \| 1\.000x \| [0-9.]+ \| [0-9.]+x \|", text), text
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "readback_ab.py"), "--spins=-1"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--spins takes non-negative numbers" in bad.stderr
+
+
 def test_half_math_ab_times_each_setting_and_names_the_dispatches_that_differ(tmp_path):
     """benchmarks/half_math_ab.py, run as a user runs it, on a one-op model (a 3x3 DEPTHWISE_CONV_2D over 8
     channels: the strip schedule, whose f16 form the 'depthwise' setting takes) at one round: a table row per

@@ -478,6 +478,27 @@ def test_a_late_map_callback_is_not_taken_for_the_next_read(model, device):
         np.testing.assert_allclose(g, r, **ACCUMULATION)
 
 
+def test_read_back_polls_before_blocking_and_matches_litert(model, device, monkeypatch):
+    """On a hardware adapter a read-back first polls without blocking (``READBACK_SPIN_S``), then waits in the
+    driver; a software adapter waits at once. Either way, and with the polling forced on here, the values read
+    back match LiteRT's CPU interpreter."""
+    import tflfuse.runtime.plan as plan_module
+
+    interp = tflfuse.Interpreter(model_content=model, device=device)
+    interp.allocate_tensors()
+    xs = [_inputs(k)[0] for k in range(4)]
+    got = [_run(interp, xs[0])]
+    native = interp._plan(0)._native
+    assert native is not None
+    assert native._spins is (not device.is_software)
+    native._spins = True
+    for spin, x in zip((0.5, 1e-6, 0.0), xs[1:]):   # long enough for the GPU; shorter than a poll; none
+        monkeypatch.setattr(plan_module, "READBACK_SPIN_S", spin)
+        got.append(_run(interp, x))
+    for g, r in zip(got, _litert(model, xs)):
+        np.testing.assert_allclose(g, r, **ACCUMULATION)
+
+
 # ---- the shader translator's runtime checks ------------------------------------------------------------------
 
 def test_trusted_and_checked_shaders_agree_with_litert(model, device, monkeypatch):
