@@ -8,14 +8,28 @@ import numpy as np
 import tflfuse
 
 
-def at_batch(interp, batch: int):
+def at_batch(interp, batch: int, xs=None):
     """Resizes each input of ``interp`` (tflfuse's or LiteRT's Interpreter) to ``batch`` along axis 0 where it
-    differs, then calls ``allocate_tensors``; returns ``interp``."""
+    differs, then calls ``allocate_tensors``, then, with ``xs`` (arrays in input order), :func:`set_inputs`;
+    returns ``interp``."""
     for d in interp.get_input_details():
         if d["shape"][0] != batch:
             interp.resize_tensor_input(d["index"], [batch, *d["shape"][1:]])
     interp.allocate_tensors()
+    return interp if xs is None else set_inputs(interp, xs)
+
+
+def set_inputs(interp, xs):
+    """Sets each input of ``interp`` to the array of ``xs`` in the same place; returns ``interp``."""
+    for d, x in zip(interp.get_input_details(), xs):
+        interp.set_tensor(d["index"], x)
     return interp
+
+
+def seeded_inputs(interp, seed: int = 0) -> list:
+    """Uniform values in [-1, 1) of each input's shape and dtype, from ``seed``."""
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, d["shape"]).astype(d["dtype"]) for d in interp.get_input_details()]
 
 
 def planned(data: bytes, batch: int, precision: str = "float32"):
@@ -24,10 +38,7 @@ def planned(data: bytes, batch: int, precision: str = "float32"):
     from tflfuse.runtime.plan import ExecutionPlan
 
     interp = at_batch(tflfuse.Interpreter(model_content=data, precision=precision), batch)
-    rng = np.random.default_rng(0)
-    for d in interp.get_input_details():
-        interp.set_tensor(d["index"], rng.uniform(-1, 1, d["shape"]).astype(d["dtype"]))
-    interp.invoke()
+    set_inputs(interp, seeded_inputs(interp)).invoke()
     plan = interp._plan(0)
     if not isinstance(plan, ExecutionPlan):
         raise TypeError(f"expected one ExecutionPlan, got {type(plan).__name__}")

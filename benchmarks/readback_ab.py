@@ -24,14 +24,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import tflfuse  # noqa: E402
 from tflfuse.runtime import plan as plan_module  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plan_profile import at_batch  # noqa: E402
+from plan_profile import at_batch, seeded_inputs, set_inputs  # noqa: E402
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -62,9 +61,7 @@ def latency_us(interp, output: int, invokes: int) -> float:
 def time_model(data: bytes, batch: int, spins: list[float], rounds: int, invokes: int) -> dict[float, float]:
     """Median latency (us) of each spin setting over ``rounds`` alternating rounds, on one Interpreter."""
     interp = at_batch(tflfuse.Interpreter(model_content=data), batch)
-    rng = np.random.default_rng(0)
-    for d in interp.get_input_details():
-        interp.set_tensor(d["index"], rng.uniform(-1, 1, d["shape"]).astype(d["dtype"]))
+    set_inputs(interp, seeded_inputs(interp))
     output = interp.get_output_details()[0]["index"]
     saved = plan_module.READBACK_SPIN_S
     samples: dict[float, list[float]] = {s: [] for s in spins}

@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peaks import measure_peaks  # noqa: E402
-from plan_profile import at_batch  # noqa: E402
+from plan_profile import at_batch, set_inputs  # noqa: E402
 from roofline import op_bytes, op_flops, roofline_by_kind, roofline_percent  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -203,11 +203,7 @@ def _tflfuse_runners(interp, out: int, n: int):
 
 
 def _interpreter(path: Path, device, batch: int, xs):
-    it = tflfuse.Interpreter(model_path=path, device=device)
-    at_batch(it, batch)
-    for d, x in zip(it.get_input_details(), xs):
-        it.set_tensor(d["index"], x)
-    return it
+    return at_batch(tflfuse.Interpreter(model_path=path, device=device), batch, xs)
 
 
 def _keep_busy(interp, out: int, seconds: float = 0.3) -> None:
@@ -236,8 +232,7 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
     gpu = tflfuse.Interpreter(model_path=path, device=device)
     at_batch(gpu, batch)
     xs = _inputs(gpu.get_input_details(), rng)
-    for d, x in zip(gpu.get_input_details(), xs):
-        gpu.set_tensor(d["index"], x)
+    set_inputs(gpu, xs)
     out0 = gpu.get_output_details()[0]["index"]
     run_gpu, run_gpu_n = _tflfuse_runners(gpu, out0, FLAGS.throughput_n)
 
@@ -270,9 +265,7 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
     quantized = path.stem.endswith("_int8")   # no float16 run: its tensors are int8 (held one per i32)
     if FLAGS.f16 and "shader-f16" in device.features and not quantized:   # the same file, precision="float16"
         half = tflfuse.Interpreter(model_path=path, device=device, precision="float16")
-        at_batch(half, batch)
-        for d, x in zip(half.get_input_details(), xs):
-            half.set_tensor(d["index"], x)
+        at_batch(half, batch, xs)
         run_half, run_half_n = _tflfuse_runners(half, out0, FLAGS.throughput_n)
         if want is not None:
             row["f16_rel_err"] = _rel_err(run_half(), want)
@@ -337,9 +330,7 @@ def _litert_cpu(path: Path, batch: int, xs):
     from ai_edge_litert.interpreter import Interpreter as LiteRT
 
     cpu = LiteRT(model_path=str(path), num_threads=max(1, min(8, os.cpu_count() or 1)))
-    at_batch(cpu, batch)
-    for d, x in zip(cpu.get_input_details(), xs):
-        cpu.set_tensor(d["index"], x)
+    at_batch(cpu, batch, xs)
     cpu.invoke()
     return cpu, cpu.get_tensor(cpu.get_output_details()[0]["index"])
 
@@ -623,9 +614,9 @@ def _f16_lines(rows: list[dict], by_name: dict) -> list[str]:
     lines = ["", "float16 (`precision=\"float16\"`: every float tensor stored as float16 on the GPU; the tiled "
                  "matrix products and the fused bottleneck's resident form multiply in float16 in runs of at most "
                  "16 multiply-adds added into float32 sums, other arithmetic in float32), timed in the same "
-                 "alternating rounds as the rows above. "
-                 "Errors are max |x - LiteRT CPU| / max |LiteRT CPU| on the first output (a fused file's LiteRT CPU result is its twin's); "
-                 "LiteRT WebGPU computes in float16 too.", "",
+                 "alternating rounds as the rows above. Errors are max |x - LiteRT CPU| / max |LiteRT CPU| on the "
+                 "first output (a fused file's LiteRT CPU result is its twin's); LiteRT WebGPU computes in float16 "
+                 "too.", "",
              "| model | batch | f16 ms | f16 thr. ms | f16 GPU ms | f16 / f32 (latency, thr., GPU) | "
              "f16 / LiteRT WebGPU (latency, thr.) | f32 rel. err | f16 rel. err | LiteRT WebGPU rel. err |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -869,12 +860,8 @@ def _check_against_twins(rows: list[dict], files: dict, device) -> None:
         if r["model"].endswith("_fused") and r["model"].replace("_fused", "_unfused") in files:
             res = []
             for name in (r["model"], r["model"].replace("_fused", "_unfused")):
-                it = tflfuse.Interpreter(model_path=files[name], device=device)
-                at_batch(it, r["batch"])
-                rng = np.random.default_rng(0)
-                for d, x in zip(it.get_input_details(), _inputs(it.get_input_details(), rng)):
-                    it.set_tensor(d["index"], x)
-                it.invoke()
+                it = at_batch(tflfuse.Interpreter(model_path=files[name], device=device), r["batch"])
+                set_inputs(it, _inputs(it.get_input_details(), np.random.default_rng(0))).invoke()
                 res.append(it.get_tensor(it.get_output_details()[0]["index"]))
             r["max_abs_err_vs_unfused"] = float(np.abs(res[0] - res[1]).max())
 

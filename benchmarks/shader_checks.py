@@ -43,13 +43,6 @@ def _define_flags() -> None:
     flags.DEFINE_integer("n", 100, "invokes per throughput sample")
     flags.DEFINE_string("out", None, "also write the table here (Markdown)")
 
-def _interpreter(data: bytes, device, batch: int, xs):
-    it = at_batch(tflfuse.Interpreter(model_content=data, device=device), batch)
-    for d, x in zip(it.get_input_details(), xs):
-        it.set_tensor(d["index"], x)
-    return it
-
-
 def _throughput_ms(interp, out: int, n: int) -> float:
     t0 = time.perf_counter()
     for _ in range(n):
@@ -66,7 +59,7 @@ def compare(data: bytes, devices: dict, batch: int, rounds: int, n: int) -> dict
     probe = tflfuse.Interpreter(model_content=data, device=next(iter(devices.values())))   # input details
     rng = np.random.default_rng(0)
     xs = [rng.uniform(-1, 1, [batch, *d["shape"][1:]]).astype(d["dtype"]) for d in probe.get_input_details()]
-    its = {k: _interpreter(data, dev, batch, xs) for k, dev in devices.items()}
+    its = {k: at_batch(tflfuse.Interpreter(model_content=data, device=dev), batch, xs) for k, dev in devices.items()}
     out = next(iter(its.values())).get_output_details()[0]["index"]
     outs = []
     for it in its.values():
