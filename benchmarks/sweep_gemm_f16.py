@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,10 @@ flags.DEFINE_float("warm_ms", 300.0, "Milliseconds of the same work run untimed 
                    "(pass_gpu_us's warm_ms).")
 flags.DEFINE_list("tiles", [], "Tiles to try besides matmul_tile's choice: TMxTN/RMxRN/TK[/SK].")
 flags.DEFINE_list("only", [], "Only these products, ROWSxDEPTHxCOLS (of the batches' products).")
+flags.DEFINE_list("extra", [], "More products to time, ROWSxDEPTHxCOLS, past --only and --limit (e.g. "
+                  "2048x2048x2048: each form's rate on a large square product, where the tiles fill the GPU).")
+flags.register_validator("extra", lambda v: all(re.fullmatch(r"[1-9][0-9]{0,5}x[1-9][0-9]{0,5}x[1-9][0-9]{0,5}", e)
+                                                for e in v), "--extra takes ROWSxDEPTHxCOLS of positive integers")
 flags.DEFINE_list("forms", list(FORMS), "Forms to time (f32, f16_storage, f16_math).")
 validate_sweep_flags(FORMS)
 
@@ -101,6 +106,7 @@ def main(argv):
               for n in map(int, FLAGS.batches) for r, d, c in products(n)
               if r * c >= (1 << 17) and (not FLAGS.only or f"{r}x{d}x{c}" in FLAGS.only)]
     shapes = list(dict.fromkeys(shapes))[:FLAGS.limit or None]
+    shapes += [tuple(int(v) for v in e.split("x")) for e in FLAGS.extra]
     if not shapes:
         raise app.UsageError(f"no product of MobileNetV2 at batch {','.join(FLAGS.batches)} with at least 2**17 "
                              f"outputs matches --only={','.join(FLAGS.only)}")
