@@ -17,6 +17,7 @@ as ``benchmarks/run.py`` does.
 from __future__ import annotations
 
 import datetime
+import math
 import statistics
 import sys
 import time
@@ -37,14 +38,25 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("models", ".bench", "folder of .tflite models")
 flags.DEFINE_list("select", ["mobilenet_v2_*"], "globs of file stems to time")
 flags.DEFINE_integer("batch", 1, "batch size (the first input dimension)")
+flags.register_validator("batch", lambda v: v >= 1, "--batch must be at least 1")
 flags.DEFINE_list("spins", ["0", "0.002"], "READBACK_SPIN_S settings to time, seconds (the first is the base)")
-flags.register_validator("spins", lambda v: bool(v) and all(s.replace(".", "", 1).isdigit() for s in v),
-                         "--spins takes non-negative numbers of seconds, comma-separated")
+
+
+def _spins_ok(values: list[str]) -> bool:
+    try:
+        spins = [float(v) for v in values]
+    except ValueError:
+        return False
+    return bool(spins) and all(math.isfinite(v) and v >= 0 for v in spins) and len(set(spins)) == len(spins)
+
+
+flags.register_validator("spins", _spins_ok, "--spins takes distinct finite non-negative numbers of seconds, "
+                         "comma-separated (e.g. 0,0.002)")
 flags.DEFINE_integer("rounds", 5, "alternating rounds (one sample of each setting per round)")
 flags.DEFINE_integer("invokes", 50, "invokes per setting and round (median)")
 flags.register_validator("rounds", lambda v: v >= 1, "--rounds must be at least 1")
 flags.register_validator("invokes", lambda v: v >= 1, "--invokes must be at least 1")
-flags.DEFINE_string("out", "benchmarks/RESULTS-readback.md", "Markdown table to write")
+flags.DEFINE_string("out", str(Path(__file__).resolve().parent / "RESULTS-readback.md"), "Markdown table to write")
 
 
 def latency_us(interp, output: int, invokes: int) -> float:
@@ -78,12 +90,15 @@ def time_model(data: bytes, batch: int, spins: list[float], rounds: int, invokes
     return {s: statistics.median(v) for s, v in samples.items()}
 
 
-def table(results: dict[str, dict[float, float]], spins: list[float], adapter: str, batch: int) -> str:
+def table(results: dict[str, dict[float, float]], spins: list[float], adapter: str, batch: int,
+          software: bool = False) -> str:
     head = " | ".join(f"spin {s * 1e3:g} ms us | ratio" for s in spins)
+    note = (" A software adapter never polls first, whatever the setting: every column here runs the same code, "
+            "and the ratios are noise." if software else "")
     lines = [f"Read-back latency, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {adapter}, "
              f"batch {batch}: invoke() and get_tensor() of the first output, wall-clock microseconds (median of "
              f"{FLAGS.invokes} invokes a round, median over {FLAGS.rounds} alternating rounds); the ratio is to "
-             f"spin {spins[0] * 1e3:g} ms.", "", f"| model | {head} |", "|---|" + "---:|---:|" * len(spins)]
+             f"spin {spins[0] * 1e3:g} ms.{note}", "", f"| model | {head} |", "|---|" + "---:|---:|" * len(spins)]
     for name, r in results.items():
         cells = " | ".join(f"{r[s]:.1f} | {r[s] / r[spins[0]]:.3f}x" for s in spins)
         lines.append(f"| {name} | {cells} |")
@@ -93,12 +108,15 @@ def table(results: dict[str, dict[float, float]], spins: list[float], adapter: s
 def main(argv) -> None:
     del argv
     spins = [float(s) for s in FLAGS.spins]
-    adapter = tflfuse.Device().describe()
+    device = tflfuse.Device()
     results = {}
     for name, data in selected_models(Path(FLAGS.models), FLAGS.select):
         results[name] = time_model(data, FLAGS.batch, spins, FLAGS.rounds, FLAGS.invokes)
         print(name, {f"{s:g}": f"{v:.1f}" for s, v in results[name].items()}, flush=True)
-    text = table(results, spins, adapter, FLAGS.batch)
+    if not results:
+        raise app.UsageError(f"no .tflite file of --models={FLAGS.models} matches --select={','.join(FLAGS.select)}; "
+                             f"nothing written")
+    text = table(results, spins, device.describe(), FLAGS.batch, device.is_software)
     print(text)
     Path(FLAGS.out).write_text(text)
 

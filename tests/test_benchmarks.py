@@ -390,9 +390,16 @@ def test_readback_ab_times_each_spin_setting_on_one_interpreter(tmp_path):
     text = out.read_text()
     assert "| model | spin 0 ms us | ratio | spin 1 ms us | ratio |" in text, text
     assert re.search(r"\| relu \| [0-9.]+ \| 1\.000x \| [0-9.]+ \| [0-9.]+x \|", text), text
-    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "readback_ab.py"), "--spins=-1"],
-                         capture_output=True, text=True, timeout=600)
-    assert bad.returncode != 0 and "--spins takes non-negative numbers" in bad.stderr
+    assert "A software adapter never polls first" in text   # the software adapter: the columns run the same code
+    for spins in ("-1", "abc", "0,nan", "0,0.0"):
+        bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "readback_ab.py"), f"--spins={spins}"],
+                             capture_output=True, text=True, timeout=600)
+        assert bad.returncode != 0 and "--spins takes distinct finite non-negative numbers" in bad.stderr, spins
+    none = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "readback_ab.py"), f"--models={tmp_path}",
+                           "--select=nothing*", f"--out={tmp_path / 'none.md'}"], capture_output=True, text=True,
+                          timeout=600)
+    assert none.returncode != 0 and "matches --select=nothing*; nothing written" in none.stderr, none.stderr[-2000:]
+    assert not (tmp_path / "none.md").exists()
 
 
 def test_half_math_ab_times_each_setting_and_names_the_dispatches_that_differ(tmp_path):

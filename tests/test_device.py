@@ -478,24 +478,69 @@ def test_a_late_map_callback_is_not_taken_for_the_next_read(model, device):
         np.testing.assert_allclose(g, r, **ACCUMULATION)
 
 
+class _CountingPolls:
+    """A stand-in for wgpu-native's library object that counts ``wgpuDevicePoll`` calls by their ``wait``
+    argument and, with ``interrupt``, raises KeyboardInterrupt from the first poll (as Ctrl-C would)."""
+
+    def __init__(self, lib, interrupt: bool = False):
+        self._lib, self.interrupt, self.polls = lib, interrupt, {True: 0, False: 0}
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def wgpuDevicePoll(self, device, wait, index):
+        self.polls[bool(wait)] += 1
+        if self.interrupt:
+            self.interrupt = False
+            raise KeyboardInterrupt("while waiting for a read-back")
+        return self._lib.wgpuDevicePoll(device, wait, index)
+
+
 def test_read_back_polls_before_blocking_and_matches_litert(model, device, monkeypatch):
     """On a hardware adapter a read-back first polls without blocking (``READBACK_SPIN_S``), then waits in the
-    driver; a software adapter waits at once. Either way, and with the polling forced on here, the values read
-    back match LiteRT's CPU interpreter."""
+    driver; a software adapter waits at once. With the polling forced on here, a spin long enough for the GPU
+    reads back after non-blocking polls alone, one of 0 polls only blocking; the values read back match
+    LiteRT's CPU interpreter either way."""
     import tflfuse.runtime.plan as plan_module
 
     interp = tflfuse.Interpreter(model_content=model, device=device)
     interp.allocate_tensors()
-    xs = [_inputs(k)[0] for k in range(4)]
+    xs = [_inputs(k)[0] for k in range(3)]
     got = [_run(interp, xs[0])]
     native = interp._plan(0)._native
     assert native is not None
     assert native._spins is (not device.is_software)
     native._spins = True
-    for spin, x in zip((0.5, 1e-6, 0.0), xs[1:]):   # long enough for the GPU; shorter than a poll; none
+    for spin, x in zip((5.0, 0.0), xs[1:]):
         monkeypatch.setattr(plan_module, "READBACK_SPIN_S", spin)
+        native.lib = counting = _CountingPolls(native.lib)
         got.append(_run(interp, x))
+        native.lib = counting._lib
+        assert (counting.polls[False] > 0, counting.polls[True] == 0) == (spin > 0, spin > 0), counting.polls
     for g, r in zip(got, _litert(model, xs)):
+        np.testing.assert_allclose(g, r, **ACCUMULATION)
+
+
+@pytest.mark.parametrize("spin", [0.0, 5.0])
+def test_a_read_back_interrupted_while_waiting_leaves_no_buffer_mapped(model, device, monkeypatch, spin):
+    """KeyboardInterrupt (Ctrl-C) while a read-back waits, blocking or polling first, cancels its map: the
+    next invoke submits (a mapped read-back buffer would abort the process in wgpu-native) and reads back
+    LiteRT's CPU values."""
+    import tflfuse.runtime.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "READBACK_SPIN_S", spin)
+    interp = tflfuse.Interpreter(model_content=model, device=device)
+    interp.allocate_tensors()
+    xs = [_inputs(k)[0] for k in range(3)]
+    got = [_run(interp, xs[0])]
+    native = interp._plan(0)._native
+    native._spins = True
+    native.lib = _CountingPolls(native.lib, interrupt=True)
+    with pytest.raises(KeyboardInterrupt):
+        _run(interp, xs[1])
+    native.lib = native.lib._lib
+    got.append(_run(interp, xs[2]))
+    for g, r in zip(got, _litert(model, [xs[0], xs[2]])):
         np.testing.assert_allclose(g, r, **ACCUMULATION)
 
 

@@ -519,12 +519,33 @@ class _NativeCommands:
         submits an empty command buffer and waits on its poll thread: a read-back of 256 bytes after an
         invoke took 37 against 93 microseconds on a 2-core CPU (2026-12-04). Raises RuntimeError (naming the
         status) if the map fails, after :meth:`~tflfuse.runtime.device.Device.check_alive` has raised for a
-        lost device."""
+        lost device; whatever interrupts the wait (a timeout, KeyboardInterrupt) cancels the map first, so that
+        the next invoke's submit finds the buffer unmapped."""
         lib, handle, mapped = self.lib, staging._internal, self._mapped
         mapped[0] = None
         self._serial[0] += 1
         self._map_info.userdata1 = self.ffi.cast("void *", self._serial[0])
         lib.wgpuBufferMapAsync(handle, lib.WGPUMapMode_Read, 0, nbytes, self._map_info[0])
+        try:
+            self._wait_mapped(staging)
+        except BaseException:   # a timeout, or an interrupt while waiting (Ctrl-C): never leave the buffer mapped
+            lib.wgpuBufferUnmap(handle)   # cancels the pending map: a mapped buffer must never be submitted
+            raise
+        if mapped[0] != lib.WGPUMapAsyncStatus_Success:
+            self._device_check()
+            raise RuntimeError(f"the read-back buffer {staging.label!r} could not be mapped (WGPUMapAsyncStatus "
+                               f"{mapped[0]})")
+        try:
+            return bytes(self.ffi.buffer(lib.wgpuBufferGetConstMappedRange(handle, 0, nbytes), nbytes))
+        finally:
+            lib.wgpuBufferUnmap(handle)
+
+    def _wait_mapped(self, staging) -> None:
+        """Polls until the map :meth:`read` started has called back: first without blocking, for up to
+        :data:`READBACK_SPIN_S` (a hardware adapter only), then waiting in the driver. Raises RuntimeError where
+        no callback came within :data:`_MAP_TIMEOUT_S` of the GPU's queue finishing (after
+        :meth:`~tflfuse.runtime.device.Device.check_alive` has raised for a lost device)."""
+        lib, mapped = self.lib, self._mapped
         if READBACK_SPIN_S > 0 and self._spins:
             spin_end = time.perf_counter() + READBACK_SPIN_S
             while mapped[0] is None and time.perf_counter() < spin_end:
@@ -539,19 +560,10 @@ class _NativeCommands:
             now = time.monotonic()
             deadline = deadline or now + _MAP_TIMEOUT_S
             if now > deadline:
-                lib.wgpuBufferUnmap(handle)   # cancels the pending map: a mapped buffer must never be submitted
                 self._device_check()
                 raise RuntimeError(f"the read-back buffer {staging.label!r} was not mapped within "
                                    f"{_MAP_TIMEOUT_S} s of the GPU's queue finishing")
             time.sleep(0)
-        if mapped[0] != lib.WGPUMapAsyncStatus_Success:
-            self._device_check()
-            raise RuntimeError(f"the read-back buffer {staging.label!r} could not be mapped (WGPUMapAsyncStatus "
-                               f"{mapped[0]})")
-        try:
-            return bytes(self.ffi.buffer(lib.wgpuBufferGetConstMappedRange(handle, 0, nbytes), nbytes))
-        finally:
-            lib.wgpuBufferUnmap(handle)
 
     @classmethod
     def of(cls, plan: "ExecutionPlan") -> "_NativeCommands | None":
