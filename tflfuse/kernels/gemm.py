@@ -39,7 +39,10 @@ worth a second dispatch shape per program. Two more lost on an H100 (the H200's 
 2026-12-05, the same sweep, the best of 4 tiles each): f16 partial sums carried across 2 or 4 staged slices (a half
 or a quarter of the conversions to f32) took 421 and 419 against 408 us; the A slice staged as ``vec2<f16>(a, a)``
 per row and depth, so that no multiply-add takes a vec4 splat of one f16 value, took 407.6 against 405.2 us. So
-neither the conversions nor the splats bound the f16 form.
+neither the conversions nor the splats bound the f16 form on those products. Nor does the products' size: on large
+square products (an H100, 2026-12-06, ``sweep_gemm_f16.py --extra=2048x2048x2048,4096x4096x4096``, the best of 4
+tiles) the f16 form ran at 40.6 and 41.0 TFLOP/s, float32 at 39.6 and 40.2 (61% and 62% of the f32 FMA peak, 32%
+of the f16 one): the f16 form takes half the multiply-add instructions and runs no faster.
 
 On the same H100 (``benchmarks/sweep_gemm_forms.py --batches=32 --library_form``), MobileNetV2's 19 distinct
 products at batch 32 took 537 us in all with the library's tiles, and 710 us through cuBLAS (PyTorch's float32
