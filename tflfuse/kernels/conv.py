@@ -242,7 +242,8 @@ class Conv2D(_Conv):
 #: ``KW * Cin`` multiply-adds are at most :data:`HALF_STEPS`), each tap (``Cin`` at most that) or each vec4 of
 #: input channels; the store stays float32. Off: float16 storage only (the float32 plan's source either way).
 #: Left off: MobileNetV2 (composites, 224) in float16 took 0.997x the GPU time with it at batch 32, H100 through
-#: Vulkan, 2026-12-06 (``benchmarks/RESULTS-half-math.md``), within noise.
+#: Vulkan, 2026-12-06 (``benchmarks/RESULTS-half-math.md``), within noise; at batch 1 (the same H100 and day,
+#: ``benchmarks/RESULTS-half-math-b1.md``) seven plans took 0.988-1.001x (the stems' strips 0.71-0.76x, 1.7 us each).
 CONV_HALF_MATH = False
 #: :func:`conv_strip_program`'s ``quads``: the output-channel vec4s one invocation may own.
 STRIP_QUADS = (1, 2, 4, 8)
@@ -485,7 +486,8 @@ def depthwise_program(name: str, bindings, g: dict, cin: int, mult: int, has_bia
 #: took 0.990x the GPU time with it at batch 32, H100 through Vulkan, 2026-12-06
 #: (``benchmarks/RESULTS-half-math.md``); in the same call selfie_segmentation_landscape_unfused's output at
 #: batch 1 moved 0.122 of its largest value from the plan without it, about as far as f16 storage alone moves it
-#: from LiteRT CPU (0.11 in ``benchmarks/RESULTS-h100.md``).
+#: from LiteRT CPU (0.11 in ``benchmarks/RESULTS-h100.md``). At batch 1 (the same H100 and day, seven plans,
+#: ``benchmarks/RESULTS-half-math-b1.md``) 0.984-1.006x.
 DEPTHWISE_HALF_MATH = False
 
 

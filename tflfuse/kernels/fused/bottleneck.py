@@ -641,7 +641,10 @@ class FusedBottleneck(CompositeKernel):
         28x28x32x6 -> 32 17.7 against 10.0, 28x28x32x6 -> 64 18.3 against 9.1, and with the input-channel bound
         raised to 64 (``--resident_max_cin=64``) 14x14x64x6 -> 64 45.3 against 10.4: a workgroup walks all the
         expanded channels alone, and the few tiles leave most SMs idle. 56x56x24x6 -> 24 took 14.8 against 15.7
-        (2 x 4 / 16 tiles), too little to take."""
+        (2 x 4 / 16 tiles), too little to take. At stride 1 the default held against 7 other projected tiles (an
+        H100, 2026-12-06, ``sweep_bottleneck_strategies.py --blocks=2 --batches=32``, 5 repeats): 56x56x24x6 -> 24
+        108.2 us with 8 x 8 / 8 and 2 pixels per invocation, 113.2 with 8 x 8 / 12, 120.0 and 121.4 with 8 x 16 and
+        16 x 8 / 8, 133.0-165.7 with chunks of 4 (8 x 16, 16 x 16, 12 x 12; 145.2 with 1 pixel); staged 148.5."""
         if self.target() != "gpu" or not self.has_expand or self.has_se or self.core_only:
             return None
         n, h, w, _ = self.input(0).shape
