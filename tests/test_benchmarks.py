@@ -426,3 +426,66 @@ def test_half_math_ab_times_each_setting_and_names_the_dispatches_that_differ(tm
     # each setting's output distance from none (none's own is 0), beside none's distance from float32
     assert re.search(r"\| none \| [0-9.]+ \| 1\.000x \| 0 \|", text), text
     assert re.search(r"The plan without the forms is [0-9.e-]+ of its output's largest value", text), text
+
+
+def test_switch_ab_times_a_switch_off_and_on_and_names_the_dispatches_it_changes(tmp_path):
+    """benchmarks/switch_ab.py, run as a user runs it, on a one-op model (a 3x3 DEPTHWISE_CONV_2D over 8 channels,
+    in a float16 plan) with DEPTHWISE_HALF_MATH as the switch (its strips' f16 form): a row with both one-pass
+    times and their ratio, and the depthwise dispatch listed as changed. Its times say nothing here (the software
+    adapter); only what it runs and writes is checked. A switch that is not a module's boolean, and a selection
+    of no model, stop it with a message."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((1, 3, 3, 8)).astype(np.float16).astype(np.float32)
+    model = build([t((1, 9, 9, 8)), t((1, 3, 3, 8), data=w), t((1, 9, 9, 8))],
+                  [{"op": "DEPTHWISE_CONV_2D", "inputs": [0, 1, -1], "outputs": [2],
+                    "options": ("DepthwiseConv2DOptions", {"padding": 0, "strideW": 1, "strideH": 1,
+                                                           "depthMultiplier": 1})}], [0], [2])
+    (tmp_path / "dw.tflite").write_bytes(model)
+    out = tmp_path / "ab.md"
+    script = str(ROOT / "benchmarks" / "switch_ab.py")
+    proc = subprocess.run([sys.executable, script, "--switch=tflfuse.kernels.conv:DEPTHWISE_HALF_MATH",
+                           f"--models={tmp_path}", "--select=dw", "--batches=1,2", "--precisions=float16",
+                           "--rounds=1", "--repeats=1", "--atol=0.05", f"--out={out}"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    for batch in (1, 2):
+        assert re.search(rf"\| dw \| {batch} \| float16 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| [0-9.e-]+ \|", text), text
+    assert "Dispatches the switch changes, dw at batch 1, float16" in text and "| 0 | DEPTHWISE_CONV_2D |" in text
+    bad = subprocess.run([sys.executable, script, "--switch=tflfuse.kernels.conv:NO_SUCH_SWITCH"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "is not a boolean switch" in bad.stderr, bad.stderr[-2000:]
+    none = subprocess.run([sys.executable, script, "--switch=tflfuse.kernels.conv:DEPTHWISE_HALF_MATH",
+                           f"--models={tmp_path}", "--select=nothing*"], capture_output=True, text=True, timeout=600)
+    assert none.returncode != 0 and "matches --select=nothing*" in none.stderr, none.stderr[-2000:]
+
+
+def test_f16_bound_checks_its_usable_forms_and_cuts_the_floors_arithmetic(tmp_path):
+    """benchmarks/f16_bound.py, run as a user runs it on one small product (odd sizes, 3 slices of 16): every form
+    timed and the usable ones (float32, the library's float16 form, its partial sums carried across 2 and 4
+    slices) checked against float64 by the script, which prints WRONG for one out of its bound; and the floor
+    rewrite keeps a quarter of a slice's multiply-adds (one per pair of A and B loads)."""
+    out = tmp_path / "f.md"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "f16_bound.py"), "--extra=300x40x72",
+                           "--tiles=64x64/4x8/16", "--repeats=1", "--reps=1", "--warm_ms=0", f"--md_out={out}"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    if "has no shader-f16" in proc.stdout:
+        return   # an adapter without f16: nothing to compare (Mesa's llvmpipe has it)
+    assert "WRONG" not in proc.stdout, proc.stdout
+    text = out.read_text()
+    row = re.search(r"\| 300 x 40 x 72 \| 64x64/4x8/16 \|(.*)\|", text)
+    assert row and len(re.findall(r"[0-9.]+ \([0-9]+%\)", row.group(1))) == 7, text
+    spec = importlib.util.spec_from_file_location("f16_bound", ROOT / "benchmarks" / "f16_bound.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from tflfuse.kernels.gemm import MatmulTile
+    for form in ("f32", "f16_math"):
+        source = module.sweep.programs(256, 64, 128, MatmulTile.parse("128x128/8x8/16"))[form].source
+        steps = [line for line in source.split("\n") if module._STEP_FMA.fullmatch(line)]
+        floor = module.floor_source(source)
+        assert len(steps) == 16 * 16 and len(re.findall(r"fma\(a\d, b\d, p|\+= a\d \* b\d;", floor)) == 16 * 4

@@ -129,37 +129,51 @@ def _half_chain(steps: list[str], acc: str, part: str, indent: str) -> list[str]
 
 
 def _depthwise_from_halo(g: dict, tw: int, hw: int, q: int, c4: int, out_items: int, threads: int,
-                         indent: str, to_workgroup: bool = False, half: bool = False) -> str:
+                         indent: str, to_workgroup: bool = False, half: bool = False, hoist: bool = False) -> str:
     """WGSL of the depthwise phase the programs share: the workgroup's ``threads`` invocations walk the tile's
     ``out_items`` (output pixel, vec4 of the chunk's channels) pairs, apply the KxK filter to the expansion of
     the halo in ``esh`` (``[halo rows][hw][q]`` vec4s), add the bias and write ``d`` (with ``to_workgroup``,
     the workgroup array ``dsh``, ``[tile pixel][q]``, for a projection in the same dispatch). With ``half``,
-    ``esh`` and ``dsh`` hold ``vec4<f16>`` and the taps are f16 multiply-adds (:func:`_half_chain`)."""
-    tap = [(f"esh[((ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u) * {q}u + j]",
-            f"dw[{(ky * g['KW'] + kx) * c4}u + cq]") for ky in range(g["KH"]) for kx in range(g["KW"])]
+    ``esh`` and ``dsh`` hold ``vec4<f16>`` and the taps are f16 multiply-adds (:func:`_half_chain`). With
+    ``hoist`` and ``threads`` a multiple of ``q``, every pair an invocation takes has the same vec4 of channels,
+    so its filter taps and bias are loaded once, before its walk, rather than for every output pixel (the same
+    sums in the same order)."""
+    hoisted = hoist and threads % q == 0
+    taps_at = [f"dw[{(ky * g['KW'] + kx) * c4}u + cq]" for ky in range(g["KH"]) for kx in range(g["KW"])]
+    weights = [f"wt{t}" for t in range(len(taps_at))] if hoisted else taps_at
+    tap = [(f"esh[((ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u) * {q}u + j]", weights[ky * g["KW"] + kx])
+           for ky in range(g["KH"]) for kx in range(g["KW"])]
     if half:
-        taps = "\n".join(_half_chain([f"hp = fma({e}, vec4<f16>({w}), hp);" for e, w in tap], "acc", "hp",
-                                     indent + "    "))
+        taps = "\n".join(_half_chain([f"hp = fma({e}, {w if hoisted else f'vec4<f16>({w})'}, hp);" for e, w in tap],
+                                     "acc", "hp", indent + "    "))
     else:
         taps = "\n".join(f"{indent}    acc = fma({e}, {w}, acc);" for e, w in tap)
-    body = f"""for (var i = lidx; i < {out_items}u; i += {threads}u) {{
-  let j = i % {q}u;
+    if hoisted:   # this invocation's vec4 of the chunk's channels, its taps and bias
+        typed = (lambda v: f"vec4<f16>({v})") if half else (lambda v: v)
+        head = [f"let j = lidx % {q}u;", "let cq = c0 + j;", "let bias = db[cq];",
+                *(f"let wt{t} = {typed(w)};" for t, w in enumerate(taps_at))]
+        pair, first = "", "bias"
+    else:
+        head, pair, first = [], f"\n  let j = i % {q}u;\n  let cq = c0 + j;", "db[cq]"
+    body = f"""for (var i = lidx; i < {out_items}u; i += {threads}u) {{{pair}
   let p = i / {q}u;
   let oy = ty0 + i32(p / {tw}u);
   let ox = tx0 + i32(p % {tw}u);
   if (oy < {g['OH']} && ox < {g['OW']}) {{
-    let cq = c0 + j;
     let ly = (p / {tw}u) * {g['SH']}u;
     let lx = (p % {tw}u) * {g['SW']}u;
-    var acc = db[cq];
+    var acc = {first};
 TAPS
     SINK
   }}
 }}"""
     sink = (f"dsh[i] = {'vec4<f16>(dact4(acc))' if half else 'dact4(acc)'};" if to_workgroup else
             f"d[((n * {g['OH']}u + u32(oy)) * {g['OW']}u + u32(ox)) * {c4}u + cq] = dact4(acc);")
-    body = body.replace("SINK", sink)
-    return "\n".join(taps if line == "TAPS" else indent + line for line in body.splitlines())
+    lines = [taps if line == "TAPS" else indent + line for line in body.replace("SINK", sink).splitlines()]
+    if head:   # in a scope of their own
+        inner = "\n".join(lines).split("\n")
+        lines = [indent + "{", *(f"{indent}  {h}" for h in head), *("  " + line for line in inner), indent + "}"]
+    return "\n".join(lines)
 
 
 def expand_depthwise_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,

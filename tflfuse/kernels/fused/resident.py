@@ -22,8 +22,9 @@ from ..wgsl import prelude
 from .expand_depthwise import (_THREADS, _WG_BYTES, _activations, _depthwise_from_halo, _half_chain, _halo,
                                _workgroup_bytes, expand_depthwise_fits)
 
-__all__ = ["RESIDENT_HALF_MATH", "RESIDENT_MAX_CIN", "RESIDENT_MAX_SUMS", "RESIDENT_PREFETCH",
-           "expand_depthwise_resident_program", "resident_fits", "resident_refusal", "resident_threads"]
+__all__ = ["RESIDENT_DW_HOISTED", "RESIDENT_HALF_MATH", "RESIDENT_MAX_CIN", "RESIDENT_MAX_SUMS",
+           "RESIDENT_PREFETCH", "expand_depthwise_resident_program", "resident_fits", "resident_refusal",
+           "resident_threads"]
 
 
 def resident_threads(g: dict, tile_h: int, tile_w: int, pixels: int) -> int:
@@ -172,6 +173,14 @@ RESIDENT_MAX_SUMS = 8
 #: Whether the resident form loads each chunk's weights into registers while the chunk before it is expanded
 #: (:func:`_chunk_weights`), rather than from memory between the chunk's two barriers.
 RESIDENT_PREFETCH = True
+#: Whether the resident form's depthwise phase loads each invocation's filter taps and bias once per chunk (every
+#: output pixel it takes in a chunk has the same vec4 of channels) rather than once per output pixel: the same
+#: sums in the same order, fewer loads. Measured on an H100 (Vulkan, 2026-12-06, ``benchmarks/switch_ab.py``, 3
+#: alternating rounds): MobileNetV2's three resident dispatches at batch 32 took 119.3, 103.5 and 57.1 us against
+#: 122.5, 109.4 and 58.1 (float16 75.9, 76.5 and 43.8 against 77.6, 80.1 and 44.9); the model's GPU time 1226.1
+#: against 1233.4 us (0.994x), float16 1028.7 against 1043.3 (0.986x). The per-chunk form (batch 1) lost with it
+#: (0.98-1.04x per dispatch, the model 1.005x) and keeps its loads per pixel.
+RESIDENT_DW_HOISTED = True
 #: Whether a float16 plan runs the resident form with f16 arithmetic (a
 #: :class:`~tflfuse.kernels.half.HalfMathProgram`): its workgroup arrays, input registers and weights as
 #: ``vec4<f16>``, the expand conv's, the depthwise taps' and the projection's multiply-adds in f16, each run of at
@@ -307,7 +316,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     workgroupBarrier();{weights["next"] if RESIDENT_PREFETCH else ""}
 {nl.join(expand)}
     workgroupBarrier();
-{_depthwise_from_halo(g, tw, hw, q, c4, out_items, threads, "    ", to_workgroup=bool(projection), half=half)}{
+{_depthwise_from_halo(g, tw, hw, q, c4, out_items, threads, "    ", to_workgroup=bool(projection), half=half,
+                      hoist=RESIDENT_DW_HOISTED)}{
 projection["project"] if projection else ""}
   }}{projection["store"] if projection else ""}
 }}
