@@ -489,3 +489,21 @@ def test_f16_bound_checks_its_usable_forms_and_cuts_the_floors_arithmetic(tmp_pa
         steps = [line for line in source.split("\n") if module._STEP_FMA.fullmatch(line)]
         floor = module.floor_source(source)
         assert len(steps) == 16 * 16 and len(re.findall(r"fma\(a\d, b\d, p|\+= a\d \* b\d;", floor)) == 16 * 4
+
+
+def test_load_cost_writes_a_rate_per_source_and_ratio(tmp_path):
+    """benchmarks/load_cost.py, run as a user runs it, with a small kernel: a row per --fmas value and a rate with
+    its share of the FMA peak for each of the six loads (workgroup, uniform and storage memory, broadcast or
+    distinct). Its rates say nothing here (the software adapter); only what it runs and writes is checked; a
+    --fmas value out of range stops it with a message."""
+    out = tmp_path / "lc.md"
+    script = str(ROOT / "benchmarks" / "load_cost.py")
+    proc = subprocess.run([sys.executable, script, "--fmas=1,3", "--steps=8", "--workgroups=2", "--repeats=1",
+                           f"--out={out}"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert "| multiply-adds per load | workgroup broadcast | workgroup distinct | uniform broadcast |" in text, text
+    for fmas in (1, 3):
+        assert re.search(rf"\| {fmas} \|( [0-9.e+-]+ \([0-9]+%\) \|){{6}}$", text, re.M), text
+    bad = subprocess.run([sys.executable, script, "--fmas=0"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--fmas takes integers from 1 to 32" in bad.stderr, bad.stderr[-2000:]

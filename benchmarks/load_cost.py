@@ -1,0 +1,135 @@
+"""What a vec4 load costs beside vec4 multiply-adds, by where it reads: workgroup memory, a uniform buffer or a
+storage buffer, every lane of a subgroup at one address (a broadcast) or each at its own.
+
+    python benchmarks/load_cost.py [--fmas=1,2,4,8] [--out=benchmarks/RESULTS-load-cost.md]
+
+Each invocation of a kernel of many workgroups of 256 runs ``--steps`` steps; each step loads one vec4 and adds
+it, times ``--fmas`` independent vec4<f32> accumulators, into them (``a = fma(a, w, c)``): one load per
+``fmas`` vec4 multiply-adds, the ratio of a tiled product's inner loop (:mod:`tflfuse.kernels.gemm`: an ``rm x
+rn`` block loads ``(rm + rn) / 4`` vec4s per ``rm * rn / 4`` vec4 multiply-adds) or of the resident fused
+bottleneck's expansion (one weight vec4 per halo pixel an invocation holds). The load's index is the same for
+every invocation (``broadcast``) or differs by invocation (``distinct``); 256 vec4s (4 KiB) are read over and over,
+so every read hits its cache. TFLOP/s = 8 FLOPs per vec4 multiply-add over the GPU time of one compute pass
+(timestamp queries, median of --repeats), beside the FMA peak with no loads (``benchmarks/peaks.py``) measured in
+the same run. Needs the ``timestamp-query`` feature and no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import tflfuse  # noqa: E402
+from tflfuse.runtime.plan import pass_gpu_us  # noqa: E402
+
+from peaks import fma_tflops  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("fmas", ["1", "2", "4", "8"], "vec4 multiply-adds per load")
+flags.DEFINE_integer("steps", 512, "steps per invocation (a multiple of 4)")
+flags.DEFINE_integer("workgroups", 132 * 16, "workgroups of 256 invocations")
+flags.DEFINE_integer("repeats", 5, "timed passes (median)")
+flags.DEFINE_string("out", None, "Markdown table to write")
+flags.register_validator("fmas", lambda v: bool(v) and all(f.isdigit() and 1 <= int(f) <= 32 for f in v),
+                         "--fmas takes integers from 1 to 32")
+flags.register_validator("steps", lambda v: v >= 4 and v % 4 == 0, "--steps must be a positive multiple of 4")
+flags.register_validator("workgroups", lambda v: 1 <= v <= 65535, "--workgroups must be in [1, 65535]")
+flags.register_validator("repeats", lambda v: v >= 1, "--repeats must be at least 1")
+
+WORKGROUP = 256
+WHERE = ("workgroup", "uniform", "storage")
+
+
+def source(where: str, fmas: int, distinct: bool, steps: int) -> str:
+    """WGSL of the kernel (module docstring): ``steps`` steps of one vec4 load from ``where`` and ``fmas`` vec4
+    multiply-adds; the sums are written so that nothing folds."""
+    decl = {"workgroup": "var<workgroup> wsh: array<vec4<f32>, 256>;",
+            "uniform": "@group(0) @binding(2) var<uniform> wu: array<vec4<f32>, 256>;", "storage": ""}[where]
+    read = {"workgroup": "wsh", "uniform": "wu", "storage": "src"}[where]
+    fill = "  wsh[lidx] = src[lidx];\n  workgroupBarrier();" if where == "workgroup" else ""
+    index = "(k * 4u + {j}u + lidx) % 256u" if distinct else "(k * 4u + {j}u) % 256u"
+    accs = "\n".join(f"  var a{q} = src[(lidx + {q}u) % 256u] * (f32(lidx) * 1e-3 + {q}.0);" for q in range(fmas))
+    body = []
+    for j in range(4):
+        body.append(f"    let w{j} = {read}[{index.format(j=j)}];")
+        body += [f"    a{q} = fma(a{q}, w{j}, vec4<f32>(0.001));" for q in range(fmas)]
+    total = " + ".join(f"a{q}" for q in range(fmas))
+    nl = "\n"
+    return f"""@group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> y: array<vec4<f32>>;
+{decl}
+@compute @workgroup_size({WORKGROUP})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32) {{
+{fill}
+{accs}
+  for (var k = 0u; k < {steps // 4}u; k++) {{
+{nl.join(body)}
+  }}
+  y[wid.x * {WORKGROUP}u + lidx] = {total};
+}}
+"""
+
+
+def tflops(device, where: str, fmas: int, distinct: bool) -> float:
+    """TFLOP/s of :func:`source`'s kernel on the tflfuse Device ``device``."""
+    wgpu = device._wgpu
+    values = np.full(1024, 0.5, np.float32).tobytes()
+    src = device.create_buffer(len(values), data=values)
+    out = device.create_buffer(FLAGS.workgroups * WORKGROUP * 16)
+    code = source(where, fmas, distinct, FLAGS.steps)
+    pipeline = device.device.create_compute_pipeline(
+        layout="auto", compute={"module": device.device.create_shader_module(code=code), "entry_point": "main"})
+    entries = [{"binding": 0, "resource": {"buffer": src, "offset": 0, "size": src.size}},
+               {"binding": 1, "resource": {"buffer": out, "offset": 0, "size": out.size}}]
+    if where == "uniform":
+        uniform = device.device.create_buffer(size=len(values), usage=wgpu.BufferUsage.UNIFORM |
+                                              wgpu.BufferUsage.COPY_DST)
+        device.device.queue.write_buffer(uniform, 0, values)
+        entries.append({"binding": 2, "resource": {"buffer": uniform, "offset": 0, "size": len(values)}})
+    group = device.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+
+    def record(cpass) -> None:
+        cpass.set_pipeline(pipeline)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(FLAGS.workgroups, 1, 1)
+    us = pass_gpu_us(device, record, FLAGS.repeats)
+    return FLAGS.workgroups * WORKGROUP * FLAGS.steps * fmas * 8 / us / 1e6
+
+
+def main(argv) -> None:
+    del argv
+    device = tflfuse.Device()
+    if "timestamp-query" not in device.features:
+        raise SystemExit(f"the adapter {device.describe()} has no timestamp-query feature, which this needs")
+    peak = fma_tflops(device, "f32", **(dict(workgroups=16, iterations=256, repeats=3) if device.is_software else {}))
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"## load_cost.py, {date}, {device.describe()}", "",
+             f"TFLOP/s of vec4<f32> multiply-adds with one vec4 load per --fmas of them, {FLAGS.workgroups} "
+             f"workgroups of {WORKGROUP}, {FLAGS.steps} steps each; in brackets the share of the f32 FMA peak with no "
+             f"loads, {peak:.1f} TFLOP/s in the same run.", "",
+             "| multiply-adds per load | " + " | ".join(f"{w} {k}" for w in WHERE for k in ("broadcast", "distinct"))
+             + " |", "|---:|" + "---:|" * (2 * len(WHERE))]
+    for fmas in map(int, FLAGS.fmas):
+        cells = []
+        for where in WHERE:
+            for distinct in (False, True):
+                rate = tflops(device, where, fmas, distinct)
+                cells.append(f"{rate:.3g} ({100 * rate / peak:.0f}%)")
+                print(f"{fmas} per load, {where} {'distinct' if distinct else 'broadcast'}: {rate:.3g} TFLOP/s",
+                      flush=True)
+        lines.append(f"| {fmas} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if FLAGS.out:
+        Path(FLAGS.out).write_text(text)
+
+
+if __name__ == "__main__":
+    app.run(main)
