@@ -45,16 +45,18 @@ tiles) the f16 form ran at 40.6 and 41.0 TFLOP/s, float32 at 39.6 and 40.2 (61% 
 of the f16 one): the f16 form takes half the multiply-add instructions and runs no faster. What bounds both
 (an H100, 2026-12-06, ``benchmarks/f16_bound.py``, ``benchmarks/RESULTS-f16-bound.md``): not the f16 form's
 conversions (its partial sums carried across 2 or 4 slices, or the whole depth summed in f16 as a diagnostic with
-no conversion in the loop and the f32 accumulators' registers free, took 0.92-0.99x of its time on 2048 x 2048 x
-2048 and on MobileNetV2's products), and in float32 not the multiply-adds: with each step's multiply-adds cut to a
-quarter (every load, staging store and barrier kept) the float32 form took 0.70-0.94x of its time (0.70x on
-2048^3 with 128 x 128 / 8 x 8 tiles, 0.74-0.94x on MobileNetV2's products). Its loads from workgroup memory bound
-it: an ``rm x rn`` block takes ``(rm + rn) / 4`` vec4 loads per ``rm * rn`` multiply-adds a step, and a vec4 load
-costs about as much as four vec4 multiply-adds of an SM's issue whether its lanes read one address or many.
+no conversion in the loop and the f32 accumulators' registers free, took 0.92-1.00x of its time on 2048 x 2048
+x 2048 and on MobileNetV2's products), and in float32 not the multiply-adds: with each step's multiply-adds cut to
+a quarter (every load, staging store and barrier kept) the float32 form took 0.72-0.98x of its time (0.74x on
+2048^3 with 128 x 128 / 8 x 8 tiles, 0.72-0.94x on MobileNetV2's products). Its loads from workgroup memory bound
+it: an ``rm x rn`` block takes ``(rm + rn) / 4`` vec4 loads per ``rm * rn / 4`` vec4 multiply-adds a step, and a
+vec4 load costs about as much as three vec4 multiply-adds whether its lanes read one address or many
+(``benchmarks/load_cost.py``, ``benchmarks/RESULTS-load-cost.md``: one load per 1, 2, 4 and 8 multiply-adds ran at
+30, 39, 56 and 69% of the FMA peak with every lane at one address, 24, 39, 57 and 73% with each at its own).
 A float16 form without the splat of one A value (each multiply-add a vec4<f16> of one row's two depths, twice,
 times two columns' pairs of depths, the slices staged as ``mat2x4<f16>``) took 0.89-0.95x of this form's time on
-8 x 8 blocks but 0.96-1.26x on 4 x 8 and 4 x 4 ones (the same run; 6272 x 64 x 384 15.4 against 12.2 us), and
-MobileNetV2's products mostly take those: not kept.
+8 x 8 blocks but 0.96-1.26x on 4 x 8 and 4 x 4 ones (an H100, 2026-12-06 07:50 UTC, in one run; 6272 x 64 x 384
+15.4 against 12.2 us), and MobileNetV2's products mostly take those: not kept.
 
 On the same H100 (``benchmarks/sweep_gemm_forms.py --batches=32 --library_form``), MobileNetV2's 19 distinct
 products at batch 32 took 537 us in all with the library's tiles, and 710 us through cuBLAS (PyTorch's float32
