@@ -31,7 +31,6 @@ import dataclasses
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,7 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-import tflfuse  # noqa: E402
 from tflfuse.kernels.base import Program  # noqa: E402
 from tflfuse.kernels.gemm import MatmulTile, matmul_tile  # noqa: E402
 
@@ -48,7 +46,7 @@ import sweep_gemm_f16 as sweep  # noqa: E402  (its flags are this script's)
 
 flags.DEFINE_string("md_out", None, "Also write the results here as a Markdown table.")
 from chain import products  # noqa: E402
-from peaks import check_ranges, measure_peaks  # noqa: E402
+from peaks import check_ranges  # noqa: E402
 
 FLAGS = flags.FLAGS
 #: The forms timed: (name, its program (the float32 or the float16 one), the rewrite of its source: the slices a
@@ -123,17 +121,11 @@ def main(argv):
     shapes += [tuple(int(v) for v in e.split("x")) for e in FLAGS.extra]
     if not shapes:
         raise app.UsageError("no product selected: give --only (MobileNetV2's products) or --extra")
-    device = tflfuse.Device()
-    print(f"adapter: {device.describe()}", flush=True)
-    if "shader-f16" not in device.features:
-        print("the adapter has no shader-f16: nothing to compare", flush=True)
+    started = sweep.begin()
+    if started is None:
         return 1
-    peaks = measure_peaks(device)
-    print(f"peaks: f32 FMA {peaks['f32_tflops']:.2f} TFLOP/s, f16 FMA {peaks['f16_tflops']:.2f} TFLOP/s, "
-          f"copy {peaks['copy_gb_per_s']:.0f} GB/s", flush=True)
+    device, peaks, results = started
     rng = np.random.default_rng(0)
-    results = {"adapter": device.describe(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "peaks": peaks, "products": []}
     for rows, depth, cols in shapes:
         x = rng.standard_normal((rows, depth)).astype(np.float32)
         w = (rng.standard_normal((depth, cols)) / np.sqrt(depth)).astype(np.float32)

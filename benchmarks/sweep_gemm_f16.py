@@ -101,6 +101,22 @@ def run_form(device, prog: Program, arrays, rows: int, cols: int):
     return us, read_rows(device, out, rows, cols, np.float16 if half else np.float32).astype(np.float64)
 
 
+def begin():
+    """(the Device, its measured peaks, the results' header with an empty list of products), each printed; None,
+    after a message, where the adapter has no shader-f16 (nothing to compare)."""
+    device = tflfuse.Device()
+    print(f"adapter: {device.describe()}", flush=True)
+    if "shader-f16" not in device.features:
+        print("the adapter has no shader-f16: nothing to compare", flush=True)
+        return None
+    peaks = measure_peaks(device)
+    print(f"peaks: f32 FMA {peaks['f32_tflops']:.2f} TFLOP/s, f16 FMA {peaks['f16_tflops']:.2f} TFLOP/s "
+          f"({peaks['f16_note']}), copy {peaks['copy_gb_per_s']:.0f} GB/s", flush=True)
+    results = {"adapter": device.describe(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "peaks": peaks, "products": []}
+    return device, peaks, results
+
+
 def main(argv):
     shapes = [(min(r, FLAGS.max_rows) if FLAGS.max_rows else r, d, c)
               for n in map(int, FLAGS.batches) for r, d, c in products(n)
@@ -110,17 +126,11 @@ def main(argv):
     if not shapes:
         raise app.UsageError(f"no product of MobileNetV2 at batch {','.join(FLAGS.batches)} with at least 2**17 "
                              f"outputs matches --only={','.join(FLAGS.only)}")
-    device = tflfuse.Device()
-    print(f"adapter: {device.describe()}", flush=True)
-    if "shader-f16" not in device.features:
-        print("the adapter has no shader-f16: nothing to compare", flush=True)
+    started = begin()
+    if started is None:
         return 1
-    peaks = measure_peaks(device)
-    print(f"peaks: f32 FMA {peaks['f32_tflops']:.2f} TFLOP/s, f16 FMA {peaks['f16_tflops']:.2f} TFLOP/s "
-          f"({peaks['f16_note']}), copy {peaks['copy_gb_per_s']:.0f} GB/s", flush=True)
+    device, peaks, results = started
     rng = np.random.default_rng(0)
-    results = {"adapter": device.describe(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "peaks": peaks, "products": []}
     totals = dict.fromkeys(FORMS, 0.0)
     for rows, depth, cols in shapes:
         x = rng.standard_normal((rows, depth)).astype(np.float32)

@@ -402,18 +402,23 @@ def test_readback_ab_times_each_spin_setting_on_one_interpreter(tmp_path):
     assert not (tmp_path / "none.md").exists()
 
 
+def _depthwise_model(path) -> None:
+    """Writes a one-op model to ``path``: a 3x3 DEPTHWISE_CONV_2D over 8 channels of a 9x9 map, its weights exact
+    in float16 (the strip schedule, which has an f16 form)."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((1, 3, 3, 8)).astype(np.float16).astype(np.float32)
+    path.write_bytes(build([t((1, 9, 9, 8)), t((1, 3, 3, 8), data=w), t((1, 9, 9, 8))],
+                           [{"op": "DEPTHWISE_CONV_2D", "inputs": [0, 1, -1], "outputs": [2],
+                             "options": ("DepthwiseConv2DOptions", {"padding": 0, "strideW": 1, "strideH": 1,
+                                                                    "depthMultiplier": 1})}], [0], [2]))
+
+
 def test_half_math_ab_times_each_setting_and_names_the_dispatches_that_differ(tmp_path):
     """benchmarks/half_math_ab.py, run as a user runs it, on a one-op model (a 3x3 DEPTHWISE_CONV_2D over 8
     channels: the strip schedule, whose f16 form the 'depthwise' setting takes) at one round: a table row per
     setting, and the depthwise dispatch listed among those whose program differs. Its times say nothing here
     (the software adapter); only what it runs and writes is checked."""
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((1, 3, 3, 8)).astype(np.float16).astype(np.float32)
-    model = build([t((1, 9, 9, 8)), t((1, 3, 3, 8), data=w), t((1, 9, 9, 8))],
-                  [{"op": "DEPTHWISE_CONV_2D", "inputs": [0, 1, -1], "outputs": [2],
-                    "options": ("DepthwiseConv2DOptions", {"padding": 0, "strideW": 1, "strideH": 1,
-                                                           "depthMultiplier": 1})}], [0], [2])
-    (tmp_path / "dw.tflite").write_bytes(model)
+    _depthwise_model(tmp_path / "dw.tflite")
     out = tmp_path / "hm.md"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "half_math_ab.py"), f"--models={tmp_path}",
                            "--select=dw", "--batch=1", "--rounds=1", "--repeats=1", "--forms=depthwise,conv",
@@ -434,13 +439,7 @@ def test_switch_ab_times_a_switch_off_and_on_and_names_the_dispatches_it_changes
     times and their ratio, and the depthwise dispatch listed as changed. Its times say nothing here (the software
     adapter); only what it runs and writes is checked. A switch that is not a module's boolean, and a selection
     of no model, stop it with a message."""
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((1, 3, 3, 8)).astype(np.float16).astype(np.float32)
-    model = build([t((1, 9, 9, 8)), t((1, 3, 3, 8), data=w), t((1, 9, 9, 8))],
-                  [{"op": "DEPTHWISE_CONV_2D", "inputs": [0, 1, -1], "outputs": [2],
-                    "options": ("DepthwiseConv2DOptions", {"padding": 0, "strideW": 1, "strideH": 1,
-                                                           "depthMultiplier": 1})}], [0], [2])
-    (tmp_path / "dw.tflite").write_bytes(model)
+    _depthwise_model(tmp_path / "dw.tflite")
     out = tmp_path / "ab.md"
     script = str(ROOT / "benchmarks" / "switch_ab.py")
     proc = subprocess.run([sys.executable, script, "--switch=tflfuse.kernels.conv:DEPTHWISE_HALF_MATH",
