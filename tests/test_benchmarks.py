@@ -475,19 +475,22 @@ def test_f16_bound_checks_its_usable_forms_and_cuts_the_floors_arithmetic(tmp_pa
     text = out.read_text()
     row = re.search(r"\| 300 x 40 x 72 \| 64x64/4x8/16 \|(.*)\|", text)
     assert row and len(re.findall(r"[0-9.]+ \([0-9]+%\)", row.group(1))) == 7, text
-    spec = importlib.util.spec_from_file_location("f16_bound", ROOT / "benchmarks" / "f16_bound.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    from tflfuse.kernels.gemm import MatmulTile
-    for form in ("f32", "f16_math"):
-        source = module.sweep.programs(256, 64, 128, MatmulTile.parse("128x128/8x8/16"))[form].source
-        steps = [line for line in source.split("\n") if module._STEP_FMA.fullmatch(line)]
-        floor = module.floor_source(source)
-        assert len(steps) == 16 * 16 and len(re.findall(r"fma\(a\d, b\d, p|\+= a\d \* b\d;", floor)) == 16 * 4
+    # the floor rewrite, in a process of its own (the script's absl flags would clash with tflfuse.cli's in this one)
+    script = tmp_path / "floor_probe.py"
+    script.write_text(r"""import re, sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/benchmarks"]
+import f16_bound
+from tflfuse.kernels.gemm import MatmulTile
+for form in ("f32", "f16_math"):
+    source = f16_bound.sweep.programs(256, 64, 128, MatmulTile.parse("128x128/8x8/16"))[form].source
+    steps = [line for line in source.split("\n") if f16_bound._STEP_FMA.fullmatch(line)]
+    floor = f16_bound.floor_source(source)
+    print(form, len(steps), len(re.findall(r"fma\(a\d, b\d, p|\+= a\d \* b\d;", floor)))
+""")
+    probe = subprocess.run([sys.executable, str(script), str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    for form in ("f32", "f16_math"):   # 16 steps of 8 x 8 / 4 vec4 multiply-adds, then one per pair of loads
+        assert f"{form} {16 * 16} {16 * 4}" in probe.stdout, probe.stdout
 
 
 def test_load_cost_writes_a_rate_per_source_and_ratio(tmp_path):
