@@ -45,6 +45,8 @@ from tflfuse.kernels.gemm import MatmulTile, matmul_tile  # noqa: E402
 import sweep_gemm_f16 as sweep  # noqa: E402  (its flags are this script's)
 
 flags.DEFINE_string("md_out", None, "Also write the results here as a Markdown table.")
+flags.register_validator("md_out", lambda v: v is None or Path(v).resolve().parent.is_dir(),
+                         "--md_out must be a file in an existing folder")
 from chain import products  # noqa: E402
 from peaks import check_ranges  # noqa: E402
 
@@ -121,10 +123,19 @@ def main(argv):
     shapes += [tuple(int(v) for v in e.split("x")) for e in FLAGS.extra]
     if not shapes:
         raise app.UsageError("no product selected: give --only (MobileNetV2's products) or --extra")
+    ignored = [f"--{f}" for f in ("forms", "limit", "max_rows") if FLAGS[f].present]
+    if ignored:
+        raise app.UsageError(f"{', '.join(ignored)}: sweep_gemm_f16.py's, not this script's (it times its own forms "
+                             f"on each product whole)")
     started = sweep.begin()
     if started is None:
         return 1
     device, peaks, results = started
+    for rows, depth, cols in shapes:   # each operand and the output must fit a binding, checked before any is made
+        largest = 4 * max(rows * depth, depth * cols, rows * cols)
+        if largest > device.max_storage_binding:
+            raise SystemExit(f"product {rows}x{depth}x{cols} needs a binding of {largest} bytes, over the device's "
+                             f"max storage binding of {device.max_storage_binding}")
     rng = np.random.default_rng(0)
     for rows, depth, cols in shapes:
         x = rng.standard_normal((rows, depth)).astype(np.float32)

@@ -39,9 +39,12 @@ flags.DEFINE_integer("repeats", 5, "timed passes (median)")
 flags.DEFINE_string("out", None, "Markdown table to write")
 flags.register_validator("fmas", lambda v: bool(v) and all(f.isdigit() and 1 <= int(f) <= 32 for f in v),
                          "--fmas takes integers from 1 to 32")
-flags.register_validator("steps", lambda v: v >= 4 and v % 4 == 0, "--steps must be a positive multiple of 4")
+flags.register_validator("steps", lambda v: 4 <= v <= 1 << 24 and v % 4 == 0,
+                         "--steps must be a positive multiple of 4, at most 2**24")
 flags.register_validator("workgroups", lambda v: 1 <= v <= 65535, "--workgroups must be in [1, 65535]")
 flags.register_validator("repeats", lambda v: v >= 1, "--repeats must be at least 1")
+flags.register_validator("out", lambda v: v is None or Path(v).resolve().parent.is_dir(),
+                         "--out must be a file in an existing folder")
 
 WORKGROUP = 256
 WHERE = ("workgroup", "uniform", "storage")
@@ -108,6 +111,12 @@ def main(argv) -> None:
     device = tflfuse.Device()
     if "timestamp-query" not in device.features:
         raise SystemExit(f"the adapter {device.describe()} has no timestamp-query feature, which this needs")
+    if FLAGS.workgroups * WORKGROUP * 16 > device.max_storage_binding:
+        raise SystemExit(f"--workgroups={FLAGS.workgroups}: the output ({FLAGS.workgroups * WORKGROUP * 16} bytes) "
+                         f"passes the device's max storage binding of {device.max_storage_binding}")
+    if device.loop_limit is not None and FLAGS.steps // 4 >= device.loop_limit:
+        raise SystemExit(f"--steps={FLAGS.steps}: {FLAGS.steps // 4} loop trips, past the {device.loop_limit} "
+                         f"after which this adapter stops a loop (its rates would be wrong)")
     peak = fma_tflops(device, "f32", **(dict(workgroups=16, iterations=256, repeats=3) if device.is_software else {}))
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## load_cost.py, {date}, {device.describe()}", "",

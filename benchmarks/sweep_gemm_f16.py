@@ -103,9 +103,12 @@ def run_form(device, prog: Program, arrays, rows: int, cols: int):
 
 def begin():
     """(the Device, its measured peaks, the results' header with an empty list of products), each printed; None,
-    after a message, where the adapter has no shader-f16 (nothing to compare)."""
+    after a message, where the adapter has no shader-f16 (nothing to compare). Raises ``SystemExit`` (with a
+    message) where it has no timestamp-query."""
     device = tflfuse.Device()
     print(f"adapter: {device.describe()}", flush=True)
+    if "timestamp-query" not in device.features:
+        raise SystemExit(f"the adapter {device.describe()} has no timestamp-query feature, which this needs")
     if "shader-f16" not in device.features:
         print("the adapter has no shader-f16: nothing to compare", flush=True)
         return None

@@ -46,6 +46,8 @@ flags.DEFINE_float("atol", 0.0, "allowed distance of the two plans' outputs, a s
 flags.DEFINE_integer("rounds", 3, "alternating rounds (one sample of each setting per round)")
 flags.DEFINE_integer("repeats", 5, "passes per dispatch and round (median)")
 flags.DEFINE_string("out", None, "Markdown table to write")
+flags.register_validator("out", lambda v: v is None or Path(v).resolve().parent.is_dir(),
+                         "--out must be a file in an existing folder")
 flags.register_validator("precisions", lambda v: bool(v) and set(v) <= {"float32", "float16"},
                          "--precisions takes float32 and float16")
 flags.register_validator("batches", lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
@@ -61,8 +63,9 @@ def switch_of(spec: str):
     module_name, _, name = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise app.UsageError(f"--switch: cannot import {module_name!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - ImportError, an empty or relative name, a module that fails to load
+        raise app.UsageError(f"--switch takes MODULE:NAME of an importable module: cannot import {module_name!r} "
+                             f"({type(e).__name__}: {e})") from None
     if not isinstance(getattr(module, name, None), bool):
         raise app.UsageError(f"--switch: {module_name}.{name} is not a boolean switch")
     return module, name
@@ -115,10 +118,16 @@ def table(results: list[dict], adapter: str, switch: str) -> str:
                      f"{r['on']['one_pass_us']:.1f} | {r['on']['one_pass_us'] / r['off']['one_pass_us']:.3f}x | "
                      f"{r['distance']:.2g} |")
     for r in results:
-        changed = [i for i, d in enumerate(r["differs"] or []) if d]
-        if not changed:
+        where = f"{r['model']} at batch {r['batch']}, {r['precision']}"
+        if r["differs"] is None:
+            lines += ["", f"The two plans of {where} have different numbers of dispatches: no dispatch-by-dispatch "
+                          f"comparison."]
             continue
-        lines += ["", f"Dispatches the switch changes, {r['model']} at batch {r['batch']}, {r['precision']} (us):", "",
+        changed = [i for i, d in enumerate(r["differs"]) if d]
+        if not changed:
+            lines += ["", f"The switch changes no dispatch's program of {where}: the two plans are the same."]
+            continue
+        lines += ["", f"Dispatches the switch changes, {where} (us):", "",
                   "| # | program | off | on | on / off |", "|---:|---|---:|---:|---:|"]
         for i in changed:
             off, on = r["off"]["dispatch_us"][i], r["on"]["dispatch_us"][i]
@@ -128,13 +137,21 @@ def table(results: list[dict], adapter: str, switch: str) -> str:
 
 def main(argv) -> None:
     module, name = switch_of(FLAGS.switch)
-    adapter = tflfuse.Device().describe()
+    device = tflfuse.Device()
+    adapter = device.describe()
+    needs = ["timestamp-query"] + (["shader-f16"] if "float16" in FLAGS.precisions else [])
+    for feature in needs:
+        if feature not in device.features:
+            raise SystemExit(f"the adapter {adapter} has no {feature} feature, which this needs")
     print(f"adapter: {adapter}", flush=True)
     results = []
     for model, data in selected_models(Path(FLAGS.models), FLAGS.select):
         for batch in map(int, FLAGS.batches):
             for precision in FLAGS.precisions:
-                r = time_setting_pair(data, batch, precision, module, name)
+                try:
+                    r = time_setting_pair(data, batch, precision, module, name)
+                except Exception as e:  # noqa: BLE001 - a model it cannot plan, or outputs the switch moved
+                    raise SystemExit(f"{model} at batch {batch}, {precision}: {type(e).__name__}: {e}") from None
                 r.update(model=model, batch=batch, precision=precision)
                 print(f"{model} batch {batch} {precision}: off {r['off']['one_pass_us']:.1f} us, on "
                       f"{r['on']['one_pass_us']:.1f} us ({r['on']['one_pass_us'] / r['off']['one_pass_us']:.3f}x), "

@@ -237,31 +237,32 @@ def test_resident_default_with_its_projection_matches_tf(device, case, tile):
     assert [p.name for p in k.programs()] == ["fused_bottleneck_expand_dw_project"] and k.scratch_sizes() == ()
 
 
-@pytest.mark.parametrize("tile", ["8x8/8/r2p", "4x8/16/r1p", "7x7/8/r4p"])
-def test_resident_depthwise_taps_loaded_once_per_chunk(device, monkeypatch, tile):
+@pytest.mark.parametrize("tile, n, size, stride, hoists", [
+    ("8x8/8/r2p", 2, 29, 1, True), ("4x8/16/r1p", 2, 29, 1, True), ("7x7/8/r4p", 2, 29, 2, True),
+    ("4x8/16/r1p", 1, 33, 2, False)])
+def test_resident_depthwise_taps_loaded_once_per_chunk(device, monkeypatch, tile, n, size, stride, hoists):
     """RESIDENT_DW_HOISTED: the resident form's depthwise phase loads an invocation's filter taps and bias once per
-    chunk, since every output pixel it takes in the chunk has the same vec4 of channels. The same sums in the same
-    order: bit for bit the plan without it, and both match TensorFlow's ops (two images of an odd 29x29 map, tiles
-    cut at its edges; 3 chunks of 8 channels, or 2 of 16 with 1 pixel per invocation; stride 2 for the 7x7 tiles)."""
+    chunk where every output pixel it takes in the chunk has the same vec4 of channels and some take two or more
+    (two images of an odd 29x29 map, tiles cut at its edges: 3 chunks of 8 channels with 2 or 4 halo pixels per
+    invocation, 2 of 16 with 1; not the batch-1 tiles of 4 x 8 / 16 at stride 2, 160 invocations for 128 pixels and
+    vec4s of a chunk). The same sums in the same order: bit for bit the plan without it, and both match
+    TensorFlow's ops."""
     from tflfuse.kernels.fused import resident
 
-    stride = 2 if tile.startswith("7x7") else 1
-    case = (2, 29, 29, 8, 6, 12, stride, False, "relu6")
     runs = {}
-    for hoisted in (False, True):
-        monkeypatch.setattr(resident, "RESIDENT_DW_HOISTED", hoisted)
-        n, h, w_, cin, t, cout, s, residual, activation = case
+    for switch in (False, True):
+        monkeypatch.setattr(resident, "RESIDENT_DW_HOISTED", switch)
         rng = np.random.default_rng(3)
-        x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
-        w = _weights(rng, cin, t, cout)
+        x = rng.standard_normal((n, size, size, 8)).astype(np.float32)
+        w = _weights(rng, 8, 6, 12)
         inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
-        attrs = {"expansion": t, "stride": s, "residual": residual, "activation": activation,
+        attrs = {"expansion": 6, "stride": stride, "residual": False, "activation": "relu6",
                  "strategy": "expand_dw", "expand_tile": tile}
         (prog,) = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs).programs()
-        assert ("let wt4 = dw[" in prog.source) == hoisted   # the centre tap, before the walk
-        (runs[hoisted],) = run_op(device, "fused_bottleneck", inputs, attrs)
-        np.testing.assert_allclose(runs[hoisted], _tf_reference(x, w, s, residual, activation), rtol=RTOL,
-                                   atol=_atol(runs[hoisted]))
+        assert ("let wt4 = dw[" in prog.source) == (switch and hoists)   # the centre tap, before the walk
+        (runs[switch],) = run_op(device, "fused_bottleneck", inputs, attrs)
+        np.testing.assert_allclose(runs[switch], _tf_reference(x, w, stride, False, "relu6"), rtol=RTOL,
+                                   atol=_atol(runs[switch]))
     np.testing.assert_array_equal(runs[True], runs[False])
 
 

@@ -135,10 +135,10 @@ def _depthwise_from_halo(g: dict, tw: int, hw: int, q: int, c4: int, out_items: 
     the halo in ``esh`` (``[halo rows][hw][q]`` vec4s), add the bias and write ``d`` (with ``to_workgroup``,
     the workgroup array ``dsh``, ``[tile pixel][q]``, for a projection in the same dispatch). With ``half``,
     ``esh`` and ``dsh`` hold ``vec4<f16>`` and the taps are f16 multiply-adds (:func:`_half_chain`). With
-    ``hoist`` and ``threads`` a multiple of ``q``, every pair an invocation takes has the same vec4 of channels,
-    so its filter taps and bias are loaded once, before its walk, rather than for every output pixel (the same
-    sums in the same order)."""
-    hoisted = hoist and threads % q == 0
+    ``hoist``, ``threads`` a multiple of ``q`` (every pair an invocation takes has the same vec4 of channels) and
+    more pairs than invocations (some take two or more), each invocation loads its filter taps and bias once,
+    before its walk, rather than for every output pixel (the same sums in the same order)."""
+    hoisted = hoist and threads % q == 0 and out_items > threads
     taps_at = [f"dw[{(ky * g['KW'] + kx) * c4}u + cq]" for ky in range(g["KH"]) for kx in range(g["KW"])]
     weights = [f"wt{t}" for t in range(len(taps_at))] if hoisted else taps_at
     tap = [(f"esh[((ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u) * {q}u + j]", weights[ky * g["KW"] + kx])

@@ -173,13 +173,17 @@ RESIDENT_MAX_SUMS = 8
 #: Whether the resident form loads each chunk's weights into registers while the chunk before it is expanded
 #: (:func:`_chunk_weights`), rather than from memory between the chunk's two barriers.
 RESIDENT_PREFETCH = True
-#: Whether the resident form's depthwise phase loads each invocation's filter taps and bias once per chunk (every
-#: output pixel it takes in a chunk has the same vec4 of channels) rather than once per output pixel: the same
-#: sums in the same order, fewer loads. Measured on an H100 (Vulkan, 2026-12-06, ``benchmarks/switch_ab.py``, 3
-#: alternating rounds, ``benchmarks/RESULTS-switch-ab.md``): MobileNetV2's three resident dispatches at batch 32
-#: took 119.3, 103.5 and 57.1 us against 122.5, 109.4 and 58.1 (float16 75.9, 76.5 and 43.8 against 77.6, 80.1
-#: and 44.9); the model's GPU time 1226.1 against 1233.4 us (0.994x), float16 1028.7 against 1043.3 (0.986x). The
-#: per-chunk form (batch 1) lost with it (0.98-1.04x per dispatch, the model 1.005x) and keeps its loads per pixel.
+#: Whether the resident form's depthwise phase loads each invocation's filter taps and bias once per chunk rather
+#: than once per output pixel, where that saves loads: every pixel it takes in a chunk has the same vec4 of
+#: channels (the invocations a multiple of ``chunk / 4``) and some invocations take two or more (the same sums in
+#: the same order; :func:`.expand_depthwise._depthwise_from_halo`). Measured on an H100 (Vulkan, 2026-12-06,
+#: ``benchmarks/switch_ab.py``, alternating rounds, ``benchmarks/RESULTS-switch-ab.md``): MobileNetV2's three
+#: resident dispatches at batch 32 (2 and 1-2 pixels per invocation) took 119.3, 103.5 and 57.1 us against 122.5,
+#: 109.4 and 58.1 (float16 75.9, 76.5 and 43.8 against 77.6, 80.1 and 44.9); the model's GPU time 1226.1 against
+#: 1233.4 us (0.994x), float16 1028.7 against 1043.3 (0.986x). Where each invocation takes at most one pixel
+#: (its 4 x 8 / 16 tiles at batch 1) the loads moved ahead of the walk only cost: 11.37 against 10.36 us in
+#: float16 (12.52 against 12.49 in float32), so those keep them per pixel; so does the per-chunk form, which lost
+#: with them at batch 1 (0.98-1.04x per dispatch).
 RESIDENT_DW_HOISTED = True
 #: Whether a float16 plan runs the resident form with f16 arithmetic (a
 #: :class:`~tflfuse.kernels.half.HalfMathProgram`): its workgroup arrays, input registers and weights as
