@@ -1,7 +1,8 @@
 """What bounds the float16 form of the tiled matrix product: its f16 -> f32 flushes, or what it shares with
 float32 (workgroup-memory loads, staging, barriers, stores).
 
-    python benchmarks/f16_bound.py --extra=2048x2048x2048 --only=6272x96x576 --tiles=128x64/8x4/16 --out=f.json
+    python benchmarks/f16_bound.py --extra=2048x2048x2048 --only=6272x96x576 --tiles=128x64/8x4/16 \
+        [--out=f.json] [--md_out=benchmarks/RESULTS-f16-bound.md]
 
 The float16 plan's tiled product (:func:`tflfuse.kernels.gemm.tiled_matmul_program`'s second source) multiplies
 each staged slice of ``tk`` depths into f16 partial sums and adds them into the f32 accumulators once per slice:
@@ -21,7 +22,8 @@ library's float16 one (``f16_math``), rewrites of their sources (unsliced tiles 
 If a flush form runs well under ``f16_math``, the conversions bound it; if only ``f16_once`` does, its registers
 do; where a floor form takes most of its form's time, the arithmetic does not bound it. The products:
 MobileNetV2's that --only names (at --batches) and those of --extra; the other flags are
-``benchmarks/sweep_gemm_f16.py``'s (--tiles, --repeats, --reps, --warm_ms, --out); GPU time from timestamp
+``benchmarks/sweep_gemm_f16.py``'s (--tiles, --repeats, --reps, --warm_ms, --out; its --forms, --limit and
+--max_rows are refused), and --md_out writes the Markdown table; GPU time from timestamp
 queries, the FMA peaks measured in the same run. Needs no TensorFlow.
 """
 
