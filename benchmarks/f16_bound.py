@@ -41,16 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from tflfuse.kernels.base import Program  # noqa: E402
 from tflfuse.kernels.gemm import MatmulTile, matmul_tile  # noqa: E402
 
 import sweep_gemm_f16 as sweep  # noqa: E402  (its flags are this script's)
+from chain import products  # noqa: E402
+from peaks import check_ranges, validate_out_flags  # noqa: E402
 
 flags.DEFINE_string("md_out", None, "Also write the results here as a Markdown table.")
-flags.register_validator("md_out", lambda v: v is None or Path(v).resolve().parent.is_dir(),
-                         "--md_out must be a file in an existing folder")
-from chain import products  # noqa: E402
-from peaks import check_ranges  # noqa: E402
+validate_out_flags("md_out")
 
 FLAGS = flags.FLAGS
 #: The forms timed: (name, its program (the float32 or the float16 one), the rewrite of its source: the slices a
@@ -113,11 +111,6 @@ def flushed_every(source: str, slices: int, tk: int, depth: int) -> str:
     return "\n".join(out)
 
 
-def with_source(prog: Program, source: str) -> Program:
-    """``prog`` (a float16 plan's program: f16 bindings) running ``source``."""
-    return dataclasses.replace(prog, source=source)
-
-
 def main(argv):
     shapes = [(r, d, c) for n in map(int, FLAGS.batches) for r, d, c in products(n)
               if f"{r}x{d}x{c}" in FLAGS.only]
@@ -158,9 +151,9 @@ def main(argv):
                     continue   # the rewrites take unsliced tiles
                 prog = built[base]
                 if rewrite == "floor":
-                    prog = with_source(prog, floor_source(prog.source))
+                    prog = dataclasses.replace(prog, source=floor_source(prog.source))
                 elif rewrite is not None:
-                    prog = with_source(prog, flushed_every(prog.source, rewrite, tile.tk, depth))
+                    prog = dataclasses.replace(prog, source=flushed_every(prog.source, rewrite, tile.tk, depth))
                 us, y = sweep.run_form(device, prog, (x, w, b), rows, cols)
                 note = ""
                 if rewrite in ("floor", 0):

@@ -38,6 +38,7 @@ import tflfuse  # noqa: E402
 from tflfuse.kernels.half import HALF_MATH_FORMS, half_math_forms  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peaks import require_features  # noqa: E402
 from plan_profile import planned, profile_plan_dispatches  # noqa: E402
 from selection import selected_models  # noqa: E402
 
@@ -138,9 +139,7 @@ def tables(results: dict, adapter: str, batch: int) -> str:
 def main(argv) -> None:
     del argv
     device = tflfuse.Device()
-    for feature in ("timestamp-query", "shader-f16"):
-        if feature not in device.features:
-            raise SystemExit(f"the adapter {device.describe()} has no {feature} feature, which this needs")
+    require_features(device, "timestamp-query", "shader-f16")
     results = {}
     for name, data in selected_models(Path(FLAGS.models), FLAGS.select):
         results[name] = time_model(data, FLAGS.batch, FLAGS.forms, FLAGS.rounds, FLAGS.repeats)

@@ -29,7 +29,7 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.runtime.plan import pass_gpu_us  # noqa: E402
 
-from peaks import fma_tflops  # noqa: E402
+from peaks import fma_tflops, require_features, validate_out_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("fmas", ["1", "2", "4", "8"], "vec4 multiply-adds per load")
@@ -43,8 +43,7 @@ flags.register_validator("steps", lambda v: 4 <= v <= 1 << 24 and v % 4 == 0,
                          "--steps must be a positive multiple of 4, at most 2**24")
 flags.register_validator("workgroups", lambda v: 1 <= v <= 65535, "--workgroups must be in [1, 65535]")
 flags.register_validator("repeats", lambda v: v >= 1, "--repeats must be at least 1")
-flags.register_validator("out", lambda v: v is None or Path(v).resolve().parent.is_dir(),
-                         "--out must be a file in an existing folder")
+validate_out_flags("out")
 
 WORKGROUP = 256
 WHERE = ("workgroup", "uniform", "storage")
@@ -109,8 +108,7 @@ def tflops(device, where: str, fmas: int, distinct: bool) -> float:
 def main(argv) -> None:
     del argv
     device = tflfuse.Device()
-    if "timestamp-query" not in device.features:
-        raise SystemExit(f"the adapter {device.describe()} has no timestamp-query feature, which this needs")
+    require_features(device, "timestamp-query")
     if FLAGS.workgroups * WORKGROUP * 16 > device.max_storage_binding:
         raise SystemExit(f"--workgroups={FLAGS.workgroups}: the output ({FLAGS.workgroups * WORKGROUP * 16} bytes) "
                          f"passes the device's max storage binding of {device.max_storage_binding}")

@@ -10,7 +10,8 @@ from tflfuse.kernels.base import Binding, Program, linear_dispatch
 from tflfuse.runtime.plan import pass_gpu_us
 
 __all__ = ["F16_ACCUMULATORS", "F32_ACCUMULATORS", "copy_bandwidth_gb_per_s", "fma_source", "fma_tflops",
-           "measure_peaks", "recorder", "CHECK_ROWS", "check_ranges", "read_rows", "validate_sweep_flags"]
+           "measure_peaks", "recorder", "CHECK_ROWS", "check_ranges", "read_rows", "require_features",
+           "validate_out_flags", "validate_sweep_flags"]
 
 
 #: Rows of a product's output that the sweeps read back to check each form and tile: three runs of this many
@@ -153,6 +154,26 @@ def measure_peaks(device) -> dict:
     else:
         peaks["f16_note"] = "the adapter has no shader-f16"
     return peaks
+
+
+def require_features(device, *features: str) -> None:
+    """Raises ``SystemExit`` (one line naming the adapter and the feature) where the tflfuse Device ``device``
+    lacks one of ``features`` (e.g. ``"timestamp-query"``, ``"shader-f16"``)."""
+    for feature in features:
+        if feature not in device.features:
+            raise SystemExit(f"the adapter {device.describe()} has no {feature} feature, which this needs")
+
+
+def validate_out_flags(*names: str) -> None:
+    """absl validators for the file flags ``names`` (e.g. ``"out"``): unset, or a file in an existing folder, so
+    that a run does not end in a FileNotFoundError after all its timing."""
+    from pathlib import Path
+
+    from absl import flags
+
+    for name in names:
+        flags.register_validator(name, lambda v: v is None or Path(v).resolve().parent.is_dir(),
+                                 f"--{name} must be a file in an existing folder")
 
 
 def validate_sweep_flags(forms) -> None:

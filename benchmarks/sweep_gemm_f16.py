@@ -41,7 +41,8 @@ from tflfuse.kernels.half import half_storage  # noqa: E402
 from tflfuse.runtime.plan import pass_gpu_us  # noqa: E402
 
 from chain import products  # noqa: E402
-from peaks import check_ranges, measure_peaks, read_rows, recorder, validate_sweep_flags  # noqa: E402
+from peaks import (check_ranges, measure_peaks, read_rows, recorder, require_features,  # noqa: E402
+                   validate_sweep_flags)
 
 FLAGS = flags.FLAGS
 FORMS = ("f32", "f16_storage", "f16_math")
@@ -107,8 +108,7 @@ def begin():
     message) where it has no timestamp-query."""
     device = tflfuse.Device()
     print(f"adapter: {device.describe()}", flush=True)
-    if "timestamp-query" not in device.features:
-        raise SystemExit(f"the adapter {device.describe()} has no timestamp-query feature, which this needs")
+    require_features(device, "timestamp-query")
     if "shader-f16" not in device.features:
         print("the adapter has no shader-f16: nothing to compare", flush=True)
         return None

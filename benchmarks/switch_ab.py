@@ -33,6 +33,7 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peaks import require_features, validate_out_flags  # noqa: E402
 from plan_profile import planned, profile_plan_dispatches  # noqa: E402
 from selection import selected_models  # noqa: E402
 
@@ -46,8 +47,7 @@ flags.DEFINE_float("atol", 0.0, "allowed distance of the two plans' outputs, a s
 flags.DEFINE_integer("rounds", 3, "alternating rounds (one sample of each setting per round)")
 flags.DEFINE_integer("repeats", 5, "passes per dispatch and round (median)")
 flags.DEFINE_string("out", None, "Markdown table to write")
-flags.register_validator("out", lambda v: v is None or Path(v).resolve().parent.is_dir(),
-                         "--out must be a file in an existing folder")
+validate_out_flags("out")
 flags.register_validator("precisions", lambda v: bool(v) and set(v) <= {"float32", "float16"},
                          "--precisions takes float32 and float16")
 flags.register_validator("batches", lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
@@ -139,10 +139,7 @@ def main(argv) -> None:
     module, name = switch_of(FLAGS.switch)
     device = tflfuse.Device()
     adapter = device.describe()
-    needs = ["timestamp-query"] + (["shader-f16"] if "float16" in FLAGS.precisions else [])
-    for feature in needs:
-        if feature not in device.features:
-            raise SystemExit(f"the adapter {adapter} has no {feature} feature, which this needs")
+    require_features(device, "timestamp-query", *(["shader-f16"] if "float16" in FLAGS.precisions else []))
     print(f"adapter: {adapter}", flush=True)
     results = []
     for model, data in selected_models(Path(FLAGS.models), FLAGS.select):
