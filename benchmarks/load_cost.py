@@ -1,7 +1,7 @@
 """What a vec4 load costs beside vec4 multiply-adds, by where it reads: workgroup memory, a uniform buffer or a
 storage buffer, every lane of a subgroup at one address (a broadcast) or each at its own.
 
-    python benchmarks/load_cost.py [--fmas=1,2,4,8] [--out=benchmarks/RESULTS-load-cost.md]
+    python benchmarks/load_cost.py [--fmas=1,2,4,8] [--index=computed,offset,nested] [--out=benchmarks/RESULTS-load-cost.md]
 
 Each invocation of a kernel of many workgroups of 256 runs ``--steps`` steps; each step loads one vec4 and adds
 it, times ``--fmas`` independent vec4<f32> accumulators, into them (``a = fma(a, w, c)``): one load per
@@ -9,7 +9,13 @@ it, times ``--fmas`` independent vec4<f32> accumulators, into them (``a = fma(a,
 rn`` block loads ``(rm + rn) / 4`` vec4s per ``rm * rn / 4`` vec4 multiply-adds) or of the resident fused
 bottleneck's expansion (one weight vec4 per halo pixel an invocation holds). The load's index is the same for
 every invocation (``broadcast``) or differs by invocation (``distinct``); 256 vec4s (4 KiB) are read over and over,
-so every read hits its cache. TFLOP/s = 8 FLOPs per vec4 multiply-add over the GPU time of one compute pass
+so every read hits its cache. ``--index`` sets how a workgroup load's index is formed (the other sources take
+``computed`` only): ``computed``, each load's index worked out on its own, ``(k * 4 + j + lidx) % 256``;
+``offset``, one index worked out once a step and each load at a constant offset from it (``wsh[i + 64 j]``, as
+the tiled product's inner loop reads its slices); ``nested``, a two-level array with the constant ``j`` as the
+outer index and the step's index as the inner one (``wsh2[j][i]``), so that WGSL's bounds check on a dynamic
+index (naga clamps it) is the same expression for the step's four loads. Either way neighbouring lanes read
+neighbouring vec4s where their addresses differ. TFLOP/s = 8 FLOPs per vec4 multiply-add over the GPU time of one compute pass
 (timestamp queries, median of --repeats), beside the FMA peak with no loads (``benchmarks/peaks.py``) measured in
 the same run. Needs the ``timestamp-query`` feature and no TensorFlow.
 """
@@ -33,12 +39,15 @@ from peaks import fma_tflops, require_features, validate_out_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("fmas", ["1", "2", "4", "8"], "vec4 multiply-adds per load")
+flags.DEFINE_list("index", ["computed"], "how a workgroup load's index is formed: computed, offset, nested")
 flags.DEFINE_integer("steps", 512, "steps per invocation (a multiple of 4)")
 flags.DEFINE_integer("workgroups", 132 * 16, "workgroups of 256 invocations")
 flags.DEFINE_integer("repeats", 5, "timed passes (median)")
 flags.DEFINE_string("out", None, "Markdown table to write")
 flags.register_validator("fmas", lambda v: bool(v) and all(f.isdigit() and 1 <= int(f) <= 32 for f in v),
                          "--fmas takes integers from 1 to 32")
+flags.register_validator("index", lambda v: bool(v) and all(i in INDEX for i in v),
+                         "--index takes computed, offset and nested")
 flags.register_validator("steps", lambda v: 4 <= v <= 1 << 24 and v % 4 == 0,
                          "--steps must be a positive multiple of 4, at most 2**24")
 flags.register_validator("workgroups", lambda v: 1 <= v <= 65535, "--workgroups must be in [1, 65535]")
@@ -47,18 +56,31 @@ validate_out_flags("out")
 
 WORKGROUP = 256
 WHERE = ("workgroup", "uniform", "storage")
+INDEX = ("computed", "offset", "nested")
 
 
-def source(where: str, fmas: int, distinct: bool, steps: int) -> str:
-    """WGSL of the kernel (module docstring): ``steps`` steps of one vec4 load from ``where`` and ``fmas`` vec4
-    multiply-adds; the sums are written so that nothing folds."""
+def source(where: str, fmas: int, distinct: bool, steps: int, index: str = "computed") -> str:
+    """WGSL of the kernel (module docstring): ``steps`` steps of one vec4 load from ``where`` (its index formed as
+    ``index`` says) and ``fmas`` vec4 multiply-adds; the sums are written so that nothing folds."""
+    if index != "computed" and where != "workgroup":
+        raise ValueError(f"index {index!r} is for workgroup loads only, not {where}")
     decl = {"workgroup": "var<workgroup> wsh: array<vec4<f32>, 256>;",
             "uniform": "@group(0) @binding(2) var<uniform> wu: array<vec4<f32>, 256>;", "storage": ""}[where]
     read = {"workgroup": "wsh", "uniform": "wu", "storage": "src"}[where]
     fill = "  wsh[lidx] = src[lidx];\n  workgroupBarrier();" if where == "workgroup" else ""
-    index = "(k * 4u + {j}u + lidx) % 256u" if distinct else "(k * 4u + {j}u) % 256u"
+    lane = " + lidx" if distinct else ""
+    step = ""
+    if index == "computed":
+        index = f"(k * 4u + {{j}}u{lane}) % 256u"
+    elif index == "offset":
+        step, index = f"    let base = (k{lane}) % 64u;", "base + {j}u * 64u"
+    else:
+        decl = "var<workgroup> wsh2: array<array<vec4<f32>, 64>, 4>;"
+        fill = "  wsh2[lidx / 64u][lidx % 64u] = src[lidx];\n  workgroupBarrier();"
+        step, index = f"    let row = (k{lane}) % 64u;", "{j}u][row"
+        read = "wsh2"
     accs = "\n".join(f"  var a{q} = src[(lidx + {q}u) % 256u] * (f32(lidx) * 1e-3 + {q}.0);" for q in range(fmas))
-    body = []
+    body = [step] if step else []
     for j in range(4):
         body.append(f"    let w{j} = {read}[{index.format(j=j)}];")
         body += [f"    a{q} = fma(a{q}, w{j}, vec4<f32>(0.001));" for q in range(fmas)]
@@ -79,13 +101,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 """
 
 
-def tflops(device, where: str, fmas: int, distinct: bool) -> float:
+def name(where: str, index: str) -> str:
+    """A table column's name: the memory, and the index form where it is not ``computed``."""
+    return where if index == "computed" else f"{where} ({index})"
+
+
+def tflops(device, where: str, fmas: int, distinct: bool, index: str = "computed") -> float:
     """TFLOP/s of :func:`source`'s kernel on the tflfuse Device ``device``."""
     wgpu = device._wgpu
     values = np.full(1024, 0.5, np.float32).tobytes()
     src = device.create_buffer(len(values), data=values)
     out = device.create_buffer(FLAGS.workgroups * WORKGROUP * 16)
-    code = source(where, fmas, distinct, FLAGS.steps)
+    code = source(where, fmas, distinct, FLAGS.steps, index)
     pipeline = device.device.create_compute_pipeline(
         layout="auto", compute={"module": device.device.create_shader_module(code=code), "entry_point": "main"})
     entries = [{"binding": 0, "resource": {"buffer": src, "offset": 0, "size": src.size}},
@@ -116,21 +143,23 @@ def main(argv) -> None:
         raise SystemExit(f"--steps={FLAGS.steps}: {FLAGS.steps // 4} loop trips, past the {device.loop_limit} "
                          f"after which this adapter stops a loop (its rates would be wrong)")
     peak = fma_tflops(device, "f32", **(dict(workgroups=16, iterations=256, repeats=3) if device.is_software else {}))
+    columns = [(w, i) for w in WHERE for i in (FLAGS.index if w == "workgroup" else ["computed"])]
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## load_cost.py, {date}, {device.describe()}", "",
              f"TFLOP/s of vec4<f32> multiply-adds with one vec4 load per --fmas of them, {FLAGS.workgroups} "
              f"workgroups of {WORKGROUP}, {FLAGS.steps} steps each; in brackets the share of the f32 FMA peak with no "
              f"loads, {peak:.1f} TFLOP/s in the same run.", "",
-             "| multiply-adds per load | " + " | ".join(f"{w} {k}" for w in WHERE for k in ("broadcast", "distinct"))
-             + " |", "|---:|" + "---:|" * (2 * len(WHERE))]
+             "| multiply-adds per load | " + " | ".join(f"{name(w, i)} {k}" for w, i in columns
+                                                        for k in ("broadcast", "distinct"))
+             + " |", "|---:|" + "---:|" * (2 * len(columns))]
     for fmas in map(int, FLAGS.fmas):
         cells = []
-        for where in WHERE:
+        for where, index in columns:
             for distinct in (False, True):
-                rate = tflops(device, where, fmas, distinct)
+                rate = tflops(device, where, fmas, distinct, index)
                 cells.append(f"{rate:.3g} ({100 * rate / peak:.0f}%)")
-                print(f"{fmas} per load, {where} {'distinct' if distinct else 'broadcast'}: {rate:.3g} TFLOP/s",
-                      flush=True)
+                print(f"{fmas} per load, {name(where, index)} {'distinct' if distinct else 'broadcast'}: "
+                      f"{rate:.3g} TFLOP/s", flush=True)
         lines.append(f"| {fmas} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     print(text)

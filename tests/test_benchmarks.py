@@ -497,8 +497,9 @@ for form in ("f32", "f16_math"):
 def test_load_cost_writes_a_rate_per_source_and_ratio(tmp_path):
     """benchmarks/load_cost.py, run as a user runs it, with a small kernel: a row per --fmas value and a rate with
     its share of the FMA peak for each of the six loads (workgroup, uniform and storage memory, broadcast or
-    distinct). Its rates say nothing here (the software adapter); only what it runs and writes is checked; a
-    --fmas value out of range stops it with a message."""
+    distinct), and with --index a column for each way of forming a workgroup load's index. Its rates say nothing
+    here (the software adapter); only what it runs and writes is checked; a --fmas or --index value out of range
+    stops it with a message."""
     out = tmp_path / "lc.md"
     script = str(ROOT / "benchmarks" / "load_cost.py")
     proc = subprocess.run([sys.executable, script, "--fmas=1,3", "--steps=8", "--workgroups=2", "--repeats=1",
@@ -510,3 +511,11 @@ def test_load_cost_writes_a_rate_per_source_and_ratio(tmp_path):
         assert re.search(rf"\| {fmas} \|( [0-9.e+-]+ \([0-9]+%\) \|){{6}}$", text, re.M), text
     bad = subprocess.run([sys.executable, script, "--fmas=0"], capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "--fmas takes integers from 1 to 32" in bad.stderr, bad.stderr[-2000:]
+    proc = subprocess.run([sys.executable, script, "--fmas=2", "--steps=8", "--workgroups=2", "--repeats=1",
+                           "--index=offset,nested", f"--out={out}"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert "| workgroup (offset) broadcast | workgroup (offset) distinct | workgroup (nested) broadcast |" in text, text
+    assert re.search(r"\| 2 \|( [0-9.e+-]+ \([0-9]+%\) \|){8}$", text, re.M), text
+    bad = subprocess.run([sys.executable, script, "--index=flat"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--index takes computed, offset and nested" in bad.stderr, bad.stderr[-2000:]

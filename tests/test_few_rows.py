@@ -96,3 +96,28 @@ def test_few_rows_choice():
     for bad in (lambda: few_rows_block(0), lambda: few_rows_lanes(0, 1024, 120), lambda: few_rows_lanes(8, 1024, 0)):
         with pytest.raises(ValueError):
             bad()
+
+
+@pytest.mark.parametrize("rows, depth, cols, early", [(17, 1284, 64, True), (1, 1280, 1000, True),
+                                                     (196, 64, 384, False)])
+def test_early_loads_change_nothing(device, monkeypatch, rows, depth, cols, early):
+    """FEW_ROWS_EARLY_LOADS: each trip's weight and input vec4s loaded during the trip before (the last trip's
+    loads clamped into the depth) leave every sum as it was: bit for bit the program without it (a depth the lanes
+    do not divide evenly, a block of 8 rows with a last block of 1; one row of 1000 columns), both within the
+    float32 bound of the float64 product. Not where 8 lanes share a block (196 x 64 x 384), where it cost."""
+    from tflfuse.kernels import gemm
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((rows, depth)).astype(np.float32)
+    w = (rng.standard_normal((depth, cols)) / np.sqrt(depth)).astype(np.float32)
+    b = rng.standard_normal(cols).astype(np.float32)
+    attrs = {"weights_layout": "IO", "fused_activation_function": "NONE", "target": "gpu"}
+    y64 = x.astype(np.float64) @ w.astype(np.float64) + b
+    runs = {}
+    for switch in (False, True):
+        monkeypatch.setattr(gemm, "FEW_ROWS_EARLY_LOADS", switch)
+        (prog,) = kernel_class("FULLY_CONNECTED")([TensorSpec(a.shape) for a in (x, w, b)], attrs).programs()
+        assert ("var wn0 = w[" in prog.source) == (switch and early)
+        (runs[switch],) = run_op(device, "FULLY_CONNECTED", [x, w, b], attrs)
+        assert (np.abs(runs[switch] - y64) <= _bound(x, w, b, y64)).all()
+    np.testing.assert_array_equal(runs[True], runs[False])

@@ -661,6 +661,19 @@ def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: 
                                 store_vec=store_vec, elem=elem)
 
 
+#: Whether :func:`few_rows_program`, where at least :data:`_FEW_ROWS_EARLY_MIN_LANES` lanes share a block's depth,
+#: loads each trip's weight and input vec4s during the trip before (the first trip's before the loop), so that
+#: their latency passes under the multiply-adds. The same sums in the same order. Measured on an H100 (Vulkan,
+#: 2026-12-06, ``benchmarks/switch_ab.py``, alternating rounds; ``benchmarks/RESULTS-switch-ab.md``) at batch 1:
+#: MobileNetV2's projections of 7x7 and 14x14 maps (32 or 64 lanes) took 0.68-0.85x of their time (7x7x960 -> 320
+#: 9.89 against 6.82 us), its 7x7x160 -> 960 expansions (16 lanes) 0.85x, but its 14x14 expansions (8 lanes, 2-3
+#: trips) 1.02-1.06x; with it at every lane count, the whole model's GPU time 227.1 against 234.6 us fused, 289.0
+#: against 313.8 unfused
+#: (float16 224.9 against 233.4, 272.7 against 298.0); hand, pose and palm landmark models 0.95-0.99x unfused,
+#: 0.98-1.00x fused; nothing changed at batch 32 (0.999-1.001x).
+FEW_ROWS_EARLY_LOADS = True
+#: Lanes per block from which :data:`FEW_ROWS_EARLY_LOADS` applies (above: it cost where 8 lanes walk 2-3 trips).
+_FEW_ROWS_EARLY_MIN_LANES = 16
 #: :func:`few_rows_lanes` splits the depth until about this many invocations are in flight.
 _FEW_ROWS_INVOCATIONS = 1 << 16
 #: Multiply-adds from which :func:`use_few_rows` holds, and rows up to which it does (measured up to 196).
@@ -742,9 +755,24 @@ def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth:
     lanes = few_rows_lanes(rows, depth, cols)
     per = 256 // lanes
     rs = range(block)
-    step = [f"    let w{i} = w[(k * 4u + {i}u) * {c4}u + cq];" for i in range(4)]
+    def w_at(k: str, i: int) -> str:
+        return f"w[({k} * 4u + {i}u) * {c4}u + cq]"
+
+    def x_at(k: str, r: int) -> str:
+        return f"x[min(r0 + {r}u, {rows - 1}u) * {d4}u + {k}]"
+    early = FEW_ROWS_EARLY_LOADS and lanes >= _FEW_ROWS_EARLY_MIN_LANES
+    first = ""
+    if early:   # this trip's values were loaded during the last trip (the first before the loop); the next
+        # trip's index is clamped into the depth, so that the last trip's loads read an address that exists
+        first = "".join(f"\n  var wn{i} = {w_at(f'min(lane, {d4 - 1}u)', i)};" for i in range(4)) + "".join(
+            f"\n  var xn{r} = {x_at(f'min(lane, {d4 - 1}u)', r)};" for r in rs)
+        step = [f"    let w{i} = wn{i};" for i in range(4)] + [f"    let x{r} = xn{r};" for r in rs]
+        step += [f"    let kn = min(k + {lanes}u, {d4 - 1}u);", *(f"    wn{i} = {w_at('kn', i)};" for i in range(4)),
+                 *(f"    xn{r} = {x_at('kn', r)};" for r in rs)]
+    else:
+        step = [f"    let w{i} = {w_at('k', i)};" for i in range(4)]
     for r in rs:
-        step += [f"    let x{r} = x[min(r0 + {r}u, {rows - 1}u) * {d4}u + k];",
+        step += ([] if early else [f"    let x{r} = {x_at('k', r)};"]) + [
                  f"    acc{r} = fma(vec4<f32>(x{r}.x), w0, fma(vec4<f32>(x{r}.y), w1, fma(vec4<f32>(x{r}.z), w2, "
                  f"fma(vec4<f32>(x{r}.w), w3, acc{r}))));"]
     bias = " + b[cq]" if has_bias else ""
@@ -772,7 +800,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let oc = min(o, {outputs - 1}u);   // every invocation reaches the barriers
   let cq = oc % {c4}u;
   let r0 = (oc / {c4}u) * {block}u;
-{chr(10).join(f"  var acc{r} = vec4<f32>(0.0);" for r in rs)}
+{chr(10).join(f"  var acc{r} = vec4<f32>(0.0);" for r in rs)}{first}
   for (var k = lane; k < {d4}u; k += {lanes}u) {{
 {chr(10).join(step)}
   }}
