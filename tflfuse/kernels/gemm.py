@@ -670,7 +670,10 @@ def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: 
 #: trips) 1.02-1.06x; with it at every lane count, the whole model's GPU time 227.1 against 234.6 us fused, 289.0
 #: against 313.8 unfused
 #: (float16 224.9 against 233.4, 272.7 against 298.0); hand, pose and palm landmark models 0.95-0.99x unfused,
-#: 0.98-1.00x fused; nothing changed at batch 32 (0.999-1.001x).
+#: 0.98-1.00x fused; nothing changed at batch 32 (0.999-1.001x). The same change elsewhere did not pay (the same
+#: machine and day): in the per-output split sums (:func:`~tflfuse.kernels.wgsl.dot` with lanes) the six models
+#: took 1.00-1.08x at batch 1, and in the per-chunk expand_dw form (its input loads, a trip early and the first
+#: trip's before the weights' barrier) MobileNetV2's 15 such dispatches took 0.99-1.06x.
 FEW_ROWS_EARLY_LOADS = True
 #: Lanes per block from which :data:`FEW_ROWS_EARLY_LOADS` applies (above: it cost where 8 lanes walk 2-3 trips).
 _FEW_ROWS_EARLY_MIN_LANES = 16

@@ -677,7 +677,15 @@ class FusedBottleneck(CompositeKernel):
         tensor's bytes. Tiles of a whole image (7 x 7 of 8 or 16 channels, 14 x 14 of 4 or 8), which recompute no
         halo between tiles, lost there too (an H100, 2026-12-05, the six 14x14 and 7x7 blocks at batch 32): 1.4 to
         1.9x the staged strategy's time (7x7x160x6 -> 320 102.9 against 68.8 us, 14x14x96x6 -> 96 123.9 against
-        76.8)."""
+        76.8).
+
+        At batch 1 the projection after this strategy is a dispatch of its own. A form that ran all three convs in
+        one dispatch (a workgroup of 256 per tile of 1 x 1 to 4 x 4 output pixels holding the input halo, every
+        chunk's expansion spread over its invocations, the projection's sums in registers) was timed on an H100
+        (2026-12-06, ``sweep_bottleneck_strategies.py --batches=1``, 35 tiles and chunks): it lost on 9 of
+        MobileNetV2's 10 blocks here, 1.2x on 56x56 and 28x28 maps and 1.7 to 4.6x on 14x14 and 7x7 ones
+        (7x7x160x6 -> 160 61.2 against 14.5 us), since every workgroup reads all of the block's weights (1.2 MB
+        on 7x7x160x6 -> 160); it won only on 28x28x32x6 -> 64 at stride 2 (7.7 against 9.0 us). Not kept."""
         n, h, w, _ = self.input(0).shape
         return (self.has_expand and not self.has_se and not self.core_only and
                 expand_depthwise_fits(self.cin, self.cexp)
