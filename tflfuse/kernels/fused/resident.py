@@ -140,7 +140,7 @@ def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threa
     project.append("    }")
     stores, t = [], "f16" if half else "f32"
     for m in sums:
-        stores += [f"  {{",
+        stores += ["  {",
                    f"    let co4 = lidx % {co4}u;",
                    f"    let p = lidx / {co4}u + {m * groups}u;",
                    f"    let oy = ty0 + i32(p / {tw}u);",
@@ -195,6 +195,10 @@ RESIDENT_DW_HOISTED = True
 #: before (``benchmarks/RESULTS-h100.md``). f16 arithmetic has f16's range: a run's partial sum or an expanded
 #: value past 65504 is inf (NaN where two runs overflow with opposite signs), where f32 arithmetic kept it.
 RESIDENT_HALF_MATH = True
+# Declaring the halo's expansion and the chunk's depthwise outputs as two-level arrays ([pixel][vec4 of the chunk]),
+# so that WGSL's bounds check on a dynamic index into workgroup memory falls on the pixel alone
+# (benchmarks/load_cost.py --index), changed nothing on an H100 (2026-12-06, switch_ab.py): MobileNetV2's three
+# resident dispatches at batch 32 0.994-1.006x, the model 0.999-1.005x. Not kept.
 
 
 def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,
