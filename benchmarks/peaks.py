@@ -165,15 +165,23 @@ def require_features(device, *features: str) -> None:
 
 
 def validate_out_flags(*names: str) -> None:
-    """absl validators for the file flags ``names`` (e.g. ``"out"``): unset, or a file in an existing folder, so
-    that a run does not end in a FileNotFoundError after all its timing."""
+    """absl validators for the file flags ``names`` (e.g. ``"out"``): unset, or a file name (not a folder) in an
+    existing folder that this user may write to, so that a run does not end in an OSError after all its timing."""
+    import os
     from pathlib import Path
 
     from absl import flags
 
+    def writable(v) -> bool:
+        if v is None:
+            return True
+        path = Path(v).resolve()
+        return bool(v) and not path.is_dir() and path.parent.is_dir() and os.access(path.parent, os.W_OK) and \
+            (not path.exists() or os.access(path, os.W_OK))
+
     for name in names:
-        flags.register_validator(name, lambda v: v is None or Path(v).resolve().parent.is_dir(),
-                                 f"--{name} must be a file in an existing folder")
+        flags.register_validator(name, writable, f"--{name} must be a file (not a folder) in an existing folder "
+                                                 f"this user may write to")
 
 
 def validate_sweep_flags(forms) -> None:
