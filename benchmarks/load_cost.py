@@ -1,7 +1,8 @@
 """What a vec4 load costs beside vec4 multiply-adds, by where it reads: workgroup memory, a uniform buffer or a
 storage buffer, every lane of a subgroup at one address (a broadcast) or each at its own.
 
-    python benchmarks/load_cost.py [--fmas=1,2,4,8] [--index=computed,offset,nested] [--out=benchmarks/RESULTS-load-cost.md]
+    python benchmarks/load_cost.py [--fmas=1,2,4,8] [--index=computed,offset,nested]
+                                   [--out=benchmarks/RESULTS-load-cost.md]
 
 Each invocation of a kernel of many workgroups of 256 runs ``--steps`` steps; each step loads one vec4 and adds
 it, times ``--fmas`` independent vec4<f32> accumulators, into them (``a = fma(a, w, c)``): one load per
@@ -15,9 +16,9 @@ so every read hits its cache. ``--index`` sets how a workgroup load's index is f
 the tiled product's inner loop reads its slices); ``nested``, a two-level array with the constant ``j`` as the
 outer index and the step's index as the inner one (``wsh2[j][i]``), so that WGSL's bounds check on a dynamic
 index (naga clamps it) is the same expression for the step's four loads. Either way neighbouring lanes read
-neighbouring vec4s where their addresses differ. TFLOP/s = 8 FLOPs per vec4 multiply-add over the GPU time of one compute pass
-(timestamp queries, median of --repeats), beside the FMA peak with no loads (``benchmarks/peaks.py``) measured in
-the same run. Needs the ``timestamp-query`` feature and no TensorFlow.
+neighbouring vec4s where their addresses differ. TFLOP/s = 8 FLOPs per vec4 multiply-add over the GPU time of one
+compute pass (timestamp queries, median of --repeats), beside the FMA peak with no loads (``benchmarks/peaks.py``)
+measured in the same run. Needs the ``timestamp-query`` feature and no TensorFlow.
 """
 
 from __future__ import annotations

@@ -21,12 +21,12 @@ carrying a second source in which the A and B slices are staged in workgroup mem
 workgroup memory and half its traffic) and each invocation's ``slice_depth`` multiply-adds of a slice are
 ``vec4<f16>`` fmas into f16 partial sums, added into the f32 accumulators once per slice: f16 math with f32
 accumulation across the depth, as LiteRT's GPU delegate in FP16 mode. The stores are the float32 form's.
-:func:`tflfuse.kernels.half.half_storage` (applied by the plan after the kernels made their programs) takes that source; the float32 plan runs the first
-source, the same text as before f16 math existed. The second source rather than a ``precision`` argument: the
-kernels (CONV_2D, FULLY_CONNECTED, BATCH_MATMUL, the fused bottleneck) never learn the plan's precision, so none
-of them changes. Error: each output within ``(gamma(2 t, 2**-11) + gamma(depth + 2, 2**-24)) (|A| @ |B|)``
-(``t`` the ``slice_depth``)
-plus one f16 ulp of the f16-rounded operands' exact product (tests/half_math.py derives it; about 1.6% of
+:func:`tflfuse.kernels.half.half_storage` (applied by the plan after the kernels made their programs) takes that
+source; the float32 plan runs the first source, the same text as before f16 math existed. The second source
+rather than a ``precision`` argument: the kernels (CONV_2D, FULLY_CONNECTED, BATCH_MATMUL, the fused bottleneck)
+never learn the plan's precision, so none of them changes. Error: each output within ``(gamma(2 t, 2**-11) +
+gamma(depth + 2, 2**-24)) (|A| @ |B|)`` (``t`` the ``slice_depth``) plus one f16 ulp of the f16-rounded operands'
+exact product (tests/half_math.py derives it; about 1.6% of
 ``|A| @ |B|`` at 16 steps, a tile's ``slice_depth``); a slice's partial sum must stay below f16's 65504.
 
 Measured on an H200 (2026-12-05, ``benchmarks/sweep_gemm_f16.py`` over MobileNetV2's 19 distinct products at
@@ -668,12 +668,11 @@ def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: 
 #: MobileNetV2's projections of 7x7 and 14x14 maps (32 or 64 lanes) took 0.68-0.85x of their time (7x7x960 -> 320
 #: 9.89 against 6.82 us), its 7x7x160 -> 960 expansions (16 lanes) 0.85x, but its 14x14 expansions (8 lanes, 2-3
 #: trips) 1.02-1.06x; with it at every lane count, the whole model's GPU time 227.1 against 234.6 us fused, 289.0
-#: against 313.8 unfused
-#: (float16 224.9 against 233.4, 272.7 against 298.0); hand, pose and palm landmark models 0.95-0.99x unfused,
-#: 0.98-1.00x fused; nothing changed at batch 32 (0.999-1.001x). The same change elsewhere did not pay (the same
-#: machine and day): in the per-output split sums (:func:`~tflfuse.kernels.wgsl.dot` with lanes) the six models
-#: took 1.00-1.08x at batch 1, and in the per-chunk expand_dw form (its input loads, a trip early and the first
-#: trip's before the weights' barrier) MobileNetV2's 15 such dispatches took 0.99-1.06x.
+#: against 313.8 unfused (float16 224.9 against 233.4, 272.7 against 298.0); hand, pose and palm landmark models
+#: 0.95-0.99x unfused, 0.98-1.00x fused; nothing changed at batch 32 (0.999-1.001x). The same change elsewhere
+#: did not pay (the same machine and day): in the per-output split sums (:func:`~tflfuse.kernels.wgsl.dot` with
+#: lanes) the six models took 1.00-1.08x at batch 1, and in the per-chunk expand_dw form (its input loads, a trip
+#: early and the first trip's before the weights' barrier) MobileNetV2's 15 such dispatches took 0.99-1.06x.
 FEW_ROWS_EARLY_LOADS = True
 #: Lanes per block from which :data:`FEW_ROWS_EARLY_LOADS` applies (above: it cost where 8 lanes walk 2-3 trips).
 _FEW_ROWS_EARLY_MIN_LANES = 16
@@ -734,7 +733,8 @@ def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth:
     An invocation owns a block of :func:`few_rows_block` rows and four neighbouring columns: per vec4
     step of the depth it loads four vec4s of ``w`` (4 depths x 4 columns) once for all its rows, and one vec4 of
     ``x`` per row, so that each weight read from memory serves every row of the block (the per-output form
-    reads each weight once per row). :func:`few_rows_lanes` invocations share a block's depth (interleaved vec4
+    reads each weight once per row); with :data:`FEW_ROWS_EARLY_LOADS` (16 or more lanes) those loads run a trip
+    ahead of the multiply-adds. :func:`few_rows_lanes` invocations share a block's depth (interleaved vec4
     steps) and add their sums in workgroup memory, one row at a time. Semantics: TFLite's FULLY_CONNECTED and
     1x1 CONV_2D (tensorflow/lite/kernels/fully_connected.cc, conv.cc) with ``act`` their fused activation; the
     sums run in another order than a serial loop's, so results differ from it by rounding only.
@@ -758,6 +758,7 @@ def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth:
     lanes = few_rows_lanes(rows, depth, cols)
     per = 256 // lanes
     rs = range(block)
+
     def w_at(k: str, i: int) -> str:
         return f"w[({k} * 4u + {i}u) * {c4}u + cq]"
 
