@@ -60,7 +60,10 @@ flags.DEFINE_list("blocks", [], "Indices into chain.BLOCKS to sweep (default: al
 flags.DEFINE_integer("resident_max_cin", None, "Input channels up to which the resident expand_dw tiles are taken "
                      "(resident.RESIDENT_MAX_CIN); none given: the library's.")
 flags.DEFINE_integer("few_rows_projection_max_rows", None, "Output pixels up to which the projection is a few-rows "
-                     "product (fused_bottleneck's _FEW_ROWS_PROJECTION_MAX_ROWS; 0: never); none given: the library's.")
+                     "product (fused_bottleneck's _FEW_ROWS_PROJECTION_MAX_ROWS); none given: the library's.")
+flags.DEFINE_integer("few_rows_projection_min_cols", None, "Output channels from which the projection is a few-rows "
+                     "product on more pixels, up to 256 (fused_bottleneck's _FEW_ROWS_PROJECTION_MIN_COLS); none given: "
+                     "the library's. Both flags 0 and a huge number: never.")
 flags.DEFINE_list("unrolls", ["1", "2", "4", "8"],
                   "expand_dw input loads in flight (THxTW/chunk/U) to try with each tile, where U divides Cin / 4; "
                   "'all' for Cin / 4.")
@@ -128,6 +131,8 @@ def main(argv):
         resident.RESIDENT_MAX_CIN = FLAGS.resident_max_cin
     if FLAGS.few_rows_projection_max_rows is not None:
         bottleneck._FEW_ROWS_PROJECTION_MAX_ROWS = FLAGS.few_rows_projection_max_rows
+    if FLAGS.few_rows_projection_min_cols is not None:
+        bottleneck._FEW_ROWS_PROJECTION_MIN_COLS = FLAGS.few_rows_projection_min_cols
     device = tflfuse.Device()
     print(f"adapter: {device.describe()}", flush=True)
     rng = np.random.default_rng(0)

@@ -291,15 +291,27 @@ def test_expand_dw_seven_by_seven_default_matches_tf(device, case):
 
 
 @pytest.mark.parametrize("case", [(1, 7, 7, 64, 6, 64, 1, True, "relu6"), (1, 13, 13, 64, 6, 80, 2, False, "relu"),
-                                  (2, 5, 5, 64, 6, 64, 1, True, "relu6")])
+                                  (2, 5, 5, 64, 6, 64, 1, True, "relu6"), (1, 14, 14, 96, 6, 96, 1, True, "relu6"),
+                                  (1, 13, 13, 64, 6, 100, 1, False, "relu")])
 def test_few_rows_projection_default_matches_tf(device, case):
-    """Small maps' projections (at most 64 output pixels, at least 2**20 multiply-adds) as the few-rows product
-    with the bias and residual in its store (gemm.few_rows_program): a 7x7 map at batch 1 with the residual, 13x13
-    at stride 2, and two 5x5 images (50 rows: a last block of rows cut short), against TensorFlow's ops."""
+    """Small maps' projections (at most 64 output pixels, or at most 256 with at least 96 output channels; at
+    least 2**20 multiply-adds) as the few-rows product with the bias and residual in its store
+    (gemm.few_rows_program): a 7x7 map at batch 1 with the residual, 13x13 at stride 2, two 5x5 images (50 rows: a
+    last block of rows cut short), 14x14 -> 96 with the residual (MobileNetV2's) and 13x13 -> 100 (169 rows, a last
+    block of 1), against TensorFlow's ops."""
     k = _default_block_against_tf(device, case)
     project = k.programs()[-1].source
     assert k.strategy == "expand_dw" and "let oc = min(o, " in project   # few_rows_program's own line
     assert (" + res[(r0" in project) == case[7]
+
+
+def test_few_rows_projection_bounds():
+    """14x14 maps (196 output pixels) take the few-rows projection from 96 output channels, not with 64."""
+    def few_rows(cout):
+        k = kernel_class("fused_bottleneck")(_specs(cin=64, t=6, cout=cout, h=14),
+                                             {"expansion": 6, "stride": 1, "target": "gpu"})
+        return "let oc = min(o, " in k.programs()[-1].source
+    assert few_rows(96) and few_rows(160) and not few_rows(64)
 
 
 def _specs(cin=8, t=6, cout=8, h=8, n=1):

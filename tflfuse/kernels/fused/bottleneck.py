@@ -133,6 +133,7 @@ _RESIDENT_MIN_PIXELS = 32 * 56 * 56   # input pixels from which expand_dw's resi
 _RESIDENT_MIN_IMAGE = 56 * 56         # and pixels per image (_resident_tile)
 _RESIDENT_SMALL_BATCH_IMAGE = 112 * 112   # or, at stride 2, pixels per image from which fewer images take it
 _FEW_ROWS_PROJECTION_MAX_ROWS = 64   # output pixels up to which the projection is a few-rows product
+_FEW_ROWS_PROJECTION_MIN_COLS = 96   # or output channels from which it is, up to use_few_rows' 256 rows
 
 
 @register("fused_bottleneck")
@@ -888,9 +889,9 @@ class FusedBottleneck(CompositeKernel):
     def _few_rows_projection(self, rows: int) -> bool:
         """Whether the staged and expand_dw strategies' projection runs as
         :func:`~tflfuse.kernels.gemm.few_rows_program` (each weight it loads serving several output pixels): on a
-        GPU, for products that :func:`~tflfuse.kernels.gemm.use_few_rows` takes with at most
-        :data:`_FEW_ROWS_PROJECTION_MAX_ROWS` output pixels, without squeeze-excite, a pooled residual or an output
-        PReLU.
+        GPU, for products that :func:`~tflfuse.kernels.gemm.use_few_rows` takes (at most 256 output pixels) with
+        at most :data:`_FEW_ROWS_PROJECTION_MAX_ROWS` output pixels or at least :data:`_FEW_ROWS_PROJECTION_MIN_COLS`
+        output channels, without squeeze-excite, a pooled residual or an output PReLU.
 
         Measured on an H100 (2026-12-05, ``sweep_bottleneck_strategies.py --batches=1``, once with
         ``--few_rows_projection_max_rows=64`` and once with ``=0``, whole-block GPU time of 20 runs back to back,
@@ -899,8 +900,18 @@ class FusedBottleneck(CompositeKernel):
         at stride 2 14.0 against 14.2; the model at batch 1 (``benchmarks/run.py``, the same call) 0.230 ms of
         GPU time against 0.238 in the full runs of that session. On MobileNetV2's 14x14 maps (196 rows) the
         few-rows form lost before (below), so the bound stays at 64 rows. MediaPipe's blocks of 7x7 (hand
-        landmark) and 8x8 (pose landmark) outputs take it too, not timed on their own."""
-        return (rows <= _FEW_ROWS_PROJECTION_MAX_ROWS and not self.has_se and self.out_act != "prelu"
+        landmark) and 8x8 (pose landmark) outputs take it too, not timed on their own.
+
+        Since the few-rows form loads each trip's operands a trip early (``gemm.FEW_ROWS_EARLY_LOADS``), it wins on 14x14 maps too where the projection has 96 or more output channels
+        (an H100, 2026-12-06, ``benchmarks/switch_ab.py``, 5 alternating rounds, batch 1): MobileNetV2's
+        14x14x64x6 -> 96 and 14x14x96x6 -> 96 projections 5.30 against 6.14 us and 6.40-6.48 against 7.62-7.65
+        (float16 0.69-0.77x), the model 217.7 against 221.2 us of GPU time (float16 219.2 against 228.4);
+        hand_landmark_full's three 14x14 (196-row) projections 0.73-0.77x (float16 0.57-0.63x), the model 252.3
+        against 261.2 us (float16 245.3 against 258.5). With 64 output channels it lost in float32 (MobileNetV2's
+        14x14x64x6 -> 64 and 28x28x32x6 -> 64 at stride 2: 5.53-5.59 against 4.94-5.00 us, 4.71 against 3.98),
+        hence the bound on channels."""
+        return ((rows <= _FEW_ROWS_PROJECTION_MAX_ROWS or self.cout >= _FEW_ROWS_PROJECTION_MIN_COLS)
+                and not self.has_se and self.out_act != "prelu"
                 and not (self.residual and self.residual_pool == 2)
                 and use_few_rows(rows, self.cexp, self.cout, self.target()))
 
