@@ -72,7 +72,11 @@ staging 32 depths, e.g. ``128x128/8x8/32`` in 32 KiB, or 64 with slice groups; a
 ``sweep_gemm_forms.py --workgroup_bytes=49152`` over the same 19 products with 17 tiles) would take 527 against
 533 us for the best of the 16 KiB tiles (538 with the library's; cuBLAS 675): 1568 x 320 x 1280 37.8 against
 40.4, 1568 x 160 x 960 17.6 against 19.4, slower on 15 of the 19. Not worth tiles that depend on the adapter's
-limits.
+limits. Nor does the latency of the staging loads bound it: with two sets of staging registers and the walk over
+the depth unrolled by two, each slice's loads issued two slices ahead (an H100, 2026-12-06 11:31 UTC,
+``benchmarks/switch_ab.py``), MobileNetV2 at batch 32 took 1329.2 against 1222.5 us fused (1.087x; float16 1.032x),
+1568.1 against 1463.5 unfused; only 401408 x 32 x 16 gained (30.7 against 34.4 us), the 4 x 8 and 8 x 8 blocks'
+products took 1.10-1.30x. Nor the index arithmetic of the inner loop's loads (``benchmarks/RESULTS-load-cost.md``).
 """
 
 from __future__ import annotations
