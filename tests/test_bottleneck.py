@@ -89,8 +89,8 @@ CASES = [
 
 
 # Schedules (tuning only: every one must compute the same values): the software adapter's (one blocked
-# dispatch, or three staged, or one tiled), the GPU's (tiles shrink to fill the GPU), and explicit extremes: 1x1 tiles; 2x2 tiles with blocks that do not divide
-# Cout; one lane per pixel (only on the smaller cases: on the largest it would pass llvmpipe's loop cap);
+# dispatch, or three staged, or one tiled), the GPU's (tiles shrink to fill the GPU), and explicit extremes: 1x1
+# tiles; 2x2 tiles with blocks that do not divide Cout; one lane per pixel (only on the smaller cases: on the largest it would pass llvmpipe's loop cap);
 # the expanded channels split three ways between workgroups (a second dispatch sums the shares); the blocked
 # strategy on the GPU target, with 1-pixel tiles, and with 2-pixel tiles, blocks of 3 output channels and
 # chunks of at most 5 expanded channels (neither dividing the channel counts).
@@ -292,13 +292,13 @@ def test_expand_dw_seven_by_seven_default_matches_tf(device, case):
 
 @pytest.mark.parametrize("case", [(1, 7, 7, 64, 6, 64, 1, True, "relu6"), (1, 13, 13, 64, 6, 80, 2, False, "relu"),
                                   (2, 5, 5, 64, 6, 64, 1, True, "relu6"), (1, 14, 14, 96, 6, 96, 1, True, "relu6"),
-                                  (1, 13, 13, 64, 6, 100, 1, False, "relu")])
+                                  (1, 16, 16, 64, 6, 88, 1, False, "relu6"), (1, 13, 13, 64, 6, 100, 1, False, "relu")])
 def test_few_rows_projection_default_matches_tf(device, case):
-    """Small maps' projections (at most 64 output pixels, or at most 256 with at least 96 output channels; at
+    """Small maps' projections (at most 64 output pixels, or at most 256 with at least 88 output channels; at
     least 2**20 multiply-adds) as the few-rows product with the bias and residual in its store
     (gemm.few_rows_program): a 7x7 map at batch 1 with the residual, 13x13 at stride 2, two 5x5 images (50 rows: a
-    last block of rows cut short), 14x14 -> 96 with the residual (MobileNetV2's) and 13x13 -> 100 (169 rows, a last
-    block of 1), against TensorFlow's ops."""
+    last block of rows cut short), 14x14 -> 96 with the residual (MobileNetV2's), 16x16 -> 88 (pose_landmark's) and
+    13x13 -> 100 (169 rows, a last block of 1), against TensorFlow's ops."""
     k = _default_block_against_tf(device, case)
     project = k.programs()[-1].source
     assert k.strategy == "expand_dw" and "let oc = min(o, " in project   # few_rows_program's own line
@@ -306,12 +306,14 @@ def test_few_rows_projection_default_matches_tf(device, case):
 
 
 def test_few_rows_projection_bounds():
-    """14x14 maps (196 output pixels) take the few-rows projection from 96 output channels, not with 64."""
-    def few_rows(cout):
-        k = kernel_class("fused_bottleneck")(_specs(cin=64, t=6, cout=cout, h=14),
+    """14x14 maps (196 output pixels) and 16x16 (256) take the few-rows projection from 88 output channels, not
+    with 64; 32x32 maps (1024) never."""
+    def few_rows(cout, h=14):
+        k = kernel_class("fused_bottleneck")(_specs(cin=64, t=6, cout=cout, h=h),
                                              {"expansion": 6, "stride": 1, "target": "gpu"})
         return "let oc = min(o, " in k.programs()[-1].source
-    assert few_rows(96) and few_rows(160) and not few_rows(64)
+    assert few_rows(88) and few_rows(96) and few_rows(160) and few_rows(88, h=16)
+    assert not few_rows(64) and not few_rows(84) and not few_rows(96, h=32)
 
 
 def _specs(cin=8, t=6, cout=8, h=8, n=1):
@@ -1132,13 +1134,13 @@ STRIDED_PRELU_CASES = [
 ]
 STRIDED_PRELU_SCHEDULES = {k: SCHEDULES[k] for k in ("cpu", "gpu", "cpu_tiled", "split3", "tile2")}
 STRIDED_PRELU_SCHEDULES.update({"gpu_staged": {"target": "gpu", "strategy": "staged"},
-                        "gpu_tiled": {"target": "gpu", "strategy": "tiled"}, "dw_pointwise": {"strategy": "dw_pointwise"},
-                                "gpu_tiled": {"target": "gpu", "strategy": "tiled"}, "dw_pointwise": {
-                                    "strategy": "dw_pointwise"}})
+                                "gpu_tiled": {"target": "gpu", "strategy": "tiled"},
+                                "dw_pointwise": {"strategy": "dw_pointwise"}})
 PRELU_SCHEDULES = {k: SCHEDULES[k] for k in ("cpu", "gpu", "cpu_staged", "cpu_tiled", "split3", "gpu_blocked",
                                               "blocked_tile1", "blocked_odd", "tile2")}
 PRELU_SCHEDULES.update({"gpu_staged": {"target": "gpu", "strategy": "staged"},
-                        "gpu_tiled": {"target": "gpu", "strategy": "tiled"}, "dw_pointwise": {"strategy": "dw_pointwise"},
+                        "gpu_tiled": {"target": "gpu", "strategy": "tiled"},
+                        "dw_pointwise": {"strategy": "dw_pointwise"},
                         "lanes64": {"target": "gpu", "strategy": "tiled", "tile": 2, "lanes": 64, "out_block": 128}})
 PRELU_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:6]))}-s{c[6]}-k{c[9]}{'-res' if c[7] else ''}"
                                     f"{'-oprelu' if c[8] else ''}-{s}")

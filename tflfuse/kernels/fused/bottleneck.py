@@ -133,7 +133,7 @@ _RESIDENT_MIN_PIXELS = 32 * 56 * 56   # input pixels from which expand_dw's resi
 _RESIDENT_MIN_IMAGE = 56 * 56         # and pixels per image (_resident_tile)
 _RESIDENT_SMALL_BATCH_IMAGE = 112 * 112   # or, at stride 2, pixels per image from which fewer images take it
 _FEW_ROWS_PROJECTION_MAX_ROWS = 64   # output pixels up to which the projection is a few-rows product
-_FEW_ROWS_PROJECTION_MIN_COLS = 96   # or output channels from which it is, up to use_few_rows' 256 rows
+_FEW_ROWS_PROJECTION_MIN_COLS = 88   # or output channels from which it is, up to use_few_rows' 256 rows
 
 
 @register("fused_bottleneck")
@@ -902,14 +902,18 @@ class FusedBottleneck(CompositeKernel):
         few-rows form lost before (below), so the bound stays at 64 rows. MediaPipe's blocks of 7x7 (hand
         landmark) and 8x8 (pose landmark) outputs take it too, not timed on their own.
 
-        Since the few-rows form loads each trip's operands a trip early (``gemm.FEW_ROWS_EARLY_LOADS``), it wins on 14x14 maps too where the projection has 96 or more output channels
+        Since the few-rows form loads each trip's operands a trip early (``gemm.FEW_ROWS_EARLY_LOADS``), it wins
+        on 14x14 and 16x16 maps too where the projection has 88 or more output channels
         (an H100, 2026-12-06, ``benchmarks/switch_ab.py``, 5 alternating rounds, batch 1): MobileNetV2's
         14x14x64x6 -> 96 and 14x14x96x6 -> 96 projections 5.30 against 6.14 us and 6.40-6.48 against 7.62-7.65
         (float16 0.69-0.77x), the model 217.7 against 221.2 us of GPU time (float16 219.2 against 228.4);
         hand_landmark_full's three 14x14 (196-row) projections 0.73-0.77x (float16 0.57-0.63x), the model 252.3
-        against 261.2 us (float16 245.3 against 258.5). With 64 output channels it lost in float32 (MobileNetV2's
-        14x14x64x6 -> 64 and 28x28x32x6 -> 64 at stride 2: 5.53-5.59 against 4.94-5.00 us, 4.71 against 3.98),
-        hence the bound on channels."""
+        against 261.2 us (float16 245.3 against 258.5); pose_landmark_full's 16x16 (256-row) projections to 88
+        channels 0.82-0.86x (float16 0.62-0.64x), 3.8 us in all. With 64 output channels it lost in float32
+        (MobileNetV2's 14x14x64x6 -> 64 and 28x28x32x6 -> 64 at stride 2: 5.53-5.59 against 4.94-5.00 us, 4.71
+        against 3.98), hence the bound on channels: 88, the fewest measured faster. An expansion-free block whose
+        projection this takes, run staged (its depthwise conv, then this product) rather than as ``dw_pointwise``,
+        lost (pose_landmark_full's, the same machine and day: the model 481.9 against 456.3 us)."""
         return ((rows <= _FEW_ROWS_PROJECTION_MAX_ROWS or self.cout >= _FEW_ROWS_PROJECTION_MIN_COLS)
                 and not self.has_se and self.out_act != "prelu"
                 and not (self.residual and self.residual_pool == 2)
