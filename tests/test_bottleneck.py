@@ -88,11 +88,11 @@ CASES = [
 ]
 
 
-# Schedules (tuning only: every one must compute the same values): the software adapter's (one blocked
-# dispatch, or three staged, or one tiled), the GPU's (tiles shrink to fill the GPU), and explicit extremes: 1x1
-# tiles; 2x2 tiles with blocks that do not divide Cout; one lane per pixel (only on the smaller cases: on the
-# largest it would pass llvmpipe's loop cap); the expanded channels split three ways between workgroups (a second dispatch sums the shares); the blocked
-# strategy on the GPU target, with 1-pixel tiles, and with 2-pixel tiles, blocks of 3 output channels and
+# Schedules (tuning only: every one must compute the same values): the software adapter's (one blocked dispatch, or
+# three staged, or one tiled), the GPU's (tiles shrink to fill the GPU), and explicit extremes: 1x1 tiles; 2x2 tiles
+# with blocks that do not divide Cout; one lane per pixel (only on the smaller cases: on the largest it would pass
+# llvmpipe's loop cap); the expanded channels split three ways between workgroups (a second dispatch sums the shares);
+# the blocked strategy on the GPU target, with 1-pixel tiles, and with 2-pixel tiles, blocks of 3 output channels and
 # chunks of at most 5 expanded channels (neither dividing the channel counts).
 SCHEDULES = {"cpu": {"target": "cpu"}, "gpu": {"target": "gpu"}, "cpu_tiled": {"target": "cpu", "strategy": "tiled"},
              "cpu_staged": {"target": "cpu", "strategy": "staged"},
