@@ -698,7 +698,13 @@ def use_few_rows(rows: int, depth: int, cols: int, target: str) -> bool:
     at batch 8 8.2 against 13.0, at batch 32 11.2 against 23.1; 1024 -> 1024 at batch 1 4.1 against 6.5; 1x1
     CONV_2D 7x7x320 -> 1280 at batch 1 7.2 against 12.4, 14x14x96 -> 576 5.0 against 7.5, 7x7x160 -> 960 6.2
     against 6.8. Below the multiply-adds bound it did not pay: 2x2x288 -> 288 5.3 against 3.8 us, 512 -> 64
-    at batch 1 3.1 against 3.1."""
+    at batch 1 3.1 against 3.1. With the row bound raised to 4096 (and every bottleneck projection of at most that
+    many rows taking it), measured on an H100 (2026-12-06 12:07 UTC, ``benchmarks/switch_ab.py``, 5 alternating
+    rounds, batch 1), it was faster on some taller products and slower on others, with no bound between them: the
+    1x1 convs 3136 x 144 x 24 and 3136 x 96 x 24 (MobileNetV2's 56x56 projections) 5.75 against 7.37 us and 5.17
+    against 5.91, pose_landmark_full's and hand_landmark_full's larger projections 0.68-0.84x, but 784 x 144 x 32 and
+    784 x 192 x 32 (its 28x28 projections) 1.05-1.09x, and one of pose_landmark_full's 1x1 convs 5.39 against 4.04;
+    the models 0.97-1.05x. Not taken: the bound stays.
     return (target == "gpu" and 0 < rows <= _FEW_ROWS_MAX_ROWS and depth % 4 == 0 and cols % 4 == 0 and cols > 0
             and rows * depth * cols >= _FEW_ROWS_MIN_MACS
             and not use_tiled_matmul(rows, depth, cols, target) and few_rows_lanes(rows, depth, cols) > 1)
