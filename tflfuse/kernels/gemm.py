@@ -703,8 +703,8 @@ def use_few_rows(rows: int, depth: int, cols: int, target: str) -> bool:
     rounds, batch 1), it was faster on some taller products and slower on others, with no bound between them: the
     1x1 convs 3136 x 144 x 24 and 3136 x 96 x 24 (MobileNetV2's 56x56 projections) 5.75 against 7.37 us and 5.17
     against 5.91, pose_landmark_full's and hand_landmark_full's larger projections 0.68-0.84x, but 784 x 144 x 32 and
-    784 x 192 x 32 (its 28x28 projections) 1.05-1.09x, and one of pose_landmark_full's 1x1 convs 5.39 against 4.04;
-    the models 0.97-1.05x. Not taken: the bound stays.
+    784 x 192 x 32 (MobileNetV2's 28x28 projections) 1.05-1.09x, and one of pose_landmark_full's 1x1 convs 5.39
+    against 4.04; the models 0.97-1.05x. Not taken: the bound stays."""
     return (target == "gpu" and 0 < rows <= _FEW_ROWS_MAX_ROWS and depth % 4 == 0 and cols % 4 == 0 and cols > 0
             and rows * depth * cols >= _FEW_ROWS_MIN_MACS
             and not use_tiled_matmul(rows, depth, cols, target) and few_rows_lanes(rows, depth, cols) > 1)
