@@ -12,11 +12,32 @@ import tflfuse
 
 def selected_models(folder: Path, globs: Sequence[str]) -> Iterator[tuple[str, bytes]]:
     """``(name, .tflite bytes)`` of each ``*.tflite`` of ``folder`` whose stem matches one of ``globs``, in
-    name order; before a ``NAME_unfused`` file without its ``NAME_fused`` file, ``NAME_fused`` made from it."""
+    name order; before a ``NAME_unfused`` file without its ``NAME_fused`` file, ``NAME_fused`` made from it. A glob
+    may name that twin too (``hand_landmark_*_fused``): it picks the twin alone.
+
+    Raises:
+      SystemExit: (with its message, before any model is read) where a glob picks no model of ``folder``.
+    """
+    picks = []   # (path, the twin to make from it or None, whether the file itself is picked)
+    matched = set()
     for path in sorted(folder.glob("*.tflite")):
-        if not any(fnmatch.fnmatch(path.stem, g) for g in globs):
-            continue
-        data, name = path.read_bytes(), path.stem
-        if name.endswith("_unfused") and not (folder / f"{name[:-8]}_fused.tflite").exists():
-            yield f"{name[:-8]}_fused", tflfuse.fuse(data)[0]
-        yield name, data
+        name = path.stem
+        twin = f"{name[:-8]}_fused" if name.endswith("_unfused") else None
+        if twin and (folder / f"{twin}.tflite").exists():
+            twin = None   # the folder has it: a file of its own
+        own = {g for g in globs if fnmatch.fnmatch(name, g)}
+        twins = {g for g in globs if twin and fnmatch.fnmatch(twin, g)}
+        matched |= own | twins
+        if own or twins:
+            picks.append((path, twin, bool(own)))
+    unmatched = [g for g in globs if g not in matched]
+    if unmatched:
+        raise SystemExit(f"no model of {folder} matches --select={','.join(unmatched)} (its *.tflite stems, and "
+                         f"NAME_fused for each NAME_unfused without one: "
+                         f"{', '.join(sorted(p.stem for p in folder.glob('*.tflite'))) or 'none'})")
+    for path, twin, own in picks:
+        data = path.read_bytes()
+        if twin:
+            yield twin, tflfuse.fuse(data)[0]
+        if own:
+            yield path.stem, data

@@ -459,6 +459,29 @@ def test_switch_ab_times_a_switch_off_and_on_and_names_the_dispatches_it_changes
     assert none.returncode != 0 and "matches --select=nothing*" in none.stderr, none.stderr[-2000:]
 
 
+def test_selection_picks_fused_twins_by_name_and_names_globs_that_pick_nothing(tmp_path):
+    """benchmarks/selection.py: a NAME_unfused file's glob picks it and the fused twin made from it (before it); a
+    glob of the twin's name picks the twin alone; a NAME_fused file of the folder's own is no twin; and a glob that
+    picks no model stops the selection, naming that glob, before any model is read (a typo is not a silent hole in a
+    table)."""
+    spec = importlib.util.spec_from_file_location("benchmarks_selection", ROOT / "benchmarks" / "selection.py")
+    selection = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(selection)
+    for stem in ("m_unfused", "x_unfused", "x_fused"):
+        _depthwise_model(tmp_path / f"{stem}.tflite")
+
+    def names(*globs):
+        return [name for name, _ in selection.selected_models(tmp_path, globs)]
+    assert names("m_unfused") == ["m_fused", "m_unfused"]
+    assert names("m_fused") == ["m_fused"]
+    assert names("x_*") == ["x_fused", "x_unfused"]
+    assert names("*_fused") == ["m_fused", "x_fused"]
+    picked = dict(selection.selected_models(tmp_path, ["m_fused"]))
+    assert tflfuse.Interpreter(model_content=picked["m_fused"]).get_input_details()[0]["shape"].tolist() == [1, 9, 9, 8]
+    with pytest.raises(SystemExit, match=r"matches --select=nothing\*,hand_\*_fused \("):
+        next(selection.selected_models(tmp_path, ["m_*", "nothing*", "hand_*_fused"]))
+
+
 def test_f16_bound_checks_its_usable_forms_and_cuts_the_floors_arithmetic(tmp_path):
     """benchmarks/f16_bound.py, run as a user runs it on one small product (odd sizes, 3 slices of 16): every form
     timed and the usable ones (float32, the library's float16 form, its partial sums carried across 2 and 4
