@@ -62,8 +62,13 @@ flags.DEFINE_integer("resident_max_cin", None, "Input channels up to which the r
 flags.DEFINE_integer("few_rows_projection_max_rows", None, "Output pixels up to which the projection is a few-rows "
                      "product (fused_bottleneck's _FEW_ROWS_PROJECTION_MAX_ROWS); none given: the library's.")
 flags.DEFINE_integer("few_rows_projection_min_cols", None, "Output channels from which the projection is a few-rows "
-                     "product on more pixels, up to 256 (fused_bottleneck's _FEW_ROWS_PROJECTION_MIN_COLS); none given: "
-                     "the library's. Both flags 0 and a huge number: never.")
+                     "product on more pixels, up to 256 (fused_bottleneck's _FEW_ROWS_PROJECTION_MIN_COLS); none "
+                     "given: the library's. Never: --few_rows_projection_max_rows=0 with this past every block's "
+                     "channels.")
+flags.register_validator("few_rows_projection_max_rows", lambda v: v is None or v >= 0,
+                         "--few_rows_projection_max_rows must be at least 0")
+flags.register_validator("few_rows_projection_min_cols", lambda v: v is None or v >= 0,
+                         "--few_rows_projection_min_cols must be at least 0")
 flags.DEFINE_list("unrolls", ["1", "2", "4", "8"],
                   "expand_dw input loads in flight (THxTW/chunk/U) to try with each tile, where U divides Cin / 4; "
                   "'all' for Cin / 4.")
