@@ -32,9 +32,9 @@ def selected_models(folder: Path, globs: Sequence[str]) -> Iterator[tuple[str, b
             picks.append((path, twin, bool(own)))
     unmatched = [g for g in globs if g not in matched]
     if unmatched:
-        raise SystemExit(f"no model of {folder} matches --select={','.join(unmatched)} (its *.tflite stems, and "
-                         f"NAME_fused for each NAME_unfused without one: "
-                         f"{', '.join(sorted(p.stem for p in folder.glob('*.tflite'))) or 'none'})")
+        stems = ", ".join(sorted(p.stem for p in folder.glob("*.tflite"))) or "none"
+        raise SystemExit(f"no model of {folder} matches --select={','.join(unmatched)}; nothing written (the "
+                         f"models are its *.tflite stems, and NAME_fused for each NAME_unfused without one: {stems})")
     for path, twin, own in picks:
         data = path.read_bytes()
         if twin:

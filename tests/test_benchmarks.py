@@ -478,7 +478,7 @@ def test_selection_picks_fused_twins_by_name_and_names_globs_that_pick_nothing(t
     assert names("*_fused") == ["m_fused", "x_fused"]
     picked = dict(selection.selected_models(tmp_path, ["m_fused"]))
     assert tflfuse.Interpreter(model_content=picked["m_fused"]).get_input_details()[0]["shape"].tolist() == [1, 9, 9, 8]
-    with pytest.raises(SystemExit, match=r"matches --select=nothing\*,hand_\*_fused \("):
+    with pytest.raises(SystemExit, match=r"matches --select=nothing\*,hand_\*_fused; nothing written \("):
         next(selection.selected_models(tmp_path, ["m_*", "nothing*", "hand_*_fused"]))
 
 
