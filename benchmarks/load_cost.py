@@ -19,6 +19,11 @@ index (naga clamps it) is the same expression for the step's four loads. Either 
 neighbouring vec4s where their addresses differ. TFLOP/s = 8 FLOPs per vec4 multiply-add over the GPU time of one
 compute pass (timestamp queries, median of --repeats), beside the FMA peak with no loads (``benchmarks/peaks.py``)
 measured in the same run. Needs the ``timestamp-query`` feature and no TensorFlow.
+
+Its kernels are compiled with wgpu's runtime checks (``create_shader_module``, as a browser compiles WGSL), under
+which naga clamps every dynamic index into workgroup memory; the library's kernels and the FMA peak run without
+them on a GPU (:class:`tflfuse.Device`'s ``shader_checks=False``, trusted shader modules). So the ``--index``
+forms compare index arithmetic with those clamps, which the library's own loads do not pay.
 """
 
 from __future__ import annotations

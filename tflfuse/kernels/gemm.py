@@ -51,8 +51,9 @@ a quarter (every load, staging store and barrier kept) the float32 form took 0.7
 2048^3 with 128 x 128 / 8 x 8 tiles, 0.72-0.94x on MobileNetV2's products). Its loads from workgroup memory bound
 it: an ``rm x rn`` block takes ``(rm + rn) / 4`` vec4 loads per ``rm * rn / 4`` vec4 multiply-adds a step, and a
 vec4 load costs about as much as three vec4 multiply-adds whether its lanes read one address or many
-(``benchmarks/load_cost.py``, ``benchmarks/RESULTS-load-cost.md``: one load per 1, 2, 4 and 8 multiply-adds ran at
-30, 39, 56 and 69% of the FMA peak with every lane at one address, 24, 39, 57 and 73% with each at its own).
+(``benchmarks/load_cost.py``, ``benchmarks/RESULTS-load-cost.md``, its kernels compiled with wgpu's runtime checks:
+one load per 1, 2, 4 and 8 multiply-adds ran at 30, 39, 56 and 69% of the FMA peak with every lane at one address,
+24, 39, 57 and 73% with each at its own).
 A float16 form without the splat of one A value (each multiply-add a vec4<f16> of one row's two depths, twice,
 times two columns' pairs of depths, the slices staged as ``mat2x4<f16>``) took 0.89-0.95x of this form's time on
 8 x 8 blocks but 0.96-1.26x on 4 x 8 and 4 x 4 ones (an H100, 2026-12-06 07:50 UTC, in one run; 6272 x 64 x 384

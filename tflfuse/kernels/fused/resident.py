@@ -196,9 +196,9 @@ RESIDENT_DW_HOISTED = True
 #: value past 65504 is inf (NaN where two runs overflow with opposite signs), where f32 arithmetic kept it.
 RESIDENT_HALF_MATH = True
 # Declaring the halo's expansion and the chunk's depthwise outputs as two-level arrays ([pixel][vec4 of the chunk]),
-# so that WGSL's bounds check on a dynamic index into workgroup memory falls on the pixel alone
-# (benchmarks/load_cost.py --index), changed nothing on an H100 (2026-12-06, switch_ab.py): MobileNetV2's three
-# resident dispatches at batch 32 0.994-1.006x, the model 0.999-1.005x. Not kept.
+# so that each load's only dynamic index is the pixel (benchmarks/load_cost.py --index, whose kernels keep wgpu's
+# runtime checks; the library's run without them on a GPU), changed nothing on an H100 (2026-12-06, switch_ab.py):
+# MobileNetV2's three resident dispatches at batch 32 0.994-1.006x, the model 0.999-1.005x. Not kept.
 
 
 def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,
