@@ -20,10 +20,10 @@ neighbouring vec4s where their addresses differ. TFLOP/s = 8 FLOPs per vec4 mult
 compute pass (timestamp queries, median of --repeats), beside the FMA peak with no loads (``benchmarks/peaks.py``)
 measured in the same run. Needs the ``timestamp-query`` feature and no TensorFlow.
 
-Its kernels are compiled with wgpu's runtime checks (``create_shader_module``, as a browser compiles WGSL), under
-which naga clamps every dynamic index into workgroup memory; the library's kernels and the FMA peak run without
-them on a GPU (:class:`tflfuse.Device`'s ``shader_checks=False``, trusted shader modules). So the ``--index``
-forms compare index arithmetic with those clamps, which the library's own loads do not pay.
+Its kernels are compiled as the library's are on a GPU (:class:`tflfuse.Device`'s ``shader_checks=False``:
+trusted shader modules, no runtime checks), as the FMA peak is; with ``--shader_checks`` they keep wgpu's runtime
+checks (``create_shader_module``, as a browser compiles WGSL), under which naga clamps every dynamic index into
+workgroup memory (the form of the tables before 2026-12-06 12:00 UTC in ``benchmarks/RESULTS-load-cost.md``).
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ flags.DEFINE_integer("steps", 512, "steps per invocation (a multiple of 4)")
 flags.DEFINE_integer("workgroups", 132 * 16, "workgroups of 256 invocations")
 flags.DEFINE_integer("repeats", 5, "timed passes (median)")
 flags.DEFINE_string("out", None, "Markdown table to write")
+flags.DEFINE_bool("shader_checks", False, "Compile the kernels with wgpu's runtime checks (naga's clamps on "
+                  "dynamic indices), as a browser does; default: trusted, as the library's kernels run on a GPU")
 flags.register_validator("fmas", lambda v: bool(v) and all(f.isdigit() and 1 <= int(f) <= 32 for f in v),
                          "--fmas takes integers from 1 to 32")
 flags.register_validator("index", lambda v: bool(v) and all(i in INDEX for i in v),
@@ -119,8 +121,8 @@ def tflops(device, where: str, fmas: int, distinct: bool, index: str = "computed
     src = device.create_buffer(len(values), data=values)
     out = device.create_buffer(FLAGS.workgroups * WORKGROUP * 16)
     code = source(where, fmas, distinct, FLAGS.steps, index)
-    pipeline = device.device.create_compute_pipeline(
-        layout="auto", compute={"module": device.device.create_shader_module(code=code), "entry_point": "main"})
+    module = device.shader_module(code, "load_cost")
+    pipeline = device.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
     entries = [{"binding": 0, "resource": {"buffer": src, "offset": 0, "size": src.size}},
                {"binding": 1, "resource": {"buffer": out, "offset": 0, "size": out.size}}]
     if where == "uniform":
@@ -140,7 +142,7 @@ def tflops(device, where: str, fmas: int, distinct: bool, index: str = "computed
 
 def main(argv) -> None:
     del argv
-    device = tflfuse.Device()
+    device = tflfuse.Device(shader_checks=FLAGS.shader_checks)
     require_features(device, "timestamp-query")
     if FLAGS.workgroups * WORKGROUP * 16 > device.max_storage_binding:
         raise SystemExit(f"--workgroups={FLAGS.workgroups}: the output ({FLAGS.workgroups * WORKGROUP * 16} bytes) "
@@ -151,7 +153,8 @@ def main(argv) -> None:
     peak = fma_tflops(device, "f32", **(dict(workgroups=16, iterations=256, repeats=3) if device.is_software else {}))
     columns = [(w, i) for w in WHERE for i in (FLAGS.index if w == "workgroup" else ["computed"])]
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"## load_cost.py, {date}, {device.describe()}", "",
+    checks = "with wgpu's runtime checks" if device.shader_checks else "trusted (no runtime checks)"
+    lines = [f"## load_cost.py, {date}, {device.describe()}, kernels {checks}", "",
              f"TFLOP/s of vec4<f32> multiply-adds with one vec4 load per --fmas of them, {FLAGS.workgroups} "
              f"workgroups of {WORKGROUP}, {FLAGS.steps} steps each; in brackets the share of the f32 FMA peak with no "
              f"loads, {peak:.1f} TFLOP/s in the same run.", "",

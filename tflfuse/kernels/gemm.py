@@ -50,10 +50,9 @@ x 2048 and on MobileNetV2's products), and in float32 not the multiply-adds: wit
 a quarter (every load, staging store and barrier kept) the float32 form took 0.72-0.98x of its time (0.74x on
 2048^3 with 128 x 128 / 8 x 8 tiles, 0.72-0.94x on MobileNetV2's products). Its loads from workgroup memory bound
 it: an ``rm x rn`` block takes ``(rm + rn) / 4`` vec4 loads per ``rm * rn / 4`` vec4 multiply-adds a step, and a
-vec4 load costs about as much as three vec4 multiply-adds whether its lanes read one address or many
-(``benchmarks/load_cost.py``, ``benchmarks/RESULTS-load-cost.md``, its kernels compiled with wgpu's runtime checks:
-one load per 1, 2, 4 and 8 multiply-adds ran at 30, 39, 56 and 69% of the FMA peak with every lane at one address,
-24, 39, 57 and 73% with each at its own).
+vec4 load costs one to three vec4 multiply-adds (``benchmarks/load_cost.py``, ``benchmarks/RESULTS-load-cost.md``;
+compiled trusted, as the library's kernels run on a GPU: one load per 1, 2, 4 and 8 multiply-adds ran at 45, 63, 69
+and 80% of the FMA peak with every lane at one address, 24, 47, 69 and 81% with each at its own).
 A float16 form without the splat of one A value (each multiply-add a vec4<f16> of one row's two depths, twice,
 times two columns' pairs of depths, the slices staged as ``mat2x4<f16>``) took 0.89-0.95x of this form's time on
 8 x 8 blocks but 0.96-1.26x on 4 x 8 and 4 x 4 ones (an H100, 2026-12-06 07:50 UTC, in one run; 6272 x 64 x 384
@@ -78,6 +77,15 @@ the depth unrolled by two, each slice's loads issued two slices ahead (an H100, 
 ``benchmarks/switch_ab.py``), MobileNetV2 at batch 32 took 1329.2 against 1222.5 us fused (1.087x; float16 1.032x),
 1568.1 against 1463.5 unfused; only 401408 x 32 x 16 gained (30.7 against 34.4 us), the 4 x 8 and 8 x 8 blocks'
 products took 1.10-1.30x. Nor the index arithmetic of the inner loop's loads (``benchmarks/RESULTS-load-cost.md``).
+Nor, in the float16 form, the number of loads from workgroup memory: with the slices staged as ``mat2x4<f16>``
+entries of two depths (each 16-byte load serving two steps, half the loads of ``vec4<f16>`` entries; the same sums,
+bit for bit), MobileNetV2 in float16 took 1031.5 against 1023.4 us at batch 32 fused, 1183.2 against 1178.3 unfused
+(its products 1.00-1.05x), and 1.000x at batch 1 (an H100, 2026-12-06 13:41 UTC, ``benchmarks/switch_ab.py``); not
+kept. Larger register blocks (8 x 16 and 16 x 8 outputs per invocation, ``(8 + 16) / 4`` loads per 32 vec4
+multiply-adds; 12 tiles of them, e.g. ``128x128/8x16/16``, the same run, ``sweep_gemm_forms.py --batches=32``) were
+the fastest on 2048 x 2048 x 2048 (414.2 us, 41.5 TFLOP/s, against 430.4 for ``128x128/8x8/16``; cuBLAS 342.6)
+but on MobileNetV2's 19 products at batch 32 only on 401408 x 16 x 96 (73.2 against 76.0 us) and 100352 x 144 x
+24 (42.7 against 43.6): 533 us for the best tile of each against 537 with the library's (cuBLAS 589). Not taken.
 """
 
 from __future__ import annotations
@@ -209,6 +217,17 @@ MEASURED_TILES: dict[tuple[int, int, int], str] = {
     (3136, 24, 144): "64x32/4x4/16",       # 4.7 -> 4.4
 }
 
+#: :func:`matmul_tile`'s tile for products of at least :data:`_LARGE_MIN_MACS` multiply-adds, where the model's
+#: choice (fitted to MobileNetV2's smaller products) took smaller blocks. Measured on an H100 (Vulkan, 2026-12-06
+#: 14:00 UTC, ``benchmarks/sweep_gemm_forms.py --extra=...`` and ``sweep_gemm_f16.py --extra=...``, GPU time of 10
+#: runs back to back, median of 5 passes), float32 against the model's tile: 2048 x 2048 x 2048 437.7 against 521.6 us,
+#: 4096 x 1024 x 1024 221.3 against 263.4, 8192 x 1024 x 1024 433.7 against 520.2, 1024 x 1024 x 4096 220.5 against
+#: 257.4, 4096 x 4096 x 4096 3416 against 4589, 25216 x 768 x 3072 2762 against 3837, 25216 x 3072 x 768 2792 against
+#: 3400 (cuBLAS's float32, TF32 off, 0.79-0.90x of this tile's time); float16 plans 0.96-1.03x of the model's tile's
+#: time on the same seven. Below the bound it lost: 3136 x 1152 x 512 (1.85e9 multiply-adds) 136.5 against 129.6 us.
+#: MobileNetV2 reaches the bound at batch 256 (3211264 x 16 x 96; at batch 32, 401408 x 16 x 96 took 73.8 us with
+#: this tile against 76.0 with the measured one, the same run).
+_LARGE, _LARGE_MIN_MACS = MatmulTile.parse("128x64/8x8/16"), 1 << 32
 #: Outputs from which a GPU's matrix products (1x1 convolutions, FULLY_CONNECTED) run tiled: below, the GPU
 #: holds every output's invocation at once and the per-output form (with ``split_lanes``) is quicker.
 _TILED_MIN_OUTPUTS = 1 << 17
@@ -283,11 +302,15 @@ def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
     not taken. Products measured on their own (:data:`MEASURED_TILES`) take the measured tile instead: the
     sweeps behind the model ran many tiles in one process without keeping the GPU busy between them, and an
     H200 idle for seconds clocks down (:data:`tflfuse.runtime.profile.WARM_MS`), so some of their figures were
-    taken at lower clocks than others. Tuning only: the tiles differ in the order of the sums, so in rounding only.
+    taken at lower clocks than others. Products of at least :data:`_LARGE_MIN_MACS` multiply-adds (more than 16
+    columns) take :data:`_LARGE`, measured faster than the model's choice on every such product timed. Tuning only:
+    the tiles differ in the order of the sums, so in rounding only.
     """
     measured = MEASURED_TILES.get((rows, depth, cols))
     if measured:
         return MatmulTile.parse(measured)
+    if rows * depth * cols >= _LARGE_MIN_MACS and cols > _NARROW_MAX_COLS:
+        return _LARGE
     if cols <= _NARROW_MAX_COLS:
         return _NARROW
     def cost(t: MatmulTile) -> tuple[float, int]:

@@ -307,13 +307,17 @@ class Device:
         return p
 
     def _shader_module(self, program: Program):
-        """The program's shader module: trusted (no runtime checks) unless :attr:`shader_checks` or the
-        backend is not wgpu-native."""
+        """The program's shader module (:meth:`shader_module`)."""
+        return self.shader_module(program.source, program.name)
+
+    def shader_module(self, source: str, label: str = ""):
+        """A wgpu shader module of WGSL ``source``: trusted (no runtime checks) unless :attr:`shader_checks` or
+        the backend is not wgpu-native. Raises wgpu's error where the WGSL is invalid."""
         if not self.shader_checks:
-            module = _trusted_module(self.device, program.source, program.name)
+            module = _trusted_module(self.device, source, label)
             if module is not None:
                 return module
-        return self.device.create_shader_module(code=program.source, label=program.name)
+        return self.device.create_shader_module(code=source, label=label)
 
     def create_buffer(self, size: int, *, data: bytes | None = None, uniform: bool = False, label: str = ""):
         wgpu = self._wgpu
