@@ -187,7 +187,8 @@ def test_tile_choice():
     assert matmul_tile(6272, 96, 576) == MatmulTile.parse("128x64/8x8/16")
     assert all(matmul_tile(*shape).name == tile for shape, tile in MEASURED_TILES.items())
     # products of 2**32 multiply-adds and more (an H100, 2026-12-06): 128 x 64 / 8 x 8 / 16, 1.13-1.39x faster than
-    # the model's smaller blocks (2048 x 2048 x 2048 437.7 against 521.6 us); 3136 x 1152 x 512, below, keeps the model's
+    # the model's smaller blocks (2048 x 2048 x 2048 437.7 against 521.6 us); 3136 x 1152 x 512, below the bound,
+    # keeps the model's
     assert matmul_tile(2048, 2048, 2048) == matmul_tile(25216, 768, 3072) == MatmulTile.parse("128x64/8x8/16")
     assert matmul_tile(3136, 1152, 512) != MatmulTile.parse("128x64/8x8/16")
 
