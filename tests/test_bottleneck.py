@@ -250,7 +250,6 @@ def test_resident_depthwise_taps_loaded_once_per_chunk(device, monkeypatch, tile
     from tflfuse.kernels.fused import resident
 
     runs = {}
-    monkeypatch.setattr(resident, "RESIDENT_DW_PAIRS", False)   # the depthwise phase of one pixel per item
     for switch in (False, True):
         monkeypatch.setattr(resident, "RESIDENT_DW_HOISTED", switch)
         rng = np.random.default_rng(3)
@@ -264,36 +263,6 @@ def test_resident_depthwise_taps_loaded_once_per_chunk(device, monkeypatch, tile
         (runs[switch],) = run_op(device, "fused_bottleneck", inputs, attrs)
         np.testing.assert_allclose(runs[switch], _tf_reference(x, w, stride, False, "relu6"), rtol=RTOL,
                                    atol=_atol(runs[switch]))
-    np.testing.assert_array_equal(runs[True], runs[False])
-
-
-@pytest.mark.parametrize("tile, n, size, cin, stride, k, precision", [
-    ("8x8/8/r2p", 2, 29, 8, 1, 3, "float32"),   # odd map: the tiles' last pairs cut at its edge
-    ("7x7/8/r4p", 2, 29, 8, 2, 3, "float32"),   # odd tile width: each row's last pair holds one pixel
-    ("2x4/8/r1p", 1, 10, 16, 2, 5, "float32"),  # 5x5 at stride 2: 5 + 2 columns per halo row, two right-only
-    ("7x7/8/r4p", 2, 29, 8, 2, 3, "float16"),   # the f16 form: two chains of f16 multiply-adds
-    ("3x5/8/r2p", 1, 11, 8, 1, 3, "float16")])
-def test_resident_depthwise_pairs(device, monkeypatch, tile, n, size, cin, stride, k, precision):
-    """RESIDENT_DW_PAIRS: the resident form's depthwise phase takes two neighbouring output pixels per invocation,
-    loading the halo columns their taps share once. The same sums in the same order: bit for bit the plan of one
-    pixel per invocation, in float32 and in the float16 form, and both match TensorFlow's ops (float32)."""
-    from tflfuse.kernels.fused import resident
-
-    runs = {}
-    for switch in (False, True):
-        monkeypatch.setattr(resident, "RESIDENT_DW_PAIRS", switch)
-        rng = np.random.default_rng(5)
-        x = rng.standard_normal((n, size, size, cin)).astype(np.float32)
-        w = _weights(rng, cin, 6, 12, k=k)
-        inputs = [x] + [w[key] for key in ("ew", "eb", "dw", "db", "pw", "pb")]
-        attrs = {"expansion": 6, "stride": stride, "residual": False, "activation": "relu6", "kernel_size": k,
-                 "strategy": "expand_dw", "expand_tile": tile}
-        (prog,) = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs).programs()
-        assert ("var acc2 = bias;" in prog.source) == switch
-        (runs[switch],) = run_op(device, "fused_bottleneck", inputs, attrs, precision=precision)
-        if precision == "float32":
-            np.testing.assert_allclose(runs[switch], _tf_reference(x, w, stride, False, "relu6"), rtol=RTOL,
-                                       atol=_atol(runs[switch]))
     np.testing.assert_array_equal(runs[True], runs[False])
 
 

@@ -22,7 +22,7 @@ from ..wgsl import prelude
 from .expand_depthwise import (_THREADS, _WG_BYTES, _activations, _depthwise_from_halo, _half_chain, _halo,
                                _workgroup_bytes, expand_depthwise_fits)
 
-__all__ = ["RESIDENT_DW_HOISTED", "RESIDENT_DW_PAIRS", "RESIDENT_HALF_MATH", "RESIDENT_MAX_CIN", "RESIDENT_MAX_SUMS",
+__all__ = ["RESIDENT_DW_HOISTED", "RESIDENT_HALF_MATH", "RESIDENT_MAX_CIN", "RESIDENT_MAX_SUMS",
            "RESIDENT_PREFETCH", "expand_depthwise_resident_program", "resident_fits", "resident_refusal",
            "resident_threads"]
 
@@ -195,71 +195,15 @@ RESIDENT_DW_HOISTED = True
 #: before (``benchmarks/RESULTS-h100.md``). f16 arithmetic has f16's range: a run's partial sum or an expanded
 #: value past 65504 is inf (NaN where two runs overflow with opposite signs), where f32 arithmetic kept it.
 RESIDENT_HALF_MATH = True
-#: Whether the resident form's depthwise phase takes two horizontally neighbouring output pixels per invocation
-#: (:func:`_depthwise_pairs`): the halo values the two share are loaded once (``KH * (KW + SW)`` loads for
-#: ``2 KH KW`` multiply-adds where ``DW`` is 1), and the tile's pixels need half the invocations' rounds. The same
-#: sums in the same order.
-RESIDENT_DW_PAIRS = True
+# A depthwise phase taking two neighbouring output pixels per invocation (the halo columns their taps share loaded
+# once: KH * (KW + SW) loads for 2 KH KW multiply-adds; half the rounds over the tile; bit for bit the same sums)
+# lost on an H100 (2026-12-06 14:08 UTC, switch_ab.py, 3 alternating rounds): MobileNetV2's three resident
+# dispatches at batch 32 took 133.2, 107.1 and 61.6 us against 119.3, 103.4 and 57.0 (the model 1.019x), float16
+# 0.995-1.025x, batch 1 0.99-1.00x. Not kept: the depthwise phase's loads are not what bounds the form.
 # Declaring the halo's expansion and the chunk's depthwise outputs as two-level arrays ([pixel][vec4 of the chunk]),
 # so that each load's only dynamic index is the pixel (benchmarks/load_cost.py --index, whose kernels keep wgpu's
 # runtime checks; the library's run without them on a GPU), changed nothing on an H100 (2026-12-06, switch_ab.py):
 # MobileNetV2's three resident dispatches at batch 32 0.994-1.006x, the model 0.999-1.005x. Not kept.
-
-
-def _depthwise_pairs(g: dict, th: int, tw: int, hw: int, q: int, c4: int, threads: int, indent: str,
-                     half: bool) -> str:
-    """WGSL of the resident form's depthwise phase with :data:`RESIDENT_DW_PAIRS`: the workgroup's ``threads``
-    invocations walk the tile's (row, pair of neighbouring output pixels along it, vec4 of the chunk's channels)
-    items; each loads the halo values of its pair's taps from ``esh`` (``[halo rows][hw][q]``) once per distinct
-    column (a tap of the right pixel ``SW`` columns right of the left pixel's), applies the KxK filter to both in
-    the same order as :func:`.expand_depthwise._depthwise_from_halo`, adds the bias and writes both pixels' values
-    into ``dsh`` (``[tile pixel][q]``); a pair past the tile's last column or the image's holds its left pixel
-    only (its right pixel's columns read clamped into the row and are not stored). With ``half`` the arrays hold
-    ``vec4<f16>`` and the taps are f16 multiply-adds (:func:`.expand_depthwise._half_chain`)."""
-    kh, kw, sw, dh, dwl = g["KH"], g["KW"], g["SW"], g["DH"], g["DW"]
-    tw2 = -(-tw // 2)
-    items = th * tw2 * q
-    left = [kx * dwl for kx in range(kw)]
-    right = [sw + o for o in left]
-    columns = sorted(set(left) | set(right))
-    last = (tw - 1) * sw + (kw - 1) * dwl   # the halo row's last column the left pixels' taps reach
-    t = "vec4<f16>" if half else "vec4<f32>"
-    lines = [f"for (var i = lidx; i < {items}u; i += {threads}u) {{",
-             f"  let j = i % {q}u;",
-             "  let cq = c0 + j;",
-             f"  let pp = i / {q}u;",
-             f"  let py = pp / {tw2}u;",
-             f"  let px = (pp % {tw2}u) * 2u;",
-             "  let oy = ty0 + i32(py);",
-             "  let ox = tx0 + i32(px);",
-             f"  if (oy < {g['OH']} && ox < {g['OW']}) {{",
-             f"    let ly = py * {g['SH']}u;",
-             f"    let lx = px * {sw}u;",
-             f"    let two = px + 1u < {tw}u && ox + 1 < {g['OW']};",
-             "    let bias = db[cq];",
-             "    var acc = bias;",
-             "    var acc2 = bias;"]
-    for ky in range(kh):
-        row = f"(ly + {ky * dh}u) * {hw}u"
-        for c in columns:
-            col = f"lx + {c}u" if c <= (kw - 1) * dwl else f"min(lx + {c}u, {last}u)"   # right-only columns: clamped
-            lines.append(f"    let e{ky}_{c} = esh[({row} + {col}) * {q}u + j];")
-    taps = [(ky, kx, f"dw[{(ky * kw + kx) * c4}u + cq]") for ky in range(kh) for kx in range(kw)]
-    if half:
-        lines += [f"    let wt{ky}_{kx} = vec4<f16>({w});" for ky, kx, w in taps]
-        for acc, part, offs in (("acc", "hp", left), ("acc2", "hq", right)):
-            lines += _half_chain([f"{part} = fma(e{ky}_{offs[kx]}, wt{ky}_{kx}, {part});" for ky, kx, _ in taps],
-                                 acc, part, "    ")
-    else:
-        for ky, kx, w in taps:
-            lines += [f"    let wt{ky}_{kx} = {w};",
-                      f"    acc = fma(e{ky}_{left[kx]}, wt{ky}_{kx}, acc);",
-                      f"    acc2 = fma(e{ky}_{right[kx]}, wt{ky}_{kx}, acc2);"]
-    sink = (lambda v: f"{t}(dact4({v}))") if half else (lambda v: f"dact4({v})")
-    lines += [f"    dsh[(py * {tw}u + px) * {q}u + j] = {sink('acc')};",
-              f"    if (two) {{ dsh[(py * {tw}u + px + 1u) * {q}u + j] = {sink('acc2')}; }}",
-              "  }", "}"]
-    return "\n".join(indent + line for line in lines)
 
 
 def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,
@@ -385,8 +329,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     workgroupBarrier();{weights["next"] if RESIDENT_PREFETCH else ""}
 {nl.join(expand)}
     workgroupBarrier();
-{_depthwise_pairs(g, th, tw, hw, q, c4, threads, "    ", half) if projection and RESIDENT_DW_PAIRS else
- _depthwise_from_halo(g, tw, hw, q, c4, out_items, threads, "    ", to_workgroup=bool(projection), half=half,
+{_depthwise_from_halo(g, tw, hw, q, c4, out_items, threads, "    ", to_workgroup=bool(projection), half=half,
                       hoist=RESIDENT_DW_HOISTED)}{
 projection["project"] if projection else ""}
   }}{projection["store"] if projection else ""}
