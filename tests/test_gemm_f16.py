@@ -154,3 +154,52 @@ def test_float16_math_form_follows_its_source_only():
     only_math = half_storage(scratch)
     assert only_math.source.startswith("enable f16;") and "fma(vec4<f16>(" in only_math.source
     assert all(b.elem_type == "f32" for b in only_math.bindings)
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_float16_form_takes_its_own_tile(device, rng, monkeypatch, own):
+    """HALF_OWN_TILES: where half_matmul_tile names a tile (here one put in MEASURED_HALF_TILES for a small
+    product with partial tiles on every side: 1000 x 36 x 148), the float16 plan runs its product on that tile,
+    with its own workgroup and dispatch, while the float32 plan keeps matmul_tile's; off, both take
+    matmul_tile's. Against float64 NumPy within product_bound for the tile the plan ran."""
+    from tflfuse.kernels import gemm
+
+    own_tile = "64x32/4x4/16"
+    monkeypatch.setitem(gemm.MEASURED_HALF_TILES, (1000, 36, 148), own_tile)
+    monkeypatch.setattr(gemm, "HALF_OWN_TILES", own)
+    x = half(rng.standard_normal((1000, 36)).astype(np.float32))
+    w = half((rng.standard_normal((36, 148)) / 6).astype(np.float32))
+    b = half(rng.standard_normal(148).astype(np.float32))
+    attrs = {"weights_layout": "IO", "target": "gpu"}
+    shapes = [x.shape, w.shape, b.shape]
+    f32_tile, ran = matmul_tile(1000, 36, 148), MatmulTile.parse(own_tile) if own else matmul_tile(1000, 36, 148)
+    assert f32_tile != MatmulTile.parse(own_tile)
+    (f32,) = get_shader("FULLY_CONNECTED", shapes, attrs).programs or (get_shader("FULLY_CONNECTED", shapes, attrs),)
+    info = get_shader("FULLY_CONNECTED", shapes, attrs, precision="float16")
+    (f16,) = info.programs or (info,)
+    assert f32.workgroup_size == (f32_tile.threads, 1, 1)
+    assert f16.workgroup_size == (ran.threads, 1, 1)
+    tiles = -(-1000 // ran.tm) * -(-148 // ran.tn)
+    assert f16.dispatch[0] * f16.dispatch[1] * f16.dispatch[2] >= tiles
+    assert f"array<vec4<f16>, {ran.tk * ran.tm // 4}>" in f16.wgsl   # the A slice of the tile it ran
+    (got,) = run_op(device, "FULLY_CONNECTED", [x, w, b], attrs, precision="float16")
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    want = x64 @ w64 + b
+    s = np.abs(x64) @ np.abs(w64) + np.abs(b)
+    got2 = got.reshape(want.shape).astype(np.float64)
+    assert (np.abs(got2 - want) <= product_bound(s, got2, want, 36, ran.slice_depth)).all()
+
+
+def test_float16_tile_choice():
+    """half_matmul_tile: its own tile on the measured product and on products of 2**32 multiply-adds and more;
+    none elsewhere, and none for a tile the op names (matmul_tile attribute: both forms run it)."""
+    from tflfuse.kernels import gemm
+
+    assert gemm.half_matmul_tile(6272, 96, 576) == MatmulTile.parse("64x64/4x8/16")
+    assert gemm.half_matmul_tile(2048, 2048, 2048) == MatmulTile.parse("64x64/4x8/16")
+    assert gemm.half_matmul_tile(1568, 320, 1280) is None and gemm.half_matmul_tile(6272, 576, 96) is None
+    shapes = [(6272, 96), (96, 576), (576,)]
+    attrs = {"weights_layout": "IO", "target": "gpu", "matmul_tile": "128x64/8x8/16"}
+    info = get_shader("FULLY_CONNECTED", shapes, attrs, precision="float16")
+    (prog,) = info.programs or (info,)
+    assert prog.workgroup_size == (MatmulTile.parse("128x64/8x8/16").threads, 1, 1)

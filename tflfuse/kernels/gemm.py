@@ -97,9 +97,9 @@ from .base import MAX_WORKGROUP_STORAGE, Binding, KernelError, Program, Uniform,
 from .half import with_half_math
 from .wgsl import lane_tree, prelude
 
-__all__ = ["MEASURED_TILES", "MatmulTile", "TILES", "few_rows_block", "few_rows_lanes", "few_rows_program",
-           "matmul_tile", "product_program", "resident_workgroups", "tile_attr", "tiled_matmul_program",
-           "use_few_rows", "use_tiled_matmul", "use_vec4"]
+__all__ = ["MEASURED_HALF_TILES", "MEASURED_TILES", "MatmulTile", "TILES", "few_rows_block", "few_rows_lanes",
+           "few_rows_program", "half_matmul_tile", "matmul_tile", "product_program", "resident_workgroups", "tile_attr",
+           "tiled_matmul_program", "use_few_rows", "use_tiled_matmul", "use_vec4"]
 
 _THREAD_COUNTS = (64, 128, 256)
 #: The element types of a tiled product (:func:`tiled_matmul_program`'s ``elem``) and their zero literals.
@@ -324,6 +324,34 @@ def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
     return best
 
 
+#: Whether a product whose tile is :func:`matmul_tile`'s choice runs its float16 form on
+#: :func:`half_matmul_tile`'s tile where that differs (its own workgroup and dispatch,
+#: :attr:`~tflfuse.kernels.half.HalfMathProgram.half_shape`).
+HALF_OWN_TILES = True
+#: The float16 form's tiles measured faster than the float32 form's on these exact products ``(rows, depth, cols)``
+#: (an H100, 2026-12-06 14:00 UTC, ``benchmarks/sweep_gemm_f16.py``, GPU time of 10 runs back to back, median of 5
+#: passes): 6272 x 96 x 576 (MobileNetV2's 14x14 expansions at batch 32) 21 us against 25 on 128 x 64 / 8 x 8 / 16.
+MEASURED_HALF_TILES: dict[tuple[int, int, int], str] = {(6272, 96, 576): "64x64/4x8/16"}
+#: The float16 form's tile for products of at least :data:`_LARGE_MIN_MACS` multiply-adds: on the seven products
+#: of :data:`_LARGE`'s measurement it took 0.91-0.97x the time of :data:`_LARGE` (2048 x 2048 x 2048 413 against
+#: 431 us, 25216 x 3072 x 768 2651 against 2904), where the float32 form took 1.22-1.30x.
+_HALF_LARGE = MatmulTile.parse("64x64/4x8/16")
+
+
+def half_matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile | None:
+    """The float16 form's own tile for ``[rows, depth] x [depth, cols]`` where it differs from
+    :func:`matmul_tile`'s (:data:`MEASURED_HALF_TILES`, then :data:`_HALF_LARGE` from :data:`_LARGE_MIN_MACS`
+    multiply-adds), or None: the float32 form's tile. None where :data:`HALF_OWN_TILES` is off."""
+    if not HALF_OWN_TILES:
+        return None
+    measured = MEASURED_HALF_TILES.get((rows, depth, cols))
+    if measured:
+        return MatmulTile.parse(measured)
+    if rows * depth * cols >= _LARGE_MIN_MACS and cols > _NARROW_MAX_COLS and (rows, depth, cols) not in MEASURED_TILES:
+        return _HALF_LARGE
+    return None
+
+
 def _swizzle(kk: str, r4: str, kq: int) -> str:
     """WGSL of the vec4 slot holding row group ``r4`` in the row of an A slice at depth ``kk`` (``kq = tk / 4``
     2, 4 or 8): ``r4 XOR ((kk / 4) % kq) * (8 / kq)``. The staging stores write, per warp of 32 invocations,
@@ -417,6 +445,7 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     """
     if elem not in _ZERO or (a_strip and elem != "f32"):
         raise KernelError(f"{name}: a tiled product's elements are f32 or i32 (a_strip f32 only), got {elem!r}")
+    half_tile = half_matmul_tile(rows, depth, cols) if tile is None and elem == "f32" else None
     if tile is None:
         tile = matmul_tile(rows, depth, cols)
     elif isinstance(tile, str):
@@ -648,7 +677,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     steps = -(-depth // tk)
     program = Program(name, source, (threads, 1, 1), linear_dispatch(tiles * threads, threads), bindings, uniforms,
                       loop_trips=2 * steps)
-    return with_half_math(program, source_for(True)) if elem == "f32" else program
+    if elem != "f32":
+        return program
+    half_doubled = half_tile.workgroup_bytes + 4 * half_tile.tk * (half_tile.tm + half_tile.tn) if half_tile else 0
+    if half_tile is not None and half_tile != tile and not (double_buffer and half_doubled > _WG_BYTES):
+        half = tiled_matmul_program(name, bindings, rows, depth, cols, a, b, store, helpers, uniforms, half_tile,
+                                    a_vec=a_vec, b_vec=b_vec, store_vec=store_vec, a_strip=a_strip,
+                                    double_buffer=double_buffer, half_helpers=half_helpers)
+        return with_half_math(program, half.half_math, (half.workgroup_size, half.dispatch, half.loop_trips))
+    return with_half_math(program, source_for(True))
 
 
 def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int, a: str, b: str,

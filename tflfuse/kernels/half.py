@@ -64,6 +64,9 @@ class HalfMathProgram(Program):
 
     half_math: str = dataclasses.field(default="", repr=False, compare=False)
     half_math_of: str = dataclasses.field(default="", repr=False, compare=False)
+    #: The float16 form's own ``(workgroup_size, dispatch, loop_trips)`` where it differs from the program's (a
+    #: tiled product whose float16 form has its own tile), or ``()``: the program's.
+    half_shape: tuple = dataclasses.field(default=(), repr=False, compare=False)
 
 
 @contextlib.contextmanager
@@ -90,11 +93,12 @@ def half_math_forms(forms: Iterable[str]):
             setattr(modules[name], switch, before[name])
 
 
-def with_half_math(program: Program, half_math: str) -> HalfMathProgram:
+def with_half_math(program: Program, half_math: str, shape: tuple = ()) -> HalfMathProgram:
     """``program`` as a :class:`HalfMathProgram` whose float16 form is the WGSL ``half_math`` (the same bindings,
-    declared f32), valid for ``program``'s source."""
+    declared f32), valid for ``program``'s source; with ``shape``, ``(workgroup_size, dispatch, loop_trips)``, the
+    float16 form's own workgroup and dispatch (:attr:`HalfMathProgram.half_shape`)."""
     return HalfMathProgram(**{f.name: getattr(program, f.name) for f in dataclasses.fields(Program)},
-                           half_math=half_math, half_math_of=program.source)
+                           half_math=half_math, half_math_of=program.source, half_shape=tuple(shape))
 
 
 def is_half_binding(b: Binding, half_scratch: tuple[int, ...] = ()) -> bool:
@@ -139,7 +143,8 @@ def half_programs(kernel) -> list[Program]:
 
 def half_storage(program: Program) -> Program:
     """``program`` with its float tensor bindings as ``array<f16>`` (see the module docstring), from its
-    ``half_math`` source where it is a :class:`HalfMathProgram` made for its current source; a plain Program.
+    ``half_math`` source (and workgroup and dispatch, :attr:`HalfMathProgram.half_shape`) where it is a
+    :class:`HalfMathProgram` made for its current source; a plain Program.
 
     Raises:
       KernelError: a float binding is used other than by indexing (``&x``, ``arrayLength``), is not declared
@@ -161,9 +166,10 @@ def half_storage(program: Program) -> Program:
     source = "enable f16;\n" + (_rewrite_scoped(source, types, program.name) if types else source)
     bindings = tuple(dataclasses.replace(b, elem_type=HALF_TYPES[b.elem_type], size=half_binding_size(b.size // 4))
                      if is_half_binding(b, program.half_scratch) else b for b in program.bindings)
+    shape = dict(zip(("workgroup_size", "dispatch", "loop_trips"), program.half_shape)) if math else {}
     # a Program again: its source is final, and no float16 form of it remains to choose
     return Program(**{f.name: getattr(program, f.name) for f in dataclasses.fields(Program)} | {
-        "source": source, "bindings": bindings})
+        "source": source, "bindings": bindings} | shape)
 
 
 _CLOSE = {"[": "]", "(": ")", "{": "}"}
