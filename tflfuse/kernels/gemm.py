@@ -331,6 +331,9 @@ HALF_OWN_TILES = True
 #: The float16 form's tiles measured faster than the float32 form's on these exact products ``(rows, depth, cols)``
 #: (an H100, 2026-12-06 14:00 UTC, ``benchmarks/sweep_gemm_f16.py``, GPU time of 10 runs back to back, median of 5
 #: passes): 6272 x 96 x 576 (MobileNetV2's 14x14 expansions at batch 32) 21 us against 25 on 128 x 64 / 8 x 8 / 16.
+#: In the model (the same H100, 14:13 UTC, ``benchmarks/switch_ab.py``, ``benchmarks/RESULTS-switch-ab.md``): those
+#: three dispatches 22.0-22.2 us against 26.7-27.0, the float16 plan's GPU time at batch 32 1005.3 against 1021.9 us
+#: fused (0.984x), 1154.9 against 1170.3 unfused; bit for bit the same outputs (both tiles stage 16 depths a slice).
 MEASURED_HALF_TILES: dict[tuple[int, int, int], str] = {(6272, 96, 576): "64x64/4x8/16"}
 #: The float16 form's tile for products of at least :data:`_LARGE_MIN_MACS` multiply-adds: on the seven products
 #: of :data:`_LARGE`'s measurement it took 0.91-0.97x the time of :data:`_LARGE` (2048 x 2048 x 2048 413 against
