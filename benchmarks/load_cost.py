@@ -20,10 +20,12 @@ neighbouring vec4s where their addresses differ. TFLOP/s = 8 FLOPs per vec4 mult
 compute pass (timestamp queries, median of --repeats), beside the FMA peak with no loads (``benchmarks/peaks.py``)
 measured in the same run. Needs the ``timestamp-query`` feature and no TensorFlow.
 
-Its kernels are compiled as the library's are on a GPU (:class:`tflfuse.Device`'s ``shader_checks=False``:
-trusted shader modules, no runtime checks), as the FMA peak is; with ``--shader_checks`` they keep wgpu's runtime
-checks (``create_shader_module``, as a browser compiles WGSL), under which naga clamps every dynamic index into
-workgroup memory (the form of the tables before 2026-12-06 12:00 UTC in ``benchmarks/RESULTS-load-cost.md``).
+Its kernels and the FMA peak are compiled as the library compiles its own (:class:`tflfuse.Device`'s
+``shader_checks`` default: trusted shader modules, no runtime checks, on a GPU; checked on a software adapter);
+``--shader_checks`` keeps wgpu's runtime checks (``create_shader_module``, as a browser compiles WGSL), under which
+naga clamps every dynamic index into workgroup memory, and ``--noshader_checks`` compiles them trusted. The header
+says which ran. The tables before 2026-12-06 13:00 UTC in ``benchmarks/RESULTS-load-cost.md`` had the kernels
+checked and the peak trusted.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ flags.DEFINE_integer("steps", 512, "steps per invocation (a multiple of 4)")
 flags.DEFINE_integer("workgroups", 132 * 16, "workgroups of 256 invocations")
 flags.DEFINE_integer("repeats", 5, "timed passes (median)")
 flags.DEFINE_string("out", None, "Markdown table to write")
-flags.DEFINE_bool("shader_checks", False, "Compile the kernels with wgpu's runtime checks (naga's clamps on "
-                  "dynamic indices), as a browser does; default: trusted, as the library's kernels run on a GPU")
+flags.DEFINE_bool("shader_checks", None, "Compile the kernels and the FMA peak with wgpu's runtime checks "
+                  "(naga's clamps on dynamic indices), as a browser does, or (--noshader_checks) trusted; "
+                  "default: as the library compiles its kernels (tflfuse.Device's shader_checks default, "
+                  "TFLFUSE_SHADER_CHECKS where set)")
 flags.register_validator("fmas", lambda v: bool(v) and all(f.isdigit() and 1 <= int(f) <= 32 for f in v),
                          "--fmas takes integers from 1 to 32")
 flags.register_validator("index", lambda v: bool(v) and all(i in INDEX for i in v),
@@ -153,7 +157,7 @@ def main(argv) -> None:
     peak = fma_tflops(device, "f32", **(dict(workgroups=16, iterations=256, repeats=3) if device.is_software else {}))
     columns = [(w, i) for w in WHERE for i in (FLAGS.index if w == "workgroup" else ["computed"])]
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    checks = "with wgpu's runtime checks" if device.shader_checks else "trusted (no runtime checks)"
+    checks = "trusted (no runtime checks)" if device.trusted_shaders else "with wgpu's runtime checks"
     lines = [f"## load_cost.py, {date}, {device.describe()}, kernels {checks}", "",
              f"TFLOP/s of vec4<f32> multiply-adds with one vec4 load per --fmas of them, {FLAGS.workgroups} "
              f"workgroups of {WORKGROUP}, {FLAGS.steps} steps each; in brackets the share of the f32 FMA peak with no "

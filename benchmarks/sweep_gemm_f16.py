@@ -11,7 +11,8 @@ each of --tiles) in three forms:
 - ``f32``: the float32 plan's program;
 - ``f16_storage``: the same program with its tensors stored as f16 and its arithmetic in f32 (the float16
   plan before f16 math: :func:`tflfuse.kernels.half.half_storage` on the program's float32 source);
-- ``f16_math``: what the float16 plan runs, f16 workgroup memory and multiply-adds, f32 across the depth.
+- ``f16_math``: the float16 plan's form of the product on the same tile, f16 workgroup memory and multiply-adds,
+  f32 across the depth (the plan itself may run it on another tile: ``gemm.half_matmul_tile``).
 
 Each output is checked first, on three runs of its rows (``peaks.check_ranges``): ``f32`` against float64 NumPy
 within 1e-4 of the output's scale, the f16 forms against float64 on the f16-rounded operands within

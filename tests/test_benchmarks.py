@@ -546,3 +546,11 @@ def test_load_cost_writes_a_rate_per_source_and_ratio(tmp_path):
         bad = subprocess.run([sys.executable, script, f"--out={target}"], capture_output=True, text=True, timeout=600)
         assert bad.returncode != 0 and "--out must be a file (not a folder) in an existing folder" in bad.stderr, \
             bad.stderr[-2000:]
+    # the header says how the kernels were compiled: --shader_checks, --noshader_checks (trusted where wgpu-native
+    # offers it, as on this adapter)
+    for flag, says in (("--shader_checks", "kernels with wgpu's runtime checks"),
+                       ("--noshader_checks", "kernels trusted (no runtime checks)")):
+        proc = subprocess.run([sys.executable, script, "--fmas=1", "--steps=8", "--workgroups=2", "--repeats=1", flag,
+                               f"--out={out}"], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert out.read_text().splitlines()[0].endswith(says), out.read_text()[:300]

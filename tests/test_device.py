@@ -589,3 +589,22 @@ def test_shader_checks_from_an_unclear_environment_value_is_refused(monkeypatch)
     monkeypatch.setenv("TFLFUSE_SHADER_CHECKS", "2")
     with pytest.raises(ValueError, match=r"TFLFUSE_SHADER_CHECKS='2': set it to 1 \(on\) or 0 \(off\)"):
         tflfuse.Device()
+
+
+def test_shader_module_compiles_as_the_library_does():
+    """Device.shader_module: trusted where trusted_shaders (shader_checks off, wgpu-native), else checked; either way
+    a module a pipeline takes; invalid WGSL raises wgpu's error naming the label, and a source or label that is
+    not a str raises TypeError before anything reaches wgpu."""
+    source = """@group(0) @binding(0) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(1) fn main() { y[0] = 1.0; }"""
+    for checks in (False, True):
+        dev = tflfuse.Device(shader_checks=checks)
+        assert dev.trusted_shaders is (not checks)   # wgpu-native here: it has the trusted entry point
+        module = dev.shader_module(source, "one")
+        dev.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        with pytest.raises(Exception, match="bad_wgsl"):
+            dev.shader_module("fn main( {", "bad_wgsl")
+        for bad in ((None, "x"), (b"fn", "x"), (5, "x"), (source, 7)):
+            with pytest.raises(TypeError, match="WGSL text and a str label"):
+                dev.shader_module(*bad)
+

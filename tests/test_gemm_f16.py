@@ -198,8 +198,25 @@ def test_float16_tile_choice():
     assert gemm.half_matmul_tile(6272, 96, 576) == MatmulTile.parse("64x64/4x8/16")
     assert gemm.half_matmul_tile(2048, 2048, 2048) == MatmulTile.parse("64x64/4x8/16")
     assert gemm.half_matmul_tile(1568, 320, 1280) is None and gemm.half_matmul_tile(6272, 576, 96) is None
+    # past 2**32 multiply-adds but narrow, or too few tiles: the float32 form's tile (as matmul_tile keeps its own)
+    for shape in ((2048, 32768, 64), (1605632, 144, 24), (1024, 65536, 256)):
+        assert gemm.half_matmul_tile(*shape) is None and matmul_tile(*shape) != gemm._LARGE, shape
+    assert all(MatmulTile.parse(t) for t in gemm.MEASURED_HALF_TILES.values())
     shapes = [(6272, 96), (96, 576), (576,)]
     attrs = {"weights_layout": "IO", "target": "gpu", "matmul_tile": "128x64/8x8/16"}
     info = get_shader("FULLY_CONNECTED", shapes, attrs, precision="float16")
     (prog,) = info.programs or (info,)
     assert prog.workgroup_size == (MatmulTile.parse("128x64/8x8/16").threads, 1, 1)
+
+
+def test_float16_shape_must_be_well_formed():
+    """with_half_math's shape: ((x, y, z) workgroup size, (x, y, z) dispatch, loop trips) or nothing."""
+    from tflfuse.kernels.base import Program
+    from tflfuse.kernels.half import with_half_math
+
+    p = Program("p", "@compute @workgroup_size(64) fn main() {}", (64, 1, 1), (10, 1, 1), ())
+    assert with_half_math(p, "x", ((64, 1, 1), (10, 1, 1), 4)).half_shape == ((64, 1, 1), (10, 1, 1), 4)
+    for bad in ((1, 2), ((64, 1, 1), (10, 1), 4), ((64, 1, 1), (0, 1, 1), 4), ((64, 1, 1), (10, 1, 1), -1)):
+        with pytest.raises(ValueError, match="a float16 form's shape"):
+            with_half_math(p, "x", bad)
+

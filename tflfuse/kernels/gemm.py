@@ -225,9 +225,19 @@ MEASURED_TILES: dict[tuple[int, int, int], str] = {
 #: 257.4, 4096 x 4096 x 4096 3416 against 4589, 25216 x 768 x 3072 2762 against 3837, 25216 x 3072 x 768 2792 against
 #: 3400 (cuBLAS's float32, TF32 off, 0.79-0.90x of this tile's time); float16 plans 0.96-1.03x of the model's tile's
 #: time on the same seven. Below the bound it lost: 3136 x 1152 x 512 (1.85e9 multiply-adds) 136.5 against 129.6 us.
-#: MobileNetV2 reaches the bound at batch 256 (3211264 x 16 x 96; at batch 32, 401408 x 16 x 96 took 73.8 us with
-#: this tile against 76.0 with the measured one, the same run).
+#: No MobileNetV2 product takes it below batch 256 (12544 x 320 x 1280 there).
 _LARGE, _LARGE_MIN_MACS = MatmulTile.parse("128x64/8x8/16"), 1 << 32
+#: :data:`_LARGE` (and :data:`_HALF_LARGE`) only where the product is also wide and tall, as every product of the
+#: measurement was: at least this many columns (so that 64-column tiles pad less than a quarter of them) and at
+#: least two of :data:`_LARGE`'s tiles per SM (so that the sliced tiles' case, few output tiles, is not taken).
+_LARGE_MIN_COLS = 256
+
+
+def _large(rows: int, depth: int, cols: int) -> bool:
+    """Whether a product takes :data:`_LARGE` (float32) and :data:`_HALF_LARGE` (float16): at least
+    :data:`_LARGE_MIN_MACS` multiply-adds, :data:`_LARGE_MIN_COLS` columns and ``2 * _SMS`` tiles of 128 x 64."""
+    return (rows * depth * cols >= _LARGE_MIN_MACS and cols >= _LARGE_MIN_COLS
+            and -(-rows // _LARGE.tm) * -(-cols // _LARGE.tn) >= 2 * _SMS)
 #: Outputs from which a GPU's matrix products (1x1 convolutions, FULLY_CONNECTED) run tiled: below, the GPU
 #: holds every output's invocation at once and the per-output form (with ``split_lanes``) is quicker.
 _TILED_MIN_OUTPUTS = 1 << 17
@@ -302,14 +312,15 @@ def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
     not taken. Products measured on their own (:data:`MEASURED_TILES`) take the measured tile instead: the
     sweeps behind the model ran many tiles in one process without keeping the GPU busy between them, and an
     H200 idle for seconds clocks down (:data:`tflfuse.runtime.profile.WARM_MS`), so some of their figures were
-    taken at lower clocks than others. Products of at least :data:`_LARGE_MIN_MACS` multiply-adds (more than 16
-    columns) take :data:`_LARGE`, measured faster than the model's choice on every such product timed. Tuning only:
+    taken at lower clocks than others. Products of at least :data:`_LARGE_MIN_MACS` multiply-adds that are wide and
+    tall (:func:`_large`) take :data:`_LARGE`, measured faster than the model's choice on every such product timed.
+    Tuning only:
     the tiles differ in the order of the sums, so in rounding only.
     """
     measured = MEASURED_TILES.get((rows, depth, cols))
     if measured:
         return MatmulTile.parse(measured)
-    if rows * depth * cols >= _LARGE_MIN_MACS and cols > _NARROW_MAX_COLS:
+    if _large(rows, depth, cols):
         return _LARGE
     if cols <= _NARROW_MAX_COLS:
         return _NARROW
@@ -343,14 +354,14 @@ _HALF_LARGE = MatmulTile.parse("64x64/4x8/16")
 
 def half_matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile | None:
     """The float16 form's own tile for ``[rows, depth] x [depth, cols]`` where it differs from
-    :func:`matmul_tile`'s (:data:`MEASURED_HALF_TILES`, then :data:`_HALF_LARGE` from :data:`_LARGE_MIN_MACS`
-    multiply-adds), or None: the float32 form's tile. None where :data:`HALF_OWN_TILES` is off."""
+    :func:`matmul_tile`'s (:data:`MEASURED_HALF_TILES`, then :data:`_HALF_LARGE` where :func:`_large` holds), or
+    None: the float32 form's tile. None where :data:`HALF_OWN_TILES` is off."""
     if not HALF_OWN_TILES:
         return None
     measured = MEASURED_HALF_TILES.get((rows, depth, cols))
     if measured:
         return MatmulTile.parse(measured)
-    if rows * depth * cols >= _LARGE_MIN_MACS and cols > _NARROW_MAX_COLS and (rows, depth, cols) not in MEASURED_TILES:
+    if _large(rows, depth, cols) and (rows, depth, cols) not in MEASURED_TILES:
         return _HALF_LARGE
     return None
 

@@ -96,9 +96,16 @@ def half_math_forms(forms: Iterable[str]):
 def with_half_math(program: Program, half_math: str, shape: tuple = ()) -> HalfMathProgram:
     """``program`` as a :class:`HalfMathProgram` whose float16 form is the WGSL ``half_math`` (the same bindings,
     declared f32), valid for ``program``'s source; with ``shape``, ``(workgroup_size, dispatch, loop_trips)``, the
-    float16 form's own workgroup and dispatch (:attr:`HalfMathProgram.half_shape`)."""
+    float16 form's own workgroup and dispatch (:attr:`HalfMathProgram.half_shape`). Raises ``ValueError`` for a
+    ``shape`` of another form."""
+    shape = tuple(shape)
+    if shape and not (len(shape) == 3 and all(isinstance(v, tuple) and len(v) == 3 and
+                                              all(isinstance(n, int) and n > 0 for n in v) for v in shape[:2])
+                      and isinstance(shape[2], int) and shape[2] >= 0):
+        raise ValueError(f"{program.name}: a float16 form's shape is ((x, y, z) workgroup size, (x, y, z) dispatch, "
+                         f"loop trips), positive ints, got {shape!r}")
     return HalfMathProgram(**{f.name: getattr(program, f.name) for f in dataclasses.fields(Program)},
-                           half_math=half_math, half_math_of=program.source, half_shape=tuple(shape))
+                           half_math=half_math, half_math_of=program.source, half_shape=shape)
 
 
 def is_half_binding(b: Binding, half_scratch: tuple[int, ...] = ()) -> bool:

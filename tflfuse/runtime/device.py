@@ -311,13 +311,28 @@ class Device:
         return self.shader_module(program.source, program.name)
 
     def shader_module(self, source: str, label: str = ""):
-        """A wgpu shader module of WGSL ``source``: trusted (no runtime checks) unless :attr:`shader_checks` or
-        the backend is not wgpu-native. Raises wgpu's error where the WGSL is invalid."""
-        if not self.shader_checks:
+        """A wgpu shader module of WGSL ``source``, compiled as tflfuse's own programs are: trusted where
+        :attr:`trusted_shaders` (no runtime checks: an index out of an array's bounds is then undefined behaviour,
+        which may crash the process, so pass only WGSL whose every index is in bounds), else with wgpu's checks.
+
+        Raises:
+          TypeError: ``source`` or ``label`` is not a str.
+          wgpu's error (``GPUValidationError``, naming ``label``): the WGSL is invalid.
+        """
+        if not isinstance(source, str) or not isinstance(label, str):
+            raise TypeError(f"Device.shader_module takes WGSL text and a str label, got {type(source).__name__} "
+                            f"and {type(label).__name__}")
+        if self.trusted_shaders:
             module = _trusted_module(self.device, source, label)
             if module is not None:
                 return module
         return self.device.create_shader_module(code=source, label=label)
+
+    @property
+    def trusted_shaders(self) -> bool:
+        """Whether this device compiles shader modules trusted (:meth:`shader_module`): :attr:`shader_checks` is
+        off and the backend is wgpu-native with ``wgpuDeviceCreateShaderModuleTrusted``."""
+        return not self.shader_checks and _trusted_create(self.device) is not None
 
     def create_buffer(self, size: int, *, data: bytes | None = None, uniform: bool = False, label: str = ""):
         wgpu = self._wgpu
@@ -330,19 +345,29 @@ class Device:
         return self.device.create_buffer(size=size, usage=usage, label=label)
 
 
-def _trusted_module(device, source: str, label: str):
-    """A wgpu-py shader module of WGSL ``source`` compiled by wgpu-native without runtime checks
-    (``wgpuDeviceCreateShaderModuleTrusted`` with ``WGPUShaderRuntimeChecks_None``), or None where ``device``
-    is not a wgpu-native device. Raises wgpu's error (from its error-capturing binding) where the WGSL is
-    invalid."""
+def _trusted_create(device):
+    """wgpu-native's ``wgpuDeviceCreateShaderModuleTrusted`` where ``device`` is a wgpu-native device whose
+    library has it, else None."""
     try:
         from wgpu.backends.wgpu_native import _api
 
         if not isinstance(device, _api.GPUDevice):
             return None
-        create = _api.libf.wgpuDeviceCreateShaderModuleTrusted
+        return _api.libf.wgpuDeviceCreateShaderModuleTrusted
     except (ImportError, AttributeError):
         return None
+
+
+def _trusted_module(device, source: str, label: str):
+    """A wgpu-py shader module of WGSL ``source`` compiled by wgpu-native without runtime checks
+    (``wgpuDeviceCreateShaderModuleTrusted`` with ``WGPUShaderRuntimeChecks_None``), or None where ``device``
+    is not a wgpu-native device. Raises wgpu's error (from its error-capturing binding) where the WGSL is
+    invalid."""
+    create = _trusted_create(device)
+    if create is None:
+        return None
+    from wgpu.backends.wgpu_native import _api
+
     code = _api.new_struct_p("WGPUShaderSourceWGSL *", code=_api.to_c_string_view(source))
     code[0].chain.next = _api.ffi.NULL
     code[0].chain.sType = _api.lib.WGPUSType_ShaderSourceWGSL
