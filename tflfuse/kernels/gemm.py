@@ -314,8 +314,7 @@ def matmul_tile(rows: int, depth: int, cols: int) -> MatmulTile:
     H200 idle for seconds clocks down (:data:`tflfuse.runtime.profile.WARM_MS`), so some of their figures were
     taken at lower clocks than others. Products of at least :data:`_LARGE_MIN_MACS` multiply-adds that are wide and
     tall (:func:`_large`) take :data:`_LARGE`, measured faster than the model's choice on every such product timed.
-    Tuning only:
-    the tiles differ in the order of the sums, so in rounding only.
+    Tuning only: the tiles differ in the order of the sums, so in rounding only.
     """
     measured = MEASURED_TILES.get((rows, depth, cols))
     if measured:
@@ -348,7 +347,7 @@ HALF_OWN_TILES = True
 MEASURED_HALF_TILES: dict[tuple[int, int, int], str] = {(6272, 96, 576): "64x64/4x8/16"}
 #: The float16 form's tile for products of at least :data:`_LARGE_MIN_MACS` multiply-adds: on the seven products
 #: of :data:`_LARGE`'s measurement it took 0.91-0.97x the time of :data:`_LARGE` (2048 x 2048 x 2048 413 against
-#: 431 us, 25216 x 3072 x 768 2651 against 2904), where the float32 form took 1.22-1.30x.
+#: 431 us, 25216 x 3072 x 768 2651 against 2904), where the float32 form took 1.09-1.23x.
 _HALF_LARGE = MatmulTile.parse("64x64/4x8/16")
 
 
