@@ -20,7 +20,8 @@ def selected_models(folder: Path, globs: Sequence[str]) -> Iterator[tuple[str, b
     """
     picks = []   # (path, the twin to make from it or None, whether the file itself is picked)
     matched = set()
-    for path in sorted(folder.glob("*.tflite")):
+    paths = sorted(folder.glob("*.tflite"))
+    for path in paths:
         name = path.stem
         twin = f"{name[:-8]}_fused" if name.endswith("_unfused") else None
         if twin and (folder / f"{twin}.tflite").exists():
@@ -32,7 +33,7 @@ def selected_models(folder: Path, globs: Sequence[str]) -> Iterator[tuple[str, b
             picks.append((path, twin, bool(own)))
     unmatched = [g for g in globs if g not in matched]
     if unmatched:
-        stems = ", ".join(sorted(p.stem for p in folder.glob("*.tflite"))) or "none"
+        stems = ", ".join(p.stem for p in paths) or "none"
         raise SystemExit(f"no model of {folder} matches --select={','.join(unmatched)}; nothing written (the "
                          f"models are its *.tflite stems, and NAME_fused for each NAME_unfused without one: {stems})")
     for path, twin, own in picks:

@@ -170,6 +170,11 @@ class MatmulTile:
         """The staged slices of A and B, and with ``sk > 1`` one slice group's ``tm x tn`` sums."""
         return 4 * self.tk * (self.tm + self.tn) + (4 * self.tm * self.tn if self.sk > 1 else 0)
 
+    @property
+    def double_buffered_bytes(self) -> int:
+        """:attr:`workgroup_bytes` with a second A and B slice (:func:`tiled_matmul_program`'s ``double_buffer``)."""
+        return self.workgroup_bytes + 4 * self.tk * (self.tm + self.tn)
+
 
 #: The tiles :func:`matmul_tile` chooses between, named as :meth:`MatmulTile.parse` reads them: each was the
 #: fastest of the sweep on some 1x1 product of MobileNetV2 (``benchmarks/sweep_gemm_forms.py``, H200); the
@@ -466,10 +471,9 @@ def tiled_matmul_program(name: str, bindings: tuple[Binding, ...], rows: int, de
     if ((a_vec or a_strip) and depth % 4) or ((b_vec or store_vec) and cols % 4):
         raise KernelError(f"{name}: vec4 operands need depth ({depth}) and cols ({cols}) multiples of 4")
     tm, tn, rm, rn, tk, sk = tile.tm, tile.tn, tile.rm, tile.rn, tile.tk, tile.sk
-    doubled = tile.workgroup_bytes + 4 * tk * (tm + tn)   # a second A and B slice
-    if double_buffer and doubled > _WG_BYTES:
-        raise KernelError(f"{name}: tile {tile.name} double-buffered needs {doubled} bytes of workgroup memory, "
-                          f"over {_WG_BYTES}")
+    if double_buffer and tile.double_buffered_bytes > _WG_BYTES:
+        raise KernelError(f"{name}: tile {tile.name} double-buffered needs {tile.double_buffered_bytes} bytes of "
+                          f"workgroup memory, over {_WG_BYTES}")
     threads = tile.threads
     tks = tk // sk                       # the depths of a staged slice each slice group multiplies
     col_tiles = -(-cols // tn)
@@ -692,8 +696,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                       loop_trips=2 * steps)
     if elem != "f32":
         return program
-    half_doubled = half_tile.workgroup_bytes + 4 * half_tile.tk * (half_tile.tm + half_tile.tn) if half_tile else 0
-    if half_tile is not None and half_tile != tile and not (double_buffer and half_doubled > _WG_BYTES):
+    if half_tile not in (None, tile) and not (double_buffer and half_tile.double_buffered_bytes > _WG_BYTES):
         half = tiled_matmul_program(name, bindings, rows, depth, cols, a, b, store, helpers, uniforms, half_tile,
                                     a_vec=a_vec, b_vec=b_vec, store_vec=store_vec, a_strip=a_strip,
                                     double_buffer=double_buffer, half_helpers=half_helpers)

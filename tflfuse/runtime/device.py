@@ -295,7 +295,7 @@ class Device:
             p = self._pipelines.get(key)
             if p is None:
                 try:
-                    module = self._shader_module(program)
+                    module = self.shader_module(program.source, program.name)
                     p = self.device.create_compute_pipeline(
                         layout="auto", compute={"module": module, "entry_point": program.entry_point},
                         label=program.name)
@@ -305,10 +305,6 @@ class Device:
                     raise ShaderCompileError(f"WGSL for {program.name} failed to compile: {e}") from e
                 self._pipelines[key] = p
         return p
-
-    def _shader_module(self, program: Program):
-        """The program's shader module (:meth:`shader_module`)."""
-        return self.shader_module(program.source, program.name)
 
     def shader_module(self, source: str, label: str = ""):
         """A wgpu shader module of WGSL ``source``, compiled as tflfuse's own programs are: trusted where
@@ -322,8 +318,8 @@ class Device:
         if not isinstance(source, str) or not isinstance(label, str):
             raise TypeError(f"Device.shader_module takes WGSL text and a str label, got {type(source).__name__} "
                             f"and {type(label).__name__}")
-        if self.trusted_shaders:
-            module = _trusted_module(self.device, source, label)
+        if not self.shader_checks:
+            module = _trusted_module(self.device, source, label)   # None where wgpu-native's entry point is absent
             if module is not None:
                 return module
         return self.device.create_shader_module(code=source, label=label)
