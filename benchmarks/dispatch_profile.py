@@ -1,6 +1,8 @@
 """GPU time of every dispatch of a model, beside the one-pass time of the whole plan: where a model's GPU time
 goes, dispatch by dispatch, and how much of it is the gaps between dispatches (the one-pass time less the sum
-of the dispatches' own times).
+of the dispatches' own times), and the same dispatches timed in the plan's order (each in a pass of its own,
+right after the one before it: where a dispatch runs slower after the others than alone, and the gaps between
+passes).
 
     python benchmarks/dispatch_profile.py --models=.bench [--select=selfie*,hand_recrop*] [--batch=1]
                                           [--precision=float16 [--half_math=resident,depthwise,conv]]
@@ -54,16 +56,17 @@ def profile_model(data: bytes, batch: int, repeats: int, precision: str = "float
 def _tables(results: dict, adapter: str, batch: int, precision: str) -> str:
     lines = [f"Dispatch profile, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {adapter}, "
              f"batch {batch}, {precision}", "",
-             "| model | dispatches | one-pass us | sum of dispatches us | gaps us |", "|---|---:|---:|---:|---:|"]
+             "| model | dispatches | one-pass us | sum of dispatches alone us | one-pass less that us | "
+             "sum in sequence us | gaps in sequence us |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         lines.append(f"| {name} | {len(r['dispatches'])} | {r['one_pass_us']:.1f} | {r['sum_us']:.1f} | "
-                     f"{r['one_pass_us'] - r['sum_us']:.1f} |")
+                     f"{r['one_pass_us'] - r['sum_us']:.1f} | {r['in_sequence_us']:.1f} | {r['gaps_us']:.1f} |")
     for name, r in results.items():
-        lines += ["", f"### {name}", "", "| # | op | index | program | workgroup | dispatch | us |",
-                  "|---:|---|---:|---|---|---|---:|"]
+        lines += ["", f"### {name}", "", "| # | op | index | program | workgroup | dispatch | alone us | "
+                  "in sequence us | gap before us |", "|---:|---|---:|---|---|---|---:|---:|---:|"]
         for i, d in enumerate(r["dispatches"]):
             lines.append(f"| {i} | {d['op']} | {d['index']} | {d['program'][:60]} | {d['workgroup']} | "
-                         f"{d['dispatch']} | {d['us']:.2f} |")
+                         f"{d['dispatch']} | {d['us']:.2f} | {d['in_sequence_us']:.2f} | {d['gap_us']:.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -135,6 +135,16 @@ def test_per_dispatch_gpu_times_cover_every_dispatch(device, face_model):
     twice = profile_plan(interp._plan(0), repeats=1, reps=2)
     assert [r["program"] for r in twice] == [r["program"] for r in rows]
     assert math.isfinite(gpu_time_plan(interp._plan(0), repeats=1, reps=2))
+    # in the plan's order: the same dispatches, each with the gap before it; nothing runs before the first
+    # dispatch of an encoder's first run, so with one run per encoder that gap is NaN, every other one a duration
+    from tflfuse.runtime.profile import profile_plan_in_sequence
+
+    for repeats, reps in ((1, 1), (1, 2), (2, 1)):
+        seq = profile_plan_in_sequence(interp._plan(0), repeats=repeats, reps=reps)
+        assert [r["program"] for r in seq] == [r["program"] for r in rows]
+        assert all(math.isfinite(r["us"]) and r["us"] >= 0 for r in seq), seq
+        assert all(math.isfinite(r["gap_us"]) for r in seq[1:]), seq
+        assert math.isnan(seq[0]["gap_us"]) == (reps == 1), seq[0]
     interp.invoke()
     np.testing.assert_array_equal(interp.get_tensor(out), before)
 
@@ -145,7 +155,7 @@ def test_timing_warm_up(device, face_model, monkeypatch):
     below 1; on a GPU it runs the plan's
     invokes in passes (here forced on the software adapter, which otherwise skips it) and leaves the outputs
     as they were. No assertion on timing: performance is measured in benchmarks/."""
-    from tflfuse.runtime.profile import gpu_time_plan, pass_gpu_us, profile_plan, warm_up
+    from tflfuse.runtime.profile import gpu_time_plan, pass_gpu_us, profile_plan, profile_plan_in_sequence, warm_up
 
     interp = tflfuse.Interpreter(model_path=face_model, device=device)
     interp.allocate_tensors()
@@ -156,18 +166,21 @@ def test_timing_warm_up(device, face_model, monkeypatch):
             warm_up(device, plan._record, bad)
         if "timestamp-query" in device.features:
             for timing in (lambda: gpu_time_plan(plan, 1, warm_ms=bad), lambda: profile_plan(plan, 1, warm_ms=bad),
+                           lambda: profile_plan_in_sequence(plan, 1, warm_ms=bad),
                            lambda: pass_gpu_us(device, plan._record, 1, warm_ms=bad)):
                 with pytest.raises(ValueError, match="warm-up milliseconds"):
                     timing()
     if "timestamp-query" in device.features:
         for repeats, reps in ((0, 1), (1, 0), (1, -1), (1.5, 1)):
-            for timing in (lambda: gpu_time_plan(plan, repeats, reps), lambda: profile_plan(plan, repeats, reps)):
+            for timing in (lambda: gpu_time_plan(plan, repeats, reps), lambda: profile_plan(plan, repeats, reps),
+                           lambda: profile_plan_in_sequence(plan, repeats, reps)):
                 with pytest.raises(ValueError, match="must be an int >= 1"):
                     timing()
         from tflfuse.runtime.plan import op_plan
 
         empty = op_plan(device, "RESHAPE", [np.zeros((2, 128), np.float32)], {"new_shape": [1, 256]})
         assert not empty.steps and profile_plan(empty, 1) == []   # no dispatches: nothing to time
+        assert profile_plan_in_sequence(empty, 1) == []
     passes = warm_up(device, plan._record, np.float64(5.0))   # NumPy numbers are taken
     assert passes == 0 if device.is_software else passes >= 1
     if "timestamp-query" not in device.features:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .plan import ExecutionPlan
 
 __all__ = ["MAX_WARM_MS", "SUSTAINED_REPS", "WARM_MS", "gpu_time_plan", "pass_gpu_us", "profile_plan",
-           "wall_seconds", "warm_up"]
+           "profile_plan_in_sequence", "wall_seconds", "warm_up"]
 
 
 #: Why timing repeats work inside one pass (``reps``): on an H200, one short pass between idle moments ran up to
@@ -190,3 +190,61 @@ def profile_plan(plan: ExecutionPlan, repeats: int = 5, reps: int = 1, warm_ms: 
     med = np.median(np.array(samples), axis=0)
     return [{"op": op.name, "index": op.index, "program": prog.name, "us": float(us)}
             for op, (prog, _, _), us in zip(plan.step_ops, plan.steps, med)]
+
+
+def profile_plan_in_sequence(plan: ExecutionPlan, repeats: int = 5, reps: int = 1,
+                             warm_ms: float = WARM_MS) -> list[dict]:
+    """GPU time of each dispatch of a plan where it runs in the plan's order, after the dispatch before it
+    (its inputs just written, the caches as the invoke leaves them), from timestamp queries: each dispatch in
+    a compute pass of its own, the plan's passes ``reps`` times back to back in one command encoder (see
+    :data:`SUSTAINED_REPS`), after the plan's invokes run back to back for ``warm_ms`` (:func:`warm_up`).
+    :func:`profile_plan` times each dispatch alone instead, repeated in its own pass.
+
+    Returns one dict per dispatch: ``op`` (op name), ``index`` (op index), ``program``, ``us`` (median
+    microseconds from its pass's start to its end over the ``repeats * reps`` runs) and ``gap_us`` (median
+    microseconds from the end of the pass before it, the plan's last in the invoke before, to its start; NaN for
+    the first dispatch where ``reps`` is 1, none running before it in its encoder). Raises ``RuntimeError`` where the device has no ``timestamp-query``
+    feature, ``ValueError`` for ``repeats`` or ``reps`` below 1 or a ``warm_ms`` :func:`warm_up` refuses.
+    """
+    dev = plan.device
+    if "timestamp-query" not in dev.features:
+        raise RuntimeError(f"the adapter {dev.name} has no timestamp-query feature")
+    _check_ms(warm_ms)
+    _check_counts(repeats, reps)
+    if not plan.steps:
+        return []
+    warm_up(dev, plan._record, warm_ms)
+    wgpu = dev._wgpu
+    n = len(plan.steps)
+    # one query set per run of the plan: 2 n timestamps each (WebGPU caps a set at 4096)
+    sets = [dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n) for _ in range(reps)]
+    stride = -(-16 * n // 256) * 256   # each set's 2 n u64 at an offset WebGPU's 256-byte resolve alignment allows
+    resolve = dev.device.create_buffer(size=stride * reps,
+                                       usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    runs, gaps = [], []
+    for _ in range(repeats):
+        encoder = dev.device.create_command_encoder()
+        for qs in sets:
+            for i, (prog, pipeline, bind_group) in enumerate(plan.steps):
+                cpass = encoder.begin_compute_pass(timestamp_writes={
+                    "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+                cpass.set_pipeline(pipeline)
+                cpass.set_bind_group(0, bind_group)
+                cpass.dispatch_workgroups(*prog.dispatch)
+                cpass.end()
+        for r, qs in enumerate(sets):
+            encoder.resolve_query_set(qs, 0, 2 * n, resolve, stride * r)
+        dev.device.queue.submit([encoder.finish()])
+        ticks = np.frombuffer(dev.device.queue.read_buffer(resolve, 0, stride * reps), np.uint64)
+        ticks = ticks.reshape(reps, stride // 8)[:, :2 * n]
+        ticks = ticks.astype(np.float64).reshape(reps, n, 2) / 1e3   # WebGPU timestamps are nanoseconds
+        runs.append(ticks[:, :, 1] - ticks[:, :, 0])
+        flat = ticks.reshape(reps * n, 2)
+        gap = np.full(reps * n, np.nan)
+        gap[1:] = flat[1:, 0] - flat[:-1, 1]
+        gaps.append(gap.reshape(reps, n))
+    us = np.median(np.concatenate(runs), axis=0)
+    gaps = np.concatenate(gaps)
+    gap_us = [float(np.median(g[~np.isnan(g)])) if (~np.isnan(g)).any() else math.nan for g in gaps.T]
+    return [{"op": op.name, "index": op.index, "program": prog.name, "us": float(u), "gap_us": float(g)}
+            for op, (prog, _, _), u, g in zip(plan.step_ops, plan.steps, us, gap_us)]
