@@ -203,8 +203,9 @@ def profile_plan_in_sequence(plan: ExecutionPlan, repeats: int = 5, reps: int = 
     Returns one dict per dispatch: ``op`` (op name), ``index`` (op index), ``program``, ``us`` (median
     microseconds from its pass's start to its end over the ``repeats * reps`` runs) and ``gap_us`` (median
     microseconds from the end of the pass before it, the plan's last in the invoke before, to its start; NaN for
-    the first dispatch where ``reps`` is 1, none running before it in its encoder). Raises ``RuntimeError`` where the device has no ``timestamp-query``
-    feature, ``ValueError`` for ``repeats`` or ``reps`` below 1 or a ``warm_ms`` :func:`warm_up` refuses.
+    the first dispatch where ``reps`` is 1, none running before it in its encoder). Raises ``RuntimeError``
+    where the device has no ``timestamp-query`` feature, ``ValueError`` for ``repeats`` or ``reps`` below 1 or
+    a ``warm_ms`` :func:`warm_up` refuses.
     """
     dev = plan.device
     if "timestamp-query" not in dev.features:
