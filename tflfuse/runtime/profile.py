@@ -150,6 +150,33 @@ def pass_gpu_us(device, record, repeats: int = 20, reps: int = 1, warm_ms: float
     return float(np.median([_timed_pass(device, record, reps, *query) for _ in range(repeats)]))
 
 
+def _ready_to_profile(plan: ExecutionPlan, repeats, reps, warm_ms) -> bool:
+    """Checks the arguments of a per-dispatch timing (raising as :func:`profile_plan` says) and, where the plan has
+    dispatches, runs :func:`warm_up`; returns whether it has any."""
+    dev = plan.device
+    if "timestamp-query" not in dev.features:
+        raise RuntimeError(f"the adapter {dev.name} has no timestamp-query feature")
+    _check_ms(warm_ms)
+    _check_counts(repeats, reps)
+    if not plan.steps:
+        return False
+    warm_up(dev, plan._record, warm_ms)
+    return True
+
+
+def _dispatch_pass(encoder, qs, i: int, step, reps: int) -> None:
+    """Records a compute pass running the plan's step ``i`` (program, pipeline, bind group) ``reps`` times, its
+    start and end written to timestamps ``2 i`` and ``2 i + 1`` of ``qs``."""
+    prog, pipeline, bind_group = step
+    cpass = encoder.begin_compute_pass(timestamp_writes={
+        "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+    cpass.set_pipeline(pipeline)
+    cpass.set_bind_group(0, bind_group)
+    for _ in range(reps):
+        cpass.dispatch_workgroups(*prog.dispatch)
+    cpass.end()
+
+
 def profile_plan(plan: ExecutionPlan, repeats: int = 5, reps: int = 1, warm_ms: float = WARM_MS) -> list[dict]:
     """GPU time of each dispatch of a plan, from timestamp queries (one compute pass per dispatch, holding
     the dispatch ``reps`` times back to back: see :data:`SUSTAINED_REPS`), after the plan's invokes run back
@@ -160,29 +187,16 @@ def profile_plan(plan: ExecutionPlan, repeats: int = 5, reps: int = 1, warm_ms: 
     ``RuntimeError`` where the device has no ``timestamp-query`` feature, ``ValueError`` for ``repeats`` or
     ``reps`` below 1 or a ``warm_ms`` :func:`warm_up` refuses.
     """
-    dev = plan.device
-    if "timestamp-query" not in dev.features:
-        raise RuntimeError(f"the adapter {dev.name} has no timestamp-query feature")
-    _check_ms(warm_ms)
-    _check_counts(repeats, reps)
-    if not plan.steps:
+    if not _ready_to_profile(plan, repeats, reps, warm_ms):
         return []
-    warm_up(dev, plan._record, warm_ms)
-    wgpu = dev._wgpu
-    n = len(plan.steps)
+    dev, wgpu, n = plan.device, plan.device._wgpu, len(plan.steps)
     qs = dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
     resolve = dev.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
     samples = []
     for _ in range(repeats):
         encoder = dev.device.create_command_encoder()
-        for i, (prog, pipeline, bind_group) in enumerate(plan.steps):
-            cpass = encoder.begin_compute_pass(timestamp_writes={
-                "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
-            cpass.set_pipeline(pipeline)
-            cpass.set_bind_group(0, bind_group)
-            for _ in range(reps):
-                cpass.dispatch_workgroups(*prog.dispatch)
-            cpass.end()
+        for i, step in enumerate(plan.steps):
+            _dispatch_pass(encoder, qs, i, step, reps)
         encoder.resolve_query_set(qs, 0, 2 * n, resolve, 0)
         dev.device.queue.submit([encoder.finish()])
         ticks = np.frombuffer(dev.device.queue.read_buffer(resolve, 0, 16 * n), np.uint64).astype(np.float64)
@@ -207,16 +221,9 @@ def profile_plan_in_sequence(plan: ExecutionPlan, repeats: int = 5, reps: int = 
     where the device has no ``timestamp-query`` feature, ``ValueError`` for ``repeats`` or ``reps`` below 1 or
     a ``warm_ms`` :func:`warm_up` refuses.
     """
-    dev = plan.device
-    if "timestamp-query" not in dev.features:
-        raise RuntimeError(f"the adapter {dev.name} has no timestamp-query feature")
-    _check_ms(warm_ms)
-    _check_counts(repeats, reps)
-    if not plan.steps:
+    if not _ready_to_profile(plan, repeats, reps, warm_ms):
         return []
-    warm_up(dev, plan._record, warm_ms)
-    wgpu = dev._wgpu
-    n = len(plan.steps)
+    dev, wgpu, n = plan.device, plan.device._wgpu, len(plan.steps)
     # one query set per run of the plan: 2 n timestamps each (WebGPU caps a set at 4096)
     sets = [dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n) for _ in range(reps)]
     stride = -(-16 * n // 256) * 256   # each set's 2 n u64 at an offset WebGPU's 256-byte resolve alignment allows
@@ -226,13 +233,8 @@ def profile_plan_in_sequence(plan: ExecutionPlan, repeats: int = 5, reps: int = 
     for _ in range(repeats):
         encoder = dev.device.create_command_encoder()
         for qs in sets:
-            for i, (prog, pipeline, bind_group) in enumerate(plan.steps):
-                cpass = encoder.begin_compute_pass(timestamp_writes={
-                    "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
-                cpass.set_pipeline(pipeline)
-                cpass.set_bind_group(0, bind_group)
-                cpass.dispatch_workgroups(*prog.dispatch)
-                cpass.end()
+            for i, step in enumerate(plan.steps):
+                _dispatch_pass(encoder, qs, i, step, 1)
         for r, qs in enumerate(sets):
             encoder.resolve_query_set(qs, 0, 2 * n, resolve, stride * r)
         dev.device.queue.submit([encoder.finish()])
