@@ -2,7 +2,9 @@
 goes, dispatch by dispatch, and how much of it is the gaps between dispatches (the one-pass time less the sum
 of the dispatches' own times), and the same dispatches timed in the plan's order (each in a pass of its own,
 right after the one before it: where a dispatch runs slower after the others than alone, and the gaps between
-passes).
+passes). A timed pass of its own costs a dispatch about 2.8 us more than alone on an H100 (the same at every
+dispatch at batch 1), so the in-sequence times are for comparing dispatches with each other and with that offset
+(``benchmarks/RESULTS-dispatches-sequence-h100.md``).
 
     python benchmarks/dispatch_profile.py --models=.bench [--select=selfie*,hand_recrop*] [--batch=1]
                                           [--precision=float16 [--half_math=resident,depthwise,conv]]
