@@ -12,8 +12,11 @@ dispatch at batch 1), so the in-sequence times are for comparing dispatches with
 
 Real models of ``--models`` (``NAME_unfused.tflite``) are fused at load with :func:`tflfuse.fuse`, as
 ``benchmarks/run.py`` does; both the fused and the unfused file are profiled. Times are GPU microseconds from
-timestamp queries, each dispatch run :data:`~tflfuse.runtime.profile.SUSTAINED_REPS` times back to back in a
-pass of its own (so that the GPU's clocks are those of sustained work), medians over ``--repeats`` passes.
+timestamp queries, after the plan's invokes ran back to back for 200 ms (so that the GPU's clocks are those of
+sustained work). Alone: each dispatch run :data:`~tflfuse.runtime.profile.SUSTAINED_REPS` times back to back in
+a pass of its own, medians over ``--repeats`` passes. In sequence: the plan's dispatches, each in a pass of its
+own, :data:`~tflfuse.runtime.profile.SUSTAINED_REPS` invokes back to back in one command encoder, medians over
+``--repeats`` encoders times those invokes.
 """
 
 from __future__ import annotations

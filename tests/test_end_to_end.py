@@ -110,7 +110,7 @@ def test_buffers_are_reused_by_tensor_lifetime(device, face_model):
     assert mem["constants"] > 0
 
 
-def test_per_dispatch_gpu_times_cover_every_dispatch(device, face_model):
+def test_per_dispatch_gpu_times_cover_every_dispatch(device, face_model, monkeypatch):
     from tflfuse.runtime.plan import profile_plan
 
     interp = tflfuse.Interpreter(model_path=face_model, device=device)
@@ -139,12 +139,21 @@ def test_per_dispatch_gpu_times_cover_every_dispatch(device, face_model):
     # dispatch of an encoder's first run, so with one run per encoder that gap is NaN, every other one a duration
     from tflfuse.runtime.profile import profile_plan_in_sequence
 
-    for repeats, reps in ((1, 1), (1, 2), (2, 1)):
+    for repeats, reps in ((1, 1), (1, np.uint8(2)), (np.int16(2), 1)):   # NumPy's narrow ints too
         seq = profile_plan_in_sequence(interp._plan(0), repeats=repeats, reps=reps)
         assert [r["program"] for r in seq] == [r["program"] for r in rows]
         assert all(math.isfinite(r["us"]) and r["us"] >= 0 for r in seq), seq
         assert all(math.isfinite(r["gap_us"]) for r in seq[1:]), seq
         assert math.isnan(seq[0]["gap_us"]) == (reps == 1), seq[0]
+    # past WebGPU's 4096 timestamps per query set the passes take several sets: here 4 passes a set, so that
+    # the face model's dispatches (and 3 runs of them) span many sets, the last one partly filled
+    from tflfuse.runtime import profile
+
+    monkeypatch.setattr(profile, "_MAX_QUERIES", 8)
+    assert len(rows) % 4 and len(profile_plan(interp._plan(0), repeats=1, reps=np.uint8(200))) == len(rows)
+    seq = profile_plan_in_sequence(interp._plan(0), repeats=1, reps=3)
+    assert [r["program"] for r in seq] == [r["program"] for r in rows]
+    assert all(r["us"] >= 0 and math.isfinite(r["gap_us"]) for r in seq), seq
     interp.invoke()
     np.testing.assert_array_equal(interp.get_tensor(out), before)
 
@@ -155,6 +164,7 @@ def test_timing_warm_up(device, face_model, monkeypatch):
     below 1; on a GPU it runs the plan's
     invokes in passes (here forced on the software adapter, which otherwise skips it) and leaves the outputs
     as they were. No assertion on timing: performance is measured in benchmarks/."""
+    from tflfuse.runtime import profile
     from tflfuse.runtime.profile import gpu_time_plan, pass_gpu_us, profile_plan, profile_plan_in_sequence, warm_up
 
     interp = tflfuse.Interpreter(model_path=face_model, device=device)
@@ -171,7 +181,7 @@ def test_timing_warm_up(device, face_model, monkeypatch):
                 with pytest.raises(ValueError, match="warm-up milliseconds"):
                     timing()
     if "timestamp-query" in device.features:
-        for repeats, reps in ((0, 1), (1, 0), (1, -1), (1.5, 1)):
+        for repeats, reps in ((0, 1), (1, 0), (1, -1), (1.5, 1), (1, profile.MAX_COUNT + 1), (10 ** 30, 1)):
             for timing in (lambda: gpu_time_plan(plan, repeats, reps), lambda: profile_plan(plan, repeats, reps),
                            lambda: profile_plan_in_sequence(plan, repeats, reps)):
                 with pytest.raises(ValueError, match="must be an int >= 1"):

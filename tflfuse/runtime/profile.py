@@ -14,7 +14,7 @@ import numpy as np
 if TYPE_CHECKING:
     from .plan import ExecutionPlan
 
-__all__ = ["MAX_WARM_MS", "SUSTAINED_REPS", "WARM_MS", "gpu_time_plan", "pass_gpu_us", "profile_plan",
+__all__ = ["MAX_COUNT", "MAX_WARM_MS", "SUSTAINED_REPS", "WARM_MS", "gpu_time_plan", "pass_gpu_us", "profile_plan",
            "profile_plan_in_sequence", "wall_seconds", "warm_up"]
 
 
@@ -56,8 +56,8 @@ def _timed_pass(device, record, reps: int, qs, resolve) -> float:
     cpass.end()
     encoder.resolve_query_set(qs, 0, 2, resolve, 0)
     device.device.queue.submit([encoder.finish()])
-    ticks = np.frombuffer(device.device.queue.read_buffer(resolve, 0, 16), np.uint64).astype(np.float64)
-    return (ticks[1] - ticks[0]) / 1e3 / reps   # WebGPU timestamps are nanoseconds
+    ticks = np.frombuffer(device.device.queue.read_buffer(resolve, 0, 16), np.uint64).astype(np.int64)
+    return float(ticks[1] - ticks[0]) / 1e3 / reps   # WebGPU timestamps are nanoseconds
 
 
 def _query(device):
@@ -76,10 +76,19 @@ def _check_ms(ms) -> None:
         raise ValueError(f"warm-up milliseconds must be a number from 0 to {MAX_WARM_MS:g}, got {ms!r}")
 
 
-def _check_counts(repeats, reps) -> None:
+#: The most ``repeats`` and ``reps`` a timing takes: each rep is recorded into one command buffer, so an
+#: unbounded count would exhaust memory before the GPU ran anything.
+MAX_COUNT = 10_000
+
+
+def _check_counts(repeats, reps) -> tuple[int, int]:
+    """``repeats`` and ``reps`` as Python ints (NumPy integers are taken; their own widths would overflow the
+    sizes computed from them). Raises ``ValueError`` for a value that is not an int from 1 to
+    :data:`MAX_COUNT`."""
     for name, value in (("repeats", repeats), ("reps", reps)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= MAX_COUNT:
+            raise ValueError(f"{name} must be an int >= 1 and at most {MAX_COUNT}, got {value!r}")
+    return int(repeats), int(reps)
 
 
 def warm_up(device, record, ms: float = WARM_MS) -> int:
@@ -130,7 +139,7 @@ def gpu_time_plan(plan: ExecutionPlan, repeats: int = 20, reps: int = 1, warm_ms
     without the CPU's recording, submit and read-back. ``reps`` > 1 records the invoke that many times in
     the pass and divides (the GPU busy throughout; see :data:`SUSTAINED_REPS`), after :func:`warm_up` for
     ``warm_ms``. Raises ``RuntimeError`` where the device has no ``timestamp-query`` feature, ``ValueError``
-    for ``repeats`` or ``reps`` below 1 or a ``warm_ms`` :func:`warm_up` refuses."""
+    for ``repeats`` or ``reps`` outside 1 to :data:`MAX_COUNT` or a ``warm_ms`` :func:`warm_up` refuses."""
     return pass_gpu_us(plan.device, plan._record, repeats, reps, warm_ms)
 
 
@@ -139,37 +148,72 @@ def pass_gpu_us(device, record, repeats: int = 20, reps: int = 1, warm_ms: float
     queries at the pass's start and end (``repeats`` submits after one warm-up pass and :func:`warm_up` for
     ``warm_ms``); with ``reps`` > 1, per run of ``record`` in a pass that runs it ``reps`` times back to
     back. Raises ``RuntimeError`` where the device has no ``timestamp-query`` feature, ``ValueError`` for
-    ``repeats`` or ``reps`` below 1 or a ``warm_ms`` :func:`warm_up` refuses."""
+    ``repeats`` or ``reps`` outside 1 to :data:`MAX_COUNT` or a ``warm_ms`` :func:`warm_up` refuses."""
     if "timestamp-query" not in device.features:
         raise RuntimeError(f"the adapter {device.name} has no timestamp-query feature")
     _check_ms(warm_ms)
-    _check_counts(repeats, reps)
+    repeats, reps = _check_counts(repeats, reps)
     query = _query(device)
     _timed_pass(device, record, reps, *query)   # a warm-up: pipelines and buffers in place
     warm_up(device, record, warm_ms)
     return float(np.median([_timed_pass(device, record, reps, *query) for _ in range(repeats)]))
 
 
-def _ready_to_profile(plan: ExecutionPlan, repeats, reps, warm_ms) -> bool:
+def _ready_to_profile(plan: ExecutionPlan, repeats, reps, warm_ms) -> tuple[int, int] | None:
     """Checks the arguments of a per-dispatch timing (raising as :func:`profile_plan` says) and, where the plan has
-    dispatches, runs :func:`warm_up`; returns whether it has any."""
+    dispatches, runs :func:`warm_up`; returns ``repeats`` and ``reps`` as ints, or None for a plan without any."""
     dev = plan.device
     if "timestamp-query" not in dev.features:
         raise RuntimeError(f"the adapter {dev.name} has no timestamp-query feature")
     _check_ms(warm_ms)
-    _check_counts(repeats, reps)
+    counts = _check_counts(repeats, reps)
     if not plan.steps:
-        return False
+        return None
     warm_up(dev, plan._record, warm_ms)
-    return True
+    return counts
 
 
-def _dispatch_pass(encoder, qs, i: int, step, reps: int) -> None:
-    """Records a compute pass running the plan's step ``i`` (program, pipeline, bind group) ``reps`` times, its
-    start and end written to timestamps ``2 i`` and ``2 i + 1`` of ``qs``."""
+#: Timestamps in one WebGPU query set, at most (the API's limit).
+_MAX_QUERIES = 4096
+
+
+class _PassTimestamps:
+    """Start and end timestamps of ``passes`` compute passes recorded into one command encoder: query sets of at
+    most :data:`_MAX_QUERIES` timestamps, resolved into one buffer at offsets aligned to WebGPU's 256 bytes."""
+
+    def __init__(self, device, passes: int):
+        wgpu = device._wgpu
+        self.per_set = _MAX_QUERIES // 2   # passes per query set
+        self.passes = passes
+        counts = [min(self.per_set, passes - k) for k in range(0, passes, self.per_set)]
+        self.sets = [device.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * c) for c in counts]
+        self.counts = counts
+        self.stride = -(-16 * self.per_set // 256) * 256
+        self.resolve = device.device.create_buffer(size=self.stride * len(counts),
+                                                   usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        self.queue = device.device.queue
+
+    def writes(self, j: int) -> dict:
+        """The ``timestamp_writes`` of pass ``j``."""
+        qs, i = self.sets[j // self.per_set], j % self.per_set
+        return {"query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1}
+
+    def submit(self, encoder) -> np.ndarray:
+        """Resolves the timestamps, submits ``encoder`` and returns them, int64 nanoseconds ``[passes, 2]`` (start,
+        end): differences are taken in integers, since float64 rounds timestamps near 2**60 to 256 ns."""
+        for k, (qs, c) in enumerate(zip(self.sets, self.counts)):
+            encoder.resolve_query_set(qs, 0, 2 * c, self.resolve, self.stride * k)
+        self.queue.submit([encoder.finish()])
+        raw = np.frombuffer(self.queue.read_buffer(self.resolve, 0, self.stride * len(self.sets)), np.uint64)
+        raw = raw.reshape(len(self.sets), self.stride // 8)[:, :2 * self.per_set].reshape(-1, 2)
+        return raw[:self.passes].astype(np.int64)
+
+
+def _dispatch_pass(encoder, stamps: _PassTimestamps, j: int, step, reps: int) -> None:
+    """Records a compute pass running the plan's ``step`` (program, pipeline, bind group) ``reps`` times, its
+    start and end written to the timestamps of pass ``j``."""
     prog, pipeline, bind_group = step
-    cpass = encoder.begin_compute_pass(timestamp_writes={
-        "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+    cpass = encoder.begin_compute_pass(timestamp_writes=stamps.writes(j))
     cpass.set_pipeline(pipeline)
     cpass.set_bind_group(0, bind_group)
     for _ in range(reps):
@@ -185,22 +229,21 @@ def profile_plan(plan: ExecutionPlan, repeats: int = 5, reps: int = 1, warm_ms: 
     Returns one dict per dispatch: ``op`` (op name), ``index`` (op index), ``program`` and ``us`` (median
     microseconds per dispatch over ``repeats`` runs); none for a plan without dispatches. Raises
     ``RuntimeError`` where the device has no ``timestamp-query`` feature, ``ValueError`` for ``repeats`` or
-    ``reps`` below 1 or a ``warm_ms`` :func:`warm_up` refuses.
+    ``reps`` outside 1 to :data:`MAX_COUNT` or a ``warm_ms`` :func:`warm_up` refuses.
     """
-    if not _ready_to_profile(plan, repeats, reps, warm_ms):
+    counts = _ready_to_profile(plan, repeats, reps, warm_ms)
+    if counts is None:
         return []
-    dev, wgpu, n = plan.device, plan.device._wgpu, len(plan.steps)
-    qs = dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
-    resolve = dev.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    repeats, reps = counts
+    dev = plan.device
+    stamps = _PassTimestamps(dev, len(plan.steps))
     samples = []
     for _ in range(repeats):
         encoder = dev.device.create_command_encoder()
         for i, step in enumerate(plan.steps):
-            _dispatch_pass(encoder, qs, i, step, reps)
-        encoder.resolve_query_set(qs, 0, 2 * n, resolve, 0)
-        dev.device.queue.submit([encoder.finish()])
-        ticks = np.frombuffer(dev.device.queue.read_buffer(resolve, 0, 16 * n), np.uint64).astype(np.float64)
-        samples.append((ticks[1::2] - ticks[0::2]) / 1e3 / reps)   # WebGPU timestamps are nanoseconds
+            _dispatch_pass(encoder, stamps, i, step, reps)
+        ticks = stamps.submit(encoder)
+        samples.append((ticks[:, 1] - ticks[:, 0]) / 1e3 / reps)   # WebGPU timestamps are nanoseconds
     med = np.median(np.array(samples), axis=0)
     return [{"op": op.name, "index": op.index, "program": prog.name, "us": float(us)}
             for op, (prog, _, _), us in zip(plan.step_ops, plan.steps, med)]
@@ -218,33 +261,25 @@ def profile_plan_in_sequence(plan: ExecutionPlan, repeats: int = 5, reps: int = 
     microseconds from its pass's start to its end over the ``repeats * reps`` runs) and ``gap_us`` (median
     microseconds from the end of the pass before it, the plan's last in the invoke before, to its start; NaN for
     the first dispatch where ``reps`` is 1, none running before it in its encoder). Raises ``RuntimeError``
-    where the device has no ``timestamp-query`` feature, ``ValueError`` for ``repeats`` or ``reps`` below 1 or
-    a ``warm_ms`` :func:`warm_up` refuses.
+    where the device has no ``timestamp-query`` feature, ``ValueError`` for ``repeats`` or ``reps`` outside 1
+    to :data:`MAX_COUNT` or a ``warm_ms`` :func:`warm_up` refuses.
     """
-    if not _ready_to_profile(plan, repeats, reps, warm_ms):
+    counts = _ready_to_profile(plan, repeats, reps, warm_ms)
+    if counts is None:
         return []
-    dev, wgpu, n = plan.device, plan.device._wgpu, len(plan.steps)
-    # one query set per run of the plan: 2 n timestamps each (WebGPU caps a set at 4096)
-    sets = [dev.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n) for _ in range(reps)]
-    stride = -(-16 * n // 256) * 256   # each set's 2 n u64 at an offset WebGPU's 256-byte resolve alignment allows
-    resolve = dev.device.create_buffer(size=stride * reps,
-                                       usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    repeats, reps = counts
+    dev, n = plan.device, len(plan.steps)
+    stamps = _PassTimestamps(dev, n * reps)   # pass r n + i: run r's dispatch i
     runs, gaps = [], []
     for _ in range(repeats):
         encoder = dev.device.create_command_encoder()
-        for qs in sets:
+        for r in range(reps):
             for i, step in enumerate(plan.steps):
-                _dispatch_pass(encoder, qs, i, step, 1)
-        for r, qs in enumerate(sets):
-            encoder.resolve_query_set(qs, 0, 2 * n, resolve, stride * r)
-        dev.device.queue.submit([encoder.finish()])
-        ticks = np.frombuffer(dev.device.queue.read_buffer(resolve, 0, stride * reps), np.uint64)
-        ticks = ticks.reshape(reps, stride // 8)[:, :2 * n]
-        ticks = ticks.astype(np.float64).reshape(reps, n, 2) / 1e3   # WebGPU timestamps are nanoseconds
-        runs.append(ticks[:, :, 1] - ticks[:, :, 0])
-        flat = ticks.reshape(reps * n, 2)
+                _dispatch_pass(encoder, stamps, r * n + i, step, 1)
+        ticks = stamps.submit(encoder)   # [n reps, 2] int64 nanoseconds
+        runs.append(((ticks[:, 1] - ticks[:, 0]) / 1e3).reshape(reps, n))
         gap = np.full(reps * n, np.nan)
-        gap[1:] = flat[1:, 0] - flat[:-1, 1]
+        gap[1:] = (ticks[1:, 0] - ticks[:-1, 1]) / 1e3
         gaps.append(gap.reshape(reps, n))
     us = np.median(np.concatenate(runs), axis=0)
     gaps = np.concatenate(gaps)
