@@ -99,7 +99,7 @@ def time_model(data: bytes, batch: int, forms: list[str], rounds: int, repeats: 
     order = list(plans)
     for r in range(rounds):
         for name in (order if r % 2 == 0 else order[::-1]):
-            prof = profile_plan_dispatches(plans[name][1], repeats)
+            prof = profile_plan_dispatches(plans[name][1], repeats, in_sequence=False)
             samples[name]["one_pass"].append(prof["one_pass_us"])
             samples[name]["dispatches"].append([d["us"] for d in prof["dispatches"]])
     names = [prog.name for prog, _, _ in plans["none"][1].steps]

@@ -45,20 +45,22 @@ def planned(data: bytes, batch: int, precision: str = "float32"):
     return interp, plan
 
 
-def profile_plan_dispatches(plan, repeats: int) -> dict:
+def profile_plan_dispatches(plan, repeats: int, in_sequence: bool = True) -> dict:
     """The one-pass GPU time and each dispatch's GPU time (with its program's name, workgroup size and
     dispatch size) of ``plan``, alone (:func:`~tflfuse.runtime.profile.profile_plan`) and in the plan's order
     (:func:`~tflfuse.runtime.profile.profile_plan_in_sequence`: ``in_sequence_us`` and the ``gap_us`` before
-    it). Raises ``RuntimeError`` where the adapter has no timestamps."""
+    it; not with ``in_sequence`` False). Raises ``RuntimeError`` where the adapter has no timestamps."""
     from tflfuse.runtime.profile import SUSTAINED_REPS, gpu_time_plan, profile_plan, profile_plan_in_sequence
 
     one_pass = gpu_time_plan(plan, repeats=max(5, repeats), reps=SUSTAINED_REPS)
     rows = profile_plan(plan, repeats=repeats, reps=SUSTAINED_REPS)
-    in_sequence = profile_plan_in_sequence(plan, repeats=repeats, reps=SUSTAINED_REPS)
-    for r, s, (prog, _, _) in zip(rows, in_sequence, plan.steps):
+    for r, (prog, _, _) in zip(rows, plan.steps):
         r["workgroup"] = list(prog.workgroup_size)
         r["dispatch"] = list(prog.dispatch)
         r["invocations"] = int(np.prod(prog.workgroup_size) * np.prod(prog.dispatch))
-        r["in_sequence_us"], r["gap_us"] = s["us"], s["gap_us"]
-    return {"one_pass_us": one_pass, "dispatches": rows, "sum_us": sum(r["us"] for r in rows),
-            "in_sequence_us": sum(r["in_sequence_us"] for r in rows), "gaps_us": sum(r["gap_us"] for r in rows)}
+    result = {"one_pass_us": one_pass, "dispatches": rows, "sum_us": sum(r["us"] for r in rows)}
+    if in_sequence:
+        for r, s in zip(rows, profile_plan_in_sequence(plan, repeats=repeats, reps=SUSTAINED_REPS)):
+            r["in_sequence_us"], r["gap_us"] = s["us"], s["gap_us"]
+        result.update(in_sequence_us=sum(r["in_sequence_us"] for r in rows), gaps_us=sum(r["gap_us"] for r in rows))
+    return result

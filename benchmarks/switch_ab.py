@@ -4,9 +4,14 @@ side in one process, in alternating rounds.
     python benchmarks/switch_ab.py --switch=tflfuse.kernels.fused.resident:RESIDENT_DW_HOISTED \
         --models=.bench --select=mobilenet_v2_fused --batches=1,32 --precisions=float32,float16 [--rounds=3] \
         [--out=benchmarks/RESULTS-switch.md]
+    python benchmarks/switch_ab.py --switch=tflfuse.kernels.fused.bottleneck:_RESIDENT_MIN_IMAGE=784 ...
 
 A switch (a module's boolean such as :data:`tflfuse.kernels.fused.resident.RESIDENT_PREFETCH`) is read by the
-kernels when they make their programs, so a plan keeps the setting it was planned with. For each model of
+kernels when they make their programs, so a plan keeps the setting it was planned with. ``MODULE:NAME=VALUE``
+sets any module-level constant instead (a Python literal of the constant's own type, such as a bound or a tile
+name): "off" is the library's value, "on" is VALUE. That is how a bound that per-block sweeps chose is checked in
+the whole plan, where the tensors kept in memory cost what they cost in sequence
+(``benchmarks/RESULTS-dispatches-sequence-h100.md``). For each model of
 ``--models`` that ``--select`` picks (``NAME_unfused.tflite`` files are fused at load, as ``benchmarks/run.py``
 does), each batch and each precision: an Interpreter planned with the switch off and one with it on, on the same
 seeded inputs; their first outputs must agree within ``--atol`` times the output's largest value (0: bit for
@@ -19,6 +24,7 @@ both one-pass times and their ratio, and every dispatch whose program the switch
 
 from __future__ import annotations
 
+import ast
 import datetime
 import importlib
 import statistics
@@ -38,7 +44,8 @@ from plan_profile import planned, profile_plan_dispatches  # noqa: E402
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("switch", None, "MODULE:NAME of a boolean switch of the library", required=True)
+flags.DEFINE_string("switch", None, "MODULE:NAME of a boolean switch of the library, or MODULE:NAME=VALUE "
+                    "to set any module-level constant to VALUE (a literal of its type)", required=True)
 flags.DEFINE_string("models", ".bench", "folder of .tflite models")
 flags.DEFINE_list("select", ["mobilenet_v2_fused"], "globs of file stems to time")
 flags.DEFINE_list("batches", ["1", "32"], "batch sizes (the first input dimension)")
@@ -58,28 +65,43 @@ flags.register_validator("atol", lambda v: v >= 0, "--atol must be at least 0")
 
 
 def switch_of(spec: str):
-    """(module, name) of ``MODULE:NAME``. Raises ``app.UsageError`` where it is not a boolean of an importable
-    module."""
-    module_name, _, name = spec.partition(":")
+    """(module, name, off, on) of ``MODULE:NAME`` (a boolean: off False, on True) or ``MODULE:NAME=VALUE`` (off
+    the constant's value, on VALUE). Raises ``app.UsageError`` where the module does not import, the name is not
+    a boolean (without VALUE) or not a constant (with it), or VALUE is not a Python literal of the constant's type."""
+    target, eq, text = spec.partition("=")
+    module_name, _, name = target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - ImportError, an empty or relative name, a module that fails to load
         raise app.UsageError(f"--switch takes MODULE:NAME of an importable module: cannot import {module_name!r} "
                              f"({type(e).__name__}: {e})") from None
-    if not isinstance(getattr(module, name, None), bool):
-        raise app.UsageError(f"--switch: {module_name}.{name} is not a boolean switch")
-    return module, name
+    current = getattr(module, name, None)
+    if not eq:
+        if not isinstance(current, bool):
+            raise app.UsageError(f"--switch: {module_name}.{name} is not a boolean switch")
+        return module, name, False, True
+    if not isinstance(current, (bool, int, float, str, tuple)):
+        raise app.UsageError(f"--switch: {module_name}.{name} is not a constant (bool, int, float, str or tuple)")
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise app.UsageError(f"--switch: {text!r} is not a Python literal") from None
+    if type(value) is not type(current):
+        raise app.UsageError(f"--switch: {module_name}.{name} holds {type(current).__name__} {current!r}, "
+                             f"got {value!r}")
+    return module, name, current, value
 
 
-def time_setting_pair(data: bytes, batch: int, precision: str, module, name: str) -> dict:
-    """Both plans' medians (``off`` and ``on``: the one-pass time and each dispatch's), the dispatches' program
-    names, which of them the switch changes, and the outputs' distance. Raises ``RuntimeError`` where the two
-    outputs differ by more than --atol of the output's largest value."""
+def time_setting_pair(data: bytes, batch: int, precision: str, module, name: str, off=False, on=True) -> dict:
+    """Both plans' medians (``off`` and ``on``: the one-pass time and each dispatch's alone), the dispatches'
+    program names, which of them the switch changes, and the outputs' distance; the plans are made with the
+    module's ``name`` set to ``off`` and to ``on``. Raises ``RuntimeError`` where the two outputs differ by more
+    than --atol of the output's largest value."""
     default = getattr(module, name)
     plans = {}
     try:
-        for setting in ("off", "on"):
-            setattr(module, name, setting == "on")
+        for setting, value in (("off", off), ("on", on)):
+            setattr(module, name, value)
             plans[setting] = planned(data, batch, precision)
     finally:
         setattr(module, name, default)
@@ -92,7 +114,7 @@ def time_setting_pair(data: bytes, batch: int, precision: str, module, name: str
     samples = {s: {"one_pass": [], "dispatches": []} for s in plans}
     for r in range(FLAGS.rounds):
         for setting in (("off", "on") if r % 2 == 0 else ("on", "off")):
-            prof = profile_plan_dispatches(plans[setting][1], FLAGS.repeats)
+            prof = profile_plan_dispatches(plans[setting][1], FLAGS.repeats, in_sequence=False)
             samples[setting]["one_pass"].append(prof["one_pass_us"])
             samples[setting]["dispatches"].append([d["us"] for d in prof["dispatches"]])
     steps = {s: plans[s][1].steps for s in plans}
@@ -109,6 +131,7 @@ def table(results: list[dict], adapter: str, switch: str) -> str:
     """The Markdown report of :func:`main`'s results."""
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## {switch} off and on, {date}, {adapter}", "",
+             *([f"Off: the library's value; on: {switch.partition('=')[2]}.", ""] if "=" in switch else []),
              "One-pass GPU time of each plan (us, median of the alternating rounds); the outputs' distance is a "
              "share of the output's largest value.", "",
              "| model | batch | precision | off us | on us | on / off | outputs' distance |",
@@ -136,7 +159,7 @@ def table(results: list[dict], adapter: str, switch: str) -> str:
 
 
 def main(argv) -> None:
-    module, name = switch_of(FLAGS.switch)
+    module, name, off, on = switch_of(FLAGS.switch)
     device = tflfuse.Device()
     adapter = device.describe()
     require_features(device, "timestamp-query", *(["shader-f16"] if "float16" in FLAGS.precisions else []))
@@ -146,7 +169,7 @@ def main(argv) -> None:
         for batch in map(int, FLAGS.batches):
             for precision in FLAGS.precisions:
                 try:
-                    r = time_setting_pair(data, batch, precision, module, name)
+                    r = time_setting_pair(data, batch, precision, module, name, off, on)
                 except Exception as e:  # noqa: BLE001 - a model it cannot plan, or outputs the switch moved
                     raise SystemExit(f"{model} at batch {batch}, {precision}: {type(e).__name__}: {e}") from None
                 r.update(model=model, batch=batch, precision=precision)

@@ -438,7 +438,7 @@ def test_switch_ab_times_a_switch_off_and_on_and_names_the_dispatches_it_changes
     in a float16 plan) with DEPTHWISE_HALF_MATH as the switch (its strips' f16 form): a row with both one-pass
     times and their ratio, and the depthwise dispatch listed as changed. Its times say nothing here (the software
     adapter); only what it runs and writes is checked. A switch that is not a module's boolean, and a selection
-    of no model, stop it with a message."""
+    of no model, stop it with a message. With ``MODULE:NAME=VALUE`` it sets a module's constant instead."""
     _depthwise_model(tmp_path / "dw.tflite")
     out = tmp_path / "ab.md"
     script = str(ROOT / "benchmarks" / "switch_ab.py")
@@ -454,6 +454,21 @@ def test_switch_ab_times_a_switch_off_and_on_and_names_the_dispatches_it_changes
     bad = subprocess.run([sys.executable, script, "--switch=tflfuse.kernels.conv:NO_SUCH_SWITCH"],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "is not a boolean switch" in bad.stderr, bad.stderr[-2000:]
+    # MODULE:NAME=VALUE sets a constant: the 3x3 depthwise conv past a 1-tap strip bound runs one invocation per
+    # output instead of its strips, a changed dispatch; a value of another type, no literal or no constant stop it
+    proc = subprocess.run([sys.executable, script, "--switch=tflfuse.kernels.conv:_STRIP_MAX_TAPS=1",
+                           f"--models={tmp_path}", "--select=dw", "--batches=3", "--precisions=float32",
+                           "--rounds=1", "--repeats=1", "--atol=1e-5", f"--out={out}"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert "Off: the library's value; on: 1." in text and "| 0 | DEPTHWISE_CONV_2D |" in text, text
+    assert re.search(r"\| dw \| 3 \| float32 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| [0-9.e-]+ \|", text), text
+    for spec, message in (("_STRIP_MAX_TAPS=1.5", "holds int 49, got 1.5"),
+                          ("_STRIP_MAX_TAPS=many", "not a Python literal"), ("depthwise_strip=1", "is not a constant")):
+        bad = subprocess.run([sys.executable, script, f"--switch=tflfuse.kernels.conv:{spec}"],
+                             capture_output=True, text=True, timeout=600)
+        assert bad.returncode != 0 and message in bad.stderr, (spec, bad.stderr[-2000:])
     none = subprocess.run([sys.executable, script, "--switch=tflfuse.kernels.conv:DEPTHWISE_HALF_MATH",
                            f"--models={tmp_path}", "--select=nothing*"], capture_output=True, text=True, timeout=600)
     assert none.returncode != 0 and "matches --select=nothing*" in none.stderr, none.stderr[-2000:]
