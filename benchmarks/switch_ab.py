@@ -67,9 +67,13 @@ flags.register_validator("atol", lambda v: v >= 0, "--atol must be at least 0")
 def switch_of(spec: str):
     """(module, name, off, on) of ``MODULE:NAME`` (a boolean: off False, on True) or ``MODULE:NAME=VALUE`` (off
     the constant's value, on VALUE). Raises ``app.UsageError`` where the module does not import, the name is not
-    a boolean (without VALUE) or not a constant (with it), or VALUE is not a Python literal of the constant's type."""
+    a boolean (without VALUE) or not a constant (with it), VALUE is not a Python literal of the constant's type or is
+    its value already, or the module is not the library's (``tflfuse``)."""
     target, eq, text = spec.partition("=")
-    module_name, _, name = target.partition(":")
+    module_name, colon, name = target.partition(":")
+    if not colon or not name.isidentifier() or not (module_name == "tflfuse" or module_name.startswith("tflfuse.")):
+        raise app.UsageError(f"--switch takes MODULE:NAME or MODULE:NAME=VALUE, MODULE one of the library's "
+                             f"(tflfuse...) and NAME an identifier, got {spec!r}")
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - ImportError, an empty or relative name, a module that fails to load
@@ -89,6 +93,8 @@ def switch_of(spec: str):
     if type(value) is not type(current):
         raise app.UsageError(f"--switch: {module_name}.{name} holds {type(current).__name__} {current!r}, "
                              f"got {value!r}")
+    if value == current:
+        raise app.UsageError(f"--switch: {module_name}.{name} is {current!r} already: nothing to compare")
     return module, name, current, value
 
 
@@ -127,11 +133,13 @@ def time_setting_pair(data: bytes, batch: int, precision: str, module, name: str
         "distance": distance}
 
 
-def table(results: list[dict], adapter: str, switch: str) -> str:
-    """The Markdown report of :func:`main`'s results."""
+def table(results: list[dict], adapter: str, switch: str, off=False, on=True, default=None) -> str:
+    """The Markdown report of :func:`main`'s results: ``switch`` (``MODULE:NAME``) set to ``off`` and ``on``, the
+    library's value being ``default``."""
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"## {switch} off and on, {date}, {adapter}", "",
-             *([f"Off: the library's value; on: {switch.partition('=')[2]}.", ""] if "=" in switch else []),
+    name = switch.partition("=")[0]
+    lines = [f"## {name} off and on, {date}, {adapter}", "",
+             f"Off: {name} = {off!r}; on: {name} = {on!r} (the library's value: {default!r}).", "",
              "One-pass GPU time of each plan (us, median of the alternating rounds); the outputs' distance is a "
              "share of the output's largest value.", "",
              "| model | batch | precision | off us | on us | on / off | outputs' distance |",
@@ -180,7 +188,7 @@ def main(argv) -> None:
     if not results:
         raise app.UsageError(f"no model of {FLAGS.models} matches --select={','.join(FLAGS.select)} (a NAME_fused "
                              f"file is made from NAME_unfused where its glob matches the unfused file)")
-    text = table(results, adapter, FLAGS.switch)
+    text = table(results, adapter, FLAGS.switch, off, on, getattr(module, name))
     print(text)
     if FLAGS.out:
         Path(FLAGS.out).write_text(text)

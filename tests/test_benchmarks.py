@@ -442,35 +442,40 @@ def test_switch_ab_times_a_switch_off_and_on_and_names_the_dispatches_it_changes
     _depthwise_model(tmp_path / "dw.tflite")
     out = tmp_path / "ab.md"
     script = str(ROOT / "benchmarks" / "switch_ab.py")
-    proc = subprocess.run([sys.executable, script, "--switch=tflfuse.kernels.conv:DEPTHWISE_HALF_MATH",
-                           f"--models={tmp_path}", "--select=dw", "--batches=1,2", "--precisions=float16",
-                           "--rounds=1", "--repeats=1", "--atol=0.05", f"--out={out}"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    text = out.read_text()
-    for batch in (1, 2):
-        assert re.search(rf"\| dw \| {batch} \| float16 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| [0-9.e-]+ \|", text), text
+    conv = "tflfuse.kernels.conv:"
+
+    def ab(switch: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, script, f"--switch={switch}", *args], capture_output=True, text=True,
+                              timeout=600)
+
+    def timed(switch: str, batches: str, precision: str, atol: str) -> str:
+        proc = ab(switch, f"--models={tmp_path}", "--select=dw", f"--batches={batches}", f"--precisions={precision}",
+                  "--rounds=1", "--repeats=1", f"--atol={atol}", f"--out={out}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        text = out.read_text()
+        for batch in batches.split(","):
+            assert re.search(rf"\| dw \| {batch} \| {precision} \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| [0-9.e-]+ \|",
+                             text), text
+        return text
+    text = timed(conv + "DEPTHWISE_HALF_MATH", "1,2", "float16", "0.05")
     assert "Dispatches the switch changes, dw at batch 1, float16" in text and "| 0 | DEPTHWISE_CONV_2D |" in text
-    bad = subprocess.run([sys.executable, script, "--switch=tflfuse.kernels.conv:NO_SUCH_SWITCH"],
-                         capture_output=True, text=True, timeout=600)
-    assert bad.returncode != 0 and "is not a boolean switch" in bad.stderr, bad.stderr[-2000:]
     # MODULE:NAME=VALUE sets a constant: the 3x3 depthwise conv past a 1-tap strip bound runs one invocation per
-    # output instead of its strips, a changed dispatch; a value of another type, no literal or no constant stop it
-    proc = subprocess.run([sys.executable, script, "--switch=tflfuse.kernels.conv:_STRIP_MAX_TAPS=1",
-                           f"--models={tmp_path}", "--select=dw", "--batches=3", "--precisions=float32",
-                           "--rounds=1", "--repeats=1", "--atol=1e-5", f"--out={out}"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    text = out.read_text()
-    assert "Off: the library's value; on: 1." in text and "| 0 | DEPTHWISE_CONV_2D |" in text, text
-    assert re.search(r"\| dw \| 3 \| float32 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| [0-9.e-]+ \|", text), text
-    for spec, message in (("_STRIP_MAX_TAPS=1.5", "holds int 49, got 1.5"),
-                          ("_STRIP_MAX_TAPS=many", "not a Python literal"), ("depthwise_strip=1", "is not a constant")):
-        bad = subprocess.run([sys.executable, script, f"--switch=tflfuse.kernels.conv:{spec}"],
-                             capture_output=True, text=True, timeout=600)
+    # output instead of its strips, a changed dispatch
+    text = timed(conv + "_STRIP_MAX_TAPS=1", "3", "float32", "1e-5")
+    assert "Off: tflfuse.kernels.conv:_STRIP_MAX_TAPS = 49; on: tflfuse.kernels.conv:_STRIP_MAX_TAPS = 1 (the " \
+           "library's value: 49)." in text and "| 0 | DEPTHWISE_CONV_2D |" in text, text
+    # what is no switch of the library, a value of another type, no literal or the value already set stop it, as
+    # does a selection of no model
+    for spec, message in ((conv + "NO_SUCH_SWITCH", "is not a boolean switch"),
+                          (conv + "_STRIP_MAX_TAPS=1.5", "holds int 49, got 1.5"),
+                          (conv + "_STRIP_MAX_TAPS=many", "not a Python literal"),
+                          (conv + "depthwise_strip=1", "is not a constant"),
+                          (conv + "_STRIP_MAX_TAPS=49", "is 49 already: nothing to compare"),
+                          ("tflfuse.kernels.conv", "takes MODULE:NAME"), (conv + "=1", "takes MODULE:NAME"),
+                          ("os:sep='x'", "one of the library's")):
+        bad = ab(spec)
         assert bad.returncode != 0 and message in bad.stderr, (spec, bad.stderr[-2000:])
-    none = subprocess.run([sys.executable, script, "--switch=tflfuse.kernels.conv:DEPTHWISE_HALF_MATH",
-                           f"--models={tmp_path}", "--select=nothing*"], capture_output=True, text=True, timeout=600)
+    none = ab(conv + "DEPTHWISE_HALF_MATH", f"--models={tmp_path}", "--select=nothing*")
     assert none.returncode != 0 and "matches --select=nothing*" in none.stderr, none.stderr[-2000:]
 
 
