@@ -646,8 +646,8 @@ class FusedBottleneck(CompositeKernel):
         H100, 2026-12-06, ``sweep_bottleneck_strategies.py --blocks=2 --batches=32``, 5 repeats): 56x56x24x6 -> 24
         108.2 us with 8 x 8 / 8 and 2 pixels per invocation, 113.2 with 8 x 8 / 12, 120.0 and 121.4 with 8 x 16 and
         16 x 8 / 8, 133.0-165.7 with chunks of 4 (8 x 16, 16 x 16, 12 x 12; 145.2 with 1 pixel); staged 148.5.
-        On 28x28 maps at stride 1 it lost in the whole plan too, where a per-block timing favours forms that keep the
-        expanded tensor in memory (the block's input hot in L2 across runs;
+        On 28x28 maps at stride 1 it lost in the whole plan too, which unlike a per-block timing does not favour forms
+        that keep the expanded tensor in memory (there the block's input stays hot in L2 across runs;
         ``benchmarks/RESULTS-dispatches-sequence-h100.md``): with MobileNetV2's two 28x28x32x6 -> 32 blocks at batch 32
         taking 7 x 7 / 8 tiles, 2 pixels per invocation, projected, the model took 1237.1 against 1218.9 us (1.015x;
         an H100, 2026-12-06 17:05 UTC, ``benchmarks/switch_ab.py``, 3 alternating rounds)."""
