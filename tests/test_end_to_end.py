@@ -161,7 +161,7 @@ def test_per_dispatch_gpu_times_cover_every_dispatch(device, face_model, monkeyp
 def test_timing_warm_up(device, face_model, monkeypatch):
     """The timings' warm-up (profile.warm_up): a warm-up time that is not a number from 0 to a minute is refused
     by every timing function before any work (a huge one would never end), as are repeats and runs per pass
-    below 1; on a GPU it runs the plan's
+    outside 1 to profile.MAX_COUNT (a huge count would fill memory with commands); on a GPU it runs the plan's
     invokes in passes (here forced on the software adapter, which otherwise skips it) and leaves the outputs
     as they were. No assertion on timing: performance is measured in benchmarks/."""
     from tflfuse.runtime import profile
