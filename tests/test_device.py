@@ -607,4 +607,3 @@ def test_shader_module_compiles_as_the_library_does():
         for bad in ((None, "x"), (b"fn", "x"), (5, "x"), (source, 7)):
             with pytest.raises(TypeError, match="WGSL text and a str label"):
                 dev.shader_module(*bad)
-

@@ -219,4 +219,3 @@ def test_float16_shape_must_be_well_formed():
     for bad in ((1, 2), ((64, 1, 1), (10, 1), 4), ((64, 1, 1), (0, 1, 1), 4), ((64, 1, 1), (10, 1, 1), -1)):
         with pytest.raises(ValueError, match="a float16 form's shape"):
             with_half_math(p, "x", bad)
-

@@ -243,6 +243,8 @@ def _large(rows: int, depth: int, cols: int) -> bool:
     :data:`_LARGE_MIN_MACS` multiply-adds, :data:`_LARGE_MIN_COLS` columns and ``2 * _SMS`` tiles of 128 x 64."""
     return (rows * depth * cols >= _LARGE_MIN_MACS and cols >= _LARGE_MIN_COLS
             and -(-rows // _LARGE.tm) * -(-cols // _LARGE.tn) >= 2 * _SMS)
+
+
 #: Outputs from which a GPU's matrix products (1x1 convolutions, FULLY_CONNECTED) run tiled: below, the GPU
 #: holds every output's invocation at once and the per-output form (with ``split_lanes``) is quicker.
 _TILED_MIN_OUTPUTS = 1 << 17
