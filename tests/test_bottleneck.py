@@ -1303,3 +1303,144 @@ def test_prelu_slopes_of_the_wrong_shape_are_refused():
     no_expand = [TensorSpec(v) for v in ((1, 16, 16, 24), (3, 3, 24), (24,), (24, 24), (24,), (24,), (24,))]
     with pytest.raises(KernelError, match="activation 'prelu' .* needs the expand conv"):
         kernel_class("fused_bottleneck")(no_expand, attrs)
+
+
+# A network's stem folded into its first block (``expand_kernel`` 3: the expand conv a 3x3 of stride 2, SAME, as
+# MobileNetV2's CONV_2D 224x224x3 -> 32 before its expansion-free first block). Cases: (N, H, W, Cin, Cexp, Cout,
+# dw kernel, dw stride): odd sizes (SAME's padding before the first row is 0 or 1 with the parity), batch 2, 1, 3
+# and 4 input channels (a window of 9, 27 and 36 values: padded to a multiple of 4, or not), expanded and output
+# channels not divisible by 4 (the strategies that take them), a 5x5 depthwise conv of stride 2, a 1x1 image.
+STEM_CASES = [(2, 17, 23, 3, 8, 4, 3, 1), (1, 16, 16, 3, 32, 16, 3, 1), (2, 15, 13, 3, 32, 16, 3, 1),
+              (1, 11, 14, 1, 12, 8, 3, 1), (2, 9, 10, 4, 16, 12, 5, 2), (1, 13, 9, 3, 6, 5, 3, 1),
+              (1, 1, 1, 3, 8, 4, 3, 1)]
+# Every strategy that takes the 3x3 expand conv: the software adapter's default (staged) and the GPU's (resident
+# expand_dw on large maps at large batches; here the expansion's CONV_2D program then dw_projection, dw_pointwise
+# or staged), and each asked for: the resident form projected with 8x8 tiles of 8 channels (2 halo pixels per
+# invocation), 7x7 of 8 (4) and 4x8 of 16 (1), and unprojected (the depthwise output into scratch, a dispatch of
+# its own for the projection).
+STEM_SCHEDULES = {"cpu": {"target": "cpu"}, "gpu": {"target": "gpu"},
+                  "gpu_staged": {"target": "gpu", "strategy": "staged"},
+                  "dw_pointwise": {"target": "gpu", "strategy": "dw_pointwise"},
+                  "dw_projection": {"target": "gpu", "strategy": "dw_projection"},
+                  "resident_8x8": {"target": "gpu", "strategy": "expand_dw", "expand_tile": "8x8/8/r2p"},
+                  "resident_7x7": {"target": "gpu", "strategy": "expand_dw", "expand_tile": "7x7/8/r4p"},
+                  "resident_4x8": {"target": "gpu", "strategy": "expand_dw", "expand_tile": "4x8/16/r1p"},
+                  "resident_unprojected": {"target": "gpu", "strategy": "expand_dw", "expand_tile": "4x8/8/r2"}}
+STEM_RUNS = [pytest.param(c, s, id=f"{'x'.join(map(str, c[:6]))}-k{c[6]}-s{c[7]}-{s}")
+             for c in STEM_CASES for s in sorted(STEM_SCHEDULES)
+             if not (s.startswith("resident") and (c[4] % int(STEM_SCHEDULES[s]["expand_tile"].split("/")[1])
+                                                   or (c[5] % 4 and s != "resident_unprojected")
+                                                   or 9 * c[3] > 32))   # the window in registers: 32 values
+             and not (s == "dw_projection" and (c[4] % 4 or c[5] % 4 or c[7] != 1 or -(-c[2] // 2) % 4))]
+
+
+def _stem_block(case):
+    """Inputs and attributes of the folded block ``case`` (STEM_CASES): ``expand_w`` the 3x3 conv's HWIO filter
+    flattened to ``[9 Cin, Cexp]``."""
+    n, h, w_, cin, cexp, cout, k, stride = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
+    w = {"ew": (rng.standard_normal((3, 3, cin, cexp)) / np.sqrt(9 * cin)).astype(np.float32),
+         "eb": (0.1 * rng.standard_normal(cexp)).astype(np.float32),
+         "dw": (rng.standard_normal((k, k, cexp)) / k).astype(np.float32),
+         "db": (0.1 * rng.standard_normal(cexp)).astype(np.float32),
+         "pw": (rng.standard_normal((cexp, cout)) / np.sqrt(cexp)).astype(np.float32),
+         "pb": (0.1 * rng.standard_normal(cout)).astype(np.float32)}
+    inputs = [x, w["ew"].reshape(9 * cin, cexp)] + [w[key] for key in ("eb", "dw", "db", "pw", "pb")]
+    attrs = {"expansion": 1, "stride": stride, "kernel_size": k, "activation": "relu6", "expand_stride": 2,
+             "expand_kernel": 3}
+    return x, w, inputs, attrs
+
+
+def _stem_reference(x, w, stride):
+    """The folded block with TensorFlow's ops: tf.nn.conv2d 3x3 of stride 2 (SAME) + bias, RELU6, the depthwise
+    conv (SAME) + bias, RELU6, the 1x1 projection + bias."""
+    import tensorflow as tf
+
+    h = tf.nn.relu6(tf.nn.conv2d(tf.constant(x), w["ew"], 2, "SAME") + w["eb"])
+    h = tf.nn.relu6(tf.nn.depthwise_conv2d(h, w["dw"][..., None], [1, stride, stride, 1], "SAME") + w["db"])
+    return (tf.nn.conv2d(h, w["pw"][None, None], 1, "SAME") + w["pb"]).numpy()
+
+
+@pytest.mark.parametrize("case, schedule", STEM_RUNS)
+def test_stem_block_matches_tf(device, case, schedule):
+    """Each strategy taking the 3x3 expand conv against TensorFlow's ops; tolerance as the module's (sums of at
+    most 36 + 25 + 32 unit-scale products per stage)."""
+    x, w, inputs, attrs = _stem_block(case)
+    (y,) = run_op(device, "fused_bottleneck", inputs, {**attrs, **STEM_SCHEDULES[schedule]})
+    ref = _stem_reference(x, w, case[7])
+    assert y.shape == ref.shape and y.dtype == np.float32
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
+
+
+def test_stem_block_schedule():
+    """The default strategies of the folded stem: on a GPU the resident form with its projection, one dispatch,
+    where the expanded map (the stem's output) passes _resident_tile's bounds (MobileNetV2's 112x112 at batch
+    32); below them the stem's CONV_2D program (its strips of 4 pixels, as the unfolded CONV_2D takes) then the
+    strategy the block without it would take (dw_projection on wide maps at stride 1); on the software adapter
+    the staged strategy, with CONV_2D's per-element program for the stem."""
+    def kernel(n, size, target):
+        specs = [TensorSpec((n, size, size, 3)), TensorSpec((27, 32)), TensorSpec((32,)), TensorSpec((3, 3, 32)),
+                 TensorSpec((32,)), TensorSpec((32, 16)), TensorSpec((16,))]
+        return kernel_class("fused_bottleneck")(specs, {"expansion": 1, "expand_stride": 2, "expand_kernel": 3,
+                                                        "target": target})
+    big = kernel(32, 224, "gpu")
+    assert big.strategy == "expand_dw" and big._expand_tile() == (8, 8, 8, 2, True)
+    assert [p.name for p in big.programs()] == ["fused_bottleneck_expand_dw_project"] and big.scratch_sizes() == ()
+    one = kernel(1, 224, "gpu")
+    assert one.strategy == "dw_projection"
+    expand, project = one.programs()
+    assert expand.name == "fused_bottleneck_expand" and "ox0" in expand.source   # CONV_2D's strip schedule
+    assert [b.role for b in expand.bindings] == [("input", 0), ("input", 1), ("input", 2), ("scratch", 0)]
+    assert one.scratch_sizes() == (1 * 112 * 112 * 32 * 4,)
+    cpu = kernel(1, 224, "cpu")
+    assert cpu.strategy == "staged" and len(cpu.programs()) == 3
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"expand_stride": 1}, "expand_kernel must be 0 .* or 3 with expand_stride 2"),
+    ({"expand_kernel": 5}, "expand_kernel must be 0"),
+    ({"expand_kernel": 2.5}, "expand_kernel must be an integer"),
+    ({"residual": True}, "residual needs stride 1, Cin == Cout"),
+    ({"activation": "prelu", "dw_activation": "linear"}, "expects"),
+    ({"strategy": "tiled"}, "strategy 'tiled' does not take a 3x3 expand conv"),
+    ({"strategy": "blocked"}, "strategy 'blocked' does not take a 3x3 expand conv"),
+    ({"strategy": "expand_dw", "expand_tile": "4x8/16"}, "runs expand_dw only in its resident form"),
+    ({"strategy": "expand_dw", "expand_tile": "16x16/8/r1p"}, "invocations"),
+])
+def test_stem_block_refusals(attrs, message):
+    """A 3x3 expand conv with what its strategies do not take is refused by name, before any GPU work."""
+    *_, inputs, base = _stem_block(STEM_CASES[1])
+    specs = [TensorSpec(np.shape(v)) for v in inputs]
+    with pytest.raises(KernelError, match=message):
+        kernel_class("fused_bottleneck")(specs, {**base, **attrs}).programs()
+
+
+def test_stem_block_window_past_the_registers_is_refused_for_the_resident_form():
+    """The resident form holds each halo pixel's window in registers: 4 input channels (36 values) pass its 32."""
+    *_, inputs, base = _stem_block(STEM_CASES[4])
+    specs = [TensorSpec(np.shape(v)) for v in inputs]
+    with pytest.raises(KernelError, match=r"the 3x3 expand conv's window, 36 values with padding, exceeds the 32"):
+        kernel_class("fused_bottleneck")(specs, {**base, "strategy": "expand_dw", "expand_tile": "4x8/16/r1p"})
+
+
+def test_stem_block_weights_of_the_wrong_shape_are_refused():
+    *_, inputs, attrs = _stem_block(STEM_CASES[1])
+    specs = [TensorSpec(np.shape(v)) for v in inputs]
+    specs[1] = TensorSpec((3, 32))   # a 1x1 conv's filter
+    with pytest.raises(KernelError, match=r"a 3x3 expand conv: expand_w \[9 \* 3, Cexp\], HWIO flattened"):
+        kernel_class("fused_bottleneck")(specs, attrs)
+
+
+@pytest.mark.parametrize("schedule", ["gpu", "resident_8x8", "resident_7x7"])
+def test_float16_stem_block_against_tf(device, schedule):
+    """A float16 plan of the folded block (the resident form with f16 math, its window's registers f16) against
+    TensorFlow's float32 ops: within 2**-7 of the output's scale, far above float32's rounding and within what
+    f16's 11-bit significand gives over three stages of at most 36 products each rounded to f16 once and summed
+    in runs of f16 (tests/half_math.py bounds one stage by about 1.6% of its sum of magnitudes at 16 steps; the
+    values here are unit-scale, the sums' magnitudes below 4)."""
+    x, w, inputs, attrs = _stem_block(STEM_CASES[2])
+    (y,) = run_op(device, "fused_bottleneck", inputs, {**attrs, **STEM_SCHEDULES[schedule]}, precision="float16")
+    ref = _stem_reference(x, w, 1)
+    err = float(np.abs(y - ref).max())
+    assert 0 < err < 2 ** -7 * max(1.0, float(np.abs(ref).max()))

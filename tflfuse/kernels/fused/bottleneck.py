@@ -89,7 +89,7 @@ from absl import logging
 
 from ..base import (DEFAULT_MAX_STORAGE_BINDING, MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel,
                     KernelError, Program, TensorSpec, is_integral)
-from ..conv import conv_output_size, depthwise_program
+from ..conv import Conv2D, conv_output_size, depthwise_program
 from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule, blocked_sums_bytes
 from .conv import SEPARABLE_MAX_CHANNELS, depthwise_pointwise_program, max_pool_2x2, pixel_block, pointwise_split
@@ -134,6 +134,7 @@ _RESIDENT_MIN_IMAGE = 56 * 56         # and pixels per image (_resident_tile)
 _RESIDENT_SMALL_BATCH_IMAGE = 112 * 112   # or, at stride 2, pixels per image from which fewer images take it
 _FEW_ROWS_PROJECTION_MAX_ROWS = 64   # output pixels up to which the projection is a few-rows product
 _FEW_ROWS_PROJECTION_MIN_COLS = 88   # or output channels from which it is, up to use_few_rows' 256 rows
+_STEM_KERNEL = 3   # expand_kernel's 3x3 expand conv of stride 2 (SAME): a network's stem folded into its first block
 
 
 @register("fused_bottleneck")
@@ -153,7 +154,8 @@ class FusedBottleneck(CompositeKernel):
                    "se_w2", "se_b2", "expand_alpha", "output_alpha")
     attr_defaults = {"expansion": 6, "stride": 1, "residual": False, "activation": "relu6", "target": "gpu",
                      "kernel_size": 3, "squeeze_excite": False, "output_activation": "linear", "padding": "SAME",
-                     "explicit_paddings": None, "residual_pool": 1, "dw_activation": None, "expand_stride": 1}
+                     "explicit_paddings": None, "residual_pool": 1, "dw_activation": None, "expand_stride": 1,
+                     "expand_kernel": 0}
 
     def check(self):
         x = self.expect_rank(0, 4)
@@ -177,15 +179,31 @@ class FusedBottleneck(CompositeKernel):
         if self.expand_stride not in (1, 2) or (self.expand_stride == 2 and not self.has_expand):
             raise self.fail(f"expand_stride must be 1 (a 1x1 expand conv) or 2 (a 2x2 expand conv of stride 2, "
                             f"VALID) with an expand conv, got {self.expand_stride!r}")
-        taps = self.expand_stride ** 2
-        # the expanded tensor's size: the 2x2 conv of stride 2 (VALID) halves H and W, rounding down
-        self.eh, self.ewd = (h // 2, w // 2) if self.expand_stride == 2 else (h, w)
+        # the expand conv's kernel: 1x1, the 2x2 of stride 2 (VALID) that expand_stride 2 implies, or a 3x3 of
+        # stride 2 (SAME: a network's stem, folded into its first block)
+        given = self.attrs.get("expand_kernel")
+        self.expand_kernel = self._int_attr("expand_kernel") if given not in (None, 0) else self.expand_stride
+        if self.expand_kernel not in (self.expand_stride, _STEM_KERNEL) or (
+                self.expand_kernel == _STEM_KERNEL and self.expand_stride != 2):
+            raise self.fail(f"expand_kernel must be 0 (the default: 1 with expand_stride 1, 2 with expand_stride 2) or "
+                            f"{_STEM_KERNEL} with expand_stride 2 (a {_STEM_KERNEL}x{_STEM_KERNEL} expand conv of "
+                            f"stride 2, SAME), got {given!r} with expand_stride {self.expand_stride}")
+        taps = self.expand_kernel ** 2
+        # the expanded tensor's size: the 2x2 conv of stride 2 (VALID) halves H and W, rounding down; the 3x3
+        # (SAME) rounds up, padding as TFLite's CONV_2D
+        if self.expand_kernel == _STEM_KERNEL:
+            (self.eh, self.ept), (self.ewd, self.epl) = (conv_output_size(v, _STEM_KERNEL, 2, 1, "SAME")
+                                                         for v in (h, w))
+        else:
+            self.eh, self.ewd = (h // 2, w // 2) if self.expand_stride == 2 else (h, w)
+            self.ept = self.epl = 0
         if self.has_expand:
             ew, eb = self.expect_rank(1, 2).shape, self.expect_rank(2, 1).shape
             if ew[0] != cin * taps or eb[0] != ew[1]:
+                k = self.expand_kernel
                 raise self.fail(f"expand_w {list(ew)} / expand_b {list(eb)} do not fit {cin} input channels"
-                                + (f" (a 2x2 expand conv: expand_w [4 * {cin}, Cexp], HWIO flattened)" if taps > 1
-                                   else ""))
+                                + (f" (a {k}x{k} expand conv: expand_w [{taps} * {cin}, Cexp], HWIO flattened)"
+                                   if taps > 1 else ""))
             if not cin:
                 raise self.fail("the expand conv needs input channels (x has 0)")
             cexp = ew[1]
@@ -251,7 +269,9 @@ class FusedBottleneck(CompositeKernel):
         if self.prelu and self.strategy not in ("tiled", "staged", "blocked", "dw_pointwise"):
             raise self.fail(f"strategy {self.strategy!r} does not take PReLU slopes (activation or "
                             f"output_activation 'prelu'); give 'tiled', 'staged', 'blocked' or 'dw_pointwise'")
-        if self.expand_stride == 2 and self.strategy not in ("tiled", "staged", "dw_pointwise"):
+        if self.expand_kernel == _STEM_KERNEL:
+            self._check_stem(cin, cexp)
+        elif self.expand_stride == 2 and self.strategy not in ("tiled", "staged", "dw_pointwise"):
             raise self.fail(f"strategy {self.strategy!r} does not take a 2x2 expand conv (expand_stride 2); give "
                             f"'tiled', 'staged' or 'dw_pointwise'")
         if self.strategy == "dw_projection" and pooled:
@@ -264,7 +284,8 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy == "dw_pointwise" and not self.empty and self._pointwise_block() == 0:
             raise self.fail(f"strategy 'dw_pointwise' needs one pixel's {cexp} depthwise values in workgroup memory "
                             f"({SEPARABLE_MAX_CHANNELS} floats at most); give another")
-        if self.strategy == "expand_dw" and not (self.has_expand and expand_depthwise_fits(cin, cexp)):
+        if self.strategy == "expand_dw" and not (self.has_expand and
+                                                 expand_depthwise_fits(self._stem_resident_cin(), cexp)):
             raise self.fail(f"strategy 'expand_dw' needs an expand conv and input ({cin}) and expanded ({cexp}) "
                             f"channels that are multiples of 4")
         tile_attr(self)
@@ -281,6 +302,35 @@ class FusedBottleneck(CompositeKernel):
             raise self.fail(f"tile must be 1, 2, 4 or 8, lanes 1..64 (a power of two; tile * tile * lanes at most "
                             f"256 invocations), out_block, chunk and "
                             f"splits >= 1; got {schedule}")
+
+    def _check_stem(self, cin: int, cexp: int) -> None:
+        """The 3x3 expand conv's conditions (``expand_kernel`` 3): no PReLU slopes, squeeze-excite or residual, and
+        the staged, dw_projection or dw_pointwise strategy, or expand_dw in its resident form
+        (:meth:`_stem_resident_cin`)."""
+        if self.prelu or self.has_se or self.residual:
+            raise self.fail(f"a {_STEM_KERNEL}x{_STEM_KERNEL} expand conv (expand_kernel {_STEM_KERNEL}) takes no "
+                            f"PReLU slopes, squeeze_excite or residual")
+        if self.strategy not in ("staged", "dw_projection", "dw_pointwise", "expand_dw"):
+            raise self.fail(f"strategy {self.strategy!r} does not take a {_STEM_KERNEL}x{_STEM_KERNEL} expand conv "
+                            f"(expand_kernel {_STEM_KERNEL}); give 'staged', 'dw_projection', 'dw_pointwise' or "
+                            f"'expand_dw' (its resident form)")
+        if self.strategy == "expand_dw" and not expand_depthwise_fits(self._stem_resident_cin(), cexp):
+            raise self.fail(f"strategy 'expand_dw' needs expanded channels that are a multiple of 4, got {cexp}")
+
+    def _stem_conv(self) -> dict | None:
+        """:func:`.resident.expand_depthwise_resident_program`'s ``expand_conv`` for ``expand_kernel`` 3, else None."""
+        if self.expand_kernel != _STEM_KERNEL:
+            return None
+        _, h, w, cin = self.input(0).shape
+        return {"H": h, "W": w, "C": cin, "K": _STEM_KERNEL, "S": 2, "PT": self.ept, "PL": self.epl}
+
+    def _stem_resident_cin(self) -> int:
+        """The depth of the resident form's expansion: the input channels, or with ``expand_kernel`` 3 the
+        expand conv's window (``9 Cin``) rounded up to a multiple of 4 (:func:`.resident.
+        expand_depthwise_resident_program`'s ``expand_conv``)."""
+        if self.expand_kernel != _STEM_KERNEL:
+            return self.cin
+        return -(-_STEM_KERNEL * _STEM_KERNEL * self.cin // 4) * 4
 
     def _activations(self) -> None:
         """Sets ``act``, ``dw_act`` and ``out_act`` (lower-case names) from ``activation``,
@@ -468,6 +518,8 @@ class FusedBottleneck(CompositeKernel):
         """
         n = self.input(0).shape[0]
         target = self.target()
+        if self.expand_kernel == _STEM_KERNEL:   # a network's stem, folded into its first block
+            return self._stem_schedule(dw_projection)
         # On the H200 the staged kernels beat the tiled one on every block with a wide expansion, and on all
         # blocks past batch 1. In MobileNetV2 (benchmarks/run.py, 2026-12-01, GPU time of 20 back-to-back
         # runs per pass), tiled blocks at batch 32 (4x4 tiles, blocks of 64, chunks of 16) took 16.7 ms, 5x
@@ -535,10 +587,27 @@ class FusedBottleneck(CompositeKernel):
         return {"strategy": "tiled", "tile": tile, "lanes": lanes, "out_block": block, "chunk": chunk,
                 "splits": splits}
 
+    def _stem_schedule(self, dw_projection: bool = True) -> dict:
+        """The default strategy of a block whose expand conv is a network's 3x3 stem (``expand_kernel`` 3): on a GPU
+        the resident ``expand_dw`` form where :meth:`_resident_tile` takes the block (the expanded tensor never in
+        memory), else the expand conv into a scratch buffer (:meth:`_expand_program`, CONV_2D's own schedule) and
+        what the block without it would take there: dw_projection where :meth:`_dw_projection_shape` holds, else
+        dw_pointwise where its values fit; on the software adapter, and otherwise, staged."""
+        one = {"tile": 1, "lanes": 1, "out_block": self.cout, "chunk": 1, "splits": 1}
+        if self.target() == "gpu" and dw_projection:
+            if self._resident_tile():
+                return {"strategy": "expand_dw", **one}
+            if self._dw_projection_shape():
+                return {"strategy": "dw_projection", **one}
+            if self._pointwise_block() > 0 and self._expanded_fits():
+                return {"strategy": "dw_pointwise", **one}
+        return {"strategy": "staged", "tile": 8, "lanes": 4, "out_block": min(self.cout, 128), "chunk": _MAX_CHUNK,
+                "splits": 1}
+
     def macs(self) -> int:
         """Multiply-adds of the block without squeeze-excite: expansion, depthwise and projection."""
         n, h, w, _ = self.input(0).shape
-        expand = n * self.eh * self.ewd * self.cin * self.expand_stride ** 2 * self.cexp if self.has_expand else 0
+        expand = n * self.eh * self.ewd * self.cin * self.expand_kernel ** 2 * self.cexp if self.has_expand else 0
         return expand + n * self.oh * self.ow * self.cexp * (self.k * self.k + self.cout)
 
     def _expand_tile(self) -> tuple[int, int, int, int, bool]:
@@ -567,12 +636,16 @@ class FusedBottleneck(CompositeKernel):
             if projected and self.residual and self.residual_pool == 2:
                 raise self.fail(f"expand_tile {text!r}: the projection in the resident dispatch does not pool the "
                                 f"residual (residual_pool 2); drop the trailing 'p' to run the projection apart")
-            why = resident_refusal(g, self.cin, self.cexp, *tile, self.cout if projected else 0)
+            why = resident_refusal(g, self._stem_resident_cin(), self.cexp, *tile, self.cout if projected else 0,
+                                   self.expand_kernel)
             if why:
                 raise self.fail(f"expand_tile {text!r}: {why}; " + (
                     "give another tile or chunk, or drop the trailing 'p' to run the projection apart" if projected
                     else f"give a smaller tile or chunk, or drop '/r{tile[3]}' for the per-chunk form"))
             return (*tile, True)
+        if self.expand_kernel == _STEM_KERNEL:
+            raise self.fail(f"expand_tile {text!r}: a {_STEM_KERNEL}x{_STEM_KERNEL} expand conv runs expand_dw only in "
+                            f"its resident form ('THxTW/C/rP' or 'THxTW/C/rPp'), and this block has no default there")
         unroll = int(found.group(4)) if found and found.group(4) else expand_depthwise_unroll(self.cin)
         if self.cin % (4 * unroll):
             raise self.fail(f"expand_tile's unroll {unroll} must divide the input channels / 4 ({self.cin // 4})")
@@ -651,9 +724,10 @@ class FusedBottleneck(CompositeKernel):
         ``benchmarks/RESULTS-dispatches-sequence-h100.md``): with MobileNetV2's two 28x28x32x6 -> 32 blocks at batch 32
         taking 7 x 7 / 8 tiles, 2 pixels per invocation, projected, the model took 1237.1 against 1218.9 us (1.015x;
         an H100, 2026-12-06 17:05 UTC, ``benchmarks/switch_ab.py``, 3 alternating rounds)."""
-        if self.target() != "gpu" or not self.has_expand or self.has_se or self.core_only:
+        stem = self.expand_kernel == _STEM_KERNEL
+        if self.target() != "gpu" or not self.has_expand or self.has_se or (self.core_only and not stem):
             return None
-        n, h, w, _ = self.input(0).shape
+        n, h, w = self.input(0).shape[0], self.eh, self.ewd   # the expanded tensor's (a 1x1 expand's input's)
         if (n * h * w < _RESIDENT_MIN_PIXELS and self.stride == 2 and h * w >= _RESIDENT_SMALL_BATCH_IMAGE
                 and self.cexp > _TILED_MAX_CEXP):
             tiles = [(4, 8, 16, 1, True)] if n == 1 else [(7, 7, 8, 2, True)]   # few images of a large map
@@ -663,8 +737,8 @@ class FusedBottleneck(CompositeKernel):
             tiles = [(8, 8, 8, 2, True)] if self.stride == 1 else [(7, 7, 8, 4, True), (4, 8, 8, 4, False)]
         pooled = self.residual and self.residual_pool == 2   # a residual the projected store does not pool
         for th, tw, chunk, pixels, projected in tiles:
-            if not (projected and pooled) and resident_fits(self._window(), self.cin, self.cexp, th, tw, chunk, pixels,
-                             self.cout if projected else 0):
+            if not (projected and pooled) and resident_fits(self._window(), self._stem_resident_cin(), self.cexp, th,
+                                                            tw, chunk, pixels, self.cout if projected else 0):
                 return th, tw, chunk, pixels, projected
         return None
 
@@ -721,7 +795,12 @@ class FusedBottleneck(CompositeKernel):
         tiled strategy). It lost elsewhere: with output widths of 7 or 14 (each pixel alone) 1.6-2.3x slower at
         batch 32, at stride 2 up to 1.7x, and with fewer pixels (56x56 at batch 1: 116 against 78 us) too few
         workgroups carry the depthwise work."""
-        return (not self.has_se and not self.core_only and self.stride == 1 and self.ow % 4 == 0
+        return not self.core_only and self._dw_projection_shape()
+
+    def _dw_projection_shape(self) -> bool:
+        """:meth:`_takes_dw_projection`'s conditions but the PReLU and expand-conv kinds (:attr:`core_only`)."""
+        return (not self.has_se and self.stride == 1 and self.ow % 4 == 0 and not (self.residual and
+                                                                               self.residual_pool == 2)
                 and fits_depthwise_product(self.cexp, self.cout)
                 and self.input(0).shape[0] * self.oh * self.ow >= _DW_PROJECTION_MIN_ROWS)
 
@@ -739,7 +818,7 @@ class FusedBottleneck(CompositeKernel):
         depthwise results, and each split is a whole number of chunks."""
         halo = (self.tile - 1) * self.stride + self.k
         # expand weights of a chunk, staged in workgroup memory
-        staged = self.cin * self.expand_stride ** 2 if self.has_expand else 0
+        staged = self.cin * self.expand_kernel ** 2 if self.has_expand else 0
         fit = max(1, _WG_BYTES // (4 * (halo * halo + self.tile * self.tile + staged)))
         chunk = max(d for d in range(1, min(self.cexp, self.chunk, fit) + 1) if self.cexp % d == 0)
         nblocks = -(-self.cout // self.out_block)
@@ -757,7 +836,7 @@ class FusedBottleneck(CompositeKernel):
         halo, ec, cb, _, per_split, _ = self._blocking()
         chunks = per_split // ec
         threads = self.tile * self.tile * self.lanes
-        depth = self.cin * self.expand_stride ** 2   # the expand conv's terms per output
+        depth = self.cin * self.expand_kernel ** 2   # the expand conv's terms per output
         per_chunk = -(-halo * halo * ec // threads) * (1 + depth // 4) + -(-ec // self.lanes) + \
             -(-cb // self.lanes) + (-(-depth * ec // threads) if self.has_expand else 0)
         return chunks * (1 + per_chunk) + -(-cb // self.lanes)
@@ -821,15 +900,18 @@ class FusedBottleneck(CompositeKernel):
                 self.binding("y", "output", 0, self.output_specs()[0]),)
             store = f"y[pix * {co4}u + co4] = {self.out_activated(f'acc + pb[co4]{res}')};"
             return [expand_depthwise_resident_program(
-                f"{self.key}_expand_dw_project", binds, g, cin, cexp, self.act, self.dw_act, *tile, pixels, cout,
-                store, self.out_act_fn(True, declared=activation_fn(self.act) + activation_fn(self.dw_act)))]
+                f"{self.key}_expand_dw_project", binds, g, self._stem_resident_cin(), cexp, self.act, self.dw_act,
+                *tile, pixels, cout, store,
+                self.out_act_fn(True, declared=activation_fn(self.act) + activation_fn(self.dw_act)),
+                expand_conv=self._stem_conv())]
         if self.strategy == "expand_dw":   # the expansion and the depthwise conv in one dispatch, d into scratch
             d_out = self.binding("d", "scratch", 0, sizes[0])
             ed_binds = tuple(inputs[k] for k in ("x", "ew", "eb", "dw", "db")) + (d_out,)
             act, dw_act = self.act, self.dw_act
             *tile, unroll, resident = self._expand_tile()   # unroll: the resident form's pixels
-            progs.append(expand_depthwise_resident_program(f"{self.key}_expand_dw", ed_binds, g, cin, cexp, act,
-                                                           dw_act, *tile, unroll) if resident else
+            progs.append(expand_depthwise_resident_program(f"{self.key}_expand_dw", ed_binds, g,
+                                                           self._stem_resident_cin(), cexp, act, dw_act, *tile, unroll,
+                                                           expand_conv=self._stem_conv()) if resident else
                          expand_depthwise_program(f"{self.key}_expand_dw", ed_binds, g, cin, cexp, act, dw_act, *tile,
                                                   unroll))
         elif self.has_expand:
@@ -938,10 +1020,28 @@ class FusedBottleneck(CompositeKernel):
         e_out = self.binding("expanded", "scratch", 0, self.scratch_sizes()[0])
         slopes = (inputs["ea"],) if self.act == "prelu" else ()
         e_binds = (inputs["x"], inputs["ew"], inputs["eb"], *slopes, e_out)
+        if self.expand_kernel == _STEM_KERNEL:
+            return self._stem_expand_program(e_binds)
         if self.expand_stride == 2:
             return self._strided_expand_program(e_binds)
         return pointwise_expand_program(f"{self.key}_expand", e_binds, n * h * w, cin, self.cexp, self.act,
                                         self.target())
+
+    def _stem_expand_program(self, bindings) -> Program:
+        """The 3x3 expand conv of stride 2 (SAME, ``expand_kernel`` 3) into ``expanded`` ``[N, EH, EW, Cexp]``:
+        CONV_2D's own program for that conv (:class:`~tflfuse.kernels.conv.Conv2D`, the filter HWIO, its
+        schedule on this target), over bindings named ``x``, ``ew``, ``eb`` and ``expanded``, so the block runs
+        the dispatch the unfolded stem would."""
+        n, h, w, cin = self.input(0).shape
+        k = _STEM_KERNEL
+        conv = Conv2D([self.input(0), TensorSpec((k, k, cin, self.cexp)), TensorSpec((self.cexp,))],
+                      {"padding": "SAME", "stride_h": 2, "stride_w": 2, "fused_activation_function": self.act,
+                       "filter_layout": "HWIO", "target": self.target()})
+        (program,) = conv.programs()
+        by_role = {("input", 0): bindings[0], ("input", 1): bindings[1], ("input", 2): bindings[2],
+                   ("output", 0): bindings[-1]}
+        return dataclasses.replace(program, name=f"{self.key}_expand", bindings=tuple(
+            dataclasses.replace(b, role=by_role[b.role].role, size=by_role[b.role].size) for b in program.bindings))
 
     def _strided_expand_program(self, bindings) -> Program:
         """The staged strategy's 2x2 expand conv of stride 2 (VALID, ``expand_stride`` 2) over bindings named

@@ -35,18 +35,21 @@ def resident_threads(g: dict, tile_h: int, tile_w: int, pixels: int) -> int:
 
 
 def resident_refusal(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chunk: int, pixels: int,
-                     cout: int = 0) -> str:
+                     cout: int = 0, kernel: int = 1) -> str:
     """Why :func:`expand_depthwise_resident_program` does not take this tile, or ``""`` where it does: it needs
     channels that are multiples of 4, at most :data:`RESIDENT_MAX_CIN` input channels (an invocation holds its
     halo pixels' inputs in registers), 1, 2 or 4 ``pixels`` per invocation and at most 256 invocations, a
     ``chunk`` that is a multiple of 4 dividing ``cexp``, and the halo's expansion and the chunk's weights within
     workgroup memory; with ``cout`` (the projection in its dispatch), ``cout`` a multiple of 4, at most one vec4
     of output channels per invocation, at most :data:`RESIDENT_MAX_SUMS` vec4 sums per invocation, and the
-    chunk's depthwise outputs and projection weights within workgroup memory too."""
+    chunk's depthwise outputs and projection weights within workgroup memory too. ``kernel``: the expand conv's
+    size (:func:`expand_depthwise_resident_program`'s ``expand_conv``), ``cin`` then its window's values."""
     if not expand_depthwise_fits(cin, cexp):
         return f"input ({cin}) and expanded ({cexp}) channels must be positive multiples of 4"
     if cin > RESIDENT_MAX_CIN:
-        return f"{cin} input channels exceed the {RESIDENT_MAX_CIN} an invocation holds in registers"
+        held = f"the {kernel}x{kernel} expand conv's window, {cin} values with padding," if kernel > 1 else \
+            f"{cin} input channels"
+        return f"{held} exceed{'s' if kernel > 1 else ''} the {RESIDENT_MAX_CIN} an invocation holds in registers"
     if tile_h < 1 or tile_w < 1 or pixels not in (1, 2, 4):
         return f"the tile must be positive and the pixels per invocation 1, 2 or 4, got {tile_h}x{tile_w}, {pixels}"
     if chunk < 1 or chunk % 4 or cexp % chunk:
@@ -68,16 +71,27 @@ def resident_refusal(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chu
     return ""
 
 
-def _chunk_weights(cin: int, q: int, c4: int, chunk: int, cout: int, threads: int, half: bool = False) -> dict:
+def _chunk_weights(cin: int, q: int, c4: int, chunk: int, cout: int, threads: int, half: bool = False,
+                   rows: int = 0) -> dict:
     """WGSL moving a chunk's expand weights (``ew`` rows into ``wsh``) and, with ``cout``, its projection rows
     (``pw`` into ``psh``) into workgroup memory: ``load`` reads them from memory after the chunk's first barrier;
     with :data:`RESIDENT_PREFETCH`, ``first`` loads chunk 0's into registers before the loop, ``stage`` stores
     the registers and ``next`` loads the next chunk's right after the second barrier, so that their latency
-    passes while the chunk is expanded. With ``half`` the registers and arrays hold ``vec4<f16>``."""
+    passes while the chunk is expanded. With ``half`` the registers and arrays hold ``vec4<f16>``. ``rows``
+    (0: ``cin``): the rows ``ew`` holds; the rows from there to ``cin`` are zeros, their addresses clamped."""
     def typed(value: str) -> str:
         return f"vec4<f16>({value})" if half else value
 
-    parts = [("wsh", "wn", cin * q, lambda i, c0: typed(f"ew[(({i}) / {q}u) * {c4}u + {c0} + ({i}) % {q}u]"))]
+    rows = rows or cin
+
+    def expand_at(i: str, c0: str) -> str:
+        row = f"(({i}) / {q}u)"
+        if rows == cin:
+            return typed(f"ew[{row} * {c4}u + {c0} + ({i}) % {q}u]")
+        return typed(f"select(vec4<f32>(0.0), ew[min({row}, {rows - 1}u) * {c4}u + {c0} + ({i}) % {q}u], "
+                     f"{row} < {rows}u)")
+
+    parts = [("wsh", "wn", cin * q, expand_at)]
     if cout:
         co4 = cout // 4
         parts.append(("psh", "pn", chunk * co4, lambda i, c0: typed(f"pw[({c0}) * {4 * co4}u + {i}]")))
@@ -206,10 +220,32 @@ RESIDENT_HALF_MATH = True
 # MobileNetV2's three resident dispatches at batch 32 0.994-1.006x, the model 0.999-1.005x. Not kept.
 
 
+def _window_loads(e: dict, ey: str, ex: str, regs: str, t: str) -> list[str]:
+    """WGSL filling the registers ``regs`` (an array of ``vec4<t>``, zero-initialised) with the ``K x K x C``
+    window (HWIO order) of the expand conv ``e`` (:func:`expand_depthwise_resident_program`'s ``expand_conv``) at
+    its output pixel ``(ey, ex)`` (i32 names) of image ``n``, reading ``x`` ``[N, H, W, C]``; taps in the padding
+    stay zero (each tap's loads run only where it lies in the image, so no address leaves ``x``)."""
+    k, c = e["K"], e["C"]
+    lines = []
+    for ky in range(k):
+        for kx in range(k):
+            j0 = (ky * k + kx) * c
+            lines += [f"    {{   // tap ({ky}, {kx})",
+                      f"      let sy = {ey} * {e['S']} - {e['PT']} + {ky};",
+                      f"      let sx = {ex} * {e['S']} - {e['PL']} + {kx};",
+                      f"      if (sy >= 0 && sy < {e['H']} && sx >= 0 && sx < {e['W']}) {{",
+                      f"        let xb = ((n * {e['H']}u + u32(sy)) * {e['W']}u + u32(sx)) * {c}u;",
+                      *(f"        {regs}[{(j0 + i) // 4}].{'xyzw'[(j0 + i) % 4]} = {t}(x[xb + {i}u]);"
+                        for i in range(c)),
+                      "      }",
+                      "    }"]
+    return lines
+
+
 def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int,
                                       expand_activation: str | None, depthwise_activation: str | None,
                                       tile_h: int, tile_w: int, chunk: int, pixels: int, cout: int = 0,
-                                      store: str = "", helpers: str = "") -> Program:
+                                      store: str = "", helpers: str = "", expand_conv: dict | None = None) -> Program:
     """The expand conv and the depthwise conv after it in one dispatch, for large feature maps (batch > 1): a
     workgroup owns a ``tile_h x tile_w`` tile of output pixels of one image and ALL the expanded channels.
 
@@ -243,6 +279,14 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
     rounding of each value held in workgroup memory (tests/half_math.py). Every partial sum of a run and every
     expanded and depthwise value must stay within f16's range (:mod:`tflfuse.kernels.half`).
 
+    With ``expand_conv`` the expand conv is a ``K x K`` conv of stride ``S`` (a network's stem, e.g. MobileNetV2's
+    3x3 of stride 2 over the image's 3 channels) rather than a 1x1: a dict of its input's ``H``, ``W`` and ``C``
+    (``x`` is then ``[N, H, W, C]`` float32, read one float at a time), ``K``, ``S`` and its padding before,
+    ``PT`` and ``PL``. Each halo pixel's registers then hold the conv's window, ``K * K * C`` values in HWIO
+    order (zeros in the padding), and ``cin`` is that count rounded up to a multiple of 4; ``ew`` is the conv's
+    filter HWIO, ``[K * K * C, Cexp]``, its missing last rows read as zeros. ``g``'s ``H`` and ``W`` are the
+    expanded tensor's (the conv's output).
+
     Args and the bindings as :func:`.expand_depthwise.expand_depthwise_program`, with ``cout`` > 0 ``pw``
     (``[Cexp, Cout]``) and the bindings ``store`` writes and reads instead of ``d``; ``tile_h``, ``tile_w``,
     ``chunk`` and ``pixels`` must pass :func:`resident_fits` (with ``cout``).
@@ -250,11 +294,19 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
       KernelError: a tile, chunk or pixel count that :func:`resident_fits` refuses, or ``cout`` that is not a
         multiple of 4.
     """
-    why = resident_refusal(g, cin, cexp, tile_h, tile_w, chunk, pixels, cout)
+    why = resident_refusal(g, cin, cexp, tile_h, tile_w, chunk, pixels, cout, expand_conv["K"] if expand_conv else 1)
     if why:
         raise KernelError(f"{name}: the resident expand_depthwise does not take a {tile_h}x{tile_w} tile with "
                           f"chunk {chunk} and {pixels} pixels per invocation: {why}")
-    binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") for b in bindings)
+    window = 0
+    if expand_conv is not None:
+        e = expand_conv
+        window = e["K"] * e["K"] * e["C"]
+        if -(-window // 4) * 4 != cin or min(e["H"], e["W"], e["C"], e["K"], e["S"]) < 1:
+            raise KernelError(f"{name}: the resident form's {e['K']}x{e['K']} expand conv over {e['C']} channels "
+                              f"needs cin = {-(-window // 4) * 4} (its window rounded up to a multiple of 4), "
+                              f"got {cin}")
+    binds = tuple(b if window and b.name == "x" else dataclasses.replace(b, elem_type="vec4<f32>") for b in bindings)
     th, tw = tile_h, tile_w
     hh, hw = _halo(g, th, tw)
     halo_px = hh * hw
@@ -281,8 +333,9 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
                       f"ix{r} < {g['W']};",
                       f"  var x{r}: array<vec4<{t}>, {k4}>;",
                       f"  if (in{r}) {{",
-                      f"    let xb = ((n * {g['H']}u + u32(iy{r})) * {g['W']}u + u32(ix{r})) * {k4}u;",
-                      *(f"    x{r}[{k}] = {typed(f'x[xb + {k}u]')};" for k in range(k4)),
+                      *(_window_loads(expand_conv, f"iy{r}", f"ix{r}", f"x{r}", t) if window else (
+                          f"    let xb = ((n * {g['H']}u + u32(iy{r})) * {g['W']}u + u32(ix{r})) * {k4}u;",
+                          *(f"    x{r}[{k}] = {typed(f'x[xb + {k}u]')};" for k in range(k4)))),
                       "  }"]
         expand = [*(f"    var a{r}_{j} = eb[c0 + {j}u];" for r in rs for j in range(q))]
         # the expand conv's depth, a run of at most HALF_STEPS input channels at a time in the f16 form: each run's
@@ -307,7 +360,7 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
                        *(f"      esh[p{r} * {q}u + {j}u] = {stored.format(r=r, j=j)};" for j in range(q)),
                        "    }"]
         projection = _resident_projection(g, th, tw, chunk, cout, threads, store, half) if cout else None
-        weights = _chunk_weights(cin, q, c4, chunk, cout, threads, half)
+        weights = _chunk_weights(cin, q, c4, chunk, cout, threads, half, window)
         return prelude(binds) + _activations(expand_activation, depthwise_activation) + helpers + f"""
 var<workgroup> wsh: array<vec4<{t}>, {cin * q}>;          // the chunk's expand weights, [Cin][chunk / 4]
 var<workgroup> esh: array<vec4<{t}>, {halo_px * q}>;    // the expansion of the halo, [{hh}][{hw}][chunk / 4]{
