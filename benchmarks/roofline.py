@@ -45,11 +45,14 @@ def _transpose_conv_macs(ins, out, x: int):   # each input pixel meets every wei
 
 def _bottleneck_flops(ins, out, kernel=None) -> int:
     """fused_bottleneck (inputs as present: x, [expand_w, expand_b], dw_w, dw_b, project_w, project_b,
-    [se_w1, se_b1, se_w2, se_b2]): 2 x (expand MACs over the input pixels + depthwise and projection MACs over
-    the output pixels + the squeeze-excite's two layers per image), plus its pool and scaling, 1 per element."""
+    [se_w1, se_b1, se_w2, se_b2]): 2 x (expand MACs over the expanded tensor's pixels, the input's for a 1x1
+    expand conv, the kernel's ``eh x ewd`` per image for its strided ones + depthwise and projection MACs over the
+    output pixels + the squeeze-excite's two layers per image), plus its pool and scaling, 1 per element."""
     has_expand, has_se = len(ins) in (7, 11), len(ins) in (9, 11)
     off = 2 if has_expand else 0
     pix_in, pix_out = math.prod(ins[0][:-1]), math.prod(out[:-1])
+    if kernel is not None and hasattr(kernel, "eh"):   # a strided expand conv's output pixels
+        pix_in = ins[0][0] * kernel.eh * kernel.ewd
     macs = (pix_in * math.prod(ins[1]) if has_expand else 0) + pix_out * (math.prod(ins[1 + off])
                                                                           + math.prod(ins[3 + off]))
     flops = 2 * macs

@@ -40,6 +40,8 @@ flags.DEFINE_list("tiles", ["8x8/8/r2p", "8x8/16/r2p", "7x7/8/r4p", "4x8/8/r2p",
                             "16x8/8/r4p"],
                   "Resident tiles of the folded block to time beside its default (expand_tile, THxTW/C/rPp).")
 flags.DEFINE_integer("size", 224, "The image's side.")
+flags.DEFINE_enum("target", "gpu", ["gpu", "cpu"], "The kernels' target attribute, as the planner sets it: 'cpu' on "
+                  "the software adapter, where the folded block's default is the staged strategy.")
 flags.DEFINE_integer("repeats", 7, "Timed passes per plan (the median is kept).")
 flags.DEFINE_integer("reps", 20, "Runs of the plan back to back in each timed pass.")
 flags.DEFINE_string("out", None, "Markdown file for the table (printed either way).")
@@ -87,10 +89,11 @@ def time_batch(device, n: int, precision: str, rng) -> list[dict]:
     source = device_input(device, x)
     conv = kernel_class("CONV_2D")([TensorSpec(x.shape), TensorSpec(w["ew"].shape), TensorSpec((CEXP,))],
                                    {"padding": "SAME", "stride_h": 2, "stride_w": 2,
-                                    "fused_activation_function": "RELU6", "filter_layout": "HWIO"})
+                                    "fused_activation_function": "RELU6", "filter_layout": "HWIO",
+                                    "target": FLAGS.target})
     block_in = conv.output_specs()[0]
     block_ins = [TensorSpec(w[k].shape) for k in ("dw", "db", "pw", "pb")]
-    attrs = {"expansion": 1, "stride": 1, "activation": "relu6"}
+    attrs = {"expansion": 1, "stride": 1, "activation": "relu6", "target": FLAGS.target}
     block = kernel_class("fused_bottleneck")([block_in, *block_ins], attrs)
     apart = _plan(device, [("CONV_2D", conv, [0, 1, 2], 3), ("fused_bottleneck", block, [3, 4, 5, 6, 7], 8)],
                   {0: x, 1: w["ew"], 2: w["eb"], 4: w["dw"], 5: w["db"], 6: w["pw"], 7: w["pb"]}, source, precision)
@@ -126,7 +129,8 @@ def table(rows: list[dict], adapter: str) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# A stem folded into its first block: {adapter}, {when}", "",
              f"`benchmarks/sweep_stem.py`: MobileNetV2's stem (CONV_2D 3x3, stride 2, {FLAGS.size}x{FLAGS.size}x{CIN} "
-             f"-> {CEXP}, RELU6) and first block (3x3 depthwise, RELU6, 1x1 projection to {COUT}); GPU us of one run, "
+             f"-> {CEXP}, RELU6) and first block (3x3 depthwise, RELU6, 1x1 projection to {COUT}), target "
+             f"{FLAGS.target!r}; GPU us of one run, "
              f"timestamp queries around {FLAGS.reps} runs back to back, median of {FLAGS.repeats} passes. The max abs "
              f"diff is against the two ops apart.", "",
              "| batch | precision | plan | strategy | dispatches | GPU us | vs apart | max abs diff |",

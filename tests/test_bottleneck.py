@@ -1374,27 +1374,37 @@ def test_stem_block_matches_tf(device, case, schedule):
 
 
 def test_stem_block_schedule():
-    """The default strategies of the folded stem: on a GPU the resident form with its projection, one dispatch,
-    where the expanded map (the stem's output) passes _resident_tile's bounds (MobileNetV2's 112x112 at batch
-    32); below them the stem's CONV_2D program (its strips of 4 pixels, as the unfolded CONV_2D takes) then the
-    strategy the block without it would take (dw_projection on wide maps at stride 1); on the software adapter
-    the staged strategy, with CONV_2D's per-element program for the stem."""
-    def kernel(n, size, target):
-        specs = [TensorSpec((n, size, size, 3)), TensorSpec((27, 32)), TensorSpec((32,)), TensorSpec((3, 3, 32)),
-                 TensorSpec((32,)), TensorSpec((32, 16)), TensorSpec((16,))]
+    """The default strategies of the folded stem against what was measured (``_stem_resident_tiles``): on a GPU
+    the resident form with its projection, one dispatch, where the stem's output has at least 112x112 pixels in
+    all (MobileNetV2's 4 x 8 / 16 / r1 at batch 1, 8 x 8 / 8 / r2 at batch 8, 8 x 16 / 8 / r2 at batch 32; a
+    stride-2 depthwise conv, whose halo passes 256 invocations with 8 x 16 tiles, takes 8 x 8); below, the stem's
+    CONV_2D program (its strips, as the unfolded CONV_2D takes) into scratch, then the strategy the block without
+    it would take (dw_pointwise on small maps); on the software adapter the resident form at any size."""
+    def kernel(n, size, target, stride=1, cexp=32):
+        specs = [TensorSpec((n, size, size, 3)), TensorSpec((27, cexp)), TensorSpec((cexp,)), TensorSpec((3, 3, cexp)),
+                 TensorSpec((cexp,)), TensorSpec((cexp, 16)), TensorSpec((16,))]
         return kernel_class("fused_bottleneck")(specs, {"expansion": 1, "expand_stride": 2, "expand_kernel": 3,
-                                                        "target": target})
-    big = kernel(32, 224, "gpu")
-    assert big.strategy == "expand_dw" and big._expand_tile() == (8, 8, 8, 2, True)
-    assert [p.name for p in big.programs()] == ["fused_bottleneck_expand_dw_project"] and big.scratch_sizes() == ()
-    one = kernel(1, 224, "gpu")
-    assert one.strategy == "dw_projection"
-    expand, project = one.programs()
+                                                        "target": target, "stride": stride})
+
+    def resident(n, size, stride=1, cexp=32):
+        k = kernel(n, size, "gpu", stride, cexp)
+        assert k.strategy == "expand_dw" and k.scratch_sizes() == ()
+        assert [p.name for p in k.programs()] == ["fused_bottleneck_expand_dw_project"]
+        return k._expand_tile()
+    assert resident(32, 224) == (8, 16, 8, 2, True)   # 86.6 against 116.3 us apart
+    assert resident(8, 224) == (8, 8, 8, 2, True)     # 27.3 against 34.6
+    assert resident(1, 224) == (4, 8, 16, 1, True)    # 7.5 against 11.8
+    assert resident(1, 224, cexp=24) == (4, 8, 8, 2, True)   # chunks of 16 do not divide 24 channels
+    assert resident(32, 224, stride=2) == (8, 8, 8, 2, True)
+    small = kernel(1, 128, "gpu")   # 64x64 outputs: below the resident form's bound
+    assert small.strategy == "dw_pointwise"
+    expand, _ = small.programs()
     assert expand.name == "fused_bottleneck_expand" and "ox0" in expand.source   # CONV_2D's strip schedule
     assert [b.role for b in expand.bindings] == [("input", 0), ("input", 1), ("input", 2), ("scratch", 0)]
-    assert one.scratch_sizes() == (1 * 112 * 112 * 32 * 4,)
-    cpu = kernel(1, 224, "cpu")
-    assert cpu.strategy == "staged" and len(cpu.programs()) == 3
+    assert small.scratch_sizes() == (64 * 64 * 32 * 4,)
+    for n, size in ((1, 224), (2, 96)):   # the software adapter: resident at any size, 8 x 16 / 8 / r2
+        cpu = kernel(n, size, "cpu")
+        assert cpu.strategy == "expand_dw" and cpu._expand_tile() == (8, 16, 8, 2, True) and len(cpu.programs()) == 1
 
 
 @pytest.mark.parametrize("attrs, message", [

@@ -62,12 +62,17 @@ def test_signature_names(fused, model):
     assert m.tensor_shape(0, sig["outputs"]["predictions"]) == (1, 10)
 
 
-def test_fused_op_contract(fused, model):
-    """Inputs x, [expand_w, expand_b], dw_w, dw_b, project_w, project_b with the layer's exact data."""
+def test_fused_op_contract(fused, unfused, model):
+    """Inputs x, [expand_w, expand_b], dw_w, dw_b, project_w, project_b with the layer's exact data; the first
+    block with the stem folded in: x the image, expand_w and expand_b the stem CONV_2D's (its HWIO filter
+    flattened to [27, 32], as the same model converted without annotations holds them, BatchNorm folded)."""
     m = Model(fused.tflite)
     ops = [i for i, n in enumerate(m.op_names(0)) if n == "fused_bottleneck"]
     blocks = blocks_of(model)
     assert len(ops) == len(blocks) == 17
+    plain = Model(unfused.tflite)
+    stem = plain.op_names(0).index("CONV_2D")
+    stem_w, stem_b = (plain.tensor_data(0, t) for t in plain.op_inputs(0, stem)[1:3])
     for k, (op, block) in enumerate(zip(ops, blocks)):
         _, h, w, cin = block.input.shape
         cexp, cout, s = cin * block.expansion, block.filters, block.stride
@@ -77,7 +82,13 @@ def test_fused_op_contract(fused, model):
         weights += [(block.depthwise_kernel, (3, 3, cexp)), (block.depthwise_bias, (cexp,)),
                     (block.project_kernel, (cexp, cout)), (block.project_bias, (cout,))]
         x, *consts = m.op_inputs(0, op)
-        assert m.tensor_shape(0, x) == (1, h, w, cin) and m.tensor_data(0, x) is None, k
+        if k == 0:   # the stem folded in: the image, then the stem's filter and bias
+            assert m.tensor_shape(0, x) == (1, 2 * h, 2 * w, 3) and m.tensor_data(0, x) is None
+            np.testing.assert_array_equal(m.tensor_data(0, consts[0]), stem_w.transpose(1, 2, 3, 0).reshape(27, cin))
+            np.testing.assert_array_equal(m.tensor_data(0, consts[1]), stem_b)
+            consts = consts[2:]
+        else:
+            assert m.tensor_shape(0, x) == (1, h, w, cin) and m.tensor_data(0, x) is None, k
         assert len(consts) == len(weights), k
         for index, (var, shape) in zip(consts, weights):
             data = m.tensor_data(0, index)
@@ -86,9 +97,10 @@ def test_fused_op_contract(fused, model):
         (out,) = m.op_outputs(0, op)
         assert m.tensor_shape(0, out) == (1, -(-h // s), -(-w // s), cout), k
         assert m.tensor_type_name(0, out) == "FLOAT32", k
+        stem_attrs = dict(dw_activation="relu6", expand_stride=2, expand_kernel=3) if k == 0 else {}
         assert decode_attrs(m.op_attrs(0, op)) == dict(expansion=block.expansion, stride=s,
                                                        residual=block.residual, activation="relu6",
-                                                           kernel_size=3, squeeze_excite=False), k
+                                                       kernel_size=3, squeeze_excite=False, **stem_attrs), k
         if k + 1 < len(ops):  # the blocks form a chain, in file order
             assert m.op_inputs(0, ops[k + 1])[0] == out
 

@@ -249,6 +249,72 @@ def test_bottleneck_pattern(case, device, rng):
         assert list(attrs["explicit_paddings"]) == [0, 0, *pad[0], *pad[1], 0, 0]
 
 
+def _stem(cexp, cout, act="relu6", dw_stride=1, dw_act=None):
+    """A network's stem, CONV_2D 3x3 of stride 2 (SAME), then an expansion-free block: depthwise 3x3, 1x1
+    projection (MobileNetV2's first block)."""
+    def build(x):
+        y = keras.layers.Conv2D(cexp, 3, 2, padding="same", activation=act)(x)
+        y = keras.layers.DepthwiseConv2D(3, dw_stride, padding="same", activation=dw_act or act)(y)
+        return keras.layers.Conv2D(cout, 1)(y)
+    return build
+
+
+STEM_CASES = {
+    "mobilenet_v2_stem": (dict(cexp=32, cout=16), (32, 32, 3), 1),
+    "odd_sizes_batch2": (dict(cexp=8, cout=5), (17, 23, 3), 2),     # SAME pads the odd side after only
+    "one_channel_relu": (dict(cexp=12, cout=4, act="relu"), (9, 10, 1), 1),
+    "dw_stride2": (dict(cexp=16, cout=8, dw_stride=2), (15, 16, 3), 1),
+}
+
+
+@pytest.mark.parametrize("case", list(STEM_CASES), ids=list(STEM_CASES))
+def test_stem_bottleneck_pattern(case, device, rng):
+    """A stem over an image's channels and the expansion-free block after it become one fused_bottleneck whose
+    expand conv is the stem (``expand_kernel`` 3), against LiteRT on the original; un-fused, LiteRT runs it."""
+    kw, shape, batch = STEM_CASES[case]
+    fused, _ = _check_fused(_stock(_stem(**kw), shape, batch), device, rng, {"bottleneck": 1})
+    m = Model(fused)
+    names = m.op_names(0)
+    assert names.count("fused_bottleneck") == 1 and not {"CONV_2D", "DEPTHWISE_CONV_2D"} & set(names), names
+    attrs = decode_attrs(m.op_attrs(0, names.index("fused_bottleneck")))
+    assert (attrs["expand_kernel"], attrs["expand_stride"]) == (3, 2)
+
+
+def test_stem_is_left_alone_where_it_is_not_one():
+    """No stem folds where the conv reads more than STEM_MAX_CIN channels, where its activation differs from the
+    depthwise conv's, or where it is not of stride 2: the block after it fuses alone."""
+    for kw, shape in ((dict(cexp=8, cout=4), (9, 9, 4)), (dict(cexp=8, cout=4, act="relu", dw_act="relu6"),
+                                                          (9, 9, 3))):
+        fused, report = fuse(_stock(_stem(**kw), shape))
+        names = Model(fused).op_names(0)
+        assert report.patterns["bottleneck"] == 1 and report.patterns["stem_block"] == 0
+        assert names.count("CONV_2D") == 1 and names.count("fused_bottleneck") == 1, names
+    one = _stock(lambda x: keras.layers.Conv2D(4, 1)(keras.layers.DepthwiseConv2D(3, padding="same",
+                                                                                  activation="relu6")(
+        keras.layers.Conv2D(8, 3, 1, padding="same", activation="relu6")(x))), (9, 9, 3))
+    fused, report = fuse(one)
+    assert report.patterns["stem_block"] == 0 and Model(fused).op_names(0).count("CONV_2D") == 1
+
+
+def test_stem_folds_into_a_converted_composite(device, rng):
+    """tflfuse.convert folds composites' MobileNetV2 stem into its first fused_bottleneck (the custom form: 17
+    fused ops, one CONV_2D left, the head's), matching Keras; the composite form keeps the stem's CONV_2D."""
+    import composites
+
+    model = composites.mobilenet_v2(input_shape=(32, 32, 3), alpha=0.35, classes=10, seed=0, batch_size=2)
+    result = tflfuse.convert(model)
+    m = Model(result.tflite)
+    names = m.op_names(0)
+    assert result.report.ok and names.count("fused_bottleneck") == 17 and names.count("CONV_2D") == 1, names
+    first = decode_attrs(m.op_attrs(0, names.index("fused_bottleneck")))
+    assert (first["expand_kernel"], first["expand_stride"], first["dw_activation"]) == (3, 2, "relu6")
+    x = rng.uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+    (got,) = _run_tflfuse(result.tflite, [x], device)
+    np.testing.assert_allclose(got, model(x).numpy(), **ACCUMULATION)
+    composite = Model(tflfuse.convert(model, fused_op_format="composite").tflite)
+    assert composite.op_names(0).count("CONV_2D") == 2
+
+
 def test_no_fusion_across_a_tensor_read_twice(device, rng):
     # The expanded tensor is also a model output: fusing would drop it, so the chain stays as it is.
     def build(x):

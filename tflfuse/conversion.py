@@ -189,6 +189,25 @@ class ConversionResult:
 
 
 # ---- counting annotated calls in a traced graph ------------------------------------------------------
+def fold_stems(tflite: bytes) -> bytes:
+    """A network's stem folded into the ``fused_bottleneck`` after it (:func:`tflfuse.passes.fuse.fuse`'s
+    ``stem_block`` pattern: a CONV_2D 3x3 of stride 2 over an image's channels whose output only an expansion-free
+    block reads, as ``composites``' MobileNetV2 converts), the custom form only: the composite form's
+    decompositions are the composites' own bodies. A file the pass cannot plan is returned as it is (the pass is
+    tuning only; the report's counts of annotated calls and fused ops do not change)."""
+    from .kernels import KernelError
+    from .passes.fuse import fuse
+
+    if b"fused_bottleneck" not in tflite:
+        return tflite
+    try:
+        folded, _ = fuse(tflite, patterns=["stem_block"])
+    except (KernelError, ValueError) as e:   # ModelError is a ValueError
+        logging.debug("stems left unfolded: %s", e)
+        return tflite
+    return folded
+
+
 def _fusable_name(fdef) -> str | None:
     """The composite name of a FunctionDef annotated for fusion, else None."""
     attr = fdef.attr.get("_implements")
@@ -497,6 +516,8 @@ def convert(model: Any, *, annotations: bool = True, signature_keys: Sequence[st
         tflite, _ = prune_unused_outputs(tflite, set(registry()) | {n for c in traced_by_key.values() for n in c},
                                          absent=fused_op_format == "custom")
         tflite, lowered = apply_lowerings(tflite)  # fused ops that have a TFLite builtin become that builtin
+        if fused_op_format == "custom":
+            tflite = fold_stems(tflite)
     if fused_op_format == "composite" and not int8_fused:
         from .passes.portable import to_composite_format
 

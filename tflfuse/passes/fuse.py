@@ -244,6 +244,33 @@ def _conv_2x2_s2(g: Graph, oi: int) -> dict | None:
             "out": g.outputs_of(oi)[0]}
 
 
+#: Input channels up to which :func:`_stem_conv` takes a 3x3 conv of stride 2 (an image's: the resident form of
+#: ``fused_bottleneck`` holds the 9 x 3 values of a pixel's window in registers).
+STEM_MAX_CIN = 3
+
+
+def _stem_conv(g: Graph, oi: int, act: set[str]) -> dict | None:
+    """A network's stem: a CONV_2D 3x3 of stride 2, SAME, without dilation, with a constant filter [O, 3, 3, I]
+    over at most :data:`STEM_MAX_CIN` channels and a fused activation in ``act``: its weights as [9 I, O], tap
+    (dy, dx) at rows (3 dy + dx) I (``fused_bottleneck``'s ``expand_kernel`` 3), as :func:`_conv_1x1` gives a 1x1
+    conv's."""
+    if g.op_name(oi) != "CONV_2D":
+        return None
+    a, ins = g.attrs(oi), g.inputs(oi)
+    w = _weights(g, ins[1])
+    shape = g.shapes.get(ins[0], ())
+    if w is None or w.ndim != 4 or w.shape[1:3] != (3, 3) or len(shape) != 4 or w.shape[3] != shape[3] or \
+            w.shape[3] > STEM_MAX_CIN or a.get("stride_h") != 2 or a.get("stride_w") != 2 or \
+            a.get("padding") != "SAME" or a.get("dilation_h_factor", 1) != 1 or a.get("dilation_w_factor", 1) != 1 \
+            or a.get("fused_activation_function", "NONE") not in act:
+        return None
+    b = _weights(g, ins[2]) if len(ins) > 2 and ins[2] >= 0 else np.zeros(w.shape[0], np.float32)
+    if b is None or not g.is_runtime(ins[0]):
+        return None
+    return {"x": ins[0], "w": w.transpose(1, 2, 3, 0).reshape(9 * w.shape[3], w.shape[0]), "b": b,
+            "act": a.get("fused_activation_function", "NONE"), "out": g.outputs_of(oi)[0], "stem": True}
+
+
 def _prelu_bottleneck(g: Graph, oi: int):
     """CONV_2D 1x1 -> PRELU -> DEPTHWISE_CONV_2D KxK (K 3 or 5, stride 1 or 2, SAME or VALID, no activation) ->
     CONV_2D 1x1 -> [ADD of the block's input] -> [PRELU], each conv without fused activation and each PRELU with
@@ -326,7 +353,7 @@ def _bottleneck(g: Graph, oi: int):
     if first == "CONV_2D" and g.attrs(oi).get("fused_activation_function", "NONE") == "NONE":
         return _prelu_bottleneck(g, oi)
     if first == "CONV_2D":
-        expand = _conv_1x1(g, oi, {"RELU6", "RELU"})
+        expand = _conv_1x1(g, oi, {"RELU6", "RELU"}) or _stem_conv(g, oi, {"RELU6", "RELU"})
         if expand is None:
             return None
         dw = g.sole_reader(expand["out"])
@@ -382,12 +409,17 @@ def _bottleneck(g: Graph, oi: int):
             chain.append(add)
             out, out_act = g.outputs_of(add)[0], g.attrs(add).get("fused_activation_function", "NONE")
     cexp = k.shape[3]
+    stem = bool(expand and expand.get("stem"))
+    if stem and residual:   # the stem's block adds no input of its own (and the fused op takes none)
+        return None
     weights = ([expand["w"], expand["b"]] if expand else []) + [k[0], dw_b, proj["w"], proj["b"]]
     attrs = {"expansion": max(1, cexp // g.shapes[x][-1]) if expand else 1, "stride": int(stride),
              "residual": residual, "activation": _ACT[act], "kernel_size": int(k.shape[1]),
              "squeeze_excite": False}
     if out_act != "NONE":
         attrs["output_activation"] = _ACT[out_act]
+    if stem:
+        attrs.update(expansion=1, expand_stride=2, expand_kernel=3)
     if folded:
         attrs["residual_pool"] = 2
     if pads is not None:
@@ -397,6 +429,31 @@ def _bottleneck(g: Graph, oi: int):
     if not all(g.private(g.outputs_of(c)[0], r) for c, r in zip(chain, chain[1:])):
         return None
     return folded + chain, [x] + weights, out, "fused_bottleneck", attrs
+
+
+def _stem_block(g: Graph, oi: int):
+    """A network's stem (:func:`_stem_conv`) whose output only a ``fused_bottleneck`` without expand conv,
+    squeeze-excite, PReLU slopes or residual reads (a composite's first block, as ``composites``' MobileNetV2 is
+    converted; or one the ``bottleneck`` pattern made): that op with the stem as its 3x3 expand conv of stride 2
+    (``expand_kernel`` 3), the stem's activation its ``activation``, the block's own its ``dw_activation``. On a
+    GPU at large batches the block then runs as one dispatch that never writes the stem's output to memory
+    (:meth:`~tflfuse.kernels.fused.bottleneck.FusedBottleneck._resident_tile`)."""
+    stem = _stem_conv(g, oi, {"RELU6", "RELU", "NONE"})
+    block = g.sole_reader(stem["out"]) if stem is not None else None
+    if block is None or g.op_name(block) != "fused_bottleneck" or not g.private(stem["out"], block):
+        return None
+    from ..annotate import SCHEMA_KEY
+
+    attrs, ins = dict(g.attrs(block)), g.inputs(block)
+    attrs.pop(SCHEMA_KEY, None)   # the composite's record of its attributes' types, written again with them
+    dw_act = str(attrs.get("dw_activation") or attrs.get("activation", "relu6")).lower()
+    if len(ins) != 5 or ins[0] != stem["out"] or attrs.get("squeeze_excite") or attrs.get("residual") or \
+            dw_act == "prelu" or str(attrs.get("output_activation", "linear")).lower() == "prelu" or \
+            int(attrs.get("expand_stride", 1)) != 1 or str(g.model.tensor_dtype(g.index, ins[0])) == "int8":
+        return None
+    attrs.update(activation=_ACT[stem["act"]], dw_activation=dw_act, expansion=1, expand_stride=2, expand_kernel=3)
+    return [oi, block], [stem["x"], stem["w"], stem["b"], *ins[1:]], g.outputs_of(block)[0], "fused_bottleneck", \
+        attrs
 
 
 #: Activation ops after a conv, as the fused conv ops name them (LiteRT's semantics: HARD_SWISH is
@@ -1130,7 +1187,8 @@ def _squeeze_excite(g: Graph, oi: int):
 #: name -> matcher(graph, op index) -> (ops, inputs (tensor index or constant array), output, op name, attrs)
 #: where ``attrs`` is a fused op's attributes (a dict), or ``(options table, fields)`` for a builtin, or None.
 PATTERNS: dict[str, Callable] = {
-    "bottleneck": _bottleneck, "expand_depthwise": _expand_depthwise, "squeeze_excite": _squeeze_excite,
+    "bottleneck": _bottleneck, "stem_block": _stem_block, "expand_depthwise": _expand_depthwise,
+    "squeeze_excite": _squeeze_excite,
     "pad_conv": _pad_conv,
     "separable_conv": _separable, "affine_conv": _affine_conv, "conv_activation": _conv_act,
     "input_prelu": _input_prelu,

@@ -134,11 +134,12 @@ def _bottleneck(g: Graph, oi: int, attrs: dict) -> list:
         ew, eb, *vals = vals
         cexp = ew.shape[1]
         linear = act == "prelu"   # its PRELU follows, an op of its own
-        if int(attrs.get("expand_stride", 1)) == 2:   # a CONV_2D 2x2 of stride 2, VALID: filter OHWI
-            h, w = h // 2, w // 2
+        if int(attrs.get("expand_stride", 1)) == 2:   # a CONV_2D 2x2 of stride 2, VALID, or 3x3 (SAME): OHWI
+            k = 3 if int(attrs.get("expand_kernel") or 2) == 3 else 2
+            h, w = (-(-h // 2), -(-w // 2)) if k == 3 else (h // 2, w // 2)
             code = 0 if linear else _FUSED_CODES.get(act)
-            e = b.op("CONV_2D", [x, b.weight(ew.reshape(2, 2, cin, cexp).transpose(3, 0, 1, 2)), b.weight(eb)],
-                     (n, h, w, cexp), ("Conv2DOptions", {"padding": 1, "strideW": 2, "strideH": 2,
+            e = b.op("CONV_2D", [x, b.weight(ew.reshape(k, k, cin, cexp).transpose(3, 0, 1, 2)), b.weight(eb)],
+                     (n, h, w, cexp), ("Conv2DOptions", {"padding": 0 if k == 3 else 1, "strideW": 2, "strideH": 2,
                                                           "fusedActivationFunction": code or 0}))
             if code is None:
                 e = _act_after(b, e, (n, h, w, cexp), act)

@@ -135,6 +135,7 @@ _RESIDENT_SMALL_BATCH_IMAGE = 112 * 112   # or, at stride 2, pixels per image fr
 _FEW_ROWS_PROJECTION_MAX_ROWS = 64   # output pixels up to which the projection is a few-rows product
 _FEW_ROWS_PROJECTION_MIN_COLS = 88   # or output channels from which it is, up to use_few_rows' 256 rows
 _STEM_KERNEL = 3   # expand_kernel's 3x3 expand conv of stride 2 (SAME): a network's stem folded into its first block
+_STEM_RESIDENT_MIN_PIXELS = 112 * 112   # the stem's output pixels from which the folded block is resident
 
 
 @register("fused_bottleneck")
@@ -588,15 +589,16 @@ class FusedBottleneck(CompositeKernel):
                 "splits": splits}
 
     def _stem_schedule(self, dw_projection: bool = True) -> dict:
-        """The default strategy of a block whose expand conv is a network's 3x3 stem (``expand_kernel`` 3): on a GPU
-        the resident ``expand_dw`` form where :meth:`_resident_tile` takes the block (the expanded tensor never in
-        memory), else the expand conv into a scratch buffer (:meth:`_expand_program`, CONV_2D's own schedule) and
-        what the block without it would take there: dw_projection where :meth:`_dw_projection_shape` holds, else
-        dw_pointwise where its values fit; on the software adapter, and otherwise, staged."""
+        """The default strategy of a block whose expand conv is a network's 3x3 stem (``expand_kernel`` 3): the
+        resident ``expand_dw`` form where :meth:`_resident_tile` takes the block (the expanded tensor never in
+        memory; the software adapter too); else on a GPU the expand conv into a scratch buffer
+        (:meth:`_expand_program`, CONV_2D's own schedule) and what the block without it would take there:
+        dw_projection where :meth:`_dw_projection_shape` holds, else dw_pointwise where its values fit; otherwise
+        staged."""
         one = {"tile": 1, "lanes": 1, "out_block": self.cout, "chunk": 1, "splits": 1}
+        if dw_projection and self._resident_tile():   # on the software adapter too
+            return {"strategy": "expand_dw", **one}
         if self.target() == "gpu" and dw_projection:
-            if self._resident_tile():
-                return {"strategy": "expand_dw", **one}
             if self._dw_projection_shape():
                 return {"strategy": "dw_projection", **one}
             if self._pointwise_block() > 0 and self._expanded_fits():
@@ -725,10 +727,12 @@ class FusedBottleneck(CompositeKernel):
         taking 7 x 7 / 8 tiles, 2 pixels per invocation, projected, the model took 1237.1 against 1218.9 us (1.015x;
         an H100, 2026-12-06 17:05 UTC, ``benchmarks/switch_ab.py``, 3 alternating rounds)."""
         stem = self.expand_kernel == _STEM_KERNEL
-        if self.target() != "gpu" or not self.has_expand or self.has_se or (self.core_only and not stem):
+        if (self.target() != "gpu" and not stem) or not self.has_expand or self.has_se or (self.core_only and not stem):
             return None
         n, h, w = self.input(0).shape[0], self.eh, self.ewd   # the expanded tensor's (a 1x1 expand's input's)
-        if (n * h * w < _RESIDENT_MIN_PIXELS and self.stride == 2 and h * w >= _RESIDENT_SMALL_BATCH_IMAGE
+        if stem:
+            tiles = self._stem_resident_tiles(n * h * w, self.target())
+        elif (n * h * w < _RESIDENT_MIN_PIXELS and self.stride == 2 and h * w >= _RESIDENT_SMALL_BATCH_IMAGE
                 and self.cexp > _TILED_MAX_CEXP):
             tiles = [(4, 8, 16, 1, True)] if n == 1 else [(7, 7, 8, 2, True)]   # few images of a large map
         elif n * h * w < _RESIDENT_MIN_PIXELS or h * w < _RESIDENT_MIN_IMAGE:
@@ -741,6 +745,36 @@ class FusedBottleneck(CompositeKernel):
                                                             tw, chunk, pixels, self.cout if projected else 0):
                 return th, tw, chunk, pixels, projected
         return None
+
+    @staticmethod
+    def _stem_resident_tiles(pixels: int, target: str) -> list[tuple[int, int, int, int, bool]]:
+        """:meth:`_resident_tile`'s candidates for a network's stem folded into its first block (``expand_kernel``
+        3): on the software adapter 8 x 16 tiles of 8 channels with 2 halo pixels per invocation (else 8 x 8); on a
+        GPU by the pixels of the stem's output in all: none below :data:`_STEM_RESIDENT_MIN_PIXELS`, 4 x 8 of 16 with
+        1 (else 4 x 8 of 8 with 2) below 8 images of 112x112, 8 x 8 of 8 with 2 below 32, 8 x 16 of 8 with 2 from
+        there (else 8 x 8); all projected.
+
+        Measured on an H100 (Vulkan, 2026-12-06 18:30 UTC, ``benchmarks/sweep_stem.py``, ``benchmarks/RESULTS-stem.md``;
+        GPU time of 20 runs back to back, median of 7 passes) on MobileNetV2's stem (224x224x3 -> 32, RELU6) and
+        first block (-> 16) against the two ops apart (CONV_2D, then the block's dw_projection, in one plan): at
+        batch 1 4 x 8 / 16 / r1 7.5 against 11.8 us (float16 6.5 against 11.0; 4 x 8 / 8 / r2 9.3, 8 x 8 / 8 / r2
+        9.6, the stem's CONV_2D program then dw_projection 11.7); at batch 8 8 x 8 / 8 / r2 27.3 against 34.6
+        (float16 20.6 against 28.5; 4 x 8 / 16 / r1 35.2); at batch 32 8 x 16 / 8 / r2 86.6 against 116.3 (float16
+        63.9 against 77.0; 8 x 8 / 8 / r2 99.0 and 65.3, 16 x 8 / 8 / r4 89.5 and 57.6, 7 x 7 / 8 / r4 119.6). On
+        the software adapter (llvmpipe on a 2-core CPU, 2026-12-06, the same sweep with ``--target=cpu``, the
+        unfolded block taking its blocked strategy), at batch 1: 8 x 16 / 8 / r2 11.3 and 14.9 ms against 21.7 and
+        31.3 ms apart in two runs (16 x 8 / 8 / r4 12.9 in the second, 7 x 7 / 8 / r4 16.5 in the first), the
+        staged strategy 47.0 and 45.2 ms; on 96x96 images at batch 2 5.1 against 12.1 ms (8 x 8 / 8 / r2 7.6,
+        staged 15.7), at batch 1 3.2 against 6.0 (8 x 8 / 8 / r2 2.5, staged 5.7)."""
+        if target != "gpu":
+            return [(8, 16, 8, 2, True), (8, 8, 8, 2, True)]
+        if pixels < _STEM_RESIDENT_MIN_PIXELS:
+            return []
+        if pixels < 8 * _STEM_RESIDENT_MIN_PIXELS:
+            return [(4, 8, 16, 1, True), (4, 8, 8, 2, True)]
+        if pixels < 32 * _STEM_RESIDENT_MIN_PIXELS:
+            return [(8, 8, 8, 2, True)]
+        return [(8, 16, 8, 2, True), (8, 8, 8, 2, True)]
 
     def _takes_expand_dw(self) -> bool:
         """Whether a GPU runs the ``expand_dw`` strategy by default: a block with an expand conv, without
