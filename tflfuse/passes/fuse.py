@@ -21,7 +21,9 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
 * ``bottleneck``: CONV_2D 1x1 (act A) -> DEPTHWISE_CONV_2D KxK, K 3 or 5, stride 1 or 2, SAME or VALID, or a
   PAD of zeros (H and W, less than K on each side) then VALID (act A) ->
   CONV_2D 1x1 [-> ADD of the block's input] with A = RELU6 or RELU; also without the first conv
-  (expansion 1): ``fused_bottleneck``. A RELU6 or RELU on the projection CONV_2D, or fused into the ADD after
+  (expansion 1): ``fused_bottleneck``; the first conv may be a network's stem, a CONV_2D 3x3 of stride 2 (SAME)
+  over at most :data:`STEM_MAX_CIN` channels (``expand_kernel`` 3, :func:`_stem_conv`). A RELU6 or RELU on the
+  projection CONV_2D, or fused into the ADD after
   it (MediaPipe's pose landmark model), becomes its ``output_activation``; at stride 2 the ADD may add the
   2x2 MAX_POOL_2D of stride 2 of the block's input (``residual_pool`` 2: MediaPipe's pose and hand landmark
   models); the same chain in int8 (full-integer files) becomes an int8
@@ -30,6 +32,9 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   slopes, and the downsampling form whose first conv is 2x2 of stride 2 and whose ADD adds the input's 2x2
   MAX_POOL_2D [channel-padded] (MediaPipe's iris landmark model; ``activation="prelu"``,
   :func:`_prelu_bottleneck`).
+* ``stem_block``: that stem, then a ``fused_bottleneck`` without expand conv, squeeze-excite, PReLU or residual
+  that alone reads it (a composite's first block, as ``tflfuse.convert`` writes composites' MobileNetV2, which
+  folds it so): the same op with the stem as its expand conv (:func:`_stem_block`).
 * ``expand_depthwise``: CONV_2D 1x1 (its fused activation, or a RELU, RELU6, LOGISTIC, TANH or HARD_SWISH op
   after it) -> DEPTHWISE_CONV_2D of multiplier 1 (likewise): ``fused_expand_depthwise``, the expansion and
   depthwise conv of a block that ``bottleneck`` does not take (MobileNetV3's hard-swish blocks, a

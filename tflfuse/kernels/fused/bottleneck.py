@@ -21,7 +21,14 @@ squeeze_excite ``se_w1 [Cexp, Csq]``, ``se_b1 [Csq]``, ``se_w2 [Csq, Cexp]``, ``
 the expand conv is a 2x2 conv of stride 2, VALID (``e [N, H // 2, W // 2, Cexp]``, ``expand_w [4 Cin, Cexp]``:
 TensorFlow's HWIO filter flattened, tap ``(dy, dx)`` at rows ``(2 dy + dx) Cin``; the tiled and staged strategies
 take it): iris landmark's downsampling blocks, whose residual is x's 2x2 max pool (``residual_pool`` 2, its
-channels zero-extended to Cout where Cin < Cout, as TFLite's PAD of the last axis). Attributes:
+channels zero-extended to Cout where Cin < Cout, as TFLite's PAD of the last axis). With ``expand_kernel`` 3 (and
+``expand_stride`` 2) the expand conv is a 3x3 conv of stride 2, SAME, as TFLite's CONV_2D pads it (``e [N,
+ceil(H / 2), ceil(W / 2), Cexp]``, ``expand_w [9 Cin, Cexp]``, HWIO flattened): a network's stem folded into its
+first block (:func:`tflfuse.fuse`'s ``bottleneck`` and ``stem_block`` patterns, ``tflfuse.convert``), without a
+residual, squeeze-excite or PReLU slopes; the staged, dw_projection and dw_pointwise strategies take it (the conv
+as CONV_2D's own program, into a scratch buffer), and expand_dw's resident form, whose halo pixels hold the conv's
+window in registers (:meth:`FusedBottleneck._stem_resident_tiles`: the default on the software adapter, and on a
+GPU from 112x112 outputs). Attributes:
 ``expansion`` (int), ``stride`` (1 or 2), ``residual`` (bool), ``activation`` (str), ``kernel_size`` (int,
 default 3), ``squeeze_excite`` (bool, default False), ``dw_activation`` (str, default None: ``activation``) and
 ``output_activation`` (``"linear"``, the default, ``"relu"``, ``"relu6"`` or ``"prelu"``: applied after the
