@@ -1411,6 +1411,11 @@ def test_stem_block_schedule():
     ({"expand_stride": 1}, "expand_kernel must be 0 .* or 3 with expand_stride 2"),
     ({"expand_kernel": 5}, "expand_kernel must be 0"),
     ({"expand_kernel": 2.5}, "expand_kernel must be an integer"),
+    ({"expand_kernel": True}, "expand_kernel must be an integer"),
+    ({"expand_kernel": False}, "expand_kernel must be an integer"),
+    ({"expand_kernel": np.array([3, 3])}, "expand_kernel must be an integer"),
+    ({"activation": "prelu", "dw_activation": "linear", "output_activation": "prelu"},
+     "expand_stride must be 1 .* with an expand conv"),   # 7 inputs read as a block without expand conv
     ({"residual": True}, "residual needs stride 1, Cin == Cout"),
     ({"activation": "prelu", "dw_activation": "linear"}, "expects"),
     ({"strategy": "tiled"}, "strategy 'tiled' does not take a 3x3 expand conv"),
@@ -1432,6 +1437,18 @@ def test_stem_block_window_past_the_registers_is_refused_for_the_resident_form()
     specs = [TensorSpec(np.shape(v)) for v in inputs]
     with pytest.raises(KernelError, match=r"the 3x3 expand conv's window, 36 values with padding, exceeds the 32"):
         kernel_class("fused_bottleneck")(specs, {**base, "strategy": "expand_dw", "expand_tile": "4x8/16/r1p"})
+    with pytest.raises(KernelError, match=r"no default tile fits this block \(the 3x3 expand conv's window, 36"):
+        kernel_class("fused_bottleneck")(specs, {**base, "strategy": "expand_dw"})
+
+
+def test_stem_block_with_prelu_slopes_is_refused_by_the_stem_rule():
+    """A 3x3 expand conv with PReLU slopes is refused for what it is, whatever strategy is asked or chosen."""
+    *_, inputs, base = _stem_block(STEM_CASES[1])
+    specs = [TensorSpec(np.shape(v)) for v in inputs] + [TensorSpec((32,))]
+    for strategy in (None, "staged", "tiled", "dw_pointwise"):
+        with pytest.raises(KernelError, match="takes no PReLU slopes, squeeze_excite or residual"):
+            kernel_class("fused_bottleneck")(specs, {**base, "activation": "prelu", "dw_activation": "linear",
+                                                     **({"strategy": strategy} if strategy else {})})
 
 
 def test_stem_block_weights_of_the_wrong_shape_are_refused():

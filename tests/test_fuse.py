@@ -264,6 +264,8 @@ STEM_CASES = {
     "odd_sizes_batch2": (dict(cexp=8, cout=5), (17, 23, 3), 2),     # SAME pads the odd side after only
     "one_channel_relu": (dict(cexp=12, cout=4, act="relu"), (9, 10, 1), 1),
     "dw_stride2": (dict(cexp=16, cout=8, dw_stride=2), (15, 16, 3), 1),
+    "relu_stem_relu6_block": (dict(cexp=8, cout=4, act="relu", dw_act="relu6"), (9, 9, 3), 1),
+    "linear_stem": (dict(cexp=8, cout=4, act=None, dw_act="relu"), (11, 7, 3), 1),
 }
 
 
@@ -278,17 +280,19 @@ def test_stem_bottleneck_pattern(case, device, rng):
     assert names.count("fused_bottleneck") == 1 and not {"CONV_2D", "DEPTHWISE_CONV_2D"} & set(names), names
     attrs = decode_attrs(m.op_attrs(0, names.index("fused_bottleneck")))
     assert (attrs["expand_kernel"], attrs["expand_stride"]) == (3, 2)
+    act = kw.get("act", "relu6")   # _stem's default
+    assert (attrs["activation"], attrs["dw_activation"]) == (act or "linear", kw.get("dw_act") or act)
+    again, report = fuse(fused)   # one call reaches what a second would leave as it is
+    assert again == fused and not any(report.patterns.values()), str(report)
 
 
 def test_stem_is_left_alone_where_it_is_not_one():
-    """No stem folds where the conv reads more than STEM_MAX_CIN channels, where its activation differs from the
-    depthwise conv's, or where it is not of stride 2: the block after it fuses alone."""
-    for kw, shape in ((dict(cexp=8, cout=4), (9, 9, 4)), (dict(cexp=8, cout=4, act="relu", dw_act="relu6"),
-                                                          (9, 9, 3))):
-        fused, report = fuse(_stock(_stem(**kw), shape))
-        names = Model(fused).op_names(0)
-        assert report.patterns["bottleneck"] == 1 and report.patterns["stem_block"] == 0
-        assert names.count("CONV_2D") == 1 and names.count("fused_bottleneck") == 1, names
+    """No stem folds where the conv reads more than STEM_MAX_CIN channels or is not of stride 2: the block after it
+    fuses alone."""
+    fused, report = fuse(_stock(_stem(cexp=8, cout=4), (9, 9, 4)))
+    names = Model(fused).op_names(0)
+    assert report.patterns["bottleneck"] == 1 and report.patterns["stem_block"] == 0
+    assert names.count("CONV_2D") == 1 and names.count("fused_bottleneck") == 1, names
     one = _stock(lambda x: keras.layers.Conv2D(4, 1)(keras.layers.DepthwiseConv2D(3, padding="same",
                                                                                   activation="relu6")(
         keras.layers.Conv2D(8, 3, 1, padding="same", activation="relu6")(x))), (9, 9, 3))
@@ -308,6 +312,7 @@ def test_stem_folds_into_a_converted_composite(device, rng):
     assert result.report.ok and names.count("fused_bottleneck") == 17 and names.count("CONV_2D") == 1, names
     first = decode_attrs(m.op_attrs(0, names.index("fused_bottleneck")))
     assert (first["expand_kernel"], first["expand_stride"], first["dw_activation"]) == (3, 2, "relu6")
+    assert first["residual"] is False and first["squeeze_excite"] is False   # written with the block's own types
     x = rng.uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
     (got,) = _run_tflfuse(result.tflite, [x], device)
     np.testing.assert_allclose(got, model(x).numpy(), **ACCUMULATION)

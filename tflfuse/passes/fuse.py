@@ -22,7 +22,8 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   PAD of zeros (H and W, less than K on each side) then VALID (act A) ->
   CONV_2D 1x1 [-> ADD of the block's input] with A = RELU6 or RELU; also without the first conv
   (expansion 1): ``fused_bottleneck``; the first conv may be a network's stem, a CONV_2D 3x3 of stride 2 (SAME)
-  over at most :data:`STEM_MAX_CIN` channels (``expand_kernel`` 3, :func:`_stem_conv`). A RELU6 or RELU on the
+  over at most :data:`STEM_MAX_CIN` channels, with any of those activations or none (``expand_kernel`` 3,
+  :func:`_stem_conv`; A its ``dw_activation``). A RELU6 or RELU on the
   projection CONV_2D, or fused into the ADD after
   it (MediaPipe's pose landmark model), becomes its ``output_activation``; at stride 2 the ADD may add the
   2x2 MAX_POOL_2D of stride 2 of the block's input (``residual_pool`` 2: MediaPipe's pose and hand landmark
@@ -273,7 +274,7 @@ def _stem_conv(g: Graph, oi: int, act: set[str]) -> dict | None:
     if b is None or not g.is_runtime(ins[0]):
         return None
     return {"x": ins[0], "w": w.transpose(1, 2, 3, 0).reshape(9 * w.shape[3], w.shape[0]), "b": b,
-            "act": a.get("fused_activation_function", "NONE"), "out": g.outputs_of(oi)[0], "stem": True}
+            "act": a.get("fused_activation_function", "NONE"), "out": g.outputs_of(oi)[0]}
 
 
 def _prelu_bottleneck(g: Graph, oi: int):
@@ -355,10 +356,11 @@ def _prelu_bottleneck(g: Graph, oi: int):
 def _bottleneck(g: Graph, oi: int):
     first = g.op_name(oi)
     chain = []
-    if first == "CONV_2D" and g.attrs(oi).get("fused_activation_function", "NONE") == "NONE":
+    stem = _stem_conv(g, oi, {"RELU6", "RELU", "NONE"}) if first == "CONV_2D" else None
+    if first == "CONV_2D" and stem is None and g.attrs(oi).get("fused_activation_function", "NONE") == "NONE":
         return _prelu_bottleneck(g, oi)
     if first == "CONV_2D":
-        expand = _conv_1x1(g, oi, {"RELU6", "RELU"}) or _stem_conv(g, oi, {"RELU6", "RELU"})
+        expand = stem or _conv_1x1(g, oi, {"RELU6", "RELU"})
         if expand is None:
             return None
         dw = g.sole_reader(expand["out"])
@@ -388,7 +390,7 @@ def _bottleneck(g: Graph, oi: int):
             (pads is not None and (padding != "VALID" or pads.max() >= k.shape[1])) or \
             a.get("stride_w", 1) != stride or a.get("dilation_h_factor", 1) != 1 or \
             a.get("dilation_w_factor", 1) != 1 or act not in ("RELU6", "RELU") or \
-            (expand is not None and expand["act"] != act) or not g.is_runtime(x):
+            (expand is not None and stem is None and expand["act"] != act) or not g.is_runtime(x):
         return None
     dw_b = _weights(g, ins[2]) if len(ins) > 2 and ins[2] >= 0 else np.zeros(k.shape[3], np.float32)
     if dw_b is None:
@@ -414,8 +416,7 @@ def _bottleneck(g: Graph, oi: int):
             chain.append(add)
             out, out_act = g.outputs_of(add)[0], g.attrs(add).get("fused_activation_function", "NONE")
     cexp = k.shape[3]
-    stem = bool(expand and expand.get("stem"))
-    if stem and residual:   # the stem's block adds no input of its own (and the fused op takes none)
+    if stem is not None and residual:   # the stem's block adds no input of its own (and the fused op takes none)
         return None
     weights = ([expand["w"], expand["b"]] if expand else []) + [k[0], dw_b, proj["w"], proj["b"]]
     attrs = {"expansion": max(1, cexp // g.shapes[x][-1]) if expand else 1, "stride": int(stride),
@@ -423,8 +424,9 @@ def _bottleneck(g: Graph, oi: int):
              "squeeze_excite": False}
     if out_act != "NONE":
         attrs["output_activation"] = _ACT[out_act]
-    if stem:
-        attrs.update(expansion=1, expand_stride=2, expand_kernel=3)
+    if stem is not None:   # the stem's own activation, the depthwise conv's its dw_activation
+        attrs.update(expansion=1, expand_stride=2, expand_kernel=3, activation=_ACT[stem["act"]],
+                     dw_activation=_ACT[act])
     if folded:
         attrs["residual_pool"] = 2
     if pads is not None:
@@ -447,10 +449,13 @@ def _stem_block(g: Graph, oi: int):
     block = g.sole_reader(stem["out"]) if stem is not None else None
     if block is None or g.op_name(block) != "fused_bottleneck" or not g.private(stem["out"], block):
         return None
-    from ..annotate import SCHEMA_KEY
+    from ..annotate import decode_attrs
 
-    attrs, ins = dict(g.attrs(block)), g.inputs(block)
-    attrs.pop(SCHEMA_KEY, None)   # the composite's record of its attributes' types, written again with them
+    ins = g.inputs(block)
+    try:   # the values as the block was written with them (bools, lists), its type record dropped
+        attrs = decode_attrs(g.attrs(block))
+    except ValueError:
+        return None
     dw_act = str(attrs.get("dw_activation") or attrs.get("activation", "relu6")).lower()
     if len(ins) != 5 or ins[0] != stem["out"] or attrs.get("squeeze_excite") or attrs.get("residual") or \
             dw_act == "prelu" or str(attrs.get("output_activation", "linear")).lower() == "prelu" or \

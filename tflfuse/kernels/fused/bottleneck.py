@@ -190,7 +190,8 @@ class FusedBottleneck(CompositeKernel):
         # the expand conv's kernel: 1x1, the 2x2 of stride 2 (VALID) that expand_stride 2 implies, or a 3x3 of
         # stride 2 (SAME: a network's stem, folded into its first block)
         given = self.attrs.get("expand_kernel")
-        self.expand_kernel = self._int_attr("expand_kernel") if given not in (None, 0) else self.expand_stride
+        unset = given is None or (is_integral(given) and int(given) == 0)   # not a bool, array or string
+        self.expand_kernel = self.expand_stride if unset else self._int_attr("expand_kernel")
         if self.expand_kernel not in (self.expand_stride, _STEM_KERNEL) or (
                 self.expand_kernel == _STEM_KERNEL and self.expand_stride != 2):
             raise self.fail(f"expand_kernel must be 0 (the default: 1 with expand_stride 1, 2 with expand_stride 2) or "
@@ -274,12 +275,13 @@ class FusedBottleneck(CompositeKernel):
         if self.strategy not in _STRATEGIES or (self.has_se and self.strategy != "staged"):
             raise self.fail(f"strategy must be one of {', '.join(map(repr, _STRATEGIES))} ('staged' with "
                             f"squeeze_excite), got {self.strategy!r}")
+        if self.expand_kernel == _STEM_KERNEL:
+            self._check_stem(cin, cexp)
         if self.prelu and self.strategy not in ("tiled", "staged", "blocked", "dw_pointwise"):
             raise self.fail(f"strategy {self.strategy!r} does not take PReLU slopes (activation or "
                             f"output_activation 'prelu'); give 'tiled', 'staged', 'blocked' or 'dw_pointwise'")
-        if self.expand_kernel == _STEM_KERNEL:
-            self._check_stem(cin, cexp)
-        elif self.expand_stride == 2 and self.strategy not in ("tiled", "staged", "dw_pointwise"):
+        if self.expand_kernel != _STEM_KERNEL and self.expand_stride == 2 and \
+                self.strategy not in ("tiled", "staged", "dw_pointwise"):
             raise self.fail(f"strategy {self.strategy!r} does not take a 2x2 expand conv (expand_stride 2); give "
                             f"'tiled', 'staged' or 'dw_pointwise'")
         if self.strategy == "dw_projection" and pooled:
@@ -653,8 +655,13 @@ class FusedBottleneck(CompositeKernel):
                     else f"give a smaller tile or chunk, or drop '/r{tile[3]}' for the per-chunk form"))
             return (*tile, True)
         if self.expand_kernel == _STEM_KERNEL:
-            raise self.fail(f"expand_tile {text!r}: a {_STEM_KERNEL}x{_STEM_KERNEL} expand conv runs expand_dw only in "
-                            f"its resident form ('THxTW/C/rP' or 'THxTW/C/rPp'), and this block has no default there")
+            if text:
+                raise self.fail(f"expand_tile {text!r}: a {_STEM_KERNEL}x{_STEM_KERNEL} expand conv runs expand_dw only "
+                                f"in its resident form; give 'THxTW/C/rP' or 'THxTW/C/rPp'")
+            why = resident_refusal(g, self._stem_resident_cin(), self.cexp, 8, 8, 8, 2, self.cout, _STEM_KERNEL)
+            raise self.fail(f"strategy 'expand_dw' on a {_STEM_KERNEL}x{_STEM_KERNEL} expand conv runs its resident "
+                            f"form, and no default tile fits this block" + (f" ({why})" if why else "") +
+                            "; give expand_tile 'THxTW/C/rP' or 'THxTW/C/rPp', or another strategy")
         unroll = int(found.group(4)) if found and found.group(4) else expand_depthwise_unroll(self.cin)
         if self.cin % (4 * unroll):
             raise self.fail(f"expand_tile's unroll {unroll} must divide the input channels / 4 ({self.cin // 4})")
