@@ -229,25 +229,33 @@ def _channel_slopes(g: Graph, prelu: int, channels: int) -> np.ndarray | None:
     return np.broadcast_to(slopes.reshape(-1), (channels,)).astype(np.float32)
 
 
-def _conv_2x2_s2(g: Graph, oi: int) -> dict | None:
-    """A CONV_2D 2x2 of stride 2, VALID, without dilation or activation, with a constant filter [O, 2, 2, I]: its
-    weights as [4 I, O], tap (dy, dx) at rows (2 dy + dx) I (``fused_bottleneck``'s ``expand_stride`` 2), as
-    :func:`_conv_1x1` gives a 1x1 conv's. Not SAME, even where the file's sizes are even: an input resized to
-    odd sizes would then be padded, which the fused op never does."""
+def _strided_conv(g: Graph, oi: int, k: int, padding: str, act: set[str], max_cin: int = 0) -> dict | None:
+    """A CONV_2D ``k x k`` of stride 2 with ``padding``, without dilation, with a constant filter [O, k, k, I] (at most
+    ``max_cin`` input channels, where given) and a fused activation in ``act``: its weights as [k k I, O], tap
+    (dy, dx) at rows (k dy + dx) I (``fused_bottleneck``'s strided expand convs), as :func:`_conv_1x1` gives a 1x1
+    conv's."""
     if g.op_name(oi) != "CONV_2D":
         return None
     a, ins = g.attrs(oi), g.inputs(oi)
     w = _weights(g, ins[1])
     shape = g.shapes.get(ins[0], ())
-    if w is None or w.ndim != 4 or w.shape[1:3] != (2, 2) or len(shape) != 4 or w.shape[3] != shape[3] or \
-            a.get("stride_h") != 2 or a.get("stride_w") != 2 or a.get("fused_activation_function", "NONE") != "NONE" \
-            or a.get("dilation_h_factor", 1) != 1 or a.get("dilation_w_factor", 1) != 1 or a.get("padding") != "VALID":
+    if w is None or w.ndim != 4 or w.shape[1:3] != (k, k) or len(shape) != 4 or w.shape[3] != shape[3] or \
+            (max_cin and w.shape[3] > max_cin) or a.get("stride_h") != 2 or a.get("stride_w") != 2 or \
+            a.get("padding") != padding or a.get("dilation_h_factor", 1) != 1 or a.get("dilation_w_factor", 1) != 1 \
+            or a.get("fused_activation_function", "NONE") not in act:
         return None
     b = _weights(g, ins[2]) if len(ins) > 2 and ins[2] >= 0 else np.zeros(w.shape[0], np.float32)
     if b is None or not g.is_runtime(ins[0]):
         return None
-    return {"x": ins[0], "w": w.transpose(1, 2, 3, 0).reshape(4 * w.shape[3], w.shape[0]), "b": b, "act": "NONE",
-            "out": g.outputs_of(oi)[0]}
+    return {"x": ins[0], "w": w.transpose(1, 2, 3, 0).reshape(k * k * w.shape[3], w.shape[0]), "b": b,
+            "act": a.get("fused_activation_function", "NONE"), "out": g.outputs_of(oi)[0]}
+
+
+def _conv_2x2_s2(g: Graph, oi: int) -> dict | None:
+    """A CONV_2D 2x2 of stride 2, VALID, without activation (:func:`_strided_conv`; ``fused_bottleneck``'s
+    ``expand_stride`` 2). Not SAME, even where the file's sizes are even: an input resized to odd sizes would then
+    be padded, which the fused op never does."""
+    return _strided_conv(g, oi, 2, "VALID", {"NONE"})
 
 
 #: Input channels up to which :func:`_stem_conv` takes a 3x3 conv of stride 2 (an image's: the resident form of
@@ -256,25 +264,9 @@ STEM_MAX_CIN = 3
 
 
 def _stem_conv(g: Graph, oi: int, act: set[str]) -> dict | None:
-    """A network's stem: a CONV_2D 3x3 of stride 2, SAME, without dilation, with a constant filter [O, 3, 3, I]
-    over at most :data:`STEM_MAX_CIN` channels and a fused activation in ``act``: its weights as [9 I, O], tap
-    (dy, dx) at rows (3 dy + dx) I (``fused_bottleneck``'s ``expand_kernel`` 3), as :func:`_conv_1x1` gives a 1x1
-    conv's."""
-    if g.op_name(oi) != "CONV_2D":
-        return None
-    a, ins = g.attrs(oi), g.inputs(oi)
-    w = _weights(g, ins[1])
-    shape = g.shapes.get(ins[0], ())
-    if w is None or w.ndim != 4 or w.shape[1:3] != (3, 3) or len(shape) != 4 or w.shape[3] != shape[3] or \
-            w.shape[3] > STEM_MAX_CIN or a.get("stride_h") != 2 or a.get("stride_w") != 2 or \
-            a.get("padding") != "SAME" or a.get("dilation_h_factor", 1) != 1 or a.get("dilation_w_factor", 1) != 1 \
-            or a.get("fused_activation_function", "NONE") not in act:
-        return None
-    b = _weights(g, ins[2]) if len(ins) > 2 and ins[2] >= 0 else np.zeros(w.shape[0], np.float32)
-    if b is None or not g.is_runtime(ins[0]):
-        return None
-    return {"x": ins[0], "w": w.transpose(1, 2, 3, 0).reshape(9 * w.shape[3], w.shape[0]), "b": b,
-            "act": a.get("fused_activation_function", "NONE"), "out": g.outputs_of(oi)[0]}
+    """A network's stem: a CONV_2D 3x3 of stride 2, SAME, over at most :data:`STEM_MAX_CIN` channels with a fused
+    activation in ``act`` (:func:`_strided_conv`; ``fused_bottleneck``'s ``expand_kernel`` 3)."""
+    return _strided_conv(g, oi, 3, "SAME", act, STEM_MAX_CIN)
 
 
 def _prelu_bottleneck(g: Graph, oi: int):
