@@ -574,3 +574,25 @@ def test_load_cost_writes_a_rate_per_source_and_ratio(tmp_path):
                                f"--out={out}"], capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert out.read_text().splitlines()[0].endswith(says), out.read_text()[:300]
+
+
+@pytest.mark.parametrize("target", ["gpu", "cpu"])
+def test_sweep_stem_times_the_folded_block_against_the_two_ops(tmp_path, target):
+    """benchmarks/sweep_stem.py, run as a user runs it on a small image: a row for the stem's CONV_2D and the block
+    apart, one for the folded block's default and one per resident tile it takes, each folded output within float32
+    rounding of the two ops' (sums of 27 + 9 + 32 products of unit scale: 1e-5), and a tile it refuses named with the
+    reason, not timed. Its times say nothing here (the software adapter); only what it runs and writes is checked."""
+    out, js = tmp_path / "stem.md", tmp_path / "stem.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep_stem.py"), "--size=32", "--batches=1",
+                           "--precisions=float32", "--repeats=1", "--reps=1", f"--target={target}",
+                           "--tiles=8x8/8/r2p,16x16/8/r1p", f"--out={out}", f"--json_out={js}"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(js.read_text())
+    assert [r["plan"] for r in rows] == ["CONV_2D, then fused_bottleneck", "folded, default", "folded, 8x8/8/r2p"]
+    # apart: the CONV_2D, then the block's one dispatch (or two, staged, on small maps on the software adapter)
+    assert rows[0]["dispatches"] in (2, 3) and rows[2]["dispatches"] == 1 and rows[2]["strategy"] == "expand_dw"
+    assert all(0 <= r["max_abs_diff"] < 1e-5 for r in rows), rows
+    assert "16x16/8/r1p" in proc.stdout + proc.stderr and "invocations" in proc.stdout + proc.stderr
+    text = out.read_text()
+    assert f"target '{target}'" in text and "| 1 | float32 | folded, 8x8/8/r2p | expand_dw | 1 |" in text, text

@@ -23,11 +23,10 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   CONV_2D 1x1 [-> ADD of the block's input] with A = RELU6 or RELU; also without the first conv
   (expansion 1): ``fused_bottleneck``; the first conv may be a network's stem, a CONV_2D 3x3 of stride 2 (SAME)
   over at most :data:`STEM_MAX_CIN` channels, with any of those activations or none (``expand_kernel`` 3,
-  :func:`_stem_conv`; A its ``dw_activation``). A RELU6 or RELU on the
-  projection CONV_2D, or fused into the ADD after
-  it (MediaPipe's pose landmark model), becomes its ``output_activation``; at stride 2 the ADD may add the
-  2x2 MAX_POOL_2D of stride 2 of the block's input (``residual_pool`` 2: MediaPipe's pose and hand landmark
-  models); the same chain in int8 (full-integer files) becomes an int8
+  :func:`_stem_conv`; A the block's ``dw_activation``). A RELU6 or RELU on the projection CONV_2D, or fused into
+  the ADD after it (MediaPipe's pose landmark model), becomes its ``output_activation``; at stride 2 the ADD may
+  add the 2x2 MAX_POOL_2D of stride 2 of the block's input (``residual_pool`` 2: MediaPipe's pose and hand
+  landmark models); the same chain in int8 (full-integer files) becomes an int8
   ``fused_bottleneck`` (:mod:`tflfuse.passes.fuse_int8`). Also with PReLUs: CONV_2D 1x1 -> PRELU ->
   DEPTHWISE_CONV_2D (no activation) -> CONV_2D 1x1 [-> ADD of the block's input] [-> PRELU], constant
   slopes, and the downsampling form whose first conv is 2x2 of stride 2 and whose ADD adds the input's 2x2

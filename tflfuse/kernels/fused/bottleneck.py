@@ -1080,8 +1080,7 @@ class FusedBottleneck(CompositeKernel):
         CONV_2D's own program for that conv (:class:`~tflfuse.kernels.conv.Conv2D`, the filter HWIO, its
         schedule on this target), over bindings named ``x``, ``ew``, ``eb`` and ``expanded``, so the block runs
         the dispatch the unfolded stem would."""
-        n, h, w, cin = self.input(0).shape
-        k = _STEM_KERNEL
+        cin, k = self.input(0).shape[3], _STEM_KERNEL
         conv = Conv2D([self.input(0), TensorSpec((k, k, cin, self.cexp)), TensorSpec((self.cexp,))],
                       {"padding": "SAME", "stride_h": 2, "stride_w": 2, "fused_activation_function": self.act,
                        "filter_layout": "HWIO", "target": self.target()})
