@@ -1313,9 +1313,9 @@ def test_prelu_slopes_of_the_wrong_shape_are_refused():
 STEM_CASES = [(2, 17, 23, 3, 8, 4, 3, 1), (1, 16, 16, 3, 32, 16, 3, 1), (2, 15, 13, 3, 32, 16, 3, 1),
               (1, 11, 14, 1, 12, 8, 3, 1), (2, 9, 10, 4, 16, 12, 5, 2), (1, 13, 9, 3, 6, 5, 3, 1),
               (1, 1, 1, 3, 8, 4, 3, 1)]
-# Every strategy that takes the 3x3 expand conv: the software adapter's default (staged) and the GPU's (resident
-# expand_dw on large maps at large batches; here the expansion's CONV_2D program then dw_projection, dw_pointwise
-# or staged), and each asked for: the resident form projected with 8x8 tiles of 8 channels (2 halo pixels per
+# Every strategy that takes the 3x3 expand conv: the software adapter's default (the resident form where its tiles
+# fit, else staged) and the GPU's (the resident form from 112x112 outputs; here the expansion's CONV_2D program then
+# dw_projection, dw_pointwise or staged), and each asked for: the resident form projected with 8x8 tiles of 8 channels (2 halo pixels per
 # invocation), 7x7 of 8 (4) and 4x8 of 16 (1), and unprojected (the depthwise output into scratch, a dispatch of
 # its own for the projection).
 STEM_SCHEDULES = {"cpu": {"target": "cpu"}, "gpu": {"target": "gpu"},
