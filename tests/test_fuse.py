@@ -261,9 +261,9 @@ def _stem(cexp, cout, act="relu6", dw_stride=1, dw_act=None):
 
 STEM_CASES = {
     "mobilenet_v2_stem": (dict(cexp=32, cout=16), (32, 32, 3), 1),
-    "odd_sizes_batch2": (dict(cexp=8, cout=5), (17, 23, 3), 2),     # SAME pads the odd side after only
+    "odd_sizes_batch2": (dict(cexp=8, cout=5), (17, 23, 3), 2),     # SAME pads odd sides before too, even after
     "one_channel_relu": (dict(cexp=12, cout=4, act="relu"), (9, 10, 1), 1),
-    "dw_stride2": (dict(cexp=16, cout=8, dw_stride=2), (15, 16, 3), 1),
+    "dw_stride2": (dict(cexp=16, cout=8, dw_stride=2), (15, 16, 3), 1),   # one odd side, one even
     "relu_stem_relu6_block": (dict(cexp=8, cout=4, act="relu", dw_act="relu6"), (9, 9, 3), 1),
     "linear_stem": (dict(cexp=8, cout=4, act=None, dw_act="relu"), (11, 7, 3), 1),
 }
