@@ -14,22 +14,23 @@ BLOCKS = [(112, 32, 1, 16, 1), (112, 16, 6, 24, 2), (56, 24, 6, 24, 1), (56, 24,
           (7, 160, 6, 160, 1), (7, 160, 6, 320, 1)]
 
 
-def chain_plan(device, ops, arrays, runtime, source=None):
+def chain_plan(device, ops, arrays, runtime, source=None, precision="float32"):
     """An ExecutionPlan of chained single ops: ``ops = [(key, kernel, input ids, output id)]``; ``arrays``
     maps tensor ids to arrays (the one with id ``runtime`` is the input, written into the plan; the others
     are constants); the last op's output is the plan's output. With ``source`` (a device buffer holding the
-    input's float32 values, :func:`device_input`), the input is copied from it on the GPU instead of written
-    from the host: on the H200 machine, a dozen host transfers of ~100 MB or more keep the host busy for
-    seconds while the GPU idles into lower clocks (``peaks.CHECK_ROWS``), and at batch 32 an input is up to
-    51 MB."""
+    input's float32 values, :func:`device_input`), the input of a float32 plan is copied from it on the GPU
+    instead of written from the host: on the H200 machine, a dozen host transfers of ~100 MB or more keep the host
+    busy for seconds while the GPU idles into lower clocks (``peaks.CHECK_ROWS``), and at batch 32 an input is up
+    to 51 MB. A float16 plan (``precision``) holds its input as f16, written from the host, converted."""
     specs = {runtime: TensorSpec(arrays[runtime].shape)}
     lowered = []
     for i, (key, kernel, ins, out) in enumerate(ops):
         specs[out] = kernel.output_specs()[0]
         lowered.append(LoweredOp(i, key, kernel, ins, [out]))
     consts = {t: a for t, a in arrays.items() if t != runtime}
-    plan = ExecutionPlan(LoweredGraph(0, lowered, specs, consts, [runtime], [ops[-1][3]], {}), device)
-    if source is None:
+    plan = ExecutionPlan(LoweredGraph(0, lowered, specs, consts, [runtime], [ops[-1][3]], {}), device,
+                         precision=precision)
+    if source is None or precision != "float32":
         plan.write(runtime, arrays[runtime])
     else:
         encoder = device.device.create_command_encoder()

@@ -9,7 +9,7 @@ of --repeats passes, after 200 ms of the same passes untimed): the two ops apart
 written to memory and read back, as a model's plan runs them), the folded block with its default schedule, and
 the folded block with each resident tile of --tiles (``FusedBottleneck``'s ``expand_tile``, ``THxTW/C/rPp``).
 Each folded plan's output is checked against the two ops' first. The input is written once per batch and copied
-on the GPU into each float32 plan (as ``chain.chain_plan``). Needs no TensorFlow.
+on the GPU into each float32 plan (``chain.chain_plan``). Needs no TensorFlow.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.kernels import KernelError, kernel_class  # noqa: E402
 from tflfuse.kernels.base import TensorSpec  # noqa: E402
-from tflfuse.runtime.plan import ExecutionPlan, LoweredGraph, LoweredOp  # noqa: E402
 from tflfuse.runtime.profile import gpu_time_plan  # noqa: E402
 
-from chain import device_input  # noqa: E402
+from chain import chain_plan, device_input  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
@@ -49,26 +48,6 @@ flags.DEFINE_string("json_out", None, "JSON file for the results.")
 
 #: MobileNetV2's stem and first block: input channels, the stem's output channels, the block's output channels.
 CIN, CEXP, COUT = 3, 32, 16
-
-
-def _plan(device, ops, arrays, source, precision):
-    """An ExecutionPlan of ``ops`` (``[(key, kernel, input ids, output id)]``) over ``arrays`` (tensor 0 the
-    input, copied from the device buffer ``source`` in a float32 plan, written from the host in a float16 one; the
-    rest constants); the last op's output is the plan's."""
-    specs = {0: TensorSpec(arrays[0].shape)}
-    lowered = []
-    for i, (key, kernel, ins, out) in enumerate(ops):
-        specs[out] = kernel.output_specs()[0]
-        lowered.append(LoweredOp(i, key, kernel, ins, [out]))
-    consts = {t: a for t, a in arrays.items() if t}
-    plan = ExecutionPlan(LoweredGraph(0, lowered, specs, consts, [0], [ops[-1][3]], {}), device, precision=precision)
-    if precision == "float32":
-        encoder = device.device.create_command_encoder()
-        encoder.copy_buffer_to_buffer(source, 0, plan.buffers[0], 0, arrays[0].nbytes)
-        device.device.queue.submit([encoder.finish()])
-    else:   # a float16 plan holds its input as f16: written from the host, converted
-        plan.write(0, arrays[0])
-    return plan
 
 
 def _weights(rng):
@@ -95,12 +74,13 @@ def time_batch(device, n: int, precision: str, rng) -> list[dict]:
     block_ins = [TensorSpec(w[k].shape) for k in ("dw", "db", "pw", "pb")]
     attrs = {"expansion": 1, "stride": 1, "activation": "relu6", "target": FLAGS.target}
     block = kernel_class("fused_bottleneck")([block_in, *block_ins], attrs)
-    apart = _plan(device, [("CONV_2D", conv, [0, 1, 2], 3), ("fused_bottleneck", block, [3, 4, 5, 6, 7], 8)],
-                  {0: x, 1: w["ew"], 2: w["eb"], 4: w["dw"], 5: w["db"], 6: w["pw"], 7: w["pb"]}, source, precision)
+    apart = chain_plan(device, [("CONV_2D", conv, [0, 1, 2], 3), ("fused_bottleneck", block, [3, 4, 5, 6, 7], 8)],
+                       {0: x, 1: w["ew"], 2: w["eb"], 4: w["dw"], 5: w["db"], 6: w["pw"], 7: w["pb"]}, 0, source,
+                       precision)
     apart.run()
     want = apart.read(8)
     rows = [{"batch": n, "precision": precision, "plan": "CONV_2D, then fused_bottleneck",
-             "strategy": f"{block.strategy}", "dispatches": len(apart.steps),
+             "strategy": block.strategy, "dispatches": len(apart.steps),
              "us": gpu_time_plan(apart, FLAGS.repeats, FLAGS.reps), "max_abs_diff": 0.0}]
     folded_arrays = {0: x, 1: w["ew"].reshape(9 * CIN, CEXP), 2: w["eb"], 3: w["dw"], 4: w["db"], 5: w["pw"],
                      6: w["pb"]}
@@ -113,7 +93,8 @@ def time_batch(device, n: int, precision: str, rng) -> list[dict]:
         except KernelError as e:
             print(f"batch {n} {precision} {tile}: {e}", flush=True)
             continue
-        plan = _plan(device, [("fused_bottleneck", folded, list(range(7)), 7)], folded_arrays, source, precision)
+        plan = chain_plan(device, [("fused_bottleneck", folded, list(range(7)), 7)], folded_arrays, 0, source,
+                          precision)
         plan.run()
         diff = float(np.abs(plan.read(7) - want).max())
         rows.append({"batch": n, "precision": precision, "plan": f"folded, {tile or 'default'}",

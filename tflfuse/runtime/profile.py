@@ -46,25 +46,16 @@ def wall_seconds(run, read, first: int, repeats: int = 10) -> float:
     return float(np.median(times))
 
 
-def _timed_pass(device, record, reps: int, qs, resolve) -> float:
-    """GPU microseconds per run of ``record`` in one compute pass running it ``reps`` times back to back."""
+def _timed_pass(device, record, reps: int, stamps: _PassTimestamps) -> float:
+    """GPU microseconds per run of ``record`` in one compute pass running it ``reps`` times back to back, timed
+    with ``stamps`` (one pass's)."""
     encoder = device.device.create_command_encoder()
-    cpass = encoder.begin_compute_pass(timestamp_writes={
-        "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+    cpass = encoder.begin_compute_pass(timestamp_writes=stamps.writes(0))
     for _ in range(reps):
         record(cpass)
     cpass.end()
-    encoder.resolve_query_set(qs, 0, 2, resolve, 0)
-    device.device.queue.submit([encoder.finish()])
-    ticks = np.frombuffer(device.device.queue.read_buffer(resolve, 0, 16), np.uint64).astype(np.int64)
-    return float(ticks[1] - ticks[0]) / 1e3 / reps   # WebGPU timestamps are nanoseconds
-
-
-def _query(device):
-    wgpu = device._wgpu
-    qs = device.device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
-    resolve = device.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    return qs, resolve
+    ((start, end),) = stamps.submit(encoder)
+    return float(end - start) / 1e3 / reps   # WebGPU timestamps are nanoseconds
 
 
 def _check_ms(ms) -> None:
@@ -153,10 +144,10 @@ def pass_gpu_us(device, record, repeats: int = 20, reps: int = 1, warm_ms: float
         raise RuntimeError(f"the adapter {device.name} has no timestamp-query feature")
     _check_ms(warm_ms)
     repeats, reps = _check_counts(repeats, reps)
-    query = _query(device)
-    _timed_pass(device, record, reps, *query)   # a warm-up: pipelines and buffers in place
+    stamps = _PassTimestamps(device, 1)
+    _timed_pass(device, record, reps, stamps)   # a warm-up: pipelines and buffers in place
     warm_up(device, record, warm_ms)
-    return float(np.median([_timed_pass(device, record, reps, *query) for _ in range(repeats)]))
+    return float(np.median([_timed_pass(device, record, reps, stamps) for _ in range(repeats)]))
 
 
 def _ready_to_profile(plan: ExecutionPlan, repeats, reps, warm_ms) -> tuple[int, int] | None:
@@ -188,7 +179,7 @@ class _PassTimestamps:
         counts = [min(self.per_set, passes - k) for k in range(0, passes, self.per_set)]
         self.sets = [device.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * c) for c in counts]
         self.counts = counts
-        self.stride = -(-16 * self.per_set // 256) * 256
+        self.stride = -(-16 * counts[0] // 256) * 256   # bytes per set: the first set is the fullest
         self.resolve = device.device.create_buffer(size=self.stride * len(counts),
                                                    usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
         self.queue = device.device.queue
@@ -205,7 +196,7 @@ class _PassTimestamps:
             encoder.resolve_query_set(qs, 0, 2 * c, self.resolve, self.stride * k)
         self.queue.submit([encoder.finish()])
         raw = np.frombuffer(self.queue.read_buffer(self.resolve, 0, self.stride * len(self.sets)), np.uint64)
-        raw = raw.reshape(len(self.sets), self.stride // 8)[:, :2 * self.per_set].reshape(-1, 2)
+        raw = raw.reshape(len(self.sets), self.stride // 8)[:, :2 * self.counts[0]].reshape(-1, 2)
         return raw[:self.passes].astype(np.int64)
 
 

@@ -847,8 +847,7 @@ class FusedBottleneck(CompositeKernel):
 
     def _dw_projection_shape(self) -> bool:
         """:meth:`_takes_dw_projection`'s conditions but the PReLU and expand-conv kinds (:attr:`core_only`)."""
-        return (not self.has_se and self.stride == 1 and self.ow % 4 == 0 and not (self.residual and
-                                                                               self.residual_pool == 2)
+        return (not self.has_se and self.stride == 1 and self.ow % 4 == 0
                 and fits_depthwise_product(self.cexp, self.cout)
                 and self.input(0).shape[0] * self.oh * self.ow >= _DW_PROJECTION_MIN_ROWS)
 
