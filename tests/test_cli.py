@@ -115,6 +115,8 @@ def test_run_matches_litert_and_saves_outputs(face_model, tmp_path):
      "'input' takes [1, 128, 128, 3]"),
     (lambda p: p.write_text("not numpy"), "not a .npy file"),
     (lambda p: np.save(p, np.zeros((1, 128, 128, 3), np.float64)), "expects float32, got float64"),
+    # np.load reads an .npz archive whatever the file's name: refused as such, not as an array
+    (lambda p: np.savez(open(p, "wb"), x=np.zeros((1, 128, 128, 3), np.float32)), "not a .npy file (an .npz archive"),
 ])
 def test_run_refuses_bad_inputs_in_one_line(face_model, tmp_path, make_input, message):
     make_input(tmp_path / "x.npy")
@@ -122,6 +124,27 @@ def test_run_refuses_bad_inputs_in_one_line(face_model, tmp_path, make_input, me
     assert r.returncode == 2
     assert message in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--atol=nan", "--atol: atol = nan must be a finite non-negative number"),
+    ("--rtol=inf", "--rtol: rtol = inf must be a finite non-negative number"),
+    ("--perf_slack=nan", "--perf_slack: perf_slack = nan must be a finite non-negative number"),
+])
+def test_check_refuses_tolerances_that_compare_nothing(face_model, flag, message):
+    # A NaN tolerance would pass every comparison (x <= nan is never refused as false by absl's bound): refused
+    # before anything runs, as an expectations file's would be.
+    r = tflfuse("check", face_model, flag)
+    assert r.returncode == 2, r.stdout
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_check_refuses_an_npz_input(face_model, tmp_path):
+    np.savez(tmp_path / "x.npz", x=np.zeros((1, 128, 128, 3), np.float32))
+    r = tflfuse("check", face_model, f"--input={tmp_path / 'x.npz'}")
+    assert r.returncode == 2, r.stdout
+    out = r.stdout + r.stderr   # check reports a model's error in its report (stdout)
+    assert "not a .npy file (an .npz archive of 1 array(s))" in out and "Traceback" not in out
 
 
 def test_run_resizes_open_dimensions_and_names_the_fixed_ones(tmp_path):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -143,8 +144,8 @@ def _typed(key: str, value: Any, where: str):
         if type(value) is not int or value < 0:
             raise bad("a non-negative integer")
     elif key in ("atol", "rtol", "perf_slack"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise bad("a non-negative number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise bad("a finite non-negative number")
         value = float(value)
     elif key in ("perf", "allow_no_numerics"):
         if not isinstance(value, bool):
@@ -224,8 +225,8 @@ def make_options(settings: Mapping, overrides: Mapping | None = None) -> CheckOp
     for key, value in (overrides or {}).items():
         if key == "expect":
             merged["expect"] = {**merged.get("expect", {}), **{e.composite: e for e in value}}
-        else:
-            merged[key] = value
+        else:   # the command line's numbers checked as a file's are (absl takes nan and inf for a float flag)
+            merged[key] = _typed(key, value, f"--{key}") if key in ("atol", "rtol", "perf_slack") else value
     expect = merged.pop("expect", {})
     merged.pop("expectations", None)
     if "source" not in merged:
@@ -425,6 +426,9 @@ def _make_feeds(model: Model, opts: CheckOptions) -> list[dict]:
                 a = np.load(p)
             except (OSError, ValueError) as e:
                 raise CheckInputError(f"--input={p}: {e}") from None
+            if not isinstance(a, np.ndarray):   # an .npz archive
+                raise CheckInputError(f"--input={p}: not a .npy file (an .npz archive of {len(a.files)} array(s)); "
+                                      f"give one .npy per input (numpy.save)")
             if a.dtype != dtype:
                 raise CheckInputError(f"--input={p}: input {name!r} expects {dtype}, got {a.dtype}")
             if a.shape == shape:

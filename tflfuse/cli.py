@@ -335,6 +335,9 @@ def cmd_run(args):
             x = np.load(path)
         except (OSError, ValueError) as e:
             raise UsageError(f"--input={path}: not a .npy file: {e}") from None
+        if not isinstance(x, np.ndarray):   # an .npz archive
+            raise UsageError(f"--input={path}: not a .npy file (an .npz archive of {len(x.files)} array(s)); give "
+                             f"one .npy per input (numpy.save)")
         shape, signature = [int(v) for v in d["shape"]], [int(v) for v in d["shape_signature"]]
         if list(x.shape) != shape:   # resized where the model leaves the dimension open (-1), as LiteRT's API does
             if len(x.shape) != len(signature) or any(s not in (-1, v) for s, v in zip(signature, x.shape)):

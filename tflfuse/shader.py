@@ -107,7 +107,7 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
         programs = half_programs(kernel) if precision == "float16" else kernel.programs()
     except KernelError:
         raise
-    except (TypeError, ValueError) as e:  # e.g. int("abc") for stride_h="abc"
+    except (TypeError, ValueError, OverflowError) as e:  # int("abc") for stride_h="abc"; int(inf)
         raise KernelError(f"{key}: attributes {attrs} or shapes {list(input_shapes)} are not what the kernel "
                           f"takes ({type(e).__name__}: {e})") from e
     for shape in outs:
