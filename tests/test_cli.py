@@ -116,7 +116,8 @@ def test_run_matches_litert_and_saves_outputs(face_model, tmp_path):
     (lambda p: p.write_text("not numpy"), "not a .npy file"),
     (lambda p: np.save(p, np.zeros((1, 128, 128, 3), np.float64)), "expects float32, got float64"),
     # np.load reads an .npz archive whatever the file's name: refused as such, not as an array
-    (lambda p: np.savez(open(p, "wb"), x=np.zeros((1, 128, 128, 3), np.float32)), "not a .npy file (an .npz archive"),
+    (lambda p: (np.savez(p.with_suffix(".npz"), x=np.zeros((1, 128, 128, 3), np.float32)),
+                p.with_suffix(".npz").rename(p)), "not a .npy file (an .npz archive"),
 ])
 def test_run_refuses_bad_inputs_in_one_line(face_model, tmp_path, make_input, message):
     make_input(tmp_path / "x.npy")
@@ -132,8 +133,8 @@ def test_run_refuses_bad_inputs_in_one_line(face_model, tmp_path, make_input, me
     ("--perf_slack=nan", "--perf_slack: perf_slack = nan must be a finite non-negative number"),
 ])
 def test_check_refuses_tolerances_that_compare_nothing(face_model, flag, message):
-    # A NaN tolerance would pass every comparison (x <= nan is never refused as false by absl's bound): refused
-    # before anything runs, as an expectations file's would be.
+    # absl's lower bound lets nan and inf through, and such a tolerance passes every comparison: refused before
+    # anything runs, as in an expectations file.
     r = tflfuse("check", face_model, flag)
     assert r.returncode == 2, r.stdout
     assert message in r.stderr and "Traceback" not in r.stderr

@@ -225,7 +225,7 @@ def make_options(settings: Mapping, overrides: Mapping | None = None) -> CheckOp
     for key, value in (overrides or {}).items():
         if key == "expect":
             merged["expect"] = {**merged.get("expect", {}), **{e.composite: e for e in value}}
-        else:   # the command line's numbers checked as a file's are (absl takes nan and inf for a float flag)
+        else:   # the command line's tolerances checked as a file's are (absl's float flags take nan and inf)
             merged[key] = _typed(key, value, f"--{key}") if key in ("atol", "rtol", "perf_slack") else value
     expect = merged.pop("expect", {})
     merged.pop("expectations", None)
@@ -426,7 +426,8 @@ def _make_feeds(model: Model, opts: CheckOptions) -> list[dict]:
                 a = np.load(p)
             except (OSError, ValueError) as e:
                 raise CheckInputError(f"--input={p}: {e}") from None
-            if not isinstance(a, np.ndarray):   # an .npz archive
+            if not isinstance(a, np.ndarray):   # an .npz archive (np.load opened it: closed before the message)
+                a.close()
                 raise CheckInputError(f"--input={p}: not a .npy file (an .npz archive of {len(a.files)} array(s)); "
                                       f"give one .npy per input (numpy.save)")
             if a.dtype != dtype:

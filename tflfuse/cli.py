@@ -335,7 +335,8 @@ def cmd_run(args):
             x = np.load(path)
         except (OSError, ValueError) as e:
             raise UsageError(f"--input={path}: not a .npy file: {e}") from None
-        if not isinstance(x, np.ndarray):   # an .npz archive
+        if not isinstance(x, np.ndarray):   # an .npz archive (np.load opened it: closed before the message)
+            x.close()
             raise UsageError(f"--input={path}: not a .npy file (an .npz archive of {len(x.files)} array(s)); give "
                              f"one .npy per input (numpy.save)")
         shape, signature = [int(v) for v in d["shape"]], [int(v) for v in d["shape_signature"]]
