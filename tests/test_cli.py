@@ -140,6 +140,27 @@ def test_check_refuses_tolerances_that_compare_nothing(face_model, flag, message
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
+def test_check_refuses_a_report_dir_that_cannot_be_a_folder_before_checking(face_model, tmp_path):
+    (tmp_path / "taken").write_text("a file")
+    r = tflfuse("check", face_model, f"--report_dir={tmp_path / 'taken'}")
+    assert r.returncode == 2 and f"--report_dir={tmp_path / 'taken'}: cannot be made a folder" in r.stderr, r.stderr
+    assert "passed" not in r.stdout   # refused before any check ran: no verdict, nothing lost
+    assert (tmp_path / "taken").read_text() == "a file"
+
+
+def test_run_names_the_npz_it_writes(face_model, tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((1, 128, 128, 3), np.float32))
+    r = tflfuse("run", face_model, f"--input={tmp_path / 'x.npy'}", f"--output={tmp_path / 'out'}")
+    assert r.returncode == 0 and f"wrote {tmp_path / 'out.npz'}" in r.stdout, r.stderr   # numpy adds .npz
+    assert len(np.load(tmp_path / "out.npz").files) == 2
+
+
+def test_fuse_refuses_an_empty_patterns_flag(face_model, tmp_path):
+    r = tflfuse("fuse", face_model, f"--output={tmp_path / 'f.tflite'}", "--patterns=")
+    assert r.returncode == 2 and "--patterns= names no pattern" in r.stderr, r.stderr
+    assert not (tmp_path / "f.tflite").exists()
+
+
 def test_check_refuses_an_npz_input(face_model, tmp_path):
     np.savez(tmp_path / "x.npz", x=np.zeros((1, 128, 128, 3), np.float32))
     r = tflfuse("check", face_model, f"--input={tmp_path / 'x.npz'}")

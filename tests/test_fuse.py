@@ -435,6 +435,17 @@ def test_unknown_pattern_is_refused():
         fuse(_stock(lambda x: keras.layers.Conv2D(2, 1)(x), (4, 4, 3)), patterns=["nope"])
 
 
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"patterns": "bottleneck"}, TypeError, "a sequence of pattern names .* got the string 'bottleneck'"),
+    ({"target": "CPU"}, ValueError, "target must be 'gpu' or 'cpu', got 'CPU'"),
+    ({"target": None}, ValueError, "target must be 'gpu' or 'cpu', got None"),
+])
+def test_fuse_names_a_bad_argument(kwargs, error, match):
+    # the argument named, before any op is planned (a target the kernels refuse would name the first op instead)
+    with pytest.raises(error, match=match):
+        fuse(_stock(lambda x: keras.layers.Conv2D(2, 1)(x), (4, 4, 3)), **kwargs)
+
+
 def test_unfuse_composite_bottleneck_runs_on_litert(rng):
     # A file from tflfuse.convert with annotated blocks (which LiteRT cannot run) un-fuses into builtins that
     # match the same architecture converted without annotations, on LiteRT.

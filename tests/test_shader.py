@@ -253,7 +253,11 @@ def test_unknown_key_lists_known_keys(no_gpu):
     ("MEAN", [(2, 3), None], {"axis": [2]}, "out of range"),
     ("CONCATENATION", [(2, 3), (3, 3)], {"axis": 1}, "differs"),
     ("ADD", [(3,), (3,)], {"fused_activation_function": "GELU_X"}, "unsupported fused activation"),
-    ("CONV_2D", [(1, 5, 5, 3), (4, 3, 3, 3)], {"stride_h": float("inf")}, "OverflowError"),
+    # a number for an int option as a .tflite holds it: not truncated (2.7), not a bool, inf or past int32
+    ("CONV_2D", [(1, 5, 5, 3), (4, 3, 3, 3)], {"stride_h": float("inf")}, "stride_h must be an integer"),
+    ("CONV_2D", [(1, 5, 5, 3), (4, 3, 3, 3)], {"stride_h": 2.7}, "stride_h must be an integer"),
+    ("CONV_2D", [(1, 5, 5, 3), (4, 3, 3, 3)], {"dilation_h_factor": True}, "dilation_h_factor must be an integer"),
+    ("CONV_2D", [(1, 5, 5, 3), (4, 3, 3, 3)], {"stride_h": 2**31}, "in int32's range"),
 ])
 def test_bad_shapes_and_attributes_raise_kernel_error(key, shapes, attrs, match, no_gpu):
     with pytest.raises(KernelError, match=match) as err:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -214,6 +215,9 @@ def cmd_fuse(args):
     from .passes.fuse import fuse
 
     data = _read_tflite(args, "usage: tflfuse fuse IN.tflite --output=OUT.tflite [--patterns=a,b]")
+    if FLAGS["patterns"].present and not FLAGS.patterns:
+        raise UsageError("--patterns= names no pattern: give names (tflfuse.passes.fuse.PATTERNS), or leave the flag "
+                         "out for all of them")
     try:
         fused, report = fuse(data, patterns=FLAGS.patterns or None, target=FLAGS.target)
     except ValueError as e:   # an unknown pattern name
@@ -360,8 +364,9 @@ def cmd_run(args):
         stats = f", min {value.min():.6g}, max {value.max():.6g}" if value.size else ", empty"
         print(f"{name}: shape {list(value.shape)} {value.dtype}{stats}")
     if FLAGS.output:
-        np.savez(FLAGS.output, **outputs)
-        print(f"wrote {FLAGS.output}")
+        path = FLAGS.output if FLAGS.output.endswith(".npz") else FLAGS.output + ".npz"   # as numpy.savez names it
+        np.savez(path, **outputs)
+        print(f"wrote {path}")
     else:
         np.set_printoptions(threshold=50, edgeitems=3)
         for name, value in outputs.items():
@@ -472,6 +477,12 @@ def cmd_check(args):
             options = [check_config.make_options({**settings, "source": args[0]}, overrides)]
     except check_config.CheckInputError as e:
         raise UsageError(str(e)) from None
+    if FLAGS.report_dir:   # made before the checks run, so that a path that cannot be a folder loses no report
+        try:
+            Path(FLAGS.report_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--report_dir={FLAGS.report_dir}: cannot be made a folder for the reports: "
+                             f"{e.strerror or e}") from None
     reports = check.check_many(options, jobs=FLAGS.jobs)
     for line in check_report.text_lines(reports):
         print(line)

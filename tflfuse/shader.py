@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .kernels import kernel_class
-from .kernels.base import KernelError, TensorSpec, Uniform, pack_uniforms, uniform_layout
+from .kernels.base import KernelError, TensorSpec, Uniform, is_integral, pack_uniforms, uniform_layout
 from .kernels.half import half_programs
 
 __all__ = ["ShaderInfo", "catalog", "get_shader", "model_shaders", "run_shader"]
@@ -81,7 +81,9 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
     Raises:
       ValueError: an unknown ``precision``.
       UnsupportedOpError: unknown key (the message lists the known keys).
-      KernelError: an attribute the kernel does not know (the message lists those it takes), shapes or
+      KernelError: an attribute the kernel does not know (the message lists those it takes), an integer
+        option (one whose default is an int: a stride, a size) given a number that is not an integer of int32's range
+        (a fraction, a bool, inf), shapes or
         attribute values the kernel does not accept (the message says what it expected),
         including a tensor of 2**32 elements or more (WGSL indexes with u32).
       TypeError: ``input_shapes`` is not a list of shapes (lists of ints) and ``None``.
@@ -99,6 +101,14 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
     unknown = sorted(set(attrs) - cls.known_attrs())
     if unknown:
         raise KernelError(f"{key}: unknown attribute(s) {unknown}; it takes {sorted(cls.known_attrs())}")
+    # A number given for an int option (a stride, a size) must be one a .tflite could hold; names (MIRROR_PAD's
+    # "REFLECT") are left to the kernel.
+    for name, default in cls.attr_defaults.items():
+        value = attrs.get(name)
+        numeric = isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+        if type(default) is int and numeric and not (is_integral(value) and -2**31 <= value < 2**31):
+            raise KernelError(f"{key}: attribute {name} must be an integer in int32's range, as a .tflite's option "
+                              f"is (e.g. {default}), got {value!r}")
     specs = [None if s is None or i in cls.static_inputs else TensorSpec(tuple(s), t)
              for i, (s, t) in enumerate(zip(input_shapes, dtypes))]
     try:

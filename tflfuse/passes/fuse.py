@@ -1245,8 +1245,14 @@ def fuse(tflite: bytes, patterns: Sequence[str] | None = None, target: str = "gp
       tflfuse.ModelError: a malformed file.
       tflfuse.kernels.KernelError: an op that has a kernel does not plan (shapes or attributes it cannot
         take, or that disagree with the file), named with its index: fusion rewrites only what it checked.
-      ValueError: an unknown pattern name.
+      ValueError: an unknown pattern name, or a target other than ``"gpu"`` and ``"cpu"``.
+      TypeError: ``patterns`` is a string rather than a sequence of names.
     """
+    if isinstance(patterns, (str, bytes)):
+        raise TypeError(f"patterns must be a sequence of pattern names such as ['bottleneck'], got the string "
+                        f"{patterns!r}")
+    if target not in ("gpu", "cpu"):
+        raise ValueError(f"target must be 'gpu' or 'cpu', got {target!r}")
     names = list(PATTERNS) if patterns is None else list(patterns)
     unknown = [p for p in names if p not in PATTERNS]
     if unknown:
