@@ -268,3 +268,45 @@ def test_cli_run_prints_an_empty_output(tmp_path):
     r = _cli("run", tmp_path / "m.tflite", f"--input={tmp_path / 'x.npy'}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "shape [0, 3] float32, empty" in r.stdout
+
+
+# ---- indices out of range, set from the host ------------------------------------------------------------------
+
+def _indices_model(op: str, options=None) -> bytes:
+    """``op`` (GATHER or GATHER_ND) of a float32 [2, 5] input by an int32 input: the indices a model takes as its
+    own input (an embedding lookup's ids), which TFLite's kernel checks when it runs."""
+    shape = (2, 3) if op == "GATHER" else (2, 1)
+    out = (2, 2, 3) if op == "GATHER" else (2, 5)
+    o = dict(op=op, inputs=[0, 1], outputs=[2])
+    if options:
+        o["options"] = options
+    return build([t((2, 5)), t(shape, type="INT32"), t(out)], [o], [0, 1], [2])
+
+
+@pytest.mark.parametrize("op, options, good, bad, match", [
+    ("GATHER", ("GatherOptions", {"axis": 1}), [[0, 4, 2], [1, 1, 3]], [[0, 7, -1], [1, 1, 3]],
+     r"operator 0 \(GATHER\) reads it as input 1, and index 7 at indices\[0, 1\] is out of range for axis 1 of "
+     r"size 5 \(2 indices out of range\)"),
+    ("GATHER_ND", None, [[1], [0]], [[1], [2]], r"operator 0 \(GATHER_ND\) reads it as input 1, and index \[2\] "
+     r"\(index tuple 1\) is out of range for params of shape \[2, 5\]"),
+])
+def test_indices_out_of_range_are_refused_as_litert_refuses_them(op, options, good, bad, match, device, rng):
+    # LiteRT stops its invoke ("index out of bounds"); a shader cannot stop, so set_tensor refuses the value and
+    # writes nothing: the indices set before stay, and the next invoke computes with them, as LiteRT's does.
+    model = _indices_model(op, options)
+    x = rng.standard_normal((2, 5)).astype(np.float32)
+    interp = _allocated(model, device)
+    litert = LiteRTInterpreter(model_content=model)
+    litert.allocate_tensors()
+    for runtime in (interp, litert):
+        runtime.set_tensor(0, x)
+        runtime.set_tensor(1, np.int32(good))
+    with pytest.raises(ValueError, match=match):
+        interp.set_tensor(1, np.int32(bad))
+    litert.set_tensor(1, np.int32(bad))
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        litert.invoke()
+    litert.set_tensor(1, np.int32(good))
+    litert.invoke()
+    interp.invoke()
+    np.testing.assert_array_equal(interp.get_tensor(2), litert.get_tensor(2))   # a gather moves values exactly

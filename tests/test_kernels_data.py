@@ -276,16 +276,19 @@ def test_gather_runtime_params_and_indices_batch_dims(device, rng):
 
 
 def test_gather_runtime_out_of_range_index_gives_zero(device, rng):
-    # TFLite stops with an error; a shader cannot, and writes 0 (the documented behaviour).
-    fn = tf.function(lambda x, i: tf.gather(x, i), autograph=False,
-                     input_signature=[tf.TensorSpec((4, 2), tf.float32), tf.TensorSpec((3,), tf.int32)])
+    # Indices another op computes (here i + d): TFLite stops with an error; a shader cannot, and writes 0 (the
+    # documented behaviour). Indices set as the model's input are refused by set_tensor instead
+    # (tests/test_bad_runtime_inputs.py).
+    fn = tf.function(lambda x, i, d: tf.gather(x, i + d), autograph=False,
+                     input_signature=[tf.TensorSpec((4, 2), tf.float32), tf.TensorSpec((3,), tf.int32),
+                                      tf.TensorSpec((3,), tf.int32)])
     model = tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function()], fn).convert()
     interp = tflfuse.Interpreter(model_content=model, device=device)
     interp.allocate_tensors()
     x = rng.standard_normal((4, 2)).astype(np.float32)
-    ins = interp.get_input_details()
-    interp.set_tensor(ins[0]["index"], x)
-    interp.set_tensor(ins[1]["index"], np.array([1, 4, -1], np.int32))
+    ins = sorted(interp.get_input_details(), key=lambda d: d["name"])   # d, i, x by their names
+    for d, value in zip(ins, (np.zeros(3, np.int32), np.array([1, 4, -1], np.int32), x)):
+        interp.set_tensor(d["index"], value)
     interp.invoke()
     got = interp.get_tensor(interp.get_output_details()[0]["index"])
     np.testing.assert_array_equal(got, np.stack([x[1], np.zeros(2, np.float32), np.zeros(2, np.float32)]))

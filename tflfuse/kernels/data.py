@@ -407,8 +407,9 @@ class Gather(Kernel):
     """GATHER: ``params [...]`` and int32/int64 ``indices`` -> ``params.shape[:axis] + indices.shape[batch_dims:]
     + params.shape[axis+1:]``, as TFLite's GATHER with ``axis`` and ``batch_dims`` (both may be negative; the
     first ``batch_dims`` dimensions of params and indices are shared). Constant indices are checked when the
-    plan is made (out of range: :class:`KernelError`); runtime indices out of range give 0 (TFLite stops with
-    an error)."""
+    plan is made (out of range: :class:`KernelError`), and so are indices a model takes as its input, when
+    :meth:`tflfuse.Interpreter.set_tensor` sets them; indices other ops compute give 0 where out of range (TFLite
+    stops with an error; a shader cannot)."""
 
     extra_attrs = ('indices_value',)
 

@@ -5,8 +5,9 @@ reference loops in internal/reference/reference_ops.h): an index tuple ``(i_0, .
 slice ``[i_0, ..., i_{K-1}, ...]`` of the first K dimensions; SCATTER_ND starts from zeros and adds every update
 in order, so duplicates sum, float sums rounding as TFLite's loop does. An index outside its dimension
 (negative, or at least its size) stops TFLite's invoke with an error ("index out of bounds"): constant indices
-are checked when the plan is made (:class:`~tflfuse.kernels.base.KernelError`); runtime ones give zeros
-(GATHER_ND) or are left out (SCATTER_ND), since a shader cannot stop an invoke.
+are checked when the plan is made (:class:`~tflfuse.kernels.base.KernelError`), and indices a model takes as its
+input when :meth:`tflfuse.Interpreter.set_tensor` sets them; indices other ops compute give zeros (GATHER_ND) or
+are left out (SCATTER_ND) where out of range, since a shader cannot stop an invoke.
 """
 
 from __future__ import annotations

@@ -292,7 +292,10 @@ class Interpreter:
         """Copies ``value`` into an input tensor (any memory layout or byte order of the tensor's dtype).
 
         Raises:
-          ValueError: the tensor is not an input, or the shape disagrees with the allocated shape.
+          ValueError: the tensor is not an input, or the shape disagrees with the allocated shape; or an op reads
+            it as indices (GATHER, GATHER_ND, SCATTER_ND) and a value is out of range, where TFLite's invoke would
+            stop ("index out of bounds"; the message names the op, its index and the first such value). Nothing
+            is written then.
           TypeError: the dtype is not the tensor's dtype (no silent casts, as in LiteRT).
         """
         planner = self._planner(subgraph_index)
@@ -312,6 +315,7 @@ class Interpreter:
                              f"has shape {list(shape)}, got {list(value.shape)}; use "
                              f"resize_tensor_input() then allocate_tensors() to change it")
         with self._lock:
+            planner.check_values(tensor_index, value)
             planner.write(tensor_index, value)
             self._inputs_set[subgraph_index].add(tensor_index)
 

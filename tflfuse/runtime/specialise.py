@@ -108,6 +108,8 @@ class SubgraphPlanner:
         self._base: Built | None = None   # the plan made by allocate, where no run-time value is needed
         self._values = None
         self._logged: set[int] = set(base.indices) if base is not None else set()
+        self._checked_for: LoweredGraph | None = None   # the graph _checks was made for (check_values)
+        self._checks: dict[int, list] = {}
 
     # ---- deciding (no GPU) ---------------------------------------------------------------------------
     def _part(self, refused: Mapping[int, str]) -> Partition | None:
@@ -242,6 +244,34 @@ class SubgraphPlanner:
         if runner is not None:
             runner.attach(plan)
         return Built(graph, plan, runner, part)
+
+    def check_values(self, t: int, value: np.ndarray) -> None:
+        """Checks input ``t``'s ``value`` where an op of the current plan reads it (or a view of it) as an input whose
+        values its kernel checks when they are constants (``constant_attrs``: GATHER's, GATHER_ND's and
+        SCATTER_ND's indices): TFLite's invoke stops on such values ("index out of bounds"), while a shader cannot
+        stop, so a value set from the host is refused here, before it is written. Ops whose indices other ops
+        compute are not checked (they give zeros; the kernels' docstrings).
+
+        Raises:
+          ValueError: naming the op, its index and the first value out of range (the kernel's KernelError).
+        """
+        graph = self.current.graph if self.current is not None else None
+        if graph is None:
+            return
+        if self._checked_for is not graph:   # per input tensor: (op, input position, attribute) checking its values
+            self._checked_for, self._checks = graph, collections.defaultdict(list)
+            for op in graph.ops:
+                fields = getattr(type(op.kernel), "constant_attrs", {}) if op.kernel is not None else {}
+                for pos, attr in fields.items():
+                    if pos < len(op.inputs) and op.inputs[pos] >= 0:
+                        self._checks[graph.storage_root(op.inputs[pos])].append((op, pos, attr))
+        for op, pos, attr in self._checks.get(t, ()):
+            shape = op.kernel.inputs[pos].shape
+            try:
+                type(op.kernel)(op.kernel.inputs, {**op.kernel.attrs, attr: np.reshape(value, shape)})
+            except KernelError as e:
+                raise ValueError(f"{graph.describe(t)}: operator {op.index} ({op.name}) reads it as input {pos}, and "
+                                 f"{str(e).split(': ', 1)[-1]}") from None
 
     def write(self, t: int, value: np.ndarray) -> None:
         """Sets input ``t`` (checked by the caller): into the plan, or kept on the host for the plan an invoke
