@@ -310,3 +310,41 @@ def test_indices_out_of_range_are_refused_as_litert_refuses_them(op, options, go
     litert.invoke()
     interp.invoke()
     np.testing.assert_array_equal(interp.get_tensor(2), litert.get_tensor(2))   # a gather moves values exactly
+
+
+def test_indices_checked_against_the_plan_an_invoke_picks(device):
+    # GATHER of a tensor whose shape is a run-time input (RESHAPE by s): the plan follows s's values, so the indices
+    # are checked at invoke against the plan that invoke picks, as LiteRT checks them when it runs; a value valid for
+    # the new shape is never refused for the last one.
+    import tensorflow as tf
+
+    fn = tf.function(lambda d, s, i: tf.gather(tf.reshape(d, s), i, axis=0), autograph=False, input_signature=[
+        tf.TensorSpec((12,), tf.float32), tf.TensorSpec((2,), tf.int32), tf.TensorSpec((1,), tf.int32)])
+    model = tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function()], fn).convert()
+    interp = tflfuse.Interpreter(model_content=model, device=device)
+    interp.allocate_tensors()
+    litert = LiteRTInterpreter(model_content=model)
+    litert.allocate_tensors()
+    names = {d["name"].split("_")[-1].split(":")[0]: d["index"] for d in interp.get_input_details()}
+    assert sorted(names) == ["d", "i", "s"], names
+    out = interp.get_output_details()[0]["index"]
+
+    def both(s, i):
+        for runtime in (interp, litert):
+            runtime.set_tensor(names["d"], np.arange(12, dtype=np.float32))
+            runtime.set_tensor(names["s"], np.int32(s))
+            runtime.set_tensor(names["i"], np.int32(i))
+
+    for s, i in (([3, 4], [2]), ([4, 3], [3]), ([2, 6], [1])):   # valid for each shape: as LiteRT
+        both(s, i)
+        interp.invoke()
+        litert.invoke()
+        litert_out = litert.get_tensor(litert.get_output_details()[0]["index"])
+        np.testing.assert_array_equal(interp.get_tensor(out), litert_out)
+    for s, i in (([3, 4], [3]), ([3, 4], [5]), ([4, 3], [-1])):   # out of range for that shape: as LiteRT, refused
+        both(s, i)
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            litert.invoke()
+        with pytest.raises(ValueError, match=r"operator \d+ \(GATHER\) reads it as input 1, and index -?\d at "
+                                             r"indices\[0\] is out of range for axis 0 of size \d"):
+            interp.invoke()

@@ -225,6 +225,10 @@ class Kernel:
     static_inputs: ClassVar[Mapping[int, str]] = {}
     optional_inputs: ClassVar[frozenset[int]] = frozenset()
     view: ClassVar[bool] = False
+    #: input index -> attribute: inputs the kernel takes at run time whose constant values the planner also passes
+    #: as that attribute, for TFLite's invoke-time checks (GATHER's indices); :meth:`check_values` checks values
+    #: set from the host.
+    constant_attrs: ClassVar[Mapping[int, str]] = {}
     #: (name, description) pairs of the expected inputs, for listings and error messages.
     input_names: ClassVar[Sequence[str]] = ()
     #: attribute name -> default value; attributes not listed are rejected by :meth:`attr`.
@@ -274,6 +278,14 @@ class Kernel:
         return ()
 
     # ---- helpers ---------------------------------------------------------------------------------
+    def check_values(self, i: int, value) -> None:
+        """Checks the values of input ``i``, one of the kernel's ``constant_attrs`` (inputs whose constant values it
+        checks when the plan is made, as TFLite's kernel checks them when it runs: GATHER's indices, an int32
+        divisor), given at run time from the host (:meth:`tflfuse.Interpreter.set_tensor`). Here: the kernel made
+        again with them as that attribute; kernels override it with the check alone. Raises the op's
+        :class:`KernelError` for values TFLite's invoke would stop on."""
+        type(self)(self.inputs, {**self.attrs, self.constant_attrs[i]: value})
+
     def fail(self, message: str) -> "KernelError":
         shapes = [list(s.shape) if s is not None else None for s in self.inputs]
         return KernelError(f"{self.key}: {message} (input shapes {shapes})")

@@ -444,6 +444,9 @@ class Gather(Kernel):
         if value is not None:
             self._check_range(np.asarray(value))
 
+    def check_values(self, i: int, value) -> None:
+        self._check_range(np.asarray(value))
+
     def _check_range(self, idx: np.ndarray) -> None:
         bad = np.flatnonzero((idx < 0) | (idx >= self.dims[2]))
         if bad.size:

@@ -86,7 +86,10 @@ class GatherNd(Kernel):
         self.slice = math.prod(p.shape[self.k:])
         self.out = q.shape[:-1] + p.shape[self.k:]
         if self.attrs.get("indices_value") is not None:
-            _check_offsets(self, np.asarray(self.attrs["indices_value"]), p.shape, "params")
+            self.check_values(1, self.attrs["indices_value"])
+
+    def check_values(self, i: int, value) -> None:
+        _check_offsets(self, np.asarray(value), self.input(0).shape, "params")
 
     def output_specs(self):
         return (TensorSpec(self.out, self.input(0).dtype),)
@@ -145,7 +148,10 @@ class ScatterNd(Kernel):
         self.n = math.prod(q.shape[:-1])
         self.slice = math.prod(self.shape[self.k:])
         if self.attrs.get("indices_value") is not None:
-            _check_offsets(self, np.asarray(self.attrs["indices_value"]), self.shape, "the output")
+            self.check_values(0, self.attrs["indices_value"])
+
+    def check_values(self, i: int, value) -> None:
+        _check_offsets(self, np.asarray(value), self.shape, "the output")
 
     def output_specs(self):
         return (TensorSpec(self.shape, self.input(1).dtype),)

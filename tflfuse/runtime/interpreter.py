@@ -334,6 +334,9 @@ class Interpreter:
         Raises:
           RuntimeError: an input was never set, or :meth:`allocate_tensors` was not called; a CPU fallback
             segment failed in LiteRT, or gave an output of another shape than planned (the message names its ops).
+          ValueError: in a model whose plan follows run-time values (a shape computed from an input), an input
+            read as indices holds a value out of range for the plan this invoke picked (:meth:`set_tensor` refuses
+            them where one plan runs every invoke).
           DeviceLostError: the device is lost (a RuntimeError naming it): make a new Device and Interpreter.
         """
         planner = self._planner(subgraph_index)

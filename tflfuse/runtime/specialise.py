@@ -245,30 +245,31 @@ class SubgraphPlanner:
             runner.attach(plan)
         return Built(graph, plan, runner, part)
 
-    def check_values(self, t: int, value: np.ndarray) -> None:
-        """Checks input ``t``'s ``value`` where an op of the current plan reads it (or a view of it) as an input whose
-        values its kernel checks when they are constants (``constant_attrs``: GATHER's, GATHER_ND's and
-        SCATTER_ND's indices): TFLite's invoke stops on such values ("index out of bounds"), while a shader cannot
-        stop, so a value set from the host is refused here, before it is written. Ops whose indices other ops
-        compute are not checked (they give zeros; the kernels' docstrings).
+    def check_values(self, t: int, value: np.ndarray, graph: LoweredGraph | None = None) -> None:
+        """Checks input ``t``'s ``value`` where an op of the plan reads it (or a view of it) as an input whose values
+        its kernel checks when they are constants (:attr:`~tflfuse.kernels.base.Kernel.constant_attrs`: GATHER's,
+        GATHER_ND's and SCATTER_ND's indices, an int32 divisor): TFLite's invoke stops on such values ("index out of
+        bounds"), while a shader cannot stop. ``graph``: the plan an invoke picked; None: the plan that every invoke
+        runs, where there is one (:meth:`set_tensor`'s check, before the value is written); a plan picked per invoke
+        (specialised on run-time values) checks at :meth:`run` instead. Ops whose indices other ops compute are not
+        checked (they give zeros; the kernels' docstrings).
 
         Raises:
           ValueError: naming the op, its index and the first value out of range (the kernel's KernelError).
         """
-        graph = self.current.graph if self.current is not None else None
         if graph is None:
-            return
-        if self._checked_for is not graph:   # per input tensor: (op, input position, attribute) checking its values
+            if self.specialised or self._hosted or self.current is None:
+                return
+            graph = self.current.graph
+        if self._checked_for is not graph:   # per input tensor: (op, input position) whose values the kernel checks
             self._checked_for, self._checks = graph, collections.defaultdict(list)
             for op in graph.ops:
-                fields = getattr(type(op.kernel), "constant_attrs", {}) if op.kernel is not None else {}
-                for pos, attr in fields.items():
+                for pos in (op.kernel.constant_attrs if op.kernel is not None else {}):
                     if pos < len(op.inputs) and op.inputs[pos] >= 0:
-                        self._checks[graph.storage_root(op.inputs[pos])].append((op, pos, attr))
-        for op, pos, attr in self._checks.get(t, ()):
-            shape = op.kernel.inputs[pos].shape
+                        self._checks[graph.storage_root(op.inputs[pos])].append((op, pos))
+        for op, pos in self._checks.get(t, ()):
             try:
-                type(op.kernel)(op.kernel.inputs, {**op.kernel.attrs, attr: np.reshape(value, shape)})
+                op.kernel.check_values(pos, np.reshape(value, op.kernel.inputs[pos].shape))
             except KernelError as e:
                 raise ValueError(f"{graph.describe(t)}: operator {op.index} ({op.name}) reads it as input {pos}, and "
                                  f"{str(e).split(': ', 1)[-1]}") from None
@@ -294,6 +295,7 @@ class SubgraphPlanner:
 
         Raises:
           KernelError: the plan for these values cannot be made (an op refused with ``fallback`` off...).
+          ValueError: in a plan picked per invoke, an input's value that an op checks (:meth:`check_values`).
           RuntimeError, DeviceLostError: as the plan's and the CPU fallback's ``run``.
         """
         if not self.specialised and not self._hosted:
@@ -309,6 +311,7 @@ class SubgraphPlanner:
                 continue
             for t in entry.graph.inputs:
                 if t in self._host and entry.uploaded.get(t) != self._version[t]:
+                    self.check_values(t, self._host[t], entry.graph)   # the plan this invoke picked
                     entry.executor.write(t, self._host[t])
                     entry.uploaded[t] = self._version[t]
             self.current = entry
