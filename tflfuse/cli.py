@@ -322,6 +322,8 @@ def cmd_ops(args):
 def cmd_run(args):
     if len(args) != 1:
         raise UsageError("usage: tflfuse run MODEL.tflite --input=x.npy [--output=out.npz]")
+    if FLAGS.output and (FLAGS.output.endswith(("/", os.sep)) or os.path.isdir(FLAGS.output)):
+        raise UsageError(f"--output={FLAGS.output}: a folder; give a file name such as out.npz")
     import numpy as np
 
     from .runtime import Interpreter
