@@ -153,6 +153,10 @@ def test_run_names_the_npz_it_writes(face_model, tmp_path):
     r = tflfuse("run", face_model, f"--input={tmp_path / 'x.npy'}", f"--output={tmp_path / 'out'}")
     assert r.returncode == 0 and f"wrote {tmp_path / 'out.npz'}" in r.stdout, r.stderr   # numpy adds .npz
     assert len(np.load(tmp_path / "out.npz").files) == 2
+    for folder in (f"{tmp_path}/", str(tmp_path)):   # not a hidden ".npz" inside it
+        r = tflfuse("run", face_model, f"--input={tmp_path / 'x.npy'}", f"--output={folder}")
+        assert r.returncode == 2 and f"--output={folder}: a folder" in r.stderr, r.stderr
+    assert not (tmp_path / ".npz").exists()
 
 
 def test_fuse_refuses_an_empty_patterns_flag(face_model, tmp_path):
