@@ -442,12 +442,10 @@ class Gather(Kernel):
                      math.prod(q.shape[bd:]), math.prod(p.shape[axis + 1:]))
         value = self.attrs.get("indices_value")
         if value is not None:
-            self._check_range(np.asarray(value))
+            self.check_values(1, value)
 
     def check_values(self, i: int, value) -> None:
-        self._check_range(np.asarray(value))
-
-    def _check_range(self, idx: np.ndarray) -> None:
+        idx = np.asarray(value)
         bad = np.flatnonzero((idx < 0) | (idx >= self.dims[2]))
         if bad.size:
             pos = np.unravel_index(bad[0], idx.shape)
@@ -478,7 +476,7 @@ class Gather(Kernel):
 
     def fold(self, arrays):
         params, idx = (np.asarray(a) for a in arrays)
-        self._check_range(idx)
+        self.check_values(1, idx)
         b_, o_, a_, i_, r_ = self.dims
         p = params.reshape(b_, o_, a_, r_)
         q = idx.reshape(b_, i_).astype(np.int64)
