@@ -45,7 +45,7 @@ import numpy as np
 from .model import Model
 
 __all__ = ["CheckInputError", "CheckOptions", "DEFAULT_ATOL", "DEFAULT_RTOL", "Expectation", "Source",
-           "load_expectations", "load_manifest", "load_source", "make_options", "parse_expectation", "parse_shard",
+           "load_expectations", "load_input", "load_manifest", "load_source", "make_options", "parse_expectation", "parse_shard",
            "select_shard"]
 
 #: Float32 kernels sum in another order than TensorFlow: MobileNetV2's outputs differ by ~1e-6; 1e-4 absolute
@@ -216,6 +216,24 @@ def load_expectations(path: str | Path) -> dict:
     if "name" in data or "source" in data:
         raise CheckInputError(f"expectations file {str(path)!r}: 'name' and 'source' belong in a manifest")
     return _settings(data, f"expectations file {str(path)!r}", Path(path).parent)
+
+
+def load_input(path) -> np.ndarray:
+    """The array of the ``.npy`` file ``path`` given as ``--input`` (``run`` and ``check``).
+
+    Raises:
+      CheckInputError: naming the flag, for a file numpy cannot read as one array (an ``.npz`` archive, another
+        format, a missing file).
+    """
+    try:
+        a = np.load(path)
+    except (OSError, ValueError) as e:
+        raise CheckInputError(f"--input={path}: not a .npy file: {e}") from None
+    if not isinstance(a, np.ndarray):   # an .npz archive (np.load opened it: closed before the message)
+        a.close()
+        raise CheckInputError(f"--input={path}: not a .npy file (an .npz archive of {len(a.files)} array(s)); give "
+                              f"one .npy per input (numpy.save)")
+    return a
 
 
 def make_options(settings: Mapping, overrides: Mapping | None = None) -> CheckOptions:
@@ -422,14 +440,7 @@ def _make_feeds(model: Model, opts: CheckOptions) -> list[dict]:
         for name, p in zip(names, opts.inputs):
             t = sig["inputs"][name]
             shape, dtype = model.tensor_shape(sig["subgraph"], t), model.tensor_dtype(sig["subgraph"], t)
-            try:
-                a = np.load(p)
-            except (OSError, ValueError) as e:
-                raise CheckInputError(f"--input={p}: {e}") from None
-            if not isinstance(a, np.ndarray):   # an .npz archive (np.load opened it: closed before the message)
-                a.close()
-                raise CheckInputError(f"--input={p}: not a .npy file (an .npz archive of {len(a.files)} array(s)); "
-                                      f"give one .npy per input (numpy.save)")
+            a = load_input(p)
             if a.dtype != dtype:
                 raise CheckInputError(f"--input={p}: input {name!r} expects {dtype}, got {a.dtype}")
             if a.shape == shape:

@@ -326,6 +326,7 @@ def cmd_run(args):
         raise UsageError(f"--output={FLAGS.output}: a folder; give a file name such as out.npz")
     import numpy as np
 
+    from .check_config import CheckInputError, load_input
     from .runtime import Interpreter
 
     interp = Interpreter(model_path=args[0], adapter=FLAGS.adapter, precision=FLAGS.precision)
@@ -338,13 +339,9 @@ def cmd_run(args):
     arrays = []
     for d, path in zip(details, FLAGS.input):
         try:
-            x = np.load(path)
-        except (OSError, ValueError) as e:
-            raise UsageError(f"--input={path}: not a .npy file: {e}") from None
-        if not isinstance(x, np.ndarray):   # an .npz archive (np.load opened it: closed before the message)
-            x.close()
-            raise UsageError(f"--input={path}: not a .npy file (an .npz archive of {len(x.files)} array(s)); give "
-                             f"one .npy per input (numpy.save)")
+            x = load_input(path)
+        except CheckInputError as e:
+            raise UsageError(str(e)) from None
         shape, signature = [int(v) for v in d["shape"]], [int(v) for v in d["shape_signature"]]
         if list(x.shape) != shape:   # resized where the model leaves the dimension open (-1), as LiteRT's API does
             if len(x.shape) != len(signature) or any(s not in (-1, v) for s, v in zip(signature, x.shape)):
