@@ -65,7 +65,9 @@ ACTIVATIONS = {
     "relu6": "return select(clamp(v, 0.0, 6.0), v, is_nan(v));",
     "relu_n1_to_1": "return select(clamp(v, -1.0, 1.0), v, is_nan(v));",
     "relu_0_to_1": "return select(clamp(v, 0.0, 1.0), v, is_nan(v));",
-    "tanh": "return tanh(v);",
+    # tanh's argument is clamped to +-10 (tanh(+-10) is +-1 in f32): SwiftShader's tanh, Chrome's WebGPU on
+    # machines with no GPU, gives NaN past ~44; NaN still passes through
+    "tanh": "return select(tanh(clamp(v, -10.0, 10.0)), v, is_nan(v));",
     "sigmoid": "return 1.0 / (1.0 + exp(-v));",
     "logistic": "return 1.0 / (1.0 + exp(-v));",
     "hard_swish": "return v * (clamp(v + 3.0, 0.0, 6.0) / 6.0);",  # no overflow for large v, as in LiteRT
