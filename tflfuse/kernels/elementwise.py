@@ -205,8 +205,8 @@ class Prelu(Kernel):
 # ---- math on float32 and int32 tensors ---------------------------------------------------------------------
 _F32_BITS = """fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
 fn is_finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u; }
-fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
-fn inf() -> f32 { return bitcast<f32>(0x7f800000u); }
+fn nan() -> f32 { return f32_from_bits(0x7fc00000u); }
+fn inf() -> f32 { return f32_from_bits(0x7f800000u); }
 fn copy_sign(mag: f32, s: f32) -> f32 { return bitcast<f32>(bitcast<u32>(mag) | (bitcast<u32>(s) & 0x80000000u)); }
 """
 

@@ -14,7 +14,8 @@ import math
 from .base import Kernel, Program, TensorSpec, Uniform, is_integral, linear_dispatch
 from .conv import conv_output_size, window_body
 from .registry import register
-from .wgsl import activation_fn, elementwise_program, fmt_f32, prelude, reduction_program, split_lanes
+from .wgsl import (F32_NAN, activation_fn, elementwise_program, fmt_f32, prelude, reduction_program, split_lanes,
+                   with_bit_helpers)
 
 __all__ = ["Pool2D", "Mean", "Softmax", "reduce_indexing", "reduce_program"]
 
@@ -47,7 +48,7 @@ def reduce_program(name: str, bindings, outputs: int, body: str, helpers: str = 
     dispatch spills into y and z past 65,535 workgroups). ``body`` sees ``o`` and ``lid`` (the invocation's
     index in its workgroup) and uses :func:`_tree` over ``var<workgroup>`` arrays it declares in ``helpers``.
     Loop iterations: ``loop_trips`` of the body plus the tree's log2(_REDUCE_WG)."""
-    source = prelude(bindings, uniforms) + helpers + f"""
+    source = prelude(bindings, uniforms) + with_bit_helpers(helpers, body) + f"""
 @compute @workgroup_size({_REDUCE_WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
@@ -243,7 +244,7 @@ class Mean(Kernel):
             return []
         binds = self.io_bindings(["x", "y"])
         if count == 0:   # an empty input: TFLite's NaN of the type (0 for int32); the input is not bound
-            fill = "bitcast<f32>(0x7fc00000u)" if self.dtype == "float32" else "0"
+            fill = F32_NAN if self.dtype == "float32" else "0"
             return [elementwise_program(self.key, binds[1:], total, f"  y[idx] = {fill};")]
         if self.dtype == "int32":
             return [self._int_program(binds, total, base, offset, count)]

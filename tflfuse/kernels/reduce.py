@@ -17,13 +17,11 @@ import numpy as np
 from .base import Kernel, TensorSpec, is_integral
 from .pool import _REDUCE_MIN, _REDUCE_WG, Mean, _axes, _tree, reduce_indexing, reduce_program, row_max_and_sum
 from .registry import register
-from .wgsl import elementwise_program, fmt_f32, reduction_program, split_lanes
+from .wgsl import F32_INF, F32_NAN, F32_NEG_INF, elementwise_program, fmt_f32, reduction_program, split_lanes
 
 __all__ = ["L2Normalization", "LogSoftmax", "Reduce"]
 
 _INT_MIN = "bitcast<i32>(0x80000000u)"
-_NEG_INF = "bitcast<f32>(0xff800000u)"
-_POS_INF = "bitcast<f32>(0x7f800000u)"
 _IS_NAN = "fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }\n"
 
 
@@ -38,8 +36,8 @@ _DTYPES = {"REDUCE_ANY": ("bool",), "REDUCE_ALL": ("bool",)}
 #: (0, 1, the type's lowest and largest: -FLT_MAX, not -inf, for REDUCE_MAX over no elements).
 _INIT = {("SUM", "float32"): ("0.0", "0.0"), ("SUM", "int32"): ("0", "0"),
          ("REDUCE_PROD", "float32"): ("1.0", "1.0"), ("REDUCE_PROD", "int32"): ("1", "1"),
-         ("REDUCE_MAX", "float32"): (_NEG_INF, "-3.4028234663852886e38f"),
-         ("REDUCE_MIN", "float32"): (_POS_INF, "3.4028234663852886e38f"),
+         ("REDUCE_MAX", "float32"): (F32_NEG_INF, "-3.4028234663852886e38f"),
+         ("REDUCE_MIN", "float32"): (F32_INF, "3.4028234663852886e38f"),
          ("REDUCE_MAX", "int32"): (_INT_MIN, _INT_MIN), ("REDUCE_MIN", "int32"): ("2147483647", "2147483647"),
          ("REDUCE_ANY", "bool"): ("0", "0"), ("REDUCE_ALL", "bool"): ("1", "1")}
 
@@ -164,7 +162,7 @@ class Reduce(Mean):
     }}
   }}
   workgroupBarrier();
-  if (lid == 0u) {{ y[o] = select(val[0], bitcast<f32>(0x7fc00000u), at[0] == -2); }}"""
+  if (lid == 0u) {{ y[o] = select(val[0], {F32_NAN}, at[0] == -2); }}"""
         helpers = (f"var<workgroup> val: array<f32, {_REDUCE_WG}>;\nvar<workgroup> at: array<i32, {_REDUCE_WG}>;\n"
                    + _IS_NAN)
         return reduce_program(self.key, binds, outputs, body, helpers,
@@ -228,10 +226,10 @@ class LogSoftmax(_RowKernel):
     def programs(self):
         c = self.input(0).shape[-1]
         term = "exp(x[base + k] - m)"
-        serial = f"""{row_max_and_sum(c, _NEG_INF, term, shared=False)}
+        serial = f"""{row_max_and_sum(c, F32_NEG_INF, term, shared=False)}
   let ls = log(s);
   for (var k = 0u; k < {c}u; k++) {{ y[base + k] = (x[base + k] - m) - ls; }}"""
-        shared = f"""{row_max_and_sum(c, _NEG_INF, term, shared=True)}
+        shared = f"""{row_max_and_sum(c, F32_NEG_INF, term, shared=True)}
   let ls = log(s);
   for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ y[base + k] = (x[base + k] - m) - ls; }}"""
         return self.row_programs(serial, shared, 3)

@@ -9,8 +9,10 @@ from typing import Sequence
 
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
-__all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "activation_fn", "activation_uniforms", "dot", "elementwise_program",
-           "lane_tree", "prelude", "prelu_fn", "linear_main", "fmt_f32", "reduction_program", "split_lanes"]
+__all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "F32_FROM_BITS", "F32_INF", "F32_NAN", "F32_NEG_INF", "activation_fn",
+           "activation_uniforms", "dot", "elementwise_program",
+           "lane_tree", "prelude", "prelu_fn", "linear_main", "fmt_f32", "reduction_program", "split_lanes",
+           "with_bit_helpers"]
 
 
 def fmt_f32(x: float) -> str:
@@ -85,6 +87,25 @@ ACTIVATIONS = {
 ACTIVATION_ALPHA = {"leaky_relu": 0.2, "elu": 1.0}
 
 
+#: ``fn f32_from_bits``: a float32 made from its bits at run time. WGSL makes a constant expression whose value
+#: is not finite a shader-creation error, so Tint (the WGSL compiler of Dawn and Chrome) refuses
+#: ``bitcast<f32>(0x7fc00000u)``, which naga accepts; a call of a user-declared function is never a constant
+#: expression. :func:`elementwise_program`, :func:`reduction_program` and ``pool.reduce_program`` declare it
+#: where their code calls it (:func:`with_bit_helpers`).
+F32_FROM_BITS = "fn f32_from_bits(b: u32) -> f32 { return bitcast<f32>(b); }\n"
+#: NaN, +inf and -inf as WGSL f32 expressions, through :data:`F32_FROM_BITS`.
+F32_NAN, F32_INF, F32_NEG_INF = ("f32_from_bits(0x7fc00000u)", "f32_from_bits(0x7f800000u)",
+                                 "f32_from_bits(0xff800000u)")
+
+
+def with_bit_helpers(helpers: str, *code: str) -> str:
+    """``helpers`` with :data:`F32_FROM_BITS` ahead of them where they or ``code`` call ``f32_from_bits`` and
+    do not declare it."""
+    if "fn f32_from_bits(" in helpers or not any("f32_from_bits(" in s for s in (helpers, *code)):
+        return helpers
+    return F32_FROM_BITS + helpers
+
+
 _IS_NAN = "fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }\n"
 
 # erfc(z) by the Chebyshev fit of Numerical Recipes (erfcc, 2nd ed. section 6.2): fractional error below
@@ -140,7 +161,7 @@ def elementwise_program(name: str, bindings: tuple[Binding, ...], total: int, bo
                         helpers: str = "", uniforms: tuple[Uniform, ...] = (), workgroup: int = 64,
                         loop_trips: int = 0) -> Program:
     """A program with one invocation per output element (``idx`` in ``0..total``)."""
-    source = prelude(bindings, uniforms) + helpers + linear_main(workgroup, total, body)
+    source = prelude(bindings, uniforms) + with_bit_helpers(helpers, body) + linear_main(workgroup, total, body)
     return Program(name, source, (workgroup, 1, 1), linear_dispatch(total, workgroup), bindings, uniforms,
                    loop_trips=loop_trips)
 
@@ -231,7 +252,7 @@ def reduction_program(name: str, bindings: tuple[Binding, ...], total: int, body
         raise KernelError(f"{name}: lanes must be a power of two up to {wg}, got {lanes}")
     per = wg // lanes
     tree_src = lane_tree(lanes, per)
-    source = prelude(bindings, uniforms) + helpers + f"""
+    source = prelude(bindings, uniforms) + with_bit_helpers(helpers, body, store) + f"""
 var<workgroup> shares: array<{acc_type}, {wg}>;
 
 @compute @workgroup_size({wg})

@@ -23,11 +23,10 @@ import math
 from ..base import Binding, CompositeKernel, Program, TensorSpec
 from ..conv import conv_output_size, window_body
 from ..registry import register
-from ..wgsl import ACTIVATIONS, activation_fn, elementwise_program, fmt_f32
+from ..wgsl import ACTIVATIONS, F32_NEG_INF, activation_fn, elementwise_program, fmt_f32
 
 __all__ = ["FusedGlobalPool2D", "FusedPool2D", "reduce_hw_chunks", "reduce_hw_programs"]
 
-_NEG_INF = "bitcast<f32>(0xff800000u)"
 #: Pixels reduced in one pass where the image is small (no second pass).
 _ONE_PASS = 256
 
@@ -57,7 +56,7 @@ def reduce_hw_programs(name: str, x: Binding, out: Binding, partial: Binding | N
       One program (a single chunk) or two: chunks reduced into ``partial``, then the chunks into ``out``.
     """
     chunk, chunks = reduce_hw_chunks(hw)
-    init = "0.0" if op == "sum" else _NEG_INF
+    init = "0.0" if op == "sum" else F32_NEG_INF
     step = "acc += {v};" if op == "sum" else "acc = max(acc, {v});"
     if chunks == 1:
         body = (f"  let ch = idx % {c}u;\n  let base = (idx / {c}u) * {hw * c}u + ch;\n  var acc = {init};\n"
@@ -129,7 +128,7 @@ class FusedPool2D(_PoolBase):
         g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=self.sh, SW=self.sw, DH=1, DW=1, PT=self.pt,
                  PL=self.pl, KH=self.kh, KW=self.kw)
         inner = f"      let v = x[((n * {h}u + u32(iy)) * {w}u + u32(ix)) * {c}u + co];\n      {update}"
-        body = window_body(g, c, f"  var acc = {_NEG_INF if is_max else '0.0'};\n  var cnt = 0.0;", inner,
+        body = window_body(g, c, f"  var acc = {F32_NEG_INF if is_max else '0.0'};\n  var cnt = 0.0;", inner,
                            "acc" if is_max else "acc / cnt")
         total = n * self.oh * self.ow * c
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), total, body,
