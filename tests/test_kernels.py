@@ -15,6 +15,7 @@ from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import MAX_WORKGROUPS_PER_DIM, Program, TensorSpec
 from tflfuse.kernels.conv import conv_strip, conv_strip_quads
 from tflfuse.kernels.half import HALF_STEPS, half_programs
+from tflfuse.kernels.wgsl import F32_FROM_BITS, F32_NAN
 
 from conftest import ACCUMULATION, ELEMENTWISE, EXACT, FP16_WEIGHTS, LONG_ACCUMULATION, SEED, TRANSCENDENTAL
 from oplib import check_op
@@ -886,6 +887,47 @@ def test_every_shader_compiles(key, shapes, attrs, dtype, device):
     for p in info.programs:
         prog = Program(key, p.wgsl, p.workgroup_size, p.dispatch, (), (), p.entry_point)
         assert device.pipeline(prog) is not None
+
+
+@pytest.fixture(scope="module")
+def tint_device():
+    """A device of Dawn (``wgpudawn``) on its Null backend, which needs no GPU: Tint, the WGSL compiler of Dawn
+    and Chrome, validates each shader module and pipeline there as the browser does. Tint holds to rules of the
+    WGSL spec that wgpu's naga lets pass, such as a constant expression whose value is not finite."""
+    import wgpudawn
+
+    with pytest.MonkeyPatch.context() as env:   # Dawn's Null backend is chosen by this variable alone
+        env.setenv("WGPU_BACKEND_TYPE", "Null")
+        adapter = wgpudawn.gpu.request_adapter_sync()
+    assert adapter.info["backend_type"] == "Null"
+    return adapter.request_device_sync(required_features=[f for f in ("shader-f16",) if f in adapter.features])
+
+
+def _tint_compile(device, wgsl: str, entry_point: str) -> None:
+    module = device.create_shader_module(code=wgsl)
+    device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": entry_point})
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+@pytest.mark.parametrize("key,shapes,attrs,dtype", list(_compile_cases()))
+def test_every_shader_compiles_in_tint(key, shapes, attrs, dtype, precision, tint_device):
+    info = tflfuse.get_shader(key, shapes, attrs, dtype, precision=precision)
+    for p in info.programs:
+        _tint_compile(tint_device, p.wgsl, p.entry_point)
+
+
+def test_tint_refuses_what_naga_takes(tint_device, device):
+    import wgpudawn
+
+    # The check above means something beyond naga's: a NaN made by a constant expression compiles in wgpu and is
+    # a shader-creation error in Tint; tflfuse makes NaN and infinities at run time (wgsl.F32_FROM_BITS).
+    body = ("@group(0) @binding(0) var<storage, read_write> y: array<f32>;\n"
+            "@compute @workgroup_size(1) fn main() {{ y[0] = {}; }}")
+    constant = body.format("bitcast<f32>(0x7fc00000u)")
+    assert device.pipeline(Program("nan", constant, (1, 1, 1), (1, 1, 1), ())) is not None
+    with pytest.raises(wgpudawn.GPUValidationError, match="value nan cannot be represented"):
+        _tint_compile(tint_device, constant, "main")
+    _tint_compile(tint_device, F32_FROM_BITS + body.format(F32_NAN), "main")
 
 
 def test_broken_wgsl_does_not_compile(device):
