@@ -15,6 +15,7 @@ import threading
 import numpy as np
 import pytest
 from ai_edge_litert import schema_py_generated as schema
+from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter
 from tflite_builder import build, t
 
 import tflfuse
@@ -67,6 +68,21 @@ def small_model() -> bytes:
     return build(tensors, ops, [0, 12], [11, 14], signatures=[sig])
 
 
+def math_model() -> bytes:
+    """TANH, REDUCE_MAX over the last axis, LOG_SOFTMAX and MAX_POOL_2D of one ``[2, 3, 8, 5]`` input: ops whose
+    shaders make infinities (REDUCE_MAX and MAX_POOL_2D start from -inf, LOG_SOFTMAX's max too) or call tanh,
+    which SwiftShader computes as NaN past |x| ~ 44."""
+    shape = (2, 3, 8, 5)
+    pool = {"padding": 0, "strideH": 2, "strideW": 2, "filterHeight": 2, "filterWidth": 3}   # SAME
+    tensors = [t(shape, name="x"), t(shape), t((1,), type="INT32", data=np.asarray([3], np.int32)), t((2, 3, 8)),
+               t(shape), t((2, 2, 4, 5))]
+    ops = [dict(op="TANH", inputs=[0], outputs=[1]),
+           dict(op="REDUCE_MAX", inputs=[0, 2], outputs=[3], options=("ReducerOptions", {"keepDims": False})),
+           dict(op="LOG_SOFTMAX", inputs=[0], outputs=[4]),
+           dict(op="MAX_POOL_2D", inputs=[0], outputs=[5], options=("Pool2DOptions", pool))]
+    return build(tensors, ops, [0], [1, 3, 4, 5])
+
+
 def _tensor_map(name: bytes, index: int):
     m = schema.TensorMapT()
     m.name, m.tensorIndex = name, index
@@ -113,12 +129,13 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, device, small_fused, face_fused):
-    """A local http server over a folder of exports: ``small/``, ``face/`` (both float32), ``face16/``
+    """A local http server over a folder of exports: ``small/``, ``face/``, ``math/`` (float32), ``face16/``
     (float16); yields ``(root folder, base url)``."""
     root = tmp_path_factory.mktemp("site")
     export_web(small_fused, root / "small", device=device)
     export_web(face_fused, root / "face", device=device)
     export_web(face_fused, root / "face16", device=device, precision="float16", demo=False)
+    export_web(math_model(), root / "math", device=device, demo=False)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=root))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -259,6 +276,26 @@ def test_face_detector_in_the_browser_matches_the_interpreter(page, device, face
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.dtype == w.dtype
         np.testing.assert_allclose(g, w, **BROWSER_TOL)
+
+
+def test_infinities_and_tanh_in_the_browser_match_litert(page, rng):
+    # Chrome's WGSL compiler (Tint) refuses a non-finite constant such as bitcast<f32>(0xff800000u), and
+    # SwiftShader's tanh gives NaN for large arguments: these shaders must compile and hold there too. Against
+    # LiteRT's CPU interpreter. The browser's exp, log and tanh are SwiftShader's, a few ULP from LiteRT's
+    # (WGSL allows exp 3 + 2|x| ULP, log 3 ULP); log-softmax values reach -120, where one ULP is 7.6e-6: 1e-5
+    # relative and 2e-5 absolute (for values near 0, set by the rounding of the row's log-sum near 0).
+    x = rng.uniform(-60.0, 60.0, (2, 3, 8, 5)).astype(np.float32)
+    x.reshape(-1)[:6] = [100.0, -100.0, 0.0, -0.0, 1e-4, 44.5]
+    litert = LiteRTInterpreter(model_content=math_model())
+    litert.allocate_tensors()
+    litert.set_tensor(litert.get_input_details()[0]["index"], x)
+    litert.invoke()
+    want = [litert.get_tensor(d["index"]) for d in litert.get_output_details()]
+    got = _run_in_browser(page, "math", [x])
+    assert [g.shape for g in got] == [w.shape for w in want]
+    for name, g, w in zip(["TANH", "REDUCE_MAX", "LOG_SOFTMAX", "MAX_POOL_2D"], got, want):
+        assert not np.isnan(g).any(), name
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("script, message", [
