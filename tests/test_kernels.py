@@ -916,6 +916,15 @@ def test_every_shader_compiles_in_tint(key, shapes, attrs, dtype, precision, tin
         _tint_compile(tint_device, p.wgsl, p.entry_point)
 
 
+@pytest.mark.parametrize("key", ["REDUCE_MAX", "REDUCE_MIN"])
+def test_empty_reduction_compiles_in_tint_in_float16(key, tint_device):
+    # over no elements the result is -FLT_MAX or FLT_MAX (TFLite's init value), which a float16 plan stores as f16
+    info = tflfuse.get_shader(key, [(2, 0, 3)], {"axis": [1]}, "float32", precision="float16")
+    assert info.programs
+    for p in info.programs:
+        _tint_compile(tint_device, p.wgsl, p.entry_point)
+
+
 def test_tint_refuses_what_naga_takes(tint_device, device):
     import wgpudawn
 

@@ -33,11 +33,13 @@ _COMBINE = {"SUM": ("{a} + {b}", np.sum), "REDUCE_PROD": ("{a} * {b}", np.prod),
 #: Op -> the dtypes it takes (reduce.cc: REDUCE_ANY and REDUCE_ALL take bool only, the others not bool).
 _DTYPES = {"REDUCE_ANY": ("bool",), "REDUCE_ALL": ("bool",)}
 #: (op, dtype) -> the accumulator's start (WGSL) and the result of an empty reduction: TFLite's init values
-#: (0, 1, the type's lowest and largest: -FLT_MAX, not -inf, for REDUCE_MAX over no elements).
+#: (0, 1, the type's lowest and largest: -FLT_MAX, not -inf, for REDUCE_MAX over no elements). FLT_MAX is made at
+#: run time from its bits: a float16 plan stores the result as f16, and f16(FLT_MAX) written as a constant is a
+#: shader-creation error in Tint (it overflows f16).
 _INIT = {("SUM", "float32"): ("0.0", "0.0"), ("SUM", "int32"): ("0", "0"),
          ("REDUCE_PROD", "float32"): ("1.0", "1.0"), ("REDUCE_PROD", "int32"): ("1", "1"),
-         ("REDUCE_MAX", "float32"): (F32_NEG_INF, "-3.4028234663852886e38f"),
-         ("REDUCE_MIN", "float32"): (F32_INF, "3.4028234663852886e38f"),
+         ("REDUCE_MAX", "float32"): (F32_NEG_INF, "f32_from_bits(0xff7fffffu)"),   # -FLT_MAX
+         ("REDUCE_MIN", "float32"): (F32_INF, "f32_from_bits(0x7f7fffffu)"),       # FLT_MAX
          ("REDUCE_MAX", "int32"): (_INT_MIN, _INT_MIN), ("REDUCE_MIN", "int32"): ("2147483647", "2147483647"),
          ("REDUCE_ANY", "bool"): ("0", "0"), ("REDUCE_ALL", "bool"): ("1", "1")}
 
