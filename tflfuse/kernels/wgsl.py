@@ -10,9 +10,8 @@ from typing import Sequence
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
 __all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "F32_FROM_BITS", "F32_INF", "F32_NAN", "F32_NEG_INF", "activation_fn",
-           "activation_uniforms", "dot", "elementwise_program",
-           "lane_tree", "prelude", "prelu_fn", "linear_main", "fmt_f32", "reduction_program", "split_lanes",
-           "with_bit_helpers"]
+           "activation_uniforms", "dot", "elementwise_program", "lane_tree", "prelude", "prelu_fn", "linear_main",
+           "fmt_f32", "reduction_program", "split_lanes", "with_bit_helpers"]
 
 
 def fmt_f32(x: float) -> str:
