@@ -164,6 +164,36 @@ def test_unary_special_values_match_tflite_builtin_kernels(op, device):
     assert_close_special(ours, want, UNARY[op][2], f"{op} vs LiteRT's builtin kernels")
 
 
+#: SIN and COS reduce their argument by pi/2 in five parts (wgsl.HELPERS' cos_sin): within 8.6e-8 absolute of
+#: float64 for |x| < 4e5 in float32 arithmetic (1.4 units of float32's last place at 1); 2.5e-7 leaves 3x, and
+#: LiteRT's sinf and cosf are within 6e-8 of float64 there, so 3e-7 against LiteRT.
+TRIG_REDUCED = dict(atol=2.5e-7, rtol=0.0)
+
+
+@pytest.mark.parametrize("op", TRIG)
+def test_sin_cos_of_large_arguments(op, device, rng):
+    # the adapter's built-ins are bounded inside [-pi, pi] only; near multiples of pi/2 the reduction cancels
+    k = rng.integers(-2 ** 18 + 1, 2 ** 18, 400)
+    x = np.concatenate([rng.uniform(-4e5, 4e5, 600), k * (np.pi / 2), rng.uniform(-10, 10, 200)]).astype(np.float32)
+    model = tb.unary(op, x.shape)
+    (ours,) = _invoke(tflfuse.Interpreter(model_content=model, device=device), [x])
+    (want,) = _invoke(_litert(model, builtin=True), [x])
+    exact = {"SIN": np.sin, "COS": np.cos}[op](x.astype(np.float64))
+    np.testing.assert_allclose(ours, exact, **TRIG_REDUCED, err_msg=f"{op} vs float64")
+    np.testing.assert_allclose(ours, want, atol=3e-7, rtol=0.0, err_msg=f"{op} vs LiteRT's builtin kernels")
+
+
+def test_log_of_subnormals_and_negatives(device):
+    # log of b * 2**-149 is taken as log(b) - 149 ln 2 (adapters may flush subnormals to zero): within a few ULP
+    # of LiteRT's logf (ELEMENTWISE: 8 ULP); negatives and -0 by C's rules (NaN, -inf)
+    x = np.array([1e-45, 3e-42, 1e-40, 1.1754942e-38, 1.1754944e-38, 2e-38, -1e-40, -0.0, -3.0, 7.0], np.float32)
+    model = tb.unary("LOG", x.shape)
+    (ours,) = _invoke(tflfuse.Interpreter(model_content=model, device=device), [x])
+    (want,) = _invoke(_litert(model, builtin=True), [x])
+    assert_close_special(ours, want, ELEMENTWISE, "LOG vs LiteRT's builtin kernels")
+    np.testing.assert_allclose(ours[:6], np.log(x[:6].astype(np.float64)), rtol=2.0 ** -20, err_msg="vs float64")
+
+
 @pytest.mark.parametrize("op", ["ABS", "NEG", "SIGN"])
 def test_unary_int32_wraps_as_tflite(op, device, rng):
     fn = UNARY[op][0]

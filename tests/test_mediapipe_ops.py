@@ -218,15 +218,16 @@ def test_transform_landmarks(device, rng, shape, attrs, dims):
         np.testing.assert_array_equal(out.reshape(-1, 3)[:, 2], p.reshape(-1, 3)[:, 2])
 
 
-# Landmarks2TransformMatrix's atan2, cos and sin (kernels.mediapipe_ops._TRIG: adds, multiplies and divisions
-# only, so that every adapter computes them alike) against float64 NumPy. atan2: within 4 float32 ULP of the
-# result (the polynomial's 2e-7 relative, a division's 2.5 ULP, the reductions' roundings; measured 2.1 ULP),
-# signed zeros and quadrants exactly as C's; cos and sin: within 2 ULP of 1.0 (2.4e-7) for |r| <= 4 pi (measured
-# 1.2e-7), where Vulkan allows its built-ins 2**-11.
+# Landmarks2TransformMatrix's atan2, cos and sin (kernels.mediapipe_ops._TRIG and wgsl.HELPERS' cos_sin: adds,
+# multiplies and divisions only, so that every adapter computes them alike) against float64 NumPy. atan2: within
+# 4 float32 ULP of the result (the polynomial's 2e-7 relative, a division's 2.5 ULP, the reductions' roundings;
+# measured 2.1 ULP), signed zeros and quadrants exactly as C's; cos and sin: within 2 ULP of 1.0 (2.4e-7) for
+# |r| <= 4 pi (measured 1.2e-7), where Vulkan allows its built-ins 2**-11.
 def test_portable_atan2_cos_sin(device):
     from test_quant_arith import _run
 
     from tflfuse.kernels.mediapipe_ops import _TRIG
+    from tflfuse.kernels.wgsl import helpers_for
 
     rng = np.random.default_rng(0)
     scale = 10.0 ** rng.integers(-6, 4, (2, 4000))
@@ -240,7 +241,8 @@ def test_portable_atan2_cos_sin(device):
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
     r = np.concatenate([rng.uniform(-4 * np.pi, 4 * np.pi, 8000), np.arange(-16, 17) * np.pi / 4]).astype(np.float32)
     for part, fn in ((".x", np.cos), (".y", np.sin)):
-        got = _run(device, f"  y[idx] = mp_cos_sin(a[idx]){part};", [r], np.float32, _TRIG)
+        body = f"  y[idx] = cos_sin(a[idx]){part};"
+        got = _run(device, body, [r], np.float32, helpers_for(body))
         np.testing.assert_allclose(got, fn(r.astype(np.float64)), rtol=0, atol=2.4e-7, err_msg=part)
 
 

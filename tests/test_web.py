@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter
+from ai_edge_litert.interpreter import OpResolverType
 from tflite_builder import build, t
 
 import tflfuse
@@ -83,6 +84,22 @@ def math_model() -> bytes:
     return build(tensors, ops, [0], [1, 3, 4, 5])
 
 
+#: special_math_model's ops, in the order of its outputs
+SPECIAL_OPS = ("SIN", "COS", "EXP", "LOG", "LOGISTIC", "SOFTMAX", "LOG_SOFTMAX")
+
+
+def special_math_model() -> bytes:
+    """:data:`SPECIAL_OPS` of one ``[4, 16]`` input: C's functions on special values (NaN, infinities, signed
+    zeros, negatives for LOG) and sin and cos of large arguments, which WGSL leaves to the adapter; SOFTMAX and
+    LOG_SOFTMAX over rows holding -inf, +inf or NaN."""
+    shape = (4, 16)
+    tensors = [t(shape, name="x")] + [t(shape) for _ in SPECIAL_OPS]
+    ops = [dict(op=op, inputs=[0], outputs=[i + 1],
+                **({"options": ("SoftmaxOptions", {"beta": 1.0})} if op == "SOFTMAX" else {}))
+           for i, op in enumerate(SPECIAL_OPS)]
+    return build(tensors, ops, [0], list(range(1, len(SPECIAL_OPS) + 1)))
+
+
 def _tensor_map(name: bytes, index: int):
     m = schema.TensorMapT()
     m.name, m.tensorIndex = name, index
@@ -136,6 +153,7 @@ def site(tmp_path_factory, device, small_fused, face_fused):
     export_web(face_fused, root / "face", device=device)
     export_web(face_fused, root / "face16", device=device, precision="float16", demo=False)
     export_web(math_model(), root / "math", device=device, demo=False)
+    export_web(special_math_model(), root / "special", device=device, demo=False)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=root))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -296,6 +314,37 @@ def test_infinities_and_tanh_in_the_browser_match_litert(page, rng):
     for name, g, w in zip(["TANH", "REDUCE_MAX", "LOG_SOFTMAX", "MAX_POOL_2D"], got, want):
         assert not np.isnan(g).any(), name
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-5, err_msg=name)
+
+
+def test_special_values_and_large_sin_arguments_in_the_browser_match_litert(page, rng):
+    # WGSL lets an implementation assume that no value is NaN or infinite and bounds sin and cos inside [-pi, pi]
+    # only; SwiftShader's log of a negative is log|x|, its exp(NaN) +inf, its sin(3) 9e-5 off. tflfuse decides
+    # special values on the bits and reduces sin's argument itself (wgsl.HELPERS). Against LiteRT's builtin
+    # kernels (C's functions): NaN, infinities and zeros with their signs bit for bit; sin and cos within
+    # 3e-7 absolute (tests/test_kernels_math.py's TRIG_REDUCED), the rest 2e-5 relative (WGSL allows exp
+    # 3 + 2|x| ULP, 179 ULP = 1.1e-5 at |x| = 88) and 2e-6 absolute (SOFTMAX's and LOG_SOFTMAX's values near 0,
+    # set by the rounding of the row's sum of O(1) terms).
+    x = rng.uniform(-20.0, 20.0, (4, 16)).astype(np.float32)
+    x[0, :12] = [0.0, -0.0, 1e-30, -1e-30, 1.0, -1.0, 3.0, 88.0, 89.0, -104.0, -200.0, 1e-40]
+    x[1, :5] = [-np.inf, -np.inf, -3.0, -1e-40, -7.5]      # LOG of negatives; (LOG_)SOFTMAX with -inf terms
+    x[2] = rng.uniform(-4e5, 4e5, 16)                      # sin and cos past [-pi, pi]
+    x[2, :3] = [1e3, 12345.6, -3e4]
+    x[3, :3] = [np.nan, np.inf, -1.0]                      # a row of NaN out of (LOG_)SOFTMAX
+    litert = LiteRTInterpreter(model_content=special_math_model(),
+                               experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    litert.allocate_tensors()
+    litert.set_tensor(litert.get_input_details()[0]["index"], x)
+    litert.invoke()
+    want = [litert.get_tensor(d["index"]) for d in litert.get_output_details()]
+    got = _run_in_browser(page, "special", [x])
+    for name, g, w in zip(SPECIAL_OPS, got, want):
+        assert g.shape == w.shape, name
+        special = ~np.isfinite(w) | (w == 0)
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"{name}: NaN positions")
+        np.testing.assert_array_equal(g[special & ~np.isnan(w)].view(np.uint32),
+                                      w[special & ~np.isnan(w)].view(np.uint32), err_msg=f"{name}: inf, zeros")
+        tol = dict(atol=3e-7, rtol=0.0) if name in ("SIN", "COS") else dict(atol=2e-6, rtol=2e-5)
+        np.testing.assert_allclose(g[~special], w[~special], **tol, err_msg=name)
 
 
 @pytest.mark.parametrize("script, message", [

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from .base import Kernel, TensorSpec
-from .elementwise import _F32_BITS, MAX_RANK, broadcast_index
+from .elementwise import MAX_RANK, broadcast_index
 from .registry import register
 from .wgsl import elementwise_program
 
@@ -101,7 +101,7 @@ class Compare(Kernel):
             result = f"({float_expr}) || ({nan})" if self.key == "NOT_EQUAL" else f"({float_expr}) && !({nan})"
             body = (f"{index}  let a = x0[ia];\n  let b = x1[ib];\n  let ka = order_key(a);\n  let kb = order_key(b);\n"
                     f"  y[idx] = i32({result});")
-            helpers = _F32_BITS + _ORDER_KEY
+            helpers = _ORDER_KEY
         else:
             body = f"{index}  let a = x0[ia];\n  let b = x1[ib];\n  y[idx] = i32({int_expr});"
             helpers = ""

@@ -203,13 +203,6 @@ class Prelu(Kernel):
 
 
 # ---- math on float32 and int32 tensors ---------------------------------------------------------------------
-_F32_BITS = """fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
-fn is_finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u; }
-fn nan() -> f32 { return f32_from_bits(0x7fc00000u); }
-fn inf() -> f32 { return f32_from_bits(0x7f800000u); }
-fn copy_sign(mag: f32, s: f32) -> f32 { return bitcast<f32>(bitcast<u32>(mag) | (bitcast<u32>(s) & 0x80000000u)); }
-"""
-
 # ROUND as TFLite's reference RoundToNearest (internal/reference/round.h): floor, then up when the rest is
 # above one half or exactly one half with an odd floor (half to even; -0.4 and -0.5 give +0, -0.0 stays).
 _ROUND = """fn round_tfl(v: f32) -> f32 {
@@ -226,8 +219,8 @@ _ROUND = """fn round_tfl(v: f32) -> f32 {
 #: ``1 / sqrt(x)`` (RSQRT(0) is +inf, RSQRT(-0) is -inf), SIGN gives +0 for both zeros and NaN for NaN,
 #: integer ABS and NEG wrap (ABS(INT_MIN) is INT_MIN).
 _MATH_UNARY = {
-    "EXP": {"float32": "exp(v)"}, "LOG": {"float32": "log(v)"}, "SQRT": {"float32": "sqrt(v)"},
-    "RSQRT": {"float32": "1.0 / sqrt(v)"}, "SIN": {"float32": "sin(v)"}, "COS": {"float32": "cos(v)"},
+    "EXP": {"float32": "exp_f(v)"}, "LOG": {"float32": "log_f(v)"}, "SQRT": {"float32": "sqrt(v)"},
+    "RSQRT": {"float32": "1.0 / sqrt(v)"}, "SIN": {"float32": "cos_sin(v).y"}, "COS": {"float32": "cos_sin(v).x"},
     "FLOOR": {"float32": "floor(v)"}, "CEIL": {"float32": "ceil(v)"}, "SQUARE": {"float32": "v * v"},
     "ROUND": {"float32": "round_tfl(v)"},
     "ABS": {"float32": "abs(v)", "int32": "abs(v)"},
@@ -257,9 +250,12 @@ class MathUnary(Kernel):
 
     Input ``[...]`` (rank 0 to 8) float32, or int32 for ABS, NEG and SIGN; output the same shape and dtype.
     Semantics: TFLite's builtin kernels (see :data:`_MATH_UNARY`). FLOOR, CEIL, ROUND, ABS, NEG, SIGN and
-    SQUARE are exact; EXP, LOG, SQRT, RSQRT, SIN, COS are the adapter's WGSL built-ins, within a few ULP of
-    float64 on the software adapter (tests/test_kernels_math.py states the measured bounds). int32 ops of
-    constants fold at load.
+    SQUARE are exact; EXP, LOG, SQRT and RSQRT are the adapter's WGSL built-ins, within a few ULP of float64 on
+    the software adapter, with EXP's and LOG's special values (NaN, infinities, zeros, LOG of negatives and
+    subnormals) decided on the bits (:data:`~tflfuse.kernels.wgsl.HELPERS`' ``exp_f`` and ``log_f``); SIN and
+    COS reduce their argument by pi/2 themselves (``cos_sin``: within 8.6e-8 absolute of float64 for |x| < 4e5,
+    on any adapter). tests/test_kernels_math.py states the measured bounds. int32 ops of constants fold at
+    load.
 
     Raises:
       KernelError: a dtype the op does not take, or rank above 8; the message names the op.
@@ -282,7 +278,7 @@ class MathUnary(Kernel):
         if self.inputs[0].size == 0:   # an empty output: nothing to write
             return []
         expr = _MATH_UNARY[self.key][self.dtype]
-        helpers = (_F32_BITS if self.dtype == "float32" else "") + (_ROUND if "round_tfl" in expr else "")
+        helpers = _ROUND if "round_tfl" in expr else ""
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), self.inputs[0].size,
                                     f"  let v = x[idx];\n  y[idx] = {expr};", helpers)]
 
@@ -402,10 +398,10 @@ _POW_I = """fn pow_i(p: i32, q: i32) -> i32 {
 # divisor's sign). WGSL's i32 division gives INT_MIN / -1 = INT_MIN, as TFLite's cast of 2^31 does on x86.
 #: Op -> {dtype: (WGSL expression over ``a`` and ``b``, the helper functions it calls, their loop trips)}.
 _MATH_BINARY = {
-    "POW": {"float32": ("pow_f(a, b)", _F32_BITS + _POW_F, 7), "int32": ("pow_i(a, b)", _POW_I, 31)},
-    "FLOOR_DIV": {"float32": ("floor_div_f(a, b)", _F32_BITS + _FLOOR_OPS, _FMOD_TRIPS),
+    "POW": {"float32": ("pow_f(a, b)", _POW_F, 7), "int32": ("pow_i(a, b)", _POW_I, 31)},
+    "FLOOR_DIV": {"float32": ("floor_div_f(a, b)", _FLOOR_OPS, _FMOD_TRIPS),
                   "int32": ("select(a / b, a / b - 1, a % b != 0 && ((a % b < 0) != (b < 0)))", "", 0)},
-    "FLOOR_MOD": {"float32": ("floor_mod_f(a, b)", _F32_BITS + _FLOOR_OPS, _FMOD_TRIPS),
+    "FLOOR_MOD": {"float32": ("floor_mod_f(a, b)", _FLOOR_OPS, _FMOD_TRIPS),
                   "int32": ("select(a % b, a % b + b, a % b != 0 && ((a % b < 0) != (b < 0)))", "", 0)},
 }
 

@@ -134,8 +134,8 @@ class Landmarks2TransformMatrix(Kernel):
         body = f"""  let dx = lm[{3 * self.right}u] - lm[{3 * self.left}u];
   let dy = lm[{3 * self.right + 1}u] - lm[{3 * self.left + 1}u];
   let r = {fmt_f32(math.remainder(self.target, 2.0 * math.pi))} - mp_atan2(dy, dx);
-  var bad = mp_is_nan(dx) || mp_is_nan(dy);
-  let cs = mp_cos_sin(r);
+  var bad = is_nan(dx) || is_nan(dy);
+  let cs = cos_sin(r);
   let c = cs.x;
   let s = cs.y;
   var lo = vec2<f32>(0.0, 0.0);
@@ -144,7 +144,7 @@ class Landmarks2TransformMatrix(Kernel):
     let px = lm[subset[i] * 3u];
     let py = lm[subset[i] * 3u + 1u];
     let q = vec2<f32>(c * px - s * py, s * px + c * py);
-    bad = bad || mp_is_nan(px) || mp_is_nan(py);
+    bad = bad || is_nan(px) || is_nan(py);
     if (i == 0u) {{ lo = q; hi = q; }}
     lo = min(lo, q);
     hi = max(hi, q);
@@ -174,21 +174,17 @@ class Landmarks2TransformMatrix(Kernel):
         return [elementwise_program(self.key, self.io_bindings(["lm", "y"]), 1, body, helpers, loop_trips=n)]
 
 
-#: atan2, cos and sin in WGSL from adds, multiplies and divisions only. Vulkan holds the built-ins to an
-#: absolute error of 2**-11 (sin, cos on [-pi, pi]) and 4096 ULP (atan2) only, and implementations use that
-#: freedom: SwiftShader's rotated the attention crops of face_landmark_with_attention by enough to move its
-#: landmarks by 3e-4 of their range against llvmpipe's. These are the classic single-precision forms (the
-#: Cephes library's atanf, sinf and cosf): atan on [0, tan(pi/8)] after the reductions atan(t) = pi/4 +
-#: atan((t - 1) / (t + 1)) and atan(t) = pi/2 - atan(1/t), and sin and cos on [-pi/4, pi/4] after subtracting
-#: the nearest multiple of pi/2 in three parts (Cody and Waite); each polynomial is within 2e-7 relative on
-#: its interval, so the results are within a few float32 ULP on any conforming adapter. atan2's quadrants and
-#: signed zeros are C's (atan2(0, 0) = 0). The op reduces its target angle modulo 2 pi on the host, so that r stays
-#: within [-3 pi, 3 pi], and writes NaN where a NaN landmark reaches (mp_is_nan reads the bits: WGSL lets a
-#: compiler assume that no value is NaN).
-_TRIG = """fn mp_is_nan(v: f32) -> bool {
-  return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
-}
-fn mp_atan_reduced(t: f32) -> f32 {
+#: atan2 in WGSL from adds, multiplies and divisions only (cos and sin: :data:`tflfuse.kernels.wgsl.HELPERS`'
+#: ``cos_sin``). Vulkan holds the built-ins to an absolute error of 2**-11 (sin, cos on [-pi, pi]) and 4096 ULP
+#: (atan2) only, and implementations use that freedom: SwiftShader's rotated the attention crops of
+#: face_landmark_with_attention by enough to move its landmarks by 3e-4 of their range against llvmpipe's. This
+#: is the classic single-precision form (the Cephes library's atanf): atan on [0, tan(pi/8)] after the
+#: reductions atan(t) = pi/4 + atan((t - 1) / (t + 1)) and atan(t) = pi/2 - atan(1/t); the polynomial is within
+#: 2e-7 relative on its interval, so the results are within a few float32 ULP on any conforming adapter.
+#: atan2's quadrants and signed zeros are C's (atan2(0, 0) = 0). The op reduces its target angle modulo 2 pi on
+#: the host, and writes NaN where a NaN landmark reaches (is_nan reads the bits: WGSL lets a compiler assume
+#: that no value is NaN).
+_TRIG = """fn mp_atan_reduced(t: f32) -> f32 {
   let z = t * t;
   return (((0.0805374449538 * z - 0.138776856032) * z + 0.199777106478) * z - 0.333329491539) * z * t + t;
 }
@@ -206,18 +202,6 @@ fn mp_atan2(sy: f32, sx: f32) -> f32 {
   if (ay > ax) { a = 1.57079632679 - a; }
   if (sx < 0.0 || (sx == 0.0 && (bitcast<u32>(sx) >> 31u) == 1u)) { a = 3.14159265359 - a; }
   return select(a, -a, (bitcast<u32>(sy) >> 31u) == 1u);
-}
-fn mp_cos_sin(r: f32) -> vec2<f32> {
-  let q = round(r * 0.636619772368);
-  let u = ((r - q * 1.5703125) - q * 4.837512969970703125e-4) - q * 7.54978995489188216e-8;
-  let z = u * u;
-  let sp = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 0.16666654611) * z * u + u;
-  let cp = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0;
-  let k = i32(q) & 3;
-  if (k == 0) { return vec2<f32>(cp, sp); }
-  if (k == 1) { return vec2<f32>(-sp, cp); }
-  if (k == 2) { return vec2<f32>(-cp, -sp); }
-  return vec2<f32>(sp, -cp);
 }
 """
 

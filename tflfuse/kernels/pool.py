@@ -15,7 +15,7 @@ from .base import Kernel, Program, TensorSpec, Uniform, is_integral, linear_disp
 from .conv import conv_output_size, window_body
 from .registry import register
 from .wgsl import (F32_NAN, activation_fn, elementwise_program, fmt_f32, prelude, reduction_program, split_lanes,
-                   with_bit_helpers)
+                   with_helpers)
 
 __all__ = ["Pool2D", "Mean", "Softmax", "reduce_indexing", "reduce_program"]
 
@@ -48,7 +48,7 @@ def reduce_program(name: str, bindings, outputs: int, body: str, helpers: str = 
     dispatch spills into y and z past 65,535 workgroups). ``body`` sees ``o`` and ``lid`` (the invocation's
     index in its workgroup) and uses :func:`_tree` over ``var<workgroup>`` arrays it declares in ``helpers``.
     Loop iterations: ``loop_trips`` of the body plus the tree's log2(_REDUCE_WG)."""
-    source = prelude(bindings, uniforms) + with_bit_helpers(helpers, body) + f"""
+    source = prelude(bindings, uniforms) + with_helpers(helpers, body) + f"""
 @compute @workgroup_size({_REDUCE_WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
@@ -310,13 +310,13 @@ def row_max_and_sum(c: int, m0: str, term: str, shared: bool) -> str:
     ``shared``, a :func:`reduce_program` workgroup's invocations split the row and meet in ``part``."""
     if not shared:
         return f"""  var m = {m0};
-  for (var k = 0u; k < {c}u; k++) {{ m = max(m, x[base + k]); }}
+  for (var k = 0u; k < {c}u; k++) {{ m = max_nan(m, x[base + k]); }}
   var s = 0.0;
   for (var k = 0u; k < {c}u; k++) {{ s += {term}; }}"""
     return f"""  var m = {m0};
-  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ m = max(m, x[base + k]); }}
+  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ m = max_nan(m, x[base + k]); }}
   part[lid] = m;
-{_tree("part", "max({a}, {b})")}
+{_tree("part", "max_nan({a}, {b})")}
   m = part[0];
   workgroupBarrier();
   var s = 0.0;
@@ -343,7 +343,7 @@ class Softmax(Kernel):
         c = self.input(0).shape[-1]
         rows = self.input(0).size // max(c, 1)
         beta = (Uniform("beta", "f32", float(self.attr("beta"))),)
-        term = "exp(params.beta * (x[base + k] - m))"
+        term = "exp_f(params.beta * (x[base + k] - m))"
         if c >= _REDUCE_MIN:  # a workgroup per row: max, then sum of exponentials, then the stores
             body = f"""  let base = o * {c}u;
 {row_max_and_sum(c, "-3.402823466e38", term, shared=True)}

@@ -22,7 +22,6 @@ from .wgsl import F32_INF, F32_NAN, F32_NEG_INF, elementwise_program, fmt_f32, r
 __all__ = ["L2Normalization", "LogSoftmax", "Reduce"]
 
 _INT_MIN = "bitcast<i32>(0x80000000u)"
-_IS_NAN = "fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }\n"
 
 
 #: Op -> (combine of the accumulator ``a`` and a value ``b`` as WGSL, NumPy function of the int32 fold).
@@ -165,8 +164,7 @@ class Reduce(Mean):
   }}
   workgroupBarrier();
   if (lid == 0u) {{ y[o] = select(val[0], {F32_NAN}, at[0] == -2); }}"""
-        helpers = (f"var<workgroup> val: array<f32, {_REDUCE_WG}>;\nvar<workgroup> at: array<i32, {_REDUCE_WG}>;\n"
-                   + _IS_NAN)
+        helpers = f"var<workgroup> val: array<f32, {_REDUCE_WG}>;\nvar<workgroup> at: array<i32, {_REDUCE_WG}>;\n"
         return reduce_program(self.key, binds, outputs, body, helpers,
                               loop_trips=2 * -(-count // _REDUCE_WG) + _REDUCE_WG.bit_length())
 
@@ -227,12 +225,12 @@ class LogSoftmax(_RowKernel):
 
     def programs(self):
         c = self.input(0).shape[-1]
-        term = "exp(x[base + k] - m)"
+        term = "exp_f(x[base + k] - m)"
         serial = f"""{row_max_and_sum(c, F32_NEG_INF, term, shared=False)}
-  let ls = log(s);
+  let ls = log_f(s);
   for (var k = 0u; k < {c}u; k++) {{ y[base + k] = (x[base + k] - m) - ls; }}"""
         shared = f"""{row_max_and_sum(c, F32_NEG_INF, term, shared=True)}
-  let ls = log(s);
+  let ls = log_f(s);
   for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ y[base + k] = (x[base + k] - m) - ls; }}"""
         return self.row_programs(serial, shared, 3)
 

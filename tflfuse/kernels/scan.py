@@ -16,7 +16,6 @@ import math
 
 from .base import Kernel, TensorSpec, is_integral
 from .compare import _ORDER_KEY
-from .elementwise import _F32_BITS
 from .registry import register
 from .wgsl import elementwise_program
 
@@ -55,7 +54,7 @@ def _greater(dtype: str) -> tuple[str, str]:
     """(WGSL helpers, a format string ``{a} > {b}`` of two values): floats by their order keys, a NaN on
     either side false (C++'s ``>``)."""
     if dtype == "float32":
-        return (_F32_BITS + _ORDER_KEY,
+        return (_ORDER_KEY,
                 "(!is_nan({a}) && !is_nan({b}) && order_key({a}) > order_key({b}))")
     return "", "({a} > {b})"
 

@@ -5,13 +5,14 @@ Op bodies stay short templates; everything repeated between kernels is generated
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
-__all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "F32_FROM_BITS", "F32_INF", "F32_NAN", "F32_NEG_INF", "activation_fn",
-           "activation_uniforms", "dot", "elementwise_program", "lane_tree", "prelude", "prelu_fn", "linear_main",
-           "fmt_f32", "reduction_program", "split_lanes", "with_bit_helpers"]
+__all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "F32_FROM_BITS", "F32_INF", "F32_NAN", "F32_NEG_INF", "HELPERS",
+           "activation_fn", "activation_uniforms", "dot", "elementwise_program", "fmt_f32", "helpers_for",
+           "lane_tree", "linear_main", "prelude", "prelu_fn", "reduction_program", "split_lanes", "with_helpers"]
 
 
 def fmt_f32(x: float) -> str:
@@ -69,8 +70,8 @@ ACTIVATIONS = {
     # tanh's argument is clamped to +-10 (tanh(+-10) is +-1 in f32): SwiftShader's tanh, Chrome's WebGPU on
     # machines with no GPU, gives NaN past ~44; NaN still passes through
     "tanh": "return select(tanh(clamp(v, -10.0, 10.0)), v, is_nan(v));",
-    "sigmoid": "return 1.0 / (1.0 + exp(-v));",
-    "logistic": "return 1.0 / (1.0 + exp(-v));",
+    "sigmoid": "return 1.0 / (1.0 + exp_f(-v));",
+    "logistic": "return 1.0 / (1.0 + exp_f(-v));",
     "hard_swish": "return v * (clamp(v + 3.0, 0.0, 6.0) / 6.0);",  # no overflow for large v, as in LiteRT
     "sign_bit": "return select(0.0, 1.0, v < 0.0);",
     "leaky_relu": "return select(v * params.alpha, v, v >= 0.0);",
@@ -89,23 +90,11 @@ ACTIVATION_ALPHA = {"leaky_relu": 0.2, "elu": 1.0}
 #: ``fn f32_from_bits``: a float32 made from its bits at run time. WGSL makes a constant expression whose value
 #: is not finite a shader-creation error, so Tint (the WGSL compiler of Dawn and Chrome) refuses
 #: ``bitcast<f32>(0x7fc00000u)``, which naga accepts; a call of a user-declared function is never a constant
-#: expression. :func:`elementwise_program`, :func:`reduction_program` and ``pool.reduce_program`` declare it
-#: where their code calls it (:func:`with_bit_helpers`).
+#: expression.
 F32_FROM_BITS = "fn f32_from_bits(b: u32) -> f32 { return bitcast<f32>(b); }\n"
 #: NaN, +inf and -inf as WGSL f32 expressions, through :data:`F32_FROM_BITS`.
 F32_NAN, F32_INF, F32_NEG_INF = ("f32_from_bits(0x7fc00000u)", "f32_from_bits(0x7f800000u)",
                                  "f32_from_bits(0xff800000u)")
-
-
-def with_bit_helpers(helpers: str, *code: str) -> str:
-    """``helpers`` with :data:`F32_FROM_BITS` ahead of them where they or ``code`` call ``f32_from_bits`` and
-    do not declare it."""
-    if "fn f32_from_bits(" in helpers or not any("f32_from_bits(" in s for s in (helpers, *code)):
-        return helpers
-    return F32_FROM_BITS + helpers
-
-
-_IS_NAN = "fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }\n"
 
 # erfc(z) by the Chebyshev fit of Numerical Recipes (erfcc, 2nd ed. section 6.2): fractional error below
 # 1.2e-7 for every z in exact arithmetic (WGSL has no erf). In float32, the gelu built on it is within
@@ -119,7 +108,94 @@ _ERFC = """fn erfc_approx(z: f32) -> f32 {
   return select(r, 2.0 - r, z < 0.0);
 }
 """
-_HELPERS = {"is_nan(": _IS_NAN, "erfc_approx(": _ERFC}
+
+# cos and sin of x as C's cosf/sinf (TFLite's SIN and COS kernels call std::sin and std::cos), so that no
+# result depends on the adapter's cos and sin: WGSL bounds their error inside [-pi, pi] only, and SwiftShader
+# (Chrome's WebGPU without a GPU) is 2e-5 off at x = 1 and 2e-3 at x = 3e4. x = k pi/2 + r, k = round(x 2/pi),
+# with pi/2 in five parts (Cody-Waite): the first four have 6 significant bits, so k times each is exact for
+# |k| < 2**18 (|x| < 4e5), and every subtraction but the last is exact; r (|r| <= pi/4) then goes into the
+# Taylor series of sin to r**11 and of cos to r**12 (truncation below 2e-9). Against float64 over 2e6 points per
+# range, in float32 arithmetic without fused multiply-adds: within 8.6e-8 absolute for |x| < 4e5; past that the
+# products k pi/2 round (1.7e-4 absolute at |x| = 1e6). |x| < 2.4e-4 gives (1, x) (x**2/2 and x**3/6 are under
+# half a unit in the last place; the sign of a zero kept); infinities and NaN give NaN.
+_COS_SIN = """fn cos_sin(x: f32) -> vec2<f32> {
+  if (!is_finite(x)) { return vec2<f32>(f32_from_bits(0x7fc00000u), f32_from_bits(0x7fc00000u)); }
+  if (abs(x) < 2.4e-4) { return vec2<f32>(1.0, x); }
+  let k = round(x * 0.6366197466850281);
+  var r = x - k * 1.5625;
+  r = r - k * 0.008056640625;
+  r = r - k * 0.00023651123046875;
+  r = r - k * 3.159046173095703e-06;
+  r = r - k * 1.5893254712295857e-08;
+  let z = r * r;
+  let sp = (((-2.5052107943679403e-08 * z + 2.7557318844628753e-06) * z - 0.00019841270113829523) * z
+            + 0.008333333767950535) * z - 0.1666666716337204;
+  let s = r + r * z * sp;
+  let cp = ((((2.0876755879584152e-09 * z - 2.755731998149713e-07) * z + 2.4801587642286904e-05) * z
+             - 0.0013888889225199819) * z + 0.0416666679084301) * z - 0.5;
+  let c = 1.0 + z * cp;
+  let q = i32(k) & 3;
+  if (q == 0) { return vec2<f32>(c, s); }
+  if (q == 1) { return vec2<f32>(-s, c); }
+  if (q == 2) { return vec2<f32>(-c, -s); }
+  return vec2<f32>(s, -c);
+}
+"""
+
+#: WGSL helper functions by name, each declared by the program builders (:func:`elementwise_program`,
+#: :func:`reduction_program`, ``pool.reduce_program``) and by :func:`activation_fn` where their code calls it
+#: and does not declare it (:func:`helpers_for`), with the helpers it calls in turn. Special values are decided
+#: on the bits, as WGSL lets a compiler assume that no value is NaN or infinite (so ``v != v`` may fold to
+#: false), and made at run time (:data:`F32_FROM_BITS`). ``exp_f``, ``log_f`` and ``cos_sin`` give C's results
+#: (TFLite's kernels call expf, logf, sinf, cosf) whatever the adapter's built-ins do with special values:
+#: SwiftShader's log of a negative is log|x| and its exp(NaN) is +inf. ``max_nan`` is max with NaN passing
+#: through (WGSL's max may return either operand).
+HELPERS: dict[str, str] = {
+    "f32_from_bits": F32_FROM_BITS,
+    "is_nan": "fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }\n",
+    "is_finite": "fn is_finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u; }\n",
+    "nan": "fn nan() -> f32 { return f32_from_bits(0x7fc00000u); }\n",
+    "inf": "fn inf() -> f32 { return f32_from_bits(0x7f800000u); }\n",
+    "copy_sign": "fn copy_sign(mag: f32, s: f32) -> f32 { return bitcast<f32>(bitcast<u32>(mag) | (bitcast<u32>(s) "
+                 "& 0x80000000u)); }\n",
+    "max_nan": "fn max_nan(a: f32, b: f32) -> f32 { return select(max(a, b), f32_from_bits(0x7fc00000u), "
+               "is_nan(a) || is_nan(b)); }\n",
+    # exp overflows past 88.7228 and is 0 below -103.98 (under the least subnormal's half)
+    "exp_f": "fn exp_f(v: f32) -> f32 {\n"
+             "  return select(select(select(exp(v), 0.0, v < -104.0), f32_from_bits(0x7f800000u), v > 88.8), v, "
+             "is_nan(v));\n}\n",
+    # log of a positive subnormal b * 2**-149 as log(b) - 149 ln 2 (adapters may flush it to zero)
+    "log_f": """fn log_f(v: f32) -> f32 {
+  let b = bitcast<u32>(v);
+  let l = select(log(v), log(f32(b)) - 103.2789306640625, b < 0x00800000u);
+  let special = select(f32_from_bits(0x7fc00000u), f32_from_bits(0x7f800000u), b == 0x7f800000u);
+  return select(select(l, special, b >= 0x7f800000u), f32_from_bits(0xff800000u), (b & 0x7fffffffu) == 0u);
+}
+""",
+    "cos_sin": _COS_SIN,
+    "erfc_approx": _ERFC,
+}
+_CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\(")
+_DECLARED = re.compile(r"\bfn\s+([A-Za-z_]\w*)\s*\(")
+
+
+def helpers_for(*code: str, declared: str = "") -> str:
+    """The :data:`HELPERS` that ``code`` calls (directly or through another helper) and that neither ``code``
+    nor ``declared`` (other WGSL of the same module) declares, in :data:`HELPERS`' order: WGSL refuses a function
+    declared twice, and module-scope declarations may come in any order."""
+    have = set(_DECLARED.findall("\n".join((*code, declared))))
+    needed, todo = set(), list(code)
+    while todo:
+        for name in _CALL.findall(todo.pop()):
+            if name in HELPERS and name not in have and name not in needed:
+                needed.add(name)
+                todo.append(HELPERS[name])
+    return "".join(source for name, source in HELPERS.items() if name in needed)
+
+
+def with_helpers(helpers: str, *code: str) -> str:
+    """``helpers`` (WGSL declarations) with :func:`helpers_for` ``(helpers, *code)`` ahead of them."""
+    return helpers_for(helpers, *code) + helpers
 
 
 def activation_fn(name: str | None, fn_name: str = "act", uniform_alpha: bool = False, declared: str = "") -> str:
@@ -136,8 +212,7 @@ def activation_fn(name: str | None, fn_name: str = "act", uniform_alpha: bool = 
     body = ACTIVATIONS[key]
     if key in ACTIVATION_ALPHA and not uniform_alpha:
         body = body.replace("params.alpha", fmt_f32(ACTIVATION_ALPHA[key]))
-    helpers = "".join(h for call, h in _HELPERS.items() if call in body and h not in declared)
-    return f"{helpers}fn {fn_name}(v: f32) -> f32 {{ {body} }}\n"
+    return f"{helpers_for(body, declared=declared)}fn {fn_name}(v: f32) -> f32 {{ {body} }}\n"
 
 
 def prelu_fn(fn_name: str, slopes: str) -> str:
@@ -160,7 +235,7 @@ def elementwise_program(name: str, bindings: tuple[Binding, ...], total: int, bo
                         helpers: str = "", uniforms: tuple[Uniform, ...] = (), workgroup: int = 64,
                         loop_trips: int = 0) -> Program:
     """A program with one invocation per output element (``idx`` in ``0..total``)."""
-    source = prelude(bindings, uniforms) + with_bit_helpers(helpers, body) + linear_main(workgroup, total, body)
+    source = prelude(bindings, uniforms) + with_helpers(helpers, body) + linear_main(workgroup, total, body)
     return Program(name, source, (workgroup, 1, 1), linear_dispatch(total, workgroup), bindings, uniforms,
                    loop_trips=loop_trips)
 
@@ -251,7 +326,7 @@ def reduction_program(name: str, bindings: tuple[Binding, ...], total: int, body
         raise KernelError(f"{name}: lanes must be a power of two up to {wg}, got {lanes}")
     per = wg // lanes
     tree_src = lane_tree(lanes, per)
-    source = prelude(bindings, uniforms) + with_bit_helpers(helpers, body, store) + f"""
+    source = prelude(bindings, uniforms) + with_helpers(helpers, body, store) + f"""
 var<workgroup> shares: array<{acc_type}, {wg}>;
 
 @compute @workgroup_size({wg})

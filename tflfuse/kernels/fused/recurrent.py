@@ -59,20 +59,15 @@ ACTIVATION_NAMES = ("tanh", "sigmoid", "relu", "linear", "hard_sigmoid")
 _HARD_SIGMOID = "return clamp(v + 3.0, 0.0, 6.0) / 6.0;"   # Keras 3: relu6(v + 3) / 6
 
 
-def _act(name: str, fn_name: str) -> str:
+def _act(name: str, fn_name: str, declared: str = "") -> str:
     if str(name).lower() == "hard_sigmoid":
         return f"fn {fn_name}(v: f32) -> f32 {{ {_HARD_SIGMOID} }}\n"
-    return activation_fn(name, fn_name)
+    return activation_fn(name, fn_name, declared=declared)
 
 
 def _acts(act: str, ract: str) -> str:
-    lines, seen = [], set()
-    for line in (_act(act, "act") + _act(ract, "ract")).splitlines():
-        if line.startswith("fn is_nan") and line in seen:
-            continue
-        seen.add(line)
-        lines.append(line)
-    return "\n".join(lines) + "\n"
+    first = _act(act, "act")
+    return first + _act(ract, "ract", declared=first)
 
 
 def _mdot(n: int, vec: str, cols, unroll: int = 4) -> str:
