@@ -85,7 +85,9 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
         option (one whose default is an int: a stride, a size) given a number that is not an integer of int32's range
         (a fraction, a bool, inf), shapes or
         attribute values the kernel does not accept (the message says what it expected),
-        including a tensor of 2**32 elements or more (WGSL indexes with u32).
+        including a tensor of 2**32 elements or more (WGSL indexes with u32); an op that runs no shader: a view
+        of its input's buffer (RESHAPE), or one whose outputs hold no elements (a batch, a channel count or a
+        spatial size of 0: nothing to compute).
       TypeError: ``input_shapes`` is not a list of shapes (lists of ints) and ``None``.
     """
     from .runtime.plan import PRECISIONS
@@ -130,9 +132,12 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
                        "type": b.elem_type, "size": b.size} for i, b in enumerate(p.bindings))
         unis = _uniform_infos(p.uniforms)
         infos.append(ShaderInfo(key, p.source, p.entry_point, p.workgroup_size, p.dispatch, binds, unis, outs))
+    if not infos and kernel.view:
+        raise KernelError(f"{key} runs no shader for these shapes: it is a view of its input's buffer")
     if not infos:
-        raise KernelError(f"{key} runs no shader for these shapes: it is a view of its input's buffer, or its "
-                          f"output is empty")
+        raise KernelError(f"{key} runs no shader for these shapes: its output shapes {[list(s) for s in outs]} hold "
+                          f"no elements, so there is nothing to compute (a plan dispatches nothing for it and "
+                          f"reads its outputs back empty)")
     first = infos[0]
     return dataclasses.replace(first, programs=tuple(infos))
 

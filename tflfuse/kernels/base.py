@@ -12,6 +12,7 @@ maintained by hand beside the code it describes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import struct
@@ -213,6 +214,12 @@ class Kernel:
       optional_inputs: input indices that may be absent (-1 in the file), e.g. a conv's bias.
       view: True for ops whose output is the input's buffer re-shaped (RESHAPE): no programs run.
 
+    An op whose outputs all have no elements (a batch, a channel count or a spatial size of 0) has nothing to
+    compute: :meth:`programs`, :meth:`scratch_sizes` and :meth:`half_scratch` give nothing for it, whatever a
+    subclass defines (they are wrapped where the subclass is made), and the planner dispatches nothing; its
+    outputs read back empty, as LiteRT gives them. A kernel whose outputs are some empty, some not, and one
+    whose inputs are empty (a reduction over no elements), computes as its own methods say.
+
     Args:
       inputs: the specs of the op's runtime inputs, in the op's input order (absent optional inputs are
         ``None``; static inputs are left out of the computation but keep their slot as ``None``).
@@ -238,6 +245,12 @@ class Kernel:
     #: other attributes the kernel reads: ones the planner derives from the file (quantization, sparsity)
     #: and tuning knobs.
     extra_attrs: ClassVar[Sequence[str]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in _NOTHING_FOR_EMPTY_OUTPUTS:
+            if name in cls.__dict__:
+                setattr(cls, name, _nothing_for_empty_outputs(cls.__dict__[name]))
 
     def __init__(self, inputs: Sequence[TensorSpec | None], attrs: Mapping | None = None):
         self.inputs = tuple(inputs)
@@ -278,6 +291,10 @@ class Kernel:
         return ()
 
     # ---- helpers ---------------------------------------------------------------------------------
+    def outputs_empty(self) -> bool:
+        """Whether every output has no elements (the op has nothing to write: no programs, no scratch)."""
+        return all(s.size == 0 for s in self.output_specs())
+
     def check_values(self, i: int, value) -> None:
         """Checks the values of input ``i``, one of the kernel's ``constant_attrs`` (inputs whose constant values it
         checks when the plan is made, as TFLite's kernel checks them when it runs: GATHER's indices, an int32
@@ -353,6 +370,27 @@ class Kernel:
         binds = [self.binding(n, "input", i, self.inputs[i]) for n, i in zip(names, present)]
         binds += [self.binding(n, "output", i, s) for i, (n, s) in enumerate(zip(names[len(present):], outs))]
         return tuple(binds)
+
+
+#: The :class:`Kernel` methods that give nothing where :meth:`Kernel.outputs_empty` (see the class docstring).
+_NOTHING_FOR_EMPTY_OUTPUTS = ("programs", "scratch_sizes", "half_scratch")
+
+
+def _nothing_for_empty_outputs(method):
+    """``method`` (programs, scratch_sizes or half_scratch) giving an empty result of its own type for a kernel
+    whose outputs all have no elements: the WGSL of such an op would index, divide and take remainders by the
+    output's zero sizes (``idx % 0u``, a shader-creation error in Tint, Dawn's and Chrome's compiler)."""
+    if getattr(method, "_nothing_for_empty_outputs", False):
+        return method
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        if self.outputs_empty():
+            return [] if method.__name__ == "programs" else ()
+        return method(self, *args, **kwargs)
+
+    wrapped._nothing_for_empty_outputs = True
+    return wrapped
 
 
 class CompositeKernel(Kernel):

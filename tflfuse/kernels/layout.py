@@ -165,8 +165,6 @@ class _IndexMapKernel(Kernel):
 
     def programs(self):
         x, (out,) = self.input(0), self.output_specs()
-        if out.size == 0:   # an empty output: nothing to write
-            return []
         lines, div = [], 1
         for d in range(len(self.out) - 1, -1, -1):
             lines.append(f"  let c{d} = (idx / {div}u) % {self.out[d]}u;")
