@@ -20,11 +20,14 @@ from typing import ClassVar, Mapping, Sequence
 
 __all__ = [
     "Binding", "CompositeKernel", "Kernel", "KernelError", "Program", "TensorSpec", "Uniform", "linear_dispatch",
-    "MAX_WORKGROUPS_PER_DIM", "is_integral", "pack_uniforms", "uniform_layout",
+    "MAX_INDEXED_VALUES", "MAX_WORKGROUPS_PER_DIM", "is_integral", "pack_uniforms", "uniform_layout",
 ]
 
 #: WebGPU's default ``maxComputeWorkgroupsPerDimension``.
 MAX_WORKGROUPS_PER_DIM = 65535
+#: Values one tensor or scratch buffer of a program may hold: WGSL has no 64-bit integers, so shaders index them
+#: with u32 and write their sizes into the source as u32 literals (:meth:`Kernel.check_indexing`).
+MAX_INDEXED_VALUES = 1 << 32
 #: WebGPU's default ``maxComputeWorkgroupStorageSize`` (bytes): every kernel's workgroup memory fits it, so that a
 #: plan runs on any adapter.
 MAX_WORKGROUP_STORAGE = 16384
@@ -218,7 +221,8 @@ class Kernel:
     compute: :meth:`programs`, :meth:`scratch_sizes` and :meth:`half_scratch` give nothing for it, whatever a
     subclass defines (they are wrapped where the subclass is made), and the planner dispatches nothing; its
     outputs read back empty, as LiteRT gives them. A kernel whose outputs are some empty, some not, and one
-    whose inputs are empty (a reduction over no elements), computes as its own methods say.
+    whose inputs are empty (a reduction over no elements), computes as its own methods say. Before a subclass's
+    :meth:`programs` runs, :meth:`check_indexing` refuses tensors and scratch buffers too large for u32 indices.
 
     Args:
       inputs: the specs of the op's runtime inputs, in the op's input order (absent optional inputs are
@@ -248,9 +252,9 @@ class Kernel:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        for name in _NOTHING_FOR_EMPTY_OUTPUTS:
+        for name in _PLANNED:
             if name in cls.__dict__:
-                setattr(cls, name, _nothing_for_empty_outputs(cls.__dict__[name]))
+                setattr(cls, name, _planned(cls.__dict__[name]))
 
     def __init__(self, inputs: Sequence[TensorSpec | None], attrs: Mapping | None = None):
         self.inputs = tuple(inputs)
@@ -294,6 +298,23 @@ class Kernel:
     def outputs_empty(self) -> bool:
         """Whether every output has no elements (the op has nothing to write: no programs, no scratch)."""
         return all(s.size == 0 for s in self.output_specs())
+
+    def check_indexing(self) -> None:
+        """Raises the op's :class:`KernelError` where an input, an output or a scratch buffer holds
+        :data:`MAX_INDEXED_VALUES` (2**32) values or more: its shaders would index them with u32 and write their
+        sizes into the WGSL as literals out of u32's range (a shader-creation error)."""
+        tensors = [(f"input {i}", s) for i, s in enumerate(self.inputs) if s is not None]
+        tensors += [(f"output {i}", s) for i, s in enumerate(self.output_specs())]
+        for what, spec in tensors:
+            if spec.size >= MAX_INDEXED_VALUES:
+                raise self.fail(f"{what} of shape {list(spec.shape)} has {spec.size} elements, too large for 32-bit "
+                                f"indexing: a shader indexes a tensor with u32, so fewer than 2**32; split the op "
+                                f"over smaller tensors (a smaller batch)")
+        for i, nbytes in enumerate(self.scratch_sizes()):
+            if nbytes // 4 >= MAX_INDEXED_VALUES:
+                raise self.fail(f"its scratch buffer {i} would hold {nbytes // 4} values, too large for 32-bit "
+                                f"indexing: a shader indexes a buffer with u32, so fewer than 2**32; split the op "
+                                f"over smaller tensors (a smaller batch)")
 
     def check_values(self, i: int, value) -> None:
         """Checks the values of input ``i``, one of the kernel's ``constant_attrs`` (inputs whose constant values it
@@ -372,24 +393,28 @@ class Kernel:
         return tuple(binds)
 
 
-#: The :class:`Kernel` methods that give nothing where :meth:`Kernel.outputs_empty` (see the class docstring).
-_NOTHING_FOR_EMPTY_OUTPUTS = ("programs", "scratch_sizes", "half_scratch")
+#: The :class:`Kernel` methods that every subclass's definition is wrapped in :func:`_planned` (see the class
+#: docstring).
+_PLANNED = ("programs", "scratch_sizes", "half_scratch")
 
 
-def _nothing_for_empty_outputs(method):
+def _planned(method):
     """``method`` (programs, scratch_sizes or half_scratch) giving an empty result of its own type for a kernel
     whose outputs all have no elements: the WGSL of such an op would index, divide and take remainders by the
-    output's zero sizes (``idx % 0u``, a shader-creation error in Tint, Dawn's and Chrome's compiler)."""
-    if getattr(method, "_nothing_for_empty_outputs", False):
+    output's zero sizes (``idx % 0u``, a shader-creation error in Tint, Dawn's and Chrome's compiler). Before
+    ``programs``, :meth:`Kernel.check_indexing`."""
+    if getattr(method, "_planned", False):
         return method
 
     @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
         if self.outputs_empty():
             return [] if method.__name__ == "programs" else ()
+        if method.__name__ == "programs":
+            self.check_indexing()
         return method(self, *args, **kwargs)
 
-    wrapped._nothing_for_empty_outputs = True
+    wrapped._planned = True
     return wrapped
 
 
