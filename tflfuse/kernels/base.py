@@ -393,7 +393,7 @@ class Kernel:
         return tuple(binds)
 
 
-#: The :class:`Kernel` methods that every subclass's definition is wrapped in :func:`_planned` (see the class
+#: The :class:`Kernel` methods whose definition in any subclass is wrapped in :func:`_planned` (see the class
 #: docstring).
 _PLANNED = ("programs", "scratch_sizes", "half_scratch")
 
