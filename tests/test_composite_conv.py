@@ -317,9 +317,9 @@ def test_separable_schedule():
     depthwise values overflow workgroup memory."""
     cls = kernel_class("fused_separable_conv2d")
 
-    def dispatches(x, dw, pw, target):
+    def dispatches(x, dw, pw, target, padding="VALID"):
         specs = [TensorSpec(s) for s in (x, dw, pw, (pw[-1],))]
-        return len(cls(specs, {"target": target}).programs())
+        return len(cls(specs, {"target": target, "padding": padding}).programs())
 
     assert dispatches((1, 16, 16, 64), (3, 3, 64, 1), (1, 1, 64, 128), "gpu") == 1
     assert dispatches((1, 16, 16, 64), (3, 3, 64, 1), (1, 1, 64, 128), "cpu") == 2
@@ -332,7 +332,8 @@ def test_separable_schedule():
     specs = [TensorSpec(s) for s in ((1, 48, 48, 64), (5, 5, 64, 1), (1, 1, 64, 64), (64,))]
     assert cls(specs, {"target": "gpu", "padding": "SAME"}).strategy() == "one_dispatch"
     assert cls(specs, {"target": "cpu", "padding": "SAME"}).strategy() == "two_dispatches"
-    assert dispatches((1, 2, 2, 2100), (3, 3, 2100, 2), (1, 1, 4200, 8), "gpu") == 2
+    assert dispatches((1, 2, 2, 2100), (3, 3, 2100, 2), (1, 1, 4200, 8), "gpu", "SAME") == 2
+    assert dispatches((1, 2, 2, 2100), (3, 3, 2100, 2), (1, 1, 4200, 8), "gpu") == 0   # VALID: an empty output
     # few pixels, wide channels: each invocation would sum 4 x 1024 terms alone in one dispatch
     assert dispatches((1, 7, 7, 1024), (3, 3, 1024, 1), (1, 1, 1024, 1024), "gpu") == 2
 

@@ -254,6 +254,21 @@ def test_resize_errors(dynamic_net_model, net_model, device):
         static.resize_tensor_input(idx, [2, 6, 6, 3], strict=True)
 
 
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+def test_resize_to_an_empty_batch_runs_nothing(precision, dynamic_net_model, device):
+    # every op's output is empty: no dispatch, and outputs of LiteRT's shapes and dtypes (no values to differ)
+    ours = tflfuse.Interpreter(model_content=dynamic_net_model, device=device, precision=precision)
+    lite = LiteRTInterpreter(model_content=dynamic_net_model)
+    for interp in (ours, lite):
+        interp.resize_tensor_input(interp.get_input_details()[0]["index"], [0, 6, 6, 3])
+    x = _image((0, 6, 6, 3))
+    o, l = _run(ours, x), _run(lite, x)
+    _assert_details_match(ours.get_output_details(), lite.get_output_details())
+    assert [(a.shape, a.dtype) for a in o] == [(b.shape, b.dtype) for b in l] == [((0, 5), np.float32),
+                                                                                   ((0, 6, 6, 8), np.float32)]
+    assert ours.dispatch_count == 0 and ours.fallback_ops == []
+
+
 def test_resize_then_old_shape_is_refused(dynamic_net_model, device):
     interp = tflfuse.Interpreter(model_content=dynamic_net_model, device=device)
     idx = interp.get_input_details()[0]["index"]

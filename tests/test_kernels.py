@@ -943,3 +943,119 @@ def test_broken_wgsl_does_not_compile(device):
     # The check above means something: wgpu validates WGSL when the pipeline is made.
     with pytest.raises(RuntimeError, match="failed to compile"):
         device.pipeline(Program("broken", "fn main( {", (1, 1, 1), (1, 1, 1), ()))
+
+
+# ---- zero-size tensors in Tint -----------------------------------------------------------------------------------
+# Outputs of no elements: a batch, channels or a spatial size of 0, a VALID window larger than its input. Their
+# WGSL took remainders by the zero sizes (idx % 0u), which naga lets pass and Tint refuses: such an op now runs no
+# program. (key, input shapes, attributes); static inputs (TRANSPOSE_CONV's output_shape) are attributes.
+_SAME, _VALID = {"padding": "SAME"}, {"padding": "VALID"}
+_POOL = {"filter_height": 3, "filter_width": 3}
+EMPTY_OUTPUTS = {
+    "CONV_2D-batch": ("CONV_2D", [(0, 7, 7, 3), (5, 3, 3, 3), (5,)], _SAME),
+    "CONV_2D-channels": ("CONV_2D", [(1, 7, 7, 3), (0, 3, 3, 3), (0,)], _SAME),
+    "CONV_2D-rows": ("CONV_2D", [(1, 0, 7, 3), (5, 3, 3, 3), (5,)], _SAME),
+    "CONV_2D-valid_window_past_input": ("CONV_2D", [(1, 2, 7, 3), (5, 3, 3, 3), (5,)], _VALID),
+    "DEPTHWISE_CONV_2D-batch": ("DEPTHWISE_CONV_2D", [(0, 7, 7, 3), (1, 3, 3, 6), None], {"depth_multiplier": 2}),
+    "DEPTHWISE_CONV_2D-columns": ("DEPTHWISE_CONV_2D", [(1, 7, 0, 3), (1, 3, 3, 3), (3,)], _SAME),
+    "DEPTHWISE_CONV_2D-valid_window_past_input": ("DEPTHWISE_CONV_2D", [(1, 7, 2, 3), (1, 3, 3, 3), (3,)], _VALID),
+    "FULLY_CONNECTED-batch": ("FULLY_CONNECTED", [(0, 6), (4, 6), (4,)], {}),
+    "FULLY_CONNECTED-rows": ("FULLY_CONNECTED", [(2, 0, 6), (4, 6), (4,)], {"keep_num_dims": True}),
+    "FULLY_CONNECTED-units": ("FULLY_CONNECTED", [(2, 6), (0, 6), (0,)], {}),
+    "AVERAGE_POOL_2D-channels": ("AVERAGE_POOL_2D", [(1, 7, 7, 0)], {**_POOL, **_SAME}),
+    "AVERAGE_POOL_2D-valid_window_past_input": ("AVERAGE_POOL_2D", [(1, 2, 7, 3)], {**_POOL, **_VALID}),
+    "MAX_POOL_2D-batch": ("MAX_POOL_2D", [(0, 7, 7, 3)], {**_POOL, **_SAME}),
+    "MAX_POOL_2D-columns": ("MAX_POOL_2D", [(1, 7, 0, 3)], {**_POOL, **_SAME}),
+    "MAX_POOL_2D-valid_window_past_input": ("MAX_POOL_2D", [(1, 7, 2, 3)], {**_POOL, **_VALID}),
+    "RESIZE_BILINEAR-batch": ("RESIZE_BILINEAR", [(0, 5, 4, 3), None], {"size": [9, 7]}),
+    "RESIZE_BILINEAR-channels": ("RESIZE_BILINEAR", [(1, 5, 4, 0), None], {"size": [9, 7]}),
+    "RESIZE_NEAREST_NEIGHBOR-channels": ("RESIZE_NEAREST_NEIGHBOR", [(1, 5, 4, 0), None], {"size": [9, 7]}),
+    "PRELU-batch": ("PRELU", [(0, 3, 4, 5), (1, 1, 5)], {}),
+    "PRELU-channels": ("PRELU", [(2, 3, 4, 0), (1, 1, 0)], {}),
+    "TRANSPOSE_CONV-batch": ("TRANSPOSE_CONV", [None, (5, 3, 3, 3), (0, 5, 7, 3), (5,)],
+                             {"output_shape": [0, 10, 14, 5], "stride_h": 2, "stride_w": 2}),
+    "Convolution2DTransposeBias-channels": ("Convolution2DTransposeBias", [(1, 5, 4, 3), (0, 3, 3, 3), (0,)],
+                                            {"stride_h": 2, "stride_w": 2}),
+    "fused_conv2d-channels": ("fused_conv2d", [(1, 4, 4, 3), (3, 3, 3, 0)], {**_SAME, "has_bias": False}),
+    "fused_conv2d-pooled_residual": ("fused_conv2d", [(1, 4, 4, 1), (3, 3, 1, 0), (1, 8, 8, 0)],
+                                     {**_SAME, "has_bias": False, "has_residual": True, "residual_pool": 2}),
+    "fused_conv2d-valid_window_past_input": ("fused_conv2d", [(1, 2, 7, 3), (3, 3, 3, 5), (5,)], _VALID),
+    "fused_depthwise_conv2d-batch": ("fused_depthwise_conv2d", [(0, 7, 7, 3), (3, 3, 3, 2), (6,)], _SAME),
+    "fused_depthwise_conv2d-valid_window_past_input": ("fused_depthwise_conv2d", [(1, 7, 2, 3), (3, 3, 3, 2), (6,)],
+                                                       _VALID),
+    "fused_separable_conv2d-channels": ("fused_separable_conv2d", [(1, 4, 4, 3), (3, 3, 3, 1), (1, 1, 3, 0)],
+                                        {**_SAME, "has_bias": False}),
+    "fused_separable_conv2d-valid_window_past_input": ("fused_separable_conv2d",
+                                                       [(1, 2, 7, 3), (3, 3, 3, 2), (1, 1, 6, 5), (5,)], _VALID),
+    "fused_matmul-rows": ("fused_matmul", [(2, 0, 6), (6, 4), (4,)], {}),
+    "fused_matmul-units": ("fused_matmul", [(2, 3, 6), (6, 0), (0,)], {}),
+    "fused_pool2d-channels": ("fused_pool2d", [(2, 9, 7, 0)], {"pooling": "max", "pool_size": [3, 3],
+                                                              "padding": "same"}),
+    "fused_global_pool2d-channels": ("fused_global_pool2d", [(2, 5, 5, 0)], {"pooling": "avg"}),
+    "fused_resize_bilinear-channels": ("fused_resize_bilinear", [(2, 5, 4, 0), (2, 9, 7, 0)], {"size": [9, 7]}),
+    "fused_squeeze_excite-batch": ("fused_squeeze_excite", [(0, 17, 16, 6), (6, 3), (3,), (1, 1, 3, 6), (6,)], {}),
+    "fused_expand_depthwise-batch": ("fused_expand_depthwise", [(0, 9, 7, 4), (4, 12), (12,), (5, 5, 12), (12,)],
+                                     _SAME),
+    "fused_bottleneck-channels": ("fused_bottleneck", [(1, 8, 8, 4), (4, 24), (24,), (3, 3, 24), (24,), (24, 0),
+                                                       (0,)], {"expansion": 6}),
+    "fused_transpose_conv2d-channels": ("fused_transpose_conv2d", [(2, 5, 4, 3), (0, 3, 2, 3), (0,)], _VALID),
+}
+# Empty inputs with outputs that are not (sums of no terms, reductions over no elements, a padded or concatenated
+# empty tensor), and outputs of which only some are empty: these still run, and must not divide by a zero size
+# either. FULLY_CONNECTED's weights of no columns give LiteRT's zeros; a CONV_2D without input channels is refused
+# (as LiteRT's is), so it is not here.
+EMPTY_INPUTS = {
+    "MEAN": ("MEAN", [(2, 0, 3), None], {"axis": [1]}, "float32"),
+    "SUM": ("SUM", [(2, 0, 3), None], {"axis": [1]}, "float32"),
+    "REDUCE_MAX": ("REDUCE_MAX", [(2, 0, 3), None], {"axis": [1]}, "float32"),
+    "REDUCE_PROD-int32": ("REDUCE_PROD", [(2, 0, 3), None], {"axis": [1]}, ["int32", "int32"]),
+    "FULLY_CONNECTED-no_columns": ("FULLY_CONNECTED", [(2, 0), (4, 0), (4,)], {"fused_activation_function": "RELU"},
+                                   "float32"),
+    "BATCH_MATMUL-depth": ("BATCH_MATMUL", [(2, 3, 0), (0, 4)], {}, "float32"),
+    "CONCATENATION": ("CONCATENATION", [(2, 0), (2, 3)], {"axis": 1}, "float32"),
+    "PAD": ("PAD", [(0, 3), None], {"paddings": [[1, 1], [0, 0]]}, "float32"),
+    "SCATTER_ND": ("SCATTER_ND", [(0, 1), (0, 3), None], {"shape": [4, 3]}, ["int32", "float32", "int32"]),
+    "SPLIT_V-one_piece_empty": ("SPLIT_V", [(7, 4), None, None], {"size_splits": [0, -1, 1], "axis": 0,
+                                                                    "num_splits": 3}, "float32"),
+    "Convolution2DTransposeBias-input_channels": ("Convolution2DTransposeBias", [(1, 5, 4, 0), (2, 3, 3, 0), (2,)],
+                                                  {"stride_h": 2, "stride_w": 2}, "float32"),
+    "fused_global_pool2d-pixels": ("fused_global_pool2d", [(2, 0, 3, 5)], {"pooling": "avg"}, "float32"),
+    "fused_matmul-depth": ("fused_matmul", [(2, 0), (0, 4), (4,)], {}, "float32"),
+}
+
+
+def _kernel(key, shapes, attrs, dtype="float32"):
+    """The kernel get_shader makes (static inputs as attributes)."""
+    cls = kernel_class(key)
+    dtypes = [dtype] * len(shapes) if isinstance(dtype, str) else dtype
+    return cls([None if s is None or i in cls.static_inputs else TensorSpec(s, t)
+                for i, (s, t) in enumerate(zip(shapes, dtypes))], attrs)
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+@pytest.mark.parametrize("key,shapes,attrs", [pytest.param(*v, id=k) for k, v in EMPTY_OUTPUTS.items()])
+def test_empty_output_runs_no_program(key, shapes, attrs, precision):
+    kernel = _kernel(key, shapes, attrs)
+    assert [s.size for s in kernel.output_specs()] == [0]
+    programs = half_programs(kernel) if precision == "float16" else kernel.programs()
+    assert programs == [] and kernel.scratch_sizes() == () and kernel.half_scratch() == ()
+    with pytest.raises(KernelError, match=rf"{key} runs no shader .* hold no elements"):
+        tflfuse.get_shader(key, shapes, attrs, precision=precision)
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+@pytest.mark.parametrize("key,shapes,attrs,dtype", [pytest.param(*v, id=k) for k, v in EMPTY_INPUTS.items()])
+def test_empty_input_compiles_in_tint(key, shapes, attrs, dtype, precision, tint_device):
+    info = tflfuse.get_shader(key, shapes, attrs, dtype, precision=precision)
+    sizes = [math.prod(s) for s in [*shapes, *info.output_shapes] if s is not None]
+    assert 0 in sizes and any(map(math.prod, info.output_shapes)) and info.programs
+    for p in info.programs:
+        _tint_compile(tint_device, p.wgsl, p.entry_point)
+
+
+def test_broadcast_args_past_i32_compiles_in_tint(tint_device):
+    # a shape vector of more than 2**31 entries (no model has one): its offsets were i32 literals out of range
+    info = tflfuse.get_shader("BROADCAST_ARGS", [(2 ** 31 + 7,), (2,)], {}, "int32")
+    assert info.programs
+    for p in info.programs:
+        _tint_compile(tint_device, p.wgsl, p.entry_point)

@@ -265,6 +265,22 @@ def test_bad_shapes_and_attributes_raise_kernel_error(key, shapes, attrs, match,
     assert key in str(err.value)
 
 
+@pytest.mark.parametrize("key,shapes,attrs,what", [
+    ("FULLY_CONNECTED", [(70000, 70000), (70000, 70000)], {}, r"input_shapes\[0\] = \[70000, 70000\]"),
+    ("FULLY_CONNECTED", [(70000, 10), (70000, 10)], {}, r"output 0 of shape \[70000, 70000\]"),
+    ("ADD", [(70000, 1), (1, 70000)], {}, r"output 0 of shape \[70000, 70000\]"),
+    ("TILE", [(65536, 32768), None], {"multiples": [1, 2]}, r"output 0 of shape \[65536, 65536\]"),
+    # scratch buffers larger than any tensor of the op: the expanded tensor, an LSTM's gates
+    ("fused_bottleneck", [(8388608, 8, 8, 4), (4, 24), (24,), (3, 3, 24), (24,), (24, 4), (4,)], {"expansion": 6},
+     "its scratch buffer 0 would hold 12884901888 values"),
+    ("fused_lstm", [(44739240, 7, 5), (5, 24), (6, 24), (24,)], {}, "its scratch buffer 1 would hold"),
+])
+def test_tensors_past_32_bit_indexing_are_refused(key, shapes, attrs, what, no_gpu):
+    # their sizes were written into the WGSL as u32 literals out of range (no arrays of that size are made here)
+    with pytest.raises(KernelError, match=rf"^{key}: {what}.* too large for 32-bit indexing"):
+        tflfuse.get_shader(key, shapes, attrs)
+
+
 def test_unknown_attributes_and_missing_inputs_say_what_is_expected():
     with pytest.raises(KernelError, match=r"unknown attribute\(s\) \['strides_h'\]; it takes .*'stride_h'"):
         tflfuse.get_shader("CONV_2D", [(1, 8, 8, 3), (4, 3, 3, 3), (4,)], {"strides_h": 2})

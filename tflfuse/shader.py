@@ -9,7 +9,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .kernels import kernel_class
-from .kernels.base import KernelError, TensorSpec, Uniform, is_integral, pack_uniforms, uniform_layout
+from .kernels.base import MAX_INDEXED_VALUES, KernelError, TensorSpec, Uniform, is_integral, pack_uniforms, \
+    uniform_layout
 from .kernels.half import half_programs
 
 __all__ = ["ShaderInfo", "catalog", "get_shader", "model_shaders", "run_shader"]
@@ -39,9 +40,6 @@ class ShaderInfo:
         return d
 
 
-_MAX_ELEMENTS = 1 << 32
-
-
 def _uniform_infos(uniforms: Sequence[Uniform]) -> tuple[dict, ...]:
     """Each uniform's name, type, value (a list for an array) and byte offset in the block."""
     offsets, _ = uniform_layout(uniforms)
@@ -49,7 +47,7 @@ def _uniform_infos(uniforms: Sequence[Uniform]) -> tuple[dict, ...]:
                  for u, off in zip(uniforms, offsets))
 
 
-def _check_shapes(input_shapes) -> None:
+def _check_shapes(key: str, input_shapes) -> None:
     if isinstance(input_shapes, (str, bytes, Mapping)) or not isinstance(input_shapes, (Sequence, np.ndarray)):
         raise TypeError(f"input_shapes must be a list of shapes such as [[1, 8, 8, 3], [4, 3, 3, 3]], got "
                         f"{input_shapes!r}")
@@ -63,9 +61,9 @@ def _check_shapes(input_shapes) -> None:
             raise TypeError(f"input_shapes[{i}] must be a list of ints (or None for an absent input), got {shape!r}")
         if any(d < 0 for d in shape):
             raise KernelError(f"input_shapes[{i}] = {list(shape)} has a negative dimension")
-        if math.prod(shape) >= _MAX_ELEMENTS:
-            raise KernelError(f"input_shapes[{i}] = {list(shape)} has {math.prod(shape)} elements; a shader "
-                              f"indexes tensors with u32, so fewer than 2**32")
+        if math.prod(shape) >= MAX_INDEXED_VALUES:   # refused before the kernel is made (its checks would be slow)
+            raise KernelError(f"{key}: input_shapes[{i}] = {list(shape)} has {math.prod(shape)} elements, too large "
+                              f"for 32-bit indexing: a shader indexes a tensor with u32, so fewer than 2**32")
 
 
 def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Mapping | None = None,
@@ -85,7 +83,10 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
         option (one whose default is an int: a stride, a size) given a number that is not an integer of int32's range
         (a fraction, a bool, inf), shapes or
         attribute values the kernel does not accept (the message says what it expected),
-        including a tensor of 2**32 elements or more (WGSL indexes with u32).
+        including a tensor (input, output, scratch buffer) of 2**32 values or more (too large for 32-bit
+        indexing: WGSL indexes with u32; :meth:`~tflfuse.kernels.base.Kernel.check_indexing`); an op that runs
+        no shader: a view of its input's buffer (RESHAPE), or one whose outputs hold no elements (a batch, a
+        channel count or a spatial size of 0: nothing to compute).
       TypeError: ``input_shapes`` is not a list of shapes (lists of ints) and ``None``.
     """
     from .runtime.plan import PRECISIONS
@@ -93,7 +94,7 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     cls = kernel_class(key)
-    _check_shapes(input_shapes)
+    _check_shapes(key, input_shapes)
     attrs = dict(attrs or {})
     dtypes = [dtype] * len(input_shapes) if isinstance(dtype, str) else list(dtype)
     if len(dtypes) != len(input_shapes):
@@ -120,19 +121,18 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
     except (TypeError, ValueError, OverflowError) as e:  # int("abc") for stride_h="abc"; int(inf)
         raise KernelError(f"{key}: attributes {attrs} or shapes {list(input_shapes)} are not what the kernel "
                           f"takes ({type(e).__name__}: {e})") from e
-    for shape in outs:
-        if math.prod(shape) >= _MAX_ELEMENTS:
-            raise KernelError(f"{key}: output shape {list(shape)} has {math.prod(shape)} elements; a shader "
-                              f"indexes tensors with u32, so fewer than 2**32")
     infos = []
     for p in programs:
         binds = tuple({"binding": i, "name": b.name, "role": list(b.role), "access": b.access,
                        "type": b.elem_type, "size": b.size} for i, b in enumerate(p.bindings))
         unis = _uniform_infos(p.uniforms)
         infos.append(ShaderInfo(key, p.source, p.entry_point, p.workgroup_size, p.dispatch, binds, unis, outs))
+    if not infos and kernel.view:
+        raise KernelError(f"{key} runs no shader for these shapes: it is a view of its input's buffer")
     if not infos:
-        raise KernelError(f"{key} runs no shader for these shapes: it is a view of its input's buffer, or its "
-                          f"output is empty")
+        raise KernelError(f"{key} runs no shader for these shapes: its output shapes {[list(s) for s in outs]} hold "
+                          f"no elements, so there is nothing to compute (a plan dispatches nothing for it and "
+                          f"reads its outputs back empty)")
     first = infos[0]
     return dataclasses.replace(first, programs=tuple(infos))
 

@@ -12,6 +12,7 @@ maintained by hand beside the code it describes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import struct
@@ -19,11 +20,14 @@ from typing import ClassVar, Mapping, Sequence
 
 __all__ = [
     "Binding", "CompositeKernel", "Kernel", "KernelError", "Program", "TensorSpec", "Uniform", "linear_dispatch",
-    "MAX_WORKGROUPS_PER_DIM", "is_integral", "pack_uniforms", "uniform_layout",
+    "MAX_INDEXED_VALUES", "MAX_WORKGROUPS_PER_DIM", "is_integral", "pack_uniforms", "uniform_layout",
 ]
 
 #: WebGPU's default ``maxComputeWorkgroupsPerDimension``.
 MAX_WORKGROUPS_PER_DIM = 65535
+#: Values one tensor or scratch buffer of a program may hold: WGSL has no 64-bit integers, so shaders index them
+#: with u32 and write their sizes into the source as u32 literals (:meth:`Kernel.check_indexing`).
+MAX_INDEXED_VALUES = 1 << 32
 #: WebGPU's default ``maxComputeWorkgroupStorageSize`` (bytes): every kernel's workgroup memory fits it, so that a
 #: plan runs on any adapter.
 MAX_WORKGROUP_STORAGE = 16384
@@ -213,6 +217,13 @@ class Kernel:
       optional_inputs: input indices that may be absent (-1 in the file), e.g. a conv's bias.
       view: True for ops whose output is the input's buffer re-shaped (RESHAPE): no programs run.
 
+    An op whose outputs all have no elements (a batch, a channel count or a spatial size of 0) has nothing to
+    compute: :meth:`programs`, :meth:`scratch_sizes` and :meth:`half_scratch` give nothing for it, whatever a
+    subclass defines (they are wrapped where the subclass is made), and the planner dispatches nothing; its
+    outputs read back empty, as LiteRT gives them. A kernel whose outputs are some empty, some not, and one
+    whose inputs are empty (a reduction over no elements), computes as its own methods say. Before a subclass's
+    :meth:`programs` runs, :meth:`check_indexing` refuses tensors and scratch buffers too large for u32 indices.
+
     Args:
       inputs: the specs of the op's runtime inputs, in the op's input order (absent optional inputs are
         ``None``; static inputs are left out of the computation but keep their slot as ``None``).
@@ -238,6 +249,12 @@ class Kernel:
     #: other attributes the kernel reads: ones the planner derives from the file (quantization, sparsity)
     #: and tuning knobs.
     extra_attrs: ClassVar[Sequence[str]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in _PLANNED:
+            if name in cls.__dict__:
+                setattr(cls, name, _planned(cls.__dict__[name]))
 
     def __init__(self, inputs: Sequence[TensorSpec | None], attrs: Mapping | None = None):
         self.inputs = tuple(inputs)
@@ -278,6 +295,27 @@ class Kernel:
         return ()
 
     # ---- helpers ---------------------------------------------------------------------------------
+    def outputs_empty(self) -> bool:
+        """Whether every output has no elements (the op has nothing to write: no programs, no scratch)."""
+        return all(s.size == 0 for s in self.output_specs())
+
+    def check_indexing(self) -> None:
+        """Raises the op's :class:`KernelError` where an input, an output or a scratch buffer holds
+        :data:`MAX_INDEXED_VALUES` (2**32) values or more: its shaders would index them with u32 and write their
+        sizes into the WGSL as literals out of u32's range (a shader-creation error)."""
+        tensors = [(f"input {i}", s) for i, s in enumerate(self.inputs) if s is not None]
+        tensors += [(f"output {i}", s) for i, s in enumerate(self.output_specs())]
+        for what, spec in tensors:
+            if spec.size >= MAX_INDEXED_VALUES:
+                raise self.fail(f"{what} of shape {list(spec.shape)} has {spec.size} elements, too large for 32-bit "
+                                f"indexing: a shader indexes a tensor with u32, so fewer than 2**32; split the op "
+                                f"over smaller tensors (a smaller batch)")
+        for i, nbytes in enumerate(self.scratch_sizes()):
+            if nbytes // 4 >= MAX_INDEXED_VALUES:
+                raise self.fail(f"its scratch buffer {i} would hold {nbytes // 4} values, too large for 32-bit "
+                                f"indexing: a shader indexes a buffer with u32, so fewer than 2**32; split the op "
+                                f"over smaller tensors (a smaller batch)")
+
     def check_values(self, i: int, value) -> None:
         """Checks the values of input ``i``, one of the kernel's ``constant_attrs`` (inputs whose constant values it
         checks when the plan is made, as TFLite's kernel checks them when it runs: GATHER's indices, an int32
@@ -353,6 +391,31 @@ class Kernel:
         binds = [self.binding(n, "input", i, self.inputs[i]) for n, i in zip(names, present)]
         binds += [self.binding(n, "output", i, s) for i, (n, s) in enumerate(zip(names[len(present):], outs))]
         return tuple(binds)
+
+
+#: The :class:`Kernel` methods whose definition in any subclass is wrapped in :func:`_planned` (see the class
+#: docstring).
+_PLANNED = ("programs", "scratch_sizes", "half_scratch")
+
+
+def _planned(method):
+    """``method`` (programs, scratch_sizes or half_scratch) giving an empty result of its own type for a kernel
+    whose outputs all have no elements: the WGSL of such an op would index, divide and take remainders by the
+    output's zero sizes (``idx % 0u``, a shader-creation error in Tint, Dawn's and Chrome's compiler). Before
+    ``programs``, :meth:`Kernel.check_indexing`."""
+    if getattr(method, "_planned", False):
+        return method
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        if self.outputs_empty():
+            return [] if method.__name__ == "programs" else ()
+        if method.__name__ == "programs":
+            self.check_indexing()
+        return method(self, *args, **kwargs)
+
+    wrapped._planned = True
+    return wrapped
 
 
 class CompositeKernel(Kernel):

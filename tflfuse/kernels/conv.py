@@ -157,7 +157,11 @@ class Conv2D(_Conv):
         else:
             self.cout, kh, kw, fcin = f.shape
         self.fcin = fcin
-        if fcin == 0 or x.shape[3] % fcin:
+        if x.shape[3] == 0 or fcin == 0:   # LiteRT's Prepare: input_channel > 0, filter_input_channel > 0
+            raise self.fail(f"the input has {x.shape[3]} channels and the filter {fcin}: a convolution over no "
+                            f"input channels has no terms to sum, and LiteRT's CONV_2D refuses it too; give the op "
+                            f"at least one input channel")
+        if x.shape[3] % fcin:
             raise self.fail(f"input has {x.shape[3]} channels, not a multiple of the filter's {fcin}")
         self.groups = x.shape[3] // fcin
         if self.cout % self.groups:
@@ -409,7 +413,11 @@ class DepthwiseConv2D(_Conv):
         x, f = self.expect_rank(0, 4), self.expect_rank(1, 4)
         _, kh, kw, self.cout = f.shape
         cin = x.shape[3]
-        if cin == 0 or self.cout % cin:
+        if cin == 0:   # LiteRT's Prepare: SizeOfDimension(input, 3) > 0
+            raise self.fail("the input has no channels: a depthwise convolution of them has no outputs to give "
+                            f"the filter's {self.cout} channels, and LiteRT's DEPTHWISE_CONV_2D refuses it too; "
+                            "give the op at least one input channel")
+        if self.cout % cin:
             raise self.fail(f"filter has {self.cout} channels, not a multiple of the input's {cin}")
         self.mult = self.cout // cin
         self._check_bias(self.cout)

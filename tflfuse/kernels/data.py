@@ -460,8 +460,6 @@ class Gather(Kernel):
 
     def programs(self):
         (out,) = self.output_specs()
-        if out.size == 0:
-            return []
         b_, o_, a_, i_, r_ = self.dims
         p, q = self.input(0), self.input(1)
         words = 2 if q.dtype == "int64" else 1  # int64 indices (constants): the low word, range-checked

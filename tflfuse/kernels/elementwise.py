@@ -10,8 +10,6 @@ included, on float32 and (where TFLite takes it) int32 tensors.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .base import Kernel, TensorSpec, Uniform
@@ -102,8 +100,6 @@ class Binary(Kernel):
 
     def programs(self):
         out = self._out
-        if math.prod(out) == 0:   # an empty output: nothing to write
-            return []
         expr = _BINARY[self.key]
         if self.dtype == "int32":
             helpers, expr = "", expr
@@ -275,8 +271,6 @@ class MathUnary(Kernel):
         return (TensorSpec(self.inputs[0].shape, self.dtype),)
 
     def programs(self):
-        if self.inputs[0].size == 0:   # an empty output: nothing to write
-            return []
         expr = _MATH_UNARY[self.key][self.dtype]
         helpers = _ROUND if "round_tfl" in expr else ""
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), self.inputs[0].size,
@@ -460,8 +454,6 @@ class MathBinary(Kernel):
 
     def programs(self):
         out = self._out
-        if math.prod(out) == 0:   # an empty output: nothing to write
-            return []
         expr, helpers, trips = _MATH_BINARY[self.key][self.dtype]
         body = (broadcast_index(out, self.inputs[0].shape, "ia") + broadcast_index(out, self.inputs[1].shape, "ib")
                 + f"  let a = x0[ia];\n  let b = x1[ib];\n  y[idx] = {expr};")

@@ -2,17 +2,20 @@
 
 Semantics: TFLite's FULLY_CONNECTED with float32 weights ``[Cout, Cin]`` (tensorflow/lite/kernels/internal/
 reference/fully_connected.h); sums run in another order than TFLite's, so results differ from it by rounding
-only.
+only. Weights of no columns (``Cin`` 0) give zeros, as LiteRT's kernel does (fully_connected.cc fills the output
+with zeros, leaving out the bias and the activation), in rows of the input's leading dimensions.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from .base import Kernel, TensorSpec
 from .gemm import few_rows_program, product_program, tile_attr, use_few_rows, use_tiled_matmul
 from .registry import register
-from .wgsl import activation_fn, dot, reduction_program, split_lanes
+from .wgsl import activation_fn, dot, elementwise_program, reduction_program, split_lanes
 
 __all__ = ["FullyConnected"]
 
@@ -42,9 +45,10 @@ class FullyConnected(Kernel):
         if self.layout not in ("OI", "IO"):
             raise self.fail(f"weights_layout must be 'OI' or 'IO', got {self.attr('weights_layout')!r}")
         self.cout, self.cin = wt.shape if self.layout == "OI" else wt.shape[::-1]
-        if self.cin == 0 or x.size % self.cin:
+        if self.cin and x.size % self.cin:
             raise self.fail(f"input of {x.size} elements does not flatten to rows of {self.cin}")
-        self.rows = x.size // self.cin
+        # no columns: LiteRT's rows are the input's leading dimensions (its sums have no terms: zeros)
+        self.rows = x.size // self.cin if self.cin else math.prod(x.shape[:-1])
         tile_attr(self)
         if self.attr("keep_num_dims") and x.shape[-1] != self.cin:
             raise self.fail(f"keep_num_dims needs the input's last dimension to be {self.cin}")
@@ -59,6 +63,9 @@ class FullyConnected(Kernel):
         return (TensorSpec((self.rows, self.cout)),)
 
     def programs(self):
+        if self.cin == 0:   # LiteRT's zeros (no bias, no activation); the empty input and weights are not bound
+            out = self.output_specs()[0]
+            return [elementwise_program(self.key, (self.binding("y", "output", 0, out),), out.size, "  y[idx] = 0.0;")]
         bias = "b[co]" if self.has_input(2) else "0.0"
         weight = f"w[co * {self.cin}u + {{k}}]" if self.layout == "OI" else f"w[({{k}}) * {self.cout}u + co]"
         total = self.rows * self.cout

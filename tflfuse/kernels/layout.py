@@ -95,16 +95,12 @@ class BroadcastArgs(Kernel):
         return (TensorSpec((self.n,), "int32"),)
 
     def programs(self):
-        if self.n == 0:
-            return []
         n1, n2 = self.input(0).shape[0], self.input(1).shape[0]
-        # output entry idx is entry idx - (n - n_k) of vector k, 1 before its start
-        body = f"""  let i1 = i32(idx) - {self.n - n1};
-  let i2 = i32(idx) - {self.n - n2};
-  var a = 1;
+        # output entry idx is entry idx - (n - n_k) of vector k, 1 before its start (u32: no i32 offsets past 2**31)
+        body = f"""  var a = 1;
   var b = 1;
-  if (i1 >= 0) {{ a = s1[u32(i1)]; }}
-  if (i2 >= 0) {{ b = s2[u32(i2)]; }}
+  if (idx >= {self.n - n1}u) {{ a = s1[idx - {self.n - n1}u]; }}
+  if (idx >= {self.n - n2}u) {{ b = s2[idx - {self.n - n2}u]; }}
   y[idx] = select(a, b, a == 1);"""
         return [elementwise_program(self.key, self.io_bindings(["s1", "s2", "y"]), self.n, body)]
 
@@ -165,8 +161,6 @@ class _IndexMapKernel(Kernel):
 
     def programs(self):
         x, (out,) = self.input(0), self.output_specs()
-        if out.size == 0:   # an empty output: nothing to write
-            return []
         lines, div = [], 1
         for d in range(len(self.out) - 1, -1, -1):
             lines.append(f"  let c{d} = (idx / {div}u) % {self.out[d]}u;")

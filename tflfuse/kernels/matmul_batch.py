@@ -80,8 +80,6 @@ class BatchMatmul(Kernel):
         lhs, rhs = self.input(0), self.input(1)
         m, n, k = self.m, self.n, self.k
         total = math.prod(self.batch) * m * n
-        if total == 0:   # an empty output: nothing to write
-            return []
         if k == 0:   # sums of no terms: zeros (as TFLite's), a program that binds only the output
             return [elementwise_program(self.key, (self.binding("y", "output", 0, self.output_specs()[0]),), total,
                                         "  y[idx] = 0.0;")]

@@ -240,8 +240,6 @@ class Mean(Kernel):
         shape = self.input(0).shape
         base, offset, count = reduce_indexing(shape, self.axes)
         total = self.output_specs()[0].size
-        if total == 0:   # an empty output: nothing to write
-            return []
         binds = self.io_bindings(["x", "y"])
         if count == 0:   # an empty input: TFLite's NaN of the type (0 for int32); the input is not bound
             fill = F32_NAN if self.dtype == "float32" else "0"

@@ -186,8 +186,6 @@ class CumSum(Kernel):
 
     def programs(self):
         x = self.input(0)
-        if x.size == 0:
-            return []
         outer, n, inner = _split(x.shape, self.axis)
         zero = "0.0" if x.dtype == "float32" else "0"
         pos = f"{n - 1}u - i" if self.attr("reverse") else "i"

@@ -159,11 +159,15 @@ class TransposeConv(_TransposeConv):
     def check(self):
         self._check_tensors()
         self.sh, self.sw = self._strides()
+        if min(self.input(self._x).shape[1:]) < 1:   # LiteRT's Prepare: input rows, columns, channels > 0
+            raise self.fail("the input needs at least one row, one column and one channel (LiteRT's TRANSPOSE_CONV "
+                            "refuses it too); only its batch may be 0")
         shape = self.attrs.get("output_shape")
         flat = [int(v) for v in np.ravel(shape)] if shape is not None else []
         n = self.input(self._x).shape[0]
-        if len(flat) != 4 or min(flat) < 1:
-            raise self.fail(f"output_shape must be a constant [4] int32 tensor of positive sizes, got {shape}")
+        if len(flat) != 4 or flat[0] < 0 or min(flat[1:]) < 1:
+            raise self.fail(f"output_shape must be a constant [4] int32 tensor of sizes [N, OH, OW, Cout], each "
+                            f"positive but the batch N (0 for an empty batch), got {shape}")
         if flat[0] != n or flat[3] != self.cout:
             raise self.fail(f"output_shape {flat} disagrees with the input batch {n} or the weights' "
                             f"{self.cout} output channels")
