@@ -19,6 +19,7 @@ from tflfuse.kernels.wgsl import F32_FROM_BITS, F32_NAN
 
 from conftest import ACCUMULATION, ELEMENTWISE, EXACT, FP16_WEIGHTS, LONG_ACCUMULATION, SEED, TRANSCENDENTAL
 from oplib import check_op
+from test_precision import F16_EDGE_FILLS
 from test_shader import CASES as SHADER_CASES
 
 ACTIVATIONS = {"NONE": lambda x: x, "RELU": tf.nn.relu, "RELU6": tf.nn.relu6,
@@ -920,6 +921,18 @@ def test_every_shader_compiles_in_tint(key, shapes, attrs, dtype, precision, tin
 def test_empty_reduction_compiles_in_tint_in_float16(key, tint_device):
     # over no elements the result is -FLT_MAX or FLT_MAX (TFLite's init value), which a float16 plan stores as f16
     info = tflfuse.get_shader(key, [(2, 0, 3)], {"axis": [1]}, "float32", precision="float16")
+    assert info.programs
+    for p in info.programs:
+        _tint_compile(tint_device, p.wgsl, p.entry_point)
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+@pytest.mark.parametrize("fill", F16_EDGE_FILLS, ids=repr)
+def test_pad_constant_compiles_in_tint(fill, precision, tint_device):
+    # the constant as a float16 plan holds it (test_precision.py checks the values): past f16's range an f16
+    # constant expression is a shader-creation error in Tint, and a non-finite one in either precision
+    info = tflfuse.get_shader("PADV2", [(3, 4), None, None], {"paddings": [[1, 1], [2, 0]], "constant_values": [fill]},
+                              "float32", precision=precision)
     assert info.programs
     for p in info.programs:
         _tint_compile(tint_device, p.wgsl, p.entry_point)

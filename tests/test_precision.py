@@ -185,3 +185,43 @@ def test_half_math_forms_switches_and_restores():
         with half_math_forms(["convs"]):
             pass
     assert switches() == before
+
+
+#: Constants whose float16 rounding (np.float16 of the float32 value, to nearest even) is an edge of float16:
+#: +-FLT_MAX and +-1e5 overflow to +-inf, 65504 is the largest finite value, 65519 rounds down to it and 65520 up
+#: to inf; 1e-7 and 3e-8 round to subnormals (2 and 1 times 2**-24), -1e-9 to -0; inf and NaN stay as they are.
+F16_EDGE_FILLS = [-3.4028234663852886e38, 3.4028234663852886e38, 1e5, -1e5, 65504.0, 65519.0, 65520.0, 1e-7, 3e-8,
+                  -1e-9, -np.inf, np.nan]
+
+
+@pytest.mark.parametrize("fill", F16_EDGE_FILLS, ids=repr)
+def test_pad_constant_is_held_as_its_float16_rounding(device, rng, fill):
+    """PADV2 in a float16 plan holds its constant as np.float16 of the float32 value (the rounding LiteRT's GPU
+    delegate's f16 would hold; a shader-creation error in Tint where written as an f16 constant past 65504) and
+    the input as the plan rounded it on upload: against np.float16 of LiteRT CPU's float32 result, bit for bit
+    (NaN as NaN). LiteRT's result is first checked against NumPy's float64 np.pad: padding does no arithmetic."""
+    from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter
+
+    from tflite_builder import build, t
+
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    pads = np.array([[0, 1], [2, 0], [1, 1]], np.int32)
+    model = build([t((2, 3, 4)), t((3, 2), type="INT32", data=pads), t((1,), data=np.array([fill], np.float32)),
+                   t((3, 5, 6))], [dict(op="PADV2", inputs=[0, 1, 2], outputs=[3])], [0], [3])
+    outs = []
+    for interp in (LiteRTInterpreter(model_content=model),
+                   tflfuse.Interpreter(model_content=model, device=device, precision="float16", cpu_fallback=False)):
+        interp.allocate_tensors()
+        interp.set_tensor(interp.get_input_details()[0]["index"], x)
+        interp.invoke()
+        outs.append(interp.get_tensor(interp.get_output_details()[0]["index"]))
+    lite, got = outs
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.testing.assert_array_equal(lite, np.pad(x.astype(np.float64), pads, constant_values=fill)
+                                      .astype(np.float32))
+        want = lite.astype(np.float16)
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    held = got[~np.isnan(got)].astype(np.float16)
+    np.testing.assert_array_equal(held.astype(np.float32), got[~np.isnan(got)])   # a float16 value
+    np.testing.assert_array_equal(held.view(np.uint16), want[~np.isnan(want)].view(np.uint16))   # and its sign

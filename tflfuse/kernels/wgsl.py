@@ -11,7 +11,7 @@ from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
 __all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "F32_FROM_BITS", "F32_INF", "F32_NAN", "F32_NEG_INF", "activation_fn",
            "activation_uniforms", "dot", "elementwise_program", "lane_tree", "prelude", "prelu_fn", "linear_main",
-           "fmt_f32", "reduction_program", "split_lanes", "with_bit_helpers"]
+           "f32_value", "fmt_f32", "reduction_program", "split_lanes", "with_bit_helpers"]
 
 
 def fmt_f32(x: float) -> str:
@@ -99,10 +99,23 @@ F32_NAN, F32_INF, F32_NEG_INF = ("f32_from_bits(0x7fc00000u)", "f32_from_bits(0x
 
 def with_bit_helpers(helpers: str, *code: str) -> str:
     """``helpers`` with :data:`F32_FROM_BITS` ahead of them where they or ``code`` call ``f32_from_bits`` and
-    do not declare it."""
-    if "fn f32_from_bits(" in helpers or not any("f32_from_bits(" in s for s in (helpers, *code)):
+    none of them declares it."""
+    texts = (helpers, *code)
+    if any("fn f32_from_bits(" in s for s in texts) or not any("f32_from_bits(" in s for s in texts):
         return helpers
     return F32_FROM_BITS + helpers
+
+
+def f32_value(x: float) -> str:
+    """A WGSL f32 expression of ``float32(x)``: the literal of :func:`fmt_f32` where it is finite, else
+    ``f32_from_bits`` of its bits (NaN payload and infinity sign kept), made at run time: a constant expression
+    whose value is not finite is a shader-creation error (:data:`F32_FROM_BITS`; :func:`elementwise_program`
+    declares the function where its code calls it)."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):   # a float past float32's range is +-inf in float32, as a .tflite holds it
+        v = np.float32(x)
+    return fmt_f32(float(v)) if np.isfinite(v) else f"f32_from_bits(0x{int(v.view(np.uint32)):08x}u)"
 
 
 _IS_NAN = "fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }\n"
