@@ -20,6 +20,7 @@ from tflfuse.kernels.wgsl import F32_FROM_BITS, F32_NAN
 from conftest import ACCUMULATION, ELEMENTWISE, EXACT, FP16_WEIGHTS, LONG_ACCUMULATION, SEED, TRANSCENDENTAL
 from oplib import check_op
 from test_precision import F16_EDGE_FILLS
+from test_quant_quantize import EXTREME_SCALES
 from test_shader import CASES as SHADER_CASES
 
 ACTIVATIONS = {"NONE": lambda x: x, "RELU": tf.nn.relu, "RELU6": tf.nn.relu6,
@@ -933,6 +934,17 @@ def test_pad_constant_compiles_in_tint(fill, precision, tint_device):
     # constant expression is a shader-creation error in Tint, and a non-finite one in either precision
     info = tflfuse.get_shader("PADV2", [(3, 4), None, None], {"paddings": [[1, 1], [2, 0]], "constant_values": [fill]},
                               "float32", precision=precision)
+    assert info.programs
+    for p in info.programs:
+        _tint_compile(tint_device, p.wgsl, p.entry_point)
+
+
+@pytest.mark.parametrize("scale", EXTREME_SCALES)
+def test_quantize_at_extreme_scales_compiles_in_tint(scale, tint_device):
+    # 1 / scale past float32's range (below ~2.9e-39) must not be written as a constant: inf is a shader-creation
+    # error in Tint (test_quant_quantize.py checks the values)
+    info = tflfuse.get_shader("QUANTIZE", [(2, 7)], {"output_quantization": [{"scale": [scale], "zero_point": [3]}],
+                                                    "output_dtype": "int8"})
     assert info.programs
     for p in info.programs:
         _tint_compile(tint_device, p.wgsl, p.entry_point)
