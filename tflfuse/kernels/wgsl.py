@@ -5,13 +5,14 @@ Op bodies stay short templates; everything repeated between kernels is generated
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
 __all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "F32_FROM_BITS", "F32_INF", "F32_NAN", "F32_NEG_INF", "activation_fn",
            "activation_uniforms", "dot", "elementwise_program", "lane_tree", "prelude", "prelu_fn", "linear_main",
-           "f32_value", "fmt_f32", "reduction_program", "split_lanes", "with_bit_helpers"]
+           "f32_value", "fmt_f32", "reduction_program", "split_lanes", "with_bit_helpers", "workgroup_storage"]
 
 
 def fmt_f32(x: float) -> str:
@@ -285,3 +286,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
     return Program(name, source, (wg, 1, 1), linear_dispatch(total * lanes, wg), bindings, uniforms,
                    loop_trips=loop_trips + lanes.bit_length())
+
+
+#: WGSL's scalar types: name -> (size, alignment) in bytes.
+_SCALARS = {"f32": (4, 4), "i32": (4, 4), "u32": (4, 4), "f16": (2, 2), "bool": (4, 4)}
+_WORKGROUP_VAR = re.compile(r"\bvar\s*<\s*workgroup\s*>\s*(\w+)\s*:\s*([^;=]+?)\s*;")
+
+
+def _size_align(t: str, where: str) -> tuple[int, int]:
+    """WGSL's SizeOf and AlignOf of the type ``t``: a scalar, ``atomic<T>``, ``vecN<T>``, ``array<T, N>``."""
+    t = t.replace(" ", "")
+    if t in _SCALARS:
+        return _SCALARS[t]
+    m = re.fullmatch(r"atomic<(\w+)>", t)
+    if m:
+        return _size_align(m.group(1), where)
+    m = re.fullmatch(r"vec([234])<(\w+)>", t)
+    if m:
+        n, (size, _) = int(m.group(1)), _size_align(m.group(2), where)
+        return n * size, (4 if n == 3 else n) * size
+    m = re.fullmatch(r"array<(.+),(\d+)u?>", t)
+    if m:
+        size, align = _size_align(m.group(1), where)
+        return int(m.group(2)) * -(-size // align) * align, align
+    raise KernelError(f"{where}: cannot size the workgroup variable type {t!r} (scalars, atomics, vectors and "
+                      f"fixed-size arrays of them)")
+
+
+def workgroup_storage(source: str, where: str = "shader") -> int:
+    """Bytes of workgroup memory the WGSL ``source`` declares, as WebGPU counts them against the device's
+    ``maxComputeWorkgroupStorageSize``: the sum over its ``var<workgroup>`` declarations of each type's size
+    (WGSL's SizeOf) rounded up to 16. Every declaration counts (WebGPU counts those the entry point uses: this is
+    at least that). Raises :class:`KernelError` for a type it cannot size (a struct), naming ``where``."""
+    source = re.sub(r"//[^\n]*|/\*.*?\*/", "", source, flags=re.S)
+    return sum(-(-_size_align(t, f"{where} (var<workgroup> {name})")[0] // 16) * 16
+               for name, t in _WORKGROUP_VAR.findall(source))
