@@ -20,7 +20,7 @@ from tflfuse.kernels.wgsl import F32_FROM_BITS, F32_NAN, workgroup_storage
 
 from conftest import ACCUMULATION, ELEMENTWISE, EXACT, FP16_WEIGHTS, LONG_ACCUMULATION, SEED, TRANSCENDENTAL
 from oplib import check_op
-from test_precision import F16_EDGE_FILLS
+from test_precision import F16_EDGE_FILLS, literal_stores_program
 from test_quant_quantize import EXTREME_SCALES
 from test_shader import CASES as SHADER_CASES
 
@@ -938,6 +938,11 @@ def test_pad_constant_compiles_in_tint(fill, precision, tint_device):
     assert info.programs
     for p in info.programs:
         _tint_compile(tint_device, p.wgsl, p.entry_point)
+
+
+def test_stored_literals_compile_in_tint(tint_device):
+    # number literals stored into f16 bindings, past f16's range among them (test_precision.py checks the values)
+    _tint_compile(tint_device, literal_stores_program().source, "main")
 
 
 @pytest.mark.parametrize("scale", EXTREME_SCALES)

@@ -162,6 +162,44 @@ def test_rewrite_keeps_a_read_converted_to_f16_as_f16(device):
     np.testing.assert_array_equal(got, (4 * x16).astype(np.float16))
 
 
+#: Number literals a kernel may store (float32 WGSL, as written) and the float32 values they stand for: past f16's
+#: range, rounding to its largest value, subnormal, to zero, with conversions and brackets around them.
+LITERAL_STORES = [("1e5f", 1e5), ("-3.4028234663852886e+38f", -3.4028234663852886e38), ("65519.0f", 65519.0),
+                  ("65520.0", 65520.0), ("(3e-8f)", 3e-8), ("f32(-1e-9)", -1e-9), ("0", 0.0), ("f32(-0.0)", -0.0)]
+
+
+def literal_stores_program() -> Program:
+    """A program storing :data:`LITERAL_STORES` into ``y`` (f32) and two of them, splat, into ``v``
+    (``vec4<f32>``), then ``x[0]``: as a float16 plan runs it (:func:`half_storage`)."""
+    binds = (Binding("x", ("input", 0), "read", "f32", 4), Binding("y", ("output", 0), "read_write", "f32", 36),
+             Binding("v", ("output", 1), "read_write", "vec4<f32>", 32))
+    stores = "".join(f"  y[{i}] = {text};\n" for i, (text, _) in enumerate(LITERAL_STORES))
+    source = ("@group(0) @binding(0) var<storage, read> x: array<f32>;\n"
+              "@group(0) @binding(1) var<storage, read_write> y: array<f32>;\n"
+              "@group(0) @binding(2) var<storage, read_write> v: array<vec4<f32>>;\n"
+              f"@compute @workgroup_size(1) fn main() {{\n{stores}  y[{len(LITERAL_STORES)}] = x[0];\n"
+              "  v[0] = vec4<f32>(-1e5);\n  v[1] = vec4<f32>(3e-8f);\n}\n")
+    return half_storage(Program("LITERALS", source, (1, 1, 1), (1, 1, 1), binds))
+
+
+def test_stored_literals_hold_their_float16_rounding(device):
+    # a literal stored in an f16 binding is a constant expression, which WGSL must hold within f16's range (a
+    # shader-creation error in Tint past it: test_kernels.py compiles this one there): the float16 plan stores
+    # np.float16 of the float32 value, written exactly, an infinity made at run time
+    prog = literal_stores_program()
+    assert "f16(1e5" not in prog.source and "f32_from_bits(" in prog.source
+    info = ShaderInfo("LITERALS", prog.source, "main", (1, 1, 1), (1, 1, 1),
+                      tuple({"binding": i, "role": list(b.role), "type": b.elem_type, "size": b.size}
+                            for i, b in enumerate(prog.bindings)), (), ((len(LITERAL_STORES) + 1,), (8,)))
+    x = np.array([70000.0], np.float32)
+    y, v = run_shader(device, info, [x])
+    with np.errstate(over="ignore"):
+        want_y = np.array([value for _, value in LITERAL_STORES] + [70000.0], np.float32).astype(np.float16)
+        want_v = np.repeat(np.array([-1e5, 3e-8], np.float32).astype(np.float16), 4)
+    np.testing.assert_array_equal(y.astype(np.float16).view(np.uint16), want_y.view(np.uint16))   # -0 too
+    np.testing.assert_array_equal(v.astype(np.float16).view(np.uint16), want_v.view(np.uint16))
+
+
 def test_half_math_forms_switches_and_restores():
     """half_math_forms: the named forms on and the others off inside the block, every switch as it was after it
     (also after an exception), and an unknown name refused before anything changes."""

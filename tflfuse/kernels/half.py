@@ -243,8 +243,9 @@ def _half_value(rhs: str, narrow: str) -> str:
         return f"{narrow}({rhs})"
     with np.errstate(over="ignore"):   # past f16's range: +-inf, the value wanted
         value = np.float16(float(m.group(1)) if m.group(2) == "h" else np.float32(float(m.group(1))))
-    if np.isinf(value):
-        return f"{narrow}({F32_INF if value > 0 else F32_NEG_INF})"
+    if np.isinf(value):   # an f32 infinity converted (a vector's splat takes an f16)
+        inf = f"f16({F32_INF if value > 0 else F32_NEG_INF})"
+        return inf if narrow == "f16" else f"{narrow}({inf})"
     return f"{narrow}({float(value)!r})"
 
 
