@@ -165,13 +165,15 @@ def test_rewrite_keeps_a_read_converted_to_f16_as_f16(device):
 #: Number literals a kernel may store (float32 WGSL, as written) and the float32 values they stand for: past f16's
 #: range, rounding to its largest value, subnormal, to zero, with conversions and brackets around them.
 LITERAL_STORES = [("1e5f", 1e5), ("-3.4028234663852886e+38f", -3.4028234663852886e38), ("65519.0f", 65519.0),
-                  ("65520.0", 65520.0), ("(3e-8f)", 3e-8), ("f32(-1e-9)", -1e-9), ("0", 0.0), ("f32(-0.0)", -0.0)]
+                  ("65520.0", 65520.0), ("(3e-8f)", 3e-8), ("f32(-1e-9)", -1e-9), ("0", 0.0), ("f32(-0.0)", -0.0),
+                  ("-(7e4)", -7e4), ("- f32(-1e5f)", 1e5)]
 
 
 def literal_stores_program() -> Program:
-    """A program storing :data:`LITERAL_STORES` into ``y`` (f32) and two of them, splat, into ``v``
-    (``vec4<f32>``), then ``x[0]``: as a float16 plan runs it (:func:`half_storage`)."""
-    binds = (Binding("x", ("input", 0), "read", "f32", 4), Binding("y", ("output", 0), "read_write", "f32", 36),
+    """A program storing :data:`LITERAL_STORES` and then ``x[0]`` into ``y`` (f32), and two literals splat into
+    ``v`` (``vec4<f32>``): as a float16 plan runs it (:func:`half_storage`)."""
+    binds = (Binding("x", ("input", 0), "read", "f32", 4),
+             Binding("y", ("output", 0), "read_write", "f32", 4 * len(LITERAL_STORES) + 4),
              Binding("v", ("output", 1), "read_write", "vec4<f32>", 32))
     stores = "".join(f"  y[{i}] = {text};\n" for i, (text, _) in enumerate(LITERAL_STORES))
     source = ("@group(0) @binding(0) var<storage, read> x: array<f32>;\n"

@@ -232,8 +232,11 @@ def _half_value(rhs: str, narrow: str) -> str:
     float32 value, ``np.float16(np.float32(c))`` (to nearest even; subnormal where small; +-inf past 65504, as
     LiteRT's GPU delegate holds it in f16): written exactly where finite, and an infinity made at run time
     (:data:`~tflfuse.kernels.wgsl.F32_INF` converted: a call is never a constant expression)."""
-    core = rhs.strip()
-    while True:   # brackets and conversions around the literal (one argument each)
+    core, negated = rhs.strip(), False
+    while True:   # signs, brackets and conversions around the literal (one argument each)
+        if core[:1] in "+-" and not _LITERAL.fullmatch(core):
+            core, negated = core[1:].strip(), negated != (core[0] == "-")
+            continue
         m = _CONVERSION.match(core)
         if m is None or not core.endswith(")") or _matching(core, m.end() - 1, narrow) != len(core) - 1:
             break
@@ -241,8 +244,9 @@ def _half_value(rhs: str, narrow: str) -> str:
     m = _LITERAL.fullmatch(core)
     if m is None:
         return f"{narrow}({rhs})"
+    c = -float(m.group(1)) if negated else float(m.group(1))
     with np.errstate(over="ignore"):   # past f16's range: +-inf, the value wanted
-        value = np.float16(float(m.group(1)) if m.group(2) == "h" else np.float32(float(m.group(1))))
+        value = np.float16(c if m.group(2) == "h" else np.float32(c))
     if np.isinf(value):   # an f32 infinity converted (a vector's splat takes an f16)
         inf = f"f16({F32_INF if value > 0 else F32_NEG_INF})"
         return inf if narrow == "f16" else f"{narrow}({inf})"

@@ -171,11 +171,13 @@ def serialize_plan(plan, signatures: Mapping[str, Mapping] | None = None) -> Ser
               "maxComputeWorkgroupsPerDimension": 1, "maxStorageBuffersPerShaderStage": 0,
               "maxComputeInvocationsPerWorkgroup": 1, "maxComputeWorkgroupSizeX": 1, "maxComputeWorkgroupSizeY": 1,
               "maxComputeWorkgroupSizeZ": 1, "maxUniformBufferBindingSize": 0, "maxComputeWorkgroupStorageSize": 0}
+    shared: dict[str, int] = {}          # file name -> bytes of workgroup memory its shader declares
     for (prog, _, _), rec in zip(plan.steps, plan.dispatches):
         if prog.cache_key not in shader_files:
             name = _shader_name(len(shaders), prog.name)
             shader_files[prog.cache_key] = name
             shaders[name] = prog.source
+            shared[name] = workgroup_storage(prog.source, prog.name)
         binds, uniform, wg, grid = rec["bindings"], rec["uniform"], rec["workgroup_size"], rec["dispatch"]
         for b in binds:
             limits["maxStorageBufferBindingSize"] = max(limits["maxStorageBufferBindingSize"], b["size"])
@@ -185,7 +187,7 @@ def serialize_plan(plan, signatures: Mapping[str, Mapping] | None = None) -> Ser
         limits["maxComputeWorkgroupsPerDimension"] = max(limits["maxComputeWorkgroupsPerDimension"], *grid)
         limits["maxStorageBuffersPerShaderStage"] = max(limits["maxStorageBuffersPerShaderStage"], len(binds))
         limits["maxComputeWorkgroupStorageSize"] = max(limits["maxComputeWorkgroupStorageSize"],
-                                                       workgroup_storage(prog.source, prog.name))
+                                                       shared[shader_files[prog.cache_key]])
         limits["maxComputeInvocationsPerWorkgroup"] = max(limits["maxComputeInvocationsPerWorkgroup"],
                                                           wg[0] * wg[1] * wg[2])
         for axis, v in zip("XYZ", wg):
