@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from tflfuse.kernels import KernelError, kernel_class
-from tflfuse.kernels.base import TensorSpec
+from tflfuse.kernels.base import MAX_WORKGROUP_STORAGE, TensorSpec
 from tflfuse.kernels.half import half_programs
+from tflfuse.kernels.wgsl import workgroup_storage
 from tflfuse.runtime.plan import op_plan, run_op
 
 from half_math import gamma, product_bound, sum_bound
@@ -410,6 +411,48 @@ def test_gpu_takes_dw_projection_where_it_measured_faster():
     assert tail.strategy == "dw_pointwise" and len(tail.programs()) == 1 and tail.scratch_sizes() == ()
     assert plain(1, 112, 32, 16).strategy == "dw_projection"             # a wide map
     assert plain(32, 8, 288, 288).strategy == "staged"                   # batch 32
+
+
+def _narrow_specs(cin, cexp=16, cout=16, h=8):
+    """A block contracting ``cin`` input channels to ``cexp`` (under the tiled strategy's 64) at batch 1."""
+    return [TensorSpec((1, h, h, cin)), TensorSpec((cin, cexp)), TensorSpec((cexp,)), TensorSpec((3, 3, cexp)),
+            TensorSpec((cexp,)), TensorSpec((cexp, cout)), TensorSpec((cout,))]
+
+
+@pytest.mark.parametrize("cin", [16, 1000, 3000, 3900, 4096, 8192])
+def test_gpu_default_keeps_within_16_kib_of_workgroup_memory(cin):
+    # The tiled strategy stages each chunk's expand weights (Cin per expanded channel) beside its halo: its chunk
+    # shrinks to fit WebGPU's default 16 KiB of workgroup memory, as WebGPU counts it (each array rounded up to 16
+    # bytes), and where one expanded channel alone passes it the default is the staged strategy. Asked for, the
+    # tiled strategy takes more (plan.json then lists it: tests/test_web.py).
+    k = kernel_class("fused_bottleneck")(_narrow_specs(cin), {"expansion": 1, "target": "gpu"})
+    assert k.strategy == ("tiled" if cin <= 3900 else "staged")
+    assert all(workgroup_storage(p.source) <= MAX_WORKGROUP_STORAGE for p in k.programs())
+    if cin <= 1000:   # chunks of more than one channel, as large as fit
+        assert k._blocking()[1] > 1
+    tiled = kernel_class("fused_bottleneck")(_narrow_specs(cin), {"expansion": 1, "target": "gpu", "strategy": "tiled"})
+    assert (workgroup_storage(tiled.programs()[0].source) > MAX_WORKGROUP_STORAGE) == (cin > 3900)
+
+
+class _Offering:
+    """``device`` as an adapter offering ``limits`` instead of its own (WebGPU's names, as Device.limits)."""
+
+    def __init__(self, device, **limits):
+        self._device, self.limits = device, {**device.limits, **limits}
+        self.name = f"{device.name} offering {limits}"
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+
+def test_workgroup_memory_past_the_device_is_refused_naming_the_op(device):
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal(s.shape).astype(np.float32) for s in _narrow_specs(4096)]
+    with pytest.raises(KernelError, match=r"fused_bottleneck \(operator 0\): program fused_bottleneck needs "
+                                          r"max-compute-workgroup-storage-size >= 17040; the adapter .* offers 16384: "
+                                          r"leave the op's schedule attributes"):
+        op_plan(_Offering(device, **{"max-compute-workgroup-storage-size": 16384}), "fused_bottleneck", inputs,
+                {"expansion": 1, "strategy": "tiled", "target": "gpu"})
 
 
 def test_gpu_schedule_fills_the_gpu_at_batch_1():

@@ -2,6 +2,7 @@
 :func:`oplib.check_op`: converted by the stock TFLiteConverter, run on tflfuse and LiteRT, compared with
 LiteRT and TensorFlow."""
 
+import itertools
 import math
 
 import flatbuffers
@@ -15,10 +16,12 @@ from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import MAX_WORKGROUPS_PER_DIM, Program, TensorSpec
 from tflfuse.kernels.conv import conv_strip, conv_strip_quads
 from tflfuse.kernels.half import HALF_STEPS, half_programs
-from tflfuse.kernels.wgsl import F32_FROM_BITS, F32_NAN
+from tflfuse.kernels.wgsl import F32_FROM_BITS, F32_NAN, workgroup_storage
 
 from conftest import ACCUMULATION, ELEMENTWISE, EXACT, FP16_WEIGHTS, LONG_ACCUMULATION, SEED, TRANSCENDENTAL
 from oplib import check_op
+from test_precision import F16_EDGE_FILLS, literal_stores_program
+from test_quant_quantize import EXTREME_SCALES
 from test_shader import CASES as SHADER_CASES
 
 ACTIVATIONS = {"NONE": lambda x: x, "RELU": tf.nn.relu, "RELU6": tf.nn.relu6,
@@ -923,6 +926,84 @@ def test_empty_reduction_compiles_in_tint_in_float16(key, tint_device):
     assert info.programs
     for p in info.programs:
         _tint_compile(tint_device, p.wgsl, p.entry_point)
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+@pytest.mark.parametrize("fill", F16_EDGE_FILLS, ids=repr)
+def test_pad_constant_compiles_in_tint(fill, precision, tint_device):
+    # the constant as a float16 plan holds it (test_precision.py checks the values): past f16's range an f16
+    # constant expression is a shader-creation error in Tint, and a non-finite one in either precision
+    info = tflfuse.get_shader("PADV2", [(3, 4), None, None], {"paddings": [[1, 1], [2, 0]], "constant_values": [fill]},
+                              "float32", precision=precision)
+    assert info.programs
+    for p in info.programs:
+        _tint_compile(tint_device, p.wgsl, p.entry_point)
+
+
+def test_stored_literals_compile_in_tint(tint_device):
+    # number literals stored into f16 bindings, past f16's range among them (test_precision.py checks the values)
+    _tint_compile(tint_device, literal_stores_program().source, "main")
+
+
+@pytest.mark.parametrize("scale", EXTREME_SCALES)
+def test_quantize_at_extreme_scales_compiles_in_tint(scale, tint_device):
+    # 1 / scale past float32's range (below ~2.9e-39) must not be written as a constant: inf is a shader-creation
+    # error in Tint (test_quant_quantize.py checks the values)
+    info = tflfuse.get_shader("QUANTIZE", [(2, 7)], {"output_quantization": [{"scale": [scale], "zero_point": [3]}],
+                                                    "output_dtype": "int8"})
+    assert info.programs
+    for p in info.programs:
+        _tint_compile(tint_device, p.wgsl, p.entry_point)
+
+
+# ---- WebGPU's default limits ------------------------------------------------------------------------------
+#: WebGPU's default maxStorageBuffersPerShaderStage and maxComputeWorkgroupStorageSize (bytes): what an adapter
+#: offers at least, and what tflfuse.js gets where a plan asks no more (plan.json's requires.limits).
+DEFAULT_STORAGE_BUFFERS, DEFAULT_WORKGROUP_STORAGE = 8, 16384
+
+
+def _squeeze_excite_cases():
+    """fused_squeeze_excite with every combination of its flags on both targets, at sizes that reach each of its
+    forms: the gate's own sums (16 pixels), the merged dispatch summing the pixels as vec4s (256), partial sums
+    summed as vec4s (16,384 pixels, C 16) and read one at a time (C 18)."""
+    for scaled, addend, pool, squeeze in itertools.product((False, True), repeat=4):
+        if pool and (scaled or not addend):
+            continue
+        for n, h, w, c in [(1, 4, 4, 8), (2, 16, 16, 16), (1, 128, 128, 16), (1, 64, 64, 18)]:
+            cg, cr = (12 if scaled else c), 4
+            out = (n, h // 2, w // 2, cg) if scaled else (n, h, w, c)
+            shapes = [(n, h, w, c)] + [(c, cr), (cr,)] * squeeze + [(cr if squeeze else c, cg), (cg,)] + \
+                [out] * scaled + [out] * addend
+            for target in ("gpu", "cpu"):
+                yield "fused_squeeze_excite", shapes, {"has_scaled": scaled, "has_addend": addend,
+                                                        "pool_addend": pool, "has_squeeze": squeeze,
+                                                        "target": target}, "float32"
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+def test_every_program_keeps_within_webgpu_default_limits(precision):
+    # every program of the op table (as the Tint test above) and of fused_squeeze_excite's forms binds at most 8
+    # storage buffers and declares at most 16 KiB of workgroup memory, so that it runs on any adapter (a plan
+    # that needed more would list it in plan.json's requires.limits: tests/test_web.py)
+    over, programs = [], 0
+    for key, shapes, attrs, dtype in [p.values for p in _compile_cases()] + list(_squeeze_excite_cases()):
+        for p in tflfuse.get_shader(key, shapes, attrs, dtype, precision=precision).programs:
+            programs += 1
+            buffers, shared = len(p.bindings), workgroup_storage(p.wgsl)
+            if buffers > DEFAULT_STORAGE_BUFFERS or shared > DEFAULT_WORKGROUP_STORAGE:
+                over.append((key, attrs, [b["name"] for b in p.bindings], shared))
+    assert programs > 350 and not over, over
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+def test_squeeze_excite_forms_compile_in_tint(precision, tint_device):
+    # its merged form reads x and the addend through the vec4 views of its mean (x4[i >> 2u][i & 3u])
+    programs = 0
+    for key, shapes, attrs, dtype in _squeeze_excite_cases():
+        for p in tflfuse.get_shader(key, shapes, attrs, dtype, precision=precision).programs:
+            _tint_compile(tint_device, p.wgsl, p.entry_point)
+            programs += 1
+    assert programs > 100
 
 
 def test_tint_refuses_what_naga_takes(tint_device, device):

@@ -162,6 +162,46 @@ def test_rewrite_keeps_a_read_converted_to_f16_as_f16(device):
     np.testing.assert_array_equal(got, (4 * x16).astype(np.float16))
 
 
+#: Number literals a kernel may store (float32 WGSL, as written) and the float32 values they stand for: past f16's
+#: range, rounding to its largest value, subnormal, to zero, with conversions and brackets around them.
+LITERAL_STORES = [("1e5f", 1e5), ("-3.4028234663852886e+38f", -3.4028234663852886e38), ("65519.0f", 65519.0),
+                  ("65520.0", 65520.0), ("(3e-8f)", 3e-8), ("f32(-1e-9)", -1e-9), ("0", 0.0), ("f32(-0.0)", -0.0),
+                  ("-(7e4)", -7e4), ("- f32(-1e5f)", 1e5)]
+
+
+def literal_stores_program() -> Program:
+    """A program storing :data:`LITERAL_STORES` and then ``x[0]`` into ``y`` (f32), and two literals splat into
+    ``v`` (``vec4<f32>``): as a float16 plan runs it (:func:`half_storage`)."""
+    binds = (Binding("x", ("input", 0), "read", "f32", 4),
+             Binding("y", ("output", 0), "read_write", "f32", 4 * len(LITERAL_STORES) + 4),
+             Binding("v", ("output", 1), "read_write", "vec4<f32>", 32))
+    stores = "".join(f"  y[{i}] = {text};\n" for i, (text, _) in enumerate(LITERAL_STORES))
+    source = ("@group(0) @binding(0) var<storage, read> x: array<f32>;\n"
+              "@group(0) @binding(1) var<storage, read_write> y: array<f32>;\n"
+              "@group(0) @binding(2) var<storage, read_write> v: array<vec4<f32>>;\n"
+              f"@compute @workgroup_size(1) fn main() {{\n{stores}  y[{len(LITERAL_STORES)}] = x[0];\n"
+              "  v[0] = vec4<f32>(-1e5);\n  v[1] = vec4<f32>(3e-8f);\n}\n")
+    return half_storage(Program("LITERALS", source, (1, 1, 1), (1, 1, 1), binds))
+
+
+def test_stored_literals_hold_their_float16_rounding(device):
+    # a literal stored in an f16 binding is a constant expression, which WGSL must hold within f16's range (a
+    # shader-creation error in Tint past it: test_kernels.py compiles this one there): the float16 plan stores
+    # np.float16 of the float32 value, written exactly, an infinity made at run time
+    prog = literal_stores_program()
+    assert "f16(1e5" not in prog.source and "f32_from_bits(" in prog.source
+    info = ShaderInfo("LITERALS", prog.source, "main", (1, 1, 1), (1, 1, 1),
+                      tuple({"binding": i, "role": list(b.role), "type": b.elem_type, "size": b.size}
+                            for i, b in enumerate(prog.bindings)), (), ((len(LITERAL_STORES) + 1,), (8,)))
+    x = np.array([70000.0], np.float32)
+    y, v = run_shader(device, info, [x])
+    with np.errstate(over="ignore"):
+        want_y = np.array([value for _, value in LITERAL_STORES] + [70000.0], np.float32).astype(np.float16)
+        want_v = np.repeat(np.array([-1e5, 3e-8], np.float32).astype(np.float16), 4)
+    np.testing.assert_array_equal(y.astype(np.float16).view(np.uint16), want_y.view(np.uint16))   # -0 too
+    np.testing.assert_array_equal(v.astype(np.float16).view(np.uint16), want_v.view(np.uint16))
+
+
 def test_half_math_forms_switches_and_restores():
     """half_math_forms: the named forms on and the others off inside the block, every switch as it was after it
     (also after an exception), and an unknown name refused before anything changes."""
@@ -185,3 +225,43 @@ def test_half_math_forms_switches_and_restores():
         with half_math_forms(["convs"]):
             pass
     assert switches() == before
+
+
+#: Constants whose float16 rounding (np.float16 of the float32 value, to nearest even) is an edge of float16:
+#: +-FLT_MAX and +-1e5 overflow to +-inf, 65504 is the largest finite value, 65519 rounds down to it and 65520 up
+#: to inf; 1e-7 and 3e-8 round to subnormals (2 and 1 times 2**-24), -1e-9 to -0; inf and NaN stay as they are.
+F16_EDGE_FILLS = [-3.4028234663852886e38, 3.4028234663852886e38, 1e5, -1e5, 65504.0, 65519.0, 65520.0, 1e-7, 3e-8,
+                  -1e-9, -np.inf, np.nan]
+
+
+@pytest.mark.parametrize("fill", F16_EDGE_FILLS, ids=repr)
+def test_pad_constant_is_held_as_its_float16_rounding(device, rng, fill):
+    """PADV2 in a float16 plan holds its constant as np.float16 of the float32 value (the rounding LiteRT's GPU
+    delegate's f16 would hold; a shader-creation error in Tint where written as an f16 constant past 65504) and
+    the input as the plan rounded it on upload: against np.float16 of LiteRT CPU's float32 result, bit for bit
+    (NaN as NaN). LiteRT's result is first checked against NumPy's float64 np.pad: padding does no arithmetic."""
+    from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter
+
+    from tflite_builder import build, t
+
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    pads = np.array([[0, 1], [2, 0], [1, 1]], np.int32)
+    model = build([t((2, 3, 4)), t((3, 2), type="INT32", data=pads), t((1,), data=np.array([fill], np.float32)),
+                   t((3, 5, 6))], [dict(op="PADV2", inputs=[0, 1, 2], outputs=[3])], [0], [3])
+    outs = []
+    for interp in (LiteRTInterpreter(model_content=model),
+                   tflfuse.Interpreter(model_content=model, device=device, precision="float16", cpu_fallback=False)):
+        interp.allocate_tensors()
+        interp.set_tensor(interp.get_input_details()[0]["index"], x)
+        interp.invoke()
+        outs.append(interp.get_tensor(interp.get_output_details()[0]["index"]))
+    lite, got = outs
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.testing.assert_array_equal(lite, np.pad(x.astype(np.float64), pads, constant_values=fill)
+                                      .astype(np.float32))
+        want = lite.astype(np.float16)
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    held = got[~np.isnan(got)].astype(np.float16)
+    np.testing.assert_array_equal(held.astype(np.float32), got[~np.isnan(got)])   # a float16 value
+    np.testing.assert_array_equal(held.view(np.uint16), want[~np.isnan(want)].view(np.uint16))   # and its sign

@@ -7,23 +7,29 @@ import functools
 import http.server
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter as LiteRTInterpreter
 from ai_edge_litert.interpreter import OpResolverType
+from flatbuffers import flexbuffers
 from tflite_builder import build, t
 
 import tflfuse
 from tflfuse import face_detection as fd
 from tflfuse import zoo
-from tflfuse.runtime.serialize import load_serialized
+from tflfuse.annotate import encode_attrs
+from tflfuse.model import Model
+from tflfuse.runtime.serialize import load_serialized, serialize_plan
 from tflfuse.web import ExportError, export_web
+from tflfuse.web.export import plan_for_export
 from tflfuse.web.browser import BROWSER_FLAGS, find_browser
 from tflfuse.web.executor import PlanDataExecutor
 
@@ -408,6 +414,96 @@ def test_a_limit_the_adapter_lacks_is_refused_naming_it(page, site):
       try { await load("/too_big"); return "loaded"; } catch (e) { return `${e.name}: ${e.message}`; }
     }""")
     assert "needs the WebGPU limit maxComputeWorkgroupsPerDimension >= 2147483648; the adapter" in error, error
+
+
+# ---- WebGPU's limits ---------------------------------------------------------------------------------------------
+def _wide_block(**attrs) -> bytes:
+    """One fused_bottleneck contracting 4,096 input channels to 16 on an 8x8 map (a 1x1 expand conv, a 3x3
+    depthwise conv, a projection to 16), seeded weights scaled for unit-variance sums."""
+    rng = np.random.default_rng(17)
+    shapes = [(4096, 16), (16,), (3, 3, 16), (16,), (16, 16), (16,)]
+    weights = [(rng.standard_normal(s) / np.sqrt(s[0] if len(s) == 2 else 9)).astype(np.float32) for s in shapes]
+    tensors = [t((1, 8, 8, 4096), name="x")] + [t(s, data=w) for s, w in zip(shapes, weights)] + \
+        [t((1, 8, 8, 16), name="y")]
+    custom = flexbuffers.Dumps(encode_attrs({"expansion": 1, "target": "gpu", **attrs}))
+    return build(tensors, [dict(op="fused_bottleneck", inputs=list(range(7)), outputs=[7], custom=custom)], [0], [7])
+
+
+def _declared_workgroup_bytes(wgsl: str) -> int:
+    """The bytes of a shader's ``var<workgroup>`` arrays of f32 (the only kind the tiled bottleneck declares), each
+    rounded up to 16 bytes as WebGPU counts them."""
+    sizes = re.findall(r"var<workgroup>\s+\w+\s*:\s*array<f32,\s*(\d+)>", wgsl)
+    assert len(sizes) == wgsl.count("var<workgroup>"), wgsl
+    return sum(-(-4 * int(n) // 16) * 16 for n in sizes)
+
+
+def test_wide_tiled_block_lists_the_workgroup_memory_it_needs(page, site, device, rng):
+    # The tiled strategy, asked for at Cin 4,096, stages one expanded channel's 4,096 expand weights beside its
+    # halo: past WebGPU's default 16 KiB of workgroup memory, so plan.json's requires.limits names what its shader
+    # declares, tflfuse.js asks the adapter for it, and the Python executor refuses a device offering less.
+    root, _ = site
+    tiled = _wide_block(strategy="tiled")
+    data = export_web(tiled, root / "wide", device=device, target="gpu", demo=False)
+    need = max(_declared_workgroup_bytes(data.shaders[name]) for name in data.plan["shaders"])
+    assert need > 16384 and data.plan["requires"]["limits"]["maxComputeWorkgroupStorageSize"] >= need
+    # the block's default schedule keeps within the default (the staged strategy: tests/test_bottleneck.py)
+    default = export_web(_wide_block(), root / "wide_default", device=device, target="gpu", demo=False)
+    assert 0 < default.plan["requires"]["limits"]["maxComputeWorkgroupStorageSize"] <= 16384
+    # the data alone, on this adapter: the Interpreter's outputs bit for bit (the same WGSL); refused, naming the
+    # limit and the op, on a device that offers 16 KiB
+    x = rng.standard_normal((1, 8, 8, 4096)).astype(np.float32)
+    want = _interpreter_outputs(tiled, [x], device)
+    np.testing.assert_array_equal(PlanDataExecutor(data, device).run([x])[0], want[0])
+    small = types.SimpleNamespace(features=device.features, name="a 16 KiB adapter",
+                                  limits={**device.limits, "max-compute-workgroup-storage-size": 16384})
+    with pytest.raises(ValueError, match=rf"maxComputeWorkgroupStorageSize >= {need} \(op fused_bottleneck, "
+                                         rf"operator 0, program fused_bottleneck\); a 16 KiB adapter offers 16384"):
+        PlanDataExecutor(data, small)
+    # in the browser: tflfuse.js requests the limit where the adapter offers it (without, its device would have
+    # WebGPU's default 16 KiB and refuse the pipeline), and refuses it, naming it, where it does not
+    offered = page.evaluate("async () => (await navigator.gpu.requestAdapter()).limits.maxComputeWorkgroupStorageSize")
+    if offered >= need:
+        np.testing.assert_allclose(_run_in_browser(page, "wide", [x])[0], want[0], **BROWSER_TOL)
+    else:
+        with pytest.raises(RuntimeError, match=f"needs the WebGPU limit maxComputeWorkgroupStorageSize >= {need}"):
+            _run_in_browser(page, "wide", [x])
+
+
+#: The bounds test_web_models.py holds these models' exports to against LiteRT CPU (|d| <= rel * (max |want| +
+#: |want|)): their masks are sigmoids of logits in the hundreds. Measured here (the GPU schedules on the software
+#: adapter, 2026-12-07): 1.8e-5 and 9.7e-6.
+_SELFIE_REL = {"selfie_segmentation": 5e-5, "selfie_segmentation_landscape": 2e-4}
+
+
+@pytest.mark.parametrize("name", sorted(_SELFIE_REL))
+def test_fused_selfie_plans_keep_within_the_default_limits(device, name):
+    # fused_squeeze_excite's GPU form of the selfie decoder's attention (the mean of x + addend) bound x and the
+    # addend twice, as vec4s for its mean and as f32 for its scaling: 9 storage buffers, past WebGPU's default 8,
+    # which tflfuse.js refused on an adapter offering 8. Both targets' plans now ask for the defaults at most.
+    stock = zoo.fetch(name).read_bytes()
+    fused, _ = tflfuse.fuse(stock)
+    for target in ("gpu", "cpu"):
+        data = serialize_plan(plan_for_export(Model(fused), device, target=target))
+        limits = data.plan["requires"]["limits"]
+        assert 0 < limits["maxStorageBuffersPerShaderStage"] <= 8, target
+        assert max(len(d["bindings"]) for d in data.plan["dispatches"]) == limits["maxStorageBuffersPerShaderStage"]
+        assert 0 < limits["maxComputeWorkgroupStorageSize"] <= 16384, target
+        assert any(d["op"] == "fused_squeeze_excite" for d in data.plan["dispatches"]), target
+    # the GPU plan's values (its merged squeeze-excite dispatches) against LiteRT CPU on the stock model
+    x = np.random.default_rng(1).uniform(0, 1, zoo.ALL_MODELS[name].input_shape).astype(np.float32)
+    data = serialize_plan(plan_for_export(Model(fused), device, target="gpu"))
+    assert any(d["program"] == "fused_squeeze_excite_gate_scale" for d in data.plan["dispatches"])
+    got = PlanDataExecutor(data, device).run([x])
+    litert = LiteRTInterpreter(model_content=stock)
+    litert.allocate_tensors()
+    litert.set_tensor(litert.get_input_details()[0]["index"], x)
+    litert.invoke()
+    want = [litert.get_tensor(d["index"]) for d in litert.get_output_details()]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        scale = float(np.abs(w).max())
+        assert (np.abs(g - w) <= _SELFIE_REL[name] * (scale + np.abs(w))).all(), float(np.abs(g - w).max())
 
 
 def test_float16_bits_round_as_numpy(page):

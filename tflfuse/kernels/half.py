@@ -6,7 +6,9 @@
 expanded tensor) hold IEEE binary16 values (``array<f16>``, WGSL's ``shader-f16`` feature): every read ``x[i]``
 becomes ``f32(x[i])`` (except as the whole argument of a conversion to f16, ``f16(x[i])``, which then reads
 the f16 value as it is) and every store ``y[i] = v`` becomes ``y[i] = f16(v)`` (``array<vec4<f32>>`` bindings
-likewise become ``array<vec4<f16>>``). Arithmetic, accumulators, workgroup memory, uniforms and the other
+likewise become ``array<vec4<f16>>``); where ``v`` is a number literal (PADV2's constant), the store holds its
+float16 rounding, with an infinity made at run time (:func:`_half_value`: ``f16(1e5f)`` is a shader-creation
+error in Tint). Arithmetic, accumulators, workgroup memory, uniforms and the other
 scratch buffers (partial sums) stay float32, so a reduction accumulates in f32 and rounds once, at the store,
 as LiteRT's GPU delegate does with ``precision_loss_allowed``.
 
@@ -37,7 +39,10 @@ import importlib
 import re
 from collections.abc import Iterable
 
+import numpy as np
+
 from .base import Binding, KernelError, Program
+from .wgsl import F32_INF, F32_NEG_INF, helpers_for
 
 __all__ = ["HALF_MATH_FORMS", "HALF_STEPS", "HALF_TYPES", "HalfMathProgram", "half_binding_size", "half_math_forms",
            "half_programs", "half_storage", "is_half_binding", "with_half_math"]
@@ -170,7 +175,8 @@ def half_storage(program: Program) -> Program:
             raise KernelError(f"{program.name} (binding {name!r}): not declared once as array<{t}> by "
                               f"wgsl.prelude, so the float16 storage rewrite cannot retype it")
         source = source.replace(declaration, f"> {name}: array<{HALF_TYPES[t]}>;")
-    source = "enable f16;\n" + (_rewrite_scoped(source, types, program.name) if types else source)
+    source = _rewrite_scoped(source, types, program.name) if types else source
+    source = "enable f16;\n" + helpers_for(source) + source
     bindings = tuple(dataclasses.replace(b, elem_type=HALF_TYPES[b.elem_type], size=half_binding_size(b.size // 4))
                      if is_half_binding(b, program.half_scratch) else b for b in program.bindings)
     shape = dict(zip(("workgroup_size", "dispatch", "loop_trips"), program.half_shape)) if math else {}
@@ -211,6 +217,40 @@ def _statement_end(s: str, i: int, where: str) -> int:
             return j
         j += 1
     raise KernelError(f"{where}: a store without ';' after {s[max(0, i - 20):i + 20]!r}")
+
+
+#: A WGSL number literal, as a float (``1.5f``, ``-3.4e+38``, ``0``) or f16 (``2.0h``) one.
+_LITERAL = re.compile(r"([-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)([fh]?)")
+_CONVERSION = re.compile(r"(?:f32|f16|vec[234]<f(?:32|16)>)?\s*\(")
+
+
+def _half_value(rhs: str, narrow: str) -> str:
+    """``{narrow}(rhs)``, the store of ``rhs`` (f32 WGSL) into an f16 binding of type ``narrow``, except where
+    ``rhs`` is a number literal (with a sign, brackets, conversions: ``-1e5f``, ``f32(0)``): a constant
+    expression, which WGSL's ``f16(...)`` must hold within f16's finite range (Tint refuses ``f16(1e5f)``, a
+    shader-creation error; naga lets it pass). That store is given the IEEE float16 rounding of the literal's
+    float32 value, ``np.float16(np.float32(c))`` (to nearest even; subnormal where small; +-inf past 65504, as
+    LiteRT's GPU delegate holds it in f16): written exactly where finite, and an infinity made at run time
+    (:data:`~tflfuse.kernels.wgsl.F32_INF` converted: a call is never a constant expression)."""
+    core, negated = rhs.strip(), False
+    while True:   # signs, brackets and conversions around the literal (one argument each)
+        if core[:1] in "+-" and not _LITERAL.fullmatch(core):
+            core, negated = core[1:].strip(), negated != (core[0] == "-")
+            continue
+        m = _CONVERSION.match(core)
+        if m is None or not core.endswith(")") or _matching(core, m.end() - 1, narrow) != len(core) - 1:
+            break
+        core = core[m.end():-1].strip()
+    m = _LITERAL.fullmatch(core)
+    if m is None:
+        return f"{narrow}({rhs})"
+    c = -float(m.group(1)) if negated else float(m.group(1))
+    with np.errstate(over="ignore"):   # past f16's range: +-inf, the value wanted
+        value = np.float16(c if m.group(2) == "h" else np.float32(c))
+    if np.isinf(value):   # an f32 infinity converted (a vector's splat takes an f16)
+        inf = f"f16({F32_INF if value > 0 else F32_NEG_INF})"
+        return inf if narrow == "f16" else f"{narrow}({inf})"
+    return f"{narrow}({float(value)!r})"
 
 
 _FN = re.compile(r"\bfn\s+\w+\s*\(")
@@ -270,7 +310,7 @@ def _rewrite(s: str, types: dict[str, str], program: str) -> str:
         end = _statement_end(s, rhs_start, where)
         rhs = _rewrite(s[rhs_start:end], types, program).strip()
         if op.group(1) == "=":
-            out.append(f"{access} = {narrow}({rhs})")
+            out.append(f"{access} = {_half_value(rhs, narrow)}")
         else:   # y[i] += v: read, operate in f32, store
             out.append(f"{access} = {narrow}({wide}({access}) {op.group(1)[0]} ({rhs}))")
         pos = end

@@ -16,7 +16,7 @@ import numpy as np
 
 from .base import Binding, Kernel, TensorSpec
 from .registry import register
-from .wgsl import activation_fn, elementwise_program, fmt_f32
+from .wgsl import activation_fn, elementwise_program, f32_value
 
 __all__ = ["Concatenation", "Dequantize", "JOIN_GROUP", "Pack", "Pad", "Shape", "View"]
 
@@ -107,7 +107,7 @@ class Pad(Kernel):
         if self.input(0).dtype == "int32":
             fill = str(int(value)) if int(value) != -2 ** 31 else "bitcast<i32>(0x80000000u)"
         else:
-            fill = fmt_f32(float(value))
+            fill = f32_value(float(value))   # +-inf and NaN too; a float16 plan holds its f16 rounding (half.py)
         lines, div, src = [], 1, []
         for d in range(len(shape) - 1, -1, -1):
             lines.append(f"  let c{d} = i32((idx / {div}u) % {self.out[d]}u) - {int(self.pads[d][0])};")

@@ -11,8 +11,9 @@ from typing import Sequence
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
 __all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "F32_FROM_BITS", "F32_INF", "F32_NAN", "F32_NEG_INF", "HELPERS",
-           "activation_fn", "activation_uniforms", "dot", "elementwise_program", "fmt_f32", "helpers_for",
-           "lane_tree", "linear_main", "prelude", "prelu_fn", "reduction_program", "split_lanes", "with_helpers"]
+           "activation_fn", "activation_uniforms", "dot", "elementwise_program", "f32_value", "fmt_f32", "helpers_for",
+           "lane_tree", "linear_main", "prelude", "prelu_fn", "reduction_program", "split_lanes", "with_helpers",
+           "workgroup_storage"]
 
 
 def fmt_f32(x: float) -> str:
@@ -95,6 +96,19 @@ F32_FROM_BITS = "fn f32_from_bits(b: u32) -> f32 { return bitcast<f32>(b); }\n"
 #: NaN, +inf and -inf as WGSL f32 expressions, through :data:`F32_FROM_BITS`.
 F32_NAN, F32_INF, F32_NEG_INF = ("f32_from_bits(0x7fc00000u)", "f32_from_bits(0x7f800000u)",
                                  "f32_from_bits(0xff800000u)")
+
+
+def f32_value(x: float) -> str:
+    """A WGSL f32 expression of ``float32(x)``: the literal of :func:`fmt_f32` where it is finite, else
+    ``f32_from_bits`` of its bits (NaN payload and infinity sign kept), made at run time: a constant expression
+    whose value is not finite is a shader-creation error (:data:`F32_FROM_BITS`; the program builders declare
+    the function where their code calls it: :func:`with_helpers`)."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):   # a float past float32's range is +-inf in float32, as a .tflite holds it
+        v = np.float32(x)
+    return fmt_f32(float(v)) if np.isfinite(v) else f"f32_from_bits(0x{int(v.view(np.uint32)):08x}u)"
+
 
 # erfc(z) by the Chebyshev fit of Numerical Recipes (erfcc, 2nd ed. section 6.2): fractional error below
 # 1.2e-7 for every z in exact arithmetic (WGSL has no erf). In float32, the gelu built on it is within
@@ -347,3 +361,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
     return Program(name, source, (wg, 1, 1), linear_dispatch(total * lanes, wg), bindings, uniforms,
                    loop_trips=loop_trips + lanes.bit_length())
+
+
+#: WGSL's scalar types: name -> (size, alignment) in bytes.
+_SCALARS = {"f32": (4, 4), "i32": (4, 4), "u32": (4, 4), "f16": (2, 2), "bool": (4, 4)}
+_WORKGROUP_VAR = re.compile(r"\bvar\s*<\s*workgroup\s*>\s*(\w+)\s*:\s*([^;=]+?)\s*;")
+
+
+def _size_align(t: str, where: str) -> tuple[int, int]:
+    """WGSL's SizeOf and AlignOf of the type ``t``: a scalar, ``atomic<T>``, ``vecN<T>``, ``array<T, N>``."""
+    t = t.replace(" ", "")
+    if t in _SCALARS:
+        return _SCALARS[t]
+    m = re.fullmatch(r"atomic<(\w+)>", t)
+    if m:
+        return _size_align(m.group(1), where)
+    m = re.fullmatch(r"vec([234])<(\w+)>", t)
+    if m:
+        n, (size, _) = int(m.group(1)), _size_align(m.group(2), where)
+        return n * size, (4 if n == 3 else n) * size
+    m = re.fullmatch(r"array<(.+),(\d+)u?>", t)
+    if m:
+        size, align = _size_align(m.group(1), where)
+        return int(m.group(2)) * -(-size // align) * align, align
+    raise KernelError(f"{where}: cannot size the workgroup variable type {t!r} (scalars, atomics, vectors and "
+                      f"fixed-size arrays of them)")
+
+
+def workgroup_storage(source: str, where: str = "shader") -> int:
+    """Bytes of workgroup memory the WGSL ``source`` declares, as WebGPU counts them against the device's
+    ``maxComputeWorkgroupStorageSize``: the sum over its ``var<workgroup>`` declarations of each type's size
+    (WGSL's SizeOf) rounded up to 16. Every declaration counts (WebGPU counts those the entry point uses: this is
+    at least that). Raises :class:`KernelError` for a type it cannot size (a struct), naming ``where``."""
+    source = re.sub(r"//[^\n]*|/\*.*?\*/", "", source, flags=re.S)
+    return sum(-(-_size_align(t, f"{where} (var<workgroup> {name})")[0] // 16) * 16
+               for name, t in _WORKGROUP_VAR.findall(source))

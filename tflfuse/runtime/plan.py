@@ -22,6 +22,7 @@ import numpy as np
 from ..kernels import kernel_class
 from ..kernels.base import KernelError, Program, TensorSpec
 from ..kernels.half import half_binding_size, half_programs
+from ..kernels.wgsl import workgroup_storage
 from .device import ShaderCompileError
 from .lower import (_DTYPE_NAMES, MAX_FOLDED_ELEMENTS, LoweredGraph, LoweredOp, _has_fused_kernel,  # noqa: F401
                     _narrow_int64, check_supported, held, lower)
@@ -34,6 +35,23 @@ __all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "PRECISIONS", "check_su
 #: binary16 on the GPU, arithmetic in f32 but the matrix products' f16 multiply-adds: :mod:`tflfuse.kernels.half`;
 #: needs the ``shader-f16`` feature).
 PRECISIONS = ("float32", "float16")
+
+
+def _check_limits(device, op: LoweredOp, prog: Program) -> None:
+    """Raises KernelError, naming the op, its index and the program, where ``prog`` needs more storage buffers or
+    workgroup memory than ``device`` offers (WebGPU's defaults are 8 and 16,384 bytes; a
+    :class:`~tflfuse.runtime.device.Device` asks its adapter for the most it has), rather than wgpu's error when
+    the pipeline is made."""
+    limits = getattr(device, "limits", {})
+    for limit, need, fix in (
+            ("max-storage-buffers-per-shader-stage", len(prog.bindings), "use an adapter that offers more"),
+            ("max-compute-workgroup-storage-size", workgroup_storage(prog.source, prog.name),
+             "leave the op's schedule attributes (strategy, tile, chunk) to their defaults, which keep within "
+             "WebGPU's default 16384 bytes where the op can, or use an adapter that offers more")):
+        have = limits.get(limit)
+        if have is not None and need > have:
+            raise KernelError(f"{op.name} (operator {op.index}): program {prog.name} needs {limit} >= {need}; the "
+                              f"adapter {device.name} offers {have}: {fix}")
 
 
 class ExecutionPlan:
@@ -89,6 +107,7 @@ class ExecutionPlan:
             except KernelError as e:
                 raise KernelError(f"{op.name} (operator {op.index}): {e}") from None
             for prog in programs:
+                _check_limits(device, op, prog)
                 if device.loop_limit is not None and prog.loop_trips >= device.loop_limit:
                     raise KernelError(
                         f"{op.name} (operator {op.index}): its shader runs about {prog.loop_trips} loop "

@@ -9,7 +9,11 @@ wgpu) both execute this data, so they cannot drift from each other.
 The plan dict (``format`` :data:`PLAN_FORMAT`, ``version`` :data:`PLAN_VERSION`):
 
 - ``precision``: ``"float32"`` or ``"float16"``; ``requires``: ``features`` (``["shader-f16"]`` for a float16
-  plan) and ``limits``, the least WebGPU limits (their JavaScript names) the plan needs.
+  plan) and ``limits``, the least WebGPU limits (their JavaScript names) the plan needs: the largest binding,
+  buffer, dispatch, workgroup, uniform block, count of storage buffers of one dispatch and workgroup memory of
+  one shader (``maxComputeWorkgroupStorageSize``: its ``var<workgroup>`` declarations as WebGPU counts them,
+  :func:`~tflfuse.kernels.wgsl.workgroup_storage`). An executor requests them from the adapter and refuses one
+  that offers less.
 - ``buffers``: ``[{id, size, kind, label}]`` (bytes, a multiple of 16): ``kind`` is ``"weights"`` (filled from
   ``weights`` at ``weights_offset``, ``size`` bytes), ``"io"`` (an input's or an output's own buffer) or
   ``"work"`` (intermediates and scratch, reused by tensors whose lifetimes do not overlap).
@@ -38,6 +42,7 @@ from typing import Mapping
 import numpy as np
 
 from ..kernels.half import half_binding_size
+from ..kernels.wgsl import workgroup_storage
 
 __all__ = ["PLAN_FORMAT", "PLAN_VERSION", "SerializedPlan", "load_serialized", "serialize_plan"]
 
@@ -165,12 +170,14 @@ def serialize_plan(plan, signatures: Mapping[str, Mapping] | None = None) -> Ser
     limits = {"maxStorageBufferBindingSize": 0, "maxBufferSize": max([b["size"] for b in buffers] + [16]),
               "maxComputeWorkgroupsPerDimension": 1, "maxStorageBuffersPerShaderStage": 0,
               "maxComputeInvocationsPerWorkgroup": 1, "maxComputeWorkgroupSizeX": 1, "maxComputeWorkgroupSizeY": 1,
-              "maxComputeWorkgroupSizeZ": 1, "maxUniformBufferBindingSize": 0}
+              "maxComputeWorkgroupSizeZ": 1, "maxUniformBufferBindingSize": 0, "maxComputeWorkgroupStorageSize": 0}
+    shared: dict[str, int] = {}          # file name -> bytes of workgroup memory its shader declares
     for (prog, _, _), rec in zip(plan.steps, plan.dispatches):
         if prog.cache_key not in shader_files:
             name = _shader_name(len(shaders), prog.name)
             shader_files[prog.cache_key] = name
             shaders[name] = prog.source
+            shared[name] = workgroup_storage(prog.source, prog.name)
         binds, uniform, wg, grid = rec["bindings"], rec["uniform"], rec["workgroup_size"], rec["dispatch"]
         for b in binds:
             limits["maxStorageBufferBindingSize"] = max(limits["maxStorageBufferBindingSize"], b["size"])
@@ -179,6 +186,8 @@ def serialize_plan(plan, signatures: Mapping[str, Mapping] | None = None) -> Ser
                                                         len(uniform["bytes"]) // 2)
         limits["maxComputeWorkgroupsPerDimension"] = max(limits["maxComputeWorkgroupsPerDimension"], *grid)
         limits["maxStorageBuffersPerShaderStage"] = max(limits["maxStorageBuffersPerShaderStage"], len(binds))
+        limits["maxComputeWorkgroupStorageSize"] = max(limits["maxComputeWorkgroupStorageSize"],
+                                                       shared[shader_files[prog.cache_key]])
         limits["maxComputeInvocationsPerWorkgroup"] = max(limits["maxComputeInvocationsPerWorkgroup"],
                                                           wg[0] * wg[1] * wg[2])
         for axis, v in zip("XYZ", wg):

@@ -7,17 +7,48 @@ adapter shows the data is complete; ``tflfuse.js`` follows the same steps in the
 
 from __future__ import annotations
 
+import re
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..runtime.plan import make_bind_group
+from ..kernels.wgsl import workgroup_storage
 from ..runtime.serialize import SerializedPlan
 
 __all__ = ["PlanDataExecutor"]
 
 #: plan.json dtype name -> the NumPy dtype users give and get.
 _HOST = {"float32": np.float32, "int32": np.int32, "bool": np.bool_, "int64": np.int64}
+
+
+#: A limit of ``requires.limits`` -> what one dispatch needs of it (from its record and its WGSL), to name the
+#: dispatch that needs more than a device offers.
+_NEEDS = {
+    "maxStorageBuffersPerShaderStage": lambda d, wgsl: len(d["bindings"]),
+    "maxStorageBufferBindingSize": lambda d, wgsl: max([b["size"] for b in d["bindings"]] + [0]),
+    "maxComputeWorkgroupStorageSize": lambda d, wgsl: workgroup_storage(wgsl, d["program"]),
+    "maxComputeWorkgroupsPerDimension": lambda d, wgsl: max(d["dispatch"]),
+    "maxComputeInvocationsPerWorkgroup": lambda d, wgsl: int(np.prod(d["workgroup_size"])),
+}
+
+
+def _check_limits(data: SerializedPlan, device) -> None:
+    """Raises ValueError where the plan's ``requires.limits`` asks more than ``device`` offers: the limit, both
+    values and, where one dispatch needs it, that dispatch's op, its index and its program."""
+    offered = getattr(device, "limits", {})
+    for limit, need in data.plan["requires"]["limits"].items():
+        have = offered.get(re.sub(r"[A-Z]", lambda m: "-" + m.group(0).lower(), limit))
+        if have is None or need <= have:
+            continue
+        where = ""
+        if limit in _NEEDS:
+            for d in data.plan["dispatches"]:
+                if _NEEDS[limit](d, data.shaders[data.plan["shaders"][d["shader"]]]) > have:
+                    where = f" (op {d['op']}, operator {d['operator']}, program {d['program']})"
+                    break
+        raise ValueError(f"the plan needs the WebGPU limit {limit} >= {need}{where}; {device.name} offers {have}: "
+                         f"run it on an adapter that offers it, or export the model for this one")
 
 
 class PlanDataExecutor:
@@ -37,10 +68,11 @@ class PlanDataExecutor:
         import wgpu
 
         self.plan, self.device = data.plan, device
-        gpu = device.device
         for feature in self.plan["requires"]["features"]:
             if feature not in device.features:
                 raise ValueError(f"the plan needs the WebGPU feature {feature!r}, which {device.name} lacks")
+        _check_limits(data, device)
+        gpu = device.device
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         self._buffers = []
         for b in self.plan["buffers"]:

@@ -580,6 +580,11 @@ class FusedBottleneck(CompositeKernel):
             _, groups, tile, block = min(options, key=lambda o: (o[0], -o[1]) if o[1] * 32 >= _GPU_WORKGROUPS
                                          else (float("inf"), -o[1]))
             splits = min(32, -(-_GPU_WORKGROUPS // groups), max(1, self.cexp // 16))
+        if self._tiled_bytes(tile, 1) > _WG_BYTES:
+            # one expanded channel's halo and expand weights pass WebGPU's default 16 KiB of workgroup memory (Cin
+            # of about 4,000 and more): the staged strategy, whose products take any Cin within it
+            return {"strategy": "staged", "tile": 8, "lanes": 4, "out_block": min(self.cout, 128),
+                    "chunk": _MAX_CHUNK, "splits": 1}
         lanes = {4: 8, 2: 16}[tile]
         if splits > 1 and self.core_only:
             # PReLU blocks and those with a 2x2 expand conv, where the tiled strategy is asked for (the default
@@ -864,15 +869,23 @@ class FusedBottleneck(CompositeKernel):
         The chunk divides Cexp (so every chunk is full), its halo fits in workgroup memory beside the
         depthwise results, and each split is a whole number of chunks."""
         halo = (self.tile - 1) * self.stride + self.k
-        # expand weights of a chunk, staged in workgroup memory
-        staged = self.cin * self.expand_kernel ** 2 if self.has_expand else 0
-        fit = max(1, _WG_BYTES // (4 * (halo * halo + self.tile * self.tile + staged)))
-        chunk = max(d for d in range(1, min(self.cexp, self.chunk, fit) + 1) if self.cexp % d == 0)
+        # the largest chunk whose workgroup memory fits (1 where none does: a block whose expand weights alone pass
+        # it, which the default schedule gives the staged strategy instead, _schedule)
+        chunk = max(d for d in range(1, min(self.cexp, self.chunk) + 1) if self.cexp % d == 0 and
+                    (d == 1 or self._tiled_bytes(self.tile, d) <= _WG_BYTES))
         nblocks = -(-self.cout // self.out_block)
         block = -(-self.cout // nblocks)
         chunks = self.cexp // chunk
         per_split = -(-chunks // min(self.splits, chunks)) * chunk
         return halo, chunk, block, nblocks, per_split, -(-self.cexp // per_split)
+
+    def _tiled_bytes(self, tile: int, chunk: int) -> int:
+        """Bytes of workgroup memory the tiled strategy declares for ``tile`` and ``chunk`` expanded channels per
+        pass, as WebGPU counts them (each array rounded up to 16 bytes): the expanded halo, the depthwise results
+        of the tile and the chunk's expand weights (``Cin * expand_kernel**2`` per channel)."""
+        halo = (tile - 1) * self.stride + self.k
+        staged = self.cin * self.expand_kernel ** 2 if self.has_expand else 0
+        return sum(-(-4 * v * chunk // 16) * 16 for v in (halo * halo, tile * tile, staged) if v)
 
     def loop_trips(self) -> int:
         """Loop iterations one invocation runs, at most (see :func:`tflfuse.kernels.wgsl.dot`)."""

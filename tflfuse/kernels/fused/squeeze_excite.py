@@ -216,14 +216,21 @@ class FusedSqueezeExcite(CompositeKernel):
     def _second_source(self) -> str:
         return "squeezed" if self.has_squeeze else "pooled"
 
-    def _scaling(self, g: str, gi: str) -> tuple[tuple, str]:
+    def _scaling(self, g: str, gi: str, vec4: tuple[str, ...] = ()) -> tuple[tuple, str]:
         """The scaling's bindings (the tensor scaled, the addend, ``y``; not the gate ``g``) and its WGSL
-        statement for output ``idx``, the element's gate read as ``{g}[{gi}]``."""
+        statement for output ``idx``, the element's gate read as ``{g}[{gi}]``. The inputs named in ``vec4``
+        (``"x"``, ``"addend"``) are read through the vec4 views the program binds for its mean (``x4[idx >> 2u][idx
+        & 3u]``: the same element, the same address) and are left out of the bindings: a buffer bound twice
+        takes two of WebGPU's default 8 storage buffers per shader stage, which the merged program with
+        ``pool_addend`` (x4, addend4, the four weights, x, addend and y) passed."""
         binds = self._binds()
         src = "scaled" if self.has_scaled else "x"
-        names = [src] + ["addend"] * self.has_addend + ["y"]
-        add = " + addend[idx]" if self.has_addend else ""
-        return tuple(binds[n] for n in names), f"y[idx] = {src}[idx] * {g}[{gi}]{add};"
+
+        def read(name: str) -> str:
+            return f"{name}4[idx >> 2u][idx & 3u]" if name in vec4 else f"{name}[idx]"
+        names = [n for n in [src] + ["addend"] * self.has_addend if n not in vec4] + ["y"]
+        add = f" + {read('addend')}" if self.has_addend else ""
+        return tuple(binds[n] for n in names), f"y[idx] = {read(src)} * {g}[{gi}]{add};"
 
     def scratch_sizes(self):
         """Bytes of the gate ``[N, C']`` (two dispatches) and the partial sums (past 32 pixels; on a GPU these
@@ -410,8 +417,9 @@ var<workgroup> squeezed: array<f32, {max(cr, 1)}>;
             per = _GATE_WG * _SCALE_PER_INVOCATION          # elements each workgroup scales
             blocks = max(1, -(-size_out // per))
             groups = n * blocks
-            scale_binds, scale = self._scaling("gates", f"e % {cg}u")
-            # x where read: the mean, the scaling
+            # where the mean reads x (and the addend) as vec4s, the scaling reads them through the same views
+            vec4 = ("x",) + ("addend",) * self.pool_addend if direct else ()
+            scale_binds, scale = self._scaling("gates", f"e % {cg}u", vec4)
             binds = tuple(dict.fromkeys((src, *pool_binds, *layers) + scale_binds))
             sums = f"var<workgroup> msums: array<vec4<f32>, {_GATE_WG}>;\n" if vec4_rows else ""
             source = prelude(binds) + helpers + sums + f"""var<workgroup> gates: array<f32, {max(cg, 1)}>;

@@ -167,10 +167,22 @@ def quantize_f32_wgsl(scale: float) -> str:
     A NaN, and a value whose rounded quotient is outside int32, gives INT_MIN as x86's conversion does (so
     that +inf quantizes to the minimum, as LiteRT's does); within a few float32 units of +-2**31 the sign of
     that saturation follows the f32 quotient.
+
+    A scale outside ``[2**-64, 2**64]`` is written ``S * 2**-k`` with ``S`` in ``[1, 2)``, and ``x`` is taken as
+    ``x * 2**k`` (``q_quant_scale``) against ``S``: the same quotient and the same roundings, in float32's normal
+    range. Otherwise ``1 / scale`` overflows float32 below ``scale`` ~2.9e-39 (LiteRT's blocks then quantize every
+    value, 0 too, to the type's minimum: there the blocks round as its formula means, ``x * (1 / scale)`` ties to
+    even, the reciprocal's exponent unbounded), and the halves of a small scale, or the reciprocal of a large one,
+    are subnormal, which WGSL lets a GPU flush to zero. ``x * 2**k`` moves the exponent field with integer
+    arithmetic: as float multiplies by powers of two, a compiler may fold them into one by ``2**k`` (llvmpipe
+    does), which overflows float32. A subnormal ``x`` is scaled from its bits (an integer converted to float), not
+    by float arithmetic on it, which a GPU may flush to zero.
     """
     s = float(np.float32(scale))
     if not (s > 0 and math.isfinite(s)):
         raise ValueError(f"a quantization scale must be positive and finite, got {scale}")
+    k = 0 if 2.0 ** -64 <= s <= 2.0 ** 64 else 1 - math.frexp(s)[1]
+    s = math.ldexp(s, k)    # exact: in [1, 2) where k != 0
     inv = float(np.float32(1.0 / s))
     hi = float(np.frombuffer((np.float32(s).view(np.uint32) & np.uint32(0xFFFFF000)).tobytes(), np.float32)[0])
     lo = s - hi    # exact: the low 12 bits of the significand
@@ -178,9 +190,30 @@ def quantize_f32_wgsl(scale: float) -> str:
     def lit(v: float) -> str:
         return f"bitcast<f32>({int(np.float32(v).view(np.uint32))}u)"   # exact, also for subnormal halves
 
-    return f"""
+    arg, scaled, helper = "x", "", ""
+    if k:
+        arg, scaled = "x_in", "\n  let x = q_quant_scale(x_in);"
+        # past float32's range (and NaN, inf): +-2**100, whose quotient (at least 2**99) is past int32 as x's is;
+        # below its normal range (k < 0): +-0, as the quotient rounds to 0
+        add = f"{'+' if k > 0 else '-'} {abs(k)}"
+        subnormal = "" if k < 0 else f"""
+  if (e == 0) {{
+    let m = f32(b & 0x7fffffu) * {lit(2.0 ** (k - 149))};
+    return select(m, -m, (b & 0x80000000u) != 0u);
+  }}"""
+        helper = f"""
+// x * 2^{k}: exactly, where the quotient by the scale can be within int32; +-2^100 where it is past it
+fn q_quant_scale(x: f32) -> f32 {{
+  let b = bitcast<u32>(x);
+  let e = i32((b >> 23u) & 0xffu);
+  if (e == 255 || e {add} >= 255) {{ return bitcast<f32>((b & 0x80000000u) | 0x71800000u); }}
+  if (e {add} <= 0) {{ return bitcast<f32>(b & 0x80000000u); }}{subnormal}
+  return bitcast<f32>((b & 0x807fffffu) | (u32(e {add}) << 23u));
+}}
+"""
+    return helper + f"""
 // round(x * (1 / scale)), ties to even; NaN or outside int32: INT_MIN
-fn q_quant_even(x: f32) -> i32 {{
+fn q_quant_even({arg}: f32) -> i32 {{{scaled}
   let r = round(x * {lit(inv)});
   if ((bitcast<u32>(r) & 0x7fffffffu) >= 0x4f000000u) {{ return bitcast<i32>(0x80000000u); }}
   return i32(r);
@@ -193,7 +226,7 @@ fn q_quant_below(a: f32, h: f32) -> bool {{
 
 // x / scale rounded to nearest, halves away from zero (the exact quotient's rounding); NaN or outside int32:
 // INT_MIN
-fn q_quant_away(x: f32) -> i32 {{
+fn q_quant_away({arg}: f32) -> i32 {{{scaled}
   let q = x / {lit(s)};
   let b = bitcast<u32>(q) & 0x7fffffffu;
   if (b >= 0x4f000000u) {{ return bitcast<i32>(0x80000000u); }}
