@@ -150,3 +150,53 @@ def test_convolutions_over_no_input_channels_are_refused_as_litert_refuses_them(
         LiteRTInterpreter(model_content=model).allocate_tensors()
     with pytest.raises(KernelError, match=rf"{op} \(operator 0 of subgraph 0\): {op}: .*(no input channel|channel)"):
         tflfuse.Interpreter(model_content=model, device=device, cpu_fallback=False).allocate_tensors()
+
+
+@pytest.mark.parametrize("op, model", [
+    ("CONV_2D", lambda: _conv("CONV_2D", (1, 5, 5, 3), (4, 0, 3, 3), (1, 5, 3, 4), _VALID)),
+    ("DEPTHWISE_CONV_2D", lambda: _conv("DEPTHWISE_CONV_2D", (1, 7, 5, 3), (1, 3, 0, 3), (1, 5, 5, 3), _VALID)),
+    ("TRANSPOSE_CONV", lambda: _transpose_conv((1, 5, 7, 3), (5, 0, 3, 3), [1, 10, 14, 5])),
+])
+def test_filters_without_rows_or_columns_are_refused_as_litert_refuses_them(op, model, device):
+    model = model()
+    with pytest.raises(RuntimeError, match="failed to prepare"):
+        LiteRTInterpreter(model_content=model).allocate_tensors()
+    with pytest.raises(KernelError, match=rf"{op} \(operator 0 of subgraph 0\): .*(rows|columns)"):
+        tflfuse.Interpreter(model_content=model, device=device, cpu_fallback=False).allocate_tensors()
+
+
+_BUILTIN = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+
+
+def _assert_same(got, want, what):
+    assert len(got) == len(want), what
+    for k, (o, w) in enumerate(zip(got, want)):
+        assert o.shape == w.shape and o.dtype == w.dtype, (what, k, o.shape, w.shape, o.dtype, w.dtype)
+        np.testing.assert_array_equal(o, w, err_msg=f"{what}: output {k} vs LiteRT's builtin kernels")
+
+
+def test_scatter_nd_of_no_updates_gives_zeros_as_litert(device):
+    # indices [0, 1] and updates [0, 3]: zeros of the shape; the unread indices and updates are not bound (a
+    # binding the shader never reads is dropped from its pipeline's layout, and the bind group then mismatches it)
+    shape = tb.t((2,), type="INT32", data=np.array([4, 3], np.int32))
+    model = tb.build([tb.t((0, 1), type="INT32"), tb.t((0, 3)), shape, tb.t((4, 3))],
+                     [dict(op="SCATTER_ND", inputs=[0, 1, 2], outputs=[3])], [0, 1], [3])
+    inputs = [np.zeros((0, 1), np.int32), np.zeros((0, 3), np.float32)]
+    for precision in ("float32", "float16"):
+        ours = _invoke(tflfuse.Interpreter(model_content=model, device=device, precision=precision,
+                                           cpu_fallback=False), inputs)
+        want = _invoke(LiteRTInterpreter(model_content=model, experimental_op_resolver_type=_BUILTIN), inputs)
+        _assert_same(ours, want, precision)
+
+
+def test_run_shader_binds_empty_inputs(device):
+    # tflfuse.shader.run_shader binds an empty input's binding (size 0) as the Interpreter does: WebGPU refuses a
+    # binding of size 0, which aborted the process. PAD of a [0, 3] input to [2, 3] (zeros) against LiteRT.
+    pads = np.array([[1, 1], [0, 0]], np.int32)
+    model = tb.build([tb.t((0, 3)), tb.t((2, 2), type="INT32", data=pads), tb.t((2, 3))],
+                     [dict(op="PAD", inputs=[0, 1], outputs=[2])], [0], [2])
+    x = np.zeros((0, 3), np.float32)
+    info = tflfuse.get_shader("PAD", [(0, 3), None], {"paddings": pads.tolist()})
+    (got,) = tflfuse.shader.run_shader(device, info, [x, None])
+    (want,) = _invoke(LiteRTInterpreter(model_content=model, experimental_op_resolver_type=_BUILTIN), [x])
+    _assert_same([got], [want], "run_shader")

@@ -919,6 +919,29 @@ def test_every_shader_compiles_in_tint(key, shapes, attrs, dtype, precision, tin
         _tint_compile(tint_device, p.wgsl, p.entry_point)
 
 
+#: Activations whose functions call helpers (exp_f, is_nan, erfc_approx, f32_from_bits: wgsl.HELPERS).
+_HELPER_ACTIVATIONS = ("sigmoid", "gelu", "tanh", "relu6", "hard_swish")
+#: (op, input shapes, attributes) of kernels with two activations in one shader: the expand conv's and the
+#: depthwise conv's (fused_bottleneck at 7x7x160 -> 960 takes the expand_dw strategy on a GPU).
+_TWO_ACTIVATIONS = [
+    ("fused_expand_depthwise", *SHADER_CASES["fused_expand_depthwise"]),
+    ("fused_bottleneck", [(1, 7, 7, 160), (160, 960), (960,), (3, 3, 960), (960,), (960, 160), (160,)],
+     {"expansion": 6, "stride": 1, "residual": True}),
+]
+
+
+@pytest.mark.parametrize("second", _HELPER_ACTIVATIONS)
+@pytest.mark.parametrize("first", _HELPER_ACTIVATIONS)
+@pytest.mark.parametrize("key,shapes,attrs", _TWO_ACTIVATIONS, ids=[c[0] for c in _TWO_ACTIVATIONS])
+def test_two_activations_declare_their_helpers_once(key, shapes, attrs, first, second, tint_device, device):
+    # both activations' helper functions in one module, each declared once (WGSL refuses a second declaration)
+    info = tflfuse.get_shader(key, shapes, {**attrs, "activation": first, "dw_activation": second, "target": "gpu"})
+    assert info.programs
+    for p in info.programs:
+        _tint_compile(tint_device, p.wgsl, p.entry_point)
+        device.pipeline(Program(key, p.wgsl, p.workgroup_size, p.dispatch, (), (), p.entry_point))
+
+
 @pytest.mark.parametrize("key", ["REDUCE_MAX", "REDUCE_MIN"])
 def test_empty_reduction_compiles_in_tint_in_float16(key, tint_device):
     # over no elements the result is -FLT_MAX or FLT_MAX (TFLite's init value), which a float16 plan stores as f16

@@ -284,8 +284,10 @@ def run_shader(device, info: ShaderInfo, inputs: Sequence[np.ndarray | None]) ->
                     buffers[role] = dev.create_buffer(size=size, usage=usage)
                 if role[0] == "output":
                     out_types[role[1]] = b["type"]
+            # a binding of an empty tensor is bound as 16 bytes, as the Interpreter's plan binds it (WebGPU refuses
+            # a binding of size 0)
             entries.append({"binding": b["binding"], "resource": {"buffer": buffers[role], "offset": 0,
-                                                                  "size": b["size"]}})
+                                                                  "size": max(int(b["size"]), 16)}})
         if p.uniforms:
             data = pack_uniforms([Uniform(u["name"], u["type"], tuple(u["value"]) if isinstance(u["value"], list)
                                           else u["value"]) for u in p.uniforms])

@@ -77,6 +77,9 @@ class _Conv(Kernel):
 
     def _geometry(self, kh: int, kw: int):
         n, h, w, _ = self.input(0).shape
+        if kh < 1 or kw < 1:   # LiteRT's Prepare (conv.cc, depthwise_conv.cc) refuses such a filter too
+            raise self.fail(f"the filter has {kh} rows and {kw} columns: a window without taps has no terms to sum "
+                            f"(LiteRT refuses it too); give the filter at least one row and one column")
         sh, sw = int(self.attr("stride_h")), int(self.attr("stride_w"))
         dh, dw = int(self.attr("dilation_h_factor")), int(self.attr("dilation_w_factor"))
         if min(sh, sw, dh, dw) < 1:

@@ -250,8 +250,8 @@ class MathUnary(Kernel):
     the software adapter, with EXP's and LOG's special values (NaN, infinities, zeros, LOG of negatives and
     subnormals) decided on the bits (:data:`~tflfuse.kernels.wgsl.HELPERS`' ``exp_f`` and ``log_f``); SIN and
     COS reduce their argument by pi/2 themselves (``cos_sin``: within 8.6e-8 absolute of float64 for |x| < 4e5,
-    on any adapter). tests/test_kernels_math.py states the measured bounds. int32 ops of constants fold at
-    load.
+    on any adapter; past that, the adapter's sin and cos). tests/test_kernels_math.py states the measured
+    bounds. int32 ops of constants fold at load.
 
     Raises:
       KernelError: a dtype the op does not take, or rank above 8; the message names the op.

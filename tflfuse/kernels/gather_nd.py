@@ -161,8 +161,8 @@ class ScatterNd(Kernel):
         if total == 0:
             return []
         zero = "0.0" if self.input(1).dtype == "float32" else "0"
-        if self.n == 0 or self.slice == 0:
-            return [elementwise_program(self.key, self.io_bindings(["ind", "upd", "y"]), total,
+        if self.n == 0 or self.slice == 0:   # no updates: zeros, the unread indices and updates not bound
+            return [elementwise_program(self.key, self.io_bindings(["ind", "upd", "y"])[2:], total,
                                         f"  y[idx] = {zero};")]
         body = (f"  let r = idx % {self.slice}u;\n  let at = i32(idx - r);\n  var acc = {zero};\n"
                 f"  for (var n = 0u; n < {self.n}u; n++) {{\n"

@@ -162,6 +162,9 @@ class TransposeConv(_TransposeConv):
         if min(self.input(self._x).shape[1:]) < 1:   # LiteRT's Prepare: input rows, columns, channels > 0
             raise self.fail("the input needs at least one row, one column and one channel (LiteRT's TRANSPOSE_CONV "
                             "refuses it too); only its batch may be 0")
+        if min(self.kh, self.kw) < 1:   # LiteRT's Prepare (transpose_conv.cc) refuses such weights too
+            raise self.fail(f"the weights have {self.kh} rows and {self.kw} columns: give them at least one of each "
+                            f"(LiteRT's TRANSPOSE_CONV refuses them too)")
         shape = self.attrs.get("output_shape")
         flat = [int(v) for v in np.ravel(shape)] if shape is not None else []
         n = self.input(self._x).shape[0]

@@ -129,12 +129,15 @@ _ERFC = """fn erfc_approx(z: f32) -> f32 {
 # with pi/2 in five parts (Cody-Waite): the first four have 6 significant bits, so k times each is exact for
 # |k| < 2**18 (|x| < 4e5), and every subtraction but the last is exact; r (|r| <= pi/4) then goes into the
 # Taylor series of sin to r**11 and of cos to r**12 (truncation below 2e-9). Against float64 over 2e6 points per
-# range, in float32 arithmetic without fused multiply-adds: within 8.6e-8 absolute for |x| < 4e5; past that the
-# products k pi/2 round (1.7e-4 absolute at |x| = 1e6). |x| < 2.4e-4 gives (1, x) (x**2/2 and x**3/6 are under
-# half a unit in the last place; the sign of a zero kept); infinities and NaN give NaN.
+# range, in float32 arithmetic without fused multiply-adds: within 8.6e-8 absolute for |x| < 4e5. Past that the
+# products k pi/2 round (1.7e-4 absolute at |x| = 1e6, more beyond), so |x| >= 4e5 takes the adapter's cos and
+# sin, whatever their accuracy there (C's would need the bits of 2/pi far past float32's). |x| < 2.4e-4 gives
+# (1, x) (x**2/2 and x**3/6 are under half a unit in the last place; the sign of a zero kept); infinities and NaN
+# give NaN.
 _COS_SIN = """fn cos_sin(x: f32) -> vec2<f32> {
   if (!is_finite(x)) { return vec2<f32>(f32_from_bits(0x7fc00000u), f32_from_bits(0x7fc00000u)); }
   if (abs(x) < 2.4e-4) { return vec2<f32>(1.0, x); }
+  if (abs(x) >= 4e5) { return vec2<f32>(cos(x), sin(x)); }
   let k = round(x * 0.6366197466850281);
   var r = x - k * 1.5625;
   r = r - k * 0.008056640625;
@@ -174,7 +177,8 @@ HELPERS: dict[str, str] = {
                  "& 0x80000000u)); }\n",
     "max_nan": "fn max_nan(a: f32, b: f32) -> f32 { return select(max(a, b), f32_from_bits(0x7fc00000u), "
                "is_nan(a) || is_nan(b)); }\n",
-    # exp overflows past 88.7228 and is 0 below -103.98 (under the least subnormal's half)
+    # exp overflows past 88.7228 and is 0 below -103.98 (under the least subnormal's half); between -87.34 and
+    # that its results are subnormal, which adapters that flush subnormals give as 0 (within 1.2e-38)
     "exp_f": "fn exp_f(v: f32) -> f32 {\n"
              "  return select(select(select(exp(v), 0.0, v < -104.0), f32_from_bits(0x7f800000u), v > 88.8), v, "
              "is_nan(v));\n}\n",

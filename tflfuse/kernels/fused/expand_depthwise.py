@@ -109,9 +109,7 @@ def _activations(expand_activation: str | None, depthwise_activation: str | None
     """WGSL of ``eact``/``dact`` (scalar) and ``eact4``/``dact4`` (vec4): the two convs' fused activations, the
     helper functions both share declared once."""
     eact = activation_fn(expand_activation, "eact")
-    dact = "".join(line + "\n" for line in activation_fn(depthwise_activation, "dact").splitlines()
-                   if line not in eact.splitlines())
-    return eact + dact + """
+    return eact + activation_fn(depthwise_activation, "dact", declared=eact) + """
 fn eact4(v: vec4<f32>) -> vec4<f32> { return vec4<f32>(eact(v.x), eact(v.y), eact(v.z), eact(v.w)); }
 fn dact4(v: vec4<f32>) -> vec4<f32> { return vec4<f32>(dact(v.x), dact(v.y), dact(v.z), dact(v.w)); }
 """

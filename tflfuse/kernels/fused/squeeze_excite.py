@@ -55,7 +55,7 @@ import numpy as np
 from ..base import (MAX_WORKGROUP_STORAGE, MAX_WORKGROUPS_PER_DIM, CompositeKernel, Program, TensorSpec,
                     linear_dispatch)
 from ..registry import register
-from ..wgsl import ACTIVATIONS, activation_fn, dot, elementwise_program, fmt_f32, lane_tree, prelude
+from ..wgsl import ACTIVATIONS, activation_fn, dot, elementwise_program, fmt_f32, helpers_for, lane_tree, prelude
 from .pool import reduce_hw_chunks, reduce_hw_programs
 
 __all__ = ["FusedSqueezeExcite", "GATES"]
@@ -78,12 +78,12 @@ _GATE_MAX_TRIPS = 16384  # loop iterations per invocation of the gate, well insi
 _SCALE_PER_INVOCATION = 4
 _DIRECT_MAX_ELEMENTS, _DIRECT_UNROLL = 1 << 16, 8
 
-_NAN = "(bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u"
-#: gate name -> WGSL body of ``fn gate(v: f32) -> f32`` (NaN stays NaN, as in TensorFlow).
+#: gate name -> WGSL body of ``fn gate(v: f32) -> f32`` (NaN stays NaN, as in TensorFlow; the helpers they
+#: call: :data:`~tflfuse.kernels.wgsl.HELPERS`).
 GATES = {
-    "sigmoid": "return 1.0 / (1.0 + exp(-v));",
-    "hard_sigmoid": f"return select(clamp(v + 3.0, 0.0, 6.0) * {fmt_f32(1 / 6)}, v, {_NAN});",
-    "hard_sigmoid_keras2": f"return select(clamp(0.2 * v + 0.5, 0.0, 1.0), v, {_NAN});",
+    "sigmoid": "return 1.0 / (1.0 + exp_f(-v));",
+    "hard_sigmoid": f"return select(clamp(v + 3.0, 0.0, 6.0) * {fmt_f32(1 / 6)}, v, is_nan(v));",
+    "hard_sigmoid_keras2": "return select(clamp(0.2 * v + 0.5, 0.0, 1.0), v, is_nan(v));",
 }
 
 
@@ -408,7 +408,8 @@ class FusedSqueezeExcite(CompositeKernel):
             mean = self._vec4_mean() + "\n"
             src = dataclasses.replace(src, name="x4" if direct else "s4", elem_type="vec4<f32>")
             pool_binds = tuple(dataclasses.replace(b, name="addend4", elem_type="vec4<f32>") for b in pool_binds)
-        helpers = activation_fn(self.activation) + f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n" + f"""
+        act, gate = activation_fn(self.activation), f"fn gate(v: f32) -> f32 {{ {GATES[self.gate]} }}\n"
+        helpers = act + helpers_for(gate, declared=act) + gate + f"""
 var<workgroup> shares: array<f32, {_GATE_WG}>;
 var<workgroup> pooled: array<f32, {max(c, 1)}>;       // (WGSL has no arrays of 0 elements)
 var<workgroup> squeezed: array<f32, {max(cr, 1)}>;
