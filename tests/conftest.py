@@ -45,6 +45,16 @@ LONG_ACCUMULATION = dict(atol=2e-4, rtol=2e-4)
 FP16_WEIGHTS = dict(atol=3e-3, rtol=3e-3)
 
 
+def invoke(interp, inputs) -> list[np.ndarray]:
+    """Allocates ``interp`` (tflfuse's or LiteRT's Interpreter), sets its inputs in order, invokes it once and
+    returns its outputs in order."""
+    interp.allocate_tensors()
+    for d, x in zip(interp.get_input_details(), inputs):
+        interp.set_tensor(d["index"], x)
+    interp.invoke()
+    return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     """A NumPy generator seeded with :data:`SEED`."""

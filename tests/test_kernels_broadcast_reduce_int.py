@@ -20,25 +20,17 @@ import tflfuse
 import tflite_builder as tb
 from tflfuse.kernels import KernelError
 
-from conftest import EXACT
+from conftest import EXACT, invoke
 from oplib import check_op
 
 INT_MIN, INT_MAX = -2 ** 31, 2 ** 31 - 1
 
 
-def _invoke(interp, inputs):
-    interp.allocate_tensors()
-    for d, x in zip(interp.get_input_details(), inputs):
-        interp.set_tensor(d["index"], x)
-    interp.invoke()
-    return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
-
-
 def _check_builtin(model: bytes, inputs, device, want=None) -> list[np.ndarray]:
     """A one-op model on tflfuse (every op on its GPU kernel) equal to LiteRT's builtin kernels in shape, dtype and
     values, and to ``want`` (int64 NumPy) where given."""
-    ours = _invoke(tflfuse.Interpreter(model_content=model, device=device, cpu_fallback=False), inputs)
-    lite = _invoke(LiteRTInterpreter(model_content=model,
+    ours = invoke(tflfuse.Interpreter(model_content=model, device=device, cpu_fallback=False), inputs)
+    lite = invoke(LiteRTInterpreter(model_content=model,
                                      experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES),
                    inputs)
     for k, (o, w) in enumerate(zip(ours, lite)):
@@ -110,7 +102,7 @@ def test_broadcast_args_of_input_shapes_that_do_not_broadcast_raises_instead_of_
     it.resize_tensor_input(a["index"], [1, 3])   # shapes that broadcast run, as LiteRT runs them
     it.allocate_tensors()
     x, y = np.arange(3, dtype=np.float32).reshape(1, 3), np.ones((2, 1), np.float32)
-    (got,) = _invoke(it, [x, y])
+    (got,) = invoke(it, [x, y])
     np.testing.assert_array_equal(got, np.broadcast_to(x, (2, 3)))
 
 

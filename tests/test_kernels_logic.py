@@ -22,7 +22,7 @@ from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import TensorSpec
 from tflfuse.runtime.plan import run_op
 
-from conftest import ACCUMULATION, EXACT
+from conftest import ACCUMULATION, EXACT, invoke
 from oplib import check_op
 
 INT_MIN, INT_MAX = -2 ** 31, 2 ** 31 - 1
@@ -64,20 +64,12 @@ def _all_comparisons(a, b):
     return [fn(a, b) for fn in COMPARISONS.values()]
 
 
-def _invoke(interp, inputs):
-    interp.allocate_tensors()
-    for d, x in zip(interp.get_input_details(), inputs):
-        interp.set_tensor(d["index"], x)
-    interp.invoke()
-    return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
-
-
 def _check_builtin(model: bytes, inputs, device) -> list[np.ndarray]:
     """A one-op model on tflfuse, equal (shape, dtype, values; NaN to NaN) to LiteRT's builtin kernels."""
-    ours = _invoke(tflfuse.Interpreter(model_content=model, device=device), inputs)
+    ours = invoke(tflfuse.Interpreter(model_content=model, device=device), inputs)
     lite = LiteRTInterpreter(model_content=model,
                              experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    want = _invoke(lite, inputs)
+    want = invoke(lite, inputs)
     for k, (o, w) in enumerate(zip(ours, want)):
         assert o.shape == w.shape and o.dtype == w.dtype, (k, o.shape, w.shape, o.dtype, w.dtype)
         np.testing.assert_array_equal(o, w, err_msg=f"output {k} vs LiteRT's builtin kernels")
@@ -394,8 +386,8 @@ def test_float16_plan_leaves_bool_and_int_tensors_alone(device, rng):
     f = tf.function(lambda a, b: [tf.where(a >= b, a, b), tf.cast(a, tf.int32), tf.math.argmin(a, axis=1)],
                     input_signature=[tf.TensorSpec(x.shape, tf.float32), tf.TensorSpec(y.shape, tf.float32)])
     model = tf.lite.TFLiteConverter.from_concrete_functions([f.get_concrete_function()], f).convert()
-    ours = _invoke(tflfuse.Interpreter(model_content=model, device=device, precision="float16"), [x, y])
-    want = _invoke(LiteRTInterpreter(model_content=model), [x, y])
+    ours = invoke(tflfuse.Interpreter(model_content=model, device=device, precision="float16"), [x, y])
+    want = invoke(LiteRTInterpreter(model_content=model), [x, y])
     for o, w in zip(ours, want):
         assert o.dtype == w.dtype
         np.testing.assert_array_equal(o, w)

@@ -22,7 +22,7 @@ from tflfuse.kernels import KernelError, kernel_class
 from tflfuse.kernels.base import MAX_WORKGROUPS_PER_DIM, TensorSpec
 from tflfuse.runtime.plan import run_op
 
-from conftest import ACCUMULATION, ELEMENTWISE, EXACT, TRANSCENDENTAL
+from conftest import ACCUMULATION, ELEMENTWISE, EXACT, TRANSCENDENTAL, invoke
 from oplib import check_op
 
 #: POW by exp2(y log2|x|) (non-integer exponents): WGSL bounds exp2 by 3 + 2|z| ULP, |z| = |y log2 x| <= 8
@@ -39,14 +39,6 @@ def _convert(fn, inputs) -> bytes:
     sig = [tf.TensorSpec(x.shape, tf.as_dtype(x.dtype), name=f"a{i}") for i, x in enumerate(inputs)]
     f = tf.function(fn, input_signature=sig, autograph=False)
     return tf.lite.TFLiteConverter.from_concrete_functions([f.get_concrete_function()], f).convert()
-
-
-def _invoke(interp, inputs) -> list[np.ndarray]:
-    interp.allocate_tensors()
-    for d, x in zip(interp.get_input_details(), inputs):
-        interp.set_tensor(d["index"], x)
-    interp.invoke()
-    return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
 
 
 def _litert(model: bytes, builtin: bool):
@@ -74,8 +66,8 @@ def _check_exact(fn, inputs, device, expect_ops, tf_ref=True) -> list[np.ndarray
     model = _convert(fn, inputs)
     ops = [d["op_name"] for d in LiteRTInterpreter(model_content=model)._get_ops_details()]
     assert sorted(ops) == sorted(expect_ops), ops
-    ours = _invoke(tflfuse.Interpreter(model_content=model, device=device), inputs)
-    lite = _invoke(_litert(model, builtin=False), inputs)
+    ours = invoke(tflfuse.Interpreter(model_content=model, device=device), inputs)
+    lite = invoke(_litert(model, builtin=False), inputs)
     want = fn(*[tf.constant(x) for x in inputs]) if tf_ref else lite
     want = [np.asarray(w) for w in (want if isinstance(want, (list, tuple)) else [want])]
     for k, (o, l, w) in enumerate(zip(ours, lite, want)):
@@ -86,8 +78,8 @@ def _check_exact(fn, inputs, device, expect_ops, tf_ref=True) -> list[np.ndarray
 
 def _check_builtin(model: bytes, inputs, device) -> list[np.ndarray]:
     """A model on tflfuse, bit-identical to LiteRT with TFLite's builtin kernels only."""
-    ours = _invoke(tflfuse.Interpreter(model_content=model, device=device), inputs)
-    want = _invoke(_litert(model, builtin=True), inputs)
+    ours = invoke(tflfuse.Interpreter(model_content=model, device=device), inputs)
+    want = invoke(_litert(model, builtin=True), inputs)
     for k, (o, w) in enumerate(zip(ours, want)):
         assert_same(o, w, f"output {k} vs LiteRT's builtin kernels")
     return ours
@@ -159,8 +151,8 @@ def assert_close_special(got, want, tol, what=""):
 def test_unary_special_values_match_tflite_builtin_kernels(op, device):
     x = SPECIALS[np.abs(np.nan_to_num(SPECIALS)) <= 1e5] if op in TRIG else SPECIALS
     model = tb.unary(op, x.shape)
-    (ours,) = _invoke(tflfuse.Interpreter(model_content=model, device=device), [x])
-    (want,) = _invoke(_litert(model, builtin=True), [x])
+    (ours,) = invoke(tflfuse.Interpreter(model_content=model, device=device), [x])
+    (want,) = invoke(_litert(model, builtin=True), [x])
     assert_close_special(ours, want, UNARY[op][2], f"{op} vs LiteRT's builtin kernels")
 
 
@@ -176,8 +168,8 @@ def test_sin_cos_of_large_arguments(op, device, rng):
     k = rng.integers(-254_000, 254_001, 400)   # k pi/2 within 4e5
     x = np.concatenate([rng.uniform(-4e5, 4e5, 600), k * (np.pi / 2), rng.uniform(-10, 10, 200)]).astype(np.float32)
     model = tb.unary(op, x.shape)
-    (ours,) = _invoke(tflfuse.Interpreter(model_content=model, device=device), [x])
-    (want,) = _invoke(_litert(model, builtin=True), [x])
+    (ours,) = invoke(tflfuse.Interpreter(model_content=model, device=device), [x])
+    (want,) = invoke(_litert(model, builtin=True), [x])
     exact = {"SIN": np.sin, "COS": np.cos}[op](x.astype(np.float64))
     np.testing.assert_allclose(ours, exact, **TRIG_REDUCED, err_msg=f"{op} vs float64")
     np.testing.assert_allclose(ours, want, atol=3e-7, rtol=0.0, err_msg=f"{op} vs LiteRT's builtin kernels")
@@ -188,8 +180,8 @@ def test_log_of_subnormals_and_negatives(device):
     # of LiteRT's logf (ELEMENTWISE: 8 ULP); negatives and -0 by C's rules (NaN, -inf)
     x = np.array([1e-45, 3e-42, 1e-40, 1.1754942e-38, 1.1754944e-38, 2e-38, -1e-40, -0.0, -3.0, 7.0], np.float32)
     model = tb.unary("LOG", x.shape)
-    (ours,) = _invoke(tflfuse.Interpreter(model_content=model, device=device), [x])
-    (want,) = _invoke(_litert(model, builtin=True), [x])
+    (ours,) = invoke(tflfuse.Interpreter(model_content=model, device=device), [x])
+    (want,) = invoke(_litert(model, builtin=True), [x])
     assert_close_special(ours, want, ELEMENTWISE, "LOG vs LiteRT's builtin kernels")
     np.testing.assert_allclose(ours[:6], np.log(x[:6].astype(np.float64)), rtol=2.0 ** -20, err_msg="vs float64")
 
@@ -300,7 +292,7 @@ def test_constant_zero_divisor_and_negative_int_exponent_are_refused_when_planne
         with pytest.raises(KernelError, match=f"{op}.*(zero|negative)"):
             tflfuse.Interpreter(model_content=model, device=device).allocate_tensors()
         with pytest.raises(RuntimeError, match="Division by 0|negative"):   # LiteRT stops at invoke
-            _invoke(_litert(model, builtin=True), [np.ones(3, value.dtype)])
+            invoke(_litert(model, builtin=True), [np.ones(3, value.dtype)])
 
 
 # ---- reductions ------------------------------------------------------------------------------------------
@@ -360,8 +352,8 @@ def test_reduce_max_min_nan_and_signed_zero_order(op, device, rng):
         rows[4, :n // 2] = np.nan                                 # NaNs, then numbers
         x = np.ascontiguousarray(rows if axis == 1 else rows.T)
         model = _reduce_model(op, x.shape, [axis], False)
-        ours = _invoke(tflfuse.Interpreter(model_content=model, device=device), [x])
-        assert_same(ours[0], _invoke(_litert(model, builtin=True), [x])[0], f"{x.shape} vs LiteRT builtin")
+        ours = invoke(tflfuse.Interpreter(model_content=model, device=device), [x])
+        assert_same(ours[0], invoke(_litert(model, builtin=True), [x])[0], f"{x.shape} vs LiteRT builtin")
 
 
 def test_reduce_empty_scalar_and_zero_size(device):
