@@ -878,6 +878,8 @@ def _compile_cases():
         dtype = dtype[0] if dtype else "float32"
         if "fused_activation_function" in kernel_class(key).attr_defaults:
             for act in FUSED_ACTIVATIONS:
+                if key == "FULLY_CONNECTED" and act in ("TANH", "SIGN_BIT"):   # refused, as LiteRT refuses them
+                    continue
                 yield pytest.param(key, shapes, {**attrs, "fused_activation_function": act}, dtype,
                                    id=f"{key}-{act}")
         else:

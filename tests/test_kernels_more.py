@@ -688,3 +688,70 @@ def test_fused_resize_bilinear_refuses(attrs, addend, message):
 
     with pytest.raises(KernelError, match=message):
         kernel_class("fused_resize_bilinear")([TensorSpec((1, 2, 2, 3)), TensorSpec(addend)], attrs)
+
+
+# ---- fused TANH and SIGN_BIT, as LiteRT computes them ----------------------------------------------------------
+def _fused_activation_model(op: str, act: int) -> tuple[bytes, list[tuple[int, ...]]]:
+    """A one-op .tflite of ``op`` with the fused activation ``act`` (a schema.ActivationFunctionType), and its
+    input shapes."""
+    import tflite_builder as tb
+
+    g = np.random.default_rng(3)
+
+    def const(*shape):
+        return tb.t(shape, data=(g.standard_normal(shape) * 3).astype(np.float32))
+
+    if op in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        conv = op == "CONV_2D"
+        options = ("Conv2DOptions" if conv else "DepthwiseConv2DOptions",
+                   dict(padding=schema.Padding.SAME, strideW=1, strideH=1, fusedActivationFunction=act,
+                        **({} if conv else {"depthMultiplier": 1})))
+        w = const(2, 3, 3, 3) if conv else const(1, 3, 3, 3)
+        return tb.build([tb.t((1, 5, 4, 3)), w, const(2 if conv else 3), tb.t((1, 5, 4, 2 if conv else 3))],
+                        [dict(op=op, inputs=[0, 1, 2], outputs=[3], options=options)], [0], [3]), [(1, 5, 4, 3)]
+    if op in ("AVERAGE_POOL_2D", "MAX_POOL_2D"):
+        options = ("Pool2DOptions", dict(padding=schema.Padding.SAME, strideW=1, strideH=1, filterWidth=2,
+                                         filterHeight=2, fusedActivationFunction=act))
+        return tb.build([tb.t((1, 5, 4, 3)), tb.t((1, 5, 4, 3))], [dict(op=op, inputs=[0], outputs=[1],
+                                                                      options=options)], [0], [1]), [(1, 5, 4, 3)]
+    if op == "TRANSPOSE_CONV":
+        options = ("TransposeConvOptions", dict(padding=schema.Padding.SAME, strideW=2, strideH=2,
+                                                fusedActivationFunction=act))
+        return tb.build([tb.t((4,), type="INT32", data=np.array([1, 6, 8, 2], np.int32)), const(2, 3, 3, 3),
+                         tb.t((1, 3, 4, 3)), const(2), tb.t((1, 6, 8, 2))],
+                        [dict(op=op, inputs=[0, 1, 2, 3], outputs=[4], options=options)], [2], [4]), [(1, 3, 4, 3)]
+    if op == "FULLY_CONNECTED":
+        options = ("FullyConnectedOptions", dict(fusedActivationFunction=act))
+        return tb.build([tb.t((2, 4)), const(3, 4), const(3), tb.t((2, 3))],
+                        [dict(op=op, inputs=[0, 1, 2], outputs=[3], options=options)], [0], [3]), [(2, 4)]
+    options = (op.title().replace("_", "") + "Options", dict(fusedActivationFunction=act))   # ADD, SUB, MUL, DIV
+    return tb.build([tb.t((2, 5)), tb.t((2, 5)), tb.t((2, 5))], [dict(op=op, inputs=[0, 1], outputs=[2],
+                                                                     options=options)], [0, 1], [2]), [(2, 5)] * 2
+
+
+@pytest.mark.parametrize("act", ["TANH", "SIGN_BIT"])
+@pytest.mark.parametrize("op", ["CONV_2D", "DEPTHWISE_CONV_2D", "AVERAGE_POOL_2D", "MAX_POOL_2D", "TRANSPOSE_CONV",
+                                "ADD", "SUB", "MUL", "DIV"])
+def test_fused_tanh_and_sign_bit_as_litert_computes_them(op, act, device, rng):
+    # TFLite's kernels of these ops turn the fused activation into a clamp range (CalculateActivationRange), which
+    # TANH and SIGN_BIT leave open: LiteRT computes no activation there, nor does tflfuse. Sums of up to 27 products
+    # in another order: ACCUMULATION.
+    from conftest import invoke
+
+    model, shapes = _fused_activation_model(op, getattr(schema.ActivationFunctionType, act))
+    xs = [(3 * rng.standard_normal(s)).astype(np.float32) for s in shapes]
+    if op == "DIV":
+        xs[1] = np.where(np.abs(xs[1]) < 0.5, 2.0, xs[1]).astype(np.float32)   # divisors away from zero
+    (ours,) = invoke(tflfuse.Interpreter(model_content=model, device=device, cpu_fallback=False), xs)
+    (want,) = invoke(LiteRTInterpreter(model_content=model), xs)
+    assert np.abs(want).max() > 1.5   # no tanh or sign applied
+    np.testing.assert_allclose(ours, want, **ACCUMULATION)
+
+
+@pytest.mark.parametrize("act", ["TANH", "SIGN_BIT"])
+def test_fully_connected_refuses_tanh_and_sign_bit_as_litert(act, device):
+    model, _ = _fused_activation_model("FULLY_CONNECTED", getattr(schema.ActivationFunctionType, act))
+    with pytest.raises(RuntimeError, match="fully_connected"):
+        LiteRTInterpreter(model_content=model).allocate_tensors()
+    with pytest.raises(KernelError, match=f"FULLY_CONNECTED.*fused activation {act} is not supported"):
+        tflfuse.Interpreter(model_content=model, device=device, cpu_fallback=False).allocate_tensors()

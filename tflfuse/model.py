@@ -314,7 +314,9 @@ class Model:
         """The op's attributes as a dict with snake_case keys.
 
         Builtin options keep their schema names (``stride_w``, ``padding``, ``fused_activation_function``);
-        enums become their names (``"SAME"``, ``"RELU6"``). A custom op's flexbuffer map is decoded as it is
+        enums become their names (``"SAME"``, ``"RELU6"``). A fused TANH or SIGN_BIT reads as ``"NONE"`` on the
+        ops whose TFLite kernels compute none for it (:func:`~tflfuse.kernels.base.clamped_activation`: CONV_2D,
+        ADD, the pools...). A custom op's flexbuffer map is decoded as it is
         (:mod:`tflfuse.annotate` turns it back into the attributes the user wrote). Custom options that are
         not a flexbuffer map (MediaPipe's ``Convolution2DTransposeBias`` stores a raw C struct) come back as
         ``{"_raw": bytes}``, for the op's kernel to decode. A ``STABLEHLO_COMPOSITE``'s attributes are its
@@ -327,6 +329,8 @@ class Model:
         if isinstance(op.builtinOptions2, schema.StableHLOCompositeOptionsT):
             raw = op.builtinOptions2.compositeAttributes
             return _flexbuffer_map(bytes(bytearray(raw))) if raw is not None and len(raw) else {}
+        from .kernels.base import clamped_activation   # (the kernels import this module)
+
         attrs: dict = {}
         for options in (op.builtinOptions, op.builtinOptions2):
             if options is None:
@@ -337,6 +341,7 @@ class Model:
                     value = _PADDING_NAMES.get(value, value)
                 elif k == "fused_activation_function":
                     value = _ACTIVATION_NAMES.get(value, value)
+                    value = clamped_activation(self.op_name(subgraph, index), value)
                 elif isinstance(value, np.ndarray):
                     value = value.tolist()
                 attrs[k] = value

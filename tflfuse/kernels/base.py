@@ -20,8 +20,24 @@ from typing import ClassVar, Mapping, Sequence
 
 __all__ = [
     "Binding", "CompositeKernel", "Kernel", "KernelError", "Program", "TensorSpec", "Uniform", "linear_dispatch",
-    "MAX_INDEXED_VALUES", "MAX_WORKGROUPS_PER_DIM", "is_integral", "pack_uniforms", "uniform_layout",
+    "CLAMPED_ACTIVATION_OPS", "MAX_INDEXED_VALUES", "MAX_WORKGROUPS_PER_DIM", "clamped_activation", "is_integral",
+    "pack_uniforms", "uniform_layout",
 ]
+
+#: Builtin ops whose TFLite kernels turn the fused activation into a clamp range (CalculateActivationRange,
+#: tensorflow/lite/kernels/kernel_util.h), where TANH and SIGN_BIT are no clamp (:func:`clamped_activation`).
+CLAMPED_ACTIVATION_OPS = frozenset({"ADD", "AVERAGE_POOL_2D", "CONV_2D", "DEPTHWISE_CONV_2D", "DIV", "MAX_POOL_2D",
+                                    "MUL", "SUB", "TRANSPOSE_CONV"})
+
+
+def clamped_activation(op: str, activation):
+    """A builtin op's fused activation as LiteRT computes it: ``"NONE"`` for TANH and SIGN_BIT on
+    :data:`CLAMPED_ACTIVATION_OPS` (their kernels clamp to the activation's range, and these have none), else
+    ``activation`` as it is."""
+    if op in CLAMPED_ACTIVATION_OPS and str(activation).upper() in ("TANH", "SIGN_BIT"):
+        return "NONE"
+    return activation
+
 
 #: WebGPU's default ``maxComputeWorkgroupsPerDimension``.
 MAX_WORKGROUPS_PER_DIM = 65535
@@ -263,7 +279,9 @@ class Kernel:
         if "fused_activation_function" in self.attr_defaults:  # refused here, not when the WGSL is made
             from .wgsl import ACTIVATIONS
 
-            act = self.attr("fused_activation_function")
+            act = clamped_activation(self.key, self.attr("fused_activation_function"))
+            if act != self.attr("fused_activation_function"):
+                self.attrs["fused_activation_function"] = act
             if str(act or "none").lower() not in ACTIVATIONS:
                 raise self.fail(f"unsupported fused activation {act!r}; supported: {sorted(ACTIVATIONS)}")
 

@@ -40,6 +40,10 @@ class FullyConnected(Kernel):
         if str(self.attrs.get("weights_format", "DEFAULT")) not in ("DEFAULT", "0"):   # shuffled: a uint8 format
             raise self.fail(f"weights_format {self.attrs.get('weights_format')!r} (shuffled weights) is not "
                             f"supported for float weights; the file needs weights_format DEFAULT (0)")
+        act = str(self.attr("fused_activation_function") or "NONE").upper()
+        if act in ("TANH", "SIGN_BIT"):   # LiteRT's Prepare takes NONE, RELU, RELU_N1_TO_1 and RELU6 only
+            raise self.fail(f"fused activation {act} is not supported (LiteRT's FULLY_CONNECTED refuses it too); "
+                            f"give NONE and a separate {act} op")
         x, wt = self.expect_rank(0, *range(1, 7)), self.expect_rank(1, 2)
         self.layout = str(self.attr("weights_layout")).upper()
         if self.layout not in ("OI", "IO"):
