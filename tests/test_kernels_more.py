@@ -755,3 +755,18 @@ def test_fully_connected_refuses_tanh_and_sign_bit_as_litert(act, device):
         LiteRTInterpreter(model_content=model).allocate_tensors()
     with pytest.raises(KernelError, match=f"FULLY_CONNECTED.*fused activation {act} is not supported"):
         tflfuse.Interpreter(model_content=model, device=device, cpu_fallback=False).allocate_tensors()
+
+
+def test_depthwise_filter_of_another_first_dimension_is_refused_as_litert(device):
+    import tflite_builder as tb
+
+    for first in (0, 2):
+        model = tb.build([tb.t((1, 7, 7, 3)), tb.t((first, 3, 3, 6), data=np.zeros((first, 3, 3, 6), np.float32)),
+                          tb.t((1, 5, 5, 6))],
+                         [dict(op="DEPTHWISE_CONV_2D", inputs=[0, 1, -1], outputs=[2], options=(
+                             "DepthwiseConv2DOptions", dict(padding=schema.Padding.VALID, strideW=1, strideH=1,
+                                                            depthMultiplier=2)))], [0], [2])
+        with pytest.raises(RuntimeError, match="depthwise_conv"):
+            LiteRTInterpreter(model_content=model).allocate_tensors()
+        with pytest.raises(KernelError, match=r"DEPTHWISE_CONV_2D.*must be \[1, KH, KW, channels\]"):
+            tflfuse.Interpreter(model_content=model, device=device, cpu_fallback=False).allocate_tensors()

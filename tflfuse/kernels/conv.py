@@ -414,6 +414,9 @@ class DepthwiseConv2D(_Conv):
 
     def _check_depthwise(self):
         x, f = self.expect_rank(0, 4), self.expect_rank(1, 4)
+        if f.shape[0] != 1:   # LiteRT's Prepare: SizeOfDimension(filter, 0) == 1
+            raise self.fail(f"the filter's shape {list(f.shape)} must be [1, KH, KW, channels] (LiteRT refuses "
+                            f"another first dimension too)")
         _, kh, kw, self.cout = f.shape
         cin = x.shape[3]
         if cin == 0:   # LiteRT's Prepare: SizeOfDimension(input, 3) > 0
