@@ -258,6 +258,8 @@ def test_unknown_key_lists_known_keys(no_gpu):
     ("CONV_2D", [(1, 5, 5, 3), (4, 3, 3, 3)], {"stride_h": 2.7}, "stride_h must be an integer"),
     ("CONV_2D", [(1, 5, 5, 3), (4, 3, 3, 3)], {"dilation_h_factor": True}, "dilation_h_factor must be an integer"),
     ("CONV_2D", [(1, 5, 5, 3), (4, 3, 3, 3)], {"stride_h": 2**31}, "in int32's range"),
+    # a value its uniform's type cannot hold (an f32 beta; a .tflite stores it as float32)
+    ("SOFTMAX", [(2, 5)], {"beta": 1e300}, "OverflowError"),
 ])
 def test_bad_shapes_and_attributes_raise_kernel_error(key, shapes, attrs, match, no_gpu):
     with pytest.raises(KernelError, match=match) as err:

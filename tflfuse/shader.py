@@ -116,6 +116,8 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
         kernel = cls(specs, attrs)
         outs = tuple(s.shape for s in kernel.output_specs())
         programs = half_programs(kernel) if precision == "float16" else kernel.programs()
+        for p in programs:   # a uniform's value its type cannot hold (beta=1e300 for an f32)
+            pack_uniforms(p.uniforms)
     except KernelError:
         raise
     except (TypeError, ValueError, OverflowError) as e:  # int("abc") for stride_h="abc"; int(inf)
