@@ -281,7 +281,7 @@ class DetectionPostProcess(Kernel):
     let v = cls[r + k];
     // a NaN score is passed over (TFLite's max starts below every number): only an anchor of NaN scores alone
     // keeps NaN, which no threshold passes
-    if (v > top || (bitcast<u32>(top) & 0x7fffffffu) > 0x7f800000u) {{ top = v; }}
+    if (v > top || is_nan(top)) {{ top = v; }}
   }}
   best[idx] = top;"""
         decode = elementwise_program(f"{self.key}_decode", (box, cls, anc, dec, best), n, body, uniforms=uniforms,

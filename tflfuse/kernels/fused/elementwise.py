@@ -44,7 +44,7 @@ class FusedHardSwish(_Elementwise):
 _CLIP = """fn clip(v: f32) -> f32 {
   // min then max, as tf.clip_by_value; NaN passes through (WGSL's min/max may drop it; tested on the bits)
   let c = max(min(v, params.clip_max), params.clip_min);
-  return select(c, v, (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u);
+  return select(c, v, is_nan(v));
 }
 """
 

@@ -49,8 +49,7 @@ class QuantizedCast(QuantKernel):
         if dst in QUANTIZED:
             lo, hi = quant_range(dst)
             if src == "float32":   # truncated toward zero, saturated; NaN -> the maximum
-                return (f"select(i32(clamp(v, {lo}.0, {hi}.0)), {hi}, "
-                        f"(bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u)")
+                return f"select(i32(clamp(v, {lo}.0, {hi}.0)), {hi}, is_nan(v))"
             return "v & 255" if dst == "uint8" else "((v + 128) & 255) - 128"   # the low 8 bits
         if dst == "float32":
             return "f32(v)"
