@@ -32,7 +32,7 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.kernels import KernelError, kernel_class  # noqa: E402
 from tflfuse.kernels.base import TensorSpec  # noqa: E402
-from tflfuse.kernels.fused import bottleneck, resident  # noqa: E402
+from tflfuse.kernels.fused import bottleneck, depthwise_product, resident  # noqa: E402
 from tflfuse.kernels.gemm import TILES  # noqa: E402
 from tflfuse.runtime.profile import gpu_time_plan  # noqa: E402
 
@@ -57,6 +57,9 @@ flags.DEFINE_list("dw_tiles", list(dict.fromkeys(list(TILES) + ["128x16/4x4/16",
                                                                  "128x32/4x8/16", "64x32/4x8/16"])),
                   "dw_projection tiles (TMxTN/RMxRN/TK[/SK], MatmulTile.parse) to try.")
 flags.DEFINE_list("blocks", [], "Indices into chain.BLOCKS to sweep (default: all).")
+flags.DEFINE_float("max_padded_share", None, "Rows that dw_projection may add to give each image row of its product "
+                   "a multiple of 4 pixels (depthwise_product.MAX_PADDED_SHARE; 1 turns the padding off); none "
+                   "given: the library's.")
 flags.DEFINE_integer("resident_max_cin", None, "Input channels up to which the resident expand_dw tiles are taken "
                      "(resident.RESIDENT_MAX_CIN); none given: the library's.")
 flags.DEFINE_integer("few_rows_projection_max_rows", None, "Output pixels up to which the projection is a few-rows "
@@ -132,6 +135,8 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
 
 
 def main(argv):
+    if FLAGS.max_padded_share is not None:
+        depthwise_product.MAX_PADDED_SHARE = FLAGS.max_padded_share
     if FLAGS.resident_max_cin is not None:
         resident.RESIDENT_MAX_CIN = FLAGS.resident_max_cin
     if FLAGS.few_rows_projection_max_rows is not None:

@@ -173,6 +173,33 @@ def test_depthwise_product_tile_choice():
     assert depthwise_product_tile(401408, 144, 48).name == DEFAULT_TILE
 
 
+@pytest.mark.parametrize("case, tile", [
+    ((2, 14, 14, 16, 6, 16, 1, True, "relu6"), None),             # MobileNetV2's 14x14 maps: rows of 16, residual
+    ((3, 13, 13, 8, 3, 12, 2, False, "relu"), "32x32/4x4/32/2"),   # stride 2, OW 7: rows of 8, sliced tile
+    ((1, 11, 11, 8, 2, 8, 1, True, "relu6"), "64x32/4x4/16"),      # OW 11: rows of 12
+    ((1, 10, 10, 8, 2, 8, 1, True, "relu6"), None),                # OW 10: 12 would add a fifth, each pixel alone
+])
+def test_dw_projection_pads_rows_of_other_widths(device, case, tile):
+    """dw_projection where the output width is not a multiple of 4: the product's rows are the pixels with each
+    image row padded to a multiple of 4 (depthwise_product.padded_width, at most a seventh more), so
+    that four rows of a block share their window's loads; the padding pixels are never stored. Against
+    TensorFlow's ops, with the tolerance of the module docstring."""
+    from tflfuse.kernels.fused.depthwise_product import padded_width
+    n, h, w_, cin, t, cout, stride, residual, activation = case
+    ow = -(-w_ // stride)
+    assert padded_width(ow) == {14: 16, 7: 8, 11: 12, 10: 10}[ow]
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.standard_normal((n, h, w_, cin)).astype(np.float32)
+    w = _weights(rng, cin, t, cout)
+    inputs = [x] + [w[k] for k in ORDER[:6] if k in w]
+    attrs = {"expansion": t, "stride": stride, "residual": residual, "activation": activation,
+             "strategy": "dw_projection", **({"matmul_tile": tile} if tile else {})}
+    (y,) = run_op(device, "fused_bottleneck", inputs, attrs)
+    ref = _tf_reference(x, w, stride, residual, activation)
+    assert y.shape == ref.shape == (n, -(-h // stride), ow, cout)
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
+
+
 def test_resident_expand_dw_choice():
     """The GPU's default on MobileNetV2's large-map blocks against what was measured (_resident_tile's
     docstring): the resident expand_dw form with the projection in its dispatch on the 112x112x16 and 56x56x24

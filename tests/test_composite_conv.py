@@ -354,14 +354,17 @@ def test_separable_one_dispatch_lanes(device, rng, case, lanes):
 
 @pytest.mark.parametrize("case, strategy", [
     ((1, 64, 64, 32, 5, 5, 32, (1, 1), (1, 1), "SAME"), None),           # BlazePalm's 5x5 layers
-    ((3, 77, 45, 24, 3, 3, 64, (2, 2), (1, 1), "SAME"), None),           # stride 2, OW 23: each pixel alone
+    ((3, 77, 45, 24, 3, 3, 64, (2, 2), (1, 1), "SAME"), None),           # stride 2, OW 23: rows padded to 24
+    ((2, 14, 14, 16, 3, 3, 24, (1, 1), (1, 1), "SAME"), "depthwise_product"),   # OW 14: rows padded to 16
+    ((1, 10, 10, 8, 3, 3, 8, (1, 1), (1, 1), "SAME"), "depthwise_product"),   # OW 10: each pixel alone
     ((1, 70, 66, 20, 3, 3, 100, (1, 1), (2, 2), "VALID"), "depthwise_product"),   # dilation 2, Cin 20, Cout 100
     ((1, 64, 64, 16, 1, 7, 36, (1, 1), (1, 1), "SAME"), None),           # a 1x7 window
     ((1, 64, 64, 16, 7, 1, 36, (1, 1), (1, 1), "SAME"), None),           # a 7x1 window
     ((3, 9, 11, 12, 3, 3, 8, (1, 1), (1, 1), "SAME"), "depthwise_product"),   # asked for on a small layer
     ((1, 64, 64, 32, 5, 5, 32, (1, 1), (1, 1), "SAME"), "two_dispatches"),
     ((1, 64, 64, 32, 5, 5, 32, (1, 1), (1, 1), "SAME"), "one_dispatch"),
-], ids=["palm-5x5", "s2-ow23-b3", "d2-valid-wide", "1x7", "7x1", "small-asked", "two-asked", "one-asked"])
+], ids=["palm-5x5", "s2-ow23-b3", "ow14-b2", "ow10", "d2-valid-wide", "1x7", "7x1", "small-asked", "two-asked",
+        "one-asked"])
 def test_separable_depthwise_product(device, rng, case, strategy):
     """The ``depthwise_product`` schedule (one tiled dispatch, the depthwise values computed as the product's A
     slices; no depthwise bias) where a GPU takes it by default and where asked for, and the other schedules

@@ -9,6 +9,10 @@ address and adding zero), the bias and the activation, and writes it to workgrou
 A slice. So the depthwise output never goes to memory and is never read back: what MobileNet's inverted
 residual block (after its expand conv) and a separable convolution (depthwise, then pointwise) spend on it.
 Each element of ``A`` is computed once per tile of columns, so tiles as wide as ``Cout`` do least work twice.
+Four neighbouring pixels of a row share their window's loads (:func:`_strip_function`); where the output width
+is not a multiple of 4, the product's rows are the output pixels with each row of the image padded to the next
+multiple of 4 (:func:`padded_width`, up to :data:`MAX_PADDED_SHARE` more rows), so that every block of four rows
+lies in one image row; the padding pixels' sums are never stored.
 
 Semantics: TFLite's DEPTHWISE_CONV_2D (depth multiplier 1, SAME or VALID through ``g``'s padding) followed
 by CONV_2D 1x1 (tensorflow/lite/kernels/depthwise_conv.cc, conv.cc); sums run in another order than
@@ -25,7 +29,19 @@ from ..gemm import MatmulTile, tiled_matmul_program
 from ..half import HALF_STEPS
 from ..wgsl import activation_fn
 
-__all__ = ["depthwise_product_program", "fits_depthwise_product"]
+__all__ = ["depthwise_product_program", "fits_depthwise_product", "padded_width"]
+
+#: The share of rows that :func:`padded_width` may add: 7 -> 8 and 14 -> 16 (MobileNetV2's 7x7 and 14x14 maps)
+#: are taken, 10 -> 12 is not. 1.0 turns the padding off.
+MAX_PADDED_SHARE = 8 / 7
+
+
+def padded_width(ow: int) -> int:
+    """The width of the product's rows of pixels for an output ``ow`` pixels wide: ``ow`` where it is a multiple
+    of 4, else the next multiple of 4 where that adds at most :data:`MAX_PADDED_SHARE` (each pixel's window
+    computed alone otherwise)."""
+    wide = -(-ow // 4) * 4
+    return wide if ow > 0 and wide <= ow * MAX_PADDED_SHARE else ow
 
 
 def fits_depthwise_product(channels: int, cols: int) -> bool:
@@ -70,17 +86,20 @@ def depthwise_product_program(name: str, bindings: tuple[Binding, ...], g: dict,
     if not fits_depthwise_product(channels, cols):
         raise KernelError(f"{name}: the depthwise product needs channels ({channels}) and output channels "
                           f"({cols}) that are positive multiples of 4")
-    rows = g["N"] * g["OH"] * g["OW"]
+    wide = padded_width(g["OW"])
+    rows = g["N"] * g["OH"] * wide   # with padding pixels where wide > OW
     if tile is None:
-        tile = depthwise_product_tile(rows, channels, cols)
+        tile = depthwise_product_tile(g["N"] * g["OH"] * g["OW"], channels, cols)
     vec4 = {"x", "dw", "db", "pw"} if scalar_store else {b.name for b in bindings}
     binds = tuple(dataclasses.replace(b, elem_type="vec4<f32>") if b.name in vec4 else b for b in bindings)
     has_bias = any(b.name == "db" for b in bindings)
     dact = activation_fn(activation, "dact")
-    depthwise = dact + _strip_function(g, channels, rows, has_bias)
+    depthwise = dact + _strip_function(g, channels, rows, has_bias, wide=wide)
     # the float16 form's depthwise conv in f16 arithmetic where DEPTHWISE_CONV_2D's strips take it
-    half = dact + _strip_function(g, channels, rows, has_bias, half=True) + helpers if conv.DEPTHWISE_HALF_MATH \
-        else None
+    half = dact + _strip_function(g, channels, rows, has_bias, half=True, wide=wide) + helpers \
+        if conv.DEPTHWISE_HALF_MATH else None
+    if wide != g["OW"]:   # the product's row is a padded pixel: store only the image's, at its own index
+        store = _unpadded(store, wide, g["OW"], cols, "idx" if scalar_store else "idx4", scalar_store)
     scalar = f"pw[k * {cols // 4}u + c / 4u][c % 4u]"
     # A is staged by depthwise_strip (a_strip): the scalar `a` never runs; C is stored as vec4s (store_vec) unless
     # scalar_store
@@ -90,7 +109,20 @@ def depthwise_product_program(name: str, bindings: tuple[Binding, ...], g: dict,
                                 half_helpers=half)
 
 
-def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True, half: bool = False) -> str:
+def _unpadded(store: str, wide: int, ow: int, cols: int, index: str, scalar: bool) -> str:
+    """``store`` run only for the product's rows that are pixels of the image (rows of ``wide`` pixels, the
+    image's ``ow``), with ``row`` and ``index`` (``idx``, or ``idx4``) those of the output pixel."""
+    value = f"row * {cols}u + col" if scalar else f"(row * {cols}u + col4) / 4u"
+    return (f"let ox_padded = row % {wide}u;\n"
+            f"        if (ox_padded < {ow}u) {{\n"
+            f"          let row = (row / {wide}u) * {ow}u + ox_padded;\n"
+            f"          let {index} = {value};\n"
+            f"          {store}\n"
+            f"        }}")
+
+
+def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True, half: bool = False,
+                    wide: int | None = None) -> str:
     """WGSL ``fn depthwise_strip(r0, k) -> mat4x4<f32>``: the depthwise conv (bias and activation included) of
     the output pixels ``r0 .. r0 + 3`` for channels ``k .. k + 3``, column ``i`` channel ``k + i`` (the A block
     of :func:`tflfuse.kernels.gemm.tiled_matmul_program`'s ``a_strip``; without ``has_bias``, no ``db``
@@ -102,7 +134,8 @@ def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True, ha
     stored). ``rows`` 0 (an empty output, which no invocation reaches) compiles too. With ``half`` (for the
     float16 form, :data:`tflfuse.kernels.conv.DEPTHWISE_HALF_MATH`) the inputs and weights are read as f16 and
     the taps' multiply-adds are f16, each run of at most :data:`~tflfuse.kernels.half.HALF_STEPS` added into the
-    f32 sum that takes the bias and the activation."""
+    f32 sum that takes the bias and the activation. ``wide`` (:func:`padded_width`, default ``OW``): the pixels of
+    a row of the product's rows; past ``OW`` they are padding, computed from clamped reads and never stored."""
     c4 = channels // 4
     kh, kw = g["KH"], g["KW"]
     elem = "f16" if half else "f32"
@@ -114,14 +147,15 @@ def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True, ha
              "  let c = k / 4u;"]
     lines += [f"  let w{t} = {typed(f'dw[{t * c4}u + c]')};" for t in range(kh * kw)]
     lines.append("  let dbias = db[c];" if has_bias else "  let dbias = vec4<f32>(0.0);")
-    shared = g["OW"] % 4 == 0
+    wide = g["OW"] if wide is None else wide
+    shared = wide % 4 == 0
     pixels = [0] if shared else range(4)
     for q in pixels:   # one pass of the window for the strip (shared) or for each pixel
         r = f"min(r0 + {q}u, {max(rows, 1) - 1}u)" if not shared else f"min(r0, {max(rows, 4) - 4}u)"
         lines += [f"  {{ let r = {r};",
-                  f"    let ox0 = i32(r % {g['OW']}u);",
-                  f"    let oy = i32((r / {g['OW']}u) % {g['OH']}u);",
-                  f"    let n = r / {g['OW'] * g['OH']}u;"]
+                  f"    let ox0 = i32(r % {wide}u);",
+                  f"    let oy = i32((r / {wide}u) % {g['OH']}u);",
+                  f"    let n = r / {wide * g['OH']}u;"]
         strip = range(4) if shared else [q]
         lines += [f"    var a{p} = dbias;" for p in strip]
         if half:
