@@ -969,6 +969,66 @@ def test_channel_pad_of_the_residual_folds_into_the_fused_op(case, device, rng):
     assert report.dispatches_after < report.dispatches_before, str(report)
 
 
+def _pin_slice(tflite: bytes) -> bytes:
+    """The file with its one STRIDED_SLICE's masks cleared and its end written as its output's static shape, as
+    MediaPipe's hand_recrop writes ``[0:1, 0:4, 0:4, 0:32]``: the batch is pinned to the file's 1 (TF's converter
+    writes ``x[..., :C]`` with ``end_mask`` on every other axis, taking them whole at any size)."""
+    import copy
+
+    model = Model(tflite)
+    (op,) = [i for i, n in enumerate(model.op_names(0)) if n == "STRIDED_SLICE"]
+    tree = copy.deepcopy(model.m)
+    sg = tree.subgraphs[0]
+    end = sg.tensors[model.op_inputs(0, op)[2]]
+    buf = type(tree.buffers[0])()
+    buf.data = np.frombuffer(np.asarray(model.tensor_shape(0, model.op_outputs(0, op)[0]), np.int32).tobytes(),
+                             np.uint8).copy()
+    tree.buffers.append(buf)   # a buffer of its own: the converter may share one between equal constants
+    end.buffer = len(tree.buffers) - 1
+    sg.operators[op].builtinOptions.beginMask = sg.operators[op].builtinOptions.endMask = 0
+    return model.derived(tree).to_bytes()
+
+
+def _run_at_batch(tflite, x, device=None):
+    """Outputs of ``tflite`` with its input resized to ``x``'s shape (resize_tensor_input, as LiteRT's API):
+    tflfuse's Interpreter on ``device``, or LiteRT's CPU interpreter without one."""
+    it = LiteRT(model_content=tflite) if device is None else tflfuse.Interpreter(model_content=tflite, device=device)
+    it.resize_tensor_input(it.get_input_details()[0]["index"], list(x.shape))
+    it.allocate_tensors()
+    it.set_tensor(it.get_input_details()[0]["index"], x)
+    it.invoke()
+    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned_batch", "end_mask"])
+@pytest.mark.parametrize("case", ["separable_stride2_pool_and_slice", "conv_slice_batch2"])
+def test_residual_slice_resized_to_other_batches_matches_litert(case, pinned, device, rng):
+    """A residual's channel STRIDED_SLICE whose end pins the batch to the file's (``pinned``: MediaPipe's
+    hand_recrop) stays an op: resized to batch 2 or 3, LiteRT's slice keeps item 0 alone and its ADD broadcasts
+    it to every item, as tflfuse then does; one that takes the batch whole (``end_mask``, TF's converter) folds
+    into the fused op, and so does its 2x2 max pool. Either way the fused file and the un-fused one match LiteRT
+    on the ORIGINAL file resized alike, at every batch. Tolerance: ACCUMULATION, the fused conv's sums in
+    another order than LiteRT's (as ``_check_fused``); ROUND_TRIP for the un-fused file, the same builtins. A
+    fused op that added each item's own residual is off by O(1) on items past the first."""
+    shape, cout, stride, kind, act = WIDENED[case]
+    original = _widened_residual((1,) + shape[1:], cout, stride, kind, act=act)
+    if pinned:
+        original = _pin_slice(original)
+    fused, _ = fuse(original)
+    back, _ = unfuse(fused)
+    for batch in (1, 2, 3):
+        x = rng.uniform(-1, 1, (batch,) + shape[1:]).astype(np.float32)
+        (want,) = _run_at_batch(original, x)
+        assert want.shape[0] == batch
+        (got,) = _run_at_batch(fused, x, device)
+        np.testing.assert_allclose(got, want, **ACCUMULATION, err_msg=f"fused, batch {batch}")
+        (got,) = _run_at_batch(back, x)
+        np.testing.assert_allclose(got, want, **ROUND_TRIP, err_msg=f"un-fused, batch {batch}")
+    names = Model(fused).op_names(0)
+    assert ("STRIDED_SLICE" in names) == pinned and "ADD" not in names, names
+    assert ("MAX_POOL_2D" in names) == (pinned and stride == 2), names
+
+
 @pytest.mark.parametrize("pads, cin", [([2, 3], 5), ([0, 6], 1)], ids=["channels_at_the_front", "from_one_channel"])
 def test_channel_pads_the_fused_op_cannot_take_stay(pads, cin, device, rng):
     # Zeros before the channels, or a PAD of one channel (which a fused op's residual would broadcast): the

@@ -66,9 +66,10 @@ Patterns (:data:`PATTERNS`, tried in this order at every op):
   In both, a residual that a PAD (or PADV2 of zeros) extends with zero channels at the end of the last axis
   (BlazeFace's and BlazePalm's blocks that widen their channels) is taken before the PAD, which goes with the
   chain: the fused op zero-extends it (:func:`~tflfuse.kernels.fused.conv.padded_channels`); likewise one that
-  a STRIDED_SLICE cuts to its first channels (hand_recrop's last blocks), which the fused op cuts; and one that a
-  2x2 MAX_POOL_2D of stride 2 brings to the output's pixels (their downsampling blocks), before the pool, which
-  goes with the chain too (``residual_pool`` 2).
+  a STRIDED_SLICE cuts to its first channels and takes whole on every other axis at any size (``end_mask``:
+  not hand_recrop's last blocks, whose slices end at the file's batch 1, :func:`_channel_slice`), which the
+  fused op cuts; and one that a 2x2 MAX_POOL_2D of stride 2 brings to the output's pixels (their downsampling
+  blocks), before the pool, which goes with the chain too (``residual_pool`` 2).
 * ``dense_activation``: FULLY_CONNECTED of a ``[batch, K]`` input with constant float weights -> [ADD
   residual] -> [an activation op, as above]: ``fused_matmul``.
 * ``resize_add``: RESIZE_BILINEAR -> ADD of a tensor of its output's shape (with the ADD's fused activation):
@@ -104,6 +105,8 @@ from .graph import Graph, dispatches, drop_unused_buffers
 __all__ = ["FuseReport", "PATTERNS", "fuse", "dispatch_count"]
 
 _ACT = {"NONE": "linear", "RELU": "relu", "RELU6": "relu6"}
+#: A STRIDED_SLICE end that reaches past every axis a tensor can have (TFLite clamps it to the size).
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -611,7 +614,13 @@ def _channel_pad(g: Graph, t: int, reader: int) -> int | None:
 def _channel_slice(g: Graph, t: int, reader: int) -> int | None:
     """The op writing ``t`` where it is a STRIDED_SLICE (constant begin, end and strides; no masks but begin's
     and end's) of the first channels of the last axis alone, read by ``reader`` alone: the residual of a fused
-    conv op takes its input instead (:func:`~tflfuse.kernels.fused.conv.sliced_channels`); else None."""
+    conv op takes its input instead (:func:`~tflfuse.kernels.fused.conv.sliced_channels`); else None.
+
+    Every other axis must be taken whole at ANY run-time shape, as the fused op takes it: begun at 0 (or
+    ``begin_mask``) and ended by ``end_mask`` or an end of int32's maximum. An end written as the file's size
+    (MediaPipe's hand_recrop slices ``[0:1, 0:4, 0:4, 0:32]``) pins that axis: resized to batch 2, LiteRT's
+    slice keeps item 0 alone and its ADD broadcasts it to every item, which the fused op would not do, so such
+    a slice stays an op."""
     from ..kernels.fused.conv import sliced_channels
 
     op = g.producer.get(t)
@@ -620,11 +629,12 @@ def _channel_slice(g: Graph, t: int, reader: int) -> int | None:
     ins, a = g.inputs(op), g.attrs(op)
     src = ins[0]
     shape, out = g.shapes.get(src), g.shapes.get(t)
-    begin, strides = (g.const(i) if i >= 0 else None for i in (ins[1], ins[3])) if len(ins) == 4 else (None, None)
-    if begin is None or strides is None or not g.is_runtime(src) or shape is None or out is None or \
+    begin, end, strides = (g.const(i) if i >= 0 else None for i in ins[1:]) if len(ins) == 4 else (None,) * 3
+    if begin is None or end is None or strides is None or not g.is_runtime(src) or shape is None or out is None or \
             any(a.get(k, 0) for k in ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask", "offset")) or \
-            begin.shape != (len(shape),) or strides.shape != (len(shape),) or (strides != 1).any() or \
-            any(b != 0 and not (a.get("begin_mask", 0) >> i) & 1 for i, b in enumerate(begin)):
+            any(v.shape != (len(shape),) for v in (begin, end, strides)) or (strides != 1).any() or \
+            any(b != 0 and not (a.get("begin_mask", 0) >> i) & 1 for i, b in enumerate(begin)) or \
+            any(e < _INT32_MAX and not (a.get("end_mask", 0) >> i) & 1 for i, e in enumerate(end[:-1])):
         return None
     # Begun at 0 with stride 1 on every axis: an output of the input's shape but for fewer channels at the end.
     return op if sliced_channels(out, shape) else None

@@ -248,11 +248,12 @@ def _activated(b: Builder, g: Graph, attrs: dict, act: str, y_shape, residual, s
         if padded_channels(tuple(y_shape), res_shape):   # fewer channels: TFLite's PAD of the last axis
             pads = [[0, 0]] * (len(res_shape) - 1) + [[0, int(y_shape[-1]) - res_shape[-1]]]
             residual = b.op("PAD", [residual, b.weight_i32(pads)], y_shape, ("PadOptions", {}))
-        elif sliced_channels(tuple(y_shape), res_shape):   # more: TFLite's STRIDED_SLICE of the first ones
-            residual = b.op("STRIDED_SLICE", [residual, b.weight_i32([0] * len(res_shape)),
-                                              b.weight_i32([int(v) for v in y_shape]),
-                                              b.weight_i32([1] * len(res_shape))], y_shape,
-                            ("StridedSliceOptions", {}))
+        elif sliced_channels(tuple(y_shape), res_shape):   # more: TFLite's STRIDED_SLICE of the first ones,
+            rank = len(res_shape)                          # every other axis whole at any size (end_mask)
+            residual = b.op("STRIDED_SLICE", [residual, b.weight_i32([0] * rank),
+                                              b.weight_i32([0] * (rank - 1) + [int(y_shape[-1])]),
+                                              b.weight_i32([1] * rank)], y_shape,
+                            ("StridedSliceOptions", {"endMask": (1 << (rank - 1)) - 1}))
         y = b.op("ADD", [y, residual], y_shape, ("AddOptions", {"fusedActivationFunction": code if foldable else 0}),
                  out=out if foldable else None)
         if foldable:

@@ -96,8 +96,8 @@ def padded_channels(out_shape: tuple[int, ...], shape: tuple[int, ...]) -> bool:
 
 def sliced_channels(out_shape: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     """Whether a residual of ``shape`` is the output's shape with more channels (``Cr > Cout``, the last
-    axis), of which the fused ops add the first ``Cout``: TFLite's STRIDED_SLICE of the last axis from 0 (the
-    downsampling blocks of MediaPipe's hand_recrop narrow their pooled residual so)."""
+    axis), of which the fused ops add the first ``Cout``: TFLite's STRIDED_SLICE of the last axis from 0 that
+    takes every other axis whole (``x[..., :Cout]``)."""
     return (len(shape) == len(out_shape) >= 1 and tuple(shape[:-1]) == tuple(out_shape[:-1])
             and shape[-1] > out_shape[-1])
 
