@@ -1258,6 +1258,44 @@ def test_unfuse_recurrent_ops_unrolled(case, rng):
         np.testing.assert_allclose(got[name], np.asarray(want[name]), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("case", list(RNN_CASES), ids=list(RNN_CASES))
+def test_unfuse_recurrent_ops_resized_to_other_batches_match_keras(case, device, rng):
+    """A fused_lstm / fused_gru converted at batch 2 and un-fused runs on LiteRT resized to batches 1, 2 and 3
+    (the signature runner resizes each input to the fed shape, as resize_tensor_input + allocate_tensors) and
+    matches the layer at that batch, as the fused file does on tflfuse. Nothing in the unrolled steps pins the
+    batch: a slice of x ended at the file's batch 2 kept [2, F] rows (batch 3: items 0 and 1 alone; batch 1: a
+    [2, U] zero state broadcast the one item to 2), a zero initial state of 2 rows does not broadcast to 3, and a
+    RESHAPE of the last state to [2, U] refuses 3 rows. Tolerance: 7 steps of O(1) sums in another order than
+    TF's, as test_unfuse_recurrent_ops_unrolled (1e-5; measured <= 2e-7)."""
+    import composites
+
+    kind, kw, init = RNN_CASES[case]
+    layer = getattr(composites, kind)(5, **kw)
+    x = keras.Input((7, 3), batch_size=2, name="x")
+    states = [keras.Input((5,), batch_size=2, name=f"s{i}") for i in range(2 if kind == "LSTM" else 1)] if init else []
+    ys = layer(x, initial_state=states) if init else layer(x)
+    ys = ys if isinstance(ys, (list, tuple)) else [ys]
+    model = keras.Model([x, *states], {f"out{i}": y for i, y in enumerate(ys)})
+    fused = tflfuse.convert(model).tflite
+    back, counts = unfuse(fused)
+    assert counts == {f"fused_{kind.lower()}": 1}
+    for batch in (1, 2, 3):
+        feeds = {"x": rng.standard_normal((batch, 7, 3)).astype(np.float32)}
+        feeds.update({f"s{i}": rng.uniform(-0.8, 0.8, (batch, 5)).astype(np.float32) for i in range(len(states))})
+        ys = layer(feeds["x"], initial_state=[feeds[f"s{i}"] for i in range(len(states))]) if init else \
+            layer(feeds["x"])
+        want = {f"out{i}": np.asarray(y) for i, y in enumerate(ys if isinstance(ys, (list, tuple)) else [ys])}
+        for label, runner in (("un-fused on LiteRT", LiteRT(model_content=back).get_signature_runner()),
+                              ("fused on tflfuse", tflfuse.Interpreter(model_content=fused, device=device)
+                               .get_signature_runner())):
+            got = runner(**feeds)
+            assert sorted(got) == sorted(want), label
+            for name in want:
+                assert got[name].shape == want[name].shape, f"{label}, batch {batch}, {name}"
+                np.testing.assert_allclose(got[name], want[name], atol=1e-5, rtol=1e-5,
+                                           err_msg=f"{label}, batch {batch}, {name}")
+
+
 # ---- ops tflfuse has no kernel for are carried through --------------------------------------------------
 def _carrying(op: str, conv_out=(1, 6, 7, 3)) -> bytes:
     """PAD + VALID CONV_2D (pad_conv), then ``op`` (a builtin tflfuse lacks, SEGMENT_SUM of one segment, or a

@@ -545,7 +545,12 @@ def _rnn_gates(b: Builder, z: int, n: int, u: int, gates: int) -> list[int]:
 def _rnn_expansion(g: Graph, oi: int, attrs: dict, cell: str) -> list:
     """The recurrence of :mod:`tflfuse.kernels.fused.recurrent` unrolled: per step a STRIDED_SLICE of x, two
     FULLY_CONNECTED (input and recurrent projections), the gates through SPLIT and activations, and the state
-    update; the sequence output is a PACK of the steps' h."""
+    update; the sequence output is a PACK of the steps' h.
+
+    Nothing pins the batch, so the file runs resized to any (LiteRT's ``resize_tensor_input``): the slices take
+    the batch and features whole (``end_mask``), a zero initial state is one ``[1, U]`` row that the first step's
+    ADD and MUL broadcast to the batch, and the copies of the last state to the op's outputs are RESHAPEs to
+    ``[-1, U]``."""
     ins, outs = g.inputs(oi), g.outputs_of(oi)
     b = Builder(g, oi)
     n, t_steps, f = g.shapes[ins[0]]
@@ -566,8 +571,8 @@ def _rnn_expansion(g: Graph, oi: int, attrs: dict, cell: str) -> list:
     if attrs.get("initial_state"):
         h, c = ins[pos], (ins[pos + 1] if cell == "lstm" else None)
     else:
-        h = b.weight(np.zeros((n, u), np.float32))
-        c = b.weight(np.zeros((n, u), np.float32)) if cell == "lstm" else None
+        h = b.weight(np.zeros((1, u), np.float32))   # one row, broadcast to the batch by the first step
+        c = b.weight(np.zeros((1, u), np.float32)) if cell == "lstm" else None
     reset_after = cell == "gru" and bool(attrs.get("reset_after", True))
     if bias is None:
         in_bias, rec_bias = np.zeros(gates * u, np.float32), None
@@ -582,13 +587,14 @@ def _rnn_expansion(g: Graph, oi: int, attrs: dict, cell: str) -> list:
         w_rec_zr, w_rec_h = b.weight(rec[:, :2 * u].T), b.weight(rec[:, 2 * u:].T)
     order = range(t_steps - 1, -1, -1) if attrs.get("go_backwards") else range(t_steps)
     hs = []
+    rows = n if attrs.get("initial_state") else 1   # h's rows: a zero initial state's one until the first step
     for step in order:
-        x_t = b.op("STRIDED_SLICE", [ins[0], b.weight_i32([0, step, 0]), b.weight_i32([n, step + 1, f]),
+        x_t = b.op("STRIDED_SLICE", [ins[0], b.weight_i32([0, step, 0]), b.weight_i32([0, step + 1, 0]),
                                      b.weight_i32([1, 1, 1])], (n, f),
-                   ("StridedSliceOptions", {"shrinkAxisMask": 2}))
+                   ("StridedSliceOptions", {"endMask": 0b101, "shrinkAxisMask": 2}))
         xp = b.op("FULLY_CONNECTED", [x_t, w_in, b_in], (n, gates * u), fc)
         if cell == "lstm":
-            z = b.op("ADD", [xp, b.op("FULLY_CONNECTED", [h, w_rec, -1], (n, 4 * u), fc)], (n, 4 * u), add)
+            z = b.op("ADD", [xp, b.op("FULLY_CONNECTED", [h, w_rec, -1], (rows, 4 * u), fc)], (n, 4 * u), add)
             i, fg, cc, o = _rnn_gates(b, z, n, u, 4)
             i, fg, o = (_rnn_act(b, v, (n, u), ract) for v in (i, fg, o))
             c = b.op("ADD", [b.op("MUL", [fg, c], (n, u), mul),
@@ -597,9 +603,9 @@ def _rnn_expansion(g: Graph, oi: int, attrs: dict, cell: str) -> list:
         else:
             xz, xr, xh = _rnn_gates(b, xp, n, u, 3)
             if reset_after:
-                hz, hr, hh = _rnn_gates(b, b.op("FULLY_CONNECTED", [h, w_rec, b_rec], (n, 3 * u), fc), n, u, 3)
+                hz, hr, hh = _rnn_gates(b, b.op("FULLY_CONNECTED", [h, w_rec, b_rec], (rows, 3 * u), fc), rows, u, 3)
             else:
-                hz, hr = _rnn_gates(b, b.op("FULLY_CONNECTED", [h, w_rec_zr, -1], (n, 2 * u), fc), n, u, 2)
+                hz, hr = _rnn_gates(b, b.op("FULLY_CONNECTED", [h, w_rec_zr, -1], (rows, 2 * u), fc), rows, u, 2)
             zg = _rnn_act(b, b.op("ADD", [xz, hz], (n, u), add), (n, u), ract)
             rg = _rnn_act(b, b.op("ADD", [xr, hr], (n, u), add), (n, u), ract)
             if reset_after:
@@ -612,6 +618,7 @@ def _rnn_expansion(g: Graph, oi: int, attrs: dict, cell: str) -> list:
             h = b.op("ADD", [cand, b.op("MUL", [zg, b.op("SUB", [h, cand], (n, u), ("SubOptions", {
                 "fusedActivationFunction": 0}))], (n, u), mul)], (n, u), add)
         hs.append(h)
+        rows = n
     results = []
     if attrs.get("return_sequences"):
         results.append(("PACK", hs, ("PackOptions", {"valuesCount": len(hs), "axis": 1})))
@@ -626,8 +633,9 @@ def _rnn_expansion(g: Graph, oi: int, attrs: dict, cell: str) -> list:
             continue
         if kind == "PACK":
             b.op("PACK", value, options=options, out=out)
-        else:   # the last state written to the op's output tensor (RESHAPE to its own shape: a copy)
-            b.op("RESHAPE", [value, b.weight_i32([n, u])], options=("ReshapeOptions", {"newShape": [n, u]}), out=out)
+        else:   # the last state written to the op's output tensor (RESHAPE to its own shape, any batch: a copy)
+            b.op("RESHAPE", [value, b.weight_i32([-1, u])], options=("ReshapeOptions", {"newShape": [-1, u]}),
+                 out=out)
     return b.ops
 
 
