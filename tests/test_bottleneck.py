@@ -183,7 +183,9 @@ def test_dw_projection_pads_rows_of_other_widths(device, case, tile):
     """dw_projection where the output width is not a multiple of 4: the product's rows are the pixels with each
     image row padded to a multiple of 4 (depthwise_product.padded_width, at most a seventh more), so
     that four rows of a block share their window's loads; the padding pixels are never stored. Against
-    TensorFlow's ops, with the tolerance of the module docstring."""
+    TensorFlow's ops, with the tolerance of the module docstring. A lost store guard would not show in the
+    values on the software adapter (a padding pixel's stray store lands on the next row's first pixels, which
+    their own store overwrites later there, or past the output), so the guard is checked in the source too."""
     from tflfuse.kernels.fused.depthwise_product import padded_width
     n, h, w_, cin, t, cout, stride, residual, activation = case
     ow = -(-w_ // stride)
@@ -198,6 +200,9 @@ def test_dw_projection_pads_rows_of_other_widths(device, case, tile):
     ref = _tf_reference(x, w, stride, residual, activation)
     assert y.shape == ref.shape == (n, -(-h // stride), ow, cout)
     np.testing.assert_allclose(y, ref, rtol=RTOL, atol=_atol(ref))
+    k = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
+    (product,) = [p for p in k.programs() if p.name.endswith("_dw_project")]
+    assert (f"if (ox_padded < {ow}u)" in product.source) == (padded_width(ow) != ow)
 
 
 def test_resident_expand_dw_choice():

@@ -100,7 +100,7 @@ from ..conv import Conv2D, conv_output_size, depthwise_program
 from ..registry import register
 from .bottleneck_cpu import blocked_loop_trips, blocked_program, blocked_schedule, blocked_sums_bytes
 from .conv import SEPARABLE_MAX_CHANNELS, depthwise_pointwise_program, max_pool_2x2, pixel_block, pointwise_split
-from .depthwise_product import depthwise_product_program, fits_depthwise_product, padded_width
+from .depthwise_product import depthwise_product_program, fits_depthwise_product
 from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, expand_depthwise_shape,
                                expand_depthwise_unroll, pointwise_expand_program)
 from .resident import expand_depthwise_resident_program, resident_fits, resident_refusal
@@ -135,9 +135,6 @@ _BLOCKED_MIN_MACS = 1 << 20
 _EMPTY_SCHEDULE = {"strategy": "staged", "tile": 1, "lanes": 1, "out_block": 1, "chunk": 1, "splits": 1}
 _TILED_MAX_CEXP = 64  # on a GPU at batch 1, the tiled strategy for expansions up to this width (see _schedule)
 _DW_PROJECTION_MIN_ROWS = 112 * 112   # output pixels from which a GPU takes dw_projection (_takes_dw_projection)
-#: On maps whose width is not a multiple of 4 but pads to one (depthwise_product.padded_width: 7, 14), the
-#: dw_projection strategy's tile from this many output pixels; "" leaves those maps to the other strategies.
-_DW_PROJECTION_PADDED_TILE, _DW_PROJECTION_PADDED_MIN_ROWS = "", 32 * 7 * 7
 _EXPAND_DW_MAX_PIXELS, _EXPAND_DW_MAX_MACS = 56 * 56, 1 << 25   # bounds of expand_dw (_takes_expand_dw)
 _RESIDENT_MIN_PIXELS = 32 * 56 * 56   # input pixels from which expand_dw's resident form is the default
 _RESIDENT_MIN_IMAGE = 56 * 56         # and pixels per image (_resident_tile)
@@ -850,18 +847,13 @@ class FusedBottleneck(CompositeKernel):
         56x56x24x6 126 against 150, 28x28x32x6 49 against 52; at batch 1 112x112x32 15 against 15 (19 for the
         tiled strategy). It lost elsewhere: with output widths of 7 or 14 (each pixel alone) 1.6-2.3x slower at
         batch 32, at stride 2 up to 1.7x, and with fewer pixels (56x56 at batch 1: 116 against 78 us) too few
-        workgroups carry the depthwise work."""
-        return not self.core_only and (self._dw_projection_shape() or bool(self._padded_projection_tile()))
-
-    def _padded_projection_tile(self) -> str | None:
-        """:data:`_DW_PROJECTION_PADDED_TILE` where this block takes it: at stride 1 without squeeze-excite, an
-        output width that is not a multiple of 4 but whose product rows pad to one, at least
-        :data:`_DW_PROJECTION_PADDED_MIN_ROWS` output pixels; else None."""
-        if not _DW_PROJECTION_PADDED_TILE or self.has_se or self.stride != 1 or self.ow % 4 == 0 or \
-                padded_width(self.ow) % 4 or not fits_depthwise_product(self.cexp, self.cout):
-            return None
-        rows = self.input(0).shape[0] * self.oh * self.ow
-        return _DW_PROJECTION_PADDED_TILE if rows >= _DW_PROJECTION_PADDED_MIN_ROWS else None
+        workgroups carry the depthwise work. With the product's rows padded to a multiple of 4 pixels on those
+        widths (:func:`.depthwise_product.padded_width`) it still lost at batch 32 (an H100, 2026-12-07,
+        ``sweep_bottleneck_strategies.py --max_padded_share=1.0,1.15``, the best of 4 tiles): 14x14x64x6 -> 64
+        46.3 us (49.6 unpadded) against 40.5 staged, 7x7x160x6 -> 320 142.6 (166.7) against 69.4; taken on
+        MobileNetV2's nine such blocks, the model's GPU time went from 1226.5 to 1488.8 us (1.21x,
+        ``benchmarks/RESULTS-switch-ab.md``)."""
+        return not self.core_only and self._dw_projection_shape()
 
     def _dw_projection_shape(self) -> bool:
         """:meth:`_takes_dw_projection`'s conditions but the PReLU and expand-conv kinds (:attr:`core_only`)."""
@@ -998,8 +990,7 @@ class FusedBottleneck(CompositeKernel):
             value = self.out_activated(f"acc + pb[col4 / 4u]{' + res[idx4]' if self.residual else ''}")
             helpers = self.out_act_fn(True, declared=activation_fn(self.dw_act))   # beside its dact
             progs.append(depthwise_product_program(f"{self.key}_dw_project", binds, g, cexp, cout,
-                                                   self.dw_act, f"y[idx4] = {value};",
-                                                   tile_attr(self) or self._padded_projection_tile(),
+                                                   self.dw_act, f"y[idx4] = {value};", tile_attr(self),
                                                    helpers=helpers))
             return progs
         residual = self.residual_term("pix", "co", f"x[pix * {cin}u + co]")
