@@ -101,7 +101,7 @@ def depthwise_product_program(name: str, bindings: tuple[Binding, ...], g: dict,
     half = dact + _strip_function(g, channels, rows, has_bias, half=True, wide=wide) + helpers \
         if conv.DEPTHWISE_HALF_MATH else None
     if wide != g["OW"]:   # the product's row is a padded pixel: store only the image's, at its own index
-        store = _unpadded(store, wide, g["OW"], cols, "idx" if scalar_store else "idx4", scalar_store)
+        store = _unpadded(store, wide, g["OW"], cols, scalar_store)
     scalar = f"pw[k * {cols // 4}u + c / 4u][c % 4u]"
     # A is staged by depthwise_strip (a_strip): the scalar `a` never runs; C is stored as vec4s (store_vec) unless
     # scalar_store
@@ -111,10 +111,11 @@ def depthwise_product_program(name: str, bindings: tuple[Binding, ...], g: dict,
                                 half_helpers=half)
 
 
-def _unpadded(store: str, wide: int, ow: int, cols: int, index: str, scalar: bool) -> str:
+def _unpadded(store: str, wide: int, ow: int, cols: int, scalar: bool) -> str:
     """``store`` run only for the product's rows that are pixels of the image (rows of ``wide`` pixels, the
-    image's ``ow``), with ``row`` and ``index`` (``idx``, or ``idx4``) those of the output pixel."""
-    value = f"row * {cols}u + col" if scalar else f"(row * {cols}u + col4) / 4u"
+    image's ``ow``), with ``row`` and the output index (``idx`` where ``scalar``, else ``idx4``) those of the
+    output pixel."""
+    index, value = ("idx", f"row * {cols}u + col") if scalar else ("idx4", f"(row * {cols}u + col4) / 4u")
     return (f"let ox_padded = row % {wide}u;\n"
             f"        if (ox_padded < {ow}u) {{\n"
             f"          let row = (row / {wide}u) * {ow}u + ox_padded;\n"
@@ -128,7 +129,7 @@ def _strip_function(g: dict, channels: int, rows: int, has_bias: bool = True, ha
     """WGSL ``fn depthwise_strip(r0, k) -> mat4x4<f32>``: the depthwise conv (bias and activation included) of
     the output pixels ``r0 .. r0 + 3`` for channels ``k .. k + 3``, column ``i`` channel ``k + i`` (the A block
     of :func:`tflfuse.kernels.gemm.tiled_matmul_program`'s ``a_strip``; without ``has_bias``, no ``db``
-    binding and no bias). Where ``OW % 4 == 0`` the four pixels are neighbours in one row and share their input
+    binding and no bias). Where ``wide % 4 == 0`` the four pixels are neighbours in one row and share their input
     loads (a 3x3 window at stride 1: 18 vec4 loads for four pixels instead of 36); else each pixel is computed
     alone. The weights' loads are shared either way. Blocks past the depth are zero (a slice deeper than the
     channels left: its A must add nothing even where a depthwise value overflows to infinity, which the
