@@ -91,8 +91,6 @@ class Compare(Kernel):
         return (TensorSpec(self.out, "bool"),)
 
     def programs(self):
-        if math.prod(self.out) == 0:
-            return []
         float_expr, int_expr, _ = _COMPARE[self.key]
         index = broadcast_index(self.out, self.inputs[0].shape, "ia") + broadcast_index(self.out, self.inputs[1].shape,
                                                                                         "ib")
@@ -137,8 +135,6 @@ class Logical(Kernel):
         return (TensorSpec(self.out, "bool"),)
 
     def programs(self):
-        if math.prod(self.out) == 0:
-            return []
         body = (broadcast_index(self.out, self.inputs[0].shape, "ia")
                 + broadcast_index(self.out, self.inputs[1].shape, "ib")
                 + f"  let a = x0[ia] != 0;\n  let b = x1[ib] != 0;\n  y[idx] = i32({_LOGICAL[self.key][0]});")
@@ -166,8 +162,6 @@ class LogicalNot(Kernel):
         return (TensorSpec(self.out, "bool"),)
 
     def programs(self):
-        if math.prod(self.out) == 0:
-            return []
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), math.prod(self.out),
                                     "  y[idx] = i32(x[idx] == 0);")]
 
@@ -225,8 +219,6 @@ class Select(Kernel):
 
     def programs(self):
         total = math.prod(self.out)
-        if total == 0:
-            return []
         if self.rows is None:
             index = "".join(broadcast_index(self.out, self.inputs[i].shape, name)
                             for i, name in enumerate(("ic", "ix", "iy")))

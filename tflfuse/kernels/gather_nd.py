@@ -96,8 +96,6 @@ class GatherNd(Kernel):
 
     def programs(self):
         total = math.prod(self.out)
-        if total == 0:
-            return []
         p = self.input(0)
         body = (f"  let row = idx / {self.slice}u;\n  let r = idx % {self.slice}u;\n"
                 + _offset_wgsl(p.shape, self.k, "row")
@@ -158,8 +156,6 @@ class ScatterNd(Kernel):
 
     def programs(self):
         total = math.prod(self.shape)
-        if total == 0:
-            return []
         zero = "0.0" if self.input(1).dtype == "float32" else "0"
         if self.n == 0 or self.slice == 0:   # no updates: zeros, the unread indices and updates not bound
             return [elementwise_program(self.key, self.io_bindings(["ind", "upd", "y"])[2:], total,

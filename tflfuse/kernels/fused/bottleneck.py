@@ -1210,8 +1210,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                        loop_trips=trips)
 
     def programs(self):
-        if self.empty:
-            return []
         if self.strategy in ("staged", "dw_projection", "expand_dw"):
             return [dataclasses.replace(p, half_scratch=self.half_scratch()) for p in self._staged_programs()]
         if self.strategy == "blocked":

@@ -370,8 +370,6 @@ class FusedExpandDepthwise(CompositeKernel):
         return (0,) if self.scratch_sizes() else ()
 
     def programs(self):
-        if self.empty:
-            return []
         x, ew, eb, dw, db, y = self.io_bindings(["x", "ew", "eb", "dw", "db", "d"])
         act, dw_act = str(self.attr("activation")), str(self.attr("dw_activation"))
         if self.strategy == "expand_dw":

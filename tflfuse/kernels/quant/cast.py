@@ -59,7 +59,5 @@ class QuantizedCast(QuantKernel):
 
     def programs(self):
         n = self.input(0).size
-        if n == 0:
-            return []
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), n,
                                     f"  let v = x[idx];\n  y[idx] = {self._expr()};")]
