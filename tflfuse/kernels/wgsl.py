@@ -134,9 +134,9 @@ _ERFC = """fn erfc_approx(z: f32) -> f32 {
 # sin, whatever their accuracy there (C's would need the bits of 2/pi far past float32's). |x| < 2.4e-4 gives
 # (1, x) (x**2/2 and x**3/6 are under half a unit in the last place; the sign of a zero kept); infinities and NaN
 # give NaN.
-_COS_SIN = """fn cos_sin(x: f32) -> vec2<f32> {
-  if (!is_finite(x)) { return vec2<f32>(f32_from_bits(0x7fc00000u), f32_from_bits(0x7fc00000u)); }
-  if (abs(x) < 2.4e-4) { return vec2<f32>(1.0, x); }
+_COS_SIN = ("fn cos_sin(x: f32) -> vec2<f32> {\n"
+            f"  if (!is_finite(x)) {{ return vec2<f32>({F32_NAN}, {F32_NAN}); }}\n"
+            """  if (abs(x) < 2.4e-4) { return vec2<f32>(1.0, x); }
   if (abs(x) >= 4e5) { return vec2<f32>(cos(x), sin(x)); }
   let k = round(x * 0.6366197466850281);
   var r = x - k * 1.5625;
@@ -157,7 +157,7 @@ _COS_SIN = """fn cos_sin(x: f32) -> vec2<f32> {
   if (q == 2) { return vec2<f32>(-c, -s); }
   return vec2<f32>(s, -c);
 }
-"""
+""")
 
 #: WGSL helper functions by name, each declared by the program builders (:func:`elementwise_program`,
 #: :func:`reduction_program`, ``pool.reduce_program``) and by :func:`activation_fn` where their code calls it
@@ -171,24 +171,24 @@ HELPERS: dict[str, str] = {
     "f32_from_bits": F32_FROM_BITS,
     "is_nan": "fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }\n",
     "is_finite": "fn is_finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u; }\n",
-    "nan": "fn nan() -> f32 { return f32_from_bits(0x7fc00000u); }\n",
-    "inf": "fn inf() -> f32 { return f32_from_bits(0x7f800000u); }\n",
+    "nan": f"fn nan() -> f32 {{ return {F32_NAN}; }}\n",
+    "inf": f"fn inf() -> f32 {{ return {F32_INF}; }}\n",
     "copy_sign": "fn copy_sign(mag: f32, s: f32) -> f32 { return bitcast<f32>(bitcast<u32>(mag) | (bitcast<u32>(s) "
                  "& 0x80000000u)); }\n",
-    "max_nan": "fn max_nan(a: f32, b: f32) -> f32 { return select(max(a, b), f32_from_bits(0x7fc00000u), "
+    "max_nan": f"fn max_nan(a: f32, b: f32) -> f32 {{ return select(max(a, b), {F32_NAN}, "
                "is_nan(a) || is_nan(b)); }\n",
     # exp overflows past 88.7228 and is 0 below -103.98 (under the least subnormal's half); between -87.34 and
     # that its results are subnormal, which adapters that flush subnormals give as 0 (within 1.2e-38)
     "exp_f": "fn exp_f(v: f32) -> f32 {\n"
-             "  return select(select(select(exp(v), 0.0, v < -104.0), f32_from_bits(0x7f800000u), v > 88.8), v, "
+             f"  return select(select(select(exp(v), 0.0, v < -104.0), {F32_INF}, v > 88.8), v, "
              "is_nan(v));\n}\n",
     # log of a positive subnormal b * 2**-149 as log(b) - 149 ln 2 (adapters may flush it to zero)
-    "log_f": """fn log_f(v: f32) -> f32 {
+    "log_f": f"""fn log_f(v: f32) -> f32 {{
   let b = bitcast<u32>(v);
   let l = select(log(v), log(f32(b)) - 103.2789306640625, b < 0x00800000u);
-  let special = select(f32_from_bits(0x7fc00000u), f32_from_bits(0x7f800000u), b == 0x7f800000u);
-  return select(select(l, special, b >= 0x7f800000u), f32_from_bits(0xff800000u), (b & 0x7fffffffu) == 0u);
-}
+  let special = select({F32_NAN}, {F32_INF}, b == 0x7f800000u);
+  return select(select(l, special, b >= 0x7f800000u), {F32_NEG_INF}, (b & 0x7fffffffu) == 0u);
+}}
 """,
     "cos_sin": _COS_SIN,
     "erfc_approx": _ERFC,
