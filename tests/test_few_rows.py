@@ -42,7 +42,10 @@ def test_fully_connected_few_rows_matches_tf(device, rows, depth, cols, act, bia
     inputs = [x, w, b] if bias else [x, w]
     attrs = {"weights_layout": "IO", "fused_activation_function": act, "target": "gpu"}
     kernel = kernel_class("FULLY_CONNECTED")([TensorSpec(a.shape) for a in inputs], attrs)
-    assert "shares: array<vec4<f32>, 256>" in kernel.programs()[0].source   # the few-rows program
+    source = kernel.programs()[0].source
+    assert "let oc = min(o, " in source   # the few-rows program's own line
+    # the block's rows meet in trees of up to four rows, their shares side by side (4 KiB a row)
+    assert f"shares: array<vec4<f32>, {256 * min(few_rows_block(rows), 4)}>" in source
     (y,) = run_op(device, "FULLY_CONNECTED", inputs, attrs)
     y64 = x.astype(np.float64) @ w.astype(np.float64) + b
     if act == "RELU6":
@@ -72,7 +75,7 @@ def test_pointwise_conv_few_rows_matches_tf(device, n, h, w_, cin, cout):
     b = rng.standard_normal(cout).astype(np.float32)
     attrs = {"filter_layout": "HWIO", "fused_activation_function": "RELU", "target": "gpu"}
     kernel = kernel_class("CONV_2D")([TensorSpec(a.shape) for a in (x, w, b)], attrs)
-    assert "shares: array<vec4<f32>, 256>" in kernel.programs()[0].source
+    assert "let oc = min(o, " in kernel.programs()[0].source   # the few-rows program's own line
     (y,) = run_op(device, "CONV_2D", [x, w, b], attrs)
     x2, w2 = x.reshape(rows, cin), w.reshape(cin, cout)
     y64 = np.maximum(x2.astype(np.float64) @ w2.astype(np.float64) + b, 0)

@@ -759,6 +759,15 @@ def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: 
 FEW_ROWS_EARLY_LOADS = True
 #: Lanes per block from which :data:`FEW_ROWS_EARLY_LOADS` applies (above: it cost where 8 lanes walk 2-3 trips).
 _FEW_ROWS_EARLY_MIN_LANES = 16
+#: Rows of :func:`few_rows_program`'s block whose lanes' sums meet in one tree, their shares side by side in
+#: workgroup memory (4 KiB a row, so 4 rows fill WebGPU's default 16 KiB): one barrier per halving step for all of
+#: them rather than one per row (blocks of 4 rows and 32 lanes: 6 barriers instead of 24). The same sums in the same
+#: order. Measured on an H100 (Vulkan, 2026-12-07 08:29 UTC, ``benchmarks/switch_ab.py``, 5 alternating rounds;
+#: ``benchmarks/RESULTS-switch-ab.md``) against a tree per row: MobileNetV2's few-rows projections and last 1x1 conv
+#: at batch 1 took 0.86-0.97x their time (7x7x960 -> 160 6.22 against 5.50 us), the model's GPU time 211.9 against
+#: 214.8 us fused (0.986x), 274.8 against 279.9 unfused (float16 0.957x and 0.930x); two rows a tree, 0.995x and
+#: 0.989x; batch 32 unchanged (1.003x, 1.002x).
+_FEW_ROWS_TREE_ROWS = 4
 #: :func:`few_rows_lanes` splits the depth until about this many invocations are in flight.
 _FEW_ROWS_INVOCATIONS = 1 << 16
 #: Multiply-adds from which :func:`use_few_rows` holds, and rows up to which it does (measured up to 196).
@@ -813,6 +822,18 @@ def few_rows_lanes(rows: int, depth: int, cols: int) -> int:
     return lanes
 
 
+def _grouped_tree_step(line: str, offsets: list[int]) -> str:
+    """A line of :func:`~tflfuse.kernels.wgsl.lane_tree` for shares of several rows side by side (row ``i``'s at
+    ``offsets[i]``): its halving step applied to each row's shares; other lines (the barriers) unchanged."""
+    found = re.fullmatch(r"  if \(lane < (\d+)u\) \{ shares\[lidx\] \+= shares\[lidx \+ (\d+)u\]; \}", line)
+    if not found:
+        return line
+    step, stride = found.groups()
+    adds = "".join(f"\n    shares[{o}u + lidx] += shares[{o + int(stride)}u + lidx];" if o else
+                   f"\n    shares[lidx] += shares[lidx + {stride}u];" for o in offsets)
+    return f"  if (lane < {step}u) {{{adds}\n  }}"
+
+
 def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int,
                      act: str = "", has_bias: bool = False, residual: bool = False) -> Program:
     """``y [rows, cols] = act(x [rows, depth] @ w [depth, cols] (+ b [cols]) (+ res [rows, cols]))`` for products
@@ -824,9 +845,10 @@ def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth:
     ``x`` per row, so that each weight read from memory serves every row of the block (the per-output form
     reads each weight once per row); with :data:`FEW_ROWS_EARLY_LOADS` (16 or more lanes) those loads run a trip
     ahead of the multiply-adds. :func:`few_rows_lanes` invocations share a block's depth (interleaved vec4
-    steps) and add their sums in workgroup memory, one row at a time. Semantics: TFLite's FULLY_CONNECTED and
-    1x1 CONV_2D (tensorflow/lite/kernels/fully_connected.cc, conv.cc) with ``act`` their fused activation; the
-    sums run in another order than a serial loop's, so results differ from it by rounding only.
+    steps) and add their sums in workgroup memory, up to :data:`_FEW_ROWS_TREE_ROWS` rows at a time. Semantics:
+    TFLite's FULLY_CONNECTED and 1x1 CONV_2D (tensorflow/lite/kernels/fully_connected.cc, conv.cc) with ``act``
+    their fused activation; the sums run in another order than a serial loop's, so results differ from it by
+    rounding only.
 
     Args:
       bindings: storage buffers named ``x``, ``w``, ``b`` (only with ``has_bias``), ``res`` (only with
@@ -874,16 +896,27 @@ def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth:
         return f" + res[(r0 + {r}u) * {c4}u + cq]" if residual else ""
 
     value = "vec4<f32>(act(v.x), act(v.y), act(v.z), act(v.w))" if act else "v"
-    # lane 0 reads only its own share after the tree's last barrier, so the next row may overwrite the others
-    stores = "\n".join(f"""  shares[lidx] = acc{r};
-  workgroupBarrier();
-{lane_tree(lanes, per)}
-  if (lane == 0u && o < {outputs}u && r0 + {r}u < {rows}u) {{
-    let v = shares[lidx]{bias}{res(r)};
+    # the rows' sums meet in groups of `group` rows, each group's shares side by side ([row][256]) so that one tree
+    # adds them all; lane 0 reads only its own shares after the tree's last barrier, so the next group may overwrite
+    # the others
+    group = min(block, _FEW_ROWS_TREE_ROWS) if lanes > 1 else 1
+
+    def share(r: int) -> str:   # row r's share of this invocation: rows of a group side by side
+        return f"shares[{(r % group) * 256}u + lidx]" if r % group else "shares[lidx]"
+    stores = []
+    for g0 in range(0, block, group):
+        rg = range(g0, min(block, g0 + group))
+        tree = "\n".join(_grouped_tree_step(line, [(r - g0) * 256 for r in rg]) for line in
+                          lane_tree(lanes, per).split("\n")) if len(rg) > 1 else lane_tree(lanes, per)
+        stored = "".join(f"  {share(r)} = acc{r};\n" for r in rg)
+        stores.append(stored + "  workgroupBarrier();\n" + tree + "\n" + "\n".join(
+            f"""  if (lane == 0u && o < {outputs}u && r0 + {r}u < {rows}u) {{
+    let v = {share(r)}{bias}{res(r)};
     y[(r0 + {r}u) * {c4}u + cq] = {value};
-  }}""" for r in rs)
+  }}""" for r in rg))
+    stores = "\n".join(stores)
     source = prelude(binds) + act + f"""
-var<workgroup> shares: array<vec4<f32>, 256>;
+var<workgroup> shares: array<vec4<f32>, {256 * group}>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
