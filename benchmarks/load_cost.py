@@ -15,10 +15,14 @@ so every read hits its cache. ``--index`` sets how a workgroup load's index is f
 ``offset``, one index worked out once a step and each load at a constant offset from it (``wsh[i + 64 j]``, as
 the tiled product's inner loop reads its slices); ``nested``, a two-level array with the constant ``j`` as the
 outer index and the step's index as the inner one (``wsh2[j][i]``), so that WGSL's bounds check on a dynamic
-index (naga clamps it) is the same expression for the step's four loads. Either way neighbouring lanes read
-neighbouring vec4s where their addresses differ. TFLOP/s = 8 FLOPs per vec4 multiply-add over the GPU time of one
-compute pass (timestamp queries, median of --repeats), beside the FMA peak with no loads (``benchmarks/peaks.py``)
-measured in the same run. Needs the ``timestamp-query`` feature and no TensorFlow.
+index (naga clamps it) is the same expression for the step's four loads; ``constant``, each load's index fixed
+when the shader is compiled (the loop body unrolled over 64 steps, 64 distinct vec4s read every trip; with each
+lane at its own, a per-lane base worked out once before the loop), the form in which a uniform buffer's value can
+be an operand of the multiply-add itself, and the one form besides ``computed`` that uniform loads take. Either
+way neighbouring lanes read neighbouring vec4s where their addresses differ. TFLOP/s = 8 FLOPs per vec4
+multiply-add over the GPU time of one compute pass (timestamp queries, median of --repeats), beside the FMA peak
+with no loads (``benchmarks/peaks.py``) measured in the same run. Needs the ``timestamp-query`` feature and no
+TensorFlow.
 
 Its kernels and the FMA peak are compiled as the library compiles its own (:class:`tflfuse.Device`'s
 ``shader_checks`` default: trusted shader modules, no runtime checks, on a GPU; checked on a software adapter);
@@ -47,7 +51,8 @@ from peaks import fma_tflops, require_features, validate_out_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("fmas", ["1", "2", "4", "8"], "vec4 multiply-adds per load")
-flags.DEFINE_list("index", ["computed"], "how a workgroup load's index is formed: computed, offset, nested")
+flags.DEFINE_list("index", ["computed"], "how a load's index is formed: computed, offset, nested (workgroup loads), "
+                  "constant (workgroup and uniform loads)")
 flags.DEFINE_integer("steps", 512, "steps per invocation (a multiple of 4)")
 flags.DEFINE_integer("workgroups", 132 * 16, "workgroups of 256 invocations")
 flags.DEFINE_integer("repeats", 5, "timed passes (median)")
@@ -59,7 +64,7 @@ flags.DEFINE_bool("shader_checks", None, "Compile the kernels and the FMA peak w
 flags.register_validator("fmas", lambda v: bool(v) and all(f.isdigit() and 1 <= int(f) <= 32 for f in v),
                          "--fmas takes integers from 1 to 32")
 flags.register_validator("index", lambda v: bool(v) and all(i in INDEX for i in v),
-                         "--index takes computed, offset and nested")
+                         "--index takes computed, offset, nested and constant")
 flags.register_validator("steps", lambda v: 4 <= v <= 1 << 24 and v % 4 == 0,
                          "--steps must be a positive multiple of 4, at most 2**24")
 flags.register_validator("workgroups", lambda v: 1 <= v <= 65535, "--workgroups must be in [1, 65535]")
@@ -68,21 +73,26 @@ validate_out_flags("out")
 
 WORKGROUP = 256
 WHERE = ("workgroup", "uniform", "storage")
-INDEX = ("computed", "offset", "nested")
+INDEX = ("computed", "offset", "nested", "constant")
+#: the steps of the ``constant`` form's unrolled loop body (``--steps`` must be a multiple of it)
+CONSTANT_STEPS = 64
 
 
 def source(where: str, fmas: int, distinct: bool, steps: int, index: str = "computed") -> str:
     """WGSL of the kernel (module docstring): ``steps`` steps of one vec4 load from ``where`` (its index formed as
     ``index`` says) and ``fmas`` vec4 multiply-adds; the sums are written so that nothing folds."""
-    if index != "computed" and where != "workgroup":
-        raise ValueError(f"index {index!r} is for workgroup loads only, not {where}")
+    if index != "computed" and where != "workgroup" and not (index == "constant" and where == "uniform"):
+        raise ValueError(f"index {index!r} is not a form of {where} loads")
     decl = {"workgroup": "var<workgroup> wsh: array<vec4<f32>, 256>;",
             "uniform": "@group(0) @binding(2) var<uniform> wu: array<vec4<f32>, 256>;", "storage": ""}[where]
     read = {"workgroup": "wsh", "uniform": "wu", "storage": "src"}[where]
     fill = "  wsh[lidx] = src[lidx];\n  workgroupBarrier();" if where == "workgroup" else ""
     lane = " + lidx" if distinct else ""
-    step = ""
-    if index == "computed":
+    step, unrolled = "", 4
+    if index == "constant":   # the same CONSTANT_STEPS vec4s every trip, each at an index fixed at compile time
+        fill += "\n  let base = lidx % 192u;" if distinct else ""
+        index, unrolled = f"{'base + ' if distinct else ''}{{j}}u", CONSTANT_STEPS
+    elif index == "computed":
         index = f"(k * 4u + {{j}}u{lane}) % 256u"
     elif index == "offset":
         step, index = f"    let base = (k{lane}) % 64u;", "base + {j}u * 64u"
@@ -93,7 +103,7 @@ def source(where: str, fmas: int, distinct: bool, steps: int, index: str = "comp
         read = "wsh2"
     accs = "\n".join(f"  var a{q} = src[(lidx + {q}u) % 256u] * (f32(lidx) * 1e-3 + {q}.0);" for q in range(fmas))
     body = [step] if step else []
-    for j in range(4):
+    for j in range(unrolled):
         body.append(f"    let w{j} = {read}[{index.format(j=j)}];")
         body += [f"    a{q} = fma(a{q}, w{j}, vec4<f32>(0.001));" for q in range(fmas)]
     total = " + ".join(f"a{q}" for q in range(fmas))
@@ -105,7 +115,7 @@ def source(where: str, fmas: int, distinct: bool, steps: int, index: str = "comp
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32) {{
 {fill}
 {accs}
-  for (var k = 0u; k < {steps // 4}u; k++) {{
+  for (var k = 0u; k < {steps // unrolled}u; k++) {{
 {nl.join(body)}
   }}
   y[wid.x * {WORKGROUP}u + lidx] = {total};
@@ -151,11 +161,15 @@ def main(argv) -> None:
     if FLAGS.workgroups * WORKGROUP * 16 > device.max_storage_binding:
         raise SystemExit(f"--workgroups={FLAGS.workgroups}: the output ({FLAGS.workgroups * WORKGROUP * 16} bytes) "
                          f"passes the device's max storage binding of {device.max_storage_binding}")
+    if "constant" in FLAGS.index and FLAGS.steps % CONSTANT_STEPS:
+        raise SystemExit(f"--steps={FLAGS.steps}: the constant form takes a multiple of {CONSTANT_STEPS}")
     if device.loop_limit is not None and FLAGS.steps // 4 >= device.loop_limit:
         raise SystemExit(f"--steps={FLAGS.steps}: {FLAGS.steps // 4} loop trips, past the {device.loop_limit} "
                          f"after which this adapter stops a loop (its rates would be wrong)")
     peak = fma_tflops(device, "f32", **(dict(workgroups=16, iterations=256, repeats=3) if device.is_software else {}))
-    columns = [(w, i) for w in WHERE for i in (FLAGS.index if w == "workgroup" else ["computed"])]
+    forms = {"workgroup": FLAGS.index, "uniform": [i for i in ("computed", "constant") if i in FLAGS.index or
+                                                   i == "computed"], "storage": ["computed"]}
+    columns = [(w, i) for w in WHERE for i in forms[w]]
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     checks = "trusted (no runtime checks)" if device.trusted_shaders else "with wgpu's runtime checks"
     lines = [f"## load_cost.py, {date}, {device.describe()}, kernels {checks}", "",

@@ -540,9 +540,10 @@ for form in ("f32", "f16_math"):
 def test_load_cost_writes_a_rate_per_source_and_ratio(tmp_path):
     """benchmarks/load_cost.py, run as a user runs it, with a small kernel: a row per --fmas value and a rate with
     its share of the FMA peak for each of the six loads (workgroup, uniform and storage memory, broadcast or
-    distinct), and with --index a column for each way of forming a workgroup load's index. Its rates say nothing
-    here (the software adapter); only what it runs and writes is checked; a --fmas or --index value out of range,
-    or an --out that is a folder or in a folder that is not there, stops it at start-up with a message."""
+    distinct), and with --index a column for each way of forming a workgroup (or uniform) load's index. Its rates
+    say nothing here (the software adapter); only what it runs and writes is checked; a --fmas or --index value out
+    of range, a --steps that the constant form's unrolled body does not divide, or an --out that is a folder or in a
+    folder that is not there, stops it at start-up with a message."""
     out = tmp_path / "lc.md"
     script = str(ROOT / "benchmarks" / "load_cost.py")
     proc = subprocess.run([sys.executable, script, "--fmas=1,3", "--steps=8", "--workgroups=2", "--repeats=1",
@@ -561,7 +562,20 @@ def test_load_cost_writes_a_rate_per_source_and_ratio(tmp_path):
     assert "| workgroup (offset) broadcast | workgroup (offset) distinct | workgroup (nested) broadcast |" in text, text
     assert re.search(r"\| 2 \|( [0-9.e+-]+ \([0-9]+%\) \|){8}$", text, re.M), text
     bad = subprocess.run([sys.executable, script, "--index=flat"], capture_output=True, text=True, timeout=600)
-    assert bad.returncode != 0 and "--index takes computed, offset and nested" in bad.stderr, bad.stderr[-2000:]
+    assert bad.returncode != 0 and "--index takes computed, offset, nested and constant" in bad.stderr, \
+        bad.stderr[-2000:]
+    # constant indices: a workgroup column and, beside the uniform computed one, a uniform column of their own
+    proc = subprocess.run([sys.executable, script, "--fmas=2", "--steps=64", "--workgroups=2", "--repeats=1",
+                           "--index=constant", f"--out={out}"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert ("| workgroup (constant) broadcast | workgroup (constant) distinct | uniform broadcast | "
+            "uniform distinct | uniform (constant) broadcast |") in text, text
+    assert re.search(r"\| 2 \|( [0-9.e+-]+ \([0-9]+%\) \|){8}$", text, re.M), text
+    bad = subprocess.run([sys.executable, script, "--index=constant", "--steps=8"], capture_output=True, text=True,
+                         timeout=600)
+    assert bad.returncode != 0 and "the constant form takes a multiple of 64" in bad.stderr + bad.stdout, \
+        bad.stderr[-2000:]
     for target in (tmp_path, tmp_path / "missing" / "lc.md"):   # a folder, a file in a folder that is not there
         bad = subprocess.run([sys.executable, script, f"--out={target}"], capture_output=True, text=True, timeout=600)
         assert bad.returncode != 0 and "--out must be a file (not a folder) in an existing folder" in bad.stderr, \

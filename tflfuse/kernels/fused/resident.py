@@ -214,6 +214,16 @@ RESIDENT_HALF_MATH = True
 # lost on an H100 (2026-12-06 14:08 UTC, switch_ab.py, 3 alternating rounds): MobileNetV2's three resident
 # dispatches at batch 32 took 133.2, 107.1 and 61.6 us against 119.3, 103.4 and 57.0 (the model 1.019x), float16
 # 0.995-1.025x, batch 1 0.99-1.00x. Not kept: the depthwise phase's loads are not what bounds the form.
+# The expand weights read from the uniform block instead of staged in workgroup memory (no expand weight rows in
+# wsh, one fewer staging per chunk; bit for bit the same sums) lost on an H100 (2026-12-07 08:23 UTC, switch_ab.py,
+# MobileNetV2 at batch 32, float32, 2 alternating rounds): with the chunk loop kept (each weight's index the chunk's
+# base plus a constant) the four resident dispatches took 95.7, 121.0, 106.7 and 62.4 us against 86.6, 119.3, 103.3
+# and 57.0 (the model 1.024x); with the chunks unrolled, so that every index is a constant and the weight can be an
+# operand of its multiply-add (benchmarks/load_cost.py --index=constant, the same H100 at 08:30 UTC: one such uniform
+# vec4, every lane at one address, per 1, 2, 4 and 8 multiply-adds ran at 85, 93, 97 and 99% of the FMA peak, against
+# 45, 63, 69 and 79% from workgroup memory), 176.5, 221.3, 158.8 and 108.0 (1.410x; float16 1.380x, batch 1 1.105x);
+# the chunks unrolled with the weights still staged took 1.294x. Unrolling the chunk loop is what costs; the uniform
+# block saves nothing without it. Not kept.
 # Declaring the halo's expansion and the chunk's depthwise outputs as two-level arrays ([pixel][vec4 of the chunk]),
 # so that each load's only dynamic index is the pixel (benchmarks/load_cost.py --index, whose kernels keep wgpu's
 # runtime checks; the library's run without them on a GPU), changed nothing on an H100 (2026-12-06, switch_ab.py):
