@@ -32,3 +32,38 @@ def test_demo_runs_quietly(device):
     assert "software adapter checks results" in out or "CPU" not in out.splitlines()[0], out
     noise = [line for line in proc.stderr.splitlines() if line.strip()]
     assert noise == [], "\n".join(noise[:20])
+
+
+def test_demo_times_the_two_models_in_alternating_rounds():
+    """The demo's latencies: one warm-up invoke of each model, then one invoke of each per round, the fused and
+    the unfused one taking turns, so that a change in the machine's load during the timing (another job on a
+    2-core CPU) reaches both; each latency is the median of its rounds, with the first output read back."""
+    from tflfuse import demo
+
+    calls = []
+
+    class Recorded:
+        """An Interpreter's invoke and get_tensor, recorded; invoke takes ``seconds`` of wall-clock time."""
+
+        def __init__(self, name, seconds):
+            self.name, self.seconds = name, seconds
+
+        def invoke(self):
+            calls.append(("invoke", self.name))
+            t0 = demo.time.perf_counter()
+            while demo.time.perf_counter() - t0 < self.seconds:
+                pass
+
+        def get_output_details(self):
+            return [{"index": 7}]
+
+        def get_tensor(self, index):
+            calls.append(("read", self.name, index))
+
+    fused, unfused = Recorded("fused", 0.002), Recorded("unfused", 0.006)
+    ms = demo._alternating_ms([fused, unfused], 3)
+    invokes = [c[1] for c in calls if c[0] == "invoke"]
+    assert invokes == ["fused", "unfused"] * 4   # a warm-up each, then 3 rounds
+    assert calls.count(("read", "fused", 7)) == calls.count(("read", "unfused", 7)) == 4
+    # each median, in its model's place, is at least that model's busy wait (a lower bound on any machine)
+    assert ms[0] >= 2.0 and ms[1] >= 6.0, ms

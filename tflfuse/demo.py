@@ -29,6 +29,24 @@ def _run(interp: Interpreter, x: np.ndarray) -> list[np.ndarray]:
     return [interp.get_tensor(d["index"]) for d in interp.get_output_details()]
 
 
+def _alternating_ms(interps: list[Interpreter], repeats: int) -> list[float]:
+    """Median milliseconds per invoke, with a read-back of the first output, of each interpreter (inputs set),
+    after one warm-up each, timed in ``repeats`` alternating rounds (one invoke of each per round), so that a
+    change in the machine's load over the timing reaches every model alike."""
+    def invoke(interp: Interpreter) -> None:
+        interp.invoke()
+        interp.get_tensor(interp.get_output_details()[0]["index"])
+    for interp in interps:
+        invoke(interp)
+    times: list[list[float]] = [[] for _ in interps]
+    for _ in range(repeats):
+        for interp, taken in zip(interps, times):
+            t0 = time.perf_counter()
+            invoke(interp)
+            taken.append(time.perf_counter() - t0)
+    return [float(np.median(taken)) * 1e3 for taken in times]
+
+
 def run_demo(adapter: str | None = None, size: int = 224, repeats: int = 5,
              echo: Callable[[str], None] = print) -> dict:
     """Runs the demo and returns its measurements (also echoed as text).
@@ -36,7 +54,8 @@ def run_demo(adapter: str | None = None, size: int = 224, repeats: int = 5,
     Args:
       adapter: substring of the WebGPU adapter name to use (default: the best one found).
       size: MobileNetV2 input side in pixels (224 as in the paper; smaller is faster).
-      repeats: timed invokes per model (median reported, after one warm-up).
+      repeats: timed invokes per model (median reported, after one warm-up), the fused and the unfused model in
+        alternating rounds.
     Returns:
       dict with ``fused_bottlenecks``, ``max_abs_error``, ``dispatches_fused``, ``dispatches_unfused``,
       ``latency_fused_ms``, ``latency_unfused_ms``, ``face_box`` (ymin, xmin, ymax, xmax; photo pixels),
@@ -78,8 +97,7 @@ def run_demo(adapter: str | None = None, size: int = 224, repeats: int = 5,
     (plain_probs,) = _run(plain, photo)
     out["max_abs_error_unfused"] = float(np.abs(plain_probs - reference).max())
     out["dispatches_fused"], out["dispatches_unfused"] = interp.dispatch_count, plain.dispatch_count
-    out["latency_fused_ms"] = interp.time_invoke(repeats) * 1e3
-    out["latency_unfused_ms"] = plain.time_invoke(repeats) * 1e3
+    out["latency_fused_ms"], out["latency_unfused_ms"] = _alternating_ms([interp, plain], repeats)
     ops_f, ops_u = sum(fused.report.op_counts.values()), sum(unfused.report.op_counts.values())
     echo(f"\n{'':<10}{'ops':>6}{'dispatches':>12}{'latency (median of ' + str(repeats) + ')':>26}")
     echo(f"{'fused':<10}{ops_f:>6}{out['dispatches_fused']:>12}{out['latency_fused_ms']:>23.1f} ms")
