@@ -265,3 +265,19 @@ def test_pad_constant_is_held_as_its_float16_rounding(device, rng, fill):
     held = got[~np.isnan(got)].astype(np.float16)
     np.testing.assert_array_equal(held.astype(np.float32), got[~np.isnan(got)])   # a float16 value
     np.testing.assert_array_equal(held.view(np.uint16), want[~np.isnan(want)].view(np.uint16))   # and its sign
+
+
+def test_every_float16_value_reads_back_as_numpy_converts_it(device):
+    """A float16 plan's outputs come back as float32 through a look-up of all 65,536 float16 bit patterns
+    (tflfuse.runtime.plan._half_to_float): each the value NumPy's float16 -> float32 conversion gives, bit for bit
+    (NaN payloads too), and through a whole plan, NEG of every finite float16 value (exact in float16) comes back
+    as NumPy's negation of it."""
+    from tflfuse.runtime.plan import _half_to_float
+
+    bits = np.arange(1 << 16).astype(np.uint16)
+    got = _half_to_float(bits)
+    assert got.dtype == np.float32 and got.shape == bits.shape
+    np.testing.assert_array_equal(got.view(np.uint32), bits.view(np.float16).astype(np.float32).view(np.uint32))
+    finite = bits.view(np.float16)[np.isfinite(bits.view(np.float16))].astype(np.float32)   # 63,488 values
+    (neg,) = run_op(device, "NEG", [finite.reshape(248, 256)], precision="float16")
+    np.testing.assert_array_equal(neg.reshape(-1).view(np.uint32), (-finite).view(np.uint32))
