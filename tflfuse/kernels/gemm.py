@@ -822,18 +822,6 @@ def few_rows_lanes(rows: int, depth: int, cols: int) -> int:
     return lanes
 
 
-def _grouped_tree_step(line: str, offsets: list[int]) -> str:
-    """A line of :func:`~tflfuse.kernels.wgsl.lane_tree` for shares of several rows side by side (row ``i``'s at
-    ``offsets[i]``): its halving step applied to each row's shares; other lines (the barriers) unchanged."""
-    found = re.fullmatch(r"  if \(lane < (\d+)u\) \{ shares\[lidx\] \+= shares\[lidx \+ (\d+)u\]; \}", line)
-    if not found:
-        return line
-    step, stride = found.groups()
-    adds = "".join(f"\n    shares[{o}u + lidx] += shares[{o + int(stride)}u + lidx];" if o else
-                   f"\n    shares[lidx] += shares[lidx + {stride}u];" for o in offsets)
-    return f"  if (lane < {step}u) {{{adds}\n  }}"
-
-
 def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int,
                      act: str = "", has_bias: bool = False, residual: bool = False) -> Program:
     """``y [rows, cols] = act(x [rows, depth] @ w [depth, cols] (+ b [cols]) (+ res [rows, cols]))`` for products
@@ -906,8 +894,7 @@ def few_rows_program(name: str, bindings: tuple[Binding, ...], rows: int, depth:
     stores = []
     for g0 in range(0, block, group):
         rg = range(g0, min(block, g0 + group))
-        tree = "\n".join(_grouped_tree_step(line, [(r - g0) * 256 for r in rg]) for line in
-                          lane_tree(lanes, per).split("\n")) if len(rg) > 1 else lane_tree(lanes, per)
+        tree = lane_tree(lanes, per, [(r - g0) * 256 for r in rg])
         stored = "".join(f"  {share(r)} = acc{r};\n" for r in rg)
         stores.append(stored + "  workgroupBarrier();\n" + tree + "\n" + "\n".join(
             f"""  if (lane == 0u && o < {outputs}u && r0 + {r}u < {rows}u) {{

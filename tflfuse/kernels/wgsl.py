@@ -308,14 +308,22 @@ def split_lanes(outputs: int, terms: int, target: str = "gpu", unroll: int = 4, 
     return lanes
 
 
-def lane_tree(lanes: int, per: int) -> str:
+def lane_tree(lanes: int, per: int, offsets: Sequence[int] = (0,)) -> str:
     """WGSL adding the ``lanes`` shares of each of ``per`` sums in ``var<workgroup> shares`` (share ``lane`` of
     sum ``i`` at ``lane * per + i``, indexed by ``lidx``) into lane 0's entry: ``log2(lanes)`` halving steps, each
-    behind a barrier (every invocation of the workgroup must reach it)."""
+    behind a barrier (every invocation of the workgroup must reach it). ``offsets``: where in ``shares`` each of
+    several such sets of shares starts (one tree adds them all, a step each per barrier)."""
+    def at(offset: int, extra: int = 0) -> str:
+        return f"shares[{offset + extra}u + lidx]" if offset else \
+            (f"shares[lidx + {extra}u]" if extra else "shares[lidx]")
     tree, step = [], lanes // 2
     while step:
-        tree.append(f"  if (lane < {step}u) {{ shares[lidx] += shares[lidx + {step * per}u]; }}\n"
-                    f"  workgroupBarrier();")
+        if len(offsets) == 1:
+            tree.append(f"  if (lane < {step}u) {{ {at(offsets[0])} += {at(offsets[0], step * per)}; }}")
+        else:
+            tree.append(f"  if (lane < {step}u) {{" + "".join(f"\n    {at(o)} += {at(o, step * per)};" for o in offsets)
+                        + "\n  }")
+        tree.append("  workgroupBarrier();")
         step //= 2
     return "\n".join(tree)
 
