@@ -11,6 +11,7 @@ is fixed at 2**-24. Whole models against LiteRT CPU are in test_real_models.py (
 """
 
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -281,3 +282,23 @@ def test_every_float16_value_reads_back_as_numpy_converts_it(device):
     finite = bits.view(np.float16)[np.isfinite(bits.view(np.float16))].astype(np.float32)   # 63,488 values
     (neg,) = run_op(device, "NEG", [finite.reshape(248, 256)], precision="float16")
     np.testing.assert_array_equal(neg.reshape(-1).view(np.uint32), (-finite).view(np.uint32))
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, (1 << 20) - 1, (1 << 20) + 1, 3_000_001])
+def test_float16_uploads_round_as_numpy_in_parallel_parts(n):
+    """A float16 plan's uploads (tflfuse.runtime.plan._half_bytes): from 2**20 values the rounding runs in
+    parallel parts; every size gives NumPy's float32 -> float16 conversion bit for bit (ties to even, past 65504
+    inf, NaN, subnormals), flat, padded with one zero to an even count, and warns of nothing."""
+    from tflfuse.runtime.plan import _half_bytes
+
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 3e4).astype(np.float32)
+    for start, value in enumerate([7e4, -1e6, np.nan, 1e-9, np.inf, 65520.0, 65519.99, 2.0 ** -25]):
+        x[start::97] = value
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = _half_bytes(x)
+    with np.errstate(over="ignore"):
+        want = np.concatenate([x.astype(np.float16), np.zeros(n % 2, np.float16)])
+    assert got.dtype == np.float16 and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 import weakref
 from typing import Mapping, Sequence
@@ -480,12 +481,37 @@ def _half_to_float(bits: np.ndarray) -> np.ndarray:
     return np.take(_half_table(), bits)
 
 
+#: Values from which :func:`_half_bytes` rounds to float16 in parallel parts, one per CPU core (at most
+#: :data:`_HALF_THREADS`): numpy's float32 -> float16 conversion runs at about 2.2 ns a value on one core and lets
+#: other threads run. MobileNetV2's input at batch 32 (4.8 M values): on a 2-core CPU 6.3 ms against 11.4; on an
+#: H100 machine's 16-core host (2026-12-07) 3.5 against 12.0 ms, its float16 plan's set_tensor() 6.2 against 14.3.
+_HALF_PARALLEL_MIN, _HALF_THREADS = 1 << 20, 8
+
+
+@functools.cache
+def _half_pool():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=_HALF_THREADS, thread_name_prefix="tflfuse-f16")
+
+
 def _half_bytes(values: np.ndarray) -> np.ndarray:
-    """Float values as float16 (round to nearest even), padded with a zero to a multiple of 4 bytes (WebGPU's
-    unit for buffer writes and copies)."""
-    with np.errstate(over="ignore"):
-        half = values.astype(np.float16).ravel()
-    return np.concatenate([half, np.zeros(1, np.float16)]) if half.size % 2 else half
+    """Float values as float16 (round to nearest even; past 65504 inf, as float16 does), flat, padded with a zero
+    to a multiple of 4 bytes (WebGPU's unit for buffer writes and copies)."""
+    flat = np.ravel(values)
+    half = np.zeros(flat.size + flat.size % 2, np.float16)
+
+    def convert(lo: int, hi: int) -> None:
+        with np.errstate(over="ignore"):
+            np.copyto(half[lo:hi], flat[lo:hi], casting="same_kind")
+    parts = min(os.cpu_count() or 1, _HALF_THREADS) if flat.size >= _HALF_PARALLEL_MIN else 1
+    if parts == 1:
+        convert(0, flat.size)
+        return half
+    bounds = [flat.size * i // parts for i in range(parts + 1)]
+    for done in [_half_pool().submit(convert, lo, hi) for lo, hi in zip(bounds, bounds[1:])]:
+        done.result()
+    return half
 
 
 class _NativeCommandBuffer:
