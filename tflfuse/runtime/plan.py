@@ -503,7 +503,7 @@ def _half_bytes(values: np.ndarray) -> np.ndarray:
 
     def convert(lo: int, hi: int) -> None:
         with np.errstate(over="ignore"):
-            np.copyto(half[lo:hi], flat[lo:hi], casting="same_kind")
+            np.copyto(half[lo:hi], flat[lo:hi], casting="unsafe")   # as astype casts
     parts = min(os.cpu_count() or 1, _HALF_THREADS) if flat.size >= _HALF_PARALLEL_MIN else 1
     if parts == 1:
         convert(0, flat.size)
