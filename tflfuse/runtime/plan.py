@@ -498,8 +498,8 @@ def _half_pool():
 
 
 def _half_bytes(values: np.ndarray) -> np.ndarray:
-    """Float values as float16 (round to nearest even; past 65504 inf, as float16 does), flat, padded with a zero
-    to a multiple of 4 bytes (WebGPU's unit for buffer writes and copies)."""
+    """Float values as float16 (round to nearest even: from 65520 on, inf), flat, padded with a zero to a multiple
+    of 4 bytes (WebGPU's unit for buffer writes and copies)."""
     flat = np.ravel(values)
     half = np.zeros(flat.size + flat.size % 2, np.float16)
 
