@@ -413,6 +413,33 @@ def _depthwise_model(path) -> None:
                                                                     "depthMultiplier": 1})}], [0], [2]))
 
 
+def test_upload_ab_times_three_plans_three_ways(tmp_path):
+    """benchmarks/upload_ab.py, run as a user runs it, on a one-op model at one round and two batches: a row per
+    plan (float32, float16 rounding its input on the GPU, float16 rounding it on the host), the GPU-rounding plan
+    one dispatch more (FLOAT16_INPUT), each with its three times, GPU time and ratio to the host-rounding plan
+    (1.000x for itself). Its times say nothing here (the software adapter); only what it runs and writes is
+    checked."""
+    model = build([t((1, 9, 9, 8)), t((1, 9, 9, 8))], [{"op": "RELU", "inputs": [0], "outputs": [1]}], [0], [1])
+    (tmp_path / "relu.tflite").write_bytes(model)
+    out = tmp_path / "up.md"
+    script = str(ROOT / "benchmarks" / "upload_ab.py")
+    proc = subprocess.run([sys.executable, script, f"--models={tmp_path}", "--select=relu", "--batches=1,3",
+                           "--rounds=1", "--invokes=2", f"--out={out}"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    times = r"( [0-9.]+ \|){3} ([0-9.]+|nan) \|"
+    for batch in (1, 3):
+        for plan, dispatches, ratio in (("float32", 1, r"[0-9.]+x"), ("float16, GPU rounding", 2, r"[0-9.]+x"),
+                                        ("float16, host rounding", 1, r"1\.000x")):
+            assert re.search(rf"\| relu \| {batch} \| {plan} \| {dispatches} \|{times} {ratio} \|", text), text
+    bad = subprocess.run([sys.executable, script, "--batches=0"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--batches takes positive integers" in bad.stderr, bad.stderr[-2000:]
+    none = subprocess.run([sys.executable, script, f"--models={tmp_path}", "--select=nothing*",
+                           f"--out={tmp_path / 'none.md'}"], capture_output=True, text=True, timeout=600)
+    assert none.returncode != 0 and "matches --select=nothing*; nothing written" in none.stderr, none.stderr[-2000:]
+    assert not (tmp_path / "none.md").exists()
+
+
 def test_half_math_ab_times_each_setting_and_names_the_dispatches_that_differ(tmp_path):
     """benchmarks/half_math_ab.py, run as a user runs it, on a one-op model (a 3x3 DEPTHWISE_CONV_2D over 8
     channels: the strip schedule, whose f16 form the 'depthwise' setting takes) at one round: a table row per
@@ -427,7 +454,8 @@ def test_half_math_ab_times_each_setting_and_names_the_dispatches_that_differ(tm
     text = out.read_text()
     for setting in ("none", "depthwise", "conv", "all"):
         assert f"| {setting} | " in text
-    assert "| 0 | DEPTHWISE_CONV_2D |" in text and "none against all" in text
+    # dispatch 0 rounds the float16 plan's input (FLOAT16_INPUT), the same program in every setting
+    assert "| 1 | DEPTHWISE_CONV_2D |" in text and "| 0 | FLOAT16_INPUT |" not in text and "none against all" in text
     # each setting's output distance from none (none's own is 0), beside none's distance from float32
     assert re.search(r"\| none \| [0-9.]+ \| 1\.000x \| 0 \|", text), text
     assert re.search(r"The plan without the forms is [0-9.e-]+ of its output's largest value", text), text
@@ -458,7 +486,9 @@ def test_switch_ab_times_a_switch_off_and_on_and_names_the_dispatches_it_changes
                              text), text
         return text
     text = timed(conv + "DEPTHWISE_HALF_MATH", "1,2", "float16", "0.05")
-    assert "Dispatches the switch changes, dw at batch 1, float16" in text and "| 0 | DEPTHWISE_CONV_2D |" in text
+    # dispatch 0 rounds the float16 plan's input (FLOAT16_INPUT), which the switch leaves as it is
+    assert "Dispatches the switch changes, dw at batch 1, float16" in text and "| 1 | DEPTHWISE_CONV_2D |" in text
+    assert "FLOAT16_INPUT |" not in text
     # MODULE:NAME=VALUE sets a constant: the 3x3 depthwise conv past a 1-tap strip bound runs one invocation per
     # output instead of its strips, a changed dispatch
     text = timed(conv + "_STRIP_MAX_TAPS=1", "3", "float32", "1e-5")

@@ -18,9 +18,9 @@ import pytest
 
 import tflfuse
 from tflfuse.kernels import kernel_class
-from tflfuse.kernels.base import Binding, KernelError, Program
+from tflfuse.kernels.base import MAX_WORKGROUPS_PER_DIM, Binding, KernelError, Program
 from tflfuse.kernels.half import half_storage
-from tflfuse.runtime.plan import ExecutionPlan, lower, run_op
+from tflfuse.runtime.plan import ExecutionPlan, lower, op_plan, run_op
 from tflfuse.shader import ShaderInfo, get_shader, run_shader
 
 from test_shader_validity import GRID, _inputs
@@ -92,7 +92,10 @@ def test_float16_plan_halves_the_gpu_memory(device):
         reports[precision] = interp._plan(0).memory_report()
     full, half = reports["float32"], reports["float16"]
     assert half["constants"] <= full["constants"] / 2 + 4 * 256   # each weight padded to 4 bytes at most
-    assert half["activations"] <= full["activations"] / 2 + 16 * 64   # each buffer rounded up to 16 bytes
+    # each buffer rounded up to 16 bytes, and the float32 buffer that the input is uploaded into (rounded to
+    # float16 on the GPU: plan.HALF_INPUTS_ON_GPU)
+    upload = 4 * int(np.prod(interp.get_input_details()[0]["shape"]))
+    assert half["activations"] <= full["activations"] / 2 + 16 * 64 + upload
 
 
 def test_bad_precision_and_missing_feature(device):
@@ -282,6 +285,60 @@ def test_every_float16_value_reads_back_as_numpy_converts_it(device):
     finite = bits.view(np.float16)[np.isfinite(bits.view(np.float16))].astype(np.float32)   # 63,488 values
     (neg,) = run_op(device, "NEG", [finite.reshape(248, 256)], precision="float16")
     np.testing.assert_array_equal(neg.reshape(-1).view(np.uint32), (-finite).view(np.uint32))
+
+
+def _float16_through_a_plan(device, x: np.ndarray) -> np.ndarray:
+    """``x`` (float32, 1-D) set as the input of a float16 plan of one RESHAPE (a view: its output is the input's
+    float16 buffer, which only the plan's FLOAT16_INPUT dispatch writes), read back after a run."""
+    plan = op_plan(device, "RESHAPE", [x], {"new_shape": [x.size]}, precision="float16")
+    assert [(d["op"], d["program"]) for d in plan.dispatches] == [("FLOAT16_INPUT", "FLOAT16_INPUT")]
+    plan.run()
+    return plan.read(plan.graph.outputs[0])
+
+
+def _assert_numpy_rounding(got: np.ndarray, x: np.ndarray) -> None:
+    """``got`` is ``x`` rounded to float16 as NumPy rounds it, bit for bit; a NaN as a NaN of the same sign (its
+    payload's bits are the CPU's choice in NumPy: x86's conversion instruction sets the quiet bit)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert np.isnan(got[nan]).all() and (np.signbit(got[nan]) == np.signbit(x[nan])).all()
+
+
+def test_float16_inputs_round_on_the_gpu_as_numpy(device):
+    """A float16 plan uploads its inputs as float32 and rounds them on the GPU (kernels.half.half_pack_program):
+    every value NumPy's float32 -> float16 conversion gives, bit for bit, at each edge of the rounding: every
+    finite float16 value, each midpoint between neighbours (ties to even) and the float32 values either side of
+    it, the overflow bound (65520 and the float32 just below it), subnormal float16 down to half the smallest
+    (a tie to zero), float32 subnormals, signed zeros, infinities and NaNs with and without payloads (odd count:
+    the last word's upper half). Before the run, get_tensor() of the input gives the same values."""
+    halves = np.arange(1 << 16).astype(np.uint16).view(np.float16)
+    finite = np.unique(halves[np.isfinite(halves)].astype(np.float64))            # 63,487 (one zero)
+    mids = ((finite[:-1] + finite[1:]) / 2).astype(np.float32)                    # exact in float32
+    specials = np.array([0x00000000, 0x80000000, 0x00000001, 0x807fffff, 0x7f800000, 0xff800000, 0x7fc00000,
+                         0xffc00001, 0x7f800001, 0xff800001, 0x7fbfffff, 0x477ff000, 0x477fefff, 0xc77ff000,
+                         0x33000000, 0x33000001, 0xb3000001, 0x33800000, 0x337fffff, 0x387fffff, 0x38800000,
+                         0x477fe000, 0x47800000, 0x7f7fffff], np.uint32).view(np.float32)
+    x = np.concatenate([finite.astype(np.float32), mids, np.nextafter(mids, np.float32(np.inf)),
+                        np.nextafter(mids, np.float32(-np.inf)), specials, np.float32([1.0])])
+    x = np.concatenate([x, -x])[:-1]                                              # an odd count
+    assert x.size % 2 == 1
+    _assert_numpy_rounding(_float16_through_a_plan(device, x), x)
+    plan = op_plan(device, "RESHAPE", [x], {"new_shape": [x.size]}, precision="float16")
+    _assert_numpy_rounding(plan.read(plan.graph.inputs[0]), x)
+
+
+def test_float16_input_rounding_past_65535_workgroups(device):
+    """The FLOAT16_INPUT dispatch (256 invocations a workgroup, two values each) over more than 65,535 workgroups
+    spills into dispatch y: 2**25 + 101 random float32 bit patterns (every exponent, NaNs among them), within the
+    software adapter's 128 MiB storage binding, against NumPy's rounding."""
+    from tflfuse.kernels.half import half_pack_program
+
+    n = 2 * 256 * MAX_WORKGROUPS_PER_DIM + 101
+    assert half_pack_program(n).dispatch[:2] == (MAX_WORKGROUPS_PER_DIM, 2)
+    x = np.random.default_rng(7).integers(0, 1 << 32, n, dtype=np.uint32).view(np.float32)
+    _assert_numpy_rounding(_float16_through_a_plan(device, x), x)
 
 
 @pytest.mark.parametrize("n", [0, 1, 15, (1 << 18) - 1, (1 << 18) + 1, 3_000_001])

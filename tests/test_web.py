@@ -265,6 +265,14 @@ def test_plan_json_describes_the_model(site):
         assert all(b["offset"] + b["size"] <= sizes[b["buffer"]] for b in d["bindings"])
     face16 = json.loads((root / "face16" / "plan.json").read_text())
     assert face16["precision"] == "float16" and face16["requires"]["features"] == ["shader-f16"]
+    # its float input is written as float32 into a buffer of its own, which the first dispatch rounds into the
+    # float16 buffer the kernels read
+    (image,) = face16["inputs"]
+    held = next(t for t in face16["tensors"] if t["index"] == image["index"])
+    assert (image["storage"], held["storage"]) == ("f32", "f16") and image["buffer"] != held["buffer"]
+    first = face16["dispatches"][0]
+    assert (first["op"], first["operator"]) == ("FLOAT16_INPUT", -1)
+    assert [b["buffer"] for b in first["bindings"]] == [image["buffer"], held["buffer"]]
     # weights: float16 ones take half the bytes of float32 ones (each constant padded to 16 bytes)
     face = json.loads((root / "face" / "plan.json").read_text())
     assert face16["weights_size"] < 0.6 * face["weights_size"]

@@ -42,10 +42,10 @@ from collections.abc import Iterable
 import numpy as np
 
 from .base import Binding, KernelError, Program
-from .wgsl import F32_INF, F32_NEG_INF, helpers_for
+from .wgsl import F32_INF, F32_NEG_INF, elementwise_program, helpers_for
 
-__all__ = ["HALF_MATH_FORMS", "HALF_STEPS", "HALF_TYPES", "HalfMathProgram", "half_binding_size", "half_math_forms",
-           "half_programs", "half_storage", "is_half_binding", "with_half_math"]
+__all__ = ["HALF_BITS", "HALF_MATH_FORMS", "HALF_STEPS", "HALF_TYPES", "HalfMathProgram", "half_binding_size",
+           "half_math_forms", "half_pack_program", "half_programs", "half_storage", "is_half_binding", "with_half_math"]
 
 #: A float binding's element type -> its type in a float16 plan.
 HALF_TYPES = {"f32": "f16", "vec4<f32>": "vec4<f16>"}
@@ -124,6 +124,53 @@ def is_half_binding(b: Binding, half_scratch: tuple[int, ...] = ()) -> bool:
 def half_binding_size(elements: int) -> int:
     """Bytes of an ``array<f16>`` binding of ``elements`` values: 2 each, rounded up to WebGPU's multiple of 4."""
     return -(-2 * elements // 4) * 4
+
+
+#: ``fn half_bits``: the IEEE binary16 bits of a float32 given as its bits, rounded to nearest even (NumPy's
+#: ``astype(np.float16)``; IEEE 754's default rounding): from 65520 on +-inf, below 2**-14 a subnormal (exactly
+#: half of 2**-24 and less: +-0), NaN a quiet NaN of the same sign keeping the top ten bits of the payload. WGSL
+#: leaves a conversion of f32 to f16 free to round either way and an out-of-range one undefined, so the rounding
+#: is done on the bits.
+HALF_BITS = """
+fn half_bits(b: u32) -> u32 {
+  let sgn = (b >> 16u) & 0x8000u;
+  let a = b & 0x7fffffffu;
+  if (a >= 0x7f800000u) { return sgn | select(0x7c00u, 0x7e00u | ((a >> 13u) & 0x3ffu), a > 0x7f800000u); }
+  if (a >= 0x477ff000u) { return sgn | 0x7c00u; }
+  if (a >= 0x38800000u) {
+    let m = a - 0x38000000u;
+    return sgn | ((m + 0xfffu + ((m >> 13u) & 1u)) >> 13u);
+  }
+  let e = a >> 23u;
+  if (e < 102u) { return sgn; }
+  let f = (a & 0x7fffffu) | 0x800000u;
+  let shift = 126u - e;
+  let q = f >> shift;
+  let rest = f & ((1u << shift) - 1u);
+  let mid = 1u << (shift - 1u);
+  return sgn | (q + select(0u, 1u, rest > mid || (rest == mid && (q & 1u) == 1u)));
+}
+"""
+
+
+def half_pack_program(count: int) -> Program:
+    """One dispatch that rounds ``count`` float32 values to float16 on the GPU: binding ``x`` (role
+    ``("input", 0)``, ``array<u32>``, the float32 bits, ``4 * count`` bytes) into ``y`` (role ``("output", 0)``,
+    ``array<u32>``, two float16 values a word, the lower half first, :func:`half_binding_size` bytes; an odd
+    count's last word holds a zero above its value), each value as :data:`HALF_BITS` rounds it: the values
+    ``np.float32(x).astype(np.float16)`` gives, NaN as a NaN. A float16 plan's inputs go through it at the start
+    of each run (:class:`tflfuse.runtime.plan.ExecutionPlan`), so that the host uploads float32 as it is rather
+    than rounding on the CPU. Raises :class:`KernelError` for a ``count`` below 1."""
+    if not isinstance(count, int) or count < 1:
+        raise KernelError(f"half_pack_program takes a count of at least 1 value, got {count!r}")
+    words = -(-count // 2)
+    bindings = (Binding("x", ("input", 0), "read", "u32", 4 * count),
+                Binding("y", ("output", 0), "read_write", "u32", half_binding_size(count)))
+    high = "half_bits(x[i + 1u])" if count % 2 == 0 else \
+        f"select(0u, half_bits(x[min(i + 1u, {count - 1}u)]), i + 1u < {count}u)"
+    body = f"""  let i = 2u * idx;
+  y[idx] = half_bits(x[i]) | ({high} << 16u);"""
+    return elementwise_program("FLOAT16_INPUT", bindings, words, body, helpers=HALF_BITS, workgroup=256)
 
 
 def half_programs(kernel) -> list[Program]:

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..kernels import kernel_class
 from ..kernels.base import KernelError, Program, TensorSpec
-from ..kernels.half import half_binding_size, half_programs
+from ..kernels.half import half_binding_size, half_pack_program, half_programs
 from ..kernels.wgsl import workgroup_storage
 from .device import ShaderCompileError
 from .lower import (_DTYPE_NAMES, MAX_FOLDED_ELEMENTS, LoweredGraph, LoweredOp, _has_fused_kernel,  # noqa: F401
@@ -37,6 +37,12 @@ __all__ = ["ExecutionPlan", "LoweredOp", "LoweredGraph", "PRECISIONS", "check_su
 #: binary16 on the GPU, arithmetic in f32 but the matrix products' f16 multiply-adds: :mod:`tflfuse.kernels.half`;
 #: needs the ``shader-f16`` feature).
 PRECISIONS = ("float32", "float16")
+#: Whether a float16 plan's float inputs are uploaded as float32 and rounded to float16 by a dispatch at the start
+#: of each run (:func:`~tflfuse.kernels.half.half_pack_program`, the same values as NumPy's rounding) rather than
+#: by NumPy on the host: :meth:`ExecutionPlan.write` then costs what a float32 plan's does.
+HALF_INPUTS_ON_GPU = True
+#: The op name and index of those dispatches in :attr:`ExecutionPlan.dispatches` and profiles (no op of the file).
+HALF_INPUT_STEP = ("FLOAT16_INPUT", -1)
 
 
 def _check_limits(device, op: LoweredOp, prog: Program) -> None:
@@ -65,8 +71,9 @@ class ExecutionPlan:
       device: the :class:`~tflfuse.runtime.device.Device`.
       preserve_all_tensors: give every tensor its own buffer, so that intermediates can be read.
       precision: one of :data:`PRECISIONS`. ``"float16"`` stores every float32 tensor (inputs, outputs,
-        intermediates, weights) as float16 on the GPU: :meth:`write` rounds float32 values to float16 and
-        :meth:`read` returns float32 again. int32 tensors, scratch buffers and the arithmetic stay 32-bit,
+        intermediates, weights) as float16 on the GPU: an input's float32 values are rounded to float16 by the
+        first dispatch of each run (:data:`HALF_INPUTS_ON_GPU`) and :meth:`read` returns float32 again. int32
+        tensors, scratch buffers and the arithmetic stay 32-bit,
         except the tiled matrix products' slices (f16 multiply-adds, f32 across the depth).
     Raises:
       ValueError: an unknown ``precision``, or ``"float16"`` on a device without the ``shader-f16`` feature.
@@ -89,6 +96,9 @@ class ExecutionPlan:
         self.preserve_all_tensors = preserve_all_tensors
         self.device = device
         self.buffers: dict[int, object] = {}       # tensor -> GPU buffer (runtime tensors and weights)
+        #: float16 plan: input tensor -> the record id of the float32 buffer :meth:`write` fills, which the run's
+        #: first dispatches round into the tensor's own float16 buffer (:data:`HALF_INPUTS_ON_GPU`)
+        self.input_staging: dict[int, int] = {}
         self.buffer_count = 0
         self.activation_bytes = 0   # GPU memory of the (reused) buffers for inputs, outputs, intermediates, scratch
         self.constant_bytes = 0     # GPU memory of the weights
@@ -101,6 +111,14 @@ class ExecutionPlan:
         self.steps: list[tuple[Program, object, object]] = []   # (program, pipeline, bind group)
         self.step_ops: list[LoweredOp] = []                      # the op of each step
         self.dispatches: list[dict] = []                         # each step as data (_dispatch_record)
+        name, index = HALF_INPUT_STEP
+        for t, staging in self.input_staging.items():   # a float16 plan's inputs rounded on the GPU first
+            prog = half_pack_program(graph.specs[t].size)
+            rec = _dispatch_data(name, index, prog, (staging, self.tensor_buffer[t]))
+            pipeline = device.pipeline(prog)
+            self.dispatches.append(rec)
+            self.steps.append((prog, pipeline, make_bind_group(device, pipeline, rec, self.gpu_buffers)))
+            self.step_ops.append(LoweredOp(index, name, None, [t], [t]))
         for op in graph.ops:
             if op.kernel.view:
                 continue
@@ -265,6 +283,21 @@ class ExecutionPlan:
             r = g.storage_root(t)
             if r in roots:
                 self.tensor_buffer[t] = roots[r]
+        if self._half and HALF_INPUTS_ON_GPU:   # each float input's float32 values, rounded on the GPU
+            # where an op's dispatches read the input (or a view of it) or it is an output (an op whose outputs
+            # are all empty runs no dispatch)
+            read = {g.storage_root(t) for t in g.outputs} | {
+                g.storage_root(t) for op in g.ops if not op.kernel.view and not op.kernel.outputs_empty()
+                for pos, t in enumerate(op.inputs) if t >= 0 and pos not in op.kernel.static_inputs}
+            for t in dict.fromkeys(g.inputs):
+                if t in g.specs and self._is_half(t) and g.specs[t].size and t in read:
+                    nbytes = g.specs[t].nbytes
+                    if nbytes > limit:
+                        raise KernelError(f"{g.describe(t)} {list(g.specs[t].shape)} needs {nbytes} bytes as "
+                                          f"float32, over the device's max storage binding of {limit} bytes")
+                    self.buffer_count += 1
+                    self.activation_bytes += _padded(nbytes)
+                    self.input_staging[t] = record(nbytes, "io", f"io{t} float32")
         # The GPU buffers, one per record.
         self.gpu_buffers = [dev.create_buffer(rec["size"], label=rec["label"],
                                               data=self.constant_data(rec["tensor"]) if rec["kind"] == "weights"
@@ -273,25 +306,18 @@ class ExecutionPlan:
         self.buffers = {t: self.gpu_buffers[i] for t, i in self.tensor_buffer.items()}
 
     def _dispatch_record(self, op: LoweredOp, prog: Program) -> dict:
-        """One dispatch as data (the record :func:`~tflfuse.runtime.serialize.serialize_plan` writes, less the
-        shader's file): its storage bindings' buffer ids and sizes, and its uniform bytes."""
-        binds = []
-        for i, b in enumerate(prog.bindings):
+        """One dispatch of ``op`` as data (:func:`_dispatch_data`), its bindings' buffers those of the op's
+        tensors and scratch buffers."""
+        buffers = []
+        for b in prog.bindings:
             kind, k = b.role
             t = op.inputs[k] if kind == "input" else op.outputs[k] if kind == "output" else None
             if t is not None and self._half and ("f16" in b.elem_type) != self._is_half(t):
                 raise KernelError(f"{op.name} (operator {op.index}, program {prog.name}): binding {b.name!r} "
                                   f"declares {b.elem_type} for {self.graph.describe(t)}, stored as "
                                   f"{'f16' if self._is_half(t) else self._dtype_name(t)}")
-            buf = self.scratch_buffers[op.index][k] if kind == "scratch" else self.tensor_buffer[t]
-            # A zero-size binding is invalid (wgpu-native aborts on it): an empty tensor binds its 16-byte
-            # buffer, which the shader never reads (its invocations all return at once).
-            binds.append({"binding": i, "buffer": buf, "offset": 0, "size": max(int(b.size), 16)})
-        uniform = {"binding": len(prog.bindings), "bytes": prog.uniform_bytes().hex()} if prog.uniforms else None
-        return {"op": op.name, "operator": int(op.index), "program": prog.name, "entry_point": prog.entry_point,
-                "workgroup_size": [int(v) for v in prog.workgroup_size],
-                "dispatch": [int(v) for v in (tuple(prog.dispatch) + (1, 1))[:3]], "bindings": binds,
-                "uniform": uniform}
+            buffers.append(self.scratch_buffers[op.index][k] if kind == "scratch" else self.tensor_buffer[t])
+        return _dispatch_data(op.name, op.index, prog, buffers)
 
     def memory_report(self) -> dict:
         """Bytes of GPU memory the plan holds, beside what one buffer per tensor would take.
@@ -318,7 +344,9 @@ class ExecutionPlan:
 
     def write(self, tensor: int, value: np.ndarray, source: str | None = None) -> None:
         """Uploads ``value`` (of the tensor's dtype and shape) into an input's buffer; a float16 plan rounds
-        float32 values to float16 (to nearest even; past 65504 they become inf, as float16 does). bool values
+        float32 values to float16 (to nearest even; from 65520 on they become inf, as float16 does): a graph
+        input's on the GPU at the start of the next run (:data:`HALF_INPUTS_ON_GPU`), another's (a value from a
+        CPU segment) here. bool values
         are stored as int32 0/1, int64 ones as int32 (KernelError naming the tensor, or ``source``, what
         computed the value, if one does not fit)."""
         value = np.ascontiguousarray(value)
@@ -328,11 +356,15 @@ class ExecutionPlan:
             what = (f"{self.graph.describe(tensor)}, computed by {source} and read by a GPU op," if source else
                     f"the value set for {self.graph.describe(tensor)}")
             value = _narrow_int64(value, what)
-        data = (_half_bytes(value) if self._is_half(tensor) else value).tobytes()
+        staging = self.input_staging.get(tensor)
+        if staging is not None:   # float32 as it is: the run's first dispatches round it
+            data, target = np.asarray(value, np.float32).tobytes(), self.gpu_buffers[staging]
+        else:
+            data, target = (_half_bytes(value) if self._is_half(tensor) else value).tobytes(), self.buffers[tensor]
         self._staged.discard(tensor)   # a passthrough output's staged copy is now stale
         if data:  # wgpu refuses an empty write; an empty tensor has nothing to upload
             with self.device.guard("set_tensor()"):
-                self.device.device.queue.write_buffer(self.buffers[tensor], 0, data)
+                self.device.device.queue.write_buffer(target, 0, data)
 
     def _encode(self):
         """One command buffer: every dispatch in one compute pass, then the outputs' copies to their
@@ -384,6 +416,12 @@ class ExecutionPlan:
             return value.astype(np.int64) if tensor in self.graph.narrowed else value
         spec = self.graph.specs[tensor]
         dtype = np.float32 if spec.dtype == "float32" else np.int32
+        if tensor in self.input_staging and tensor not in self._staged:   # as set, rounded as the run will round it
+            with self.device.guard("get_tensor()"):
+                raw = self.device.device.queue.read_buffer(self.gpu_buffers[self.input_staging[tensor]], 0,
+                                                           spec.nbytes)
+            bits = _half_bytes(np.frombuffer(raw, np.float32)).view(np.uint16)[:spec.size]
+            return _half_to_float(bits).reshape(spec.shape)
         if spec.dtype in ("bool", "int8", "uint8") or tensor in self.graph.narrowed:   # held as int32: the file's dtype
             return self._read_raw(tensor, spec, dtype).astype(self.host_dtype(tensor))
         return self._read_raw(tensor, spec, dtype)
@@ -449,6 +487,21 @@ READBACK_SPIN_S = 0.002
 def _padded(nbytes: int) -> int:
     """A buffer's size for ``nbytes`` of values: a multiple of 16, at least 16 (as Device.create_buffer)."""
     return max(16, -(-nbytes // 16) * 16)
+
+
+def _dispatch_data(op: str, index: int, prog: Program, buffers: Sequence[int]) -> dict:
+    """One dispatch as data (the record :func:`~tflfuse.runtime.serialize.serialize_plan` writes, less the shader's
+    file): op name and index, its storage bindings (the ids of ``buffers``, in binding order, and the sizes) and
+    its uniform bytes."""
+    # A zero-size binding is invalid (wgpu-native aborts on it): an empty tensor binds its 16-byte buffer, which
+    # the shader never reads (its invocations all return at once).
+    binds = [{"binding": i, "buffer": buf, "offset": 0, "size": max(int(b.size), 16)}
+             for i, (b, buf) in enumerate(zip(prog.bindings, buffers))]
+    uniform = {"binding": len(prog.bindings), "bytes": prog.uniform_bytes().hex()} if prog.uniforms else None
+    return {"op": op, "operator": int(index), "program": prog.name, "entry_point": prog.entry_point,
+            "workgroup_size": [int(v) for v in prog.workgroup_size],
+            "dispatch": [int(v) for v in (tuple(prog.dispatch) + (1, 1))[:3]], "bindings": binds,
+            "uniform": uniform}
 
 
 def make_bind_group(device, pipeline, dispatch: Mapping, buffers: Sequence):

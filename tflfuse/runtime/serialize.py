@@ -20,7 +20,9 @@ The plan dict (``format`` :data:`PLAN_FORMAT`, ``version`` :data:`PLAN_VERSION`)
 - ``tensors``: ``[{index, name, shape, dtype, storage, buffer, nbytes}]``, every runtime tensor and weight the
   GPU holds: ``dtype`` the file's (float32, int32, bool, int64), ``storage`` the WGSL element type it is held as
   (f32, f16, i32: bool as 0/1, int64 narrowed to int32), ``nbytes`` its bytes in ``buffer`` (from offset 0).
-- ``inputs``/``outputs``: the same records for the subgraph's inputs and outputs, in order.
+- ``inputs``/``outputs``: the same records for the subgraph's inputs and outputs, in order; except that a float16
+  plan's float input is written as ``storage`` f32 into a ``buffer`` of its own, which the plan's first dispatches
+  (``op`` ``FLOAT16_INPUT``, ``operator`` -1) round to float16 into the buffer its ``tensors`` record names.
 - ``signatures``: ``{key: {inputs: {name: tensor name}, outputs: {name: tensor name}}}`` (subgraph 0's).
 - ``shaders``: ``[file name]``; ``dispatches``: in order, one compute pass, each
   ``{op, operator, program, shader (index into shaders), entry_point, workgroup_size, dispatch (workgroups x,
@@ -121,6 +123,17 @@ def _storage(plan, t: int) -> str:
     return "i32"
 
 
+def _input_record(plan, record: dict) -> dict:
+    """An input's record as users write it: a float16 plan's float input (:attr:`~tflfuse.runtime.plan.
+    ExecutionPlan.input_staging`) is written as float32 into a buffer of its own, which the plan's first dispatches
+    round into the tensor's float16 buffer."""
+    staging = plan.input_staging.get(record["index"])
+    if staging is None:
+        return record
+    return {**record, "storage": "f32", "buffer": staging,
+            "nbytes": 4 * int(np.prod(record["shape"], dtype=np.int64))}
+
+
 def serialize_plan(plan, signatures: Mapping[str, Mapping] | None = None) -> SerializedPlan:
     """Serialises a built :class:`~tflfuse.runtime.plan.ExecutionPlan` (see the module's docstring): the plan's
     own buffer and dispatch records (from which it made its GPU buffers and bind groups), the constants as their
@@ -207,7 +220,8 @@ def serialize_plan(plan, signatures: Mapping[str, Mapping] | None = None) -> Ser
         "format": PLAN_FORMAT, "version": PLAN_VERSION, "subgraph": int(graph.subgraph),
         "precision": plan.precision,
         "requires": {"features": ["shader-f16"] if plan.precision == "float16" else [], "limits": limits},
-        "inputs": [tensors[t] for t in graph.inputs], "outputs": [tensors[t] for t in graph.outputs],
+        "inputs": [_input_record(plan, tensors[t]) for t in graph.inputs],
+        "outputs": [tensors[t] for t in graph.outputs],
         "signatures": sigs, "buffers": buffers, "tensors": [tensors[t] for t in sorted(tensors)],
         "shaders": list(shaders), "dispatches": dispatches,
         "weights_size": len(weights), "weights_sha256": hashlib.sha256(weights).hexdigest(),
