@@ -297,8 +297,9 @@ def _float16_through_a_plan(device, x: np.ndarray) -> np.ndarray:
 
 
 def _assert_numpy_rounding(got: np.ndarray, x: np.ndarray) -> None:
-    """``got`` is ``x`` rounded to float16 as NumPy rounds it, bit for bit; a NaN as a NaN of the same sign (its
-    payload's bits are the CPU's choice in NumPy: x86's conversion instruction sets the quiet bit)."""
+    """``got`` is ``x`` rounded to float16 as NumPy rounds it, bit for bit; a NaN as a NaN of the same sign (NumPy
+    keeps the top of a NaN's payload in its own conversion, but where it uses the CPU's conversion instruction, x86's
+    sets the quiet bit: the bits of a NaN depend on the machine)."""
     with np.errstate(over="ignore", invalid="ignore"):
         want = x.astype(np.float16).astype(np.float32)
     nan = np.isnan(want)
@@ -326,6 +327,20 @@ def test_float16_inputs_round_on_the_gpu_as_numpy(device):
     assert x.size % 2 == 1
     _assert_numpy_rounding(_float16_through_a_plan(device, x), x)
     plan = op_plan(device, "RESHAPE", [x], {"new_shape": [x.size]}, precision="float16")
+    _assert_numpy_rounding(plan.read(plan.graph.inputs[0]), x)
+
+
+def test_float16_input_too_large_as_float32_is_rounded_on_the_host(device, monkeypatch):
+    """An input whose float16 values fit the device's max storage binding but whose float32 values would not is
+    rounded by NumPy in set_tensor(), as before the FLOAT16_INPUT dispatch: no dispatch and no float32 buffer for
+    it, the same values. (The binding limit the plan reads is lowered to 64 KiB here: 20,001 values are 80,004
+    bytes as float32 and 40,004 as float16.)"""
+    monkeypatch.setitem(device.limits, "max-storage-buffer-binding-size", 1 << 16)
+    x = np.random.default_rng(5).standard_normal(20_001).astype(np.float32) * 7e4   # past 65504 too
+    plan = op_plan(device, "NEG", [x], precision="float16")
+    assert plan.input_staging == {} and [d["op"] for d in plan.dispatches] == ["NEG"]
+    plan.run()
+    _assert_numpy_rounding(-plan.read(plan.graph.outputs[0]), x)
     _assert_numpy_rounding(plan.read(plan.graph.inputs[0]), x)
 
 

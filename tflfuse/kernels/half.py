@@ -128,14 +128,15 @@ def half_binding_size(elements: int) -> int:
 
 #: ``fn half_bits``: the IEEE binary16 bits of a float32 given as its bits, rounded to nearest even (NumPy's
 #: ``astype(np.float16)``; IEEE 754's default rounding): from 65520 on +-inf, below 2**-14 a subnormal (exactly
-#: half of 2**-24 and less: +-0), NaN a quiet NaN of the same sign keeping the top ten bits of the payload. WGSL
+#: half of 2**-24 and less: +-0), NaN a NaN of the same sign with the top ten bits of its payload (1 where those
+#: are all 0), as NumPy's own conversion makes it (where NumPy uses the CPU's instruction, a NaN may be quieted). WGSL
 #: leaves a conversion of f32 to f16 free to round either way and an out-of-range one undefined, so the rounding
 #: is done on the bits.
 HALF_BITS = """
 fn half_bits(b: u32) -> u32 {
   let sgn = (b >> 16u) & 0x8000u;
   let a = b & 0x7fffffffu;
-  if (a >= 0x7f800000u) { return sgn | select(0x7c00u, 0x7e00u | ((a >> 13u) & 0x3ffu), a > 0x7f800000u); }
+  if (a > 0x7f800000u) { return sgn | 0x7c00u | max((a >> 13u) & 0x3ffu, 1u); }
   if (a >= 0x477ff000u) { return sgn | 0x7c00u; }
   if (a >= 0x38800000u) {
     let m = a - 0x38000000u;

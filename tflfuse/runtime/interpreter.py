@@ -52,8 +52,9 @@ class Interpreter:
         in scratch buffers) held as float16 on the GPU, as LiteRT's GPU delegate allows with
         ``precision_loss_allowed`` (its FP16 mode); the tiled matrix products and the fused bottleneck's resident
         form multiply in float16 in runs of at most 16 multiply-adds added into float32 sums; other arithmetic
-        and sums run in float32. Inputs are still set and outputs read as float32; inputs are rounded to float16
-        (to nearest even) by the first dispatch of each invoke, and carry about 3 significant digits. Needs the adapter's ``shader-f16`` feature
+        and sums run in float32. Inputs are still set and outputs read as float32; an input the GPU reads is
+        rounded to float16 (to nearest even) by the first dispatch of each invoke, and carries about 3 significant
+        digits (one that only CPU-fallback ops read stays float32). Needs the adapter's ``shader-f16`` feature
         (ValueError at :meth:`allocate_tensors` where it is missing).
       cpu_fallback: True (the default): ops tflfuse has no GPU kernel for, or whose kernel refuses them, run on
         LiteRT's CPU interpreter. False: every op must have a kernel that takes it (UnsupportedOpError, or the

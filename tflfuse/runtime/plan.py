@@ -290,11 +290,9 @@ class ExecutionPlan:
                 g.storage_root(t) for op in g.ops if not op.kernel.view and not op.kernel.outputs_empty()
                 for pos, t in enumerate(op.inputs) if t >= 0 and pos not in op.kernel.static_inputs}
             for t in dict.fromkeys(g.inputs):
-                if t in g.specs and self._is_half(t) and g.specs[t].size and t in read:
+                # (one whose float32 values would not fit a binding is rounded on the host, as before)
+                if t in g.specs and self._is_half(t) and 0 < g.specs[t].nbytes <= limit and t in read:
                     nbytes = g.specs[t].nbytes
-                    if nbytes > limit:
-                        raise KernelError(f"{g.describe(t)} {list(g.specs[t].shape)} needs {nbytes} bytes as "
-                                          f"float32, over the device's max storage binding of {limit} bytes")
                     self.buffer_count += 1
                     self.activation_bytes += _padded(nbytes)
                     self.input_staging[t] = record(nbytes, "io", f"io{t} float32")
@@ -346,8 +344,8 @@ class ExecutionPlan:
         """Uploads ``value`` (of the tensor's dtype and shape) into an input's buffer; a float16 plan rounds
         float32 values to float16 (to nearest even; from 65520 on they become inf, as float16 does): a graph
         input's on the GPU at the start of the next run (:data:`HALF_INPUTS_ON_GPU`), another's (a value from a
-        CPU segment) here. bool values
-        are stored as int32 0/1, int64 ones as int32 (KernelError naming the tensor, or ``source``, what
+        CPU segment, or an input whose float32 values would not fit a storage binding) here. bool values are
+        stored as int32 0/1, int64 ones as int32 (KernelError naming the tensor, or ``source``, what
         computed the value, if one does not fit)."""
         value = np.ascontiguousarray(value)
         if value.dtype in (np.bool_, np.int8, np.uint8):   # held one per i32
@@ -358,11 +356,13 @@ class ExecutionPlan:
             value = _narrow_int64(value, what)
         staging = self.input_staging.get(tensor)
         if staging is not None:   # float32 as it is: the run's first dispatches round it
-            data, target = np.asarray(value, np.float32).tobytes(), self.gpu_buffers[staging]
+            data, target = np.ascontiguousarray(value, np.float32), self.gpu_buffers[staging]
         else:
-            data, target = (_half_bytes(value) if self._is_half(tensor) else value).tobytes(), self.buffers[tensor]
+            data, target = (_half_bytes(value) if self._is_half(tensor) else value), self.buffers[tensor]
         self._staged.discard(tensor)   # a passthrough output's staged copy is now stale
-        if data:  # wgpu refuses an empty write; an empty tensor has nothing to upload
+        # (the array itself, which wgpu copies once: with a copy made here first (tobytes) MobileNetV2's input took
+        # 12.1 against 9.4 ms at batch 32 and 0.071 against 0.050 ms at batch 1 on a 2-core CPU's llvmpipe)
+        if data.nbytes:  # wgpu refuses an empty write; an empty tensor has nothing to upload
             with self.device.guard("set_tensor()"):
                 self.device.device.queue.write_buffer(target, 0, data)
 
