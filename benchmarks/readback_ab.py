@@ -32,6 +32,7 @@ from tflfuse.runtime import plan as plan_module  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_profile import at_batch, seeded_inputs, set_inputs  # noqa: E402
+from ab_flags import define_rounds_and_invokes  # noqa: E402
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -52,10 +53,7 @@ def _spins_ok(values: list[str]) -> bool:
 
 flags.register_validator("spins", _spins_ok, "--spins takes distinct finite non-negative numbers of seconds, "
                          "comma-separated (e.g. 0,0.002)")
-flags.DEFINE_integer("rounds", 5, "alternating rounds (one sample of each setting per round)")
-flags.DEFINE_integer("invokes", 50, "invokes per setting and round (median)")
-flags.register_validator("rounds", lambda v: v >= 1, "--rounds must be at least 1")
-flags.register_validator("invokes", lambda v: v >= 1, "--invokes must be at least 1")
+define_rounds_and_invokes(5, 50, "setting")
 flags.DEFINE_string("out", str(Path(__file__).resolve().parent / "RESULTS-readback.md"), "Markdown table to write")
 
 

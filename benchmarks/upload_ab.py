@@ -32,6 +32,7 @@ from tflfuse.runtime import plan as plan_module  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_profile import at_batch, seeded_inputs, set_inputs  # noqa: E402
+from ab_flags import define_rounds_and_invokes  # noqa: E402
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -40,10 +41,7 @@ flags.DEFINE_list("select", ["mobilenet_v2_fused"], "globs of file stems to time
 flags.DEFINE_list("batches", ["1", "32"], "batch sizes (the first input dimension)")
 flags.register_validator("batches", lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
                          "--batches takes positive integers, comma-separated (e.g. 1,32)")
-flags.DEFINE_integer("rounds", 5, "alternating rounds (one sample of each plan per round)")
-flags.DEFINE_integer("invokes", 30, "timed calls per plan, way and round (median)")
-flags.register_validator("rounds", lambda v: v >= 1, "--rounds must be at least 1")
-flags.register_validator("invokes", lambda v: v >= 1, "--invokes must be at least 1")
+define_rounds_and_invokes(5, 30, "plan and way")
 flags.DEFINE_string("out", str(Path(__file__).resolve().parent / "RESULTS-upload.md"), "Markdown table to write")
 
 #: The plans: name -> (precision, HALF_INPUTS_ON_GPU while it is built).

@@ -1,0 +1,16 @@
+"""The flags of the alternating-round A/B benchmarks (``readback_ab.py``, ``upload_ab.py``): ``--rounds`` and
+``--invokes``, each at least 1."""
+
+from __future__ import annotations
+
+from absl import flags
+
+
+def define_rounds_and_invokes(rounds: int, invokes: int, what: str) -> None:
+    """Defines ``--rounds`` (default ``rounds``: alternating rounds, one sample of each ``what`` per round) and
+    ``--invokes`` (default ``invokes``: timed calls per ``what`` and round, of which the median is the sample), and
+    their validators."""
+    flags.DEFINE_integer("rounds", rounds, f"alternating rounds (one sample of each {what} per round)")
+    flags.DEFINE_integer("invokes", invokes, f"timed calls per {what} and round (median)")
+    flags.register_validator("rounds", lambda v: v >= 1, "--rounds must be at least 1")
+    flags.register_validator("invokes", lambda v: v >= 1, "--invokes must be at least 1")
