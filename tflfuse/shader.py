@@ -175,7 +175,9 @@ def model_shaders(model, target: str = "gpu", precision: str = "float32") -> tup
     Args:
       model: a :class:`tflfuse.model.Model`, the bytes of a .tflite, or its path.
       target: ``"gpu"`` or ``"cpu"`` (the software adapter's schedules).
-      precision: ``"float32"`` or ``"float16"`` (float tensors as ``array<f16>``, as :func:`get_shader`).
+      precision: ``"float32"`` or ``"float16"`` (float tensors as ``array<f16>``, as :func:`get_shader`; a float16
+        plan also rounds each float input in a dispatch of its own, ``FLOAT16_INPUT``
+        (:func:`tflfuse.kernels.half.half_pack_program`), which belongs to no op and is not listed here).
     Returns:
       ``(files, manifest)``: ``files`` maps a file name (``"CONV_2D_3f2a9c1e.wgsl"``, named by op and a digest
       of the source; ops of any subgraph share a file) to WGSL text. ``manifest`` holds ``ops``, one entry per
