@@ -207,6 +207,25 @@ def test_specialised_inputs_before_invoke(models):
         ours.invoke()
 
 
+def test_specialised_inputs_read_as_last_set_between_invokes(models):
+    """An input of a specialised plan reads back as last set, also after an invoke ran another plan: a new shape
+    value (another plan) and a new x, each read before the invoke that takes them and after it."""
+    ours = tflfuse.Interpreter(model_content=models["reshape"])
+    ours.allocate_tensors()
+    x, s = (d["index"] for d in ours.get_input_details())
+    for k, shape in enumerate(([3, 4], [4, 3], [3, 4])):
+        value = np.arange(12, dtype=np.float32).reshape(2, 6) + 100 * k
+        ours.set_tensor(x, value)
+        ours.set_tensor(s, np.array(shape, np.int32))
+        for when in ("before", "after"):
+            if when == "after":
+                ours.invoke()
+            np.testing.assert_array_equal(ours.get_tensor(x), value, err_msg=f"{when} invoke {k}")
+            np.testing.assert_array_equal(ours.get_tensor(s), shape, err_msg=f"{when} invoke {k}")
+        np.testing.assert_array_equal(ours.get_tensor(ours.get_output_details()[0]["index"]),
+                                      (value * 2.0).reshape(shape))
+
+
 def test_bad_runtime_shape_value_names_the_op(models, rng):
     """A run-time shape value no plan can take (RESHAPE to a size the input does not have) is refused at invoke,
     naming the op and its index (LiteRT refuses it too)."""

@@ -348,7 +348,8 @@ class Interpreter:
             planner.run()
 
     def get_tensor(self, tensor_index: int, subgraph_index: int = 0) -> np.ndarray:
-        """A copy of an input, output or constant tensor after :meth:`invoke` (a constant that no op reads too).
+        """A copy of an input, output or constant tensor after :meth:`invoke` (a constant that no op reads too). An
+        input of a plan specialised on run-time shape values reads as it was last set, before any float16 rounding.
 
         Raises:
           ValueError: ``tensor_index`` or ``subgraph_index`` out of range, or an intermediate tensor (its
@@ -357,6 +358,9 @@ class Interpreter:
         """
         planner = self._planner(subgraph_index)
         self._check_tensor_index(subgraph_index, tensor_index)
+        held = planner.host_input(tensor_index) if tensor_index in planner.inputs else None
+        if held is not None:   # a plan picked per invoke: the input as set (the plan last run may hold an older one)
+            return held.copy()
         if planner.current is None:   # a specialised plan before its first invoke
             return self._tensor_before_invoke(planner, subgraph_index, tensor_index)
         plan, runner = planner.current.plan, planner.current.runner
