@@ -10,9 +10,10 @@ rounds it); ``float16, host rounding`` (that switch off while the plan is built:
 ``set_tensor()``). Each is timed, wall clock, in three ways: ``set_tensor()`` of every input; ``invoke()`` and
 ``get_tensor()`` of the first output (``benchmarks/run.py``'s latency); and all three in a row, what an application
 pays for a new input (``set_tensor()`` timed alone runs back to back with no submit between, and wgpu keeps each
-write's staging copy until a submit: for large inputs that column can exceed the three in a row). Medians of ``--invokes`` a round, median over ``--rounds`` rounds in alternating order; the
-GPU time is the plan's one pass (timestamp queries, where the adapter has them). Real models of ``--models``
-(``NAME_unfused.tflite``) are fused at load with :func:`tflfuse.fuse`, as ``benchmarks/run.py`` does.
+write's staging copy until a submit: for large inputs that column can exceed the three in a row). Medians of
+``--invokes`` a round, median over ``--rounds`` rounds in alternating order; the GPU time is the plan's one pass
+(timestamp queries, where the adapter has them). Real models of ``--models`` (``NAME_unfused.tflite``) are fused at
+load with :func:`tflfuse.fuse`, as ``benchmarks/run.py`` does.
 """
 
 from __future__ import annotations
