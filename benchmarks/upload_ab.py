@@ -22,7 +22,6 @@ import datetime
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,6 +33,7 @@ from tflfuse.runtime import plan as plan_module  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_profile import at_batch, seeded_inputs, set_inputs  # noqa: E402
+from run import _median_ms  # noqa: E402
 from ab_flags import define_rounds_and_invokes  # noqa: E402
 from selection import selected_models  # noqa: E402
 
@@ -68,15 +68,6 @@ def _interpreter(data: bytes, batch: int, precision: str, on_gpu: bool):
     return interp
 
 
-def _median_us(fn, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
-
-
 def time_model(data: bytes, batch: int, rounds: int, invokes: int) -> dict[str, dict[str, float]]:
     """``{plan: {"set", "invoke", "all", "gpu": microseconds}}`` for :data:`PLANS` on one model and batch."""
     interps = {name: _interpreter(data, batch, *how) for name, how in PLANS.items()}
@@ -89,7 +80,7 @@ def time_model(data: bytes, batch: int, rounds: int, invokes: int) -> dict[str, 
             ways = {"set": lambda: set_inputs(it, xs), "invoke": lambda: (it.invoke(), it.get_tensor(out)),
                     "all": lambda: (set_inputs(it, xs), it.invoke(), it.get_tensor(out))}
             for w in WAYS:
-                samples[name][w].append(_median_us(ways[w], invokes))
+                samples[name][w].append(_median_ms(ways[w], invokes, 0) * 1e3)
     results = {name: {w: statistics.median(v) for w, v in s.items()} for name, s in samples.items()}
     for name, it in interps.items():
         plan = it._plan(0)

@@ -536,8 +536,11 @@ def _half_to_float(bits: np.ndarray) -> np.ndarray:
 
 #: Values from which :func:`_half_bytes` rounds to float16 in parallel parts, one per CPU core (at most
 #: :data:`_HALF_THREADS`): numpy's float32 -> float16 conversion runs at about 2.2 ns a value on one core and lets
-#: other threads run. MobileNetV2's input at batch 32 (4.8 M values): on a 2-core CPU 6.3 ms against 11.4; on an
-#: H100 machine's 16-core host (2026-12-07) 3.5 against 12.0 ms, its float16 plan's set_tensor() 6.2 against 14.3.
+#: other threads run. It rounds a float16 plan's weights when the plan is built, the values CPU segments hand to
+#: the GPU, an input too large for a float32 binding and an input read before a run; the graph's other inputs are
+#: rounded on the GPU (:data:`HALF_INPUTS_ON_GPU`). Measured when it still rounded every input: MobileNetV2's
+#: input at batch 32 (4.8 M values): on a 2-core CPU 6.3 ms against 11.4; on an H100 machine's 16-core host
+#: (2026-12-07) 3.5 against 12.0 ms, its float16 plan's set_tensor() 6.2 against 14.3.
 #: At batch 4 (602,112 values) on the 2-core CPU 0.76 against 1.15 ms; at batch 1 (150,528) and 196,608 values
 #: the parts' overhead ate their gain there (0.30 against 0.29 ms, 0.39 against 0.37).
 _HALF_PARALLEL_MIN, _HALF_THREADS = 1 << 18, 8
