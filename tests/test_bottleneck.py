@@ -299,6 +299,43 @@ def test_resident_depthwise_taps_loaded_once_per_chunk(device, monkeypatch, tile
     np.testing.assert_array_equal(runs[True], runs[False])
 
 
+@pytest.mark.parametrize("switch, tile, n, size, stride", [
+    ("resident", "8x8/8/r2p", 2, 29, 1), ("resident", "7x7/8/r4p", 2, 29, 2), ("resident", "4x8/16/r1p", 1, 33, 2),
+    ("resident", "2x4/8/r1", 3, 13, 2), ("per_chunk", "7x7/8", 2, 29, 2), ("per_chunk", "4x8/16", 1, 33, 2),
+    ("per_chunk", "2x4/8/2", 3, 13, 2)])
+def test_halo_channel_planes_same_values(device, monkeypatch, switch, tile, n, size, stride):
+    """resident.RESIDENT_CHANNEL_PLANES and expand_depthwise.EXPAND_DW_PLANES: the halo's expansion held as one plane
+    per vec4 of the chunk (the resident form's planes padded past the halo's pixels; the per-chunk form's at stride 2)
+    gives the same values as pixel by pixel, bit for bit, in the float32 and the float16 plan (odd maps cut by the
+    tiles at their edges, both strides, with and without the projection, chunks of 8 and 16); the float32 plan's
+    match TensorFlow's ops (the float16 form's bound against TensorFlow is
+    test_float16_block_with_f16_math_within_its_bound's)."""
+    from tflfuse.kernels.fused import expand_depthwise, resident
+
+    module, name = (resident, "RESIDENT_CHANNEL_PLANES") if switch == "resident" else \
+        (expand_depthwise, "EXPAND_DW_PLANES")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, size, size, 8)).astype(np.float32)
+    w = _weights(rng, 8, 6, 12)
+    inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
+    attrs = {"expansion": 6, "stride": stride, "residual": False, "activation": "relu6",
+             "strategy": "expand_dw", "expand_tile": tile}
+    want = _tf_reference(x, w, stride, False, "relu6")
+    for precision in ("float32", "float16"):
+        runs = {}
+        for on in (False, True):
+            monkeypatch.setattr(module, name, on)
+            prog = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs).programs()[0]
+            th, tw = (int(v) for v in tile.split("/")[0].split("x"))
+            plane = expand_depthwise.halo_plane({"SH": stride, "SW": stride, "KH": 3, "KW": 3, "DH": 1, "DW": 1},
+                                                th, tw)
+            assert (f"esh[j * {plane}u + " in prog.source) == on
+            (runs[on],) = run_op(device, "fused_bottleneck", inputs, attrs, precision=precision)
+        np.testing.assert_array_equal(runs[True], runs[False])
+        if precision == "float32":
+            np.testing.assert_allclose(runs[True], want, rtol=RTOL, atol=_atol(runs[True]))
+
+
 def test_expand_dw_tile_choice_at_batch_1():
     """The per-chunk expand_dw form's default tile on a GPU (expand_depthwise_shape's docstring): 7x7 tiles of 8
     channels where the output's sides are multiples of 7 (MobileNetV2's maps at 224), else 4x8 tiles of 16

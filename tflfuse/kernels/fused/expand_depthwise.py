@@ -39,11 +39,16 @@ from ..registry import register
 from ..wgsl import ACTIVATION_ALPHA, activation_fn, dot, prelu_fn, prelude, reduction_program, split_lanes
 from .conv import window_geometry
 
-__all__ = ["FusedExpandDepthwise", "expand_depthwise_program", "expand_depthwise_fits", "expand_depthwise_shape",
-           "expand_depthwise_unroll", "pointwise_expand_program"]
+__all__ = ["EXPAND_DW_PLANES", "FusedExpandDepthwise", "expand_depthwise_program", "expand_depthwise_fits",
+           "expand_depthwise_shape", "expand_depthwise_unroll", "halo_plane", "pointwise_expand_program"]
 
 _THREADS = 256
 _WG_BYTES = MAX_WORKGROUP_STORAGE
+#: Whether :func:`expand_depthwise_program` holds the halo's expansion at stride 2 as planes, one per vec4 of the
+#: chunk (``[chunk / 4][halo pixel]``; :func:`halo_plane`, odd at stride 2 with an odd window, so no more workgroup
+#: memory), rather than pixel by pixel: the depthwise phase's taps at stride 2 read every other vec4 of a row, and
+#: with chunks of 8 channels pixel by pixel those lie on half the banks of workgroup memory. Tuning only.
+EXPAND_DW_PLANES = False
 
 
 def expand_depthwise_fits(cin: int, cexp: int) -> bool:
@@ -100,6 +105,21 @@ def _halo(g: dict, th: int, tw: int) -> tuple[int, int]:
     return (th - 1) * g["SH"] + (g["KH"] - 1) * g["DH"] + 1, (tw - 1) * g["SW"] + (g["KW"] - 1) * g["DW"] + 1
 
 
+def halo_plane(g: dict, th: int, tw: int, half: bool = False) -> int:
+    """The vec4s between two planes of a halo's expansion held as planes (``[q][plane]``, a plane per vec4 of
+    the chunk; :func:`_depthwise_from_halo`'s ``plane``): the halo's pixels, padded so that the planes fall on
+    other banks of workgroup memory (32 banks of 4 bytes, 128 bytes in all: 8 vec4<f32> or 16 vec4<f16>). A warp's
+    32 invocations take (output pixel, vec4) pairs, the vec4 the faster; at stride 2 the pixels a tap reads are 2
+    vec4s apart within a plane, on every other bank, and an odd plane puts the next vec4's plane on the others; at
+    stride 1 they are consecutive, and a plane half a bank row past a whole number of rows puts the next vec4's on
+    the other half."""
+    hh, hw = _halo(g, th, tw)
+    pixels, row = hh * hw, 16 if half else 8
+    if g["SW"] == 1:
+        return -(-pixels // row) * row + row // 2
+    return pixels | 1
+
+
 def _workgroup_bytes(g: dict, th: int, tw: int, chunk: int, cin: int) -> int:
     hh, hw = _halo(g, th, tw)
     return 4 * (hh * hw * chunk + cin * chunk)
@@ -127,20 +147,26 @@ def _half_chain(steps: list[str], acc: str, part: str, indent: str) -> list[str]
 
 
 def _depthwise_from_halo(g: dict, tw: int, hw: int, q: int, c4: int, out_items: int, threads: int,
-                         indent: str, to_workgroup: bool = False, half: bool = False, hoist: bool = False) -> str:
+                         indent: str, to_workgroup: bool = False, half: bool = False, hoist: bool = False,
+                         plane: int = 0) -> str:
     """WGSL of the depthwise phase the programs share: the workgroup's ``threads`` invocations walk the tile's
     ``out_items`` (output pixel, vec4 of the chunk's channels) pairs, apply the KxK filter to the expansion of
-    the halo in ``esh`` (``[halo rows][hw][q]`` vec4s), add the bias and write ``d`` (with ``to_workgroup``,
-    the workgroup array ``dsh``, ``[tile pixel][q]``, for a projection in the same dispatch). With ``half``,
-    ``esh`` and ``dsh`` hold ``vec4<f16>`` and the taps are f16 multiply-adds (:func:`_half_chain`). With
+    the halo in ``esh`` (``[halo rows][hw][q]`` vec4s; with ``plane`` > 0 ``[q][plane]``, vec4 ``j`` of the
+    chunk of every halo pixel in a plane of its own that starts at ``j * plane``: :func:`halo_plane`), add the
+    bias and write ``d`` (with ``to_workgroup``, the workgroup array ``dsh``, ``[tile pixel][q]``, for a
+    projection in the same dispatch; with ``plane``, ``[q][tile pixel]``). With ``half``, ``esh`` and ``dsh``
+    hold ``vec4<f16>`` and the taps are f16 multiply-adds (:func:`_half_chain`). With
     ``hoist``, ``threads`` a multiple of ``q`` (every pair an invocation takes has the same vec4 of channels) and
     more pairs than invocations (some take two or more), each invocation loads its filter taps and bias once,
     before its walk, rather than for every output pixel (the same sums in the same order)."""
     hoisted = hoist and threads % q == 0 and out_items > threads
     taps_at = [f"dw[{(ky * g['KW'] + kx) * c4}u + cq]" for ky in range(g["KH"]) for kx in range(g["KW"])]
     weights = [f"wt{t}" for t in range(len(taps_at))] if hoisted else taps_at
-    tap = [(f"esh[((ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u) * {q}u + j]", weights[ky * g["KW"] + kx])
-           for ky in range(g["KH"]) for kx in range(g["KW"])]
+
+    def at(ky: int, kx: int) -> str:
+        pixel = f"(ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u"
+        return f"esh[j * {plane}u + {pixel}]" if plane else f"esh[({pixel}) * {q}u + j]"
+    tap = [(at(ky, kx), weights[ky * g["KW"] + kx]) for ky in range(g["KH"]) for kx in range(g["KW"])]
     if half:
         taps = "\n".join(_half_chain([f"hp = fma({e}, {w if hoisted else f'vec4<f16>({w})'}, hp);" for e, w in tap],
                                      "acc", "hp", indent + "    "))
@@ -165,7 +191,8 @@ TAPS
     SINK
   }}
 }}"""
-    sink = (f"dsh[i] = {'vec4<f16>(dact4(acc))' if half else 'dact4(acc)'};" if to_workgroup else
+    sink = (f"dsh[{f'j * {out_items // q}u + p' if plane else 'i'}] = "
+            f"{'vec4<f16>(dact4(acc))' if half else 'dact4(acc)'};" if to_workgroup else
             f"d[((n * {g['OH']}u + u32(oy)) * {g['OW']}u + u32(ox)) * {c4}u + cq] = dact4(acc);")
     lines = [taps if line == "TAPS" else indent + line for line in body.replace("SINK", sink).splitlines()]
     if head:   # in a scope of their own
@@ -211,12 +238,14 @@ def expand_depthwise_program(name: str, bindings: tuple[Binding, ...], g: dict, 
     chunks = cexp // cc
     groups = g["N"] * tiles_y * tiles_x * chunks
     halo_items, out_items = hh * hw * q, th * tw * q
+    plane = hh * hw if EXPAND_DW_PLANES and g["SW"] == 2 and hh * hw == halo_plane(g, th, tw) else 0
     loads = "\n".join(f"        let xv{u} = x[xb + k + {u}u];" for u in range(unroll))
     fma = "\n".join(f"        acc = fma(vec4<f32>(xv{u}.{comp}), wsh[((k + {u}u) * 4u + {i}u) * {q}u + j], acc);"
                     for u in range(unroll) for i, comp in enumerate("xyzw"))
     source = prelude(binds) + _activations(expand_activation, depthwise_activation) + f"""
 var<workgroup> wsh: array<vec4<f32>, {cin * q}>;        // the chunk's expand weights, [Cin][chunk / 4]
-var<workgroup> esh: array<vec4<f32>, {hh * hw * q}>;    // the expansion of the tile's halo, [{hh}][{hw}][chunk / 4]
+var<workgroup> esh: array<vec4<f32>, {hh * hw * q}>;    // the expansion of the tile's halo, {
+    f"[chunk / 4][{hh}][{hw}]" if plane else f"[{hh}][{hw}][chunk / 4]"}
 
 @compute @workgroup_size({_THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -248,10 +277,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }}
       v = eact4(acc);
     }}
-    esh[i] = v;
+    esh[{f"j * {plane}u + p" if plane else "i"}] = v;
   }}
   workgroupBarrier();
-{_depthwise_from_halo(g, tw, hw, q, c4, out_items, _THREADS, "  ")}
+{_depthwise_from_halo(g, tw, hw, q, c4, out_items, _THREADS, "  ", plane=plane)}
 }}
 """
     trips = -(-cin * q // _THREADS) + -(-halo_items // _THREADS) * (1 + k4 // unroll) + -(-out_items // _THREADS)

@@ -20,11 +20,11 @@ from ..base import Binding, KernelError, Program, linear_dispatch
 from ..half import HALF_STEPS, with_half_math
 from ..wgsl import prelude
 from .expand_depthwise import (_THREADS, _WG_BYTES, _activations, _depthwise_from_halo, _half_chain, _halo,
-                               _workgroup_bytes, expand_depthwise_fits)
+                               _workgroup_bytes, expand_depthwise_fits, halo_plane)
 
-__all__ = ["RESIDENT_DW_HOISTED", "RESIDENT_HALF_MATH", "RESIDENT_MAX_CIN", "RESIDENT_MAX_SUMS",
-           "RESIDENT_PREFETCH", "expand_depthwise_resident_program", "resident_fits", "resident_refusal",
-           "resident_threads"]
+__all__ = ["RESIDENT_CHANNEL_PLANES", "RESIDENT_DW_HOISTED", "RESIDENT_HALF_MATH", "RESIDENT_MAX_CIN",
+           "RESIDENT_MAX_SUMS", "RESIDENT_PREFETCH", "expand_depthwise_resident_program", "resident_fits",
+           "resident_refusal", "resident_threads"]
 
 
 def resident_threads(g: dict, tile_h: int, tile_w: int, pixels: int) -> int:
@@ -59,7 +59,7 @@ def resident_refusal(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chu
         return f"its halo needs {threads} invocations at {pixels} pixels each, past {_THREADS}"
     if cout < 0 or cout % 4:
         return f"the projection's output channels ({cout}) must be a multiple of 4"
-    used = _workgroup_bytes(g, tile_h, tile_w, chunk, cin) + _projection_bytes(tile_h, tile_w, chunk, cout)
+    used = _resident_bytes(g, tile_h, tile_w, chunk, cin) + _projection_bytes(tile_h, tile_w, chunk, cout)
     if used > _WG_BYTES:
         return f"its halo's chunk and weights take {used} bytes of workgroup memory, past {_WG_BYTES}"
     if cout and cout // 4 > threads:
@@ -117,6 +117,14 @@ def _projection_sums(pixels: int, cout: int, threads: int) -> int:
     return -(-pixels // (threads // (cout // 4))) if cout else 0
 
 
+def _resident_bytes(g: dict, tile_h: int, tile_w: int, chunk: int, cin: int) -> int:
+    """Workgroup memory of the resident form's expansion: the halo's expansion of a chunk (its planes padded,
+    :data:`RESIDENT_CHANNEL_PLANES`) and the chunk's expand weights."""
+    if not RESIDENT_CHANNEL_PLANES:
+        return _workgroup_bytes(g, tile_h, tile_w, chunk, cin)
+    return 4 * chunk * (halo_plane(g, tile_h, tile_w) + cin)
+
+
 def _projection_bytes(tile_h: int, tile_w: int, chunk: int, cout: int) -> int:
     """Workgroup memory of the resident form's projection: the chunk's depthwise outputs and weight rows."""
     return 4 * (tile_h * tile_w * chunk + chunk * cout) if cout else 0
@@ -127,8 +135,10 @@ def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threa
     """WGSL pieces of the resident form's projection (:func:`expand_depthwise_resident_program` with ``cout``):
     its workgroup arrays, the sums' initialisation, the staging of the chunk's weight rows, the products of a
     chunk and the store. With ``half`` the arrays hold ``vec4<f16>`` and a chunk's products are f16
-    multiply-adds (:func:`_half_chain`) added into the f32 sums."""
+    multiply-adds (:func:`_half_chain`) added into the f32 sums. With :data:`RESIDENT_CHANNEL_PLANES` the chunk's
+    depthwise outputs are held as planes too, ``[chunk / 4][tile pixel]``."""
     q, co4 = chunk // 4, cout // 4
+    planes = RESIDENT_CHANNEL_PLANES
     groups = threads // co4   # invocation t takes output vec4 t % co4 of pixels t / co4, + groups, + 2 groups ...
     px = th * tw
     sums = range(_projection_sums(px, cout, threads))
@@ -141,7 +151,9 @@ def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threa
     for m in sums:
         guard = "" if (m + 1) * groups <= px else f"if (g + {m * groups}u < {px}u) "
         project.append(f"      {guard}{{")
-        loads = [f"        let d{j} = dsh[(g + {m * groups}u) * {q}u + {j}u];" for j in range(q)]
+        pixel = f"g + {m * groups}u"
+        loads = [f"        let d{j} = dsh[{j * px}u + {pixel}];" if planes else
+                 f"        let d{j} = dsh[({pixel}) * {q}u + {j}u];" for j in range(q)]
         if half:   # the loads, then the chain of f16 multiply-adds
             project += loads + _half_chain([f"hp = fma(vec4<f16>(d{j}.{comp}), w{j}_{k}, hp);" for j in range(q)
                                             for k, comp in enumerate("xyzw")], f"s{m}", "hp", "        ")
@@ -167,7 +179,8 @@ def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threa
                    "  }"]
     nl = "\n"
     return {"declare": f"""
-var<workgroup> dsh: array<vec4<{t}>, {th * tw * q}>;   // the chunk's depthwise outputs, [tile pixel][chunk / 4]
+var<workgroup> dsh: array<vec4<{t}>, {th * tw * q}>;   // the chunk's depthwise outputs, {
+    f"[chunk / 4][{px}]" if planes else "[tile pixel][chunk / 4]"}
 var<workgroup> psh: array<vec4<{t}>, {chunk * co4}>;   // the chunk's projection weights, [chunk][Cout / 4]""",
             "init": "".join(f"\n  var s{m} = vec4<f32>(0.0);" for m in sums),
             "project": "\n    workgroupBarrier();\n" + nl.join(project),
@@ -209,6 +222,14 @@ RESIDENT_DW_HOISTED = True
 #: before (``benchmarks/RESULTS-h100.md``). f16 arithmetic has f16's range: a run's partial sum or an expanded
 #: value past 65504 is inf (NaN where two runs overflow with opposite signs), where f32 arithmetic kept it.
 RESIDENT_HALF_MATH = True
+#: Whether the resident form holds the halo's expansion of a chunk as planes, one per vec4 of the chunk
+#: (``[chunk / 4][plane]``, :func:`.expand_depthwise.halo_plane`), rather than pixel by pixel (``[pixel][chunk /
+#: 4]``). The depthwise phase's invocations take (output pixel, vec4) pairs, the vec4 the faster: pixel by pixel,
+#: with chunks of 8 channels the vec4s a warp reads at one tap lie on every other bank of workgroup memory, and at
+#: stride 2 on every fourth (two of the four bank quarters); in planes they spread over all of them. The expansion's
+#: stores, one pixel per invocation, likewise, and the projection's loads of the chunk's depthwise outputs (held as
+#: planes ``[chunk / 4][tile pixel]`` too). The same values in the same places of the sums: tuning only.
+RESIDENT_CHANNEL_PLANES = False
 # A depthwise phase taking two neighbouring output pixels per invocation (the halo columns their taps share loaded
 # once: KH * (KW + SW) loads for 2 KH KW multiply-adds; half the rounds over the tile; bit for bit the same sums)
 # lost on an H100 (2026-12-06 14:08 UTC, switch_ab.py, 3 alternating rounds): MobileNetV2's three resident
@@ -330,6 +351,11 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
 
     def source_for(half: bool) -> str:
         t = "f16" if half else "f32"
+        plane = halo_plane(g, th, tw, half) if RESIDENT_CHANNEL_PLANES else 0
+        layout = f"[chunk / 4][{plane}]: a plane of [{hh}][{hw}] each" if plane else f"[{hh}][{hw}][chunk / 4]"
+
+        def at(pixel: str, j: int) -> str:
+            return f"{j * plane}u + {pixel}" if plane else f"{pixel} * {q}u + {j}u"
 
         def typed(value: str) -> str:
             return f"vec4<f16>({value})" if half else value
@@ -367,13 +393,13 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
             "select(vec4<f32>(0.0), eact4(a{r}_{j}), in{r})"
         for r in rs:
             expand += [f"    if (p{r} < {halo_px}u) {{",
-                       *(f"      esh[p{r} * {q}u + {j}u] = {stored.format(r=r, j=j)};" for j in range(q)),
+                       *(f"      esh[{at(f'p{r}', j)}] = {stored.format(r=r, j=j)};" for j in range(q)),
                        "    }"]
         projection = _resident_projection(g, th, tw, chunk, cout, threads, store, half) if cout else None
         weights = _chunk_weights(cin, q, c4, chunk, cout, threads, half, window)
         return prelude(binds) + _activations(expand_activation, depthwise_activation) + helpers + f"""
 var<workgroup> wsh: array<vec4<{t}>, {cin * q}>;          // the chunk's expand weights, [Cin][chunk / 4]
-var<workgroup> esh: array<vec4<{t}>, {halo_px * q}>;    // the expansion of the halo, [{hh}][{hw}][chunk / 4]{
+var<workgroup> esh: array<vec4<{t}>, {(plane or halo_px) * q}>;    // the expansion of the halo, {layout}{
 projection["declare"] if projection else ""}
 
 @compute @workgroup_size({threads})
@@ -393,7 +419,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {nl.join(expand)}
     workgroupBarrier();
 {_depthwise_from_halo(g, tw, hw, q, c4, out_items, threads, "    ", to_workgroup=bool(projection), half=half,
-                      hoist=RESIDENT_DW_HOISTED)}{
+                      hoist=RESIDENT_DW_HOISTED, plane=plane)}{
 projection["project"] if projection else ""}
   }}{projection["store"] if projection else ""}
 }}
