@@ -270,6 +270,18 @@ def test_resident_default_with_its_projection_matches_tf(device, case, tile):
     assert [p.name for p in k.programs()] == ["fused_bottleneck_expand_dw_project"] and k.scratch_sizes() == ()
 
 
+def _expand_dw_case(seed, n, size, stride, tile):
+    """An expand_dw block of 8 -> 48 -> 12 channels (RELU6, no residual) on ``n`` images of ``size`` x ``size``
+    with ``expand_tile`` ``tile``: ``x``, its weights, the op's inputs and attributes."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, size, size, 8)).astype(np.float32)
+    w = _weights(rng, 8, 6, 12)
+    inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
+    attrs = {"expansion": 6, "stride": stride, "residual": False, "activation": "relu6",
+             "strategy": "expand_dw", "expand_tile": tile}
+    return x, w, inputs, attrs
+
+
 @pytest.mark.parametrize("tile, n, size, stride, hoists", [
     ("8x8/8/r2p", 2, 29, 1, True), ("4x8/16/r1p", 2, 29, 1, True), ("7x7/8/r4p", 2, 29, 2, True),
     ("4x8/16/r1p", 1, 33, 2, False)])
@@ -285,12 +297,7 @@ def test_resident_depthwise_taps_loaded_once_per_chunk(device, monkeypatch, tile
     runs = {}
     for switch in (False, True):
         monkeypatch.setattr(resident, "RESIDENT_DW_HOISTED", switch)
-        rng = np.random.default_rng(3)
-        x = rng.standard_normal((n, size, size, 8)).astype(np.float32)
-        w = _weights(rng, 8, 6, 12)
-        inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
-        attrs = {"expansion": 6, "stride": stride, "residual": False, "activation": "relu6",
-                 "strategy": "expand_dw", "expand_tile": tile}
+        x, w, inputs, attrs = _expand_dw_case(3, n, size, stride, tile)
         (prog,) = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs).programs()
         assert ("let wt4 = dw[" in prog.source) == (switch and hoists)   # the centre tap, before the walk
         (runs[switch],) = run_op(device, "fused_bottleneck", inputs, attrs)
@@ -314,12 +321,7 @@ def test_halo_channel_planes_same_values(device, monkeypatch, switch, tile, n, s
 
     module, name = (resident, "RESIDENT_CHANNEL_PLANES") if switch == "resident" else \
         (expand_depthwise, "EXPAND_DW_PLANES")
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((n, size, size, 8)).astype(np.float32)
-    w = _weights(rng, 8, 6, 12)
-    inputs = [x] + [w[k] for k in ("ew", "eb", "dw", "db", "pw", "pb")]
-    attrs = {"expansion": 6, "stride": stride, "residual": False, "activation": "relu6",
-             "strategy": "expand_dw", "expand_tile": tile}
+    x, w, inputs, attrs = _expand_dw_case(5, n, size, stride, tile)
     want = _tf_reference(x, w, stride, False, "relu6")
     for precision in ("float32", "float16"):
         runs = {}
