@@ -712,6 +712,26 @@ def test_softmax_rows_past_65535_workgroups(device, rng):
     np.testing.assert_allclose(r.ours[0][-3:].sum(axis=1), 1.0, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cols", [64, 100, 256, 1000, 2048, 2049])
+def test_softmax_row_held_in_registers(cols, device, rng, monkeypatch):
+    """pool.SOFTMAX_ROW_HELD: rows of 64 to 2,048 values read once into the workgroup's registers (1 to 8 a
+    invocation, the last partly past the row where 256 does not divide it) give the values of the three passes
+    over memory bit for bit, and both match TensorFlow; 2,049 keeps the passes either way. Logits of scale 8, so
+    that the exponentials span a wide range; beta 1.7 (an edited model's)."""
+    from tflfuse.kernels import pool
+
+    x = (8 * rng.standard_normal((3, cols))).astype(np.float32)
+    want = tf.nn.softmax(1.7 * x).numpy()
+    runs = {}
+    for on in (False, True):
+        monkeypatch.setattr(pool, "SOFTMAX_ROW_HELD", on)
+        (prog,) = kernel_class("SOFTMAX")([TensorSpec(x.shape)], {"beta": 1.7}).programs()
+        assert ("var x0 = 0.0;" in prog.source) == (on and cols <= 2048)
+        (runs[on],) = tflfuse.runtime.plan.run_op(device, "SOFTMAX", [x], {"beta": 1.7})
+        np.testing.assert_allclose(runs[on], want, **TRANSCENDENTAL)
+    np.testing.assert_array_equal(runs[True], runs[False])
+
+
 @pytest.mark.parametrize("beta", [0.5, 2.5])
 def test_softmax_beta(beta, device, rng):
     # The converter keeps x * beta as a MUL; a SOFTMAX with beta != 1 comes from an edited model.

@@ -17,13 +17,17 @@ from .registry import register
 from .wgsl import (F32_NAN, activation_fn, elementwise_program, fmt_f32, prelude, reduction_program, split_lanes,
                    with_helpers)
 
-__all__ = ["Pool2D", "Mean", "Softmax", "reduce_indexing", "reduce_program"]
+__all__ = ["Mean", "Pool2D", "SOFTMAX_HELD_MAX", "SOFTMAX_ROW_HELD", "Softmax", "reduce_indexing", "reduce_program"]
 
 #: Threads of a workgroup that reduces one output (pool window, MEAN axes, SOFTMAX row) in parallel.
 _REDUCE_WG = 256
 #: Reductions at least this long run one workgroup per output instead of one invocation per output: a
 #: serial loop over a global pool's 16,384 taps left the GPU idle (and passes the software adapter's loop cap).
 _REDUCE_MIN = 64
+#: Whether SOFTMAX over rows of :data:`_REDUCE_MIN` to ``_REDUCE_WG * SOFTMAX_HELD_MAX`` values reads each row once
+#: into its workgroup's registers (:meth:`Softmax._held_program`) rather than three times from memory. Tuning only.
+SOFTMAX_ROW_HELD = False
+SOFTMAX_HELD_MAX = 8
 
 
 #: Taps each invocation of a window reduction loads per loop trip, into as many accumulators: one load per trip
@@ -342,6 +346,8 @@ class Softmax(Kernel):
         rows = self.input(0).size // max(c, 1)
         beta = (Uniform("beta", "f32", float(self.attr("beta"))),)
         term = "exp_f(params.beta * (x[base + k] - m))"
+        if _REDUCE_MIN <= c <= _REDUCE_WG * SOFTMAX_HELD_MAX and SOFTMAX_ROW_HELD:
+            return [self._held_program(c, rows, beta)]
         if c >= _REDUCE_MIN:  # a workgroup per row: max, then sum of exponentials, then the stores
             body = f"""  let base = o * {c}u;
 {row_max_and_sum(c, "-3.402823466e38", term, shared=True)}
@@ -354,3 +360,31 @@ class Softmax(Kernel):
   for (var k = 0u; k < {c}u; k++) {{ y[base + k] = {term} / s; }}"""
         return [elementwise_program(self.key, self.io_bindings(["x", "y"]), rows, body, uniforms=beta,
                                     loop_trips=3 * c)]
+
+    def _held_program(self, c: int, rows: int, beta: tuple[Uniform, ...]) -> Program:
+        """A workgroup per row whose invocations read their values of the row once, into registers (at most
+        :data:`SOFTMAX_HELD_MAX` each), and keep their exponentials there for the stores: the same values and sums,
+        in the same order, as the three passes over the row in memory."""
+        per = -(-c // _REDUCE_WG)
+
+        def each(p: int, statements: str) -> str:
+            guard = "" if (p + 1) * _REDUCE_WG <= c else f"if (lid + {p * _REDUCE_WG}u < {c}u) "
+            return f"  {guard}{{ {statements} }}"
+        held = "\n".join(f"  var x{p} = 0.0;" for p in range(per))
+        body = f"""  let base = o * {c}u;
+{held}
+  var m = -3.402823466e38;
+{chr(10).join(each(p, f"x{p} = x[base + lid + {p * _REDUCE_WG}u]; m = max_nan(m, x{p});") for p in range(per))}
+  part[lid] = m;
+{_tree("part", "max_nan({a}, {b})")}
+  m = part[0];
+  workgroupBarrier();
+  var s = 0.0;
+{chr(10).join(each(p, f"x{p} = exp_f(params.beta * (x{p} - m)); s += x{p};") for p in range(per))}
+  part[lid] = s;
+{_tree("part", "{a} + {b}")}
+  s = part[0];
+{chr(10).join(each(p, f"y[base + lid + {p * _REDUCE_WG}u] = x{p} / s;") for p in range(per))}"""
+        return reduce_program(self.key, self.io_bindings(["x", "y"]), rows, body,
+                              f"var<workgroup> part: array<f32, {_REDUCE_WG}>;\n", uniforms=beta,
+                              loop_trips=_REDUCE_WG.bit_length())
