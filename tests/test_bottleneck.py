@@ -306,33 +306,32 @@ def test_resident_depthwise_taps_loaded_once_per_chunk(device, monkeypatch, tile
     np.testing.assert_array_equal(runs[True], runs[False])
 
 
-@pytest.mark.parametrize("switch, tile, n, size, stride", [
-    ("resident", "8x8/8/r2p", 2, 29, 1), ("resident", "7x7/8/r4p", 2, 29, 2), ("resident", "4x8/16/r1p", 1, 33, 2),
-    ("resident", "2x4/8/r1", 3, 13, 2), ("per_chunk", "7x7/8", 2, 29, 2), ("per_chunk", "4x8/16", 1, 33, 2),
-    ("per_chunk", "2x4/8/2", 3, 13, 2)])
-def test_halo_channel_planes_same_values(device, monkeypatch, switch, tile, n, size, stride):
-    """resident.RESIDENT_CHANNEL_PLANES and expand_depthwise.EXPAND_DW_PLANES: the halo's expansion held as one plane
-    per vec4 of the chunk (the resident form's planes padded past the halo's pixels; the per-chunk form's at stride 2)
-    gives the same values as pixel by pixel, bit for bit, in the float32 and the float16 plan (odd maps cut by the
-    tiles at their edges, both strides, with and without the projection, chunks of 8 and 16); the float32 plan's
-    match TensorFlow's ops (the float16 form's bound against TensorFlow is
-    test_float16_block_with_f16_math_within_its_bound's)."""
+@pytest.mark.parametrize("tile, n, size, stride", [
+    ("7x7/8/r4p", 2, 29, 2), ("4x8/16/r1p", 1, 33, 2), ("2x4/8/r1", 3, 13, 2), ("8x8/8/r2p", 2, 29, 1)])
+def test_resident_channel_planes_same_values(device, monkeypatch, tile, n, size, stride):
+    """resident.RESIDENT_CHANNEL_PLANES: at stride 2 the resident form holds the halo's expansion (and the chunk's
+    depthwise outputs) as one plane per vec4 of the chunk, a plane of the halo's odd count of pixels, in the same
+    workgroup memory; the values are those of the pixel-by-pixel layout bit for bit, in the float32 and the float16
+    plan (odd maps cut by the tiles at their edges, with and without the projection, chunks of 8 and 16). At stride
+    1 the layout stays pixel by pixel. The float32 plan's values match TensorFlow's ops (the float16 form's bound
+    against TensorFlow is test_float16_block_with_f16_math_within_its_bound's)."""
     from tflfuse.kernels.fused import expand_depthwise, resident
 
-    module, name = (resident, "RESIDENT_CHANNEL_PLANES") if switch == "resident" else \
-        (expand_depthwise, "EXPAND_DW_PLANES")
     x, w, inputs, attrs = _expand_dw_case(5, n, size, stride, tile)
     want = _tf_reference(x, w, stride, False, "relu6")
+    th, tw = (int(v) for v in tile.split("/")[0].split("x"))
+    plane = expand_depthwise.halo_plane({"SH": stride, "SW": stride, "KH": 3, "KW": 3, "DH": 1, "DW": 1}, th, tw)
+    assert plane == ((2 * th + 1) * (2 * tw + 1) if stride == 2 else 0)
     for precision in ("float32", "float16"):
-        runs = {}
+        runs, sources = {}, {}
         for on in (False, True):
-            monkeypatch.setattr(module, name, on)
-            prog = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs).programs()[0]
-            th, tw = (int(v) for v in tile.split("/")[0].split("x"))
-            plane = expand_depthwise.halo_plane({"SH": stride, "SW": stride, "KH": 3, "KW": 3, "DH": 1, "DW": 1},
-                                                th, tw)
-            assert (f"esh[j * {plane}u + " in prog.source) == on
+            monkeypatch.setattr(resident, "RESIDENT_CHANNEL_PLANES", on)
+            kernel = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs], attrs)
+            sources[on] = kernel.programs()[0].source
+            assert ("esh[j * " in sources[on]) == (on and stride == 2)
             (runs[on],) = run_op(device, "fused_bottleneck", inputs, attrs, precision=precision)
+        assert (sources[True] == sources[False]) == (stride == 1)
+        assert workgroup_storage(sources[True]) == workgroup_storage(sources[False])
         np.testing.assert_array_equal(runs[True], runs[False])
         if precision == "float32":
             np.testing.assert_allclose(runs[True], want, rtol=RTOL, atol=_atol(runs[True]))

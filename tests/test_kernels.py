@@ -714,7 +714,7 @@ def test_softmax_rows_past_65535_workgroups(device, rng):
 
 @pytest.mark.parametrize("cols", [64, 100, 256, 1000, 2048, 2049])
 def test_softmax_row_held_in_registers(cols, device, rng, monkeypatch):
-    """pool.SOFTMAX_ROW_HELD: rows of 64 to 2,048 values read once into the workgroup's registers (1 to 8 a
+    """pool.SOFTMAX_ROW_HELD: rows of 64 to 2,048 values read once into the workgroup's registers (1 to 8 per
     invocation, the last partly past the row where 256 does not divide it) give the values of the three passes
     over memory bit for bit, and both match TensorFlow; 2,049 keeps the passes either way. Logits of scale 8, so
     that the exponentials span a wide range; beta 1.7 (an edited model's)."""

@@ -66,32 +66,6 @@ def test_fully_connected(device, rng, rows, cin, cout, act):
     _both_targets(device, "FULLY_CONNECTED", [x, w, b], {"fused_activation_function": act}, want)
 
 
-@pytest.mark.parametrize("rows,cin,cout", [(1, 1003, 7), (2, 672, 63), (1, 8000, 3)])
-def test_lanes_groups_written_out_or_looped(device, rng, monkeypatch, rows, cin, cout):
-    """DOT_LANES_UNROLLED: a lane's groups of a split sum written out one after another (1003 inputs over 64
-    lanes: 4 groups, the last only for lanes whose group starts below 1000, then lane 0's tail of 3; 672 over 64:
-    3 groups, the last for lanes 0-39) or, past DOT_LANES_WRITTEN_OUT groups (8000 over 256 lanes: 8 groups with the limit at 4),
-    looped over: the same values bit for bit as the loop, matching TensorFlow."""
-    from tflfuse.kernels import wgsl
-
-    x = rng.standard_normal((rows, cin)).astype(np.float32)
-    w, b = _w(rng, (cout, cin), cin), rng.standard_normal(cout).astype(np.float32)
-    want = (tf.linalg.matmul(x, w, transpose_b=True) + b).numpy()
-    attrs = {"fused_activation_function": "NONE", "target": "gpu"}
-    if cin == 8000:
-        monkeypatch.setattr(wgsl, "DOT_LANES_WRITTEN_OUT", 4)
-    runs = {}
-    for on in (False, True):
-        monkeypatch.setattr(wgsl, "DOT_LANES_UNROLLED", on)
-        (prog,) = kernel_class("FULLY_CONNECTED")([TensorSpec(a.shape) for a in (x, w, b)], attrs).programs()
-        written = "{ let k = lane * 4u + " in prog.source
-        assert written == (on and cin != 8000) and ("for (var k = lane" in prog.source) == (not written)
-        assert ("if (lane * 4u + 768u < 1000u)" in prog.source) == (written and cin == 1003)
-        (runs[on],) = run_op(device, "FULLY_CONNECTED", [x, w, b], attrs)
-        np.testing.assert_allclose(runs[on], want, **ACCUMULATION)
-    np.testing.assert_array_equal(runs[True], runs[False])
-
-
 @pytest.mark.parametrize("x_shape,cout,k,stride,dilation,padding,groups", [
     ((1, 3, 3, 32), 40, (3, 3), 1, 1, "VALID", 1),     # one output pixel: a 288-term sum per channel
     ((2, 5, 4, 24), 7, (3, 3), 2, 1, "SAME", 1),      # 24 channels cap the lanes at 4 (a power of two)

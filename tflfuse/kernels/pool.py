@@ -25,8 +25,12 @@ _REDUCE_WG = 256
 #: serial loop over a global pool's 16,384 taps left the GPU idle (and passes the software adapter's loop cap).
 _REDUCE_MIN = 64
 #: Whether SOFTMAX over rows of :data:`_REDUCE_MIN` to ``_REDUCE_WG * SOFTMAX_HELD_MAX`` values reads each row once
-#: into its workgroup's registers (:meth:`Softmax._held_program`) rather than three times from memory. Tuning only.
-SOFTMAX_ROW_HELD = False
+#: into its workgroup's registers (:meth:`Softmax._held_program`) rather than three times from memory. Tuning only
+#: (the same values; a NaN output may differ in its sign bit). Measured (``benchmarks/switch_ab.py``,
+#: ``benchmarks/RESULTS-switch-ab.md``): MobileNetV2's SOFTMAX of 1,000 classes at batch 1 took 3.61 against 4.43 us
+#: on an H100 (Vulkan, 2026-12-07 13:04 UTC, 2 alternating rounds; the model 0.996x) and 59.3 against 68.7 us on the
+#: software adapter (llvmpipe, 2-core CPU, 12:44 UTC, 3 rounds).
+SOFTMAX_ROW_HELD = True
 SOFTMAX_HELD_MAX = 8
 
 
@@ -364,7 +368,8 @@ class Softmax(Kernel):
     def _held_program(self, c: int, rows: int, beta: tuple[Uniform, ...]) -> Program:
         """A workgroup per row whose invocations read their values of the row once, into registers (at most
         :data:`SOFTMAX_HELD_MAX` each), and keep their exponentials there for the stores: the same values and sums,
-        in the same order, as the three passes over the row in memory."""
+        in the same order, as the three passes over the row in memory (a NaN output's sign bit aside: WGSL leaves
+        it to the implementation)."""
         per = -(-c // _REDUCE_WG)
 
         def each(p: int, statements: str) -> str:

@@ -10,10 +10,10 @@ from typing import Sequence
 
 from .base import Binding, KernelError, Program, Uniform, linear_dispatch
 
-__all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "DOT_LANES_UNROLLED", "DOT_LANES_WRITTEN_OUT", "F32_FROM_BITS", "F32_INF",
-           "F32_NAN", "F32_NEG_INF", "HELPERS", "activation_fn", "activation_uniforms", "dot", "elementwise_program",
-           "f32_value", "fmt_f32", "helpers_for", "lane_tree", "linear_main", "prelude", "prelu_fn",
-           "reduction_program", "split_lanes", "with_helpers", "workgroup_storage"]
+__all__ = ["ACTIVATIONS", "ACTIVATION_ALPHA", "F32_FROM_BITS", "F32_INF", "F32_NAN", "F32_NEG_INF", "HELPERS",
+           "activation_fn", "activation_uniforms", "dot", "elementwise_program", "f32_value", "fmt_f32", "helpers_for",
+           "lane_tree", "linear_main", "prelude", "prelu_fn", "reduction_program", "split_lanes", "with_helpers",
+           "workgroup_storage"]
 
 
 def fmt_f32(x: float) -> str:
@@ -267,36 +267,23 @@ def dot(n: int, a: str, b: str, acc: str = "v", unroll: int = 4, lanes: int = 1)
 
     With ``lanes`` > 1 (inside a :func:`reduction_program`), the invocation of lane ``lane`` adds only its
     share: the unrolled groups ``lane``, ``lane + lanes``, ... (and lane 0 the tail); iterations
-    ``ceil(n / (unroll * lanes))``. Where those are at most :data:`DOT_LANES_WRITTEN_OUT` and
-    :data:`DOT_LANES_UNROLLED` is on, they are written out one after another (the last guarded where some lanes
-    have one group fewer) rather than looped over from a start that depends on the lane: the same sums in the same
-    order, with every load of the lane's groups known before the first multiply-add.
+    ``ceil(n / (unroll * lanes))``. A lane's groups written out one after another instead of this loop (every
+    group's loads known before the first multiply-add; the same sums in the same order) changed nothing on an H100
+    (2026-12-07 13:04 UTC, ``benchmarks/switch_ab.py``, MobileNetV2 at batch 1, 2 alternating rounds): the model
+    0.999x; its seven split 1x1 projections 0.92-0.97x on 28x28 maps and 1.03-1.04x on 14x14 ones. Not kept.
     """
     main, tail = n - n % unroll, n % unroll
     lines = []
     if main:
         terms = " + ".join(f"{a.format(k=f'k + {u}u')} * {b.format(k=f'k + {u}u')}" for u in range(unroll))
-        stride = unroll * lanes
-        trips = -(-main // stride)
-        if lanes > 1 and DOT_LANES_UNROLLED and trips <= DOT_LANES_WRITTEN_OUT:
-            for i in range(trips):
-                step = f"{{ let k = lane * {unroll}u + {i * stride}u; {acc} += {terms}; }}"
-                lines.append(step if (i + 1) * stride <= main else
-                             f"if (lane * {unroll}u + {i * stride}u < {main}u) {step}")
-        else:
-            start = "0u" if lanes == 1 else f"lane * {unroll}u"
-            lines.append(f"for (var k = {start}; k < {main}u; k += {stride}u) {{ {acc} += {terms}; }}")
+        start = "0u" if lanes == 1 else f"lane * {unroll}u"
+        lines.append(f"for (var k = {start}; k < {main}u; k += {unroll * lanes}u) {{ {acc} += {terms}; }}")
     tail_lines = [f"{acc} += {a.format(k=f'{main + u}u')} * {b.format(k=f'{main + u}u')};" for u in range(tail)]
     if tail_lines and lanes > 1:
         tail_lines = [f"if (lane == 0u) {{ {' '.join(tail_lines)} }}"]
     return "\n".join(lines + tail_lines)
 
 
-#: Whether :func:`dot` with ``lanes`` > 1 writes a lane's groups out one after another (at most
-#: :data:`DOT_LANES_WRITTEN_OUT` of them) rather than looping from a start that depends on the lane. Tuning only:
-#: the same sums in the same order.
-DOT_LANES_UNROLLED = False
-DOT_LANES_WRITTEN_OUT = 16
 #: Invocations per workgroup of a :func:`reduction_program`.
 REDUCTION_WORKGROUP = 256
 #: :func:`split_lanes` stops splitting once this many invocations are in flight (about what an NVIDIA

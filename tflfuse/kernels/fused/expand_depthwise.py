@@ -39,16 +39,11 @@ from ..registry import register
 from ..wgsl import ACTIVATION_ALPHA, activation_fn, dot, prelu_fn, prelude, reduction_program, split_lanes
 from .conv import window_geometry
 
-__all__ = ["EXPAND_DW_PLANES", "FusedExpandDepthwise", "expand_depthwise_program", "expand_depthwise_fits",
-           "expand_depthwise_shape", "expand_depthwise_unroll", "halo_plane", "pointwise_expand_program"]
+__all__ = ["FusedExpandDepthwise", "expand_depthwise_program", "expand_depthwise_fits", "expand_depthwise_shape",
+           "expand_depthwise_unroll", "halo_plane", "pointwise_expand_program"]
 
 _THREADS = 256
 _WG_BYTES = MAX_WORKGROUP_STORAGE
-#: Whether :func:`expand_depthwise_program` holds the halo's expansion at stride 2 as planes, one per vec4 of the
-#: chunk (``[chunk / 4][halo pixel]``; :func:`halo_plane`, odd at stride 2 with an odd window, so no more workgroup
-#: memory), rather than pixel by pixel: the depthwise phase's taps at stride 2 read every other vec4 of a row, and
-#: with chunks of 8 channels pixel by pixel those lie on half the banks of workgroup memory. Tuning only.
-EXPAND_DW_PLANES = False
 
 
 def expand_depthwise_fits(cin: int, cexp: int) -> bool:
@@ -105,19 +100,19 @@ def _halo(g: dict, th: int, tw: int) -> tuple[int, int]:
     return (th - 1) * g["SH"] + (g["KH"] - 1) * g["DH"] + 1, (tw - 1) * g["SW"] + (g["KW"] - 1) * g["DW"] + 1
 
 
-def halo_plane(g: dict, th: int, tw: int, half: bool = False) -> int:
-    """The vec4s between two planes of a halo's expansion held as planes (``[q][plane]``, a plane per vec4 of
-    the chunk; :func:`_depthwise_from_halo`'s ``plane``): the halo's pixels, padded so that the planes fall on
-    other banks of workgroup memory (32 banks of 4 bytes, 128 bytes in all: 8 vec4<f32> or 16 vec4<f16>). A warp's
-    32 invocations take (output pixel, vec4) pairs, the vec4 the faster; at stride 2 the pixels a tap reads are 2
-    vec4s apart within a plane, on every other bank, and an odd plane puts the next vec4's plane on the others; at
-    stride 1 they are consecutive, and a plane half a bank row past a whole number of rows puts the next vec4's on
-    the other half."""
+def halo_plane(g: dict, th: int, tw: int) -> int:
+    """The vec4s of a plane where a halo's expansion is held as planes (``[q][plane]``, a plane per vec4 of the
+    chunk; :func:`_depthwise_from_halo`'s ``plane``), or 0 where it is held pixel by pixel (``[pixel][q]``):
+    planes at stride 2 where the halo's pixels are odd (an odd window), a plane of exactly those pixels. A warp's
+    32 invocations take (output pixel, vec4) pairs, the vec4 the faster, and at stride 2 the pixels a tap reads are
+    2 apart: pixel by pixel with chunks of 8 channels (2 vec4s a pixel) those vec4s lie on half of the 32 banks of
+    workgroup memory; in planes on every other bank of one plane, and an odd plane puts the next vec4's on the
+    others. At stride 1 the pixels a tap reads are consecutive and either layout spreads them. Measured on an H100
+    (2026-12-07 13:04 UTC, ``benchmarks/switch_ab.py``, MobileNetV2, 2 alternating rounds): the resident form
+    (:data:`.resident.RESIDENT_CHANNEL_PLANES`) gains at stride 2; :func:`expand_depthwise_program` with planes at
+    stride 2 took 0.998x at batch 1 (its dispatches 1.000x and 1.006x), so it keeps pixels."""
     hh, hw = _halo(g, th, tw)
-    pixels, row = hh * hw, 16 if half else 8
-    if g["SW"] == 1:
-        return -(-pixels // row) * row + row // 2
-    return pixels | 1
+    return hh * hw if g["SW"] == 2 and hh * hw % 2 else 0
 
 
 def _workgroup_bytes(g: dict, th: int, tw: int, chunk: int, cin: int) -> int:
@@ -238,14 +233,12 @@ def expand_depthwise_program(name: str, bindings: tuple[Binding, ...], g: dict, 
     chunks = cexp // cc
     groups = g["N"] * tiles_y * tiles_x * chunks
     halo_items, out_items = hh * hw * q, th * tw * q
-    plane = hh * hw if EXPAND_DW_PLANES and g["SW"] == 2 and hh * hw == halo_plane(g, th, tw) else 0
     loads = "\n".join(f"        let xv{u} = x[xb + k + {u}u];" for u in range(unroll))
     fma = "\n".join(f"        acc = fma(vec4<f32>(xv{u}.{comp}), wsh[((k + {u}u) * 4u + {i}u) * {q}u + j], acc);"
                     for u in range(unroll) for i, comp in enumerate("xyzw"))
     source = prelude(binds) + _activations(expand_activation, depthwise_activation) + f"""
 var<workgroup> wsh: array<vec4<f32>, {cin * q}>;        // the chunk's expand weights, [Cin][chunk / 4]
-var<workgroup> esh: array<vec4<f32>, {hh * hw * q}>;    // the expansion of the tile's halo, {
-    f"[chunk / 4][{hh}][{hw}]" if plane else f"[{hh}][{hw}][chunk / 4]"}
+var<workgroup> esh: array<vec4<f32>, {hh * hw * q}>;    // the expansion of the tile's halo, [{hh}][{hw}][chunk / 4]
 
 @compute @workgroup_size({_THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -277,10 +270,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }}
       v = eact4(acc);
     }}
-    esh[{f"j * {plane}u + p" if plane else "i"}] = v;
+    esh[i] = v;
   }}
   workgroupBarrier();
-{_depthwise_from_halo(g, tw, hw, q, c4, out_items, _THREADS, "  ", plane=plane)}
+{_depthwise_from_halo(g, tw, hw, q, c4, out_items, _THREADS, "  ")}
 }}
 """
     trips = -(-cin * q // _THREADS) + -(-halo_items // _THREADS) * (1 + k4 // unroll) + -(-out_items // _THREADS)

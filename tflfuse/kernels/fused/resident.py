@@ -59,7 +59,7 @@ def resident_refusal(g: dict, cin: int, cexp: int, tile_h: int, tile_w: int, chu
         return f"its halo needs {threads} invocations at {pixels} pixels each, past {_THREADS}"
     if cout < 0 or cout % 4:
         return f"the projection's output channels ({cout}) must be a multiple of 4"
-    used = _resident_bytes(g, tile_h, tile_w, chunk, cin) + _projection_bytes(tile_h, tile_w, chunk, cout)
+    used = _workgroup_bytes(g, tile_h, tile_w, chunk, cin) + _projection_bytes(tile_h, tile_w, chunk, cout)
     if used > _WG_BYTES:
         return f"its halo's chunk and weights take {used} bytes of workgroup memory, past {_WG_BYTES}"
     if cout and cout // 4 > threads:
@@ -117,28 +117,19 @@ def _projection_sums(pixels: int, cout: int, threads: int) -> int:
     return -(-pixels // (threads // (cout // 4))) if cout else 0
 
 
-def _resident_bytes(g: dict, tile_h: int, tile_w: int, chunk: int, cin: int) -> int:
-    """Workgroup memory of the resident form's expansion: the halo's expansion of a chunk (its planes padded,
-    :data:`RESIDENT_CHANNEL_PLANES`) and the chunk's expand weights."""
-    if not RESIDENT_CHANNEL_PLANES:
-        return _workgroup_bytes(g, tile_h, tile_w, chunk, cin)
-    return 4 * chunk * (halo_plane(g, tile_h, tile_w) + cin)
-
-
 def _projection_bytes(tile_h: int, tile_w: int, chunk: int, cout: int) -> int:
     """Workgroup memory of the resident form's projection: the chunk's depthwise outputs and weight rows."""
     return 4 * (tile_h * tile_w * chunk + chunk * cout) if cout else 0
 
 
 def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threads: int, store: str,
-                         half: bool = False) -> dict:
+                         half: bool = False, planes: bool = False) -> dict:
     """WGSL pieces of the resident form's projection (:func:`expand_depthwise_resident_program` with ``cout``):
     its workgroup arrays, the sums' initialisation, the staging of the chunk's weight rows, the products of a
     chunk and the store. With ``half`` the arrays hold ``vec4<f16>`` and a chunk's products are f16
-    multiply-adds (:func:`_half_chain`) added into the f32 sums. With :data:`RESIDENT_CHANNEL_PLANES` the chunk's
-    depthwise outputs are held as planes too, ``[chunk / 4][tile pixel]``."""
+    multiply-adds (:func:`_half_chain`) added into the f32 sums. With ``planes`` the chunk's depthwise outputs are
+    held as planes, ``[chunk / 4][tile pixel]`` (:data:`RESIDENT_CHANNEL_PLANES`)."""
     q, co4 = chunk // 4, cout // 4
-    planes = RESIDENT_CHANNEL_PLANES
     groups = threads // co4   # invocation t takes output vec4 t % co4 of pixels t / co4, + groups, + 2 groups ...
     px = th * tw
     sums = range(_projection_sums(px, cout, threads))
@@ -222,14 +213,19 @@ RESIDENT_DW_HOISTED = True
 #: before (``benchmarks/RESULTS-h100.md``). f16 arithmetic has f16's range: a run's partial sum or an expanded
 #: value past 65504 is inf (NaN where two runs overflow with opposite signs), where f32 arithmetic kept it.
 RESIDENT_HALF_MATH = True
-#: Whether the resident form holds the halo's expansion of a chunk as planes, one per vec4 of the chunk
-#: (``[chunk / 4][plane]``, :func:`.expand_depthwise.halo_plane`), rather than pixel by pixel (``[pixel][chunk /
-#: 4]``). The depthwise phase's invocations take (output pixel, vec4) pairs, the vec4 the faster: pixel by pixel,
-#: with chunks of 8 channels the vec4s a warp reads at one tap lie on every other bank of workgroup memory, and at
-#: stride 2 on every fourth (two of the four bank quarters); in planes they spread over all of them. The expansion's
-#: stores, one pixel per invocation, likewise, and the projection's loads of the chunk's depthwise outputs (held as
-#: planes ``[chunk / 4][tile pixel]`` too). The same values in the same places of the sums: tuning only.
-RESIDENT_CHANNEL_PLANES = False
+#: Whether the resident form holds the halo's expansion of a chunk at stride 2 as planes, one per vec4 of the chunk
+#: (``[chunk / 4][halo pixel]``, where :func:`.expand_depthwise.halo_plane` gives one), and the chunk's depthwise
+#: outputs likewise (``[chunk / 4][tile pixel]``), rather than pixel by pixel (``[pixel][chunk / 4]``): at stride 2
+#: the depthwise taps a warp reads pixel by pixel lie on half the banks of workgroup memory, in planes on all of them
+#: (``halo_plane``'s docstring); the expansion's stores, one halo pixel per invocation, and the projection's loads
+#: spread likewise. The same values in the same places of the sums (tuning only), in the same workgroup memory.
+#: Measured on an H100 (Vulkan, 2026-12-07 13:04 UTC, ``benchmarks/switch_ab.py``, 2 alternating rounds,
+#: ``benchmarks/RESULTS-switch-ab.md``) with planes at both strides (the halo's planes then padded at stride 1):
+#: MobileNetV2's two stride-2 resident dispatches at batch 32 took 110.2 and 53.5 us against 119.1 and 57.0 (0.925x
+#: and 0.938x), its stride-1 ones 1.021x (the stem's folded block) and 0.989x; the model 1192.9 against 1204.3 us
+#: (0.991x); float16 1.000x (its dispatches 0.988-1.009x); batch 1 1.003x (float16 1.005x). So planes at stride 2
+#: only, where the plane needs no padding.
+RESIDENT_CHANNEL_PLANES = True
 # A depthwise phase taking two neighbouring output pixels per invocation (the halo columns their taps share loaded
 # once: KH * (KW + SW) loads for 2 KH KW multiply-adds; half the rounds over the tile; bit for bit the same sums)
 # lost on an H100 (2026-12-06 14:08 UTC, switch_ab.py, 3 alternating rounds): MobileNetV2's three resident
@@ -351,7 +347,7 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
 
     def source_for(half: bool) -> str:
         t = "f16" if half else "f32"
-        plane = halo_plane(g, th, tw, half) if RESIDENT_CHANNEL_PLANES else 0
+        plane = halo_plane(g, th, tw) if RESIDENT_CHANNEL_PLANES else 0
         layout = f"[chunk / 4][{plane}]: a plane of [{hh}][{hw}] each" if plane else f"[{hh}][{hw}][chunk / 4]"
 
         def at(pixel: str, j: int) -> str:
@@ -395,11 +391,11 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
             expand += [f"    if (p{r} < {halo_px}u) {{",
                        *(f"      esh[{at(f'p{r}', j)}] = {stored.format(r=r, j=j)};" for j in range(q)),
                        "    }"]
-        projection = _resident_projection(g, th, tw, chunk, cout, threads, store, half) if cout else None
+        projection = _resident_projection(g, th, tw, chunk, cout, threads, store, half, bool(plane)) if cout else None
         weights = _chunk_weights(cin, q, c4, chunk, cout, threads, half, window)
         return prelude(binds) + _activations(expand_activation, depthwise_activation) + helpers + f"""
 var<workgroup> wsh: array<vec4<{t}>, {cin * q}>;          // the chunk's expand weights, [Cin][chunk / 4]
-var<workgroup> esh: array<vec4<{t}>, {(plane or halo_px) * q}>;    // the expansion of the halo, {layout}{
+var<workgroup> esh: array<vec4<{t}>, {halo_px * q}>;    // the expansion of the halo, {layout}{
 projection["declare"] if projection else ""}
 
 @compute @workgroup_size({threads})
