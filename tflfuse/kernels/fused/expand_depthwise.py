@@ -40,7 +40,7 @@ from ..wgsl import ACTIVATION_ALPHA, activation_fn, dot, prelu_fn, prelude, redu
 from .conv import window_geometry
 
 __all__ = ["FusedExpandDepthwise", "expand_depthwise_program", "expand_depthwise_fits", "expand_depthwise_shape",
-           "expand_depthwise_unroll", "halo_plane", "pointwise_expand_program"]
+           "expand_depthwise_unroll", "halo_plane", "plane_slot", "pointwise_expand_program"]
 
 _THREADS = 256
 _WG_BYTES = MAX_WORKGROUP_STORAGE
@@ -115,6 +115,15 @@ def halo_plane(g: dict, th: int, tw: int) -> int:
     return hh * hw if g["SW"] == 2 and hh * hw % 2 else 0
 
 
+def plane_slot(pixel: str, j: int | str, q: int, plane: int) -> str:
+    """WGSL of the index of vec4 ``j`` (an int, or a WGSL u32 name) of a chunk's ``q`` at ``pixel`` (a WGSL u32
+    expression) in a workgroup array of a halo or a tile: planes ``[q][plane]`` where ``plane`` > 0
+    (:func:`halo_plane`), else pixel by pixel ``[pixel][q]``."""
+    if isinstance(j, int):
+        return f"{j * plane}u + {pixel}" if plane else f"({pixel}) * {q}u + {j}u"
+    return f"{j} * {plane}u + {pixel}" if plane else f"({pixel}) * {q}u + {j}"
+
+
 def _workgroup_bytes(g: dict, th: int, tw: int, chunk: int, cin: int) -> int:
     hh, hw = _halo(g, th, tw)
     return 4 * (hh * hw * chunk + cin * chunk)
@@ -157,11 +166,9 @@ def _depthwise_from_halo(g: dict, tw: int, hw: int, q: int, c4: int, out_items: 
     hoisted = hoist and threads % q == 0 and out_items > threads
     taps_at = [f"dw[{(ky * g['KW'] + kx) * c4}u + cq]" for ky in range(g["KH"]) for kx in range(g["KW"])]
     weights = [f"wt{t}" for t in range(len(taps_at))] if hoisted else taps_at
-
-    def at(ky: int, kx: int) -> str:
-        pixel = f"(ly + {ky * g['DH']}u) * {hw}u + lx + {kx * g['DW']}u"
-        return f"esh[j * {plane}u + {pixel}]" if plane else f"esh[({pixel}) * {q}u + j]"
-    tap = [(at(ky, kx), weights[ky * g["KW"] + kx]) for ky in range(g["KH"]) for kx in range(g["KW"])]
+    dh, dw = g["DH"], g["DW"]
+    tap = [(f"esh[{plane_slot(f'(ly + {ky * dh}u) * {hw}u + lx + {kx * dw}u', 'j', q, plane)}]",
+            weights[ky * g["KW"] + kx]) for ky in range(g["KH"]) for kx in range(g["KW"])]
     if half:
         taps = "\n".join(_half_chain([f"hp = fma({e}, {w if hoisted else f'vec4<f16>({w})'}, hp);" for e, w in tap],
                                      "acc", "hp", indent + "    "))
@@ -186,7 +193,7 @@ TAPS
     SINK
   }}
 }}"""
-    sink = (f"dsh[{f'j * {out_items // q}u + p' if plane else 'i'}] = "
+    sink = (f"dsh[{plane_slot('p', 'j', q, out_items // q) if plane else 'i'}] = "
             f"{'vec4<f16>(dact4(acc))' if half else 'dact4(acc)'};" if to_workgroup else
             f"d[((n * {g['OH']}u + u32(oy)) * {g['OW']}u + u32(ox)) * {c4}u + cq] = dact4(acc);")
     lines = [taps if line == "TAPS" else indent + line for line in body.replace("SINK", sink).splitlines()]

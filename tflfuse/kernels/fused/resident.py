@@ -20,7 +20,7 @@ from ..base import Binding, KernelError, Program, linear_dispatch
 from ..half import HALF_STEPS, with_half_math
 from ..wgsl import prelude
 from .expand_depthwise import (_THREADS, _WG_BYTES, _activations, _depthwise_from_halo, _half_chain, _halo,
-                               _workgroup_bytes, expand_depthwise_fits, halo_plane)
+                               _workgroup_bytes, expand_depthwise_fits, halo_plane, plane_slot)
 
 __all__ = ["RESIDENT_CHANNEL_PLANES", "RESIDENT_DW_HOISTED", "RESIDENT_HALF_MATH", "RESIDENT_MAX_CIN",
            "RESIDENT_MAX_SUMS", "RESIDENT_PREFETCH", "expand_depthwise_resident_program", "resident_fits",
@@ -142,9 +142,8 @@ def _resident_projection(g: dict, th: int, tw: int, chunk: int, cout: int, threa
     for m in sums:
         guard = "" if (m + 1) * groups <= px else f"if (g + {m * groups}u < {px}u) "
         project.append(f"      {guard}{{")
-        pixel = f"g + {m * groups}u"
-        loads = [f"        let d{j} = dsh[{j * px}u + {pixel}];" if planes else
-                 f"        let d{j} = dsh[({pixel}) * {q}u + {j}u];" for j in range(q)]
+        loads = [f"        let d{j} = dsh[{plane_slot(f'g + {m * groups}u', j, q, px if planes else 0)}];"
+                 for j in range(q)]
         if half:   # the loads, then the chain of f16 multiply-adds
             project += loads + _half_chain([f"hp = fma(vec4<f16>(d{j}.{comp}), w{j}_{k}, hp);" for j in range(q)
                                             for k, comp in enumerate("xyzw")], f"s{m}", "hp", "        ")
@@ -350,9 +349,6 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
         plane = halo_plane(g, th, tw) if RESIDENT_CHANNEL_PLANES else 0
         layout = f"[chunk / 4][{plane}]: a plane of [{hh}][{hw}] each" if plane else f"[{hh}][{hw}][chunk / 4]"
 
-        def at(pixel: str, j: int) -> str:
-            return f"{j * plane}u + {pixel}" if plane else f"{pixel} * {q}u + {j}u"
-
         def typed(value: str) -> str:
             return f"vec4<f16>({value})" if half else value
 
@@ -389,7 +385,8 @@ def expand_depthwise_resident_program(name: str, bindings: tuple[Binding, ...], 
             "select(vec4<f32>(0.0), eact4(a{r}_{j}), in{r})"
         for r in rs:
             expand += [f"    if (p{r} < {halo_px}u) {{",
-                       *(f"      esh[{at(f'p{r}', j)}] = {stored.format(r=r, j=j)};" for j in range(q)),
+                       *(f"      esh[{plane_slot(f'p{r}', j, q, plane)}] = {stored.format(r=r, j=j)};"
+                         for j in range(q)),
                        "    }"]
         projection = _resident_projection(g, th, tw, chunk, cout, threads, store, half, bool(plane)) if cout else None
         weights = _chunk_weights(cin, q, c4, chunk, cout, threads, half, window)
