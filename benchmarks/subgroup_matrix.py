@@ -33,9 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from peaks import fma_tflops, validate_out_flags  # noqa: E402
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Markdown file to write (printed in any case).")
 flags.DEFINE_bool("fma", True, "Also measure the FMA peaks through tflfuse's device (wgpu-native).")
+validate_out_flags("out")
 
 #: Dawn's toggles: experimental features, and f16 on NVIDIA's Vulkan driver (off there by default).
 TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
@@ -122,7 +125,6 @@ def main(argv):
     fma = {}
     if FLAGS.fma:   # first: wgpu-native's device, as tflfuse's benchmarks measure the peaks
         import tflfuse
-        from peaks import fma_tflops
         device = tflfuse.Device()
         fma = {"f32": fma_tflops(device, "f32")}
         if "shader-f16" in device.adapter.features:
