@@ -640,3 +640,17 @@ def test_sweep_stem_times_the_folded_block_against_the_two_ops(tmp_path, target)
     assert "16x16/8/r1p" in proc.stdout + proc.stderr and "invocations" in proc.stdout + proc.stderr
     text = out.read_text()
     assert f"target '{target}'" in text and "| 1 | float32 | folded, 8x8/8/r2p | expand_dw | 1 |" in text, text
+
+
+def test_subgroup_matrix_probe_names_what_it_needs(tmp_path):
+    """benchmarks/subgroup_matrix.py stops with one line, before any GPU work, where wgpudawn is missing (blocked
+    from importing here, whether or not this machine has it) and where --out cannot be written."""
+    script = ROOT / "benchmarks" / "subgroup_matrix.py"
+    blocked = ("import runpy, sys; sys.modules['wgpudawn'] = None; sys.argv = [sys.argv[1], '--nofma']; "
+               "runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", blocked, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "needs wgpudawn: pip install wgpudawn==" in proc.stdout
+    proc = subprocess.run([sys.executable, str(script), f"--out={tmp_path / 'missing' / 'r.md'}"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "--out must be a file" in proc.stderr
