@@ -319,14 +319,23 @@ def row_max_and_sum(c: int, m0: str, term: str, shared: bool) -> str:
   for (var k = 0u; k < {c}u; k++) {{ m = max_nan(m, x[base + k]); }}
   var s = 0.0;
   for (var k = 0u; k < {c}u; k++) {{ s += {term}; }}"""
+    def walk(step: str) -> str:   # this invocation's share of the row
+        return f"  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ {step} }}"
+    return _shared_max_and_sum(m0, walk("m = max_nan(m, x[base + k]);"), walk(f"s += {term};"))
+
+
+def _shared_max_and_sum(m0: str, max_step: str, sum_step: str) -> str:
+    """WGSL of a :func:`reduce_program` workgroup's max, then sum, over a row its invocations split: ``max_step``
+    folds this invocation's values into ``m`` (from ``m0``), the invocations meet in ``part``, then ``sum_step``
+    adds this invocation's terms into ``s`` and they meet again; ``m`` and ``s`` are the row's."""
     return f"""  var m = {m0};
-  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ m = max_nan(m, x[base + k]); }}
+{max_step}
   part[lid] = m;
 {_tree("part", "max_nan({a}, {b})")}
   m = part[0];
   workgroupBarrier();
   var s = 0.0;
-  for (var k = lid; k < {c}u; k += {_REDUCE_WG}u) {{ s += {term}; }}
+{sum_step}
   part[lid] = s;
 {_tree("part", "{a} + {b}")}
   s = part[0];"""
@@ -376,19 +385,12 @@ class Softmax(Kernel):
             guard = "" if (p + 1) * _REDUCE_WG <= c else f"if (lid + {p * _REDUCE_WG}u < {c}u) "
             return f"  {guard}{{ {statements} }}"
         held = "\n".join(f"  var x{p} = 0.0;" for p in range(per))
+        loads = "\n".join(each(p, f"x{p} = x[base + lid + {p * _REDUCE_WG}u]; m = max_nan(m, x{p});")
+                          for p in range(per))
+        terms = "\n".join(each(p, f"x{p} = exp_f(params.beta * (x{p} - m)); s += x{p};") for p in range(per))
         body = f"""  let base = o * {c}u;
 {held}
-  var m = -3.402823466e38;
-{chr(10).join(each(p, f"x{p} = x[base + lid + {p * _REDUCE_WG}u]; m = max_nan(m, x{p});") for p in range(per))}
-  part[lid] = m;
-{_tree("part", "max_nan({a}, {b})")}
-  m = part[0];
-  workgroupBarrier();
-  var s = 0.0;
-{chr(10).join(each(p, f"x{p} = exp_f(params.beta * (x{p} - m)); s += x{p};") for p in range(per))}
-  part[lid] = s;
-{_tree("part", "{a} + {b}")}
-  s = part[0];
+{_shared_max_and_sum("-3.402823466e38", loads, terms)}
 {chr(10).join(each(p, f"y[base + lid + {p * _REDUCE_WG}u] = x{p} / s;") for p in range(per))}"""
         return reduce_program(self.key, self.io_bindings(["x", "y"]), rows, body,
                               f"var<workgroup> part: array<f32, {_REDUCE_WG}>;\n", uniforms=beta,
