@@ -46,16 +46,17 @@ SIDE = 64                                 # the checked product: [SIDE, SIDE] x 
 STEPS, GROUPS, DISPATCHES = 2048, 132 * 64, 5   # the rate: steps per subgroup, subgroups, dispatches
 
 
-def product_source(m: int, n: int, k: int, result: str) -> str:
+def product_source(m: int, n: int, k: int, result: str, subgroup: int) -> str:
     """WGSL of ``C = A @ B`` (``[SIDE, SIDE]`` row-major float16 ``A`` and ``B``, ``C`` of ``result``): one
-    workgroup of one subgroup per ``m x n`` tile, the depth walked ``k`` at a time."""
+    workgroup of one subgroup (``subgroup`` invocations, the configuration's subgroup size, which Dawn requires the
+    workgroup's x size to be a multiple of) per ``m x n`` tile, the depth walked ``k`` at a time."""
     return f"""
 enable chromium_experimental_subgroup_matrix;
 enable f16;
 @group(0) @binding(0) var<storage, read> A: array<f16>;
 @group(0) @binding(1) var<storage, read> B: array<f16>;
 @group(0) @binding(2) var<storage, read_write> C: array<{result}>;
-@compute @workgroup_size(32)
+@compute @workgroup_size({subgroup})
 fn main(@builtin(workgroup_id) wid: vec3<u32>) {{
   let m0 = (wid.x / {SIDE // n}u) * {m}u;
   let n0 = (wid.x % {SIDE // n}u) * {n}u;
@@ -70,7 +71,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>) {{
 """
 
 
-def rate_source(m: int, n: int, k: int, result: str) -> str:
+def rate_source(m: int, n: int, k: int, result: str, subgroup: int) -> str:
     """WGSL of the multiply-accumulate-bound kernel: per subgroup (one per workgroup, so that the store offsets
     are uniform) four accumulators, :data:`STEPS` steps each, then stored."""
     acc = "\n".join(f"  var c{i} = subgroup_matrix_result<{result}, {n}, {m}>();" for i in range(4))
@@ -82,7 +83,7 @@ enable chromium_experimental_subgroup_matrix;
 enable f16;
 @group(0) @binding(0) var<storage, read> A: array<f16>;
 @group(0) @binding(1) var<storage, read_write> C: array<{result}>;
-@compute @workgroup_size(32)
+@compute @workgroup_size({subgroup})
 fn main(@builtin(workgroup_id) wid: vec3<u32>) {{
   let l = subgroupMatrixLoad<subgroup_matrix_left<f16, {k}, {m}>>(&A, 0u, false, {SIDE}u);
   let r = subgroupMatrixLoad<subgroup_matrix_right<f16, {n}, {k}>>(&A, {k}u, false, {SIDE}u);
@@ -168,11 +169,16 @@ def main(argv):
             m, n, k, result = c["m"], c["n"], c["k"], c["result_component_type"]
             size = 4 if result == "f32" else 2
             out = dev.create_buffer(size=SIDE * SIDE * size, usage=usage)
-            _run(dev, product_source(m, n, k, result), [ba, bb, out], (SIDE // m) * (SIDE // n))
+            if c["min_subgroup_size"] != c["max_subgroup_size"]:   # one subgroup per workgroup is not certain
+                lines.append(f"| {m} x {n} x {k} | {result} | subgroup size varies "
+                             f"({c['min_subgroup_size']}-{c['max_subgroup_size']}): not run | |")
+                continue
+            subgroup = c["max_subgroup_size"]
+            _run(dev, product_source(m, n, k, result, subgroup), [ba, bb, out], (SIDE // m) * (SIDE // n))
             got = np.frombuffer(dev.queue.read_buffer(out), np.float32 if result == "f32" else np.float16)
             err = float(np.abs(got.reshape(SIDE, SIDE) - want).max())
             sums = dev.create_buffer(size=GROUPS * 4 * m * n * size, usage=usage)
-            source = rate_source(m, n, k, result)
+            source = rate_source(m, n, k, result, subgroup)
             _run(dev, source, [ba, sums], GROUPS)   # compiled and warm
             seconds = min(_run(dev, source, [ba, sums], GROUPS, DISPATCHES) for _ in range(3))
             tflops = DISPATCHES * GROUPS * 4 * STEPS * 2 * m * n * k / seconds / 1e12
