@@ -12,6 +12,7 @@ from .kernels import kernel_class
 from .kernels.base import MAX_INDEXED_VALUES, KernelError, TensorSpec, Uniform, is_integral, pack_uniforms, \
     uniform_layout
 from .kernels.half import half_programs
+from .kernels.matrix import SubgroupMatrix
 
 __all__ = ["ShaderInfo", "catalog", "get_shader", "model_shaders", "run_shader"]
 
@@ -67,17 +68,21 @@ def _check_shapes(key: str, input_shapes) -> None:
 
 
 def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Mapping | None = None,
-               dtype: str | Sequence[str] = "float32", precision: str = "float32") -> ShaderInfo:
+               dtype: str | Sequence[str] = "float32", precision: str = "float32",
+               subgroup_matrix: int | None = None) -> ShaderInfo:
     """The WGSL for op ``key`` (its name in a .tflite: ``"CONV_2D"``, ``"fused_bottleneck"``) on inputs of
     ``input_shapes`` (``None`` for an absent optional input) with ``attrs`` (the op's options, snake_case:
     ``stride_h``, ``padding``...; constant inputs such as PAD's paddings are attributes here). No GPU is
     touched. Same inputs give byte-identical WGSL. ``dtype`` is one dtype name for every input or one per
     input (GATHER's indices are ``"int32"``). ``precision="float16"`` gives the shader as a float16 plan runs
     it: its float tensors' bindings are ``array<f16>`` (``enable f16;``, the ``shader-f16`` feature), the
-    arithmetic f32 (:mod:`tflfuse.kernels.half`).
+    arithmetic f32 (:mod:`tflfuse.kernels.half`). ``subgroup_matrix`` (a subgroup size, with ``"float16"``) gives
+    the shaders as a float16 plan runs them on a Dawn device with subgroup matrices of that subgroup size
+    (:mod:`tflfuse.kernels.matrix`: the matrix products on the GPU's matrix units).
 
     Raises:
-      ValueError: an unknown ``precision``.
+      ValueError: an unknown ``precision``, or ``subgroup_matrix`` not a positive int or given without
+        ``precision="float16"``.
       UnsupportedOpError: unknown key (the message lists the known keys).
       KernelError: an attribute the kernel does not know (the message lists those it takes), an integer
         option (one whose default is an int: a stride, a size) given a number that is not an integer of int32's range
@@ -93,6 +98,13 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    unit = None
+    if subgroup_matrix is not None:
+        if not is_integral(subgroup_matrix) or isinstance(subgroup_matrix, float) or subgroup_matrix < 1 or \
+                precision != "float16":
+            raise ValueError(f"subgroup_matrix is a subgroup size (a positive int) for precision='float16', got "
+                             f"{subgroup_matrix!r} with precision={precision!r}")
+        unit = SubgroupMatrix(int(subgroup_matrix))
     cls = kernel_class(key)
     _check_shapes(key, input_shapes)
     attrs = dict(attrs or {})
@@ -115,7 +127,7 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
     try:
         kernel = cls(specs, attrs)
         outs = tuple(s.shape for s in kernel.output_specs())
-        programs = half_programs(kernel) if precision == "float16" else kernel.programs()
+        programs = half_programs(kernel, unit) if precision == "float16" else kernel.programs()
         for p in programs:   # a uniform's value its type cannot hold (beta=1e300 for an f32)
             pack_uniforms(p.uniforms)
     except KernelError:

@@ -95,6 +95,7 @@ import re
 
 from .base import MAX_WORKGROUP_STORAGE, Binding, KernelError, Program, Uniform, linear_dispatch
 from .half import with_half_math
+from .matrix import SubgroupMatrix, matrix_source
 from .wgsl import lane_tree, prelude
 
 __all__ = ["MEASURED_HALF_TILES", "MEASURED_TILES", "MatmulTile", "TILES", "few_rows_block", "few_rows_lanes",
@@ -698,12 +699,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                       loop_trips=2 * steps)
     if elem != "f32":
         return program
+    pre, half_fns = prelude(bindings, uniforms), half_helpers if half_helpers is not None else helpers
+
+    def on_matrices(unit: SubgroupMatrix) -> tuple[str, tuple]:
+        """The float16 form on subgroup matrices (:mod:`tflfuse.kernels.matrix`): source and shape."""
+        source, *shape = matrix_source(pre, half_fns, a_load, b_load, rows, depth, cols, store, store_vec,
+                                       a_strip, unit)
+        return source, tuple(shape)
     if half_tile not in (None, tile) and not (double_buffer and half_tile.double_buffered_bytes > _WG_BYTES):
         half = tiled_matmul_program(name, bindings, rows, depth, cols, a, b, store, helpers, uniforms, half_tile,
                                     a_vec=a_vec, b_vec=b_vec, store_vec=store_vec, a_strip=a_strip,
                                     double_buffer=double_buffer, half_helpers=half_helpers)
-        return with_half_math(program, half.half_math, (half.workgroup_size, half.dispatch, half.loop_trips))
-    return with_half_math(program, source_for(True))
+        return with_half_math(program, half.half_math, (half.workgroup_size, half.dispatch, half.loop_trips),
+                              matrix_math=on_matrices)
+    return with_half_math(program, source_for(True), matrix_math=on_matrices)
 
 
 def product_program(name: str, bindings: tuple[Binding, ...], rows: int, depth: int, cols: int, a: str, b: str,

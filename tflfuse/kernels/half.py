@@ -72,6 +72,10 @@ class HalfMathProgram(Program):
     #: The float16 form's own ``(workgroup_size, dispatch, loop_trips)`` where it differs from the program's (a
     #: tiled product whose float16 form has its own tile), or ``()``: the program's.
     half_shape: tuple = dataclasses.field(default=(), repr=False, compare=False)
+    #: Where the float16 form can run on subgroup matrices (:mod:`tflfuse.kernels.matrix`): a function of a
+    #: :class:`~tflfuse.kernels.matrix.SubgroupMatrix` giving that form's WGSL (the same bindings, declared f32)
+    #: and its ``(workgroup_size, dispatch, loop_trips)``; else None.
+    matrix_math: object = dataclasses.field(default=None, repr=False, compare=False)
 
 
 @contextlib.contextmanager
@@ -98,11 +102,12 @@ def half_math_forms(forms: Iterable[str]):
             setattr(modules[name], switch, before[name])
 
 
-def with_half_math(program: Program, half_math: str, shape: tuple = ()) -> HalfMathProgram:
+def with_half_math(program: Program, half_math: str, shape: tuple = (), matrix_math=None) -> HalfMathProgram:
     """``program`` as a :class:`HalfMathProgram` whose float16 form is the WGSL ``half_math`` (the same bindings,
     declared f32), valid for ``program``'s source; with ``shape``, ``(workgroup_size, dispatch, loop_trips)``, the
-    float16 form's own workgroup and dispatch (:attr:`HalfMathProgram.half_shape`). Raises ``ValueError`` for a
-    ``shape`` of another form."""
+    float16 form's own workgroup and dispatch (:attr:`HalfMathProgram.half_shape`); with ``matrix_math``, its form
+    on subgroup matrices (:attr:`HalfMathProgram.matrix_math`). Raises ``ValueError`` for a ``shape`` of another
+    form."""
     shape = tuple(shape)
     if shape and not (len(shape) == 3 and all(isinstance(v, tuple) and len(v) == 3 and
                                               all(isinstance(n, int) and n > 0 for n in v) for v in shape[:2])
@@ -110,7 +115,8 @@ def with_half_math(program: Program, half_math: str, shape: tuple = ()) -> HalfM
         raise ValueError(f"{program.name}: a float16 form's shape is ((x, y, z) workgroup size, (x, y, z) dispatch, "
                          f"loop trips), positive ints, got {shape!r}")
     return HalfMathProgram(**{f.name: getattr(program, f.name) for f in dataclasses.fields(Program)},
-                           half_math=half_math, half_math_of=program.source, half_shape=shape)
+                           half_math=half_math, half_math_of=program.source, half_shape=shape,
+                           matrix_math=matrix_math)
 
 
 def is_half_binding(b: Binding, half_scratch: tuple[int, ...] = ()) -> bool:
@@ -174,8 +180,9 @@ def half_pack_program(count: int) -> Program:
     return elementwise_program("FLOAT16_INPUT", bindings, words, body, helpers=HALF_BITS, workgroup=256)
 
 
-def half_programs(kernel) -> list[Program]:
-    """A kernel's programs as a float16 plan runs them (:func:`half_storage` of each), checked against its
+def half_programs(kernel, matrix=None) -> list[Program]:
+    """A kernel's programs as a float16 plan runs them (:func:`half_storage` of each, on the device's subgroup
+    matrices ``matrix`` where not None, a :class:`~tflfuse.kernels.matrix.SubgroupMatrix`), checked against its
     :meth:`~tflfuse.kernels.base.Kernel.half_scratch`: every float binding of a listed scratch buffer is f16 and
     every other scratch binding keeps its type, so that two programs never read one buffer in two precisions
     and the buffer's size (halved for the listed ones) fits every binding.
@@ -188,7 +195,7 @@ def half_programs(kernel) -> list[Program]:
     floats = (*HALF_TYPES, *HALF_TYPES.values())
     programs = []
     for prog in kernel.programs():
-        prog = half_storage(prog)
+        prog = half_storage(prog, matrix)
         for b in prog.bindings:
             if b.role[0] != "scratch":
                 continue
@@ -201,10 +208,12 @@ def half_programs(kernel) -> list[Program]:
     return programs
 
 
-def half_storage(program: Program) -> Program:
+def half_storage(program: Program, matrix=None) -> Program:
     """``program`` with its float tensor bindings as ``array<f16>`` (see the module docstring), from its
     ``half_math`` source (and workgroup and dispatch, :attr:`HalfMathProgram.half_shape`) where it is a
-    :class:`HalfMathProgram` made for its current source; a plain Program.
+    :class:`HalfMathProgram` made for its current source, or from its form on subgroup matrices
+    (:attr:`HalfMathProgram.matrix_math`) where it has one and ``matrix`` (the device's
+    :class:`~tflfuse.kernels.matrix.SubgroupMatrix`) is not None; a plain Program.
 
     Raises:
       KernelError: a float binding is used other than by indexing (``&x``, ``arrayLength``), is not declared
@@ -215,8 +224,11 @@ def half_storage(program: Program) -> Program:
     math = isinstance(program, HalfMathProgram) and program.half_math and program.half_math_of == program.source
     if not types and not math:
         return program
+    half_source, half_shape = (program.half_math, program.half_shape) if math else (program.source, ())
+    if math and matrix is not None and program.matrix_math is not None:
+        half_source, half_shape = program.matrix_math(matrix)
     # comments carry no code, and may hold a binding's name
-    source = _COMMENT.sub("", program.half_math if math else program.source)
+    source = _COMMENT.sub("", half_source)
     for name, t in types.items():
         declaration = f"> {name}: array<{t}>;"
         if source.count(declaration) != 1:
@@ -224,10 +236,11 @@ def half_storage(program: Program) -> Program:
                               f"wgsl.prelude, so the float16 storage rewrite cannot retype it")
         source = source.replace(declaration, f"> {name}: array<{HALF_TYPES[t]}>;")
     source = _rewrite_scoped(source, types, program.name) if types else source
-    source = "enable f16;\n" + helpers_for(source) + source
+    directives = _DIRECTIVES.match(source).group(0)   # WGSL's directives come before any declaration
+    source = "enable f16;\n" + directives + helpers_for(source) + source[len(directives):]
     bindings = tuple(dataclasses.replace(b, elem_type=HALF_TYPES[b.elem_type], size=half_binding_size(b.size // 4))
                      if is_half_binding(b, program.half_scratch) else b for b in program.bindings)
-    shape = dict(zip(("workgroup_size", "dispatch", "loop_trips"), program.half_shape)) if math else {}
+    shape = dict(zip(("workgroup_size", "dispatch", "loop_trips"), half_shape))
     # a Program again: its source is final, and no float16 form of it remains to choose
     return Program(**{f.name: getattr(program, f.name) for f in dataclasses.fields(Program)} | {
         "source": source, "bindings": bindings} | shape)
@@ -235,6 +248,8 @@ def half_storage(program: Program) -> Program:
 
 _CLOSE = {"[": "]", "(": ")", "{": "}"}
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+#: A source's leading directives (``enable ...;``, ``diagnostic(...);``).
+_DIRECTIVES = re.compile(r"(?:\s*(?:enable\s[^;]*;|diagnostic\s*\([^)]*\)\s*;))*\s*")
 _ASSIGN = re.compile(r"\s*([-+*/]?=)(?!=)")
 
 

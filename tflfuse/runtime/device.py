@@ -14,7 +14,7 @@ from absl import logging
 from .._tfload import DRIVER_FILE_VARIABLES, DriversBoundError, isolate_vulkan_drivers
 from ..kernels.base import DEFAULT_MAX_STORAGE_BINDING, Program
 
-__all__ = ["Device", "DeviceLostError", "NoAdapterError", "ShaderCompileError"]
+__all__ = ["BACKENDS", "Device", "DeviceLostError", "NoAdapterError", "ShaderCompileError"]
 
 _ADAPTER_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}
 _BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 1, "OpenGL": 2}
@@ -117,6 +117,78 @@ def prepare_wgpu() -> None:
     _primary_backends_only()
 
 
+#: The WebGPU implementations a :class:`Device` runs on: wgpu-native (the ``wgpu`` package, the default) and Dawn,
+#: Chrome's (the ``wgpudawn`` package, the same Python API; ``pip install tflfuse[dawn]``).
+BACKENDS = ("wgpu-native", "dawn")
+#: Dawn's feature for the GPU's matrix units (``enable chromium_experimental_subgroup_matrix;`` in WGSL).
+SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"
+#: Dawn's toggles a Dawn device is made with: experimental features (subgroup matrices) need
+#: ``allow_unsafe_apis``, and Dawn offers ``shader-f16`` (and f16 subgroup matrices) on NVIDIA's Vulkan driver only
+#: with ``vulkan_enable_f16_on_nvidia``.
+DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
+
+
+def _wgpu_native():
+    """The ``wgpu`` module (wgpu-native), after :func:`prepare_wgpu`."""
+    prepare_wgpu()
+    import wgpu
+
+    return wgpu
+
+
+def _dawn():
+    """The ``wgpudawn`` module, its instance made with :data:`DAWN_TOGGLES` and the primary backends where this
+    process has not made it yet (else as it was made: logged). Raises NoAdapterError where wgpudawn is not
+    installed."""
+    _default_runtime_dir()
+    try:
+        isolate_vulkan_drivers()
+    except DriversBoundError as e:
+        raise NoAdapterError(str(e)) from e
+    try:
+        import wgpudawn
+        from wgpudawn.backends.dawn import _extras_device
+    except ImportError as e:
+        raise NoAdapterError(f"backend 'dawn' needs the package wgpudawn (pip install tflfuse[dawn]): {e}") from e
+    try:
+        # the primary backends, unless WGPU_BACKEND_TYPE picks one (wgpudawn reads it: "Null", Dawn's backend
+        # that runs nothing, validates every shader and pipeline as on a GPU)
+        backends = ["All"] if os.environ.get("WGPU_BACKEND_TYPE") else ["Primary"]
+        _extras_device.set_instance_extras(backends=backends, enable_toggles=list(DAWN_TOGGLES))
+    except RuntimeError as e:   # the instance exists already (made by the application, or by an earlier Device)
+        logging.debug("tflfuse: Dawn's instance was made before, its toggles stay: %s", e)
+    return wgpudawn
+
+
+def _subgroup_matrix(device: "Device"):
+    """The :class:`~tflfuse.kernels.matrix.SubgroupMatrix` of a Dawn device, or None: where it has
+    :data:`SUBGROUP_MATRIX_FEATURE` and ``shader-f16``, lists the configuration the kernels use (f16 16 x 16 x 16
+    with f32 results) at one subgroup size, and that size is the adapter's largest (Dawn's rule for a
+    workgroup's x size)."""
+    from ..kernels.matrix import SubgroupMatrix
+
+    if not {SUBGROUP_MATRIX_FEATURE, "shader-f16"} <= device.features:
+        return None
+    try:
+        from wgpudawn.backends.dawn import _api
+        from wgpudawn.backends.dawn._extras_adapter import get_adapter_properties
+
+        configs = get_adapter_properties(device.adapter).get("subgroup_matrix_configs") or []
+        info = _api.new_struct_p("WGPUAdapterInfo *")
+        if _api.lib.wgpuAdapterGetInfo(device.adapter._internal, info) != _api.lib.WGPUStatus_Success:
+            return None
+        largest = int(info.subgroupMaxSize)
+        _api.lib.wgpuAdapterInfoFreeMembers(info[0])
+    except Exception as e:  # noqa: BLE001  (an older wgpudawn: no matrices rather than no device)
+        logging.info("tflfuse: Dawn's subgroup-matrix configurations could not be read (%s)", e)
+        return None
+    for c in configs:
+        if (c["component_type"], c["result_component_type"], c["m"], c["n"], c["k"]) == ("f16", "f32", 16, 16, 16) \
+                and c["min_subgroup_size"] == c["max_subgroup_size"] == largest:
+            return SubgroupMatrix(largest)
+    return None
+
+
 def _env_bool(name: str) -> bool:
     """Environment variable ``name`` as a bool: 1/true/yes/on or 0/false/no/off (any case). Raises ValueError
     naming the variable for anything else."""
@@ -151,24 +223,42 @@ class Device:
         H200 the trusted modules took 0.67-0.97x the GPU time of the checked ones; on Mesa's llvmpipe
         0.99-1.15x, ``RESULTS-shader-checks-llvmpipe.md``). On a backend other than wgpu-native the checks
         are always on.
+      backend: the WebGPU implementation (:data:`BACKENDS`): ``"wgpu-native"`` (the ``wgpu`` package) or
+        ``"dawn"`` (Chrome's, through the ``wgpudawn`` package, made with :data:`DAWN_TOGGLES`); default: the
+        environment variable ``TFLFUSE_WEBGPU`` where set, else ``"wgpu-native"``. On Dawn, where the adapter has
+        f16 subgroup matrices (:attr:`subgroup_matrix`; NVIDIA's tensor cores through Vulkan), a float16 plan runs
+        its matrix products on them (:mod:`tflfuse.kernels.matrix`); everything else runs the same WGSL as on
+        wgpu-native, recorded through the Python API.
     Raises:
-      NoAdapterError: no adapter exists (the message says what to install) or none matches ``adapter``.
+      NoAdapterError: no adapter exists (the message says what to install) or none matches ``adapter``; or
+        ``backend="dawn"`` without the ``wgpudawn`` package.
       TypeError: ``shader_checks`` is not a bool or None.
+      ValueError: ``backend`` (or ``TFLFUSE_WEBGPU``) is not one of :data:`BACKENDS`.
       ValueError: ``TFLFUSE_SHADER_CHECKS`` is set to something other than 1/0 (true/false, yes/no, on/off).
     """
 
-    def __init__(self, adapter: str | None = None, *, shader_checks: bool | None = None):
+    def __init__(self, adapter: str | None = None, *, shader_checks: bool | None = None,
+                 backend: str | None = None):
         if shader_checks is None and os.environ.get("TFLFUSE_SHADER_CHECKS", "").strip():
             shader_checks = _env_bool("TFLFUSE_SHADER_CHECKS")
         if shader_checks is not None and not isinstance(shader_checks, bool):
             raise TypeError(f"Device(shader_checks=...) takes True, False or None, got {shader_checks!r}")
-        prepare_wgpu()
-        import wgpu
-
+        if backend is None:
+            backend = os.environ.get("TFLFUSE_WEBGPU", "").strip().lower() or "wgpu-native"
+            where = "TFLFUSE_WEBGPU"
+        else:
+            where = "Device(backend=...)"
+        if backend not in BACKENDS:
+            raise ValueError(f"{where}: the WebGPU implementation is one of {list(BACKENDS)}, got {backend!r}")
+        #: The WebGPU implementation: ``"wgpu-native"`` or ``"dawn"`` (:data:`BACKENDS`).
+        self.backend = backend
+        wgpu = _dawn() if backend == "dawn" else _wgpu_native()
         self._wgpu = wgpu
         want = adapter if adapter is not None else os.environ.get("TFLFUSE_ADAPTER") or None
         try:
             adapters = list(wgpu.gpu.enumerate_adapters_sync())
+            if not adapters and backend == "dawn":   # Dawn lists no adapter of a backend forced by WGPU_BACKEND_TYPE
+                adapters = [a for a in [wgpu.gpu.request_adapter_sync(power_preference="high-performance")] if a]
         except Exception as e:  # wgpu-native raises plain Exceptions when no backend loads
             raise NoAdapterError(f"WebGPU adapters could not be listed ({e}). {_install_hint()}") from e
         if want:
@@ -192,11 +282,17 @@ class Device:
             "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
             "max-compute-workgroup-size-x", "max-compute-workgroup-size-y", "max-compute-workgroup-size-z",
             "max-compute-workgroups-per-dimension") if k in limits}
-        # timestamp-query for profiling; shader-f16 and subgroup for kernels that use them where offered
-        features = [f for f in ("timestamp-query", "shader-f16", "subgroup") if f in self.adapter.features]
+        # timestamp-query for profiling; shader-f16 and subgroup for kernels that use them where offered; Dawn's
+        # subgroup matrices for the float16 plan's products
+        features = [f for f in ("timestamp-query", "shader-f16", "subgroup", SUBGROUP_MATRIX_FEATURE)
+                    if f in self.adapter.features]
         self.device = self.adapter.request_device_sync(required_limits=wanted, required_features=features)
         self.limits = dict(self.device.limits)
         self.features = set(self.device.features)
+        #: The float16 plan's matrix units (:class:`~tflfuse.kernels.matrix.SubgroupMatrix`), or None: Dawn's
+        #: subgroup matrices where the device has them in the one configuration the kernels use
+        #: (:func:`_subgroup_matrix`).
+        self.subgroup_matrix = _subgroup_matrix(self) if backend == "dawn" else None
         self._pipelines: dict[str, object] = {}
         self._lock = threading.Lock()
         self.lost: str | None = None   # the error that showed the device lost, once one did
@@ -239,8 +335,11 @@ class Device:
         return self.info.get("adapter_type") == "CPU"
 
     def describe(self) -> str:
-        """E.g. ``"llvmpipe (LLVM 15.0.6, 256 bits) [CPU, Vulkan]"``."""
-        return f"{self.name} [{self.info.get('adapter_type')}, {self.info.get('backend_type')}]"
+        """E.g. ``"llvmpipe (LLVM 15.0.6, 256 bits) [CPU, Vulkan]"``; ``"NVIDIA H100 80GB HBM3 [DiscreteGPU, Vulkan,
+        Dawn, subgroup matrices]"`` on Dawn."""
+        extra = "" if self.backend == "wgpu-native" else ", Dawn" + (", subgroup matrices" if self.subgroup_matrix
+                                                                       else "")
+        return f"{self.name} [{self.info.get('adapter_type')}, {self.info.get('backend_type')}{extra}]"
 
     def check_alive(self) -> None:
         """Raises (a wgpu error that :meth:`guard` turns into :class:`DeviceLostError`) if the device is lost.

@@ -123,7 +123,8 @@ class ExecutionPlan:
             if op.kernel.view:
                 continue
             try:
-                programs = half_programs(op.kernel) if self._half else op.kernel.programs()
+                programs = half_programs(op.kernel, getattr(device, "subgroup_matrix", None)) if self._half \
+                    else op.kernel.programs()
             except KernelError as e:
                 raise KernelError(f"{op.name} (operator {op.index}): {e}") from None
             for prog in programs:
