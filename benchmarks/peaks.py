@@ -4,9 +4,13 @@ queries (``tflfuse.runtime.plan.pass_gpu_us``). No flags: imported by the benchm
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from tflfuse.kernels.base import Binding, Program, linear_dispatch
+from tflfuse.kernels.gemm import product_program
+from tflfuse.kernels.half import half_storage
 from tflfuse.runtime.plan import pass_gpu_us
 
 __all__ = ["F16_ACCUMULATORS", "F32_ACCUMULATORS", "copy_bandwidth_gb_per_s", "fma_source", "fma_tflops",
@@ -221,3 +225,41 @@ def validate_sweep_flags(forms) -> None:
                              f"--warm_ms must be from 0 to {MAX_WARM_MS:g}")
     for name in ("repeats", "reps"):
         flags.register_validator(name, lambda v: v >= 1, f"--{name} must be at least 1")
+
+
+def gamma(n: int, u: float) -> float:
+    return n * u / (1 - n * u)
+
+
+def programs(rows: int, depth: int, cols: int, tile) -> dict[str, Program]:
+    """The three forms of ``y = x @ w + b`` on ``tile`` (a :class:`~tflfuse.kernels.gemm.MatmulTile`), bound x, w,
+    b, y: ``f32`` (the float32 plan's program), ``f16_storage`` (its tensors as f16, arithmetic f32) and
+    ``f16_math`` (the float16 plan's form: f16 slices and multiply-adds, f32 across the depth)."""
+    binds = (Binding("x", ("input", 0), "read", "f32", rows * depth * 4),
+             Binding("w", ("input", 1), "read", "f32", depth * cols * 4),
+             Binding("b", ("input", 2), "read", "f32", cols * 4),
+             Binding("y", ("output", 0), "read_write", "f32", rows * cols * 4))
+    f32 = product_program("gemm", binds, rows, depth, cols, "x", "w", "y", "y[idx] = acc + b[col];", tile=tile)
+    plain = Program(**{f.name: getattr(f32, f.name) for f in dataclasses.fields(Program)})   # no f16 math form
+    return {"f32": f32, "f16_storage": half_storage(plain), "f16_math": half_storage(f32)}
+
+
+def _bytes(a: np.ndarray, half: bool) -> bytes:
+    if not half:
+        return a.astype(np.float32).tobytes()
+    h = a.astype(np.float16).ravel()
+    return (np.concatenate([h, np.zeros(1, np.float16)]) if h.size % 2 else h).tobytes()
+
+
+def run_form(device, prog: Program, arrays, rows: int, cols: int, repeats: int, reps: int, warm_ms: float):
+    """(GPU microseconds, the output's checked rows (:func:`check_ranges`) as float64) of ``prog`` over ``arrays``
+    (x, w, b): :func:`~tflfuse.runtime.plan.pass_gpu_us` with ``repeats``, ``reps`` and ``warm_ms``."""
+    half = "f16" in prog.bindings[-1].elem_type
+    bufs = [device.create_buffer(len(_bytes(a, half)), data=_bytes(a, half)) for a in arrays]
+    out = device.create_buffer(prog.bindings[-1].size)
+    record = recorder(device, prog, bufs + [out])
+    # The GPU clocks down while the CPU computes the references: pass_gpu_us keeps it busy for --warm_ms first
+    # (tflfuse.runtime.profile.WARM_MS).
+    us = pass_gpu_us(device, record, repeats, reps=reps, warm_ms=warm_ms)
+    # whole-output reads would slow the GPU down (peaks.CHECK_ROWS)
+    return us, read_rows(device, out, rows, cols, np.float16 if half else np.float32).astype(np.float64)

@@ -22,7 +22,6 @@ and the share of the f32 and f16 FMA peaks measured in the same run (benchmarks/
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import sys
@@ -36,13 +35,10 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import tflfuse  # noqa: E402
-from tflfuse.kernels.base import Binding, Program  # noqa: E402
-from tflfuse.kernels.gemm import MatmulTile, matmul_tile, product_program  # noqa: E402
-from tflfuse.kernels.half import half_storage  # noqa: E402
-from tflfuse.runtime.plan import pass_gpu_us  # noqa: E402
+from tflfuse.kernels.gemm import MatmulTile, matmul_tile  # noqa: E402
 
 from chain import products  # noqa: E402
-from peaks import (check_ranges, measure_peaks, read_rows, recorder, require_features,  # noqa: E402
+from peaks import (check_ranges, gamma, measure_peaks, programs, require_features, run_form,  # noqa: E402
                    validate_sweep_flags)
 
 FLAGS = flags.FLAGS
@@ -65,42 +61,6 @@ flags.register_validator("extra", lambda v: all(re.fullmatch(r"[1-9][0-9]{0,5}x[
 flags.DEFINE_list("forms", list(FORMS), "Forms to time (f32, f16_storage, f16_math).")
 validate_sweep_flags(FORMS)
 
-
-
-def gamma(n: int, u: float) -> float:
-    return n * u / (1 - n * u)
-
-
-def programs(rows: int, depth: int, cols: int, tile: MatmulTile) -> dict[str, Program]:
-    """The three forms of ``y = x @ w + b`` (module docstring), bound x, w, b, y."""
-    binds = (Binding("x", ("input", 0), "read", "f32", rows * depth * 4),
-             Binding("w", ("input", 1), "read", "f32", depth * cols * 4),
-             Binding("b", ("input", 2), "read", "f32", cols * 4),
-             Binding("y", ("output", 0), "read_write", "f32", rows * cols * 4))
-    f32 = product_program("gemm", binds, rows, depth, cols, "x", "w", "y", "y[idx] = acc + b[col];", tile=tile)
-    plain = Program(**{f.name: getattr(f32, f.name) for f in dataclasses.fields(Program)})   # no f16 math form
-    return {"f32": f32, "f16_storage": half_storage(plain), "f16_math": half_storage(f32)}
-
-
-def _bytes(a: np.ndarray, half: bool) -> bytes:
-    if not half:
-        return a.astype(np.float32).tobytes()
-    h = a.astype(np.float16).ravel()
-    return (np.concatenate([h, np.zeros(1, np.float16)]) if h.size % 2 else h).tobytes()
-
-
-def run_form(device, prog: Program, arrays, rows: int, cols: int):
-    """(GPU microseconds, the output's checked rows (:func:`peaks.check_ranges`) as float64) of ``prog`` over
-    ``arrays`` (x, w, b)."""
-    half = "f16" in prog.bindings[-1].elem_type
-    bufs = [device.create_buffer(len(_bytes(a, half)), data=_bytes(a, half)) for a in arrays]
-    out = device.create_buffer(prog.bindings[-1].size)
-    record = recorder(device, prog, bufs + [out])
-    # The GPU clocks down while the CPU computes the references: pass_gpu_us keeps it busy for --warm_ms first
-    # (tflfuse.runtime.profile.WARM_MS).
-    us = pass_gpu_us(device, record, FLAGS.repeats, reps=FLAGS.reps, warm_ms=FLAGS.warm_ms)
-    # whole-output reads would slow the GPU down (peaks.CHECK_ROWS)
-    return us, read_rows(device, out, rows, cols, np.float16 if half else np.float32).astype(np.float64)
 
 
 def begin():
@@ -155,7 +115,7 @@ def main(argv):
             for form, prog in programs(rows, depth, cols, tile).items():
                 if form not in FLAGS.forms:
                     continue
-                us, y = run_form(device, prog, (x, w, b), rows, cols)
+                us, y = run_form(device, prog, (x, w, b), rows, cols, FLAGS.repeats, FLAGS.reps, FLAGS.warm_ms)
                 if form == "f32":
                     err, tol = float(np.abs(y - want32.ravel()).max()), 1e-4 * max(1.0, float(np.abs(want32).max()))
                 else:

@@ -28,14 +28,14 @@ _NULL_SUBGROUP = 64
 
 #: (id, op, input shapes, attributes): products that take the tiled form on a GPU, including sizes that bite.
 CASES = [
-    ("conv1x1_b32_relu6", "CONV_2D", [(32, 56, 56, 24), (1, 1, 24, 144), (144,)],
+    ("conv1x1_b32_relu6", "CONV_2D", [(32, 28, 28, 32), (1, 1, 32, 192), (192,)],
      {"fused_activation_function": "RELU6", "filter_layout": "HWIO"}),
-    ("conv1x1_16cols", "CONV_2D", [(32, 112, 112, 32), (1, 1, 32, 16), (16,)], {"filter_layout": "HWIO"}),
+    ("conv1x1_24cols", "CONV_2D", [(32, 56, 56, 144), (1, 1, 144, 24), (24,)], {"filter_layout": "HWIO"}),
     # depth and columns not multiples of 4 (scalar staging loads and stores), rows not a multiple of the tile
-    ("conv1x1_odd", "CONV_2D", [(3, 171, 257, 19), (1, 1, 19, 22), (22,)],
+    ("conv1x1_odd", "CONV_2D", [(3, 171, 257, 37), (1, 1, 37, 22), (22,)],
      {"fused_activation_function": "RELU", "filter_layout": "HWIO"}),
     # more tiles than 65,535 workgroups in one dimension
-    ("conv1x1_tiles_past_65535", "CONV_2D", [(1, 2240, 2000, 20), (1, 1, 20, 16), (16,)], {"filter_layout": "HWIO"}),
+    ("conv1x1_tiles_past_65535", "CONV_2D", [(1, 2240, 2000, 32), (1, 1, 32, 24), (24,)], {"filter_layout": "HWIO"}),
     ("conv1x1_deep", "CONV_2D", [(32, 7, 7, 960), (1, 1, 960, 320), (320,)], {"filter_layout": "HWIO"}),
     ("fully_connected", "FULLY_CONNECTED", [(3000, 64), (64, 170), (170,)], {"weights_layout": "IO"}),
     ("batch_matmul", "BATCH_MATMUL", [(4, 700, 96), (1, 96, 260)], {}),
@@ -101,10 +101,23 @@ def test_matrix_forms_leave_the_other_plans_alone(case, key, shapes, attrs):
     on = _shaders(key, shapes, attrs)
     assert not any("subgroupMatrix" in p.wgsl for p in f32.programs + f16.programs)
     assert len(on.programs) == len(f16.programs)
-    # the same bindings (names, roles, types, sizes) in the same order: the plan binds the matrix form's buffers
-    # as the FMA form's
+    # the same buffers (names, roles, access, bytes) in the same order: the plan binds the matrix form's as the FMA
+    # form's; an operand the form loads fragments from is declared array<f16> rather than array<vec4<f16>>
+    def buffers(info):
+        return [{k: v for k, v in x.items() if k != "type"} for x in info.bindings]
     for a, b in zip(on.programs, f16.programs):
-        assert a.bindings == b.bindings
+        assert buffers(a) == buffers(b)
+        assert all(x["type"] == y["type"] or (x["type"], y["type"]) == ("f16", "vec4<f16>")
+                   for x, y in zip(a.bindings, b.bindings))
+
+
+@pytest.mark.parametrize("shapes", [[(32, 112, 112, 32), (1, 1, 32, 16), (16,)],   # 16 columns
+                                    [(32, 112, 112, 16), (1, 1, 16, 96), (96,)]])  # a depth of 16
+def test_shallow_or_narrow_products_stay_on_the_fma_units(shapes):
+    # use_matrices: measured slower on subgroup matrices (tflfuse/kernels/matrix.py)
+    on = _shaders("CONV_2D", shapes, {"filter_layout": "HWIO"})
+    f16 = tflfuse.get_shader("CONV_2D", shapes, {"filter_layout": "HWIO", "target": "gpu"}, precision="float16")
+    assert [p.wgsl for p in on.programs] == [p.wgsl for p in f16.programs]
 
 
 def test_matrix_form_follows_the_subgroup_size():
@@ -127,7 +140,7 @@ def test_get_shader_refuses_subgroup_matrices_in_float32():
 
 def test_matrix_tile_fits_workgroup_memory_and_the_columns():
     for rows, depth, cols in [(401408, 32, 16), (100352, 24, 144), (6272, 96, 576), (1568, 960, 320), (9, 5, 3)]:
-        t = matrix_tile(rows, depth, cols)
+        t = matrix_tile(rows, depth, cols, SubgroupMatrix(32))
         assert t.workgroup_bytes() <= 16384
         assert t.tn <= max(16, 2 * cols)   # no tile more than half padding in its columns
 
@@ -148,6 +161,17 @@ def test_device_refuses_an_unknown_backend(monkeypatch):
 
 def test_wgpu_native_device_has_no_subgroup_matrices(device):
     assert device.backend == "wgpu-native" and device.subgroup_matrix is None
+
+
+@pytest.mark.parametrize("text", ["2x2/2x2/32", "2x2/2x2/64/w", "4x1/1x1/16"])
+def test_matrix_tile_names_parse_back(text):
+    assert MatrixTile.parse(text).name == text
+
+
+@pytest.mark.parametrize("text", ["2x2/2x2", "2x2/2x2/24", "0x2/2x2/32", "2x2/2x2/32/x", "２x2/2x2/32", None])
+def test_matrix_tile_parse_refuses(text):
+    with pytest.raises(KernelError, match="matrix tile"):
+        MatrixTile.parse(text)
 
 
 def test_subgroup_matrix_is_a_value():

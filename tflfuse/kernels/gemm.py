@@ -95,7 +95,7 @@ import re
 
 from .base import MAX_WORKGROUP_STORAGE, Binding, KernelError, Program, Uniform, linear_dispatch
 from .half import with_half_math
-from .matrix import SubgroupMatrix, matrix_source
+from .matrix import SubgroupMatrix, matrix_source, use_matrices
 from .wgsl import lane_tree, prelude
 
 __all__ = ["MEASURED_HALF_TILES", "MEASURED_TILES", "MatmulTile", "TILES", "few_rows_block", "few_rows_lanes",
@@ -706,6 +706,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         source, *shape = matrix_source(pre, half_fns, a_load, b_load, rows, depth, cols, store, store_vec,
                                        a_strip, unit)
         return source, tuple(shape)
+    on_matrices = on_matrices if use_matrices(rows, depth, cols) else None
     if half_tile not in (None, tile) and not (double_buffer and half_tile.double_buffered_bytes > _WG_BYTES):
         half = tiled_matmul_program(name, bindings, rows, depth, cols, a, b, store, helpers, uniforms, half_tile,
                                     a_vec=a_vec, b_vec=b_vec, store_vec=store_vec, a_strip=a_strip,

@@ -30,11 +30,15 @@ workgroup's x size to be a multiple of the adapter's largest subgroup size: the 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from .base import KernelError, linear_dispatch
 
-__all__ = ["FRAGMENT", "MatrixTile", "SubgroupMatrix", "matrix_source", "matrix_tile"]
+__all__ = ["FRAGMENT", "MEASURED_MATRIX_TILES", "MatrixTile", "SubgroupMatrix", "matrix_source", "matrix_tile",
+           "use_matrices"]
 
+#: WebGPU's default workgroup memory, bytes.
+DEFAULT_WORKGROUP_BYTES = 16384
 #: The fragments' size: ``16 x 16`` results from ``16 x 16`` left and right operands.
 FRAGMENT = 16
 #: Extra f16 elements per row of the staged slices, so that a fragment's 16 rows fall on distinct banks.
@@ -44,26 +48,46 @@ _PAD = 8
 @dataclasses.dataclass(frozen=True)
 class SubgroupMatrix:
     """A device's subgroup matrices as the kernels use them: f16 ``16 x 16 x 16`` products with f32 results, in
-    subgroups of ``subgroup_size`` invocations (the adapter's only size for that configuration, and its largest)."""
+    subgroups of ``subgroup_size`` invocations (the adapter's only size for that configuration, and its largest),
+    with ``workgroup_bytes`` of workgroup memory a workgroup may use (the device's limit)."""
 
     subgroup_size: int
+    workgroup_bytes: int = DEFAULT_WORKGROUP_BYTES
+
+
+#: :meth:`MatrixTile.parse`'s form.
+_TILE_FORM = re.compile(r"([1-9][0-9]?)x([1-9][0-9]?)/([1-9][0-9]?)x([1-9][0-9]?)/([1-9][0-9]{0,3})(/w)?", re.ASCII)
 
 
 @dataclasses.dataclass(frozen=True)
 class MatrixTile:
     """``wm x wn`` subgroups per workgroup, ``fm x fn`` fragments of 16 x 16 results each, ``tk`` depths per staged
-    slice (a multiple of 16): a ``tm x tn = (16 wm fm) x (16 wn fn)`` tile of ``C``."""
+    slice (a multiple of 16): a ``tm x tn = (16 wm fm) x (16 wn fn)`` tile of ``C``. With ``whole``, the results
+    leave through workgroup memory as one ``tm x tn`` tile (one barrier); without, one fragment per subgroup at a
+    time (two barriers a fragment, 1 KiB a subgroup)."""
 
     wm: int
     wn: int
     fm: int
     fn: int
     tk: int = 32
+    whole: bool = False
 
     def __post_init__(self):
         sizes = (self.wm, self.wn, self.fm, self.fn, self.tk)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes) or self.tk % FRAGMENT:
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes) or \
+                self.tk % FRAGMENT or not isinstance(self.whole, bool):
             raise KernelError(f"matrix tile {self}: positive int sizes, tk a multiple of {FRAGMENT}")
+
+    @classmethod
+    def parse(cls, text: str) -> "MatrixTile":
+        """``"WMxWN/FMxFN/TK"``, with ``"/w"`` after it for ``whole`` (:attr:`name`'s form), e.g. ``"2x2/2x2/32/w"``.
+        Raises :class:`KernelError` for anything else."""
+        found = _TILE_FORM.fullmatch(text) if isinstance(text, str) else None
+        if found is None:
+            raise KernelError(f"matrix tile {text!r} is not 'WMxWN/FMxFN/TK' or 'WMxWN/FMxFN/TK/w' of positive "
+                              f"integers, e.g. '2x2/2x2/32/w'")
+        return cls(*(int(v) for v in found.groups()[:5]), whole=bool(found.group(6)))
 
     @property
     def tm(self) -> int:
@@ -79,22 +103,110 @@ class MatrixTile:
 
     @property
     def name(self) -> str:
-        return f"{self.tm}x{self.tn}/{self.wm}x{self.wn}/{self.tk}"
+        """The form :meth:`parse` reads."""
+        return f"{self.wm}x{self.wn}/{self.fm}x{self.fn}/{self.tk}" + ("/w" if self.whole else "")
 
     def workgroup_bytes(self) -> int:
-        """The staged f16 slices (rows padded by :data:`_PAD`) and one f32 fragment per subgroup."""
-        return 2 * (self.tm * (self.tk + _PAD) + self.tk * (self.tn + _PAD)) + 4 * FRAGMENT * FRAGMENT * self.subgroups
+        """The staged f16 slices (rows padded by :data:`_PAD`) and the results on their way out: the whole tile, or
+        one f32 fragment per subgroup."""
+        staged = 2 * (self.tm * (self.tk + _PAD) + self.tk * (self.tn + _PAD))
+        return staged + 4 * (self.tm * self.tn if self.whole else FRAGMENT * FRAGMENT * self.subgroups)
 
 
-def matrix_tile(rows: int, depth: int, cols: int) -> MatrixTile:
-    """The tile for ``[rows, depth] x [depth, cols]``: 2 x 2 subgroups of 2 x 2 fragments (64 x 64), narrower
-    where ``cols`` is (64 x 32, 64 x 16), and one staged slice of 32 depths (16 where the depth is)."""
+#: Tiles measured faster than :func:`matrix_tile`'s rule by at least 5% on these exact products ``(rows, depth,
+#: cols)``: ``benchmarks/sweep_matrix.py`` with 14 tiles over MobileNetV2's products at batch 32 (an H100, Vulkan,
+#: driver 580.159.04, 2026-12-07 16:58 UTC, one run; ``benchmarks/RESULTS-sweep-matrix.md``): the 34 products took 456
+#: against 492 us. Whole-tile stores (``/w``) lost on 12 of the 19, most by 1.5-3x: their 16-48 KiB of workgroup
+#: memory hold fewer workgroups on each SM.
+MEASURED_MATRIX_TILES: dict[tuple[int, int, int], str] = {
+    (6272, 192, 64): "2x2/2x2/64/w",     # 6.0 -> 5.4 us
+    (6272, 384, 96): "2x2/2x2/64",       # 20.8 -> 9.3
+    (6272, 576, 96): "2x2/2x2/64",       # 13.7 -> 12.2
+    (1568, 576, 160): "2x2/1x1/32/w",    # 11.2 -> 8.5
+    (1568, 960, 160): "2x2/1x1/32/w",    # 15.7 -> 11.6
+    (1568, 960, 320): "2x2/2x2/64",      # 21.8 -> 15.4
+    (1568, 320, 1280): "2x2/2x2/64",     # 18.2 -> 14.9
+}
+
+
+def use_matrices(rows: int, depth: int, cols: int) -> bool:
+    """Whether a float16 plan runs ``[rows, depth] x [depth, cols]`` on subgroup matrices where the device has
+    them, rather than on the FMA units: from a depth of 32 and more than 16 columns. Measured over MobileNetV2's
+    products at batch 32 (the same run as :data:`MEASURED_MATRIX_TILES`): the matrices took 0.37-0.92x of the FMA
+    form's time on the 16 products that hold to it, but 1.17x on 401408 x 32 x 16 (21.4 against 18.3 us) and on
+    401408 x 16 x 96 (59.7 against 51.0), and 1.00x on 100352 x 24 x 144 (31.9 against 31.8): a shallow product
+    spends its time staging and storing, which the matrices do not shorten."""
+    return depth >= 32 and cols > 16
+
+
+def matrix_tile(rows: int, depth: int, cols: int, unit: SubgroupMatrix | None = None) -> MatrixTile:
+    """The tile for ``[rows, depth] x [depth, cols]``: :data:`MEASURED_MATRIX_TILES`'s where listed (and it fits
+    ``unit``'s workgroup memory), else 2 x 2 subgroups of 2 x 2 fragments (64 x 64), narrower where ``cols`` is
+    (64 x 32, 64 x 16), one staged slice of 32 depths (16 where the depth is), the results leaving one fragment at
+    a time."""
+    measured = MEASURED_MATRIX_TILES.get((rows, depth, cols))
+    if measured:
+        t = MatrixTile.parse(measured)
+        if unit is None or t.workgroup_bytes() <= unit.workgroup_bytes:
+            return t
     tk = 16 if depth <= 16 else 32
     if cols <= 16:
         return MatrixTile(4, 1, 1, 1, tk)
     if cols <= 32:
         return MatrixTile(2, 2, 2, 1, tk)
     return MatrixTile(2, 2, 2, 2, tk)
+
+
+def _results_out(t: MatrixTile, rows: int, cols: int, sg: int, store: str, store_vec: str | None) -> str:
+    """WGSL moving the subgroups' result fragments through ``tc`` and the kernel's store statements."""
+    threads = t.subgroups * sg
+    if t.whole:   # every fragment into the tile at once, one barrier, every invocation storing its share
+        outs = [f"  subgroupMatrixStore<row_major>(&tc, (sm + {16 * i}u) * {t.tn}u + sn + {16 * j}u, c{i}_{j}, "
+                f"{t.tn}u);" for i in range(t.fm) for j in range(t.fn)]
+        base, span, first, width, step = "0u", t.tn, "lidx", t.tm * t.tn, threads
+        offset = ("r0", "c0")
+        outs.append("  workgroupBarrier();")
+        return "\n".join(outs) + "\n" + _stores(base, span, first, width, step, offset, rows, cols, store, store_vec)
+    out = []
+    for i in range(t.fm):
+        for j in range(t.fn):
+            cells = _stores("sg * 256u", 16, "lane", 256, sg, (f"r0 + sm + {16 * i}u", f"c0 + sn + {16 * j}u"),
+                            rows, cols, store, store_vec)
+            out.append(f"""  {{
+    subgroupMatrixStore<row_major>(&tc, sg * 256u, c{i}_{j}, 16u);
+    workgroupBarrier();
+{cells}
+    workgroupBarrier();
+  }}""")
+    return "\n".join(out)
+
+
+def _stores(base: str, span: int, first: str, width: int, step: int, offset: tuple[str, str], rows: int, cols: int,
+            store: str, store_vec: str | None) -> str:
+    """A loop over ``width`` results held in ``tc`` from ``base`` on, rows ``span`` apart (a ``width / span`` x
+    ``span`` block whose first output is at ``offset``), invocation ``first`` taking every ``step``-th vec4 (or
+    output) and running the kernel's store statements on it."""
+    r0, c0 = offset
+    if store_vec:
+        return f"""  for (var e = {first}; e < {width // 4}u; e += {step}u) {{
+    let row = {r0} + e / {span // 4}u;
+    let col4 = {c0} + (e % {span // 4}u) * 4u;
+    if (row < {rows}u && col4 < {cols}u) {{
+      let f = {base} + e * 4u;
+      let acc = vec4<f32>(tc[f], tc[f + 1u], tc[f + 2u], tc[f + 3u]);
+      let idx4 = (row * {cols}u + col4) / 4u;
+      {store_vec}
+    }}
+  }}"""
+    return f"""  for (var e = {first}; e < {width}u; e += {step}u) {{
+    let row = {r0} + e / {span}u;
+    let col = {c0} + e % {span}u;
+    if (row < {rows}u && col < {cols}u) {{
+      let acc = tc[{base} + e];
+      let idx = row * {cols}u + col;
+      {store}
+    }}
+  }}"""
 
 
 def matrix_source(prelude: str, helpers: str, a_load: str, b_load: str, rows: int, depth: int, cols: int,
@@ -116,11 +228,12 @@ def matrix_source(prelude: str, helpers: str, a_load: str, b_load: str, rows: in
       unit: the device's :class:`SubgroupMatrix`.
       tile: a :class:`MatrixTile`, or None for :func:`matrix_tile`'s.
     Raises:
-      KernelError: the tile's workgroup memory passes WebGPU's default 16 KiB.
+      KernelError: the tile's workgroup memory passes ``unit``'s.
     """
-    t = tile or matrix_tile(rows, depth, cols)
-    if t.workgroup_bytes() > 16384:
-        raise KernelError(f"matrix tile {t.name}: {t.workgroup_bytes()} bytes of workgroup memory, over 16384")
+    t = tile or matrix_tile(rows, depth, cols, unit)
+    if t.workgroup_bytes() > unit.workgroup_bytes:
+        raise KernelError(f"matrix tile {t.name}: {t.workgroup_bytes()} bytes of workgroup memory, over the "
+                          f"device's {unit.workgroup_bytes}")
     sg, tm, tn, tk = unit.subgroup_size, t.tm, t.tn, t.tk
     threads = t.subgroups * sg
     sa, sb = tk + _PAD, tn + _PAD            # the staged slices' row strides
@@ -164,37 +277,6 @@ def matrix_source(prelude: str, helpers: str, a_load: str, b_load: str, rows: in
         steps.append("    }")
     accs = "\n".join(f"  var c{i}_{j} = subgroup_matrix_result<f32, 16, 16>();"
                      for i in range(t.fm) for j in range(t.fn))
-    out = []
-    for i in range(t.fm):
-        for j in range(t.fn):
-            if store_vec:
-                cell = f"""
-    for (var e = lane; e < 64u; e += {sg}u) {{
-      let row = r0 + sm + {16 * i}u + e / 4u;
-      let col4 = c0 + sn + {16 * j}u + (e % 4u) * 4u;
-      if (row < {rows}u && col4 < {cols}u) {{
-        let f = sg * 256u + e * 4u;
-        let acc = vec4<f32>(tc[f], tc[f + 1u], tc[f + 2u], tc[f + 3u]);
-        let idx4 = (row * {cols}u + col4) / 4u;
-        {store_vec}
-      }}
-    }}"""
-            else:
-                cell = f"""
-    for (var e = lane; e < 256u; e += {sg}u) {{
-      let row = r0 + sm + {16 * i}u + e / 16u;
-      let col = c0 + sn + {16 * j}u + e % 16u;
-      if (row < {rows}u && col < {cols}u) {{
-        let acc = tc[sg * 256u + e];
-        let idx = row * {cols}u + col;
-        {store}
-      }}
-    }}"""
-            out.append(f"""  {{
-    subgroupMatrixStore<row_major>(&tc, sg * 256u, c{i}_{j}, 16u);
-    workgroupBarrier();{cell}
-    workgroupBarrier();
-  }}""")
     nl = "\n"
     source = f"""enable chromium_experimental_subgroup_matrix;
 diagnostic(off, chromium.subgroup_matrix_uniformity);
@@ -205,7 +287,7 @@ diagnostic(off, chromium.subgroup_matrix_uniformity);
 
 var<workgroup> ta: array<f16, {tm * sa}>;   // the A slice, [row][k], rows {sa} apart
 var<workgroup> tb: array<f16, {tk * sb}>;   // the B slice, [k][col], rows {sb} apart
-var<workgroup> tc: array<f32, {256 * t.subgroups}>;   // each subgroup's result fragment on its way out
+var<workgroup> tc: array<f32, {tm * tn if t.whole else 256 * t.subgroups}>;   // results on their way out
 
 @compute @workgroup_size({threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -225,7 +307,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     workgroupBarrier();
 {nl.join(steps)}
   }}
-{nl.join(out)}
+{_results_out(t, rows, cols, sg, store, store_vec)}
 }}
 """
     return source, (threads, 1, 1), linear_dispatch(tiles * threads, threads), 2 * -(-depth // tk)

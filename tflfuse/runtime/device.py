@@ -126,6 +126,10 @@ SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"
 #: ``allow_unsafe_apis``, and Dawn offers ``shader-f16`` (and f16 subgroup matrices) on NVIDIA's Vulkan driver only
 #: with ``vulkan_enable_f16_on_nvidia``.
 DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
+#: Dawn's device toggles a Dawn device is made without: ``timestamp_quantization`` (a browser's guard against timing
+#: attacks) rounds timestamp queries to multiples of 2**16 ns (65.5 us steps, seen on an H100 on 2026-12-07), too
+#: coarse for :mod:`tflfuse.runtime.profile`.
+DAWN_DISABLED_TOGGLES = ("timestamp_quantization",)
 
 
 def _wgpu_native():
@@ -185,7 +189,7 @@ def _subgroup_matrix(device: "Device"):
     for c in configs:
         if (c["component_type"], c["result_component_type"], c["m"], c["n"], c["k"]) == ("f16", "f32", 16, 16, 16) \
                 and c["min_subgroup_size"] == c["max_subgroup_size"] == largest:
-            return SubgroupMatrix(largest)
+            return SubgroupMatrix(largest, int(device.limits.get("max-compute-workgroup-storage-size", 16384)))
     return None
 
 
@@ -221,8 +225,10 @@ class Device:
         environment variable ``TFLFUSE_SHADER_CHECKS`` (``1`` on, ``0`` off) where set, else off on a GPU
         and on for a software adapter, each the faster there (``benchmarks/RESULTS-shader-checks.md``: on an
         H200 the trusted modules took 0.67-0.97x the GPU time of the checked ones; on Mesa's llvmpipe
-        0.99-1.15x, ``RESULTS-shader-checks-llvmpipe.md``). On a backend other than wgpu-native the checks
-        are always on.
+        0.99-1.15x, ``RESULTS-shader-checks-llvmpipe.md``). On Dawn, off is its device toggle
+        ``disable_robustness`` (no index clamping by Tint): MobileNetV2 at batch 32 in float16 took 0.93x and
+        0.92x of the GPU time with the checks (990.7 against 1060.5 us unfused, 828.1 against 904.8 fused; an H100,
+        2026-12-07).
       backend: the WebGPU implementation (:data:`BACKENDS`): ``"wgpu-native"`` (the ``wgpu`` package) or
         ``"dawn"`` (Chrome's, through the ``wgpudawn`` package, made with :data:`DAWN_TOGGLES`); default: the
         environment variable ``TFLFUSE_WEBGPU`` where set, else ``"wgpu-native"``. On Dawn, where the adapter has
@@ -260,7 +266,9 @@ class Device:
             if not adapters and backend == "dawn":   # Dawn lists no adapter of a backend forced by WGPU_BACKEND_TYPE
                 adapters = [a for a in [wgpu.gpu.request_adapter_sync(power_preference="high-performance")] if a]
         except Exception as e:  # wgpu-native raises plain Exceptions when no backend loads
-            raise NoAdapterError(f"WebGPU adapters could not be listed ({e}). {_install_hint()}") from e
+            dawn = (" Dawn runs on GPU drivers only (it refuses Mesa's llvmpipe): on a machine without a GPU use "
+                    "backend='wgpu-native'." if backend == "dawn" else "")
+            raise NoAdapterError(f"WebGPU adapters could not be listed ({e}).{dawn} {_install_hint()}") from e
         if want:
             names = [_info(a).get("device", "") for a in adapters]
             adapters = [a for a, name in zip(adapters, names) if str(want).lower() in name.lower()]
@@ -286,7 +294,15 @@ class Device:
         # subgroup matrices for the float16 plan's products
         features = [f for f in ("timestamp-query", "shader-f16", "subgroup", SUBGROUP_MATRIX_FEATURE)
                     if f in self.adapter.features]
-        self.device = self.adapter.request_device_sync(required_limits=wanted, required_features=features)
+        if backend == "dawn":
+            from wgpudawn.backends.dawn import _extras_device
+
+            self.device = _extras_device.request_device_sync(
+                self.adapter, required_limits=wanted, required_features=features,
+                enable_toggles=[] if self.shader_checks else ["disable_robustness"],
+                disable_toggles=list(DAWN_DISABLED_TOGGLES))
+        else:
+            self.device = self.adapter.request_device_sync(required_limits=wanted, required_features=features)
         self.limits = dict(self.device.limits)
         self.features = set(self.device.features)
         #: The float16 plan's matrix units (:class:`~tflfuse.kernels.matrix.SubgroupMatrix`), or None: Dawn's

@@ -1,0 +1,145 @@
+"""MobileNetV2 in float16 on Dawn's subgroup matrices, beside wgpu-native, in one run.
+
+    pip install wgpudawn==0.32.0.4
+    python benchmarks/dawn_matrix.py --models=DIR [--batches=32,1] [--out=benchmarks/RESULTS-dawn-matrix.md]
+
+``DIR`` holds ``mobilenet_v2_fused.tflite`` and ``mobilenet_v2_unfused.tflite`` (``benchmarks/run.py --prepare``
+writes them). Each file runs at each batch on four configurations in one process: wgpu-native (tflfuse's default
+runtime) in float32 and float16, and Dawn (``Device(backend="dawn")``) in float32 and float16, where the float16
+plan's matrix products run on subgroup matrices (:mod:`tflfuse.kernels.matrix`). For each: the GPU time of one
+invoke (timestamp queries, ``gpu_time_plan`` with :data:`~tflfuse.runtime.plan.SUSTAINED_REPS` invokes a pass),
+the latency (an invoke and its read-back) and the throughput (``--n`` invokes, one read-back), medians over
+``--rounds`` rounds that alternate between the configurations, and the output's error against LiteRT's CPU
+interpreter (the unfused file, which LiteRT runs; float32 wgpu-native where LiteRT is not installed): ``max |y -
+want| / max |want|``. Needs no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import tflfuse  # noqa: E402
+from tflfuse.runtime.plan import SUSTAINED_REPS, gpu_time_plan  # noqa: E402
+
+from peaks import validate_out_flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("models", None, "Folder holding mobilenet_v2_fused.tflite and mobilenet_v2_unfused.tflite.")
+flags.DEFINE_list("batches", ["32", "1"], "Batch sizes.")
+flags.DEFINE_integer("rounds", 5, "Alternating rounds of the latency and throughput timings.")
+flags.DEFINE_integer("n", 20, "Invokes per throughput timing.")
+flags.DEFINE_string("out", None, "Markdown file to write (printed in any case).")
+flags.mark_flag_as_required("models")
+flags.register_validator("batches", lambda v: all(b.isdigit() and int(b) > 0 for b in v),
+                         "--batches takes positive integers")
+validate_out_flags("out")
+MODELS = ("mobilenet_v2_fused", "mobilenet_v2_unfused")
+
+
+def _reference(path: Path, x: np.ndarray):
+    """LiteRT CPU's output for ``x`` (None where LiteRT is not installed)."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter as LiteRT
+    except ImportError:
+        return None
+    cpu = LiteRT(model_path=str(path))
+    i = cpu.get_input_details()[0]["index"]
+    cpu.resize_tensor_input(i, list(x.shape))
+    cpu.allocate_tensors()
+    cpu.set_tensor(i, x)
+    cpu.invoke()
+    return cpu.get_tensor(cpu.get_output_details()[0]["index"]).astype(np.float64)
+
+
+def _interpreter(path: Path, device, precision: str, x: np.ndarray):
+    it = tflfuse.Interpreter(model_path=str(path), device=device, precision=precision)
+    i = it.get_input_details()[0]["index"]
+    it.resize_tensor_input(i, list(x.shape))
+    it.allocate_tensors()
+    it.set_tensor(i, x)
+    return it
+
+
+def main(argv):
+    del argv
+    folder = Path(FLAGS.models)
+    missing = [m for m in MODELS if not (folder / f"{m}.tflite").is_file()]
+    if missing:
+        raise app.UsageError(f"--models={folder}: no {', '.join(m + '.tflite' for m in missing)} there "
+                             f"(benchmarks/run.py --prepare writes them)")
+    native = tflfuse.Device()
+    try:
+        dawn = tflfuse.Device(backend="dawn")
+    except tflfuse.NoAdapterError as e:
+        raise SystemExit(f"no Dawn device: {e}") from None
+    print(f"{native.describe()}; {dawn.describe()}", flush=True)
+    configs = [("wgpu-native", native, "float32"), ("wgpu-native", native, "float16"),
+               ("Dawn", dawn, "float32"), ("Dawn", dawn, "float16")]
+    configs = [c for c in configs if c[2] == "float32" or "shader-f16" in c[1].features]
+    rows, litert = [], True
+    for batch in map(int, FLAGS.batches):
+        x = np.random.default_rng(batch).uniform(-1, 1, (batch, 224, 224, 3)).astype(np.float32)
+        want = _reference(folder / "mobilenet_v2_unfused.tflite", x)
+        litert = litert and want is not None
+        for model in MODELS:
+            its = {}
+            for backend, device, precision in configs:
+                it = _interpreter(folder / f"{model}.tflite", device, precision, x)
+                out = it.get_output_details()[0]["index"]
+                it.invoke()
+                y = it.get_tensor(out).astype(np.float64)
+                if want is None and backend == "wgpu-native" and precision == "float32":
+                    want = y
+                its[backend, precision] = (it, out, y)
+            times = {k: {"latency": [], "throughput": []} for k in its}
+            for _ in range(FLAGS.rounds):
+                for k, (it, out, _) in its.items():
+                    it.invoke()
+                    it.get_tensor(out)
+                    t0 = time.perf_counter()
+                    it.invoke()
+                    it.get_tensor(out)
+                    t1 = time.perf_counter()
+                    for _ in range(FLAGS.n):
+                        it.invoke()
+                    it.get_tensor(out)
+                    t2 = time.perf_counter()
+                    times[k]["latency"].append(t1 - t0)
+                    times[k]["throughput"].append((t2 - t1) / FLAGS.n)
+            for (backend, precision), (it, out, y) in its.items():
+                gpu = gpu_time_plan(it._plan(0), repeats=10, reps=SUSTAINED_REPS) / 1e3
+                err = float(np.abs(y - want).max() / np.abs(want).max())
+                timed = times[backend, precision]
+                row = (model, batch, backend, precision, gpu, 1e3 * float(np.median(timed["latency"])),
+                       1e3 * float(np.median(timed["throughput"])), err)
+                rows.append(row)
+                print(" ".join(map(str, row)), flush=True)
+    base = {(m, b, p): g for m, b, be, p, g, *_ in rows if be == "wgpu-native"}
+    lines = ["# MobileNetV2 on Dawn's subgroup matrices beside wgpu-native", "",
+             f"`benchmarks/dawn_matrix.py`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {native.describe()} "
+             f"and {dawn.describe()} in one process; rounds alternate between the configurations "
+             f"({FLAGS.rounds} rounds, throughput over {FLAGS.n} invokes). Error: max |y - want| / max |want| "
+             f"against {'LiteRT CPU on the unfused file' if litert else 'wgpu-native float32'}.", "",
+             "| model | batch | runtime | precision | GPU ms | / wgpu-native, same precision | latency ms | "
+             "throughput ms | error |", "|---|---:|---|---|---:|---:|---:|---:|---:|"]
+    for model, batch, backend, precision, gpu, lat, thr, err in rows:
+        ratio = gpu / base[model, batch, precision]
+        lines.append(f"| {model} | {batch} | {backend} | {precision} | {gpu:.3f} | {ratio:.2f}x | {lat:.2f} | "
+                     f"{thr:.2f} | {err:.1e} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if FLAGS.out:
+        Path(FLAGS.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)
