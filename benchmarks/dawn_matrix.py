@@ -75,11 +75,11 @@ def main(argv):
     if missing:
         raise app.UsageError(f"--models={folder}: no {', '.join(m + '.tflite' for m in missing)} there "
                              f"(benchmarks/run.py --prepare writes them)")
-    native = tflfuse.Device()
     try:
         dawn = tflfuse.Device(backend="dawn")
     except tflfuse.NoAdapterError as e:
         raise SystemExit(f"no Dawn device: {e}") from None
+    native = tflfuse.Device()
     print(f"{native.describe()}; {dawn.describe()}", flush=True)
     configs = [("wgpu-native", native, "float32"), ("wgpu-native", native, "float16"),
                ("Dawn", dawn, "float32"), ("Dawn", dawn, "float16")]

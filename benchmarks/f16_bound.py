@@ -45,7 +45,7 @@ from tflfuse.kernels.gemm import MatmulTile, matmul_tile  # noqa: E402
 
 import sweep_gemm_f16 as sweep  # noqa: E402  (its flags are this script's)
 from chain import products  # noqa: E402
-from peaks import check_ranges, validate_out_flags  # noqa: E402
+from peaks import check_ranges, gamma, programs, run_form, validate_out_flags  # noqa: E402
 
 flags.DEFINE_string("md_out", None, "Also write the results here as a Markdown table.")
 validate_out_flags("md_out")
@@ -144,7 +144,7 @@ def main(argv):
         flop = 2 * rows * depth * cols
         tiles = list(dict.fromkeys([matmul_tile(rows, depth, cols)] + [MatmulTile.parse(t) for t in FLAGS.tiles]))
         for tile in tiles:
-            built = sweep.programs(rows, depth, cols, tile)
+            built = programs(rows, depth, cols, tile)
             parts = []
             for name, base, rewrite in FORMS:
                 if rewrite is not None and tile.sk > 1:
@@ -154,7 +154,7 @@ def main(argv):
                     prog = dataclasses.replace(prog, source=floor_source(prog.source))
                 elif rewrite is not None:
                     prog = dataclasses.replace(prog, source=flushed_every(prog.source, rewrite, tile.tk, depth))
-                us, y = sweep.run_form(device, prog, (x, w, b), rows, cols)
+                us, y = run_form(device, prog, (x, w, b), rows, cols, FLAGS.repeats, FLAGS.reps, FLAGS.warm_ms)
                 note = ""
                 if rewrite in ("floor", 0):
                     err, tol, note = 0.0, 1.0, " (not checked)"
@@ -163,7 +163,7 @@ def main(argv):
                 else:
                     steps = tile.slice_depth * (rewrite or 1)
                     err = float(np.abs(y - want16.ravel()).max())
-                    tol = (sweep.gamma(2 * steps, 2.0 ** -11) + 2.0 ** -9) * scale + 2 * depth * 2.0 ** -14
+                    tol = (gamma(2 * steps, 2.0 ** -11) + 2.0 ** -9) * scale + 2 * depth * 2.0 ** -14
                 if not err <= tol:
                     print(f"  WRONG {name} {tile.name} {rows}x{depth}x{cols}: max error {err:.3g} > {tol:.3g}",
                           flush=True)

@@ -85,12 +85,12 @@ def products(n: int) -> dict[tuple[int, int, int], int]:
 
 def main(argv):
     del argv
-    native = tflfuse.Device()
-    require_features(native, "timestamp-query", "shader-f16")
     try:
         dawn = tflfuse.Device(backend="dawn")
     except tflfuse.NoAdapterError as e:
         raise SystemExit(f"no Dawn device: {e}") from None
+    native = tflfuse.Device()
+    require_features(native, "timestamp-query", "shader-f16")
     print(f"adapters: {native.describe()}; {dawn.describe()}", flush=True)
     require_features(dawn, "timestamp-query")
     unit = dawn.subgroup_matrix

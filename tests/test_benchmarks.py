@@ -556,7 +556,7 @@ sys.path[:0] = [sys.argv[1], sys.argv[1] + "/benchmarks"]
 import f16_bound
 from tflfuse.kernels.gemm import MatmulTile
 for form in ("f32", "f16_math"):
-    source = f16_bound.sweep.programs(256, 64, 128, MatmulTile.parse("128x128/8x8/16"))[form].source
+    source = f16_bound.programs(256, 64, 128, MatmulTile.parse("128x128/8x8/16"))[form].source
     steps = [line for line in source.split("\n") if f16_bound._STEP_FMA.fullmatch(line)]
     floor = f16_bound.floor_source(source)
     print(form, len(steps), len(re.findall(r"fma\(a\d, b\d, p|\+= a\d \* b\d;", floor)))
@@ -654,3 +654,31 @@ def test_subgroup_matrix_probe_names_what_it_needs(tmp_path):
     proc = subprocess.run([sys.executable, str(script), f"--out={tmp_path / 'missing' / 'r.md'}"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "--out must be a file" in proc.stderr
+
+
+@pytest.mark.parametrize("script,args", [("sweep_matrix.py", []), ("dawn_matrix.py", ["--models={models}"])])
+def test_dawn_benchmarks_stop_with_one_line_without_a_dawn_device(tmp_path, script, args):
+    """benchmarks/sweep_matrix.py and dawn_matrix.py stop with one line, before any GPU work, where no Dawn device
+    can be made (wgpudawn blocked from importing here, whether or not this machine has it)."""
+    for name in ("mobilenet_v2_fused", "mobilenet_v2_unfused"):
+        (tmp_path / f"{name}.tflite").write_bytes(b"")
+    blocked = ("import runpy, sys; sys.modules['wgpudawn'] = None; sys.argv = sys.argv[1:]; "
+               "runpy.run_path(sys.argv[0], run_name='__main__')")
+    argv = [str(ROOT / "benchmarks" / script)] + [a.format(models=tmp_path) for a in args]
+    proc = subprocess.run([sys.executable, "-c", blocked, *argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "no Dawn device: " in proc.stderr and "needs the package wgpudawn" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script,args,message", [
+    ("sweep_matrix.py", ["--tiles=2x2/2x2/24"], "--tiles: matrix tile '2x2/2x2/24'"),
+    ("sweep_matrix.py", ["--batches=0"], "--batches takes positive integers"),
+    ("dawn_matrix.py", ["--models={missing}"], "no mobilenet_v2_fused.tflite, mobilenet_v2_unfused.tflite there"),
+    ("dawn_matrix.py", ["--models={models}", "--out={missing}/r.md"], "--out must be a file"),
+])
+def test_dawn_benchmarks_refuse_bad_flags(tmp_path, script, args, message):
+    argv = [a.format(models=tmp_path, missing=tmp_path / "missing") for a in args]
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *argv], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+

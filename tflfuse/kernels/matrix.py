@@ -77,7 +77,8 @@ class MatrixTile:
         sizes = (self.wm, self.wn, self.fm, self.fn, self.tk)
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes) or \
                 self.tk % FRAGMENT or not isinstance(self.whole, bool):
-            raise KernelError(f"matrix tile {self}: positive int sizes, tk a multiple of {FRAGMENT}")
+            raise KernelError(f"matrix tile {self.name!r}: its sizes must be positive ints, tk a multiple of "
+                              f"{FRAGMENT}, whole a bool")
 
     @classmethod
     def parse(cls, text: str) -> "MatrixTile":
