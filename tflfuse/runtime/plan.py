@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import time
 import weakref
 from typing import Mapping, Sequence
@@ -710,10 +711,21 @@ class _NativeCommands:
         return _NativeCommandBuffer(handle, self)
 
 
+def _backend_api(pipeline):
+    """The cffi module (``_api``, with ``lib`` and ``ffi``) of the WebGPU implementation that made ``pipeline``:
+    wgpu-native's (``wgpu.backends.wgpu_native._api``) or Dawn's (``wgpudawn.backends.dawn._api``), whose
+    libraries export the same webgpu.h entry points; None for any other."""
+    module = type(pipeline).__module__
+    if module not in ("wgpu.backends.wgpu_native._api", "wgpudawn.backends.dawn._api"):
+        return None
+    return sys.modules.get(module)
+
+
 def _pass_recorder(steps: Sequence[tuple[Program, object, object]]):
     """A function that records every step (set pipeline, set bind group, dispatch) into a compute pass.
 
-    With wgpu's wgpu-native backend it calls the three C entry points directly on the objects' handles:
+    With wgpu's wgpu-native backend, and with Dawn's (the same webgpu.h entry points), it calls the three C entry
+    points directly on the objects' handles:
     the Python wrappers' per-call error capture and argument conversion cost more than wgpu-native's own
     recording (about 250 of 740 microseconds for 53 dispatches on the H200's host); where the machine can
     compile it, one call of a C loop makes them all (:mod:`tflfuse.runtime.record`: cffi's three calls per
@@ -722,13 +734,12 @@ def _pass_recorder(steps: Sequence[tuple[Program, object, object]]):
     through the Python API (:class:`_NativeCommands`). Any other backend records through the Python API (and
     the function's ``native`` is None).
     """
+    _api = _backend_api(steps[0][1]) if steps else None
     try:
-        from wgpu.backends.wgpu_native import _api
-
-        native = all(isinstance(p, _api.GPUComputePipeline) and isinstance(b, _api.GPUBindGroup)
-                     for _, p, b in steps)
+        native = _api is not None and all(isinstance(p, _api.GPUComputePipeline) and isinstance(b, _api.GPUBindGroup)
+                                          for _, p, b in steps)
         lib, null = _api.lib, _api.ffi.NULL
-    except (ImportError, AttributeError):
+    except AttributeError:
         native = False
     if not native:
         def record(cpass) -> None:
