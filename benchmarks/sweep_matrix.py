@@ -31,7 +31,7 @@ from absl import app, flags  # noqa: E402
 
 import tflfuse  # noqa: E402
 from tflfuse.kernels import KernelError  # noqa: E402
-from tflfuse.kernels import matrix  # noqa: E402
+from tflfuse.kernels import gemm, matrix  # noqa: E402
 from tflfuse.kernels.gemm import matmul_tile  # noqa: E402
 from tflfuse.kernels.half import half_storage  # noqa: E402
 
@@ -101,7 +101,7 @@ def main(argv):
           flush=True)
     rng = np.random.default_rng(0)
     timing = (FLAGS.repeats, FLAGS.reps, FLAGS.warm_ms)
-    lines, totals = [], {"fma": 0.0, "rule": 0.0, "best": 0.0}
+    lines, totals = [], {"fma": 0.0, "rule": 0.0, "best": 0.0, "library": 0.0}
     counted = 0
     for n in map(int, FLAGS.batches):
         for (rows, depth, cols), count in products(n).items():
@@ -115,21 +115,27 @@ def main(argv):
             want = (x16 @ w16 + b16).ravel()
             scale = float((np.abs(x16) @ np.abs(w16) + np.abs(b16)).max())
             tile = matmul_tile(rows, depth, cols)
-            f32 = programs(rows, depth, cols, tile)["f32"]
-            fma_us, y = run_form(native, half_storage(f32), (x, w, b), rows, cols, *timing)
+            fma_us, y = run_form(native, half_storage(programs(rows, depth, cols, tile)["f32"]), (x, w, b), rows,
+                                 cols, *timing)
             fma_tol = (gamma(2 * tile.tk, 2.0 ** -11) + 2.0 ** -9) * scale + 2 * depth * 2.0 ** -14
             fma_err = float(np.abs(y - want).max())
             rule = matrix.matrix_tile(rows, depth, cols, unit)
+            chosen = "matrices" if matrix.use_matrices(rows, depth, cols) else "FMA"
             found = {}
             tol = gamma(depth + 2, 2.0 ** -24) * scale + 2.0 ** -11 * float(np.abs(want).max()) + 2.0 ** -24
             for t in dict.fromkeys([rule] + [matrix.MatrixTile.parse(v) for v in FLAGS.tiles]):
                 if t.workgroup_bytes() > unit.workgroup_bytes:
                     continue
-                matrix.MEASURED_MATRIX_TILES[rows, depth, cols] = t.name
+                # the tile, and the matrix form even where the library keeps the product on the FMA units
+                saved = matrix.MEASURED_MATRIX_TILES.get((rows, depth, cols)), gemm.use_matrices
+                matrix.MEASURED_MATRIX_TILES[rows, depth, cols], gemm.use_matrices = t.name, lambda *_: True
                 try:
-                    us, y = run_form(dawn, half_storage(f32, unit), (x, w, b), rows, cols, *timing)
+                    prog = half_storage(programs(rows, depth, cols, tile)["f32"], unit)
+                    us, y = run_form(dawn, prog, (x, w, b), rows, cols, *timing)
                 finally:
-                    del matrix.MEASURED_MATRIX_TILES[rows, depth, cols]
+                    matrix.MEASURED_MATRIX_TILES[rows, depth, cols], gemm.use_matrices = saved
+                    if saved[0] is None:
+                        del matrix.MEASURED_MATRIX_TILES[rows, depth, cols]
                 err = float(np.abs(y - want).max())
                 if not err <= tol:
                     print(f"  WRONG {t.name} {rows}x{depth}x{cols}: max error {err:.3g} > {tol:.3g}", flush=True)
@@ -144,8 +150,9 @@ def main(argv):
             totals["fma"] += count * fma_us
             totals["rule"] += count * found.get(rule.name, found[best])[0]
             totals["best"] += count * found[best][0]
+            totals["library"] += count * (found.get(rule.name, found[best])[0] if chosen == "matrices" else fma_us)
             counted += count
-            lines.append(f"| {rows} x {depth} x {cols} | {count} | {fma_us:.1f} | "
+            lines.append(f"| {rows} x {depth} x {cols} | {count} | {chosen} | {fma_us:.1f} | "
                          f"{found[rule.name][0] if rule.name in found else float('nan'):.1f} ({rule.name}) | "
                          f"{found[best][0]:.1f} ({best}) | {fma_us / found[best][0]:.2f}x | "
                          f"{flop / found[best][0] / 1e6:.1f} | {found[best][1]:.1e} |")
@@ -163,9 +170,11 @@ def main(argv):
             f"({100 * flop_all / totals['fma'] / 1e6 / f16_peak:.0f}% of the f16 FMA peak); subgroup matrices "
             f"{totals['rule']:.0f} us with the library's tiles "
             f"({100 * flop_all / totals['rule'] / 1e6 / f16_peak:.0f}%), {totals['best']:.0f} us with the best tile "
-            f"of each ({100 * flop_all / totals['best'] / 1e6 / f16_peak:.0f}%).", "",
-            "| product (rows x depth x cols) | count | FMA form, us | matrices, library tile, us | best tile, us | "
-            "FMA / best | TFLOP/s | max abs error |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            f"of each ({100 * flop_all / totals['best'] / 1e6 / f16_peak:.0f}%); the library's choice of form "
+            f"(``tflfuse.kernels.matrix.use_matrices``) and tile {totals['library']:.0f} us "
+            f"({100 * flop_all / totals['library'] / 1e6 / f16_peak:.0f}%).", "",
+            "| product (rows x depth x cols) | count | library's form | FMA form, us | matrices, library tile, us | "
+            "best tile, us | FMA / best | TFLOP/s | max abs error |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     text = "\n".join(head + lines) + "\n"
     print(text)
     if FLAGS.out:

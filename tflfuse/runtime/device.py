@@ -254,6 +254,7 @@ class Device:
             where = "TFLFUSE_WEBGPU"
         else:
             where = "Device(backend=...)"
+            backend = backend.strip().lower() if isinstance(backend, str) else backend
         if backend not in BACKENDS:
             raise ValueError(f"{where}: the WebGPU implementation is one of {list(BACKENDS)}, got {backend!r}")
         #: The WebGPU implementation: ``"wgpu-native"`` or ``"dawn"`` (:data:`BACKENDS`).
