@@ -133,10 +133,13 @@ MEASURED_MATRIX_TILES: dict[tuple[int, int, int], str] = {
 def use_matrices(rows: int, depth: int, cols: int) -> bool:
     """Whether a float16 plan runs ``[rows, depth] x [depth, cols]`` on subgroup matrices where the device has
     them, rather than on the FMA units: from a depth of 32 and more than 16 columns. Measured over MobileNetV2's
-    products at batch 32 (the same run as :data:`MEASURED_MATRIX_TILES`): the matrices took 0.37-0.92x of the FMA
-    form's time on the 16 products that hold to it, but 1.17x on 401408 x 32 x 16 (21.4 against 18.3 us) and on
-    401408 x 16 x 96 (59.7 against 51.0), and 1.00x on 100352 x 24 x 144 (31.9 against 31.8): a shallow product
-    spends its time staging and storing, which the matrices do not shorten."""
+    products at batch 32 (the same run as :data:`MEASURED_MATRIX_TILES`): the matrices (the best of 14 tiles) took
+    0.15-0.93x of the FMA form's time on the 16 products that hold to it (0.15x and 0.21x where the FMA form took
+    62.7 and 73.2 us, 6272 x 384 x 96 and 1568 x 960 x 320, more than on larger products of the same run: 30.3 us
+    for 6272 x 576 x 96, 38.4 for 1568 x 320 x 1280), but 1.17x on
+    401408 x 32 x 16 (21.4 against 18.3 us) and on 401408 x 16 x 96 (59.7 against 51.0), and 1.00x on 100352 x 24
+    x 144 (31.9 against 31.8): a shallow product spends its time staging and storing, which the matrices do not
+    shorten."""
     return depth >= 32 and cols > 16
 
 
