@@ -29,7 +29,7 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.runtime.plan import SUSTAINED_REPS, gpu_time_plan  # noqa: E402
 
-from peaks import validate_out_flags  # noqa: E402
+from peaks import report, validate_out_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("models", None, "Folder holding mobilenet_v2_fused.tflite and mobilenet_v2_unfused.tflite.")
@@ -134,11 +134,7 @@ def main(argv):
         ratio = gpu / base[model, batch, precision]
         lines.append(f"| {model} | {batch} | {backend} | {precision} | {gpu:.3f} | {ratio:.2f}x | {lat:.2f} | "
                      f"{thr:.2f} | {err:.1e} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if FLAGS.out:
-        Path(FLAGS.out).write_text(text)
-    return 0
+    return report(lines, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ queries (``tflfuse.runtime.plan.pass_gpu_us``). No flags: imported by the benchm
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 
@@ -168,11 +169,20 @@ def require_features(device, *features: str) -> None:
             raise SystemExit(f"the adapter {device.describe()} has no {feature} feature, which this needs")
 
 
+def report(lines: list[str], out: str | None) -> int:
+    """Prints a benchmark's Markdown ``lines`` and writes them to the file ``out`` where given; returns 0, the
+    script's exit status."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        Path(out).write_text(text)
+    return 0
+
+
 def validate_out_flags(*names: str) -> None:
     """absl validators for the file flags ``names`` (e.g. ``"out"``): unset, or a file name (not a folder) in an
     existing folder that this user may write to, so that a run does not end in an OSError after all its timing."""
     import os
-    from pathlib import Path
 
     from absl import flags
 

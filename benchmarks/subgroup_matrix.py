@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from peaks import fma_tflops, validate_out_flags  # noqa: E402
+from peaks import fma_tflops, report, validate_out_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Markdown file to write (printed in any case).")
@@ -184,11 +184,7 @@ def main(argv):
             tflops = DISPATCHES * GROUPS * 4 * STEPS * 2 * m * n * k / seconds / 1e12
             ratio = f" {tflops / fma['f16']:.1f}x |" if "f16" in fma else ""
             lines.append(f"| {m} x {n} x {k} | {result} | {err:.2e} | {tflops:.0f} |{ratio}")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if FLAGS.out:
-        Path(FLAGS.out).write_text(text)
-    return 0
+    return report(lines, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from tflfuse.kernels import gemm, matrix  # noqa: E402
 from tflfuse.kernels.gemm import matmul_tile  # noqa: E402
 from tflfuse.kernels.half import half_storage  # noqa: E402
 
-from peaks import (check_ranges, gamma, measure_peaks, programs, require_features, run_form,  # noqa: E402
+from peaks import (check_ranges, gamma, measure_peaks, programs, report, require_features, run_form,  # noqa: E402
                    validate_out_flags)
 
 FLAGS = flags.FLAGS
@@ -175,11 +175,7 @@ def main(argv):
             f"({100 * flop_all / totals['library'] / 1e6 / f16_peak:.0f}%).", "",
             "| product (rows x depth x cols) | count | library's form | FMA form, us | matrices, library tile, us | "
             "best tile, us | FMA / best | TFLOP/s | max abs error |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
-    text = "\n".join(head + lines) + "\n"
-    print(text)
-    if FLAGS.out:
-        Path(FLAGS.out).write_text(text)
-    return 0
+    return report(head + lines, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -161,6 +161,18 @@ def matrix_tile(rows: int, depth: int, cols: int, unit: SubgroupMatrix | None = 
     return MatrixTile(2, 2, 2, 2, tk)
 
 
+def _shared(items: int, threads: int, body) -> list[str]:
+    """WGSL statements sharing ``items`` pieces of work between a workgroup's ``threads`` invocations: piece ``e =
+    lidx + s * threads`` for each round ``s``, the last round guarded where it passes ``items``; ``body(e)`` gives the
+    statements of piece ``e`` (a WGSL term)."""
+    out = []
+    for s in range(-(-items // threads)):
+        e = f"(lidx + {s * threads}u)"
+        guard = "" if (s + 1) * threads <= items else f"if ({e} < {items}u) "
+        out.append(f"    {guard}{{ {body(e)} }}")
+    return out
+
+
 def _results_out(t: MatrixTile, rows: int, cols: int, sg: int, store: str, store_vec: str | None) -> str:
     """WGSL moving the subgroups' result fragments through ``tc`` and the kernel's store statements."""
     threads = t.subgroups * sg
@@ -247,28 +259,18 @@ def matrix_source(prelude: str, helpers: str, a_load: str, b_load: str, rows: in
     stage = []
     if a_strip:   # 4 x 4 blocks: rows r .. r + 3, depths k .. k + 3
         groups = tm * tk // 16
-        for s in range(-(-groups // threads)):
-            e = f"(lidx + {s * threads}u)"
-            guard = "" if (s + 1) * threads <= groups else f"if ({e} < {groups}u) "
-            cells = " ".join(f"ta[(r + {j}u) * {sa}u + k + {i}u] = f16(m[{i}][{j}]);"
-                             for i in range(4) for j in range(4))
-            stage.append(f"    {guard}{{ let r = ({e} / {kq}u) * 4u; let k = ({e} % {kq}u) * 4u; "
-                         f"let m = {a_strip}(r0 + r, k0 + k); {cells} }}")
+        cells = " ".join(f"ta[(r + {j}u) * {sa}u + k + {i}u] = f16(m[{i}][{j}]);" for i in range(4) for j in range(4))
+        stage += _shared(groups, threads, lambda e: f"let r = ({e} / {kq}u) * 4u; let k = ({e} % {kq}u) * 4u; "
+                                                    f"let m = {a_strip}(r0 + r, k0 + k); {cells}")
     else:
         groups = tm * tk // 4
-        for s in range(-(-groups // threads)):
-            e = f"(lidx + {s * threads}u)"
-            guard = "" if (s + 1) * threads <= groups else f"if ({e} < {groups}u) "
-            cells = " ".join(f"ta[r * {sa}u + k + {i}u] = f16(v.{c});" for i, c in enumerate("xyzw"))
-            stage.append(f"    {guard}{{ let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u; "
-                         f"let v = a4(r0 + r, k0 + k); {cells} }}")
+        cells = " ".join(f"ta[r * {sa}u + k + {i}u] = f16(v.{c});" for i, c in enumerate("xyzw"))
+        stage += _shared(groups, threads, lambda e: f"let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u; "
+                                                    f"let v = a4(r0 + r, k0 + k); {cells}")
     groups = tk * tn // 4
-    for s in range(-(-groups // threads)):
-        e = f"(lidx + {s * threads}u)"
-        guard = "" if (s + 1) * threads <= groups else f"if ({e} < {groups}u) "
-        cells = " ".join(f"tb[k * {sb}u + c + {i}u] = f16(v.{c_});" for i, c_ in enumerate("xyzw"))
-        stage.append(f"    {guard}{{ let k = {e} / {tn // 4}u; let c = ({e} % {tn // 4}u) * 4u; "
-                     f"let v = b4(k0 + k, c0 + c); {cells} }}")
+    cells = " ".join(f"tb[k * {sb}u + c + {i}u] = f16(v.{c});" for i, c in enumerate("xyzw"))
+    stage += _shared(groups, threads, lambda e: f"let k = {e} / {tn // 4}u; let c = ({e} % {tn // 4}u) * 4u; "
+                                                f"let v = b4(k0 + k, c0 + c); {cells}")
     steps = []
     for kk in range(0, tk, FRAGMENT):
         steps.append("    {")
