@@ -249,7 +249,7 @@ def half_storage(program: Program, matrix=None) -> Program:
 _CLOSE = {"[": "]", "(": ")", "{": "}"}
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 #: A source's leading directives (``enable ...;``, ``diagnostic(...);``).
-_DIRECTIVES = re.compile(r"(?:\s*(?:enable\s[^;]*;|diagnostic\s*\([^)]*\)\s*;))*\s*")
+_DIRECTIVES = re.compile(r"(?:\s*(?:enable\s[^;]*;|diagnostic\s*\([^)]*\)\s*;))*")
 _ASSIGN = re.compile(r"\s*([-+*/]?=)(?!=)")
 
 
