@@ -29,7 +29,7 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.runtime.plan import SUSTAINED_REPS, gpu_time_plan  # noqa: E402
 
-from peaks import report, validate_out_flags  # noqa: E402
+from peaks import report, validate_batches_flag, validate_counts, validate_out_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("models", None, "Folder holding mobilenet_v2_fused.tflite and mobilenet_v2_unfused.tflite.")
@@ -37,11 +37,13 @@ flags.DEFINE_list("batches", ["32", "1"], "Batch sizes.")
 flags.DEFINE_integer("rounds", 5, "Alternating rounds of the latency and throughput timings.")
 flags.DEFINE_integer("n", 20, "Invokes per throughput timing.")
 flags.DEFINE_string("out", None, "Markdown file to write (printed in any case).")
-flags.mark_flag_as_required("models")
-flags.register_validator("batches", lambda v: all(b.isdigit() and int(b) > 0 for b in v),
-                         "--batches takes positive integers")
-validate_out_flags("out")
 MODELS = ("mobilenet_v2_fused", "mobilenet_v2_unfused")
+flags.register_validator("models", lambda v: v is not None and all((Path(v) / f"{m}.tflite").is_file() for m in MODELS),
+                         f"--models must be a folder holding {' and '.join(m + '.tflite' for m in MODELS)} "
+                         f"(benchmarks/run.py --prepare writes them)")
+validate_batches_flag()
+validate_counts("rounds", "n")
+validate_out_flags("out")
 
 
 def _reference(path: Path, x: np.ndarray):
@@ -50,7 +52,10 @@ def _reference(path: Path, x: np.ndarray):
         from ai_edge_litert.interpreter import Interpreter as LiteRT
     except ImportError:
         return None
-    cpu = LiteRT(model_path=str(path))
+    try:
+        cpu = LiteRT(model_path=str(path))
+    except ValueError as e:
+        raise SystemExit(f"{path}: LiteRT cannot load it: {e}") from None
     i = cpu.get_input_details()[0]["index"]
     cpu.resize_tensor_input(i, list(x.shape))
     cpu.allocate_tensors()
@@ -60,7 +65,12 @@ def _reference(path: Path, x: np.ndarray):
 
 
 def _interpreter(path: Path, device, precision: str, x: np.ndarray):
-    it = tflfuse.Interpreter(model_path=str(path), device=device, precision=precision)
+    """An allocated Interpreter of ``path`` on ``device`` at ``precision`` with input ``x``; SystemExit with one
+    line where the file is not a model tflfuse runs."""
+    try:
+        it = tflfuse.Interpreter(model_path=str(path), device=device, precision=precision)
+    except (ValueError, tflfuse.ModelError) as e:
+        raise SystemExit(f"{path}: {e}") from None
     i = it.get_input_details()[0]["index"]
     it.resize_tensor_input(i, list(x.shape))
     it.allocate_tensors()
@@ -71,10 +81,6 @@ def _interpreter(path: Path, device, precision: str, x: np.ndarray):
 def main(argv):
     del argv
     folder = Path(FLAGS.models)
-    missing = [m for m in MODELS if not (folder / f"{m}.tflite").is_file()]
-    if missing:
-        raise app.UsageError(f"--models={folder}: no {', '.join(m + '.tflite' for m in missing)} there "
-                             f"(benchmarks/run.py --prepare writes them)")
     try:
         dawn = tflfuse.Device(backend="dawn")
     except tflfuse.NoAdapterError as e:
@@ -131,8 +137,8 @@ def main(argv):
              "| model | batch | runtime | precision | GPU ms | / wgpu-native, same precision | latency ms | "
              "throughput ms | error |", "|---|---:|---|---|---:|---:|---:|---:|---:|"]
     for model, batch, backend, precision, gpu, lat, thr, err in rows:
-        ratio = gpu / base[model, batch, precision]
-        lines.append(f"| {model} | {batch} | {backend} | {precision} | {gpu:.3f} | {ratio:.2f}x | {lat:.2f} | "
+        ratio = f"{gpu / base[model, batch, precision]:.2f}x" if (model, batch, precision) in base else ""
+        lines.append(f"| {model} | {batch} | {backend} | {precision} | {gpu:.3f} | {ratio} | {lat:.2f} | "
                      f"{thr:.2f} | {err:.1e} |")
     return report(lines, FLAGS.out)
 

@@ -207,7 +207,6 @@ def validate_sweep_flags(forms) -> None:
 
     from tflfuse.kernels import KernelError
     from tflfuse.kernels.gemm import MatmulTile
-    from tflfuse.runtime.profile import MAX_WARM_MS
 
     def tiles(names, workgroup_bytes=None) -> bool:
         from tflfuse.kernels import gemm
@@ -229,11 +228,37 @@ def validate_sweep_flags(forms) -> None:
         flags.register_validator("tiles", tiles)
     flags.register_validator("forms", lambda v: bool(v) and set(v) <= set(forms),
                              f"--forms must be a non-empty list of {', '.join(forms)}")
-    flags.register_validator("batches", lambda v: bool(v) and all(b.isdigit() and int(b) > 0 for b in v),
-                             "--batches must be a non-empty list of positive integers")
+    validate_timing_flags()
+
+
+def validate_timing_flags() -> None:
+    """absl validators for the timing flags the sweeps share: ``--batches`` (a non-empty list of positive
+    integers in ASCII digits), ``--warm_ms`` (0 to :data:`tflfuse.runtime.profile.MAX_WARM_MS`), ``--repeats``
+    and ``--reps`` (at least 1)."""
+    from absl import flags
+
+    from tflfuse.runtime.profile import MAX_WARM_MS
+
+    validate_batches_flag()
     flags.register_validator("warm_ms", lambda v: 0 <= v <= MAX_WARM_MS,
                              f"--warm_ms must be from 0 to {MAX_WARM_MS:g}")
-    for name in ("repeats", "reps"):
+    validate_counts("repeats", "reps")
+
+
+def validate_batches_flag() -> None:
+    """An absl validator for ``--batches``: a non-empty list of positive integers in ASCII digits."""
+    from absl import flags
+
+    flags.register_validator("batches", lambda v: bool(v) and all(b.isascii() and b.isdigit() and int(b) > 0
+                                                                   for b in v),
+                             "--batches must be a non-empty list of positive integers")
+
+
+def validate_counts(*names: str) -> None:
+    """absl validators: each integer flag of ``names`` at least 1."""
+    from absl import flags
+
+    for name in names:
         flags.register_validator(name, lambda v: v >= 1, f"--{name} must be at least 1")
 
 

@@ -48,11 +48,10 @@ def _interpreter(data: bytes, device, loop: bool):
     """An allocated Interpreter whose plan records through the compiled loop (``loop``) or through cffi, and
     its first output's index; RuntimeError where the loop was asked for and cannot be had."""
     from tflfuse.runtime import record
-    from wgpu.backends.wgpu_native import _api
 
     os.environ["TFLFUSE_NATIVE_RECORD"] = "1" if loop else "0"
     record.forget()
-    if loop and record.library(_api.ffi) is None:
+    if loop and record.library() is None:
         raise RuntimeError(f"the compiled loop cannot be had here: {record._loaded.get('why')}")
     return ready_interpreter(data, device)
 

@@ -36,7 +36,7 @@ from tflfuse.kernels.gemm import matmul_tile  # noqa: E402
 from tflfuse.kernels.half import half_storage  # noqa: E402
 
 from peaks import (check_ranges, gamma, measure_peaks, programs, report, require_features, run_form,  # noqa: E402
-                   validate_out_flags)
+                   validate_out_flags, validate_timing_flags)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["32"], "Batch sizes.")
@@ -59,8 +59,7 @@ def _tiles_ok(names) -> bool:
 
 
 flags.register_validator("tiles", _tiles_ok)
-flags.register_validator("batches", lambda v: all(b.isdigit() and int(b) > 0 for b in v),
-                         "--batches takes positive integers")
+validate_timing_flags()
 
 #: MobileNetV2's inverted residual blocks (expansion t, output channels c, repeats n, first stride s), after a
 #: stride-2 3x3 conv to 32 channels (the Keras application at 224 x 224, alpha 1).
@@ -85,6 +84,11 @@ def products(n: int) -> dict[tuple[int, int, int], int]:
 
 def main(argv):
     del argv
+    known = {f"{r}x{d}x{c}" for n in map(int, FLAGS.batches) for r, d, c in products(n)}
+    unknown = [v for v in FLAGS.only if v not in known]
+    if unknown:
+        raise SystemExit(f"--only: {', '.join(unknown)} not among MobileNetV2's products at batch "
+                         f"{','.join(FLAGS.batches)} ({', '.join(sorted(known))})")
     try:
         dawn = tflfuse.Device(backend="dawn")
     except tflfuse.NoAdapterError as e:
@@ -124,7 +128,9 @@ def main(argv):
             found = {}
             tol = gamma(depth + 2, 2.0 ** -24) * scale + 2.0 ** -11 * float(np.abs(want).max()) + 2.0 ** -24
             for t in dict.fromkeys([rule] + [matrix.MatrixTile.parse(v) for v in FLAGS.tiles]):
-                if t.workgroup_bytes() > unit.workgroup_bytes:
+                invocations = dawn.limits.get("max-compute-invocations-per-workgroup", 256)
+                if t.workgroup_bytes() > unit.workgroup_bytes or t.subgroups * unit.subgroup_size > invocations:
+                    print(f"  {t.name}: skipped, past the device's workgroup memory or invocations", flush=True)
                     continue
                 # the tile, and the matrix form even where the library keeps the product on the FMA units
                 saved = matrix.MEASURED_MATRIX_TILES.get((rows, depth, cols)), gemm.use_matrices
@@ -157,6 +163,8 @@ def main(argv):
                          f"{found[best][0]:.1f} ({best}) | {fma_us / found[best][0]:.2f}x | "
                          f"{flop / found[best][0] / 1e6:.1f} | {found[best][1]:.1e} |")
             print(lines[-1], "; ".join(f"{k} {v[0]:.1f}" for k, v in found.items()), flush=True)
+    if not counted:
+        raise SystemExit("no product gave a checked result: nothing to total")
     f16_peak = peaks["f16_tflops"]
     flop_all = sum(2 * r * d * c * k for n in map(int, FLAGS.batches) for (r, d, c), k in products(n).items()
                    if not FLAGS.only or f"{r}x{d}x{c}" in FLAGS.only)

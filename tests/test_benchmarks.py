@@ -671,12 +671,24 @@ def test_dawn_benchmarks_stop_with_one_line_without_a_dawn_device(tmp_path, scri
 
 
 @pytest.mark.parametrize("script,args,message", [
-    ("sweep_matrix.py", ["--tiles=2x2/2x2/24"], "--tiles: matrix tile '2x2/2x2/24'"),
-    ("sweep_matrix.py", ["--batches=0"], "--batches takes positive integers"),
-    ("dawn_matrix.py", ["--models={missing}"], "no mobilenet_v2_fused.tflite, mobilenet_v2_unfused.tflite there"),
+    ("sweep_matrix.py", ["--tiles=2x2/2x2/24"], "--tiles: matrix tile 2x2/2x2/24"),
+    ("sweep_matrix.py", ["--tiles=8x8/1x1/16"], "at most 8 subgroups"),
+    ("sweep_matrix.py", ["--batches=0"], "--batches must be a non-empty list of positive integers"),
+    ("sweep_matrix.py", ["--batches=\u00b2"], "--batches must be a non-empty list of positive integers"),
+    ("sweep_matrix.py", ["--batches="], "--batches must be a non-empty list of positive integers"),
+    ("sweep_matrix.py", ["--repeats=0"], "--repeats must be at least 1"),
+    ("sweep_matrix.py", ["--warm_ms=-5"], "--warm_ms must be from 0"),
+    ("sweep_matrix.py", ["--only=784x32x192"], "--only: 784x32x192 not among MobileNetV2's products at batch 32"),
+    ("dawn_matrix.py", ["--models={missing}"], "--models must be a folder holding mobilenet_v2_fused.tflite"),
+    ("dawn_matrix.py", [], "--models must be a folder holding"),
+    ("dawn_matrix.py", ["--models={models}", "--n=0"], "--n must be at least 1"),
+    ("dawn_matrix.py", ["--models={models}", "--rounds=0"], "--rounds must be at least 1"),
+    ("dawn_matrix.py", ["--models={models}", "--batches="], "--batches must be a non-empty list"),
     ("dawn_matrix.py", ["--models={models}", "--out={missing}/r.md"], "--out must be a file"),
 ])
 def test_dawn_benchmarks_refuse_bad_flags(tmp_path, script, args, message):
+    for name in ("mobilenet_v2_fused", "mobilenet_v2_unfused"):
+        (tmp_path / f"{name}.tflite").write_bytes(b"")
     argv = [a.format(models=tmp_path, missing=tmp_path / "missing") for a in args]
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *argv], capture_output=True, text=True,
                           timeout=300)

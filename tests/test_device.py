@@ -346,10 +346,8 @@ def test_the_compiled_recording_loop_is_built_once_and_records_every_dispatch(mo
     and its digest), opened from there by the next process without building again, and every invoke it records
     matches LiteRT's CPU interpreter; where it has none, library() says None and the plan records through cffi,
     with the same results."""
-    from wgpu.backends.wgpu_native import _api
-
     record = _fresh_record_state(monkeypatch, XDG_CACHE_HOME=str(tmp_path), TFLFUSE_NATIVE_RECORD="1")
-    lib = record.library(_api.ffi)
+    lib = record.library()
     assert (lib is not None) == (_compiler() is not None), record._loaded.get("why")
     native = tmp_path / "tflfuse" / "native"
     built = sorted(str(p.relative_to(native)) for p in native.rglob("*"))
@@ -362,7 +360,7 @@ def test_the_compiled_recording_loop_is_built_once_and_records_every_dispatch(mo
             raise AssertionError("built again")
         monkeypatch.setattr(record, "_loaded", {})
         monkeypatch.setattr(record, "_build", build)
-        assert record.library(_api.ffi) is not None
+        assert record.library() is not None
         assert sorted(str(p.relative_to(native)) for p in native.rglob("*")) == built
 
 
@@ -381,8 +379,6 @@ def test_without_the_compiled_loop_dispatches_are_recorded_through_cffi(model, d
     (killed after COMPILE_TIMEOUT_S, here 1 s, and not waited on again by the next process)): library() gives
     None with the reason, nothing raises, and invokes match LiteRT's CPU interpreter."""
     import time
-
-    from wgpu.backends.wgpu_native import _api
 
     cache = tmp_path / "cache"
     blocker = tmp_path / "a-file"
@@ -404,13 +400,13 @@ def test_without_the_compiled_loop_dispatches_are_recorded_through_cffi(model, d
     if case == "cache_writable_by_others":
         (cache / "tflfuse" / "native").mkdir(parents=True)
         (cache / "tflfuse" / "native").chmod(0o777)
-    assert record.library(_api.ffi) is None
+    assert record.library() is None
     assert record._loaded["why"]
     if case == "compiler_hangs":   # the next process does not wait for the compiler again
         assert record.timeout_marker().exists()
         monkeypatch.setattr(record, "_loaded", {})
         t0 = time.perf_counter()
-        assert record.library(_api.ffi) is None and "delete" in record._loaded["why"]
+        assert record.library() is None and "delete" in record._loaded["why"]
         assert time.perf_counter() - t0 < 1
     _runs_as_litert(model, device, 31)
 
@@ -421,7 +417,6 @@ def test_a_damaged_cached_loop_is_built_again(model, device, monkeypatch, tmp_pa
     another library, or no digest) is never opened (a truncated library can crash the process on opening): it
     is built again where the machine has a compiler (the loop then records, matching LiteRT's CPU interpreter),
     and dispatches go through cffi where it has none."""
-    from wgpu.backends.wgpu_native import _api
     from wgpu.backends.wgpu_native._ffi import get_wgpu_lib_path
 
     record = _fresh_record_state(monkeypatch, XDG_CACHE_HOME=str(tmp_path), TFLFUSE_NATIVE_RECORD="1")
@@ -435,7 +430,7 @@ def test_a_damaged_cached_loop_is_built_again(model, device, monkeypatch, tmp_pa
         target.with_suffix(".sha256").write_text("0" * 64)
     else:
         target.write_bytes(b"\x7fELF")
-    lib = record.library(_api.ffi)
+    lib = record.library()
     assert (lib is not None) == (_compiler() is not None), record._loaded.get("why")
     if lib is not None:
         assert target.with_suffix(".sha256").read_text() == record._digest(target)
@@ -445,12 +440,10 @@ def test_a_damaged_cached_loop_is_built_again(model, device, monkeypatch, tmp_pa
 def test_a_compiler_command_of_several_words(model, device, monkeypatch, tmp_path):
     """``CC`` holding a command with arguments is split into words, as make splits it: the loop builds with it
     where the machine has a compiler."""
-    from wgpu.backends.wgpu_native import _api
-
     cc = _compiler()
     record = _fresh_record_state(monkeypatch, XDG_CACHE_HOME=str(tmp_path), TFLFUSE_NATIVE_RECORD="1",
                                  CC=f"{cc or 'cc'} -O1 -g0")
-    assert (record.library(_api.ffi) is not None) == (cc is not None), record._loaded.get("why")
+    assert (record.library() is not None) == (cc is not None), record._loaded.get("why")
     _runs_as_litert(model, device, 33)
 
 

@@ -176,3 +176,133 @@ def test_matrix_tile_parse_refuses(text):
 
 def test_subgroup_matrix_is_a_value():
     assert SubgroupMatrix(32) == SubgroupMatrix(32) and hash(SubgroupMatrix(32)) == hash(SubgroupMatrix(32))
+
+
+def _in_dawn_null_process(body: str) -> str:
+    """Runs ``body`` (Python, after tflfuse is imported, with Dawn's Null backend chosen and the Null adapter's
+    missing configurations standing in as subgroup matrices of 32) in a fresh process; returns its stdout."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        os.environ["WGPU_BACKEND_TYPE"] = "Null"
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        import numpy as np
+        import tflfuse
+        from tflfuse.kernels.matrix import SubgroupMatrix
+        from tflfuse.runtime import device as device_module
+        device_module._subgroup_matrix = lambda device: SubgroupMatrix(32)
+    """) + textwrap.dedent(body)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
+
+
+def _pointwise_model() -> bytes:
+    """A 1x1 CONV_2D of 64 x 64 pixels from 32 to 64 channels: a tiled product on a GPU (262,144 outputs)."""
+    import numpy as np
+    from tflite_builder import build, t
+
+    w = (np.random.default_rng(0).standard_normal((64, 1, 1, 32)) * 0.2).astype(np.float32)
+    tensors = [t((1, 64, 64, 32), name="x"), t((64, 1, 1, 32), data=w), t((64,), data=np.zeros(64, np.float32)),
+               t((1, 64, 64, 64), name="y")]
+    ops = [dict(op="CONV_2D", inputs=[0, 1, 2], outputs=[3],
+                options=("Conv2DOptions", {"padding": 0, "strideH": 1, "strideW": 1}))]
+    return build(tensors, ops, [0], [3])
+
+
+def test_dawn_plans_record_through_the_compiled_loop_whichever_device_comes_first(tmp_path):
+    # The loop is opened with tflfuse's own cffi instance: a Dawn plan built first must leave it to both runtimes
+    # (where the machine has a C compiler; where it has none, both record through cffi alike).
+    out = _in_dawn_null_process(f"""
+        from tflfuse.runtime import record
+        os.environ["XDG_CACHE_HOME"] = {str(tmp_path)!r}
+        from tflfuse.runtime.plan import run_op
+        x = [np.ones(4, np.float32)] * 2
+        dawn = tflfuse.Device(backend="dawn")
+        run_op(dawn, "ADD", x)
+        run_op(tflfuse.Device(), "ADD", x)
+        print("LOOP", record._loaded["lib"] is not None, record._loaded["why"])
+    """)
+    from test_device import _compiler
+
+    line = [s for s in out.splitlines() if s.startswith("LOOP")][0]
+    assert line.startswith(f"LOOP {_compiler() is not None}"), line
+
+
+def test_export_for_the_browser_keeps_the_fma_forms_on_a_dawn_device(tmp_path):
+    # A browser has no subgroup matrices without a flag: a float16 plan exported from a Dawn device must not ask
+    # for them (its shaders are those of wgpu-native's float16 plan).
+    model = tmp_path / "pointwise.tflite"
+    model.write_bytes(_pointwise_model())
+    out = _in_dawn_null_process(f"""
+        from pathlib import Path
+        from tflfuse.web import export_web
+        device = tflfuse.Device(backend="dawn")
+        assert device.subgroup_matrix is not None
+        export_web({str(model)!r}, {str(tmp_path / "web")!r}, precision="float16", target="gpu", device=device,
+                   demo=False)
+        it = tflfuse.Interpreter(model_path={str(model)!r}, device=device, precision="float16")
+        it.allocate_tensors()
+        print("PLAN", sum("subgroupMatrix" in p.source for p, _, _ in it._plan(0).steps))
+        print("WEB", sum("subgroupMatrix" in f.read_text() for f in Path({str(tmp_path / "web")!r}).rglob("*.wgsl")))
+    """)
+    assert "PLAN 1" in out and "WEB 0" in out, out
+    plan = json.loads((tmp_path / "web" / "plan.json").read_text())
+    assert plan["requires"]["features"] == ["shader-f16"]
+
+
+def test_a_lost_dawn_device_says_so():
+    # Dawn's message for a lost device is "[Device] is lost.": the runtime turns it into DeviceLostError and
+    # refuses every later call, as on wgpu-native
+    out = _in_dawn_null_process("""
+        device = tflfuse.Device(backend="dawn")
+        it = tflfuse.Interpreter(model_content=__import__("test_matrix")._pointwise_model(), device=device)
+        it.allocate_tensors()
+        it.set_tensor(it.get_input_details()[0]["index"], np.zeros((1, 64, 64, 32), np.float32))
+        it.invoke()
+        device.device.destroy()
+        for _ in range(2):
+            try:
+                it.set_tensor(it.get_input_details()[0]["index"], np.zeros((1, 64, 64, 32), np.float32))
+                it.invoke()
+                print("NO ERROR")
+            except tflfuse.DeviceLostError as e:
+                print("LOST", "Make a new tflfuse.Device" in str(e))
+        os._exit(0)   # wgpudawn may crash collecting objects of a destroyed device; nothing of ours is left to run
+    """)
+    assert out.count("LOST True") == 2, out
+
+
+@pytest.mark.parametrize("value", [2 ** 31, 2 ** 40, 3, 48, 256, 2])
+def test_get_shader_refuses_subgroup_sizes_no_device_has(value):
+    with pytest.raises(ValueError, match=r"one of \(4, 8, 16, 32, 64, 128\)"):
+        _shaders(*CASES[0][1:], subgroup=value)
+
+
+def test_get_shader_takes_numpy_ints_but_no_numpy_floats():
+    import numpy as np
+
+    assert any("subgroupMatrix" in p.wgsl for p in _shaders(*CASES[0][1:], subgroup=np.int64(32)).programs)
+    with pytest.raises(ValueError, match="subgroup_matrix"):
+        _shaders(*CASES[0][1:], subgroup=np.float32(32.0))
+
+
+@pytest.mark.parametrize("args", [(0,), (48,), ("32",), (32.0,), (True,), (32, 1024), (32, 16384.0)])
+def test_subgroup_matrix_refuses_what_no_device_has(args):
+    with pytest.raises(ValueError):
+        SubgroupMatrix(*args)
+
+
+def test_matrix_tile_refuses_numpy_sizes_and_tiles_past_any_workgroup():
+    import numpy as np
+
+    for args in [(np.int64(2), 2, 2, 2), (16, 1, 1, 1), (1, 1, 8, 8), (2, 2, 2, 2, 512)]:
+        with pytest.raises(KernelError, match="matrix tile"):
+            MatrixTile(*args)
+
+
+def test_library_tiles_hold_at_most_max_subgroups():
+    from tflfuse.kernels.matrix import MAX_SUBGROUPS, MEASURED_MATRIX_TILES
+
+    tiles = [MatrixTile.parse(v) for v in MEASURED_MATRIX_TILES.values()]
+    tiles += [matrix_tile(r, d, c) for r, d, c in [(9, 40, 8), (9, 40, 24), (9, 40, 200), (9, 16, 200)]]
+    assert all(t.subgroups <= MAX_SUBGROUPS for t in tiles)

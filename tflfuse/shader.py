@@ -12,7 +12,7 @@ from .kernels import kernel_class
 from .kernels.base import MAX_INDEXED_VALUES, KernelError, TensorSpec, Uniform, is_integral, pack_uniforms, \
     uniform_layout
 from .kernels.half import half_programs
-from .kernels.matrix import SubgroupMatrix
+from .kernels.matrix import SUBGROUP_SIZES, SubgroupMatrix
 
 __all__ = ["ShaderInfo", "catalog", "get_shader", "model_shaders", "run_shader"]
 
@@ -78,11 +78,12 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
     it: its float tensors' bindings are ``array<f16>`` (``enable f16;``, the ``shader-f16`` feature), the
     arithmetic f32 (:mod:`tflfuse.kernels.half`). ``subgroup_matrix`` (a subgroup size, with ``"float16"``) gives
     the shaders as a float16 plan runs them on a Dawn device with subgroup matrices of that subgroup size
-    (:mod:`tflfuse.kernels.matrix`: the matrix products on the GPU's matrix units).
+    (:mod:`tflfuse.kernels.matrix`: the matrix products on the GPU's matrix units) and WebGPU's default 16 KiB of
+    workgroup memory (a device offering more may run other tiles: ``MEASURED_MATRIX_TILES``).
 
     Raises:
-      ValueError: an unknown ``precision``, or ``subgroup_matrix`` not a positive int or given without
-        ``precision="float16"``.
+      ValueError: an unknown ``precision``, or ``subgroup_matrix`` not a power of two from 4 to 128 or given
+        without ``precision="float16"``.
       UnsupportedOpError: unknown key (the message lists the known keys).
       KernelError: an attribute the kernel does not know (the message lists those it takes), an integer
         option (one whose default is an int: a stride, a size) given a number that is not an integer of int32's range
@@ -100,10 +101,10 @@ def get_shader(key: str, input_shapes: Sequence[Sequence[int] | None], attrs: Ma
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     unit = None
     if subgroup_matrix is not None:
-        if not is_integral(subgroup_matrix) or isinstance(subgroup_matrix, float) or subgroup_matrix < 1 or \
-                precision != "float16":
-            raise ValueError(f"subgroup_matrix is a subgroup size (a positive int) for precision='float16', got "
-                             f"{subgroup_matrix!r} with precision={precision!r}")
+        if not isinstance(subgroup_matrix, (int, np.integer)) or isinstance(subgroup_matrix, (bool, np.bool_)) or \
+                int(subgroup_matrix) not in SUBGROUP_SIZES or precision != "float16":
+            raise ValueError(f"subgroup_matrix is a subgroup size (one of {SUBGROUP_SIZES}) for precision="
+                             f"'float16', got {subgroup_matrix!r} with precision={precision!r}")
         unit = SubgroupMatrix(int(subgroup_matrix))
     cls = kernel_class(key)
     _check_shapes(key, input_shapes)

@@ -34,9 +34,16 @@ import re
 
 from .base import KernelError, linear_dispatch
 
-__all__ = ["FRAGMENT", "MEASURED_MATRIX_TILES", "MatrixTile", "SubgroupMatrix", "matrix_source", "matrix_tile",
-           "use_matrices"]
+__all__ = ["FRAGMENT", "MAX_SUBGROUPS", "MEASURED_MATRIX_TILES", "SUBGROUP_SIZES", "MatrixTile", "SubgroupMatrix",
+           "matrix_source", "matrix_tile", "use_matrices"]
 
+#: The subgroup sizes WebGPU allows (powers of two from 4 to 128).
+SUBGROUP_SIZES = (4, 8, 16, 32, 64, 128)
+#: The most subgroups a tile of the library's holds (:func:`matrix_tile`'s and :data:`MEASURED_MATRIX_TILES`'):
+#: a device offers subgroup matrices only where a workgroup holds that many.
+MAX_SUBGROUPS = 4
+#: The most subgroups any :class:`MatrixTile` may hold (a sweep's).
+_MOST_SUBGROUPS = 8
 #: WebGPU's default workgroup memory, bytes.
 DEFAULT_WORKGROUP_BYTES = 16384
 #: The fragments' size: ``16 x 16`` results from ``16 x 16`` left and right operands.
@@ -53,6 +60,14 @@ class SubgroupMatrix:
 
     subgroup_size: int
     workgroup_bytes: int = DEFAULT_WORKGROUP_BYTES
+
+    def __post_init__(self):
+        size, wg = self.subgroup_size, self.workgroup_bytes
+        if not isinstance(size, int) or isinstance(size, bool) or size not in SUBGROUP_SIZES:
+            raise ValueError(f"a subgroup size is one of {SUBGROUP_SIZES} (WebGPU's), got {size!r}")
+        if not isinstance(wg, int) or isinstance(wg, bool) or wg < DEFAULT_WORKGROUP_BYTES:
+            raise ValueError(f"a device's workgroup memory is an int of at least {DEFAULT_WORKGROUP_BYTES} bytes "
+                             f"(WebGPU's least), got {wg!r}")
 
 
 #: :meth:`MatrixTile.parse`'s form.
@@ -75,10 +90,11 @@ class MatrixTile:
 
     def __post_init__(self):
         sizes = (self.wm, self.wn, self.fm, self.fn, self.tk)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes) or \
-                self.tk % FRAGMENT or not isinstance(self.whole, bool):
-            raise KernelError(f"matrix tile {self.name!r}: its sizes must be positive ints, tk a multiple of "
-                              f"{FRAGMENT}, whole a bool")
+        if not all(type(v) is int and v > 0 for v in sizes) or self.tk % FRAGMENT or self.tk > 256 or \
+                self.wm * self.wn > _MOST_SUBGROUPS or self.fm * self.fn > 16 or not isinstance(self.whole, bool):
+            raise KernelError(f"matrix tile {self.wm!r}x{self.wn!r}/{self.fm!r}x{self.fn!r}/{self.tk!r}: its sizes "
+                              f"must be Python ints, at most {_MOST_SUBGROUPS} subgroups (wm * wn), at most 16 "
+                              f"fragments each (fm * fn), tk a multiple of {FRAGMENT} up to 256, whole a bool")
 
     @classmethod
     def parse(cls, text: str) -> "MatrixTile":

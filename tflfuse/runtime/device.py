@@ -24,8 +24,13 @@ _INSTALL_HINT = (
     "adapter (llvmpipe) on a machine without a GPU; with an NVIDIA/AMD/Intel GPU install its Vulkan driver.")
 
 
-def _install_hint() -> str:
-    """What to install, and the loader's variables that set its driver search where they are set."""
+def _install_hint(backend: str = "wgpu-native") -> str:
+    """What to install, and the loader's variables that set its driver search where they are set; for Dawn, that
+    it needs a GPU."""
+    if backend == "dawn":
+        return ("Dawn runs on GPU drivers only (it refuses Mesa's llvmpipe, the software adapter): on a machine "
+                "without a GPU use backend='wgpu-native' (WGPU_BACKEND_TYPE=Null gives Dawn's Null backend, which "
+                "validates shaders and runs nothing)")
     given = ", ".join(f"{v}={os.environ[v]!r}" for v in DRIVER_FILE_VARIABLES if os.environ.get(v))
     return _INSTALL_HINT + (f" The Vulkan loader's driver search is set by {given}: check that they name the "
                             f"manifests of installed drivers." if given else "")
@@ -66,9 +71,10 @@ class _Guard:
 
 
 def _says_lost(error: BaseException) -> bool:
-    """Whether a wgpu error reports a lost device (wgpu-native: "Parent device is lost", "Device lost")."""
+    """Whether a wgpu error reports a lost device (wgpu-native: "Parent device is lost", "Device lost"; Dawn:
+    "[Device] is lost.")."""
     text = str(error).lower()
-    return "device is lost" in text or "device lost" in text or "device was lost" in text
+    return any(s in text for s in ("device is lost", "device lost", "device was lost", "device] is lost"))
 
 
 def _default_runtime_dir() -> None:
@@ -160,16 +166,17 @@ def _dawn():
         backends = ["All"] if os.environ.get("WGPU_BACKEND_TYPE") else ["Primary"]
         _extras_device.set_instance_extras(backends=backends, enable_toggles=list(DAWN_TOGGLES))
     except RuntimeError as e:   # the instance exists already (made by the application, or by an earlier Device)
-        logging.debug("tflfuse: Dawn's instance was made before, its toggles stay: %s", e)
+        logging.info("tflfuse: Dawn's instance was made before tflfuse's first Dawn device, without the toggles %s "
+                     "(no subgroup matrices unless it has them): %s", ", ".join(DAWN_TOGGLES), e)
     return wgpudawn
 
 
 def _subgroup_matrix(device: "Device"):
     """The :class:`~tflfuse.kernels.matrix.SubgroupMatrix` of a Dawn device, or None: where it has
     :data:`SUBGROUP_MATRIX_FEATURE` and ``shader-f16``, lists the configuration the kernels use (f16 16 x 16 x 16
-    with f32 results) at one subgroup size, and that size is the adapter's largest (Dawn's rule for a
-    workgroup's x size)."""
-    from ..kernels.matrix import SubgroupMatrix
+    with f32 results) at one subgroup size, that size is the adapter's largest (Dawn's rule for a workgroup's x
+    size), and a workgroup holds :data:`~tflfuse.kernels.matrix.MAX_SUBGROUPS` subgroups of it."""
+    from ..kernels.matrix import MAX_SUBGROUPS, SUBGROUP_SIZES, SubgroupMatrix
 
     if not {SUBGROUP_MATRIX_FEATURE, "shader-f16"} <= device.features:
         return None
@@ -186,10 +193,14 @@ def _subgroup_matrix(device: "Device"):
     except Exception as e:  # noqa: BLE001  (an older wgpudawn: no matrices rather than no device)
         logging.info("tflfuse: Dawn's subgroup-matrix configurations could not be read (%s)", e)
         return None
+    limits = device.limits
+    if MAX_SUBGROUPS * largest > min(limits.get("max-compute-invocations-per-workgroup", 256),
+                                     limits.get("max-compute-workgroup-size-x", 256)):
+        return None   # a tile's subgroups would not fit in a workgroup
     for c in configs:
         if (c["component_type"], c["result_component_type"], c["m"], c["n"], c["k"]) == ("f16", "f32", 16, 16, 16) \
-                and c["min_subgroup_size"] == c["max_subgroup_size"] == largest:
-            return SubgroupMatrix(largest, int(device.limits.get("max-compute-workgroup-storage-size", 16384)))
+                and c["min_subgroup_size"] == c["max_subgroup_size"] == largest and largest in SUBGROUP_SIZES:
+            return SubgroupMatrix(largest, int(limits.get("max-compute-workgroup-storage-size", 16384)))
     return None
 
 
@@ -251,7 +262,7 @@ class Device:
             raise TypeError(f"Device(shader_checks=...) takes True, False or None, got {shader_checks!r}")
         if backend is None:
             backend = os.environ.get("TFLFUSE_WEBGPU", "").strip().lower() or "wgpu-native"
-            where = "TFLFUSE_WEBGPU"
+            where = f"TFLFUSE_WEBGPU={os.environ.get('TFLFUSE_WEBGPU')!r}"
         else:
             where = "Device(backend=...)"
             backend = backend.strip().lower() if isinstance(backend, str) else backend
@@ -267,9 +278,7 @@ class Device:
             if not adapters and backend == "dawn":   # Dawn lists no adapter of a backend forced by WGPU_BACKEND_TYPE
                 adapters = [a for a in [wgpu.gpu.request_adapter_sync(power_preference="high-performance")] if a]
         except Exception as e:  # wgpu-native raises plain Exceptions when no backend loads
-            dawn = (" Dawn runs on GPU drivers only (it refuses Mesa's llvmpipe): on a machine without a GPU use "
-                    "backend='wgpu-native'." if backend == "dawn" else "")
-            raise NoAdapterError(f"WebGPU adapters could not be listed ({e}).{dawn} {_install_hint()}") from e
+            raise NoAdapterError(f"WebGPU adapters could not be listed ({e}). {_install_hint(backend)}") from e
         if want:
             names = [_info(a).get("device", "") for a in adapters]
             adapters = [a for a, name in zip(adapters, names) if str(want).lower() in name.lower()]
@@ -278,7 +287,7 @@ class Device:
                 raise NoAdapterError(f"no WebGPU adapter matches {want!r} ({where}); the adapters here "
                                      f"are: {', '.join(repr(n) for n in names) or 'none'}")
         if not adapters:
-            raise NoAdapterError(f"no WebGPU adapter found. {_install_hint()}")
+            raise NoAdapterError(f"no WebGPU adapter found. {_install_hint(backend)}")
         adapters.sort(key=lambda a: (_ADAPTER_RANK.get(_info(a).get("adapter_type"), 3),
                                      _BACKEND_RANK.get(_info(a).get("backend_type"), 3)))
         self.adapter = adapters[0]

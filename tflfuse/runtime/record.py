@@ -11,10 +11,10 @@ whose GPU work is shorter than their recording (README: "Where an invoke's time 
 The loop is a plain C function (no Python headers, so one build serves every Python), compiled on first use
 with the machine's C compiler (``$CC`` split into words, else ``cc``) into ``$XDG_CACHE_HOME/tflfuse/native``
 (else ``~/.cache/tflfuse/native``; a folder of this user's that no one else may write to), named by a hash of
-its source, the compiler's command and flags and the machine's architecture, and opened with wgpu's cffi
-instance (ABI mode, as wgpu opens wgpu-native). It calls wgpu-native's functions through the pointers cffi
-gives for them, so it links against nothing. The library and its digest are built in a folder of their own,
-renamed into place whole; before use, the file must match that digest (a truncated or altered file is built
+its source, the compiler's command and flags and the machine's architecture, and opened with a cffi instance
+of tflfuse's own (ABI mode). It calls the WebGPU library's functions (wgpu-native's or Dawn's) through the
+pointers cffi gives for them, so it links against nothing. The library and its digest are built in a folder of
+their own, renamed into place whole; before use, the file must match that digest (a truncated or altered file is built
 again rather than opened) and the loop pass a self-test: three made-up steps with Python callbacks in place
 of wgpu-native's functions. The cache folder and every folder above it must be this user's or root's and
 not writable by others (but sticky ones, as ``/tmp``): a library another user could place would run here.
@@ -79,7 +79,7 @@ _MAX_OUTPUT = 1 << 20   # bytes: the most compiler output, and the largest libra
 
 _lock = threading.Lock()
 _loaded: dict = {}   # "lib": the opened library or None, once per process; "why": the reason for None
-_declared: set = set()   # ids of the cffi instances given _CDEF (cffi refuses a second declaration)
+_own: list = []   # tflfuse's cffi instance, declared with _CDEF, made on first use
 
 
 def cache_dir() -> Path:
@@ -193,7 +193,20 @@ def _self_test(ffi, lib) -> None:
         raise OSError(f"the compiled loop made the calls {calls[:4]}..., not those of its source")
 
 
-def _open(ffi, target: Path):
+def _ffi():
+    """tflfuse's own cffi instance (ABI mode), declared with the loop's signature. The loop is opened with it
+    rather than with the WebGPU library's: Dawn's (``wgpudawn``) is a compiled instance, which cannot declare
+    more, and the pointers of either pass to it as they are."""
+    if not _own:
+        import cffi
+
+        ffi = cffi.FFI()
+        ffi.cdef(_CDEF)
+        _own.append(ffi)
+    return _own[0]
+
+
+def _open(target: Path):
     """The library at ``target`` opened and checked (its digest, then :func:`_self_test`). Raises OSError."""
     stamp = target.with_suffix(".sha256")
     for path in (target, stamp):   # not a FIFO or a device that a read would wait on, nor a huge file
@@ -202,9 +215,7 @@ def _open(ffi, target: Path):
             raise OSError(f"{path} is not a file of the size a build writes")
     if stamp.read_text().strip() != _digest(target):
         raise OSError(f"{target} does not match the digest it was built with")
-    if id(ffi) not in _declared:
-        ffi.cdef(_CDEF)
-        _declared.add(id(ffi))
+    ffi = _ffi()
     lib = ffi.dlopen(str(target))
     _self_test(ffi, lib)
     return lib
@@ -242,8 +253,8 @@ def _switched_off() -> bool:
         return False
 
 
-def library(ffi):
-    """The compiled loop, opened with wgpu-native's cffi instance ``ffi`` (built on first use and cached on
+def library():
+    """The compiled loop, opened with tflfuse's own cffi instance (:func:`_ffi`; built on first use and cached on
     disk), or None where it cannot be had (see the module's docstring). A cached file that fails its digest, does
     not open or fails the self-test is built again, once. Never raises."""
     if "lib" in _loaded:
@@ -263,14 +274,14 @@ def library(ffi):
                                   f"try again")
                 if os.path.lexists(target.parent):
                     try:
-                        lib = _open(ffi, target)
+                        lib = _open(target)
                     except Exception as e:  # noqa: BLE001  (a damaged or foreign file: built again)
                         logging.info("tflfuse: the cached recording loop %s is built again (%s)", target, e)
                         _remove(target)
                 if lib is None:
                     _build(target)
                     try:
-                        lib = _open(ffi, target)
+                        lib = _open(target)
                     except Exception:
                         _remove(target)
                         raise
@@ -284,17 +295,18 @@ def library(ffi):
 
 def recorder(ffi, lib, handles):
     """A function ``record(pass_handle)`` that records ``handles`` (``(pipeline or None, bind group, x, y, z)``
-    per step: wgpu-native handles, None where the pipeline is the step before's) in one call of the compiled
-    loop, or None where :func:`library` gives none. The arrays are made once; the caller keeps the objects
-    owning the handles alive."""
-    native = library(ffi) if handles else None
+    per step: handles of the WebGPU library ``lib`` (wgpu-native's or Dawn's) and its cffi instance ``ffi``, None
+    where the pipeline is the step before's) in one call of the compiled loop, or None where :func:`library` gives
+    none. The arrays are made once; the caller keeps the objects owning the handles alive."""
+    native = library() if handles else None
     if native is None:
         return None
+    lib_ffi, ffi = ffi, _ffi()
     null = ffi.NULL
     pipelines = ffi.new("void *[]", [null if p is None else ffi.cast("void *", p) for p, *_ in handles])
     groups = ffi.new("void *[]", [ffi.cast("void *", b) for _, b, *_ in handles])
     xyz = ffi.new("uint32_t[]", [int(v) for *_, x, y, z in handles for v in (x, y, z)])
-    entry = [ffi.cast("void *", ffi.addressof(lib, name)) for name in _ENTRY_POINTS]
+    entry = [ffi.cast("void *", lib_ffi.addressof(lib, name)) for name in _ENTRY_POINTS]
     call, n = native.tflfuse_record, len(handles)
 
     def record(h) -> None:

@@ -66,7 +66,7 @@ def plan_for_export(model, device, precision: str = "float32", target: str | Non
     target = target or ("cpu" if device.is_software else "gpu")
     model = browser_schedules(model, target)
     planner = SubgraphPlanner(model, 0, None, fallback=True, input_shapes=None, preserve=False,
-                              precision=precision, device=lambda: device)
+                              precision=precision, device=lambda: _BrowserDevice(device))
     planner.decide(target)
     if planner.fallback_ops:
         raise _fallback_error(planner.fallback_ops)
@@ -84,6 +84,21 @@ def plan_for_export(model, device, precision: str = "float32", target: str | Non
                           f"give yet; export a model with float input and output (full-integer conversion with "
                           f"inference_input_type and inference_output_type left float32)")
     return plan
+
+
+class _BrowserDevice:
+    """A :class:`~tflfuse.runtime.device.Device` as an exported plan may use it: without its subgroup matrices
+    (:attr:`~tflfuse.runtime.device.Device.subgroup_matrix`, Dawn's experimental feature, which a browser offers
+    only behind a flag), so that a float16 plan keeps the FMA forms of its products. Everything else is the
+    device's own."""
+
+    subgroup_matrix = None
+
+    def __init__(self, device):
+        self._device = device
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
 
 
 def browser_schedules(model, target: str):
