@@ -239,13 +239,14 @@ class Device:
         0.99-1.15x, ``RESULTS-shader-checks-llvmpipe.md``). On Dawn, off is its device toggle
         ``disable_robustness`` (no index clamping by Tint): MobileNetV2 at batch 32 in float16 took 0.93x and
         0.92x of the GPU time with the checks (990.7 against 1060.5 us unfused, 828.1 against 904.8 fused; an H100,
-        2026-12-07).
+        2026-12-07, a process each, before :data:`~tflfuse.kernels.matrix.MEASURED_MATRIX_TILES`;
+        ``benchmarks/dawn_matrix.py`` under ``TFLFUSE_SHADER_CHECKS=1`` and ``0`` times the same).
       backend: the WebGPU implementation (:data:`BACKENDS`): ``"wgpu-native"`` (the ``wgpu`` package) or
         ``"dawn"`` (Chrome's, through the ``wgpudawn`` package, made with :data:`DAWN_TOGGLES`); default: the
         environment variable ``TFLFUSE_WEBGPU`` where set, else ``"wgpu-native"``. On Dawn, where the adapter has
         f16 subgroup matrices (:attr:`subgroup_matrix`; NVIDIA's tensor cores through Vulkan), a float16 plan runs
         its matrix products on them (:mod:`tflfuse.kernels.matrix`); everything else runs the same WGSL as on
-        wgpu-native, recorded through the Python API.
+        wgpu-native, recorded through the same compiled loop (:mod:`tflfuse.runtime.record`).
     Raises:
       NoAdapterError: no adapter exists (the message says what to install) or none matches ``adapter``; or
         ``backend="dawn"`` without the ``wgpudawn`` package.

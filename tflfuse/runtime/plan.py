@@ -75,7 +75,8 @@ class ExecutionPlan:
         intermediates, weights) as float16 on the GPU: an input's float32 values are rounded to float16 by the
         first dispatch of each run (:data:`HALF_INPUTS_ON_GPU`) and :meth:`read` returns float32 again. int32
         tensors, scratch buffers and the arithmetic stay 32-bit,
-        except the tiled matrix products' slices (f16 multiply-adds, f32 across the depth).
+        except the tiled matrix products' slices (f16 multiply-adds, f32 across the depth; on a device with
+        subgroup matrices, ``device.subgroup_matrix``, exact f16 products summed in f32: :mod:`tflfuse.kernels.matrix`).
     Raises:
       ValueError: an unknown ``precision``, or ``"float16"`` on a device without the ``shader-f16`` feature.
       KernelError: a tensor is larger than the device's max storage binding.
