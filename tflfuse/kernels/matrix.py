@@ -10,9 +10,10 @@ multiply-accumulates of f16 fragments into f32 ones, the subgroup-wide operation
 of ``C`` (:class:`MatrixTile`); each subgroup holds ``fm x fn`` f32 result fragments. The depth is walked ``tk`` at a
 time: every invocation stages its share of the ``A`` slice (``tm x tk``) and the ``B`` slice (``tk x tn``) into
 workgroup memory as f16, through the same staging loads as the FMA form (the operand expressions, zero past the
-matrix's edges), and each subgroup loads its fragments from there. The results leave through workgroup memory one
-fragment at a time, so that the kernel's own store statements (bias, activation, residual) run per output as in
-the FMA form.
+matrix's edges), and each subgroup loads its fragments from there. The results leave through workgroup memory, one
+fragment at a time (or the whole tile at once: :attr:`MatrixTile.whole`), so that the kernel's own store
+statements (bias, activation, residual) run per output as in the FMA form. The tile and the choice of this form
+over the FMA one are measured per product (:data:`MEASURED_MATRIX_TILES`, :func:`use_matrices`).
 
 Precision: the operands are rounded to f16 as they are staged (a float16 plan holds them as f16 already), and
 every product of two f16 values is exact in f32; the sums are f32 across the whole depth, with no f16 partial sum
