@@ -43,6 +43,27 @@ def device_input(device, x):
     """A device buffer holding float32 ``x``, written once, for :func:`chain_plan`'s ``source``."""
     return device.create_buffer(x.nbytes, data=np.ascontiguousarray(x, np.float32).tobytes())
 
+#: MobileNetV2's inverted residual blocks as the paper lists them (expansion t, output channels c, repeats n, first
+#: stride s), after a stride-2 3x3 conv to 32 channels: :data:`BLOCKS` with each block's repeats.
+MOBILENET_V2 = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                (6, 320, 1, 1)]
+
+
+def product_counts(n: int) -> dict[tuple[int, int, int], int]:
+    """(rows, depth, cols) of MobileNetV2's 1x1 products at batch n (those of :func:`products` but the classifier's)
+    -> how often the model has each, in the order of :func:`products`."""
+    found: dict[tuple[int, int, int], int] = {}
+    h, cin = 112, 32
+    for t, c, repeats, s in MOBILENET_V2:
+        for i in range(repeats):
+            if t > 1:
+                found[n * h * h, cin, cin * t] = found.get((n * h * h, cin, cin * t), 0) + 1
+            h = -(-h // (s if i == 0 else 1))
+            found[n * h * h, cin * t, c] = found.get((n * h * h, cin * t, c), 0) + 1
+            cin = c
+    found[n * 49, 320, 1280] = found.get((n * 49, 320, 1280), 0) + 1
+    return found
+
 
 def products(n: int) -> list[tuple[int, int, int]]:
     """(rows, depth, cols) of MobileNetV2's distinct 1x1 products at batch n."""

@@ -30,6 +30,8 @@ import tflfuse  # noqa: E402
 from tflfuse.runtime.plan import SUSTAINED_REPS, gpu_time_plan  # noqa: E402
 
 from peaks import report, validate_batches_flag, validate_counts, validate_out_flags  # noqa: E402
+from plan_profile import at_batch  # noqa: E402
+from run import _interleaved_ms, _tflfuse_runners  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("models", None, "Folder holding mobilenet_v2_fused.tflite and mobilenet_v2_unfused.tflite.")
@@ -56,11 +58,7 @@ def _reference(path: Path, x: np.ndarray):
         cpu = LiteRT(model_path=str(path))
     except ValueError as e:
         raise SystemExit(f"{path}: LiteRT cannot load it: {e}") from None
-    i = cpu.get_input_details()[0]["index"]
-    cpu.resize_tensor_input(i, list(x.shape))
-    cpu.allocate_tensors()
-    cpu.set_tensor(i, x)
-    cpu.invoke()
+    at_batch(cpu, len(x), [x]).invoke()
     return cpu.get_tensor(cpu.get_output_details()[0]["index"]).astype(np.float64)
 
 
@@ -71,11 +69,7 @@ def _interpreter(path: Path, device, precision: str, x: np.ndarray):
         it = tflfuse.Interpreter(model_path=str(path), device=device, precision=precision)
     except (ValueError, tflfuse.ModelError) as e:
         raise SystemExit(f"{path}: {e}") from None
-    i = it.get_input_details()[0]["index"]
-    it.resize_tensor_input(i, list(x.shape))
-    it.allocate_tensors()
-    it.set_tensor(i, x)
-    return it
+    return at_batch(it, len(x), [x])
 
 
 def main(argv):
@@ -105,27 +99,16 @@ def main(argv):
                 if want is None and backend == "wgpu-native" and precision == "float32":
                     want = y
                 its[backend, precision] = (it, out, y)
-            times = {k: {"latency": [], "throughput": []} for k in its}
-            for _ in range(FLAGS.rounds):
-                for k, (it, out, _) in its.items():
-                    it.invoke()
-                    it.get_tensor(out)
-                    t0 = time.perf_counter()
-                    it.invoke()
-                    it.get_tensor(out)
-                    t1 = time.perf_counter()
-                    for _ in range(FLAGS.n):
-                        it.invoke()
-                    it.get_tensor(out)
-                    t2 = time.perf_counter()
-                    times[k]["latency"].append(t1 - t0)
-                    times[k]["throughput"].append((t2 - t1) / FLAGS.n)
+            fns = {}
+            for k, (it, out, _) in its.items():
+                latency, throughput = _tflfuse_runners(it, out, FLAGS.n)
+                fns[k, "latency"], fns[k, "throughput"] = (latency, 1, 1), (throughput, FLAGS.n, 1)
+            ms = _interleaved_ms(fns, warmup=2, rounds=FLAGS.rounds)
             for (backend, precision), (it, out, y) in its.items():
                 gpu = gpu_time_plan(it._plan(0), repeats=10, reps=SUSTAINED_REPS) / 1e3
                 err = float(np.abs(y - want).max() / np.abs(want).max())
-                timed = times[backend, precision]
-                row = (model, batch, backend, precision, gpu, 1e3 * float(np.median(timed["latency"])),
-                       1e3 * float(np.median(timed["throughput"])), err)
+                row = (model, batch, backend, precision, gpu, ms[(backend, precision), "latency"],
+                       ms[(backend, precision), "throughput"], err)
                 rows.append(row)
                 print(" ".join(map(str, row)), flush=True)
     base = {(m, b, p): g for m, b, be, p, g, *_ in rows if be == "wgpu-native"}

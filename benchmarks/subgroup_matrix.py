@@ -17,7 +17,8 @@ For each float16 configuration the adapter lists (``M x N x K``, result f16 or f
 rate of multiply-accumulates alone (each subgroup four independent accumulators, 2,048 steps, no memory traffic in
 the loop), in TFLOP/s of wall-clock time over five dispatches of 8,448 subgroups (so a lower bound: the submit and
 the read-back count too). Beside it, in the same process, the FMA peaks that tflfuse's benchmarks divide by
-(:func:`peaks.fma_tflops`, wgpu-native, GPU time). Probe only: tflfuse's kernels do not use subgroup matrices.
+(:func:`peaks.fma_tflops`, wgpu-native, GPU time). A probe of the hardware: the float16 plan's products on
+subgroup matrices (:mod:`tflfuse.kernels.matrix`) are timed by ``benchmarks/sweep_matrix.py``.
 """
 
 from __future__ import annotations
@@ -34,14 +35,13 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from peaks import fma_tflops, report, validate_out_flags  # noqa: E402
+from tflfuse.runtime.device import DAWN_TOGGLES  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Markdown file to write (printed in any case).")
 flags.DEFINE_bool("fma", True, "Also measure the FMA peaks through tflfuse's device (wgpu-native).")
 validate_out_flags("out")
 
-#: Dawn's toggles: experimental features, and f16 on NVIDIA's Vulkan driver (off there by default).
-TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
 SIDE = 64                                 # the checked product: [SIDE, SIDE] x [SIDE, SIDE]
 STEPS, GROUPS, DISPATCHES = 2048, 132 * 64, 5   # the rate: steps per subgroup, subgroups, dispatches
 
@@ -130,7 +130,7 @@ def main(argv):
         fma = {"f32": fma_tflops(device, "f32")}
         if "shader-f16" in device.adapter.features:
             fma["f16"] = fma_tflops(device, "f16")
-    _extras_device.set_instance_extras(backends=["Vulkan"], enable_toggles=list(TOGGLES))
+    _extras_device.set_instance_extras(backends=["Vulkan"], enable_toggles=list(DAWN_TOGGLES))
     try:
         adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     except Exception as e:   # noqa: BLE001 (Dawn's message names what the adapter lacks)
@@ -140,7 +140,7 @@ def main(argv):
     configs = get_adapter_properties(adapter).get("subgroup_matrix_configs") or []
     lines = [f"# Subgroup matrices (Dawn) beside the FMA units: {info.get('device')}",
              "", f"`benchmarks/subgroup_matrix.py`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-             f"wgpudawn {getattr(wgpu, '__version__', '?')}, Dawn's Vulkan backend, toggles {', '.join(TOGGLES)}; "
+             f"wgpudawn {getattr(wgpu, '__version__', '?')}, Dawn's Vulkan backend, toggles {', '.join(DAWN_TOGGLES)}; "
              f"adapter {info.get('device')} ({info.get('adapter_type')}, driver {info.get('description', '?')}).",
              "", "Configurations the adapter lists: " + "; ".join(
                  f"{c['component_type']} -> {c['result_component_type']} {c['m']}x{c['n']}x{c['k']}" for c in configs)

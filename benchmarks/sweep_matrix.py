@@ -35,6 +35,7 @@ from tflfuse.kernels import gemm, matrix  # noqa: E402
 from tflfuse.kernels.gemm import matmul_tile  # noqa: E402
 from tflfuse.kernels.half import half_storage  # noqa: E402
 
+from chain import product_counts  # noqa: E402
 from peaks import (check_ranges, gamma, measure_peaks, programs, report, require_features, run_form,  # noqa: E402
                    validate_out_flags, validate_timing_flags)
 
@@ -61,25 +62,9 @@ def _tiles_ok(names) -> bool:
 flags.register_validator("tiles", _tiles_ok)
 validate_timing_flags()
 
-#: MobileNetV2's inverted residual blocks (expansion t, output channels c, repeats n, first stride s), after a
-#: stride-2 3x3 conv to 32 channels (the Keras application at 224 x 224, alpha 1).
-MOBILENET_V2 = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
-                (6, 320, 1, 1)]
-
-
 def products(n: int) -> dict[tuple[int, int, int], int]:
     """MobileNetV2's 1x1 products at batch ``n`` with at least 2**17 outputs -> how often the model has each."""
-    found: dict[tuple[int, int, int], int] = {}
-    h, cin = 112, 32
-    for t, c, repeats, s in MOBILENET_V2:
-        for i in range(repeats):
-            if t > 1:
-                found[n * h * h, cin, cin * t] = found.get((n * h * h, cin, cin * t), 0) + 1
-            h = -(-h // (s if i == 0 else 1))
-            found[n * h * h, cin * t, c] = found.get((n * h * h, cin * t, c), 0) + 1
-            cin = c
-    found[n * 49, 320, 1280] = found.get((n * 49, 320, 1280), 0) + 1
-    return {k: v for k, v in found.items() if k[0] * k[2] >= 1 << 17}
+    return {k: v for k, v in product_counts(n).items() if k[0] * k[2] >= 1 << 17}
 
 
 def main(argv):

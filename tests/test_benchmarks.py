@@ -694,3 +694,14 @@ def test_dawn_benchmarks_refuse_bad_flags(tmp_path, script, args, message):
                           timeout=300)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
 
+
+
+@pytest.mark.parametrize("n", [1, 8, 32])
+def test_product_counts_are_mobilenet_v2s_products_with_their_repeats(n):
+    # benchmarks/chain.py: the counted products are chain.products' (bar the classifier), 34 in MobileNetV2
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import chain
+
+    counts = chain.product_counts(n)
+    assert list(counts) == chain.products(n)[:-1] and chain.products(n)[-1] == (n, 1280, 1000)
+    assert sum(counts.values()) == 34 and counts[n * 196, 64, 384] == 4 and counts[n * 3136, 24, 144] == 2
