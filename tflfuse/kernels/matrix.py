@@ -196,10 +196,9 @@ def _results_out(t: MatrixTile, rows: int, cols: int, sg: int, store: str, store
     if t.whole:   # every fragment into the tile at once, one barrier, every invocation storing its share
         outs = [f"  subgroupMatrixStore<row_major>(&tc, (sm + {16 * i}u) * {t.tn}u + sn + {16 * j}u, c{i}_{j}, "
                 f"{t.tn}u);" for i in range(t.fm) for j in range(t.fn)]
-        base, span, first, width, step = "0u", t.tn, "lidx", t.tm * t.tn, threads
-        offset = ("r0", "c0")
         outs.append("  workgroupBarrier();")
-        return "\n".join(outs) + "\n" + _stores(base, span, first, width, step, offset, rows, cols, store, store_vec)
+        outs.append(_stores("0u", t.tn, "lidx", t.tm * t.tn, threads, ("r0", "c0"), rows, cols, store, store_vec))
+        return "\n".join(outs)
     out = []
     for i in range(t.fm):
         for j in range(t.fn):

@@ -115,12 +115,18 @@ def prepare_wgpu() -> None:
       NoAdapterError: Mesa's drivers were loaded against TensorFlow's LLVM before tflfuse could keep them
         apart (the message says what to do).
     """
+    _prepare_process()
+    _primary_backends_only()
+
+
+def _prepare_process() -> None:
+    """What any WebGPU implementation needs done first in this process: ``XDG_RUNTIME_DIR`` and Mesa's drivers
+    kept from TensorFlow's LLVM symbols. Raises NoAdapterError as :func:`prepare_wgpu` does."""
     _default_runtime_dir()
     try:
         isolate_vulkan_drivers()
     except DriversBoundError as e:
         raise NoAdapterError(str(e)) from e
-    _primary_backends_only()
 
 
 #: The WebGPU implementations a :class:`Device` runs on: wgpu-native (the ``wgpu`` package, the default) and Dawn,
@@ -150,11 +156,7 @@ def _dawn():
     """The ``wgpudawn`` module, its instance made with :data:`DAWN_TOGGLES` and the primary backends where this
     process has not made it yet (else as it was made: logged). Raises NoAdapterError where wgpudawn is not
     installed."""
-    _default_runtime_dir()
-    try:
-        isolate_vulkan_drivers()
-    except DriversBoundError as e:
-        raise NoAdapterError(str(e)) from e
+    _prepare_process()
     try:
         import wgpudawn
         from wgpudawn.backends.dawn import _extras_device
