@@ -16,7 +16,10 @@ Every model's outputs are checked against LiteRT's CPU interpreter before timing
 ``--repeats`` invokes after ``--warmup`` (wall clock, each with the read-back of the first output, which
 waits for the GPU); throughput is the median over ``--throughput_repeats`` samples of ``--throughput_n``
 invokes back to back with one read-back at the end, per invoke. A model's runtimes are timed in alternating
-rounds, so that drift hits all. The table records the device, driver, versions and date.
+rounds, so that drift hits all. The table records the device, driver, versions and date. With ``--dawn`` (the
+default) each float model is also timed in float16 on Dawn (``Device(backend="dawn")``, ``pip install
+tflfuse[dawn]``), whose float16 plan runs its matrix products on the GPU's subgroup matrices (tensor cores) where
+the adapter has them.
 """
 
 from __future__ import annotations
@@ -71,6 +74,10 @@ def _define_flags() -> None:
                       "graph) beside MobileNetV2, where torch, torchvision and CUDA are present.")
     flags.DEFINE_bool("f16", True, "Also time each model with precision='float16' (where the adapter has "
                       "shader-f16), with its error against LiteRT CPU beside LiteRT WebGPU's.")
+    flags.DEFINE_bool("dawn", True, "Also time each float model in float16 on Dawn (Device(backend='dawn'); pip "
+                      "install tflfuse[dawn]), whose float16 plan runs its matrix products on subgroup matrices "
+                      "where the adapter has them; skipped, with a note in the report, where wgpudawn or a Dawn "
+                      "adapter is missing.")
     flags.DEFINE_bool("peaks", True, "Measure the device's copy bandwidth and f32/f16 FMA rate (timestamp "
                       "queries) for the header and the roofline.")
     flags.DEFINE_list("batches", ["1", "32"], "Batch sizes to time MobileNetV2 at (inputs resized from batch 1).")
@@ -222,11 +229,12 @@ def _keep_busy(interp, out: int, seconds: float = 0.3) -> None:
         interp.get_tensor(out)
 
 
-def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) -> dict:
+def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1, dawn=None) -> dict:
     """One model at one batch size on every runtime: its output checked against LiteRT CPU, LiteRT CPU's
-    latency, tflfuse's one-pass GPU time, the alternating rounds of latency and throughput (tflfuse; a fused
-    file's unfused twin; LiteRT WebGPU on the file it can run; PyTorch beside MobileNetV2), then the GPU time
-    of each op (timestamp queries) with its bytes and FLOPs. Returns the row (a dict) for :func:`write_table`."""
+    latency, tflfuse's one-pass GPU time, the alternating rounds of latency and throughput (tflfuse; its float16
+    plan on ``device`` and on the Dawn device ``dawn`` where given; a fused file's unfused twin; LiteRT WebGPU on
+    the file it can run; PyTorch beside MobileNetV2), then the GPU time of each op (timestamp queries) with its
+    bytes and FLOPs. Returns the row (a dict) for :func:`write_table`."""
 
     rng = np.random.default_rng(0)
     gpu = tflfuse.Interpreter(model_path=path, device=device)
@@ -278,6 +286,8 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
                                                        reps=SUSTAINED_REPS) / 1e3
             if path.stem == "mobilenet_v2_unfused":   # target 4 in float16: its products' GPU time
                 row["f16_products"] = _products(half_plan, _profile(half_plan, max(3, repeats // 10))[1])
+    if dawn is not None and "shader-f16" in dawn.features and not quantized:
+        _dawn_f16(row, fns, path, dawn, batch, xs, out0, want, repeats)
     fused_ops = [n for n in gpu.model.op_names(0) if n.startswith("fused_")]
     litert_file, litert_ref = path, gpu    # the file LiteRT WebGPU runs, and the interpreter with its inputs
     if fused_ops and twin.exists():
@@ -323,6 +333,39 @@ def time_model(path: Path, device, repeats: int, warmup: int, batch: int = 1) ->
             moved = sum(op_bytes(plan.graph, op) for op in blocks)
             row["bottleneck_gb_per_s"] = moved / sum(per_op[op.index] for op in blocks) / 1e3
     return row
+
+
+def _dawn_f16(row: dict, fns: dict, path: Path, dawn, batch: int, xs, out: int, want, repeats: int) -> None:
+    """:func:`time_model`'s float16 run of ``path`` on the Dawn device ``dawn``, with the inputs ``xs``: its error
+    against LiteRT CPU's output ``want``, its dispatches and those on subgroup matrices, its one-pass GPU time and,
+    for the unfused MobileNetV2, its products' GPU time, into ``row``; its runners into ``fns`` (the alternating
+    rounds, as ``dawn_f16``). A model that Dawn cannot run gets ``dawn_f16_note`` instead."""
+    try:
+        half = at_batch(tflfuse.Interpreter(model_path=path, device=dawn, precision="float16"), batch, xs)
+        run, run_n = _tflfuse_runners(half, out, FLAGS.throughput_n)
+        got = run()
+        plan = half._plan(0)
+        row["dawn_f16_dispatches"], row["dawn_f16_matrix_dispatches"] = plan.dispatch_count, _matrix_dispatches(plan)
+        if want is not None:
+            row["dawn_f16_rel_err"] = _rel_err(got, want)
+        if "timestamp-query" in dawn.features:
+            from tflfuse.runtime.plan import SUSTAINED_REPS, gpu_time_plan
+
+            _keep_busy(half, out)
+            row["dawn_f16_gpu_one_pass_ms"] = gpu_time_plan(plan, repeats=max(10, repeats // 5),
+                                                            reps=SUSTAINED_REPS) / 1e3
+            if path.stem == "mobilenet_v2_unfused":   # target 4 on subgroup matrices
+                row["dawn_f16_products"] = _products(plan, _profile(plan, max(3, repeats // 10))[1])
+    except (ValueError, RuntimeError) as e:   # an op or a shader that Dawn refuses: the row goes on without it
+        row["dawn_f16_note"] = f"Dawn float16: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        return
+    _timed(fns, "dawn_f16", run, run_n)
+
+
+def _matrix_dispatches(plan) -> int:
+    """How many of ``plan``'s dispatches run on subgroup matrices (:mod:`tflfuse.kernels.matrix`: their WGSL
+    multiplies with ``subgroupMatrixMultiplyAccumulate``)."""
+    return sum("subgroupMatrixMultiplyAccumulate" in prog.source for prog, _, _ in plan.steps)
 
 
 def _litert_cpu(path: Path, batch: int, xs):
@@ -464,17 +507,21 @@ def _geomean(values) -> float:
     return float(np.exp(np.mean(np.log(values))))
 
 
-def run_meta(device, peaks: dict | None) -> dict:
-    """What write_table's header records about the run: device, driver, versions, date, method, peaks."""
+def run_meta(device, peaks: dict | None, dawn: str | None = None) -> dict:
+    """What write_table's header records about the run: device, driver, versions, date, method, peaks; and with
+    ``dawn``, the Dawn device's description or ``"not timed: <why>"`` (:func:`_dawn_device`)."""
     import wgpu
 
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "adapter": device.describe(), "driver": device.info.get("description", ""),
             "versions": f"tflfuse {tflfuse.__version__}, wgpu {wgpu.__version__}, numpy {np.__version__}, "
                         f"Python {platform.python_version()}, {platform.platform()}",
             "repeats": FLAGS.repeats, "warmup": FLAGS.warmup, "rounds": FLAGS.rounds,
             "throughput_n": FLAGS.throughput_n, "throughput_repeats": FLAGS.throughput_repeats,
             "peaks": peaks or {}}
+    if dawn is not None:
+        meta["dawn"] = dawn
+    return meta
 
 
 def _num(v: float) -> str:
@@ -510,7 +557,10 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
         f"at the end, per invoke. A model's runtimes are timed in {meta['rounds']} alternating rounds, so that "
         "drift hits all, after 0.3 s of tflfuse invokes back to back (the GPU idles into lower clocks while "
         "LiteRT CPU is timed or pipelines compile). Outputs are checked against LiteRT's CPU interpreter (or, "
-        "for a fused model, which LiteRT cannot run, against its unfused twin) before timing.",
+        "for a fused model, which LiteRT cannot run, against its unfused twin) before timing."
+        + (" Each float model is timed in float16 on Dawn too (`Device(backend=\"dawn\")`, the same WGSL kernels, "
+           "the matrix products on subgroup matrices where the adapter has them), in the same rounds."
+           if meta.get("dawn") and not meta["dawn"].startswith("not timed") else ""),
         "",
         "tflfuse's throughput: invoke() (one submit of ExecutionPlan.run(), the next command buffer recorded "
         "while the GPU runs) N times, then one read-back. LiteRT WebGPU is LiteRT's CompiledModel with "
@@ -560,6 +610,7 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
         lines += ["", "Ops on the CPU fallback (LiteRT's CPU interpreter inside tflfuse's invoke): "
                   + ("; ".join(fell) if fell else f"none, in all {len(counted)} rows") + "."]
     lines += _f16_lines(rows, by_name)
+    lines += _dawn_f16_lines(rows, by_name, meta.get("dawn"))
     lines += _int8_lines(rows, by_name)
     lines += _torch_lines(rows)
     bandwidth = [r for r in rows if r.get("bottleneck_gb_per_s")]
@@ -571,8 +622,8 @@ def write_table(rows: list[dict], meta: dict, out: Path) -> None:
             lines.append(f"- {r['model']} batch {r['batch']}: {_num(r['bottleneck_gb_per_s'])} GB/s, "
                          f"{100 * r['bottleneck_gb_per_s'] / copy:.0f}% of that")
     lines += _gpu_time_lines(rows, peaks)
-    lines += _product_lines(rows, peaks)
-    lines += _product_lines(rows, peaks, half=True)
+    for key in _PRODUCT_PLANS:
+        lines += _product_lines(rows, peaks, key)
     out.parent.mkdir(parents=True, exist_ok=True)
     kept = _kept_sections(out.read_text()) if out.exists() else []
     out.write_text("\n".join(lines + [line for s in kept for line in ("", s)]) + "\n")
@@ -635,6 +686,42 @@ def _f16_lines(rows: list[dict], by_name: dict) -> list[str]:
         lines += ["", f"Real models in float16: tflfuse / LiteRT WebGPU, geometric mean over {len(ratios)} models: "
                       f"latency {_geomean(ratios):.2f}x"
                       + (f", throughput {_geomean(thr_ratios):.2f}x" if thr_ratios else "") + "."]
+    return lines
+
+
+def _dawn_f16_lines(rows: list[dict], by_name: dict, dawn: str | None = None) -> list[str]:
+    """The float16 table on Dawn: each model's float16 plan on the Dawn device (``dawn``: its description, from
+    :func:`run_meta`) beside the same plan on wgpu-native and wgpu-native's float32 one, its dispatches on subgroup
+    matrices, a fused model's speed-up over its unfused twin on Dawn, and its error against LiteRT CPU; where the
+    run timed nothing on Dawn, the line ``dawn`` says why (``"not timed: ..."``), if any."""
+    timed = [r for r in rows if r.get("dawn_f16_ms") or r.get("dawn_f16_note")]
+    if not timed:
+        return ["", f"float16 on Dawn: {dawn}."] if dawn and dawn.startswith("not timed") else []
+    lines = ["", f"float16 on Dawn (`Device(backend=\"dawn\")`{f', {dawn}' if dawn else ''}; `precision=\"float16\"`): "
+                 "the same WGSL kernels as the float16 rows above, except that the tiled matrix products run on "
+                 "the GPU's subgroup matrices (f16 operands, f32 sums over the whole depth) where the adapter offers "
+                 "them; timed in the same alternating rounds. GPU ms and errors as in the float16 table; the fused "
+                 "speed-up is the unfused twin's row on Dawn over the fused one's.", "",
+             "| model | batch | Dawn f16 ms | Dawn f16 thr. ms | Dawn f16 GPU ms | matrix dispatches / dispatches | "
+             "Dawn f16 / wgpu-native f16 (latency, thr., GPU) | Dawn f16 / wgpu-native f32 (GPU) | "
+             "fused speed-up on Dawn f16 (unfused / fused: GPU, thr.) | wgpu-native f16 rel. err | "
+             "Dawn f16 rel. err |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in timed:
+        if not r.get("dawn_f16_ms"):
+            lines.append(f"| {r['model']} | {r['batch']} | {r['dawn_f16_note']} | | | | | | | | |")
+            continue
+        twin = (by_name.get((r["model"].replace("_fused", "_unfused"), r["batch"]), {})
+                if r["model"].endswith("_fused") else {})
+        gpu, thr = r.get("dawn_f16_gpu_one_pass_ms"), r.get("dawn_f16_thr_ms")
+        vs16 = ", ".join(x for x in (_ratio(r["dawn_f16_ms"], r.get("f16_ms")), _ratio(thr, r.get("f16_thr_ms")),
+                                     _ratio(gpu, r.get("f16_gpu_one_pass_ms"))) if x)
+        speed = ", ".join(x for x in (_ratio(twin.get("dawn_f16_gpu_one_pass_ms"), gpu),
+                                      _ratio(twin.get("dawn_f16_thr_ms"), thr)) if x)
+        matrix = (f"{r['dawn_f16_matrix_dispatches']} / {r.get('dawn_f16_dispatches', '')}"
+                  if "dawn_f16_matrix_dispatches" in r else "")
+        errs = " | ".join("" if e is None else f"{e:.1e}" for e in (r.get("f16_rel_err"), r.get("dawn_f16_rel_err")))
+        lines.append(f"| {r['model']} | {r['batch']} | {_ms(r['dawn_f16_ms'])} | {_ms(thr)} | {_ms(gpu)} | {matrix} | "
+                     f"{vs16} | {_ratio(gpu, r.get('gpu_one_pass_ms'))} | {speed} | {errs} |")
     return lines
 
 
@@ -720,7 +807,9 @@ def _products(plan, per_op: dict[int, float]) -> list[list]:
 
 def _product_sizes(graph, op) -> tuple[int, int, int] | None:
     """``(rows, depth, cols)`` of an op that runs as one tiled matrix product (a CONV_2D 1x1 or a
-    FULLY_CONNECTED whose single program stages its operands in workgroup memory), else None."""
+    FULLY_CONNECTED whose single program stages its operands in workgroup memory), else None. It reads the kernel's
+    own program, which a float16 plan runs as it is (FMA slices) or on subgroup matrices (Dawn), both staged in
+    ``ta``."""
     if op.name not in ("CONV_2D", "FULLY_CONNECTED") or getattr(op, "kernel", None) is None:
         return None
     progs = op.kernel.programs()
@@ -735,14 +824,25 @@ def _product_sizes(graph, op) -> tuple[int, int, int] | None:
 _TARGET4_PCT = 40
 
 
-def _product_lines(rows: list[dict], peaks: dict, half: bool = False) -> list[str]:
+#: The products tables of :func:`_product_lines`: a row's key -> (the peak's key in ``peaks``, bytes per element,
+#: the peak's name, the plan's words in the title).
+_PRODUCT_PLANS = {
+    "products": ("f32_tflops", 4, "f32", ""),
+    "f16_products": ("f16_tflops", 2, "f16", " in its float16 plan (`precision=\"float16\"`: f16 slices, f16 "
+                     "multiply-adds within a slice, f32 accumulation across slices)"),
+    "dawn_f16_products": ("f16_tflops", 2, "f16", " in the float16 plan on Dawn (`Device(backend=\"dawn\")`), on "
+                          "subgroup matrices where the adapter has them (f16 operands, f32 sums over the whole depth; "
+                          "the peak is the FMA units', which the matrix units may pass)"),
+}
+
+
+def _product_lines(rows: list[dict], peaks: dict, key: str = "products") -> list[str]:
     """Target 4: the tiled matrix products of the unfused MobileNetV2 at its largest batch, per distinct shape,
     as TFLOP/s and shares of the FMA peak and of each product's roofline bound, and the share of the FMA peak
     that the bound itself allows (its FLOPs at the peak / the bound: below 100% where the product's bytes at the
-    copy bandwidth take longer than its multiply-adds at the peak); with ``half``, those of its float16 plan (2
-    bytes per element, against the f16 FMA peak)."""
-    key, peak_key, size, what = ("f16_products", "f16_tflops", 2, "f16") if half else \
-        ("products", "f32_tflops", 4, "f32")
+    copy bandwidth take longer than its multiply-adds at the peak); ``key`` (one of :data:`_PRODUCT_PLANS`) picks
+    the plan: float32, float16 (2 bytes per element, against the f16 FMA peak) or float16 on Dawn."""
+    peak_key, size, what, plan = _PRODUCT_PLANS[key]
     found = [r for r in rows if r["model"] == "mobilenet_v2_unfused" and r.get(key)]
     if not found or not peaks.get(peak_key):
         return []
@@ -751,8 +851,6 @@ def _product_lines(rows: list[dict], peaks: dict, half: bool = False) -> list[st
     for m, k, n, us in r[key]:
         by_shape.setdefault((m, k, n), []).append(us)
     peak, gbps = peaks[peak_key], peaks["copy_gb_per_s"]
-    plan = (" in its float16 plan (`precision=\"float16\"`: f16 slices, f16 multiply-adds within a slice, f32 "
-            "accumulation across slices)") if half else ""
     lines = ["", f"Matrix products (1x1 CONV_2D, FULLY_CONNECTED) of mobilenet_v2_unfused at batch {r['batch']}{plan}, "
              f"tiled, GPU time per op as above: TFLOP/s = 2 x rows x depth x cols / time, against the {what} FMA "
              f"peak ({_num(peak)} TFLOP/s) and against each product's roofline bound (max of its bytes, {size} per "
@@ -949,14 +1047,16 @@ def main(argv):
         return 2
     device = tflfuse.Device(FLAGS.adapter)
     print(f"adapter: {device.describe()}", flush=True)
+    dawn, dawn_meta = _dawn_device(device)
+    print(f"dawn: {dawn_meta}", flush=True)
     peaks = None
     if FLAGS.peaks and "timestamp-query" in device.features:
         peaks = measure_peaks(device)
         print(f"peaks: {json.dumps(peaks)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="tflfuse-bench-") as work:
         folder, fused_here = _with_fused_twins(Path(FLAGS.models), Path(work))
-        rows = _time_all(folder, device)
-    meta = run_meta(device, peaks)
+        rows = _time_all(folder, device, dawn=dawn)
+    meta = run_meta(device, peaks, dawn=dawn_meta)
     meta["fused_at_load"] = fused_here
     write_table(rows, meta, Path(FLAGS.out))
     if FLAGS.json_out:
@@ -964,9 +1064,26 @@ def main(argv):
     return 0
 
 
-def _time_all(folder: Path, device) -> list[dict]:
+def _dawn_device(device) -> tuple:
+    """(the Dawn device that ``--dawn`` times each float model's float16 plan on, or None; its description, or
+    ``"not timed: <why>"``, for the report). Made once, on the adapter that ``--adapter`` names; not where
+    ``--nodawn`` or ``--nof16`` is given or ``device`` is the software adapter (Dawn runs on GPU drivers only)."""
+    if not (FLAGS.dawn and FLAGS.f16):
+        return None, f"not timed: {'--nodawn' if not FLAGS.dawn else '--nof16'}"
+    if device.is_software:
+        return None, "not timed: the adapter is a software one, which Dawn refuses"
+    try:
+        dawn = tflfuse.Device(FLAGS.adapter, backend="dawn")
+    except (RuntimeError, ValueError) as e:   # NoAdapterError (a RuntimeError): no wgpudawn, no Dawn adapter
+        return None, f"not timed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    if "shader-f16" not in dawn.features:
+        return None, f"not timed: the Dawn device {dawn.describe()} has no shader-f16"
+    return dawn, dawn.describe()
+
+
+def _time_all(folder: Path, device, dawn=None) -> list[dict]:
     """:func:`time_model` on each model of ``folder`` that ``--select`` picks (MobileNetV2 at each of
-    ``--batches``), then the fused models' check against their twins."""
+    ``--batches``; in float16 on ``dawn`` too where given), then the fused models' check against their twins."""
     rows = []
     files = {}
     start = time.perf_counter()
@@ -977,7 +1094,7 @@ def _time_all(folder: Path, device) -> list[dict]:
         for batch in (map(int, FLAGS.batches) if path.stem.startswith("mobilenet") else [1]):
             t0 = time.perf_counter()
             try:
-                row = time_model(path, device, FLAGS.repeats, FLAGS.warmup, batch)
+                row = time_model(path, device, FLAGS.repeats, FLAGS.warmup, batch, dawn=dawn)
             except (ValueError, RuntimeError) as e:
                 print(f"{path.stem} batch {batch}: {type(e).__name__}: {e}", flush=True)
                 continue

@@ -4,6 +4,7 @@ product) and ``expand_dw`` strategy (the expansion and the depthwise conv in one
 load count of --unrolls.
 
     python benchmarks/sweep_bottleneck_strategies.py --batches=1,32 --out=sweep.json
+    TFLFUSE_WEBGPU=dawn python benchmarks/sweep_bottleneck_strategies.py --precision=float16 --batches=32
 
 For each block: the GPU time of the whole block (timestamp queries around --reps runs back to back, median
 of --repeats passes) staged, with the default strategy, dw_projection with each tile of --dw_tiles
@@ -57,6 +58,9 @@ flags.DEFINE_list("dw_tiles", list(dict.fromkeys(list(TILES) + ["128x16/4x4/16",
                                                                  "128x32/4x8/16", "64x32/4x8/16"])),
                   "dw_projection tiles (TMxTN/RMxRN/TK[/SK], MatmulTile.parse) to try.")
 flags.DEFINE_list("blocks", [], "Indices into chain.BLOCKS to sweep (default: all).")
+flags.DEFINE_enum("precision", "float32", ["float32", "float16"], "The fused blocks' plans' precision (the unfused "
+                  "reference stays float32); float16 on a device with subgroup matrices (TFLFUSE_WEBGPU=dawn) runs "
+                  "their products there.")
 flags.DEFINE_float("max_padded_share", None, "Rows that dw_projection may add to give each image row of its product "
                    "a multiple of 4 pixels (depthwise_product.MAX_PADDED_SHARE; 1 turns the padding off); none "
                    "given: the library's.")
@@ -120,9 +124,9 @@ def sweep_block(device, n, h, cin, t, cout, s, rng):
             found[label] = {"error": str(err)[:100]}
             continue
         p = chain_plan(device, [("fused_bottleneck", k, list(range(len(inputs))), 99)], dict(enumerate(inputs)), 0,
-                       source)
+                       source, FLAGS.precision)
         p.run()
-        got = read_rows(device, p.buffers[99], rows, cout)
+        got = read_rows(device, p.buffers[99], rows, cout, np.float16 if p._is_half(99) else np.float32)
         found[label] = {"us": gpu_time_plan(p, FLAGS.repeats, FLAGS.reps),
                         "rel_err": float(np.abs(got - want).max() / max(scale, 1e-30)), "strategy": k.strategy}
         if label == "staged":
@@ -144,7 +148,7 @@ def main(argv):
     if FLAGS.few_rows_projection_min_cols is not None:
         bottleneck._FEW_ROWS_PROJECTION_MIN_COLS = FLAGS.few_rows_projection_min_cols
     device = tflfuse.Device()
-    print(f"adapter: {device.describe()}", flush=True)
+    print(f"adapter: {device.describe()}; {FLAGS.precision}", flush=True)
     rng = np.random.default_rng(0)
     results = []
     for n in map(int, FLAGS.batches):

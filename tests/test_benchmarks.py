@@ -319,6 +319,90 @@ def test_int8_table_sets_each_int8_file_beside_its_float_twin_and_litert(bench, 
     assert "| mobilenet_v3_small_int8 | 1 | 80 | 0.50 |" in text and "no adapter" in text.split("int8 (full")[1]
 
 
+
+def _dawn_meta(dawn, **peaks):
+    return {"date": "2026-12-01 13:00 UTC", "adapter": "Test GPU [DiscreteGPU, Vulkan]", "driver": "1.0",
+            "versions": "tflfuse 0", "repeats": 10, "warmup": 2, "rounds": 2, "throughput_n": 100,
+            "throughput_repeats": 4, "peaks": peaks, **({"dawn": dawn} if dawn else {})}
+
+
+def test_dawn_table_sets_dawn_f16_beside_wgpu_native_and_its_fused_speed_up(bench, tmp_path):
+    """Rows with Dawn's float16 run render the table on Dawn (ratios to wgpu-native's float16 and float32 runs, the
+    fused speed-up from the unfused twin's Dawn row, a model Dawn refused as its note) and its products' table, also
+    from the saved results that --table reads."""
+    fused = {"model": "mobilenet_v2_fused", "batch": 32, "ops": 60, "dispatches": 54, "tflfuse_ms": 5.0,
+             "gpu_one_pass_ms": 4.8, "f16_ms": 4.0, "f16_thr_ms": 3.0, "f16_gpu_one_pass_ms": 3.0,
+             "f16_rel_err": 1.2e-3,
+             "dawn_f16_ms": 2.0, "dawn_f16_thr_ms": 1.5, "dawn_f16_gpu_one_pass_ms": 1.2, "dawn_f16_dispatches": 55,
+             "dawn_f16_matrix_dispatches": 34, "dawn_f16_rel_err": 8e-4}
+    unfused = {"model": "mobilenet_v2_unfused", "batch": 32, "ops": 70, "dispatches": 65, "tflfuse_ms": 6.0,
+               "f16_ms": 5.0, "dawn_f16_ms": 3.0, "dawn_f16_thr_ms": 2.4, "dawn_f16_gpu_one_pass_ms": 1.8,
+               "dawn_f16_dispatches": 66, "dawn_f16_matrix_dispatches": 34,
+               "dawn_f16_products": [[1000, 100, 200, 2.0]]}
+    refused = {"model": "hand_landmark_lite_fused", "batch": 1, "ops": 9, "dispatches": 9, "tflfuse_ms": 0.5,
+               "dawn_f16_note": "Dawn float16: ShaderCompileError: no such builtin"}
+    saved = tmp_path / "r.json"
+    saved.write_text(json.dumps({"rows": [fused, unfused, refused], "meta": _dawn_meta(
+        "NVIDIA H100 [DiscreteGPU, Vulkan, Dawn, subgroup matrices]", copy_gb_per_s=100.0, f32_tflops=10.0,
+        f16_tflops=20.0)}))
+    data = bench._saved_results(str(saved))
+    bench.write_table(data["rows"], data["meta"], tmp_path / "r.md")
+    text = (tmp_path / "r.md").read_text()
+    assert "Each float model is timed in float16 on Dawn too" in text
+    assert text.index("float16 on Dawn (`Device(backend=\"dawn\")`, NVIDIA H100 [DiscreteGPU, Vulkan, Dawn, subgroup "
+                      "matrices]") > text.index("float16 (`precision=\"float16\"`")
+    # Dawn / wgpu-native f16: 2.0 / 4.0, 1.5 / 3.0, 1.2 / 3.0; Dawn / wgpu-native f32 GPU: 1.2 / 4.8; fused speed-up
+    # on Dawn: the twin's 1.8 / 1.2 (GPU) and 2.4 / 1.5 (thr.)
+    assert ("| mobilenet_v2_fused | 32 | 2.00 | 1.50 | 1.20 | 34 / 55 | 0.50x, 0.50x, 0.40x | 0.25x | 1.50x, 1.60x | "
+            "1.2e-03 | 8.0e-04 |") in text
+    assert "| mobilenet_v2_unfused | 32 | 3.00 | 2.40 | 1.80 | 34 / 66 | 0.60x |  |  |  |  |" in text   # 3.0 / 5.0
+    assert "| hand_landmark_lite_fused | 1 | Dawn float16: ShaderCompileError: no such builtin |" in text
+    # its products: 40 MFLOP in 2 us, 20 TFLOP/s, 100% of the f16 FMA peak; bound max(0.64 MB / 100 GB/s = 6.4 us,
+    # 2 us) against 2 us: 320%; at the bound 2 / 6.4: 31%
+    dawn_products = text.split("in the float16 plan on Dawn")[1]
+    assert "| 1000 x 100 x 200 | 1 | 2.0 | 20.0 | 100% | 320% | 31% |" in dawn_products
+    assert "in its float16 plan" not in text   # no wgpu-native float16 products in these rows
+
+
+def test_matrix_dispatches_counts_the_programs_on_subgroup_matrices(bench):
+    """A float16 plan's 1x1 CONV_2D on subgroup matrices counts, its FMA form does not (the WGSL that
+    tflfuse.kernels.matrix and the tiled product write, no GPU needed); both stay products for _product_sizes."""
+    args = ("CONV_2D", [(32, 28, 28, 32), (1, 1, 32, 192), (192,)], {"filter_layout": "HWIO", "target": "gpu"})
+    matrix = tflfuse.get_shader(*args, precision="float16", subgroup_matrix=32).wgsl
+    fma = tflfuse.get_shader(*args, precision="float16").wgsl
+    assert "var<workgroup> ta:" in matrix and "var<workgroup> ta:" in fma
+    steps = [(types.SimpleNamespace(source=src), None, None) for src in (matrix, fma, matrix)]
+    assert bench._matrix_dispatches(types.SimpleNamespace(steps=steps)) == 2
+
+@pytest.mark.parametrize("dawn", ["not timed: NoAdapterError: no GPU adapter", None])
+def test_dawn_table_says_why_no_model_ran_on_dawn(bench, tmp_path, dawn):
+    """Rows without Dawn's keys render no table on Dawn: the line saying why where the run's meta says it was not
+    timed, nothing where the meta has no word on Dawn (results saved before it)."""
+    rows = [{"model": "m_unfused", "batch": 1, "ops": 3, "dispatches": 3, "tflfuse_ms": 0.7, "f16_ms": 0.6}]
+    bench.write_table(rows, _dawn_meta(dawn), tmp_path / "r.md")
+    text = (tmp_path / "r.md").read_text()
+    assert "| Dawn f16 ms |" not in text and "timed in float16 on Dawn too" not in text
+    assert ("float16 on Dawn: not timed: NoAdapterError: no GPU adapter." in text) == bool(dawn)
+    assert dawn or "Dawn" not in text
+
+
+def test_dawn_device_is_made_only_where_asked_and_says_why_not(bench, monkeypatch):
+    """--dawn (on by default) makes the Dawn device once; --nodawn, --nof16, the software adapter and a missing
+    wgpudawn (blocked from importing here, whether or not this machine has it) give None and the report's line."""
+    help_text = _run_script("--helpshort").stdout
+    assert "--[no]dawn: Also time each float model in float16 on Dawn" in help_text
+    assert re.search(r"--\[no\]dawn:[^-]*?\(default: 'true'\)", help_text, re.S), help_text
+    gpu = types.SimpleNamespace(is_software=False)
+    for dawn, f16, device, why in ((False, True, gpu, "--nodawn"), (True, False, gpu, "--nof16"),
+                                   (True, True, types.SimpleNamespace(is_software=True), "the adapter is a software")):
+        monkeypatch.setattr(bench, "FLAGS", types.SimpleNamespace(dawn=dawn, f16=f16, adapter=None))
+        made, line = bench._dawn_device(device)
+        assert made is None and line.startswith(f"not timed: {why}"), line
+    monkeypatch.setattr(bench, "FLAGS", types.SimpleNamespace(dawn=True, f16=True, adapter=None))
+    monkeypatch.setitem(sys.modules, "wgpudawn", None)
+    made, line = bench._dawn_device(gpu)
+    assert made is None and line.startswith("not timed: NoAdapterError: "), line
+
 # ---- benchmarks/ort_webgpu.py: ONNX Runtime WebGPU beside tflfuse ------------------------------------------
 @pytest.fixture(scope="module")
 def ort_bench(bench):
