@@ -8,10 +8,10 @@ writes them). Each file runs at each batch on four configurations in one process
 runtime) in float32 and float16, and Dawn (``Device(backend="dawn")``) in float32 and float16, where the float16
 plan's matrix products run on subgroup matrices (:mod:`tflfuse.kernels.matrix`). For each: the GPU time of one
 invoke (timestamp queries, ``gpu_time_plan`` with :data:`~tflfuse.runtime.plan.SUSTAINED_REPS` invokes a pass),
-the latency (an invoke and its read-back) and the throughput (``--n`` invokes, one read-back), medians over
-``--rounds`` rounds that alternate between the configurations, and the output's error against LiteRT's CPU
-interpreter (the unfused file, which LiteRT runs; float32 wgpu-native where LiteRT is not installed): ``max |y -
-want| / max |want|``. Needs no TensorFlow.
+the latency (an invoke and its read-back, ``--latency_calls`` a round) and the throughput (``--n`` invokes, one
+read-back), medians over ``--rounds`` rounds that alternate between the configurations, and the output's error
+against LiteRT's CPU interpreter (the unfused file, which LiteRT runs; float32 wgpu-native where LiteRT is not
+installed): ``max |y - want| / max |want|``. Needs no TensorFlow.
 """
 
 from __future__ import annotations
@@ -38,13 +38,14 @@ flags.DEFINE_string("models", None, "Folder holding mobilenet_v2_fused.tflite an
 flags.DEFINE_list("batches", ["32", "1"], "Batch sizes.")
 flags.DEFINE_integer("rounds", 5, "Alternating rounds of the latency and throughput timings.")
 flags.DEFINE_integer("n", 20, "Invokes per throughput timing.")
+flags.DEFINE_integer("latency_calls", 10, "Latency timings (an invoke and its read-back) per configuration and round.")
 flags.DEFINE_string("out", None, "Markdown file to write (printed in any case).")
 MODELS = ("mobilenet_v2_fused", "mobilenet_v2_unfused")
 flags.register_validator("models", lambda v: v is not None and all((Path(v) / f"{m}.tflite").is_file() for m in MODELS),
                          f"--models must be a folder holding {' and '.join(m + '.tflite' for m in MODELS)} "
                          f"(benchmarks/run.py --prepare writes them)")
 validate_batches_flag()
-validate_counts("rounds", "n")
+validate_counts("rounds", "n", "latency_calls")
 validate_out_flags("out")
 
 
@@ -102,7 +103,7 @@ def main(argv):
             fns = {}
             for k, (it, out, _) in its.items():
                 latency, throughput = _tflfuse_runners(it, out, FLAGS.n)
-                fns[k, "latency"], fns[k, "throughput"] = (latency, 1, 1), (throughput, FLAGS.n, 1)
+                fns[k, "latency"], fns[k, "throughput"] = (latency, 1, FLAGS.latency_calls), (throughput, FLAGS.n, 1)
             ms = _interleaved_ms(fns, warmup=2, rounds=FLAGS.rounds)
             for (backend, precision), (it, out, y) in its.items():
                 gpu = gpu_time_plan(it._plan(0), repeats=10, reps=SUSTAINED_REPS) / 1e3
@@ -115,7 +116,8 @@ def main(argv):
     lines = ["# MobileNetV2 on Dawn's subgroup matrices beside wgpu-native", "",
              f"`benchmarks/dawn_matrix.py`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {native.describe()} "
              f"and {dawn.describe()} in one process; rounds alternate between the configurations "
-             f"({FLAGS.rounds} rounds, throughput over {FLAGS.n} invokes). Error: max |y - want| / max |want| "
+             f"({FLAGS.rounds} rounds of {FLAGS.latency_calls} latency timings and one throughput timing over "
+             f"{FLAGS.n} invokes each). Error: max |y - want| / max |want| "
              f"against {'LiteRT CPU on the unfused file' if litert else 'wgpu-native float32'}.", "",
              "| model | batch | runtime | precision | GPU ms | / wgpu-native, same precision | latency ms | "
              "throughput ms | error |", "|---|---:|---|---|---:|---:|---:|---:|---:|"]
