@@ -272,6 +272,41 @@ def test_a_lost_dawn_device_says_so():
     assert out.count("LOST True") == 2, out
 
 
+def test_dawn_plans_encode_submit_and_read_back_through_the_c_entry_points():
+    # After the first command buffer (through wgpudawn's API, which raises for what Dawn refuses), a Dawn plan
+    # records, submits and reads back through webgpu.h's C entry points, as on wgpu-native, waiting for its maps in
+    # wgpuInstanceWaitAny: invokes with and without a read between them, a read long after the queue is done, then
+    # a device lost while that path is in use. (The Null backend's buffers hold no computed values: shapes and
+    # dtypes only; the values are checked on a GPU, benchmarks/dawn_matrix.py and benchmarks/run.py.)
+    out = _in_dawn_null_process("""
+        import time
+        device = tflfuse.Device(backend="dawn")
+        it = tflfuse.Interpreter(model_content=__import__("test_matrix")._pointwise_model(), device=device)
+        it.allocate_tensors()
+        x, y = it.get_input_details()[0]["index"], it.get_output_details()[0]["index"]
+        it.set_tensor(x, np.zeros((1, 64, 64, 32), np.float32))
+        native = it._plan(0)._native
+        print("NATIVE", native is not None and native._dawn)
+        shapes = set()
+        for i in range(6):
+            it.invoke()
+            if i % 2:
+                time.sleep(0.05 if i == 5 else 0)
+                got = it.get_tensor(y)
+                shapes.add((got.shape, str(got.dtype)))
+        print("SHAPES", sorted(shapes))
+        device.device.destroy()
+        try:
+            it.invoke()
+            it.get_tensor(y)
+            print("NO ERROR")
+        except tflfuse.DeviceLostError as e:
+            print("LOST", "Make a new tflfuse.Device" in str(e))
+        os._exit(0)   # wgpudawn may crash collecting objects of a destroyed device; nothing of ours is left to run
+    """)
+    assert "NATIVE True" in out and "SHAPES [((1, 64, 64, 64), 'float32')]" in out and "LOST True" in out, out
+
+
 @pytest.mark.parametrize("value", [2 ** 31, 2 ** 40, 3, 48, 256, 2])
 def test_get_shader_refuses_subgroup_sizes_no_device_has(value):
     with pytest.raises(ValueError, match=r"one of \(4, 8, 16, 32, 64, 128\)"):

@@ -169,7 +169,7 @@ class ExecutionPlan:
         weakref.finalize(self, _submit_ahead, device, self._ahead).atexit = False
         self._runs = 0
         # After the first command buffer, recorded and checked through wgpu's API, the same commands through
-        # wgpu-native's C entry points (None on another backend): _NativeCommands.
+        # wgpu-native's or Dawn's C entry points (None on another backend): _NativeCommands.
         self._native = _NativeCommands.of(self)
         self._checked = False   # whether a command buffer went through wgpu's API (its errors raised there)
 
@@ -371,8 +371,8 @@ class ExecutionPlan:
 
     def _encode(self):
         """One command buffer: every dispatch in one compute pass, then the outputs' copies to their
-        read-back buffers. The first goes through wgpu's API, which raises for a command wgpu-native refuses;
-        the next ones, the same commands, through its C entry points where the backend is wgpu-native."""
+        read-back buffers. The first goes through wgpu's API, which raises for a command the backend refuses;
+        the next ones, the same commands, through its C entry points where the backend is wgpu-native or Dawn."""
         if self._checked and self._native is not None:
             return self._native.encode()
         self._checked = True
@@ -477,8 +477,9 @@ def _submit_ahead(device, ahead: list) -> None:
 _STAGING_LIMIT = 64 << 20
 #: Seconds :meth:`_NativeCommands.read` keeps polling for a map after a poll first returned without it.
 _MAP_TIMEOUT_S = 60
-#: Seconds :meth:`_NativeCommands.read` polls without blocking (``wgpuDevicePoll`` with ``wait`` false, in a
-#: loop) before it waits on the queue in the driver, on a hardware adapter: the read-back of a short invoke returns
+#: Seconds :meth:`_NativeCommands.read` polls without blocking (wgpu-native's ``wgpuDevicePoll`` with ``wait`` false,
+#: Dawn's ``wgpuInstanceWaitAny`` with no timeout, in a loop) before it waits on the queue in the driver, on a
+#: hardware adapter: the read-back of a short invoke returns
 #: as soon as the GPU is done rather than when the waiting thread is woken. Measured on an H100 (Vulkan,
 #: 2026-12-06, ``benchmarks/readback_ab.py``, batch 1, ``benchmarks/RESULTS-readback.md``): latency 0.92-0.97x,
 #: 11-20 us less per invoke (hand_recrop fused 136.8 against 148.1 us, mobilenet_v2_unfused 428.9 against 441.9).
@@ -599,13 +600,15 @@ class _NativeCommandBuffer:
 
 
 class _NativeCommands:
-    """An invoke's command buffer recorded through wgpu-native's C entry points: create the encoder, begin the
-    compute pass, record the dispatches (:func:`_pass_recorder`'s ``native``), end it, copy the outputs to
-    their read-back buffers, finish; the submit; and the outputs' read-back (:meth:`read`). wgpu's Python
-    wrappers of these calls (error capture, descriptor structs, wrapper objects) cost about 10 us per invoke on
-    a 2-core CPU, about a third of the calls' time (2026-12-04). Errors: a plan's first command buffer goes
-    through wgpu's API, which raises for whatever wgpu-native refuses; the next ones are the same commands on the
-    same objects."""
+    """An invoke's command buffer recorded through the C entry points of wgpu-native or Dawn (both export
+    webgpu.h's): create the encoder, begin the compute pass, record the dispatches (:func:`_pass_recorder`'s
+    ``native``), end it, copy the outputs to their read-back buffers, finish; the submit; and the outputs'
+    read-back (:meth:`read`). wgpu's Python wrappers of these calls (error capture, descriptor structs, wrapper
+    objects) cost about 10 us per invoke on a 2-core CPU, about a third of the calls' time (2026-12-04); wgpudawn's
+    map and wait cost more (on Dawn's Null backend, 2026-12-07, the same 2-core CPU, MobileNetV2 at batch 1 in float16:
+    a read-back after the queue is done took 111 us through ``map_sync``). Errors: a plan's first command buffer goes
+    through the Python API, which raises for whatever the backend refuses; the next ones are the same commands on
+    the same objects."""
 
     def __init__(self, plan: "ExecutionPlan", api, record_native):
         self.lib, null = api.lib, api.ffi.NULL
@@ -634,6 +637,14 @@ class _NativeCommands:
         self._map_info = api.ffi.new("WGPUBufferMapCallbackInfo *")
         self._map_info.mode = self.lib.WGPUCallbackMode_AllowProcessEvents
         self._map_info.callback = on_mapped
+        # Dawn has no wgpuDevicePoll: read() waits for the map's future in wgpuInstanceWaitAny (wgpudawn makes its
+        # instance with timed waits), which runs the callback in this thread
+        self._dawn = _DAWN_API in api.__name__
+        if self._dawn:
+            from wgpudawn.backends.dawn._helpers import get_wgpu_instance
+
+            self._instance = get_wgpu_instance()
+            self._wait_info = api.ffi.new("WGPUFutureWaitInfo *")
 
     def read(self, staging, nbytes: int) -> bytes:
         """The first ``nbytes`` of read-back buffer ``staging`` once the GPU has written them: map it, wait in this
@@ -647,7 +658,9 @@ class _NativeCommands:
         mapped[0] = None
         self._serial[0] += 1
         self._map_info.userdata1 = self.ffi.cast("void *", self._serial[0])
-        lib.wgpuBufferMapAsync(handle, lib.WGPUMapMode_Read, 0, nbytes, self._map_info[0])
+        future = lib.wgpuBufferMapAsync(handle, lib.WGPUMapMode_Read, 0, nbytes, self._map_info[0])
+        if self._dawn:
+            self._wait_info.future.id, self._wait_info.completed = future.id, False
         try:
             self._wait_mapped(staging)
         except BaseException:   # a timeout, or an interrupt while waiting (Ctrl-C): never leave the buffer mapped
@@ -667,6 +680,8 @@ class _NativeCommands:
         :data:`READBACK_SPIN_S` (a hardware adapter only), then waiting in the driver. Raises RuntimeError where
         no callback came within :data:`_MAP_TIMEOUT_S` of the GPU's queue finishing (after
         :meth:`~tflfuse.runtime.device.Device.check_alive` has raised for a lost device)."""
+        if self._dawn:
+            return self._wait_future(staging)
         lib, mapped = self.lib, self._mapped
         if READBACK_SPIN_S > 0 and self._spins:
             spin_end = time.perf_counter() + READBACK_SPIN_S
@@ -687,16 +702,35 @@ class _NativeCommands:
                                    f"{_MAP_TIMEOUT_S} s of the GPU's queue finishing")
             time.sleep(0)
 
+    def _wait_future(self, staging) -> None:
+        """:meth:`_wait_mapped` on Dawn: ``wgpuInstanceWaitAny`` on the map's future, without a timeout for up to
+        :data:`READBACK_SPIN_S` (a hardware adapter only), then in waits of :data:`_DAWN_WAIT_NS`, until it is
+        done; RuntimeError where a wait fails or :data:`_MAP_TIMEOUT_S` pass (after
+        :meth:`~tflfuse.runtime.device.Device.check_alive` has raised for a lost device)."""
+        lib, info, instance = self.lib, self._wait_info, self._instance
+        ok = (lib.WGPUWaitStatus_Success, lib.WGPUWaitStatus_TimedOut)
+        spin_end = time.perf_counter() + (READBACK_SPIN_S if READBACK_SPIN_S > 0 and self._spins else 0)
+        deadline = time.monotonic() + _MAP_TIMEOUT_S
+        while not info.completed:
+            status = lib.wgpuInstanceWaitAny(instance, 1, info, 0 if time.perf_counter() < spin_end else _DAWN_WAIT_NS)
+            if info.completed:
+                break
+            if status not in ok or time.monotonic() > deadline:
+                self._device_check()
+                why = f"wgpuInstanceWaitAny gave WGPUWaitStatus {status}" if status not in ok else \
+                    f"it was not mapped within {_MAP_TIMEOUT_S} s"
+                raise RuntimeError(f"the read-back buffer {staging.label!r} could not be read: {why}")
+
     @classmethod
     def of(cls, plan: "ExecutionPlan") -> "_NativeCommands | None":
         native = getattr(plan._record, "native", None)
         if native is None:
             return None
-        from wgpu.backends.wgpu_native import _api
-
-        if not all(isinstance(b, _api.GPUBuffer) for b in list(plan._staging.values()) + list(plan.buffers.values())):
+        api = _backend_api(plan.device.device)
+        if api is None or not all(isinstance(b, api.GPUBuffer)
+                                  for b in list(plan._staging.values()) + list(plan.buffers.values())):
             return None
-        return cls(plan, _api, native)
+        return cls(plan, api, native)
 
     def encode(self) -> _NativeCommandBuffer:
         lib, null = self.lib, self.null
@@ -712,12 +746,18 @@ class _NativeCommands:
         return _NativeCommandBuffer(handle, self)
 
 
-def _backend_api(pipeline):
-    """The cffi module (``_api``, with ``lib`` and ``ffi``) of the WebGPU implementation that made ``pipeline``:
-    wgpu-native's (``wgpu.backends.wgpu_native._api``) or Dawn's (``wgpudawn.backends.dawn._api``), whose
-    libraries export the same webgpu.h entry points; None for any other."""
-    module = type(pipeline).__module__
-    if module not in ("wgpu.backends.wgpu_native._api", "wgpudawn.backends.dawn._api"):
+#: The modules of wgpu-native's and Dawn's Python wrappers, whose libraries export the same webgpu.h entry points.
+_NATIVE_API, _DAWN_API = "wgpu.backends.wgpu_native._api", "wgpudawn.backends.dawn._api"
+#: Nanoseconds of one ``wgpuInstanceWaitAny`` of :meth:`_NativeCommands.read` on Dawn (as wgpudawn's own sync
+#: waits), so that a wait for a map that does not come returns to check the deadline and KeyboardInterrupt.
+_DAWN_WAIT_NS = 100_000_000
+
+
+def _backend_api(obj):
+    """The cffi module (``_api``, with ``lib`` and ``ffi``) of the WebGPU implementation that made ``obj`` (a
+    pipeline, a device): wgpu-native's (:data:`_NATIVE_API`) or Dawn's (:data:`_DAWN_API`); None for any other."""
+    module = type(obj).__module__
+    if module not in (_NATIVE_API, _DAWN_API):
         return None
     return sys.modules.get(module)
 
