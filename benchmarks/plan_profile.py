@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 import tflfuse
@@ -24,6 +26,17 @@ def set_inputs(interp, xs):
     for d, x in zip(interp.get_input_details(), xs):
         interp.set_tensor(d["index"], x)
     return interp
+
+
+def latency_us(interp, output: int, invokes: int) -> float:
+    """The median wall-clock microseconds of ``invokes`` invokes, each with the read-back of ``output``."""
+    times = []
+    for _ in range(invokes):
+        t0 = time.perf_counter()
+        interp.invoke()
+        interp.get_tensor(output)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1e6)
 
 
 def seeded_inputs(interp, seed: int = 0) -> list:

@@ -20,7 +20,6 @@ import datetime
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,7 +30,7 @@ import tflfuse  # noqa: E402
 from tflfuse.runtime import plan as plan_module  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plan_profile import at_batch, seeded_inputs, set_inputs  # noqa: E402
+from plan_profile import at_batch, latency_us, seeded_inputs, set_inputs  # noqa: E402
 from ab_flags import define_rounds_and_invokes  # noqa: E402
 from selection import selected_models  # noqa: E402
 
@@ -55,17 +54,6 @@ flags.register_validator("spins", _spins_ok, "--spins takes distinct finite non-
                          "comma-separated (e.g. 0,0.002)")
 define_rounds_and_invokes(5, 50, "setting")
 flags.DEFINE_string("out", str(Path(__file__).resolve().parent / "RESULTS-readback.md"), "Markdown table to write")
-
-
-def latency_us(interp, output: int, invokes: int) -> float:
-    """The median wall-clock microseconds of ``invokes`` invokes, each with the read-back of ``output``."""
-    times = []
-    for _ in range(invokes):
-        t0 = time.perf_counter()
-        interp.invoke()
-        interp.get_tensor(output)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
 
 
 def time_model(data: bytes, batch: int, spins: list[float], rounds: int, invokes: int) -> dict[float, float]:

@@ -3,6 +3,7 @@ its pure functions (FLOP counting, the roofline, the report), imported."""
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -484,6 +485,28 @@ def test_readback_ab_times_each_spin_setting_on_one_interpreter(tmp_path):
                           timeout=600)
     assert none.returncode != 0 and "matches --select=nothing*; nothing written" in none.stderr, none.stderr[-2000:]
     assert not (tmp_path / "none.md").exists()
+
+
+def test_native_commands_ab_times_both_paths_on_one_interpreter(tmp_path):
+    """benchmarks/native_commands_ab.py, run as a user runs it, on a one-op model at one round: on wgpu-native (the
+    software adapter here) a row with the C path's time, the Python API's and their ratio, or, on a machine that
+    cannot compile the recording loop, the row that says so; and on Dawn's Null backend the same. Their times say
+    nothing here; only what it runs and writes is checked."""
+    model = build([t((1, 9, 9, 8)), t((1, 9, 9, 8))], [{"op": "RELU", "inputs": [0], "outputs": [1]}], [0], [1])
+    (tmp_path / "relu.tflite").write_bytes(model)
+    script = str(ROOT / "benchmarks" / "native_commands_ab.py")
+    for env in ({}, {"TFLFUSE_WEBGPU": "dawn", "WGPU_BACKEND_TYPE": "Null"}):
+        out = tmp_path / "nc.md"
+        proc = subprocess.run([sys.executable, script, f"--models={tmp_path}", "--select=relu", "--rounds=1",
+                               "--invokes=2", f"--out={out}"], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, **env})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        text = out.read_text()
+        assert "| model | C us | Python API us | C / Python |" in text, text
+        assert re.search(r"\| relu \| ([0-9.]+ \| [0-9.]+ \| [0-9.]+x|no C path [^|]+\| \| ) \|", text), text
+    for bad in ("--rounds=0", "--batch=0", "--precision=float64", f"--out={tmp_path}"):
+        proc = subprocess.run([sys.executable, script, bad], capture_output=True, text=True, timeout=600)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, (bad, proc.stderr[-2000:])
 
 
 def _depthwise_model(path) -> None:
