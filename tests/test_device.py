@@ -537,6 +537,43 @@ def test_a_read_back_interrupted_while_waiting_leaves_no_buffer_mapped(model, de
         np.testing.assert_allclose(g, r, **ACCUMULATION)
 
 
+class _InterruptAfterMap:
+    """A stand-in for a library object whose first ``wgpuBufferMapAsync`` starts the map, then raises
+    KeyboardInterrupt (Ctrl-C landing as the call returns)."""
+
+    def __init__(self, lib):
+        self._lib, self.interrupt = lib, True
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def wgpuBufferMapAsync(self, *args):
+        future = self._lib.wgpuBufferMapAsync(*args)
+        if self.interrupt:
+            self.interrupt = False
+            raise KeyboardInterrupt("as the map started")
+        return future
+
+
+def test_a_read_back_interrupted_as_its_map_starts_leaves_no_buffer_mapped(model, device):
+    """KeyboardInterrupt right after the read-back's map is asked for (before any wait) cancels it too: the next
+    invoke submits (wgpu-native aborted the process on the mapped buffer before 2026-12-07) and reads back LiteRT's
+    CPU values."""
+    interp = tflfuse.Interpreter(model_content=model, device=device)
+    interp.allocate_tensors()
+    xs = [_inputs(k)[0] for k in range(3)]
+    got = [_run(interp, xs[0])]
+    native = interp._plan(0)._native
+    assert native is not None
+    native.lib = _InterruptAfterMap(native.lib)
+    with pytest.raises(KeyboardInterrupt):
+        _run(interp, xs[1])
+    native.lib = native.lib._lib
+    got.append(_run(interp, xs[2]))
+    for g, r in zip(got, _litert(model, [xs[0], xs[2]])):
+        np.testing.assert_allclose(g, r, **ACCUMULATION)
+
+
 # ---- the shader translator's runtime checks ------------------------------------------------------------------
 
 def test_trusted_and_checked_shaders_agree_with_litert(model, device, monkeypatch):

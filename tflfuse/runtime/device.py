@@ -142,6 +142,9 @@ DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
 #: attacks) rounds timestamp queries to multiples of 2**16 ns (65.5 us steps, seen on an H100 on 2026-12-07), too
 #: coarse for :mod:`tflfuse.runtime.profile`.
 DAWN_DISABLED_TOGGLES = ("timestamp_quantization",)
+#: Dawn's feature that makes a device's calls safe from several threads (wgpu-native's are): asked for where the
+#: adapter offers it.
+DAWN_THREADS_FEATURE = "implicit-device-synchronization"
 
 
 def _wgpu_native():
@@ -150,6 +153,10 @@ def _wgpu_native():
     import wgpu
 
     return wgpu
+
+
+#: Whether :func:`_dawn` made Dawn's instance (with :data:`DAWN_TOGGLES`) in this process.
+_DAWN_INSTANCE_OURS = False
 
 
 def _dawn():
@@ -162,12 +169,16 @@ def _dawn():
         from wgpudawn.backends.dawn import _extras_device
     except ImportError as e:
         raise NoAdapterError(f"backend 'dawn' needs the package wgpudawn (pip install tflfuse[dawn]): {e}") from e
+    global _DAWN_INSTANCE_OURS
     try:
         # the primary backends, unless WGPU_BACKEND_TYPE picks one (wgpudawn reads it: "Null", Dawn's backend
         # that runs nothing, validates every shader and pipeline as on a GPU)
         backends = ["All"] if os.environ.get("WGPU_BACKEND_TYPE") else ["Primary"]
         _extras_device.set_instance_extras(backends=backends, enable_toggles=list(DAWN_TOGGLES))
+        _DAWN_INSTANCE_OURS = True
     except RuntimeError as e:   # the instance exists already (made by the application, or by an earlier Device)
+        if _DAWN_INSTANCE_OURS:   # made here, with the toggles, for an earlier Device
+            return wgpudawn
         logging.info("tflfuse: Dawn's instance was made before tflfuse's first Dawn device, without the toggles %s "
                      "(no subgroup matrices unless it has them): %s", ", ".join(DAWN_TOGGLES), e)
     return wgpudawn
@@ -304,9 +315,12 @@ class Device:
             "max-compute-workgroup-size-x", "max-compute-workgroup-size-y", "max-compute-workgroup-size-z",
             "max-compute-workgroups-per-dimension") if k in limits}
         # timestamp-query for profiling; shader-f16 and subgroup for kernels that use them where offered; Dawn's
-        # subgroup matrices for the float16 plan's products
-        features = [f for f in ("timestamp-query", "shader-f16", "subgroup", SUBGROUP_MATRIX_FEATURE)
-                    if f in self.adapter.features]
+        # subgroup matrices for the float16 plan's products; and on Dawn its implicit device synchronization, so
+        # that Interpreters on one device may be invoked from several threads (as on wgpu-native): without it,
+        # three threads invoking three MobileNetV2 Interpreters on one Dawn device (its Null backend) crashed the
+        # process in every run (2026-12-07)
+        features = [f for f in ("timestamp-query", "shader-f16", "subgroup", SUBGROUP_MATRIX_FEATURE,
+                                DAWN_THREADS_FEATURE) if f in self.adapter.features]
         if backend == "dawn":
             from wgpudawn.backends.dawn import _extras_device
 

@@ -590,6 +590,7 @@ class _NativeCommandBuffer:
         c.submitted[0] = self.handle
         c.lib.wgpuQueueSubmit(c.queue, 1, c.submitted)
         self.release()
+        c.raise_errors()
 
     def release(self) -> None:
         if self.handle is not None:
@@ -645,6 +646,15 @@ class _NativeCommands:
 
             self._instance = get_wgpu_instance()
             self._wait_info = api.ffi.new("WGPUFutureWaitInfo *")
+        # Dawn reports a call's validation error while the call runs, into wgpudawn's one list for the process,
+        # which its next checked call would raise, whichever device that is on: raised here, by the call that made it
+        self._errors = api.error_handler if self._dawn else None
+
+    def raise_errors(self) -> None:
+        """Raises (as wgpudawn's error class) the first error Dawn reported during this object's last C calls, if
+        any (the others are logged); nothing on wgpu-native, which logs its errors."""
+        if self._errors is not None and self._errors.pending:
+            self._errors.raise_pending()
 
     def read(self, staging, nbytes: int) -> bytes:
         """The first ``nbytes`` of read-back buffer ``staging`` once the GPU has written them: map it, wait in this
@@ -658,11 +668,13 @@ class _NativeCommands:
         mapped[0] = None
         self._serial[0] += 1
         self._map_info.userdata1 = self.ffi.cast("void *", self._serial[0])
-        future = lib.wgpuBufferMapAsync(handle, lib.WGPUMapMode_Read, 0, nbytes, self._map_info[0])
-        if self._dawn:
-            self._wait_info.future.id, self._wait_info.completed = future.id, False
         try:
+            future = lib.wgpuBufferMapAsync(handle, lib.WGPUMapMode_Read, 0, nbytes, self._map_info[0])
+            if self._dawn:
+                self._wait_info.future.id, self._wait_info.completed = future.id, False
             self._wait_mapped(staging)
+            if mapped[0] is None:   # Dawn: the map is done, but an interrupt inside its callback lost the status
+                raise RuntimeError(f"the read-back of {staging.label!r} was interrupted; read it again")
         except BaseException:   # a timeout, or an interrupt while waiting (Ctrl-C): never leave the buffer mapped
             lib.wgpuBufferUnmap(handle)   # cancels the pending map: a mapped buffer must never be submitted
             raise
@@ -671,9 +683,11 @@ class _NativeCommands:
             raise RuntimeError(f"the read-back buffer {staging.label!r} could not be mapped (WGPUMapAsyncStatus "
                                f"{mapped[0]})")
         try:
-            return bytes(self.ffi.buffer(lib.wgpuBufferGetConstMappedRange(handle, 0, nbytes), nbytes))
+            data = bytes(self.ffi.buffer(lib.wgpuBufferGetConstMappedRange(handle, 0, nbytes), nbytes))
         finally:
             lib.wgpuBufferUnmap(handle)
+        self.raise_errors()
+        return data
 
     def _wait_mapped(self, staging) -> None:
         """Polls until the map :meth:`read` started has called back: first without blocking, for up to
@@ -743,6 +757,9 @@ class _NativeCommands:
             lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, src, 0, dst, 0, nbytes)
         handle = lib.wgpuCommandEncoderFinish(encoder, null)
         lib.wgpuCommandEncoderRelease(encoder)
+        if self._errors is not None and self._errors.pending:   # Dawn refused a command: no buffer to submit
+            lib.wgpuCommandBufferRelease(handle)
+            self.raise_errors()
         return _NativeCommandBuffer(handle, self)
 
 
