@@ -356,8 +356,10 @@ def _dawn_f16(row: dict, fns: dict, path: Path, dawn, batch: int, xs, out: int, 
                                                             reps=SUSTAINED_REPS) / 1e3
             if path.stem == "mobilenet_v2_unfused":   # target 4 on subgroup matrices
                 row["dawn_f16_products"] = _products(plan, _profile(plan, max(3, repeats // 10))[1])
-    except (ValueError, RuntimeError) as e:   # an op or a shader that Dawn refuses: the row goes on without it
-        row["dawn_f16_note"] = f"Dawn float16: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    except Exception as e:   # an op or a shader that Dawn refuses (wgpudawn's GPUError classes too): the row goes
+        # on without it
+        first = (str(e).splitlines() or [""])[0][:120].replace("|", "/")
+        row["dawn_f16_note"] = f"Dawn float16: {type(e).__name__}: {first}"
         return
     _timed(fns, "dawn_f16", run, run_n)
 
@@ -991,16 +993,17 @@ def _saved_results(path: str, plot: bool = False) -> dict:
                 not isinstance(r.get("batch"), int) or isinstance(r.get("batch"), bool):
             raise bad(f"row {i} is not an object with a string 'model' and an integer 'batch'")
 
-    def numbers(v):
+    def numbers(v, key=""):
         if isinstance(v, dict):
-            for x in v.values():
-                yield from numbers(x)
+            for k, x in v.items():
+                yield from numbers(x, str(k))
         elif isinstance(v, list):
             for x in v:
-                yield from numbers(x)
+                yield from numbers(x, key)
         elif isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool)):
-            yield v
-    if any(not math.isfinite(v) or v < 0 for v in numbers(data)):
+            yield key, v
+    # an error may be NaN or infinite (an output that overflowed float16 holds inf), nothing else
+    if any(v < 0 or not (math.isfinite(v) or key.endswith("rel_err")) for key, v in numbers(data)):
         raise bad("it holds a NaN, infinite or negative number")
     return data
 
@@ -1045,7 +1048,12 @@ def main(argv):
     if not FLAGS.models:
         print("give --prepare=DIR or --models=DIR", file=sys.stderr)
         return 2
-    device = tflfuse.Device(FLAGS.adapter)
+    try:   # wgpu-native whatever TFLFUSE_WEBGPU says: Dawn's rows are --dawn's
+        device = tflfuse.Device(FLAGS.adapter, backend="wgpu-native")
+    except tflfuse.NoAdapterError as e:
+        print(f"no WebGPU adapter{f' matching --adapter={FLAGS.adapter}' if FLAGS.adapter else ''}: {e}",
+              file=sys.stderr)
+        return 2
     print(f"adapter: {device.describe()}", flush=True)
     dawn, dawn_meta = _dawn_device(device)
     print(f"dawn: {dawn_meta}", flush=True)

@@ -165,7 +165,7 @@ def main(argv):
             worst_err = max(v["rel_err"] for v in timed.values())
             print(", ".join(line) + f" us; max rel err {worst_err:.1e}; staged again {r['staged_again_us']:.1f} us",
                   flush=True)
-            results.append(r)
+            results.append({**r, "precision": FLAGS.precision, "adapter": device.describe()})
     for n in map(int, FLAGS.batches):
         rows = [r for r in results if r["block"][0] == n]
         best = sum(min(v["us"] for v in r.values() if isinstance(v, dict) and "us" in v) for r in rows)

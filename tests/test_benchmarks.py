@@ -81,6 +81,34 @@ def test_table_refuses_bad_results_with_a_message_and_writes_nothing(tmp_path, c
     assert not (tmp_path / "r.md").exists()
 
 
+def test_table_takes_errors_that_are_not_finite(tmp_path):
+    # an output that overflowed float16 has an infinite or NaN error: written by --json_out, read by --table
+    row = {**_GOOD["rows"][0], "f16_ms": 0.5, "f16_rel_err": float("nan"), "dawn_f16_ms": 0.4,
+           "dawn_f16_rel_err": float("inf")}
+    (tmp_path / "r.json").write_text(json.dumps({**_GOOD, "rows": [row]}))
+    proc = _run_script(f"--table={tmp_path / 'r.json'}", f"--out={tmp_path / 'r.md'}")
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "r.md").read_text()
+    assert "| nan |" in text and "| inf |" in text, text
+
+
+def test_a_run_names_a_missing_adapter_in_one_line_and_times_on_wgpu_native_whatever_tflfuse_webgpu_says(tmp_path):
+    proc = _run_script(f"--models={tmp_path}", "--adapter=no such adapter")
+    assert proc.returncode == 2 and "no WebGPU adapter matching --adapter=no such adapter" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    model = build([t((1, 9, 9, 8)), t((1, 9, 9, 8))], [{"op": "RELU", "inputs": [0], "outputs": [1]}], [0], [1])
+    (tmp_path / "relu.tflite").write_bytes(model)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), f"--models={tmp_path}",
+                           "--select=relu", "--repeats=2", "--warmup=1", "--rounds=1", "--throughput_n=2",
+                           "--throughput_repeats=1", "--nopeaks", "--notorch", "--nolitert_gpu",
+                           f"--out={tmp_path / 'r.md'}"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TFLFUSE_WEBGPU": "dawn", "WGPU_BACKEND_TYPE": "Null"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (tmp_path / "r.md").read_text()
+    adapter = tflfuse.Device(backend="wgpu-native").describe()
+    assert f"- adapter: {adapter};" in text and "Dawn" not in text.split("- adapter: ")[1].split("\n")[0], text
+
+
 def test_table_will_not_overwrite_its_own_results(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(_GOOD))
     proc = _run_script(f"--table={tmp_path / 'r.json'}", f"--out={tmp_path / 'r.json'}")
