@@ -1,5 +1,6 @@
-"""The flags of the alternating-round A/B benchmarks (``readback_ab.py``, ``upload_ab.py``): ``--rounds`` and
-``--invokes``, each at least 1."""
+"""The flags of the alternating-round A/B benchmarks (``readback_ab.py``, ``upload_ab.py``,
+``native_commands_ab.py``): ``--rounds`` and ``--invokes``, each at least 1; ``--models``, ``--select`` and
+``--batch``."""
 
 from __future__ import annotations
 
@@ -14,3 +15,12 @@ def define_rounds_and_invokes(rounds: int, invokes: int, what: str) -> None:
     flags.DEFINE_integer("invokes", invokes, f"timed calls per {what} and round (median)")
     flags.register_validator("rounds", lambda v: v >= 1, "--rounds must be at least 1")
     flags.register_validator("invokes", lambda v: v >= 1, "--invokes must be at least 1")
+
+
+def define_models_select_batch(select: list[str]) -> None:
+    """Defines ``--models`` (a folder of .tflite models, default ``.bench``), ``--select`` (globs of its file stems,
+    default ``select``) and ``--batch`` (the first input dimension, at least 1)."""
+    flags.DEFINE_string("models", ".bench", "folder of .tflite models")
+    flags.DEFINE_list("select", select, "globs of file stems to time")
+    flags.DEFINE_integer("batch", 1, "batch size (the first input dimension)")
+    flags.register_validator("batch", lambda v: v >= 1, "--batch must be at least 1")

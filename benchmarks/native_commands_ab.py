@@ -30,16 +30,13 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab_flags import define_rounds_and_invokes  # noqa: E402
+from ab_flags import define_models_select_batch, define_rounds_and_invokes  # noqa: E402
 from peaks import report, validate_out_flags  # noqa: E402
 from plan_profile import at_batch, latency_us, seeded_inputs, set_inputs  # noqa: E402
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("models", ".bench", "folder of .tflite models")
-flags.DEFINE_list("select", ["mobilenet_v2_fused"], "globs of file stems to time")
-flags.DEFINE_integer("batch", 1, "batch size (the first input dimension)")
-flags.register_validator("batch", lambda v: v >= 1, "--batch must be at least 1")
+define_models_select_batch(["mobilenet_v2_fused"])
 flags.DEFINE_enum("precision", "float32", ["float32", "float16"], "the Interpreter's precision")
 define_rounds_and_invokes(6, 40, "path")
 flags.DEFINE_string("out", None, "also write the table here (Markdown)")

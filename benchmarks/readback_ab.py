@@ -31,14 +31,11 @@ from tflfuse.runtime import plan as plan_module  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_profile import at_batch, latency_us, seeded_inputs, set_inputs  # noqa: E402
-from ab_flags import define_rounds_and_invokes  # noqa: E402
+from ab_flags import define_models_select_batch, define_rounds_and_invokes  # noqa: E402
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("models", ".bench", "folder of .tflite models")
-flags.DEFINE_list("select", ["mobilenet_v2_*"], "globs of file stems to time")
-flags.DEFINE_integer("batch", 1, "batch size (the first input dimension)")
-flags.register_validator("batch", lambda v: v >= 1, "--batch must be at least 1")
+define_models_select_batch(["mobilenet_v2_*"])
 flags.DEFINE_list("spins", ["0", "0.002"], "READBACK_SPIN_S settings to time, seconds (the first is the base)")
 
 

@@ -514,29 +514,6 @@ def test_read_back_polls_before_blocking_and_matches_litert(model, device, monke
         np.testing.assert_allclose(g, r, **ACCUMULATION)
 
 
-@pytest.mark.parametrize("spin", [0.0, 5.0])
-def test_a_read_back_interrupted_while_waiting_leaves_no_buffer_mapped(model, device, monkeypatch, spin):
-    """KeyboardInterrupt (Ctrl-C) while a read-back waits, blocking or polling first, cancels its map: the
-    next invoke submits (a mapped read-back buffer would abort the process in wgpu-native) and reads back
-    LiteRT's CPU values."""
-    import tflfuse.runtime.plan as plan_module
-
-    monkeypatch.setattr(plan_module, "READBACK_SPIN_S", spin)
-    interp = tflfuse.Interpreter(model_content=model, device=device)
-    interp.allocate_tensors()
-    xs = [_inputs(k)[0] for k in range(3)]
-    got = [_run(interp, xs[0])]
-    native = interp._plan(0)._native
-    native._spins = True
-    native.lib = _CountingPolls(native.lib, interrupt=True)
-    with pytest.raises(KeyboardInterrupt):
-        _run(interp, xs[1])
-    native.lib = native.lib._lib
-    got.append(_run(interp, xs[2]))
-    for g, r in zip(got, _litert(model, [xs[0], xs[2]])):
-        np.testing.assert_allclose(g, r, **ACCUMULATION)
-
-
 class _InterruptAfterMap:
     """A stand-in for a library object whose first ``wgpuBufferMapAsync`` starts the map, then raises
     KeyboardInterrupt (Ctrl-C landing as the call returns)."""
@@ -555,17 +532,22 @@ class _InterruptAfterMap:
         return future
 
 
-def test_a_read_back_interrupted_as_its_map_starts_leaves_no_buffer_mapped(model, device):
-    """KeyboardInterrupt right after the read-back's map is asked for (before any wait) cancels it too: the next
-    invoke submits (wgpu-native aborted the process on the mapped buffer before 2026-12-07) and reads back LiteRT's
-    CPU values."""
+@pytest.mark.parametrize("spin, when", [(0.0, "waiting"), (5.0, "waiting"), (0.0, "mapping")])
+def test_a_read_back_interrupted_leaves_no_buffer_mapped(model, device, monkeypatch, spin, when):
+    """KeyboardInterrupt (Ctrl-C) while a read-back waits, blocking or polling first, or right after its map is asked
+    for, cancels the map: the next invoke submits (a mapped read-back buffer would abort the process in wgpu-native,
+    as one interrupted as its map started did before 2026-12-07) and reads back LiteRT's CPU values."""
+    import tflfuse.runtime.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "READBACK_SPIN_S", spin)
     interp = tflfuse.Interpreter(model_content=model, device=device)
     interp.allocate_tensors()
     xs = [_inputs(k)[0] for k in range(3)]
     got = [_run(interp, xs[0])]
     native = interp._plan(0)._native
     assert native is not None
-    native.lib = _InterruptAfterMap(native.lib)
+    native._spins = True
+    native.lib = _CountingPolls(native.lib, interrupt=True) if when == "waiting" else _InterruptAfterMap(native.lib)
     with pytest.raises(KeyboardInterrupt):
         _run(interp, xs[1])
     native.lib = native.lib._lib
