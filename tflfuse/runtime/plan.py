@@ -479,8 +479,8 @@ _STAGING_LIMIT = 64 << 20
 _MAP_TIMEOUT_S = 60
 #: Seconds :meth:`_NativeCommands.read` polls without blocking (wgpu-native's ``wgpuDevicePoll`` with ``wait`` false,
 #: Dawn's ``wgpuInstanceWaitAny`` with no timeout, in a loop) before it waits on the queue in the driver, on a
-#: hardware adapter: the read-back of a short invoke returns
-#: as soon as the GPU is done rather than when the waiting thread is woken. Measured on an H100 (Vulkan,
+#: hardware adapter: the read-back of a short invoke returns as soon as the GPU is done rather than when the waiting
+#: thread is woken. Measured on an H100 (Vulkan,
 #: 2026-12-06, ``benchmarks/readback_ab.py``, batch 1, ``benchmarks/RESULTS-readback.md``): latency 0.92-0.97x,
 #: 11-20 us less per invoke (hand_recrop fused 136.8 against 148.1 us, mobilenet_v2_unfused 428.9 against 441.9).
 #: 0: block at once. A software adapter always blocks at once: its work runs on the CPU the polling thread would
@@ -607,7 +607,8 @@ class _NativeCommands:
     read-back (:meth:`read`). wgpu's Python wrappers of these calls (error capture, descriptor structs, wrapper
     objects) cost about 10 us per invoke on a 2-core CPU, about a third of the calls' time (2026-12-04); wgpudawn's
     map and wait cost more (on Dawn's Null backend, 2026-12-07, the same 2-core CPU, MobileNetV2 at batch 1 in float16:
-    a read-back after the queue is done took 111 us through ``map_sync``). Errors: a plan's first command buffer goes
+    a read-back after the queue is done took 111 us through ``map_sync``; an invoke and its read-back 0.61-0.78x the
+    Python API's time this way, ``benchmarks/native_commands_ab.py``). Errors: a plan's first command buffer goes
     through the Python API, which raises for whatever the backend refuses; the next ones are the same commands on
     the same objects."""
 
@@ -658,12 +659,14 @@ class _NativeCommands:
 
     def read(self, staging, nbytes: int) -> bytes:
         """The first ``nbytes`` of read-back buffer ``staging`` once the GPU has written them: map it, wait in this
-        thread (``wgpuDevicePoll``, which runs the map's callback here), copy, unmap. wgpu's ``map_sync`` also
-        submits an empty command buffer and waits on its poll thread: a read-back of 256 bytes after an
-        invoke took 37 against 93 microseconds on a 2-core CPU (2026-12-04). Raises RuntimeError (naming the
-        status) if the map fails, after :meth:`~tflfuse.runtime.device.Device.check_alive` has raised for a
-        lost device; whatever interrupts the wait (a timeout, KeyboardInterrupt) cancels the map first, so that
-        the next invoke's submit finds the buffer unmapped."""
+        thread (wgpu-native's ``wgpuDevicePoll``, Dawn's ``wgpuInstanceWaitAny``, which run the map's callback
+        here), copy, unmap. wgpu's ``map_sync`` also submits an empty command buffer and waits on its poll thread: a
+        read-back of 256 bytes after an invoke took 37 against 93 microseconds on a 2-core CPU (2026-12-04). Raises
+        RuntimeError (naming the status) if the map fails, after :meth:`~tflfuse.runtime.device.Device.check_alive`
+        has raised for a lost device, or where an interrupt inside the callback lost its status (Dawn);
+        whatever interrupts the map or the wait (a timeout, KeyboardInterrupt) cancels the map first, so that the
+        next invoke's submit finds the buffer unmapped. Dawn's errors during these calls are raised here
+        (:meth:`raise_errors`)."""
         lib, handle, mapped = self.lib, staging._internal, self._mapped
         mapped[0] = None
         self._serial[0] += 1
