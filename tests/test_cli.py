@@ -43,6 +43,22 @@ def _help_blocks(text: str) -> dict[str, list[str]]:
     return blocks
 
 
+def test_adapters_lists_wgpu_natives_then_dawns():
+    # wgpu-native's adapters (llvmpipe here), then Dawn's where wgpudawn is installed (a [test] dependency): none on a
+    # machine without a GPU, which the line says; Dawn's Null backend where WGPU_BACKEND_TYPE picks it
+    import tflfuse as tflfuse_module
+
+    info = tflfuse_module.Device(backend="wgpu-native").info
+    for env, dawn_line in (({}, "Dawn (backend='dawn'): no adapter here"), ({"WGPU_BACKEND_TYPE": "Null"},
+                                                                          "  [Unknown, Null, Dawn")):
+        r = subprocess.run([*TFLFUSE, "adapters"], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, **env})
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert f"{info['device']}  [{info['adapter_type']}, {info['backend_type']}]" in lines, lines
+        assert any(dawn_line in line for line in lines[1:]), lines
+
+
 def test_help_lists_each_commands_flags_and_exits_0():
     from tflfuse import cli
 

@@ -13,7 +13,7 @@
         (a folder a browser runs with tflfuse.js: plan.json, weights.bin, shaders/, index.html; serve it with
         python -m http.server -d DIR)
     tflfuse unfuse IN.tflite --output=OUT.tflite [--keep_custom_ops]
-    tflfuse adapters
+    tflfuse adapters   (wgpu-native's; then Dawn's, where wgpudawn is installed)
     tflfuse check SOURCE [--expect=NAME=COUNT|NAME>=COUNT ...] [--expectations=FILE.toml] [--allow_op=OP ...]
         [--samples=3] [--seed=0] [--input=x.npy ...] [--atol=1e-4] [--rtol=1e-3] [--perf] [--perf_slack=0.1]
         [--report_dir=DIR] [--allow_no_numerics]   SOURCE: MODEL.tflite, SAVED_MODEL_DIR, MODEL.keras,
@@ -433,14 +433,37 @@ def cmd_shader(args):
 
 
 def cmd_adapters(args):
-    from .runtime.device import prepare_wgpu
+    """Lists wgpu-native's adapters (tflfuse's default WebGPU implementation), then, where the package wgpudawn is
+    installed, Dawn's (``Device(backend="dawn")``), each with its type and backend; a Dawn adapter also says whether
+    it offers subgroup matrices (the feature the float16 plan's products use)."""
+    from .runtime import device as device_module
 
-    prepare_wgpu()
+    device_module.prepare_wgpu()
     import wgpu
 
     for a in wgpu.gpu.enumerate_adapters_sync():
         i = a.info
         print(f"{i['device']}  [{i['adapter_type']}, {i['backend_type']}]")
+    try:
+        dawn = device_module._dawn()
+    except device_module.NoAdapterError:   # wgpudawn is not installed: wgpu-native is the only implementation
+        return
+    try:
+        adapters = list(dawn.gpu.enumerate_adapters_sync())
+    except Exception as e:   # as wgpu-native, Dawn raises plain Exceptions where no backend loads
+        print(f"Dawn (backend='dawn'): its adapters could not be listed ({e})")
+        return
+    if not adapters:   # Dawn lists no adapter of a backend forced by WGPU_BACKEND_TYPE (as Device, ask for one)
+        try:
+            adapters = [a for a in [dawn.gpu.request_adapter_sync(power_preference="high-performance")] if a]
+        except Exception:   # "No supported adapters"
+            adapters = []
+    if not adapters:
+        print("Dawn (backend='dawn'): no adapter here (Dawn runs on GPU drivers, not on Mesa's llvmpipe)")
+    for a in adapters:
+        i = a.info
+        matrices = ", subgroup matrices" if device_module.SUBGROUP_MATRIX_FEATURE in a.features else ""
+        print(f"{i['device']}  [{i['adapter_type']}, {i['backend_type']}, Dawn{matrices}]")
 
 
 #: check's flags that, when given, override an expectations file's or manifest's values.
