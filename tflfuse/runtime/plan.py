@@ -734,7 +734,9 @@ class _NativeCommands:
                 break
             if status not in ok or time.monotonic() > deadline:
                 self._device_check()
-                why = f"wgpuInstanceWaitAny gave WGPUWaitStatus {status}" if status not in ok else \
+                name = next((n for n in ("Error", "Success", "TimedOut")
+                             if getattr(lib, f"WGPUWaitStatus_{n}", None) == status), status)
+                why = f"wgpuInstanceWaitAny gave WGPUWaitStatus_{name}" if status not in ok else \
                     f"it was not mapped within {_MAP_TIMEOUT_S} s"
                 raise RuntimeError(f"the read-back buffer {staging.label!r} could not be read: {why}")
 
