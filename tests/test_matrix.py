@@ -312,7 +312,6 @@ def test_dawn_read_backs_recover_from_interrupts_and_errors_stay_with_their_plan
     # unknown: the read raises and unmaps, and the next one reads. A command Dawn refuses on the C path (a submit
     # with the read-back buffer still mapped) raises at that plan's invoke, not at another device's next call.
     out = _in_dawn_null_process("""
-        from tflfuse.runtime.plan import ExecutionPlan
         model = __import__("test_matrix")._pointwise_model()
 
         def interpreter(device):
