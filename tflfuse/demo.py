@@ -91,7 +91,8 @@ def run_demo(adapter: str | None = None, size: int = 224, repeats: int = 5,
     out["max_abs_error"] = float(np.abs(probs - reference).max())
     echo(f"\nWebGPU vs TensorFlow on the photo: max |error| {out['max_abs_error']:.3g} "
          f"(outputs up to {np.abs(reference).max():.3g}); top class {int(probs.argmax())} "
-         f"(TensorFlow: {int(reference.argmax())}); first invoke {first_ms:.0f} ms")
+         f"(TensorFlow: {int(reference.argmax())}); first invoke {first_ms:.0f} ms (it builds the plan and "
+         f"compiles its shaders; the timings below are of later invokes)")
     plain = Interpreter(model_content=unfused.tflite, device=device)
     plain.allocate_tensors()
     (plain_probs,) = _run(plain, photo)
