@@ -448,18 +448,13 @@ def cmd_adapters(args):
         dawn = device_module._dawn()
     except device_module.NoAdapterError:   # wgpudawn is not installed: wgpu-native is the only implementation
         return
+    why = ""
     try:
-        adapters = list(dawn.gpu.enumerate_adapters_sync())
-    except Exception as e:   # as wgpu-native, Dawn raises plain Exceptions where no backend loads
-        print(f"Dawn (backend='dawn'): its adapters could not be listed ({e})")
-        return
-    if not adapters:   # Dawn lists no adapter of a backend forced by WGPU_BACKEND_TYPE (as Device, ask for one)
-        try:
-            adapters = [a for a in [dawn.gpu.request_adapter_sync(power_preference="high-performance")] if a]
-        except Exception:   # "No supported adapters"
-            adapters = []
+        adapters = device_module.adapters_of(dawn, "dawn")
+    except Exception as e:   # as wgpu-native, Dawn raises plain Exceptions ("No supported adapters")
+        adapters, why = [], f" ({e})"
     if not adapters:
-        print("Dawn (backend='dawn'): no adapter here (Dawn runs on GPU drivers, not on Mesa's llvmpipe)")
+        print(f"Dawn (backend='dawn'): no adapter here{why}. {device_module._install_hint('dawn')}")
     for a in adapters:
         i = a.info
         matrices = ", subgroup matrices" if device_module.SUBGROUP_MATRIX_FEATURE in a.features else ""

@@ -184,6 +184,16 @@ def _dawn():
     return wgpudawn
 
 
+def adapters_of(wgpu, backend: str) -> list:
+    """The adapters of ``wgpu``, the module of ``backend`` (:data:`BACKENDS`; :func:`_wgpu_native` or :func:`_dawn`
+    gives it): Dawn lists none of a backend that ``WGPU_BACKEND_TYPE`` forces, so there the one it gives when asked
+    for one. Raises whatever the library raises where no backend loads (plain Exceptions)."""
+    adapters = list(wgpu.gpu.enumerate_adapters_sync())
+    if not adapters and backend == "dawn":
+        adapters = [a for a in [wgpu.gpu.request_adapter_sync(power_preference="high-performance")] if a]
+    return adapters
+
+
 def _subgroup_matrix(device: "Device"):
     """The :class:`~tflfuse.kernels.matrix.SubgroupMatrix` of a Dawn device, or None: where it has
     :data:`SUBGROUP_MATRIX_FEATURE` and ``shader-f16``, lists the configuration the kernels use (f16 16 x 16 x 16
@@ -288,9 +298,7 @@ class Device:
         self._wgpu = wgpu
         want = adapter if adapter is not None else os.environ.get("TFLFUSE_ADAPTER") or None
         try:
-            adapters = list(wgpu.gpu.enumerate_adapters_sync())
-            if not adapters and backend == "dawn":   # Dawn lists no adapter of a backend forced by WGPU_BACKEND_TYPE
-                adapters = [a for a in [wgpu.gpu.request_adapter_sync(power_preference="high-performance")] if a]
+            adapters = adapters_of(wgpu, backend)
         except Exception as e:  # wgpu-native raises plain Exceptions when no backend loads
             raise NoAdapterError(f"WebGPU adapters could not be listed ({e}). {_install_hint(backend)}") from e
         if want:
