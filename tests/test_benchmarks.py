@@ -808,6 +808,7 @@ def test_dawn_benchmarks_stop_with_one_line_without_a_dawn_device(tmp_path, scri
 @pytest.mark.parametrize("script,args,message", [
     ("sweep_matrix.py", ["--tiles=2x2/2x2/24"], "--tiles: matrix tile 2x2/2x2/24"),
     ("sweep_matrix.py", ["--tiles=8x8/1x1/16"], "at most 8 subgroups"),
+    ("sweep_matrix.py", ["--prefetch=yes"], "--prefetch: a list of on and off"),
     ("sweep_matrix.py", ["--batches=0"], "--batches must be a non-empty list of positive integers"),
     ("sweep_matrix.py", ["--batches=\u00b2"], "--batches must be a non-empty list of positive integers"),
     ("sweep_matrix.py", ["--batches="], "--batches must be a non-empty list of positive integers"),

@@ -53,8 +53,8 @@ def _shaders(key, shapes, attrs, subgroup=_NULL_SUBGROUP):
 
 @pytest.fixture(scope="module")
 def tint_results() -> dict:
-    """Each case's programs compiled by Dawn's Null backend in a fresh process: case id -> list of (uses subgroup
-    matrices, error or None)."""
+    """Each case's programs, with and without the next slice read ahead (``MATRIX_PREFETCH``), compiled by Dawn's
+    Null backend in a fresh process: case id -> list of (uses subgroup matrices, error or None)."""
     script = textwrap.dedent(f"""
         import json, os, sys
         os.environ["WGPU_BACKEND_TYPE"] = "Null"
@@ -66,9 +66,14 @@ def tint_results() -> dict:
         adapter = wgpudawn.gpu.request_adapter_sync()
         device = adapter.request_device_sync(required_features=["chromium-experimental-subgroup-matrix", "shader-f16"])
         out = {{}}
+        from tflfuse.kernels import matrix
         for case, key, shapes, attrs in CASES:
             rows = []
-            for p in _shaders(key, shapes, attrs).programs:
+            programs = []
+            for prefetch in (False, True):   # both forms of the staging: the next slice in registers or not
+                matrix.MATRIX_PREFETCH = prefetch
+                programs += _shaders(key, shapes, attrs).programs
+            for p in programs:
                 try:
                     module = device.create_shader_module(code=p.wgsl)
                     device.create_compute_pipeline(layout="auto", compute={{"module": module,

@@ -35,7 +35,7 @@ import re
 
 from .base import KernelError, linear_dispatch
 
-__all__ = ["FRAGMENT", "MAX_SUBGROUPS", "MEASURED_MATRIX_TILES", "SUBGROUP_SIZES", "MatrixTile", "SubgroupMatrix",
+__all__ = ["FRAGMENT", "MATRIX_PREFETCH", "MAX_SUBGROUPS", "MEASURED_MATRIX_TILES", "SUBGROUP_SIZES", "MatrixTile", "SubgroupMatrix",
            "matrix_source", "matrix_tile", "use_matrices"]
 
 #: The subgroup sizes WebGPU allows (powers of two from 4 to 128).
@@ -49,6 +49,9 @@ _MOST_SUBGROUPS = 8
 DEFAULT_WORKGROUP_BYTES = 16384
 #: The fragments' size: ``16 x 16`` results from ``16 x 16`` left and right operands.
 FRAGMENT = 16
+#: Whether the products read the next staged slice into registers while the subgroups multiply the one in
+#: workgroup memory (:func:`matrix_source`'s ``prefetch``), rather than between the slice's two barriers.
+MATRIX_PREFETCH = False
 #: Extra f16 elements per row of the staged slices, so that a fragment's 16 rows fall on distinct banks.
 _PAD = 8
 
@@ -243,7 +246,7 @@ def _stores(base: str, span: int, first: str, width: int, step: int, offset: tup
 
 def matrix_source(prelude: str, helpers: str, a_load: str, b_load: str, rows: int, depth: int, cols: int,
                   store: str, store_vec: str | None, a_strip: str | None, unit: SubgroupMatrix,
-                  tile: MatrixTile | None = None) -> tuple[str, tuple, tuple, int]:
+                  tile: MatrixTile | None = None, prefetch: bool | None = None) -> tuple[str, tuple, tuple, int]:
     """The WGSL of a product on subgroup matrices, and its ``(workgroup_size, dispatch, loop_trips)``.
 
     Args:
@@ -259,6 +262,9 @@ def matrix_source(prelude: str, helpers: str, a_load: str, b_load: str, rows: in
         ``i`` the rows at depth ``k + i``), used instead of ``a4``; or None.
       unit: the device's :class:`SubgroupMatrix`.
       tile: a :class:`MatrixTile`, or None for :func:`matrix_tile`'s.
+      prefetch: whether each invocation reads its share of the next slice into registers (``vec4<f16>``, or
+        ``mat4x4<f16>`` with ``a_strip``) while the subgroups multiply the staged one; None for
+        :data:`MATRIX_PREFETCH`.
     Raises:
       KernelError: the tile's workgroup memory passes ``unit``'s.
     """
@@ -267,26 +273,55 @@ def matrix_source(prelude: str, helpers: str, a_load: str, b_load: str, rows: in
         raise KernelError(f"matrix tile {t.name}: {t.workgroup_bytes()} bytes of workgroup memory, over the "
                           f"device's {unit.workgroup_bytes}")
     sg, tm, tn, tk = unit.subgroup_size, t.tm, t.tn, t.tk
+    prefetch = MATRIX_PREFETCH if prefetch is None else prefetch
     threads = t.subgroups * sg
     sa, sb = tk + _PAD, tn + _PAD            # the staged slices' row strides
     col_tiles = -(-cols // tn)
     tiles = -(-rows // tm) * col_tiles
     kq = tk // 4
-    stage = []
-    if a_strip:   # 4 x 4 blocks: rows r .. r + 3, depths k .. k + 3
-        groups = tm * tk // 16
-        cells = " ".join(f"ta[(r + {j}u) * {sa}u + k + {i}u] = f16(m[{i}][{j}]);" for i in range(4) for j in range(4))
-        stage += _shared(groups, threads, lambda e: f"let r = ({e} / {kq}u) * 4u; let k = ({e} % {kq}u) * 4u; "
-                                                    f"let m = {a_strip}(r0 + r, k0 + k); {cells}")
+    a_dims = (tm * tk // 16, "mat4x4") if a_strip else (tm * tk // 4, "vec4")
+
+    def a_cells(e: str, v: str) -> str:   # piece e of the A slice: where it goes in ta, its value v
+        if a_strip:   # 4 x 4 blocks: rows r .. r + 3, depths k .. k + 3
+            return (f"let r = ({e} / {kq}u) * 4u; let k = ({e} % {kq}u) * 4u; " +
+                    " ".join(f"ta[(r + {j}u) * {sa}u + k + {i}u] = f16({v}[{i}][{j}]);"
+                             for i in range(4) for j in range(4)))
+        return f"let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u; " + \
+            " ".join(f"ta[r * {sa}u + k + {i}u] = f16({v}.{c});" for i, c in enumerate("xyzw"))
+
+    def a_value(e: str, k0: str) -> str:
+        if a_strip:
+            return f"{a_strip}(r0 + ({e} / {kq}u) * 4u, {k0} + ({e} % {kq}u) * 4u)"
+        return f"a4(r0 + {e} / {kq}u, {k0} + ({e} % {kq}u) * 4u)"
+
+    def b_cells(e: str, v: str) -> str:
+        return f"let k = {e} / {tn // 4}u; let c = ({e} % {tn // 4}u) * 4u; " + \
+            " ".join(f"tb[k * {sb}u + c + {i}u] = f16({v}.{c});" for i, c in enumerate("xyzw"))
+
+    def b_value(e: str, k0: str) -> str:
+        return f"b4({k0} + {e} / {tn // 4}u, c0 + ({e} % {tn // 4}u) * 4u)"
+
+    b_groups = tk * tn // 4
+    if prefetch:   # slice k0 + tk read into registers while slice k0 is multiplied
+        a_rounds, b_rounds = -(-a_dims[0] // threads), -(-b_groups // threads)
+        decls = [f"  var pa{s}: {a_dims[1]}<f16>;" for s in range(a_rounds)]
+        decls += [f"  var pb{s}: vec4<f16>;" for s in range(b_rounds)]
+
+        def fetch(k0: str) -> list[str]:
+            rounds = iter(range(a_rounds))
+            out = _shared(a_dims[0], threads, lambda e: f"pa{next(rounds)} = {a_dims[1]}<f16>({a_value(e, k0)});")
+            rounds = iter(range(b_rounds))
+            return out + _shared(b_groups, threads, lambda e: f"pb{next(rounds)} = vec4<f16>({b_value(e, k0)});")
+        rounds_a, rounds_b = iter(range(a_rounds)), iter(range(b_rounds))
+        stage = _shared(a_dims[0], threads, lambda e: a_cells(e, f"pa{next(rounds_a)}"))
+        stage += _shared(b_groups, threads, lambda e: b_cells(e, f"pb{next(rounds_b)}"))
+        first = decls + fetch("0u")
+        nxt = fetch(f"(k0 + {tk}u)")
+        after = [f"    if (k0 + {tk}u < {depth}u) {{"] + ["  " + v for v in nxt] + ["    }"] if depth > tk else []
     else:
-        groups = tm * tk // 4
-        cells = " ".join(f"ta[r * {sa}u + k + {i}u] = f16(v.{c});" for i, c in enumerate("xyzw"))
-        stage += _shared(groups, threads, lambda e: f"let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u; "
-                                                    f"let v = a4(r0 + r, k0 + k); {cells}")
-    groups = tk * tn // 4
-    cells = " ".join(f"tb[k * {sb}u + c + {i}u] = f16(v.{c});" for i, c in enumerate("xyzw"))
-    stage += _shared(groups, threads, lambda e: f"let k = {e} / {tn // 4}u; let c = ({e} % {tn // 4}u) * 4u; "
-                                                f"let v = b4(k0 + k, c0 + c); {cells}")
+        stage = _shared(a_dims[0], threads, lambda e: f"let v = {a_value(e, 'k0')}; {a_cells(e, 'v')}")
+        stage += _shared(b_groups, threads, lambda e: f"let v = {b_value(e, 'k0')}; {b_cells(e, 'v')}")
+        first, after = [], []
     steps = []
     for kk in range(0, tk, FRAGMENT):
         steps.append("    {")
@@ -323,10 +358,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let sm = (sg / {t.wn}u) * {16 * t.fm}u;   // the subgroup's first row and column in the tile
   let sn = (sg % {t.wn}u) * {16 * t.fn}u;
 {accs}
+{nl.join(first)}
   for (var k0 = 0u; k0 < {depth}u; k0 += {tk}u) {{
     workgroupBarrier();
 {nl.join(stage)}
     workgroupBarrier();
+{nl.join(after)}
 {nl.join(steps)}
   }}
 {_results_out(t, rows, cols, sg, store, store_vec)}
