@@ -43,13 +43,15 @@ from tflfuse.kernels.base import Binding, Program, TensorSpec  # noqa: E402
 from tflfuse.runtime.plan import pass_gpu_us  # noqa: E402
 from tflfuse.runtime.profile import gpu_time_plan  # noqa: E402
 
-from chain import BLOCKS, chain_plan, device_input  # noqa: E402
+from chain import BLOCKS, chain_plan  # noqa: E402
 from peaks import recorder, report, require_features, validate_out_flags, validate_timing_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["32"], "Batch sizes.")
-flags.DEFINE_list("tiles", ["14x2/32/4", "14x2/16/4", "14x1/32/4", "7x2/32/4", "7x2/16/4", "7x1/16/4", "7x2/16/8"],
-                  "Tiles THxTW/C/S: output pixels per workgroup, expanded channels per chunk, subgroups.")
+flags.DEFINE_list("tiles", ["14x2/32/4", "14x2/32/4/p", "14x2/16/4", "14x1/32/4", "14x1/32/4/p", "7x2/32/4",
+                           "7x2/32/4/p", "7x2/16/4", "7x1/16/4", "7x1/32/4/p", "7x2/16/8"],
+                  "Tiles THxTW/C/S[/p]: output pixels per workgroup, expanded channels per chunk, subgroups (/p: "
+                  "each chunk's weights read into registers while the chunk before it is computed).")
 flags.DEFINE_string("out", None, "Markdown file to write (printed in any case).")
 flags.DEFINE_integer("repeats", 7, "Timed passes per form.")
 flags.DEFINE_integer("reps", 30, "Runs back to back per timed pass.")
@@ -66,10 +68,11 @@ def _ceil16(v: int) -> int:
 
 
 def block_source(n: int, h: int, w: int, cin: int, cexp: int, cout: int, residual: bool, th: int, tw: int,
-                 chunk: int, subgroups: int, sg: int) -> tuple[str, int, int, int]:
-    """The WGSL of the block on tile ``th x tw``, chunk ``chunk``, ``subgroups`` subgroups of ``sg`` invocations;
-    with its workgroup memory in bytes, invocations per workgroup and workgroups. Raises ValueError for sizes it
-    does not take."""
+                 chunk: int, subgroups: int, sg: int, prefetch: bool = False) -> tuple[str, int, int, int]:
+    """The WGSL of the block on tile ``th x tw``, chunk ``chunk``, ``subgroups`` subgroups of ``sg`` invocations
+    (with ``prefetch``, each chunk's weights read into registers while the chunk before it is computed); with its
+    workgroup memory in bytes, invocations per workgroup and workgroups. Raises ValueError for sizes it does not
+    take."""
     hh, hw = th + 2, tw + 2
     hp, op = hh * hw, th * tw
     hr, orows = _ceil16(hp), _ceil16(op)
@@ -88,6 +91,26 @@ def block_source(n: int, h: int, w: int, cin: int, cexp: int, cout: int, residua
         return f"""  for (var e = lidx; e < {items}u; e += {threads}u) {{
 {body}
   }}"""
+
+    # the chunk's weights: expand rows into wsb, projection rows into pws (vec4 m of each, stored as 4 f16)
+    parts = [("wsb", "rw", cin * q, q, wa, lambda k, j, c: f"ew[{k} * {ce4}u + {c} * {q}u + {j} / 4u]"),
+             ("pws", "rp", chunk * co4, co4, pa, lambda k, j, c: f"pw[({c} * {chunk}u + {k}) * {co4}u + {j} / 4u]")]
+    weights, first, ahead = [], [], []
+    for arr, reg, items, per, stride, at in parts:
+        def put(v: str) -> str:
+            return " ".join(f"{arr}[k * {stride}u + j + {i}u] = {v}.{comp};" for i, comp in enumerate("xyzw"))
+        if not prefetch:
+            weights.append(shared(items, f"    let k = e / {per}u; let j = (e % {per}u) * 4u; "
+                                         f"let v = {at('k', 'j', 'c')}; {put('v')}"))
+            continue
+        for m in range(-(-items // threads)):
+            e = f"(lidx + {m * threads}u)"
+            cond = "" if (m + 1) * threads <= items else f"if ({e} < {items}u) "
+            kj = f"let k = {e} / {per}u; let j = ({e} % {per}u) * 4u;"
+            first.append(f"  var {reg}{m} = vec4<f16>(0.0);")
+            first.append(f"  {cond}{{ {kj} {reg}{m} = {at('k', 'j', '0u')}; }}")
+            weights.append(f"    {cond}{{ {kj} {put(f'{reg}{m}')} }}")
+            ahead.append(f"    if (c + 1u < {cexp // chunk}u) {{ {cond}{{ {kj} {reg}{m} = {at('k', 'j', '(c + 1u)')}; }} }}")
 
     def guard(i: int, count: int) -> str:   # round i of a subgroup's fragments: past count for some subgroups
         return "" if (i + 1) * s <= count else f" if (f < {count}u)"
@@ -177,19 +200,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     xs[r * {xa}u + k] = v.x; xs[r * {xa}u + k + 1u] = v.y; xs[r * {xa}u + k + 2u] = v.z;
     xs[r * {xa}u + k + 3u] = v.w;''')}
 {nl.join(accs)}
+{nl.join(first)}
   for (var c = 0u; c < {cexp // chunk}u; c++) {{
     workgroupBarrier();
-{shared(cin * q, f'''    let k = e / {q}u;
-    let j = (e % {q}u) * 4u;
-    let v = ew[k * {ce4}u + c * {q}u + j / 4u];
-    wsb[k * {wa}u + j] = v.x; wsb[k * {wa}u + j + 1u] = v.y; wsb[k * {wa}u + j + 2u] = v.z;
-    wsb[k * {wa}u + j + 3u] = v.w;''')}
-{shared(chunk * co4, f'''    let k = e / {co4}u;
-    let j = (e % {co4}u) * 4u;
-    let v = pw[(c * {chunk}u + k) * {co4}u + j / 4u];
-    pws[k * {pa}u + j] = v.x; pws[k * {pa}u + j + 1u] = v.y; pws[k * {pa}u + j + 2u] = v.z;
-    pws[k * {pa}u + j + 3u] = v.w;''')}
+{nl.join(weights)}
     workgroupBarrier();
+{nl.join(ahead)}
 {nl.join(expand)}
     workgroupBarrier();
 {shared(op * q, f'''    let p = e / {q}u;
@@ -267,7 +283,7 @@ def main(argv):
         k = kernel_class("fused_bottleneck")([TensorSpec(a.shape) for a in inputs],
                                              {"expansion": t, "stride": 1, "residual": residual, "target": "gpu"})
         plan = chain_plan(dawn, [("fused_bottleneck", k, list(range(len(inputs))), 99)], dict(enumerate(inputs)), 0,
-                          device_input(dawn, x), "float16")
+                          None, "float16")
         plan.run()
         got = np.frombuffer(dawn.device.queue.read_buffer(plan.buffers[99]),
                             np.float16 if plan._is_half(99) else np.float32)[:want.size]
@@ -281,11 +297,11 @@ def main(argv):
             [a.astype(np.float16).ravel(), np.zeros(a.size % 2, np.float16)]).tobytes()) for a in arrays]
         out = dawn.create_buffer(want.size * 2)
         for name in FLAGS.tiles:
-            shape, chunk, subgroups = name.split("/")
+            shape, chunk, subgroups, *opt = name.split("/")
             th, tw = map(int, shape.split("x"))
             try:
                 source, wg_bytes, threads, groups = block_source(n, h, h, cin, e, cout, residual, th, tw, int(chunk),
-                                                                 int(subgroups), unit.subgroup_size)
+                                                                 int(subgroups), unit.subgroup_size, opt == ["p"])
             except ValueError as err:
                 print(f"  {name}: {err}", flush=True)
                 continue
