@@ -27,6 +27,7 @@ pass, median of ``--repeats`` passes, after ``--warm_ms`` of the same work. Need
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -58,6 +59,9 @@ flags.DEFINE_integer("reps", 30, "Runs back to back per timed pass.")
 flags.DEFINE_float("warm_ms", 100.0, "Milliseconds of the same work untimed before each timed form.")
 validate_out_flags("out")
 validate_timing_flags()
+_TILE = re.compile(r"[1-9][0-9]*x[1-9][0-9]*/[1-9][0-9]*/[1-9][0-9]*(/p)?", re.ASCII)
+flags.register_validator("tiles", lambda v: bool(v) and all(_TILE.fullmatch(t) for t in v),
+                         "--tiles: a list of THxTW/C/S or THxTW/C/S/p (positive integers), e.g. 14x2/32/4")
 
 #: Extra f16 elements per row of the staged operands, so that a fragment's 16 rows fall on distinct banks.
 _PAD = 8

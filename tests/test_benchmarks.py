@@ -791,9 +791,10 @@ def test_subgroup_matrix_probe_names_what_it_needs(tmp_path):
     assert proc.returncode != 0 and "--out must be a file" in proc.stderr
 
 
-@pytest.mark.parametrize("script,args", [("sweep_matrix.py", []), ("dawn_matrix.py", ["--models={models}"])])
+@pytest.mark.parametrize("script,args", [("sweep_matrix.py", []), ("dawn_matrix.py", ["--models={models}"]),
+                                         ("matrix_block.py", [])])
 def test_dawn_benchmarks_stop_with_one_line_without_a_dawn_device(tmp_path, script, args):
-    """benchmarks/sweep_matrix.py and dawn_matrix.py stop with one line, before any GPU work, where no Dawn device
+    """benchmarks/sweep_matrix.py, dawn_matrix.py and matrix_block.py stop with one line, before any GPU work, where no Dawn device
     can be made (wgpudawn blocked from importing here, whether or not this machine has it)."""
     for name in ("mobilenet_v2_fused", "mobilenet_v2_unfused"):
         (tmp_path / f"{name}.tflite").write_bytes(b"")
@@ -815,6 +816,9 @@ def test_dawn_benchmarks_stop_with_one_line_without_a_dawn_device(tmp_path, scri
     ("sweep_matrix.py", ["--repeats=0"], "--repeats must be at least 1"),
     ("sweep_matrix.py", ["--warm_ms=-5"], "--warm_ms must be from 0"),
     ("sweep_matrix.py", ["--only=784x32x192"], "--only: 784x32x192 not among MobileNetV2's products at batch 32"),
+    ("matrix_block.py", ["--tiles=14x2/32"], "--tiles: a list of THxTW/C/S or THxTW/C/S/p"),
+    ("matrix_block.py", ["--tiles=14x2/32/4p"], "--tiles: a list of THxTW/C/S or THxTW/C/S/p"),
+    ("matrix_block.py", ["--batches=0"], "--batches must be a non-empty list of positive integers"),
     ("dawn_matrix.py", ["--models={missing}"], "--models must be a folder holding mobilenet_v2_fused.tflite"),
     ("dawn_matrix.py", [], "--models must be a folder holding"),
     ("dawn_matrix.py", ["--models={models}", "--n=0"], "--n must be at least 1"),
