@@ -1,5 +1,5 @@
 """A whole inverted-residual block in one dispatch on subgroup matrices (Dawn), against the library's fused_bottleneck
-on the same Dawn device in float16, on MobileNetV2's stride-1 blocks of 14x14 and 7x7 at batch 32.
+on the same Dawn device in float16, on MobileNetV2's stride-1 blocks of 28x28, 14x14 and 7x7 at batch 32.
 
     pip install wgpudawn==0.32.0.4
     python benchmarks/matrix_block.py [--tiles=14x2/32/4,7x7/32/8] [--out=benchmarks/RESULTS-matrix-block.md]
@@ -50,7 +50,8 @@ from peaks import recorder, report, require_features, validate_out_flags, valida
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["32"], "Batch sizes.")
 flags.DEFINE_list("tiles", ["14x2/32/4", "14x2/32/4/p", "14x2/16/4", "14x1/32/4", "14x1/32/4/p", "7x2/32/4",
-                           "7x2/32/4/p", "7x2/16/4", "7x1/16/4", "7x1/32/4/p", "7x2/16/8"],
+                           "7x2/32/4/p", "7x2/16/4", "7x1/16/4", "7x1/32/4/p", "7x2/16/8", "28x2/32/4/p",
+                           "28x1/32/4/p"],
                   "Tiles THxTW/C/S[/p]: output pixels per workgroup, expanded channels per chunk, subgroups (/p: "
                   "each chunk's weights read into registers while the chunk before it is computed).")
 flags.DEFINE_string("out", None, "Markdown file to write (printed in any case).")
@@ -269,7 +270,7 @@ def main(argv):
     lines = []
     totals = {"library": 0.0, "best": 0.0}
     for n, (h, cin, t, cout, s) in ((int(b), blk) for b in FLAGS.batches for blk in BLOCKS):
-        if s != 1 or h not in (14, 7):
+        if s != 1 or h not in (28, 14, 7):
             continue
         e, residual = cin * t, cin == cout
         x = rng.standard_normal((n, h, h, cin)).astype(np.float32)
@@ -339,7 +340,7 @@ def main(argv):
     head = ["# A whole block in one dispatch on subgroup matrices (prototype) against the library's fused_bottleneck",
             "", f"`benchmarks/matrix_block.py`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
             f"{dawn.describe()}; batch {','.join(FLAGS.batches)}, float16, GPU microseconds per block (median of {FLAGS.repeats} passes of "
-            f"{FLAGS.reps} runs). Stride-1 blocks of MobileNetV2 at 14x14 and 7x7: library {totals['library']:.1f} "
+            f"{FLAGS.reps} runs). Stride-1 blocks of MobileNetV2 at 28x28, 14x14 and 7x7: library {totals['library']:.1f} "
             f"us in all, one dispatch on matrices {totals['best']:.1f} us (the best tile of each).", "",
             "| block | library's strategy | library us | library max error | one dispatch, best tile, us | its max "
             "error | library / one dispatch | every tile, us |", "|---|---|---:|---:|---:|---:|---:|---|"]
