@@ -44,6 +44,14 @@ CASES = [
                                             (64,)], {"expansion": 6, "stride": 1, "residual": True}),
     ("bottleneck_stride2", "fused_bottleneck", [(32, 28, 28, 32), (32, 192), (192,), (3, 3, 192), (192,),
                                                 (192, 64), (64,)], {"expansion": 6, "stride": 2, "residual": False}),
+    # the whole block in one dispatch (MATRIX_BLOCK): odd sizes, tiles past the image's edges, more fragments than
+    # subgroups take evenly, a 5x5 depthwise conv with VALID padding, an output activation
+    ("bottleneck_block", "fused_bottleneck", [(3, 9, 7, 16), (16, 96), (96,), (3, 3, 96), (96,), (96, 16), (16,)],
+     {"expansion": 6, "stride": 1, "residual": True}),
+    ("bottleneck_block_5x5", "fused_bottleneck", [(2, 11, 6, 16), (16, 48), (48,), (5, 5, 48), (48,), (48, 32),
+                                                  (32,)],
+     {"expansion": 3, "stride": 1, "residual": False, "kernel_size": 5, "padding": "VALID",
+      "activation": "hard_swish", "output_activation": "relu6"}),
 ]
 
 
@@ -53,8 +61,8 @@ def _shaders(key, shapes, attrs, subgroup=_NULL_SUBGROUP):
 
 @pytest.fixture(scope="module")
 def tint_results() -> dict:
-    """Each case's programs, with and without the next slice read ahead (``MATRIX_PREFETCH``), compiled by Dawn's
-    Null backend in a fresh process: case id -> list of (uses subgroup matrices, error or None)."""
+    """Each case's programs, with and without the next slice read ahead (``MATRIX_PREFETCH``) and blocks in one
+    dispatch (``MATRIX_BLOCK``), compiled by Dawn's Null backend in a fresh process: case id -> list of (uses subgroup matrices, error or None)."""
     script = textwrap.dedent(f"""
         import json, os, sys
         os.environ["WGPU_BACKEND_TYPE"] = "Null"
@@ -67,11 +75,12 @@ def tint_results() -> dict:
         device = adapter.request_device_sync(required_features=["chromium-experimental-subgroup-matrix", "shader-f16"])
         out = {{}}
         from tflfuse.kernels import matrix
+        from tflfuse.kernels.fused import matrix_block
         for case, key, shapes, attrs in CASES:
             rows = []
             programs = []
-            for prefetch in (False, True):   # both forms of the staging: the next slice in registers or not
-                matrix.MATRIX_PREFETCH = prefetch
+            for switch in (False, True):   # the next slice in registers or not; blocks in one dispatch or not
+                matrix.MATRIX_PREFETCH = matrix_block.MATRIX_BLOCK = switch
                 programs += _shaders(key, shapes, attrs).programs
             for p in programs:
                 try:
