@@ -105,12 +105,10 @@ def matrix_block_refusal(g: dict, cin: int, cexp: int, cout: int, tile: MatrixBl
 
 
 def matrix_block_tile(g: dict, cin: int, cexp: int, cout: int, unit) -> MatrixBlockTile | None:
-    """The first of :data:`_TILES` that :func:`matrix_block_refusal` takes, or None."""
-    for name in _TILES:
-        t = MatrixBlockTile.parse(name)
-        if not matrix_block_refusal(g, cin, cexp, cout, t, unit):
-            return t
-    return None
+    """The first of :data:`_TILES` that :func:`matrix_block_refusal` takes and that is no taller than the output,
+    else the first it takes, or None."""
+    taken = [t for t in map(MatrixBlockTile.parse, _TILES) if not matrix_block_refusal(g, cin, cexp, cout, t, unit)]
+    return next((t for t in taken if t.th <= g["OH"]), taken[0] if taken else None)
 
 
 def matrix_block_program(name: str, bindings: tuple[Binding, ...], g: dict, cin: int, cexp: int, cout: int,
