@@ -43,9 +43,6 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["32"], "Batch sizes.")
 flags.DEFINE_list("tiles", [], "Matrix tiles to try besides matrix_tile's: WMxWN/FMxFN/TK[/w].")
 flags.DEFINE_list("only", [], "Only these products, ROWSxDEPTHxCOLS.")
-flags.DEFINE_list("prefetch", [], "Time each tile with the next slice read into registers while the staged one is "
-                  "multiplied (on; labelled TILE+p) and/or without (off); empty: the library's "
-                  "tflfuse.kernels.matrix.MATRIX_PREFETCH only.")
 flags.DEFINE_string("out", None, "Markdown file to write (printed in any case).")
 flags.DEFINE_integer("repeats", 7, "Timed passes per form and tile.")
 flags.DEFINE_integer("reps", 30, "Runs back to back per timed pass.")
@@ -63,7 +60,6 @@ def _tiles_ok(names) -> bool:
 
 
 flags.register_validator("tiles", _tiles_ok)
-flags.register_validator("prefetch", lambda v: set(v) <= {"on", "off"}, "--prefetch: a list of on and off")
 validate_timing_flags()
 
 def products(n: int) -> dict[tuple[int, int, int], int]:
@@ -95,11 +91,6 @@ def main(argv):
     rng = np.random.default_rng(0)
     timing = (FLAGS.repeats, FLAGS.reps, FLAGS.warm_ms)
     lines, totals = [], {"fma": 0.0, "rule": 0.0, "best": 0.0, "library": 0.0}
-    default_prefetch = matrix.MATRIX_PREFETCH
-    prefetches = [v == "on" for v in dict.fromkeys(FLAGS.prefetch)] or [default_prefetch]
-
-    def label(t: matrix.MatrixTile, prefetch: bool) -> str:
-        return t.name + ("+p" if prefetch else "")
     counted = 0
     for n in map(int, FLAGS.batches):
         for (rows, depth, cols), count in products(n).items():
@@ -126,25 +117,21 @@ def main(argv):
                 if t.workgroup_bytes() > unit.workgroup_bytes or t.subgroups * unit.subgroup_size > invocations:
                     print(f"  {t.name}: skipped, past the device's workgroup memory or invocations", flush=True)
                     continue
-                for prefetch in prefetches:
-                    # the tile, and the matrix form even where the library keeps the product on the FMA units
-                    saved = matrix.MEASURED_MATRIX_TILES.get((rows, depth, cols)), gemm.use_matrices
-                    matrix.MEASURED_MATRIX_TILES[rows, depth, cols], gemm.use_matrices = t.name, lambda *_: True
-                    matrix.MATRIX_PREFETCH = prefetch
-                    try:
-                        prog = half_storage(programs(rows, depth, cols, tile)["f32"], unit)
-                        us, y = run_form(dawn, prog, (x, w, b), rows, cols, *timing)
-                    finally:
-                        matrix.MEASURED_MATRIX_TILES[rows, depth, cols], gemm.use_matrices = saved
-                        matrix.MATRIX_PREFETCH = default_prefetch
-                        if saved[0] is None:
-                            del matrix.MEASURED_MATRIX_TILES[rows, depth, cols]
-                    err = float(np.abs(y - want).max())
-                    if not err <= tol:
-                        print(f"  WRONG {label(t, prefetch)} {rows}x{depth}x{cols}: max error {err:.3g} > {tol:.3g}",
-                              flush=True)
-                        continue
-                    found[label(t, prefetch)] = (us, err)
+                # the tile, and the matrix form even where the library keeps the product on the FMA units
+                saved = matrix.MEASURED_MATRIX_TILES.get((rows, depth, cols)), gemm.use_matrices
+                matrix.MEASURED_MATRIX_TILES[rows, depth, cols], gemm.use_matrices = t.name, lambda *_: True
+                try:
+                    prog = half_storage(programs(rows, depth, cols, tile)["f32"], unit)
+                    us, y = run_form(dawn, prog, (x, w, b), rows, cols, *timing)
+                finally:
+                    matrix.MEASURED_MATRIX_TILES[rows, depth, cols], gemm.use_matrices = saved
+                    if saved[0] is None:
+                        del matrix.MEASURED_MATRIX_TILES[rows, depth, cols]
+                err = float(np.abs(y - want).max())
+                if not err <= tol:
+                    print(f"  WRONG {t.name} {rows}x{depth}x{cols}: max error {err:.3g} > {tol:.3g}", flush=True)
+                    continue
+                found[t.name] = (us, err)
             if not found or not fma_err <= fma_tol:
                 print(f"{rows}x{depth}x{cols}: no checked result (FMA error {fma_err:.3g}, tolerance {fma_tol:.3g})",
                       flush=True)
@@ -152,13 +139,12 @@ def main(argv):
             best = min(found, key=lambda k: found[k][0])
             flop = 2 * rows * depth * cols
             totals["fma"] += count * fma_us
-            rule_label = label(rule, default_prefetch)
-            totals["rule"] += count * found.get(rule_label, found[best])[0]
+            totals["rule"] += count * found.get(rule.name, found[best])[0]
             totals["best"] += count * found[best][0]
-            totals["library"] += count * (found.get(rule_label, found[best])[0] if chosen == "matrices" else fma_us)
+            totals["library"] += count * (found.get(rule.name, found[best])[0] if chosen == "matrices" else fma_us)
             counted += count
             lines.append(f"| {rows} x {depth} x {cols} | {count} | {chosen} | {fma_us:.1f} | "
-                         f"{found[rule_label][0] if rule_label in found else float('nan'):.1f} ({rule_label}) | "
+                         f"{found[rule.name][0] if rule.name in found else float('nan'):.1f} ({rule.name}) | "
                          f"{found[best][0]:.1f} ({best}) | {fma_us / found[best][0]:.2f}x | "
                          f"{flop / found[best][0] / 1e6:.1f} | {found[best][1]:.1e} |")
             print(lines[-1], "; ".join(f"{k} {v[0]:.1f}" for k, v in found.items()), flush=True)

@@ -794,8 +794,8 @@ def test_subgroup_matrix_probe_names_what_it_needs(tmp_path):
 @pytest.mark.parametrize("script,args", [("sweep_matrix.py", []), ("dawn_matrix.py", ["--models={models}"]),
                                          ("matrix_block.py", [])])
 def test_dawn_benchmarks_stop_with_one_line_without_a_dawn_device(tmp_path, script, args):
-    """benchmarks/sweep_matrix.py, dawn_matrix.py and matrix_block.py stop with one line, before any GPU work, where no Dawn device
-    can be made (wgpudawn blocked from importing here, whether or not this machine has it)."""
+    """benchmarks/sweep_matrix.py, dawn_matrix.py and matrix_block.py stop with one line, before any GPU work, where
+    no Dawn device can be made (wgpudawn blocked from importing here, whether or not this machine has it)."""
     for name in ("mobilenet_v2_fused", "mobilenet_v2_unfused"):
         (tmp_path / f"{name}.tflite").write_bytes(b"")
     blocked = ("import runpy, sys; sys.modules['wgpudawn'] = None; sys.argv = sys.argv[1:]; "
@@ -809,7 +809,6 @@ def test_dawn_benchmarks_stop_with_one_line_without_a_dawn_device(tmp_path, scri
 @pytest.mark.parametrize("script,args,message", [
     ("sweep_matrix.py", ["--tiles=2x2/2x2/24"], "--tiles: matrix tile 2x2/2x2/24"),
     ("sweep_matrix.py", ["--tiles=8x8/1x1/16"], "at most 8 subgroups"),
-    ("sweep_matrix.py", ["--prefetch=yes"], "--prefetch: a list of on and off"),
     ("sweep_matrix.py", ["--batches=0"], "--batches must be a non-empty list of positive integers"),
     ("sweep_matrix.py", ["--batches=\u00b2"], "--batches must be a non-empty list of positive integers"),
     ("sweep_matrix.py", ["--batches="], "--batches must be a non-empty list of positive integers"),

@@ -20,7 +20,6 @@ import pytest
 
 import tflfuse
 from tflfuse.kernels.matrix import MatrixTile, SubgroupMatrix, matrix_tile
-from tflfuse.kernels.fused import matrix_block
 from tflfuse.kernels.base import KernelError
 
 #: A subgroup size Dawn's Null backend takes: its largest subgroup is 128 invocations and a workgroup's x size must be
@@ -45,14 +44,6 @@ CASES = [
                                             (64,)], {"expansion": 6, "stride": 1, "residual": True}),
     ("bottleneck_stride2", "fused_bottleneck", [(32, 28, 28, 32), (32, 192), (192,), (3, 3, 192), (192,),
                                                 (192, 64), (64,)], {"expansion": 6, "stride": 2, "residual": False}),
-    # the whole block in one dispatch (MATRIX_BLOCK): odd sizes, tiles past the image's edges, more fragments than
-    # subgroups take evenly, a 5x5 depthwise conv with VALID padding, an output activation
-    ("bottleneck_block", "fused_bottleneck", [(3, 9, 7, 16), (16, 96), (96,), (3, 3, 96), (96,), (96, 16), (16,)],
-     {"expansion": 6, "stride": 1, "residual": True}),
-    ("bottleneck_block_5x5", "fused_bottleneck", [(2, 11, 6, 16), (16, 48), (48,), (5, 5, 48), (48,), (48, 32),
-                                                  (32,)],
-     {"expansion": 3, "stride": 1, "residual": False, "kernel_size": 5, "padding": "VALID",
-      "activation": "hard_swish", "output_activation": "relu6"}),
 ]
 
 
@@ -62,8 +53,8 @@ def _shaders(key, shapes, attrs, subgroup=_NULL_SUBGROUP):
 
 @pytest.fixture(scope="module")
 def tint_results() -> dict:
-    """Each case's programs, with and without the next slice read ahead (``MATRIX_PREFETCH``) and blocks in one
-    dispatch (``MATRIX_BLOCK``), compiled by Dawn's Null backend in a fresh process: case id -> list of (uses subgroup matrices, error or None)."""
+    """Each case's programs compiled by Dawn's Null backend in a fresh process: case id -> list of (uses subgroup
+    matrices, error or None)."""
     script = textwrap.dedent(f"""
         import json, os, sys
         os.environ["WGPU_BACKEND_TYPE"] = "Null"
@@ -75,15 +66,9 @@ def tint_results() -> dict:
         adapter = wgpudawn.gpu.request_adapter_sync()
         device = adapter.request_device_sync(required_features=["chromium-experimental-subgroup-matrix", "shader-f16"])
         out = {{}}
-        from tflfuse.kernels import matrix
-        from tflfuse.kernels.fused import matrix_block
         for case, key, shapes, attrs in CASES:
             rows = []
-            programs = []
-            for switch in (False, True):   # the next slice in registers or not; blocks in one dispatch or not
-                matrix.MATRIX_PREFETCH = matrix_block.MATRIX_BLOCK = switch
-                programs += _shaders(key, shapes, attrs).programs
-            for p in programs:
+            for p in _shaders(key, shapes, attrs).programs:
                 try:
                     module = device.create_shader_module(code=p.wgsl)
                     device.create_compute_pipeline(layout="auto", compute={{"module": module,
@@ -464,48 +449,3 @@ def test_library_tiles_hold_at_most_max_subgroups():
     tiles = [MatrixTile.parse(v) for v in MEASURED_MATRIX_TILES.values()]
     tiles += [matrix_tile(r, d, c) for r, d, c in [(9, 40, 8), (9, 40, 24), (9, 40, 200), (9, 16, 200)]]
     assert all(t.subgroups <= MAX_SUBGROUPS for t in tiles)
-
-
-#: (id, input shapes, attributes) of blocks the one-dispatch form leaves to their default programs.
-_NOT_ONE_DISPATCH = [
-    ("stride2", [(2, 9, 9, 16), (16, 96), (96,), (3, 3, 96), (96,), (96, 16), (16,)],
-     {"expansion": 6, "stride": 2, "residual": False}),
-    ("channels_not_16", [(2, 9, 9, 12), (12, 72), (72,), (3, 3, 72), (72,), (72, 12), (12,)],
-     {"expansion": 6, "stride": 1, "residual": True}),
-    ("strategy_given", [(2, 9, 9, 16), (16, 96), (96,), (3, 3, 96), (96,), (96, 16), (16,)],
-     {"expansion": 6, "stride": 1, "residual": True, "strategy": "staged"}),
-    ("squeeze_excite", [(2, 9, 9, 16), (16, 96), (96,), (3, 3, 96), (96,), (96, 16), (16,), (96, 24), (24,),
-                        (24, 96), (96,)], {"expansion": 6, "stride": 1, "residual": True, "squeeze_excite": True}),
-]
-
-
-@pytest.mark.parametrize("shapes,attrs", [c[1:] for c in _NOT_ONE_DISPATCH], ids=[c[0] for c in _NOT_ONE_DISPATCH])
-def test_one_dispatch_form_leaves_other_blocks_alone(monkeypatch, shapes, attrs):
-    monkeypatch.setattr(matrix_block, "MATRIX_BLOCK", True)
-    on = _shaders("fused_bottleneck", shapes, attrs).programs
-    monkeypatch.setattr(matrix_block, "MATRIX_BLOCK", False)
-    off = _shaders("fused_bottleneck", shapes, attrs).programs
-    assert [p.wgsl for p in on] == [p.wgsl for p in off]
-
-
-def test_one_dispatch_form_replaces_the_blocks_programs_on_matrices_only(monkeypatch):
-    """With MATRIX_BLOCK, an eligible block is one dispatch in the float16 plan on subgroup matrices, its bindings
-    the op's inputs and output only (no scratch buffer); the float32 plan and a float16 plan without matrices keep
-    their programs."""
-    key, shapes, attrs = next((k, s, a) for c, k, s, a in CASES if c == "bottleneck_block")
-    f32 = tflfuse.get_shader(key, shapes, {**attrs, "target": "gpu"}).programs
-    f16 = tflfuse.get_shader(key, shapes, {**attrs, "target": "gpu"}, precision="float16").programs
-    monkeypatch.setattr(matrix_block, "MATRIX_BLOCK", True)
-    on = _shaders(key, shapes, attrs).programs
-    assert len(on) == 1 and "subgroupMatrixMultiplyAccumulate" in on[0].wgsl
-    assert [b["name"] for b in on[0].bindings] == ["x", "ew", "eb", "dw", "db", "pw", "pb", "y"]
-    assert [p.wgsl for p in tflfuse.get_shader(key, shapes, {**attrs, "target": "gpu"}).programs] == \
-        [p.wgsl for p in f32]
-    assert [p.wgsl for p in tflfuse.get_shader(key, shapes, {**attrs, "target": "gpu"},
-                                               precision="float16").programs] == [p.wgsl for p in f16]
-
-
-@pytest.mark.parametrize("text", ["14x2/32", "14x2/32/4/p", "0x2/32/4", "14x2/32/4 ", None])
-def test_matrix_block_tile_parse_refuses(text):
-    with pytest.raises(KernelError, match="is not 'THxTW/C/S'"):
-        matrix_block.MatrixBlockTile.parse(text)

@@ -182,11 +182,10 @@ def half_pack_program(count: int) -> Program:
 
 def half_programs(kernel, matrix=None) -> list[Program]:
     """A kernel's programs as a float16 plan runs them (:func:`half_storage` of each, on the device's subgroup
-    matrices ``matrix`` where not None, a :class:`~tflfuse.kernels.matrix.SubgroupMatrix`; there a kernel's
-    ``matrix_programs(matrix)``, where it has one that returns programs, replaces its ``programs()``), checked
-    against its :meth:`~tflfuse.kernels.base.Kernel.half_scratch`: every float binding of a listed scratch buffer
-    is f16 and every other scratch binding keeps its type, so that two programs never read one buffer in two
-    precisions and the buffer's size (halved for the listed ones) fits every binding.
+    matrices ``matrix`` where not None, a :class:`~tflfuse.kernels.matrix.SubgroupMatrix`), checked against its
+    :meth:`~tflfuse.kernels.base.Kernel.half_scratch`: every float binding of a listed scratch buffer is f16 and
+    every other scratch binding keeps its type, so that two programs never read one buffer in two precisions
+    and the buffer's size (halved for the listed ones) fits every binding.
 
     Raises:
       KernelError: a program's binding disagrees (its ``Program.half_scratch`` does not match the kernel's), or
@@ -195,9 +194,7 @@ def half_programs(kernel, matrix=None) -> list[Program]:
     halves = set(kernel.half_scratch())
     floats = (*HALF_TYPES, *HALF_TYPES.values())
     programs = []
-    on_matrices = kernel.matrix_programs(matrix) if matrix is not None and hasattr(kernel, "matrix_programs") \
-        else None
-    for prog in on_matrices or kernel.programs():
+    for prog in kernel.programs():
         prog = half_storage(prog, matrix)
         for b in prog.bindings:
             if b.role[0] != "scratch":

@@ -20,6 +20,16 @@ every product of two f16 values is exact in f32; the sums are f32 across the who
 (unlike the FMA form's ``HALF_STEPS``). Each output is within ``gamma(depth + 1, 2**-24) (|A| @ |B|)`` of the exact
 product of the f16-rounded operands, before the store's own rounding to f16.
 
+Two changes measured on an H100 (Vulkan, driver 580.159.04, 2026-12-07) were not kept. The next staged slice read
+into registers while the subgroups multiply the one in workgroup memory (bit for bit the same sums): MobileNetV2 on
+Dawn in float16 took 1.001x the time at batch 32 fused and 1.004x unfused, 1.010x and 1.005x at batch 1
+(``benchmarks/switch_ab.py``, 3 alternating rounds); its products 0.94-1.18x each (``benchmarks/sweep_matrix.py``
+with 8 tiles each: 438 against 450 us over the 34 products with the best of either, 2.7%). And a whole stride-1
+inverted-residual block in one dispatch, the expansion and projection on these fragments with the depthwise conv
+between them in workgroup memory (``benchmarks/matrix_block.py``, ``benchmarks/RESULTS-matrix-block.md``): 2.1-5.5x
+the time of the float16 plan's two or three dispatches on MobileNetV2's blocks at batch 32, 1.6-12x at batch 1,
+every block and tile: a workgroup walks all the expanded channels' chunks in turn, too few workgroups to hide it.
+
 Offsets of subgroup-matrix loads and stores must be uniform in WGSL's analysis, which treats the subgroup's
 index in the workgroup as non-uniform: the diagnostic ``chromium.subgroup_matrix_uniformity`` is turned off, and
 the subgroup index is ``local_invocation_index / subgroup_size``, invocations of a subgroup being consecutive in a
@@ -35,7 +45,7 @@ import re
 
 from .base import KernelError, linear_dispatch
 
-__all__ = ["FRAGMENT", "MATRIX_PREFETCH", "MAX_SUBGROUPS", "MEASURED_MATRIX_TILES", "SUBGROUP_SIZES", "MatrixTile", "SubgroupMatrix",
+__all__ = ["FRAGMENT", "MAX_SUBGROUPS", "MEASURED_MATRIX_TILES", "SUBGROUP_SIZES", "MatrixTile", "SubgroupMatrix",
            "matrix_source", "matrix_tile", "use_matrices"]
 
 #: The subgroup sizes WebGPU allows (powers of two from 4 to 128).
@@ -49,9 +59,6 @@ _MOST_SUBGROUPS = 8
 DEFAULT_WORKGROUP_BYTES = 16384
 #: The fragments' size: ``16 x 16`` results from ``16 x 16`` left and right operands.
 FRAGMENT = 16
-#: Whether the products read the next staged slice into registers while the subgroups multiply the one in
-#: workgroup memory (:func:`matrix_source`'s ``prefetch``), rather than between the slice's two barriers.
-MATRIX_PREFETCH = False
 #: Extra f16 elements per row of the staged slices, so that a fragment's 16 rows fall on distinct banks.
 _PAD = 8
 
@@ -246,7 +253,7 @@ def _stores(base: str, span: int, first: str, width: int, step: int, offset: tup
 
 def matrix_source(prelude: str, helpers: str, a_load: str, b_load: str, rows: int, depth: int, cols: int,
                   store: str, store_vec: str | None, a_strip: str | None, unit: SubgroupMatrix,
-                  tile: MatrixTile | None = None, prefetch: bool | None = None) -> tuple[str, tuple, tuple, int]:
+                  tile: MatrixTile | None = None) -> tuple[str, tuple, tuple, int]:
     """The WGSL of a product on subgroup matrices, and its ``(workgroup_size, dispatch, loop_trips)``.
 
     Args:
@@ -262,9 +269,6 @@ def matrix_source(prelude: str, helpers: str, a_load: str, b_load: str, rows: in
         ``i`` the rows at depth ``k + i``), used instead of ``a4``; or None.
       unit: the device's :class:`SubgroupMatrix`.
       tile: a :class:`MatrixTile`, or None for :func:`matrix_tile`'s.
-      prefetch: whether each invocation reads its share of the next slice into registers (``vec4<f16>``, or
-        ``mat4x4<f16>`` with ``a_strip``) while the subgroups multiply the staged one; None for
-        :data:`MATRIX_PREFETCH`.
     Raises:
       KernelError: the tile's workgroup memory passes ``unit``'s.
     """
@@ -273,55 +277,26 @@ def matrix_source(prelude: str, helpers: str, a_load: str, b_load: str, rows: in
         raise KernelError(f"matrix tile {t.name}: {t.workgroup_bytes()} bytes of workgroup memory, over the "
                           f"device's {unit.workgroup_bytes}")
     sg, tm, tn, tk = unit.subgroup_size, t.tm, t.tn, t.tk
-    prefetch = MATRIX_PREFETCH if prefetch is None else prefetch
     threads = t.subgroups * sg
     sa, sb = tk + _PAD, tn + _PAD            # the staged slices' row strides
     col_tiles = -(-cols // tn)
     tiles = -(-rows // tm) * col_tiles
     kq = tk // 4
-    a_dims = (tm * tk // 16, "mat4x4") if a_strip else (tm * tk // 4, "vec4")
-
-    def a_cells(e: str, v: str) -> str:   # piece e of the A slice: where it goes in ta, its value v
-        if a_strip:   # 4 x 4 blocks: rows r .. r + 3, depths k .. k + 3
-            return (f"let r = ({e} / {kq}u) * 4u; let k = ({e} % {kq}u) * 4u; " +
-                    " ".join(f"ta[(r + {j}u) * {sa}u + k + {i}u] = f16({v}[{i}][{j}]);"
-                             for i in range(4) for j in range(4)))
-        return f"let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u; " + \
-            " ".join(f"ta[r * {sa}u + k + {i}u] = f16({v}.{c});" for i, c in enumerate("xyzw"))
-
-    def a_value(e: str, k0: str) -> str:
-        if a_strip:
-            return f"{a_strip}(r0 + ({e} / {kq}u) * 4u, {k0} + ({e} % {kq}u) * 4u)"
-        return f"a4(r0 + {e} / {kq}u, {k0} + ({e} % {kq}u) * 4u)"
-
-    def b_cells(e: str, v: str) -> str:
-        return f"let k = {e} / {tn // 4}u; let c = ({e} % {tn // 4}u) * 4u; " + \
-            " ".join(f"tb[k * {sb}u + c + {i}u] = f16({v}.{c});" for i, c in enumerate("xyzw"))
-
-    def b_value(e: str, k0: str) -> str:
-        return f"b4({k0} + {e} / {tn // 4}u, c0 + ({e} % {tn // 4}u) * 4u)"
-
-    b_groups = tk * tn // 4
-    if prefetch:   # slice k0 + tk read into registers while slice k0 is multiplied
-        a_rounds, b_rounds = -(-a_dims[0] // threads), -(-b_groups // threads)
-        decls = [f"  var pa{s}: {a_dims[1]}<f16>;" for s in range(a_rounds)]
-        decls += [f"  var pb{s}: vec4<f16>;" for s in range(b_rounds)]
-
-        def fetch(k0: str) -> list[str]:
-            rounds = iter(range(a_rounds))
-            out = _shared(a_dims[0], threads, lambda e: f"pa{next(rounds)} = {a_dims[1]}<f16>({a_value(e, k0)});")
-            rounds = iter(range(b_rounds))
-            return out + _shared(b_groups, threads, lambda e: f"pb{next(rounds)} = vec4<f16>({b_value(e, k0)});")
-        rounds_a, rounds_b = iter(range(a_rounds)), iter(range(b_rounds))
-        stage = _shared(a_dims[0], threads, lambda e: a_cells(e, f"pa{next(rounds_a)}"))
-        stage += _shared(b_groups, threads, lambda e: b_cells(e, f"pb{next(rounds_b)}"))
-        first = decls + fetch("0u")
-        nxt = fetch(f"(k0 + {tk}u)")
-        after = [f"    if (k0 + {tk}u < {depth}u) {{"] + ["  " + v for v in nxt] + ["    }"] if depth > tk else []
+    stage = []
+    if a_strip:   # 4 x 4 blocks: rows r .. r + 3, depths k .. k + 3
+        groups = tm * tk // 16
+        cells = " ".join(f"ta[(r + {j}u) * {sa}u + k + {i}u] = f16(m[{i}][{j}]);" for i in range(4) for j in range(4))
+        stage += _shared(groups, threads, lambda e: f"let r = ({e} / {kq}u) * 4u; let k = ({e} % {kq}u) * 4u; "
+                                                    f"let m = {a_strip}(r0 + r, k0 + k); {cells}")
     else:
-        stage = _shared(a_dims[0], threads, lambda e: f"let v = {a_value(e, 'k0')}; {a_cells(e, 'v')}")
-        stage += _shared(b_groups, threads, lambda e: f"let v = {b_value(e, 'k0')}; {b_cells(e, 'v')}")
-        first, after = [], []
+        groups = tm * tk // 4
+        cells = " ".join(f"ta[r * {sa}u + k + {i}u] = f16(v.{c});" for i, c in enumerate("xyzw"))
+        stage += _shared(groups, threads, lambda e: f"let r = {e} / {kq}u; let k = ({e} % {kq}u) * 4u; "
+                                                    f"let v = a4(r0 + r, k0 + k); {cells}")
+    groups = tk * tn // 4
+    cells = " ".join(f"tb[k * {sb}u + c + {i}u] = f16(v.{c});" for i, c in enumerate("xyzw"))
+    stage += _shared(groups, threads, lambda e: f"let k = {e} / {tn // 4}u; let c = ({e} % {tn // 4}u) * 4u; "
+                                                f"let v = b4(k0 + k, c0 + c); {cells}")
     steps = []
     for kk in range(0, tk, FRAGMENT):
         steps.append("    {")
@@ -358,12 +333,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let sm = (sg / {t.wn}u) * {16 * t.fm}u;   // the subgroup's first row and column in the tile
   let sn = (sg % {t.wn}u) * {16 * t.fn}u;
 {accs}
-{nl.join(first)}
   for (var k0 = 0u; k0 < {depth}u; k0 += {tk}u) {{
     workgroupBarrier();
 {nl.join(stage)}
     workgroupBarrier();
-{nl.join(after)}
 {nl.join(steps)}
   }}
 {_results_out(t, rows, cols, sg, store, store_vec)}

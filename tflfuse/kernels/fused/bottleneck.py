@@ -103,7 +103,6 @@ from .conv import SEPARABLE_MAX_CHANNELS, depthwise_pointwise_program, max_pool_
 from .depthwise_product import depthwise_product_program, fits_depthwise_product
 from .expand_depthwise import (expand_depthwise_fits, expand_depthwise_program, expand_depthwise_shape,
                                expand_depthwise_unroll, pointwise_expand_program)
-from . import matrix_block
 from .resident import expand_depthwise_resident_program, resident_fits, resident_refusal
 from ..gemm import few_rows_program, product_program, tile_attr, use_few_rows, use_tiled_matmul
 from ..wgsl import activation_fn, dot, elementwise_program, prelu_fn, prelude, reduction_program, split_lanes
@@ -1209,32 +1208,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             raise self.fail(f"batch {n} exceeds {MAX_WORKGROUPS_PER_DIM} workgroups of the squeeze-excite pool")
         return Program(f"{self.key}_gate", source, (threads, 1, 1), (n, 1, 1), (d, *se_binds, gate),
                        loop_trips=trips)
-
-    def matrix_programs(self, unit) -> list[Program] | None:
-        """The block as a float16 plan runs it on ``unit``'s subgroup matrices (a
-        :class:`~tflfuse.kernels.matrix.SubgroupMatrix`) in place of :meth:`programs`: one dispatch of
-        :func:`.matrix_block.matrix_block_program` where :data:`.matrix_block.MATRIX_BLOCK` is on, no ``strategy``
-        was given, and the block has stride 1, an expand conv (1x1), no squeeze-excite, PReLU slopes or pooled
-        residual, and channels the form takes; else None (:meth:`programs`, each program on the matrices where
-        it has such a form)."""
-        if not matrix_block.MATRIX_BLOCK or self.attrs.get("strategy") or self.stride != 1 or not self.has_expand \
-                or self.has_se or self.prelu or self.expand_stride != 1 or self.expand_kernel == _STEM_KERNEL \
-                or self.residual_pool != 1 or self.empty:
-            return None
-        n, h, w, cin = self.input(0).shape
-        g = dict(N=n, H=h, W=w, OH=self.oh, OW=self.ow, SH=1, SW=1, PT=self.pt, PL=self.pl, KH=self.k, KW=self.k)
-        tile = matrix_block.matrix_block_tile(g, cin, self.cexp, self.cout, unit)
-        if tile is None:
-            return None
-        inputs = self._input_bindings()
-        co4 = self.cout // 4
-        res = self.residual_term("pix", "co4", f"x[pix * {co4}u + co4]")   # stride 1: x has Cout channels
-        binds = tuple(inputs[k] for k in ("x", "ew", "eb", "dw", "db", "pw", "pb")) + (
-            self.binding("y", "output", 0, self.output_specs()[0]),)
-        store = f"y[pix * {co4}u + co4] = {self.out_activated(f'acc + pb[co4]{res}')};"
-        return [matrix_block.matrix_block_program(
-            f"{self.key}_matrix_block", binds, g, cin, self.cexp, self.cout, self.act, self.dw_act, store,
-            self.out_act_fn(True, declared=activation_fn(self.act) + activation_fn(self.dw_act)), unit, tile)]
 
     def programs(self):
         if self.strategy in ("staged", "dw_projection", "expand_dw"):
