@@ -23,8 +23,9 @@ product of the f16-rounded operands, before the store's own rounding to f16.
 Two changes measured on an H100 (Vulkan, driver 580.159.04, 2026-12-07) were not kept. The next staged slice read
 into registers while the subgroups multiply the one in workgroup memory (bit for bit the same sums): MobileNetV2 on
 Dawn in float16 took 1.001x the time at batch 32 fused and 1.004x unfused, 1.010x and 1.005x at batch 1
-(``benchmarks/switch_ab.py``, 3 alternating rounds); its products 0.94-1.18x each (``benchmarks/sweep_matrix.py``
-with 8 tiles each: 438 against 450 us over the 34 products with the best of either, 2.7%). And a whole stride-1
+(``benchmarks/switch_ab.py``, 3 alternating rounds), its products 0.94-1.18x each; over 8 tiles each
+(``benchmarks/sweep_matrix.py``) the best tile of each product took 437.9 us over the 34 with the read-ahead
+allowed, 444.9 without it (1.6%), 450 with the library's tiles. And a whole stride-1
 inverted-residual block in one dispatch, the expansion and projection on these fragments with the depthwise conv
 between them in workgroup memory (``benchmarks/matrix_block.py``, ``benchmarks/RESULTS-matrix-block.md``): 2.1-5.5x
 the time of the float16 plan's two or three dispatches on MobileNetV2's blocks at batch 32, 1.6-12x at batch 1,
