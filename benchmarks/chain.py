@@ -39,6 +39,19 @@ def chain_plan(device, ops, arrays, runtime, source=None, precision="float32"):
     return plan
 
 
+def block_arrays(rng, n: int, h: int, cin: int, e: int, cout: int) -> tuple:
+    """Seeded standard-normal input ``x [n, h, h, cin]`` and MobileNetV2-shaped block weights, scaled so that each
+    stage's values stay of order 1: ``{"ew": [cin, e], "eb", "dw": [3, 3, e], "db", "pw": [e, cout], "pb"}``,
+    float32."""
+    x = rng.standard_normal((n, h, h, cin)).astype(np.float32)
+    return x, {"ew": rng.standard_normal((cin, e)).astype(np.float32) / np.sqrt(cin),
+               "eb": rng.standard_normal(e).astype(np.float32) / 4,
+               "dw": rng.standard_normal((3, 3, e)).astype(np.float32) / 3,
+               "db": rng.standard_normal(e).astype(np.float32) / 4,
+               "pw": rng.standard_normal((e, cout)).astype(np.float32) / np.sqrt(e),
+               "pb": rng.standard_normal(cout).astype(np.float32) / 4}
+
+
 def device_input(device, x):
     """A device buffer holding float32 ``x``, written once, for :func:`chain_plan`'s ``source``."""
     return device.create_buffer(x.nbytes, data=np.ascontiguousarray(x, np.float32).tobytes())

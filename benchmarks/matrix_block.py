@@ -47,12 +47,12 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.kernels import kernel_class  # noqa: E402
 from tflfuse.kernels.base import Binding, KernelError, Program, TensorSpec, linear_dispatch  # noqa: E402
-from tflfuse.kernels.fused.expand_depthwise import _activations  # noqa: E402
+from tflfuse.kernels.fused.expand_depthwise import _activations, tile_origin  # noqa: E402
 from tflfuse.kernels.half import half_storage  # noqa: E402
 from tflfuse.kernels.wgsl import prelude  # noqa: E402
 from tflfuse.runtime.profile import gpu_time_plan, pass_gpu_us  # noqa: E402
 
-from chain import BLOCKS, chain_plan  # noqa: E402
+from chain import BLOCKS, block_arrays, chain_plan  # noqa: E402
 from peaks import recorder, report, require_features, validate_out_flags, validate_timing_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -260,9 +260,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) lidx: u32) {{
   let tile = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
   if (tile >= {groups}u) {{ return; }}   // a whole workgroup: the barriers stay uniform
-  let tx0 = i32(tile % {tiles_x}u) * {tw};
-  let ty0 = i32((tile / {tiles_x}u) % {tiles_y}u) * {th};
-  let n = tile / {tiles_x * tiles_y}u;
+{tile_origin(th, tw, tiles_y, tiles_x)}
   let sg = lidx / {sg}u;
   let lane = lidx % {sg}u;
 {shared(hp * ci4, f'''    let r = e / {ci4}u;
@@ -345,13 +343,7 @@ def main(argv):
         if s != 1 or h not in (28, 14, 7):
             continue
         e, residual = cin * t, cin == cout
-        x = rng.standard_normal((n, h, h, cin)).astype(np.float32)
-        wts = {"ew": rng.standard_normal((cin, e)).astype(np.float32) / np.sqrt(cin),
-               "eb": rng.standard_normal(e).astype(np.float32) / 4,
-               "dw": rng.standard_normal((3, 3, e)).astype(np.float32) / 3,
-               "db": rng.standard_normal(e).astype(np.float32) / 4,
-               "pw": rng.standard_normal((e, cout)).astype(np.float32) / np.sqrt(e),
-               "pb": rng.standard_normal(cout).astype(np.float32) / 4}
+        x, wts = block_arrays(rng, n, h, cin, e, cout)
         want, mag = reference(x, wts, residual)
         tol = 2.0 ** -9 * (float(np.abs(want).max()) + mag)
         label = f"{n}x{h}x{h}x{cin} -> {e} -> {cout}"

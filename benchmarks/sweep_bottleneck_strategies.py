@@ -37,7 +37,7 @@ from tflfuse.kernels.fused import bottleneck, depthwise_product, resident  # noq
 from tflfuse.kernels.gemm import TILES  # noqa: E402
 from tflfuse.runtime.profile import gpu_time_plan  # noqa: E402
 
-from chain import BLOCKS, chain_plan, device_input, unfused_block  # noqa: E402
+from chain import BLOCKS, block_arrays, chain_plan, device_input, unfused_block  # noqa: E402
 from peaks import check_ranges, read_rows  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -85,13 +85,7 @@ flags.register_validator("unrolls", lambda v: all(u == "all" or (u.isdigit() and
 
 def sweep_block(device, n, h, cin, t, cout, s, rng):
     e, expand = cin * t, t > 1
-    x = rng.standard_normal((n, h, h, cin)).astype(np.float32)
-    w = {"ew": rng.standard_normal((cin, e)).astype(np.float32) / np.sqrt(cin),
-         "eb": rng.standard_normal(e).astype(np.float32) / 4,
-         "dw": rng.standard_normal((3, 3, e)).astype(np.float32) / 3,
-         "db": rng.standard_normal(e).astype(np.float32) / 4,
-         "pw": rng.standard_normal((e, cout)).astype(np.float32) / np.sqrt(e),
-         "pb": rng.standard_normal(cout).astype(np.float32) / 4}
+    x, w = block_arrays(rng, n, h, cin, e, cout)
     source = device_input(device, x)   # written once; each plan copies it on the GPU (chain.chain_plan)
     plan = unfused_block(device, x, w, e, cout, s, expand, source)
     plan.run()

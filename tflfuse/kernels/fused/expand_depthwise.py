@@ -40,7 +40,7 @@ from ..wgsl import ACTIVATION_ALPHA, activation_fn, dot, prelu_fn, prelude, redu
 from .conv import window_geometry
 
 __all__ = ["FusedExpandDepthwise", "expand_depthwise_program", "expand_depthwise_fits", "expand_depthwise_shape",
-           "expand_depthwise_unroll", "halo_plane", "plane_slot", "pointwise_expand_program"]
+           "expand_depthwise_unroll", "halo_plane", "plane_slot", "pointwise_expand_program", "tile_origin"]
 
 _THREADS = 256
 _WG_BYTES = MAX_WORKGROUP_STORAGE
@@ -98,6 +98,14 @@ def expand_depthwise_shape(g: dict, cin: int, cexp: int, tile_h: int = 0, tile_w
 
 def _halo(g: dict, th: int, tw: int) -> tuple[int, int]:
     return (th - 1) * g["SH"] + (g["KH"] - 1) * g["DH"] + 1, (tw - 1) * g["SW"] + (g["KW"] - 1) * g["DW"] + 1
+
+
+def tile_origin(th: int, tw: int, tiles_y: int, tiles_x: int) -> str:
+    """WGSL statements giving a tile's first output pixel (i32 ``ty0``, ``tx0``) and its image (u32 ``n``) from the
+    u32 ``tile``: tiles of ``th x tw`` outputs, ``tiles_y x tiles_x`` per image, row by row, image by image."""
+    return (f"  let tx0 = i32(tile % {tiles_x}u) * {tw};\n"
+            f"  let ty0 = i32((tile / {tiles_x}u) % {tiles_y}u) * {th};\n"
+            f"  let n = tile / {tiles_x * tiles_y}u;")
 
 
 def halo_plane(g: dict, th: int, tw: int) -> int:
@@ -254,9 +262,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   if (grp >= {groups}u) {{ return; }}   // a whole workgroup: the barriers stay uniform
   let chunk = grp % {chunks}u;
   let tile = grp / {chunks}u;
-  let tx0 = i32(tile % {tiles_x}u) * {tw};
-  let ty0 = i32((tile / {tiles_x}u) % {tiles_y}u) * {th};
-  let n = tile / {tiles_x * tiles_y}u;
+{tile_origin(th, tw, tiles_y, tiles_x)}
   let c0 = chunk * {q}u;   // the chunk's first vec4 of channels
   for (var i = lidx; i < {cin * q}u; i += {_THREADS}u) {{
     wsh[i] = ew[(i / {q}u) * {c4}u + c0 + i % {q}u];
