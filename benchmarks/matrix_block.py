@@ -59,8 +59,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["32"], "Batch sizes.")
 flags.DEFINE_list("tiles", ["14x2/32/4", "14x2/16/4", "14x1/32/4", "7x2/32/4", "7x2/16/4", "7x1/16/4", "7x1/32/4",
                             "7x2/16/8", "28x2/32/4", "28x1/32/4"],
-                  "One-dispatch tiles THxTW/C/S: output pixels per workgroup, expanded channels per chunk, "
-                  "subgroups.")
+                  "One-dispatch tiles THxTW/C/S[/v]: output pixels per workgroup, expanded channels per chunk, "
+                  "subgroups (/v: the depthwise conv reads the activated expansion as vec4<f16>).")
 flags.DEFINE_string("out", None, "Markdown file to write (printed in any case).")
 flags.DEFINE_integer("repeats", 7, "Timed passes per form.")
 flags.DEFINE_integer("reps", 30, "Runs back to back per timed pass.")
@@ -78,12 +78,12 @@ def _tiles_ok(names) -> bool:
     return bool(names)
 
 
-flags.register_validator("tiles", _tiles_ok, "--tiles: a non-empty list of THxTW/C/S")
+flags.register_validator("tiles", _tiles_ok, "--tiles: a non-empty list of THxTW/C/S[/v]")
 
 
 #: Extra f16 elements per row of the staged operands, so that a fragment's 16 rows fall on distinct banks.
 _PAD = 8
-_TILE_FORM = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)/([1-9][0-9]*)/([1-9][0-9]*)", re.ASCII)
+_TILE_FORM = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)/([1-9][0-9]*)/([1-9][0-9]*)(/v)?", re.ASCII)
 
 
 def _up16(v: int) -> int:
@@ -93,24 +93,29 @@ def _up16(v: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class MatrixBlockTile:
     """``th x tw`` output pixels per workgroup, ``chunk`` expanded channels per step (a multiple of 16), in
-    ``subgroups`` subgroups."""
+    ``subgroups`` subgroups; with ``vec4``, the halo's expansion passes once through its bias, activation and
+    padding into a ``vec4<f16>`` array that the depthwise conv reads (a vec4 load a tap), rather than the depthwise
+    conv reading the f32 sums four at a time and applying them at every tap."""
 
     th: int
     tw: int
     chunk: int
     subgroups: int
+    vec4: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "MatrixBlockTile":
-        """``"THxTW/C/S"`` (:attr:`name`), e.g. ``"14x2/32/4"``. Raises :class:`KernelError` for anything else."""
+        """``"THxTW/C/S"`` or ``"THxTW/C/S/v"`` (:attr:`name`), e.g. ``"14x2/32/4"``. Raises :class:`KernelError`
+        for anything else."""
         found = _TILE_FORM.fullmatch(text) if isinstance(text, str) else None
         if found is None:
-            raise KernelError(f"matrix block tile {text!r} is not 'THxTW/C/S' of positive integers, e.g. '14x2/32/4'")
-        return cls(*(int(v) for v in found.groups()))
+            raise KernelError(f"matrix block tile {text!r} is not 'THxTW/C/S' or 'THxTW/C/S/v' of positive integers, "
+                              f"e.g. '14x2/32/4'")
+        return cls(*(int(v) for v in found.groups()[:4]), vec4=bool(found.group(5)))
 
     @property
     def name(self) -> str:
-        return f"{self.th}x{self.tw}/{self.chunk}/{self.subgroups}"
+        return f"{self.th}x{self.tw}/{self.chunk}/{self.subgroups}" + ("/v" if self.vec4 else "")
 
     def sizes(self, k: int, cin: int, cout: int) -> dict:
         """Rows of the staged halo and tile (multiples of 16), fragments of the expansion and projection, and the
@@ -118,7 +123,7 @@ class MatrixBlockTile:
         hr, tr = _up16((self.th + k - 1) * (self.tw + k - 1)), _up16(self.th * self.tw)
         es = max(hr * self.chunk, 256 * self.subgroups)   # the expansion, then one result fragment per subgroup
         wg = 2 * (hr * (cin + _PAD) + cin * (self.chunk + _PAD) + tr * (self.chunk + _PAD) +
-                  self.chunk * (cout + _PAD)) + 4 * es
+                  self.chunk * (cout + _PAD) + (hr * self.chunk if self.vec4 else 0)) + 4 * es
         return {"hr": hr, "tr": tr, "es": es, "bytes": wg, "ef": (hr // 16) * (self.chunk // 16),
                 "pf": (tr // 16) * (cout // 16)}
 
@@ -246,6 +251,49 @@ def matrix_block_program(name: str, bindings: tuple[Binding, ...], g: dict, cin:
       }}
     }}
   }}""" for i in range(rounds)]
+    if tile.vec4:   # the halo's values once through bias, activation and padding, then a vec4 load a tap
+        depthwise = shared(hp * q, f"""    let r = e / {q}u;
+    let j = e % {q}u;
+    let iy = ty0 - {g['PT']} + i32(r / {hw}u);
+    let ix = tx0 - {g['PL']} + i32(r % {hw}u);
+    let b = r * {chunk}u + j * 4u;
+    let v = eact4(vec4<f32>(es[b], es[b + 1u], es[b + 2u], es[b + 3u]) + eb[c * {q}u + j]);
+    ev[e] = vec4<f16>(select(vec4<f32>(0.0), v, iy >= 0 && iy < {g['H']} && ix >= 0 && ix < {g['W']}));""")
+        depthwise += "\n    workgroupBarrier();\n" + shared(op * q, f"""    let p = e / {q}u;
+    let j = e % {q}u;
+    let oy = i32(p / {tw}u);
+    let ox = i32(p % {tw}u);
+    var acc = db[c * {q}u + j];
+    for (var ky = 0; ky < {k}; ky++) {{
+      for (var kx = 0; kx < {k}; kx++) {{
+        let v = vec4<f32>(ev[u32((oy + ky) * {hw} + ox + kx) * {q}u + j]);
+        acc = fma(v, dw[u32(ky * {k} + kx) * {ce4}u + c * {q}u + j], acc);
+      }}
+    }}""")
+    else:   # the f32 sums read four at a time, with the bias, activation and padding at every tap
+        depthwise = shared(op * q, f"""    let p = e / {q}u;
+    let j = e % {q}u;
+    let oy = i32(p / {tw}u);
+    let ox = i32(p % {tw}u);
+    let bias = eb[c * {q}u + j];
+    var acc = db[c * {q}u + j];
+    for (var ky = 0; ky < {k}; ky++) {{
+      for (var kx = 0; kx < {k}; kx++) {{
+        let iy = ty0 + oy + ky - {g['PT']};
+        let ix = tx0 + ox + kx - {g['PL']};
+        if (iy >= 0 && iy < {g['H']} && ix >= 0 && ix < {g['W']}) {{
+          let r = u32((oy + ky) * {hw} + ox + kx) * {chunk}u + j * 4u;
+          let v = eact4(vec4<f32>(es[r], es[r + 1u], es[r + 2u], es[r + 3u]) + bias);
+          acc = fma(v, dw[u32(ky * {k} + kx) * {ce4}u + c * {q}u + j], acc);
+        }}
+      }}
+    }}""")
+    depthwise = depthwise[:-4] + f"""
+    let d = vec4<f16>(dact4(acc));
+    {put('ds', f'p * {da}u + j * 4u', 'd')}
+  }}"""
+    ev = f"var<workgroup> ev: array<vec4<f16>, {z['hr'] * q}>;   // the halo's expansion, activated\n" if tile.vec4 \
+        else ""
     source = f"""enable chromium_experimental_subgroup_matrix;
 diagnostic(off, chromium.subgroup_matrix_uniformity);
 {prelude(binds)}{_activations(expand_activation, dw_activation)}{helpers}
@@ -254,7 +302,7 @@ var<workgroup> wsb: array<f16, {cin * wa}>;          // the chunk's expand weigh
 var<workgroup> es: array<f32, {z['es']}>;            // the halo's expansion of the chunk, then results leaving
 var<workgroup> ds: array<f16, {z['tr'] * da}>;       // the chunk's depthwise outputs, [tile pixel][chunk]
 var<workgroup> pws: array<f16, {chunk * pa}>;        // the chunk's projection weights, [chunk][Cout]
-
+{ev}
 @compute @workgroup_size({threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lidx: u32) {{
@@ -283,25 +331,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }}
 {nl.join(expand)}
     workgroupBarrier();
-{shared(op * q, f'''    let p = e / {q}u;
-    let j = e % {q}u;
-    let oy = i32(p / {tw}u);
-    let ox = i32(p % {tw}u);
-    let bias = eb[c * {q}u + j];
-    var acc = db[c * {q}u + j];
-    for (var ky = 0; ky < {k}; ky++) {{
-      for (var kx = 0; kx < {k}; kx++) {{
-        let iy = ty0 + oy + ky - {g['PT']};
-        let ix = tx0 + ox + kx - {g['PL']};
-        if (iy >= 0 && iy < {g['H']} && ix >= 0 && ix < {g['W']}) {{
-          let r = u32((oy + ky) * {hw} + ox + kx) * {chunk}u + j * 4u;
-          let v = eact4(vec4<f32>(es[r], es[r + 1u], es[r + 2u], es[r + 3u]) + bias);
-          acc = fma(v, dw[u32(ky * {k} + kx) * {ce4}u + c * {q}u + j], acc);
-        }}
-      }}
-    }}
-    let d = vec4<f16>(dact4(acc));
-    {put('ds', f'p * {da}u + j * 4u', 'd')}''')}
+{depthwise}
     workgroupBarrier();
 {nl.join(project)}
   }}
