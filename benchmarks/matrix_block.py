@@ -103,6 +103,11 @@ class MatrixBlockTile:
     subgroups: int
     vec4: bool = False
 
+    def __post_init__(self):
+        sizes = (self.th, self.tw, self.chunk, self.subgroups)
+        if not all(type(v) is int and v > 0 for v in sizes) or not isinstance(self.vec4, bool):
+            raise KernelError(f"matrix block tile {sizes!r}: its sizes must be positive Python ints, vec4 a bool")
+
     @classmethod
     def parse(cls, text: str) -> "MatrixBlockTile":
         """``"THxTW/C/S"`` or ``"THxTW/C/S/v"`` (:attr:`name`), e.g. ``"14x2/32/4"``. Raises :class:`KernelError`
@@ -132,9 +137,18 @@ class MatrixBlockTile:
 
 def matrix_block_refusal(g: dict, cin: int, cexp: int, cout: int, tile: MatrixBlockTile, unit) -> str:
     """Why :func:`matrix_block_program` does not take this block and tile on ``unit`` (a
-    :class:`~tflfuse.kernels.matrix.SubgroupMatrix`), or ``""``: it needs stride 1, channels (in, expanded, out)
-    that are multiples of 16, a chunk (a multiple of 16) dividing the expanded channels, subgroups of at most 64
+    :class:`~tflfuse.kernels.matrix.SubgroupMatrix`), or ``""``: it needs positive sizes, a square depthwise conv
+    without dilation and with stride 1, channels (in, expanded, out) that are multiples of 16, a chunk (a multiple of 16) dividing the expanded channels, subgroups of at most 64
     invocations, at most 256 invocations, and the tile's arrays within the device's workgroup memory."""
+    if not isinstance(tile, MatrixBlockTile):
+        return f"the tile must be a MatrixBlockTile, got {tile!r}"
+    if not all(type(v) is int and v > 0 for v in (cin, cexp, cout)):
+        return f"channels {cin!r} -> {cexp!r} -> {cout!r}: each must be a positive int"
+    if not all(type(g.get(k)) is int and g[k] > 0 for k in ("N", "H", "W", "OH", "OW", "KH", "KW")) or \
+            g["KH"] != g["KW"] or g.get("DH", 1) != 1 or g.get("DW", 1) != 1 or \
+            not all(type(g.get(k)) is int and 0 <= g[k] < g["KH"] for k in ("PT", "PL")):
+        return (f"geometry {g!r}: N, H, W, OH, OW positive, a square K x K depthwise conv without dilation, "
+                f"padding before (PT, PL) below K")
     if g["SH"] != 1 or g["SW"] != 1:
         return f"stride {g['SH']}x{g['SW']}: the form takes stride 1"
     if cin % 16 or cexp % 16 or cout % 16:
