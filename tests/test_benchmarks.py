@@ -844,3 +844,63 @@ def test_product_counts_are_mobilenet_v2s_products_with_their_repeats(n):
     counts = chain.product_counts(n)
     assert list(counts) == chain.products(n)[:-1] and chain.products(n)[-1] == (n, 1280, 1000)
     assert sum(counts.values()) == 34 and counts[n * 196, 64, 384] == 4 and counts[n * 3136, 24, 144] == 2
+
+
+def test_matrix_block_forms_compile_in_tint_and_refuse_what_they_do_not_take():
+    """benchmarks/matrix_block.py's one-dispatch block (a prototype the library does not run; its values are checked
+    on a GPU by the benchmark itself, against float64 NumPy): its programs, with and without the vec4 depthwise
+    read, with a residual and without, compile in Tint on Dawn's Null backend (64-invocation subgroups, 16 KiB of
+    workgroup memory), and sizes it does not take raise KernelError."""
+    script = f"""
+import json, os, sys
+os.environ["WGPU_BACKEND_TYPE"] = "Null"
+sys.path.insert(0, {str(ROOT / "benchmarks")!r})
+import wgpudawn
+from wgpudawn.backends.dawn import _extras_device
+import matrix_block as mb
+from tflfuse.kernels import KernelError
+from tflfuse.kernels.base import Binding
+from tflfuse.kernels.half import half_storage
+from tflfuse.kernels.matrix import SubgroupMatrix
+_extras_device.set_instance_extras(enable_toggles=["allow_unsafe_apis"])
+device = wgpudawn.gpu.request_adapter_sync().request_device_sync(
+    required_features=["chromium-experimental-subgroup-matrix", "shader-f16"])
+unit, out = SubgroupMatrix(64), {{}}
+for n, h, w, cin, ce, co, tile in [(3, 9, 7, 16, 96, 16, "7x2/16/4"), (3, 9, 7, 16, 96, 16, "7x2/16/4/v"),
+                                    (2, 5, 11, 16, 48, 32, "3x3/16/2/v"), (1, 7, 7, 32, 64, 48, "2x2/32/4")]:
+    g = dict(N=n, H=h, W=w, OH=h, OW=w, SH=1, SW=1, PT=1, PL=1, KH=3, KW=3)
+    binds = tuple(Binding(v, ("input", i), "read", "f32", 64) for i, v in
+                  enumerate(("x", "ew", "eb", "dw", "db", "pw", "pb"))) + (Binding("y", ("output", 0), "read_write",
+                                                                                    "f32", 64),)
+    res = f" + x[pix * {{co // 4}}u + co4]" if cin == co else ""
+    prog = half_storage(mb.matrix_block_program("mb", binds, g, cin, ce, co, "relu6", "relu6",
+                                                f"y[pix * {{co // 4}}u + co4] = acc + pb[co4]{{res}};", "", unit,
+                                                mb.MatrixBlockTile.parse(tile)))
+    try:
+        module = device.create_shader_module(code=prog.source)
+        device.create_compute_pipeline(layout="auto", compute={{"module": module, "entry_point": "main"}})
+        out[f"{{h}}x{{w}}x{{cin}}/{{tile}}"] = None
+    except Exception as e:
+        out[f"{{h}}x{{w}}x{{cin}}/{{tile}}"] = str(e)[:2000]
+g = dict(N=1, H=7, W=7, OH=7, OW=7, SH=1, SW=1, PT=1, PL=1, KH=3, KW=3)
+refused = []
+for args in [(g, 24, 144, 24, "7x1/16/4"), (g, 16, 48, 16, "7x1/32/4"), ({{**g, "SH": 2}}, 16, 96, 16, "7x1/16/4"),
+             ({{**g, "H": 0, "OH": 0}}, 16, 96, 16, "7x1/16/4"), (g, 0, 0, 0, "7x1/16/4"),
+             (g, 16, 96, 16, "14x14/16/4")]:
+    try:
+        mb.matrix_block_program("mb", (), args[0], *args[1:4], "relu6", "relu6", "", "", unit,
+                                mb.MatrixBlockTile.parse(args[4]))
+        refused.append(None)
+    except KernelError as e:
+        refused.append(str(e))
+print("RESULT" + json.dumps({{"compiled": out, "refused": refused}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    found = json.loads(lines[0][len("RESULT"):])
+    assert len(found["compiled"]) == 4 and all(v is None for v in found["compiled"].values()), found["compiled"]
+    assert all(found["refused"]), found["refused"]
+    assert "multiple of 16" in found["refused"][0] and "dividing the 48" in found["refused"][1]
+    assert "stride 2x1" in found["refused"][2] and "geometry" in found["refused"][3]
+    assert "positive int" in found["refused"][4] and "workgroup memory" in found["refused"][5]
