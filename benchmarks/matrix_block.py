@@ -47,7 +47,7 @@ from absl import app, flags  # noqa: E402
 import tflfuse  # noqa: E402
 from tflfuse.kernels import kernel_class  # noqa: E402
 from tflfuse.kernels.base import Binding, KernelError, Program, TensorSpec, linear_dispatch  # noqa: E402
-from tflfuse.kernels.fused.expand_depthwise import _activations, tile_origin  # noqa: E402
+from tflfuse.kernels.fused.expand_depthwise import _activations, tiled_main  # noqa: E402
 from tflfuse.kernels.half import half_storage  # noqa: E402
 from tflfuse.kernels.wgsl import prelude  # noqa: E402
 from tflfuse.runtime.profile import gpu_time_plan, pass_gpu_us  # noqa: E402
@@ -317,12 +317,7 @@ var<workgroup> es: array<f32, {z['es']}>;            // the halo's expansion of 
 var<workgroup> ds: array<f16, {z['tr'] * da}>;       // the chunk's depthwise outputs, [tile pixel][chunk]
 var<workgroup> pws: array<f16, {chunk * pa}>;        // the chunk's projection weights, [chunk][Cout]
 {ev}
-@compute @workgroup_size({threads})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lidx: u32) {{
-  let tile = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
-  if (tile >= {groups}u) {{ return; }}   // a whole workgroup: the barriers stay uniform
-{tile_origin(th, tw, tiles_y, tiles_x)}
+{tiled_main(threads, groups, th, tw, tiles_y, tiles_x)}
   let sg = lidx / {sg}u;
   let lane = lidx % {sg}u;
 {shared(hp * ci4, f'''    let r = e / {ci4}u;

@@ -40,7 +40,8 @@ from ..wgsl import ACTIVATION_ALPHA, activation_fn, dot, prelu_fn, prelude, redu
 from .conv import window_geometry
 
 __all__ = ["FusedExpandDepthwise", "expand_depthwise_program", "expand_depthwise_fits", "expand_depthwise_shape",
-           "expand_depthwise_unroll", "halo_plane", "plane_slot", "pointwise_expand_program", "tile_origin"]
+           "expand_depthwise_unroll", "halo_plane", "plane_slot", "pointwise_expand_program", "tile_origin",
+           "tiled_main"]
 
 _THREADS = 256
 _WG_BYTES = MAX_WORKGROUP_STORAGE
@@ -106,6 +107,18 @@ def tile_origin(th: int, tw: int, tiles_y: int, tiles_x: int) -> str:
     return (f"  let tx0 = i32(tile % {tiles_x}u) * {tw};\n"
             f"  let ty0 = i32((tile / {tiles_x}u) % {tiles_y}u) * {th};\n"
             f"  let n = tile / {tiles_x * tiles_y}u;")
+
+
+def tiled_main(threads: int, groups: int, th: int, tw: int, tiles_y: int, tiles_x: int) -> str:
+    """WGSL of a one-dimensional workgroup of ``threads`` invocations owning one tile of output pixels: the entry
+    point's head (``lidx``), the tile's index (u32 ``tile``, workgroups past ``groups`` leaving at once, whole, so
+    that the barriers stay uniform) and :func:`tile_origin`; the body and the closing brace are the caller's."""
+    return f"""@compute @workgroup_size({threads})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lidx: u32) {{
+  let tile = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
+  if (tile >= {groups}u) {{ return; }}   // a whole workgroup: the barriers stay uniform
+{tile_origin(th, tw, tiles_y, tiles_x)}"""
 
 
 def halo_plane(g: dict, th: int, tw: int) -> int:

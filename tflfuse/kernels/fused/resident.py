@@ -20,7 +20,7 @@ from ..base import Binding, KernelError, Program, linear_dispatch
 from ..half import HALF_STEPS, with_half_math
 from ..wgsl import prelude
 from .expand_depthwise import (_THREADS, _WG_BYTES, _activations, _depthwise_from_halo, _half_chain, _halo,
-                               _workgroup_bytes, expand_depthwise_fits, halo_plane, plane_slot, tile_origin)
+                               _workgroup_bytes, expand_depthwise_fits, halo_plane, plane_slot, tiled_main)
 
 __all__ = ["RESIDENT_CHANNEL_PLANES", "RESIDENT_DW_HOISTED", "RESIDENT_HALF_MATH", "RESIDENT_MAX_CIN",
            "RESIDENT_MAX_SUMS", "RESIDENT_PREFETCH", "expand_depthwise_resident_program", "resident_fits",
@@ -395,12 +395,7 @@ var<workgroup> wsh: array<vec4<{t}>, {cin * q}>;          // the chunk's expand 
 var<workgroup> esh: array<vec4<{t}>, {halo_px * q}>;    // the expansion of the halo, {layout}{
 projection["declare"] if projection else ""}
 
-@compute @workgroup_size({threads})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lidx: u32) {{
-  let tile = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
-  if (tile >= {groups}u) {{ return; }}   // a whole workgroup: the barriers stay uniform
-{tile_origin(th, tw, tiles_y, tiles_x)}
+{tiled_main(threads, groups, th, tw, tiles_y, tiles_x)}
 {nl.join(loads)}{projection["init"] if projection else ""}{weights["first"] if RESIDENT_PREFETCH else ""}
   for (var c = 0u; c < {cexp // chunk}u; c++) {{
     let c0 = c * {q}u;   // the chunk's first vec4 of channels
