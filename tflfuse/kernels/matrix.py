@@ -25,12 +25,12 @@ into registers while the subgroups multiply the one in workgroup memory (bit for
 Dawn in float16 took 1.001x the time at batch 32 fused and 1.004x unfused, 1.010x and 1.005x at batch 1
 (``benchmarks/switch_ab.py``, 3 alternating rounds), its products 0.94-1.18x each; over 8 tiles each
 (``benchmarks/sweep_matrix.py``) the best tile of each product took 437.9 us over the 34 with the read-ahead
-allowed, 444.9 without it (1.6%), 450 with the library's tiles. And a whole stride-1
-inverted-residual block in one dispatch, the expansion and projection on these fragments with the depthwise conv
-between them in workgroup memory (``benchmarks/matrix_block.py``, ``benchmarks/RESULTS-matrix-block.md``): 2.1-5.5x
-the time of the float16 plan's two or three dispatches on MobileNetV2's blocks at batch 32, 1.6-12x at batch 1,
-every block and tile; 1.5-3.1x at batch 32 with the depthwise conv reading the activated expansion as vec4s (a
-pass through the bias and activation per chunk): a workgroup walks all the expanded channels' chunks in turn.
+allowed, 444.9 without it (1.6%), 450 with the library's tiles. And a whole stride-1 inverted-residual block in one
+dispatch, the expansion and projection on these fragments with the depthwise conv between them in workgroup memory
+(``benchmarks/matrix_block.py``, ``benchmarks/RESULTS-matrix-block.md``): 2.1-5.5x the time of the float16 plan's
+two or three dispatches on MobileNetV2's blocks at batch 32, 1.6-12x at batch 1, every block and tile; 1.5-3.1x at
+batch 32 with the depthwise conv reading the activated expansion as vec4s (a pass through the bias and activation
+per chunk): a workgroup walks all the expanded channels' chunks in turn.
 
 Offsets of subgroup-matrix loads and stores must be uniform in WGSL's analysis, which treats the subgroup's
 index in the workgroup as non-uniform: the diagnostic ``chromium.subgroup_matrix_uniformity`` is turned off, and
