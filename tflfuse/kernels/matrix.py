@@ -28,9 +28,9 @@ Dawn in float16 took 1.001x the time at batch 32 fused and 1.004x unfused, 1.010
 allowed, 444.9 without it (1.6%), 450 with the library's tiles. And a whole stride-1 inverted-residual block in one
 dispatch, the expansion and projection on these fragments with the depthwise conv between them in workgroup memory
 (``benchmarks/matrix_block.py``, ``benchmarks/RESULTS-matrix-block.md``): 2.1-5.5x the time of the float16 plan's
-two or three dispatches on MobileNetV2's blocks at batch 32, 1.6-12x at batch 1, every block and tile; 1.5-3.1x at
+two or three dispatches on MobileNetV2's blocks at batch 32, 1.6-12x at batch 1, every block and tile; 1.3-3.1x at
 batch 32 with the depthwise conv reading the activated expansion as vec4s (a pass through the bias and activation
-per chunk): a workgroup walks all the expanded channels' chunks in turn.
+per chunk) and 4 or 8 subgroups a workgroup: a workgroup walks all the expanded channels' chunks in turn.
 
 Offsets of subgroup-matrix loads and stores must be uniform in WGSL's analysis, which treats the subgroup's
 index in the workgroup as non-uniform: the diagnostic ``chromium.subgroup_matrix_uniformity`` is turned off, and
