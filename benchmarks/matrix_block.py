@@ -57,8 +57,8 @@ from peaks import recorder, report, require_features, validate_out_flags, valida
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["32"], "Batch sizes.")
-flags.DEFINE_list("tiles", ["14x2/32/4", "14x2/16/4", "14x1/32/4", "7x2/32/4", "7x2/16/4", "7x1/16/4", "7x1/32/4",
-                            "7x2/16/8", "28x2/32/4", "28x1/32/4"],
+flags.DEFINE_list("tiles", ["14x2/32/4", "14x2/32/4/v", "14x2/32/8/v", "14x1/32/4/v", "7x2/32/4/v", "7x2/16/4",
+                            "7x2/16/4/v", "7x2/16/8/v"],
                   "One-dispatch tiles THxTW/C/S[/v]: output pixels per workgroup, expanded channels per chunk, "
                   "subgroups (/v: the depthwise conv reads the activated expansion as vec4<f16>).")
 flags.DEFINE_string("out", None, "Markdown file to write (printed in any case).")
