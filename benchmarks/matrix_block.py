@@ -266,46 +266,37 @@ def matrix_block_program(name: str, bindings: tuple[Binding, ...], g: dict, cin:
     }}
   }}""" for i in range(rounds)]
     if tile.vec4:   # the halo's values once through bias, activation and padding, then a vec4 load a tap
-        depthwise = shared(hp * q, f"""    let r = e / {q}u;
+        activated = shared(hp * q, f"""    let r = e / {q}u;
     let j = e % {q}u;
     let iy = ty0 - {g['PT']} + i32(r / {hw}u);
     let ix = tx0 - {g['PL']} + i32(r % {hw}u);
     let b = r * {chunk}u + j * 4u;
     let v = eact4(vec4<f32>(es[b], es[b + 1u], es[b + 2u], es[b + 3u]) + eb[c * {q}u + j]);
-    ev[e] = vec4<f16>(select(vec4<f32>(0.0), v, iy >= 0 && iy < {g['H']} && ix >= 0 && ix < {g['W']}));""")
-        depthwise += "\n    workgroupBarrier();\n" + shared(op * q, f"""    let p = e / {q}u;
-    let j = e % {q}u;
-    let oy = i32(p / {tw}u);
-    let ox = i32(p % {tw}u);
-    var acc = db[c * {q}u + j];
-    for (var ky = 0; ky < {k}; ky++) {{
-      for (var kx = 0; kx < {k}; kx++) {{
-        let v = vec4<f32>(ev[u32((oy + ky) * {hw} + ox + kx) * {q}u + j]);
-        acc = fma(v, dw[u32(ky * {k} + kx) * {ce4}u + c * {q}u + j], acc);
-      }}
-    }}""")
+    ev[e] = vec4<f16>(select(vec4<f32>(0.0), v, iy >= 0 && iy < {g['H']} && ix >= 0 && ix < {g['W']}));""") + \
+            "\n    workgroupBarrier();\n"
+        bias, tap = "", f"""        let v = vec4<f32>(ev[u32((oy + ky) * {hw} + ox + kx) * {q}u + j]);
+        acc = fma(v, dw[u32(ky * {k} + kx) * {ce4}u + c * {q}u + j], acc);"""
     else:   # the f32 sums read four at a time, with the bias, activation and padding at every tap
-        depthwise = shared(op * q, f"""    let p = e / {q}u;
-    let j = e % {q}u;
-    let oy = i32(p / {tw}u);
-    let ox = i32(p % {tw}u);
-    let bias = eb[c * {q}u + j];
-    var acc = db[c * {q}u + j];
-    for (var ky = 0; ky < {k}; ky++) {{
-      for (var kx = 0; kx < {k}; kx++) {{
-        let iy = ty0 + oy + ky - {g['PT']};
+        activated, bias = "", f"\n    let bias = eb[c * {q}u + j];"
+        tap = f"""        let iy = ty0 + oy + ky - {g['PT']};
         let ix = tx0 + ox + kx - {g['PL']};
         if (iy >= 0 && iy < {g['H']} && ix >= 0 && ix < {g['W']}) {{
           let r = u32((oy + ky) * {hw} + ox + kx) * {chunk}u + j * 4u;
           let v = eact4(vec4<f32>(es[r], es[r + 1u], es[r + 2u], es[r + 3u]) + bias);
           acc = fma(v, dw[u32(ky * {k} + kx) * {ce4}u + c * {q}u + j], acc);
-        }}
+        }}"""
+    depthwise = activated + shared(op * q, f"""    let p = e / {q}u;
+    let j = e % {q}u;
+    let oy = i32(p / {tw}u);
+    let ox = i32(p % {tw}u);{bias}
+    var acc = db[c * {q}u + j];
+    for (var ky = 0; ky < {k}; ky++) {{
+      for (var kx = 0; kx < {k}; kx++) {{
+{tap}
       }}
-    }}""")
-    depthwise = depthwise[:-4] + f"""
+    }}
     let d = vec4<f16>(dact4(acc));
-    {put('ds', f'p * {da}u + j * 4u', 'd')}
-  }}"""
+    {put('ds', f'p * {da}u + j * 4u', 'd')}""")
     ev = f"var<workgroup> ev: array<vec4<f16>, {z['hr'] * q}>;   // the halo's expansion, activated\n" if tile.vec4 \
         else ""
     source = f"""enable chromium_experimental_subgroup_matrix;
