@@ -138,8 +138,9 @@ class MatrixBlockTile:
 def matrix_block_refusal(g: dict, cin: int, cexp: int, cout: int, tile: MatrixBlockTile, unit) -> str:
     """Why :func:`matrix_block_program` does not take this block and tile on ``unit`` (a
     :class:`~tflfuse.kernels.matrix.SubgroupMatrix`), or ``""``: it needs positive sizes, a square depthwise conv
-    without dilation and with stride 1, channels (in, expanded, out) that are multiples of 16, a chunk (a multiple of 16) dividing the expanded channels, subgroups of at most 64
-    invocations, at most 256 invocations, and the tile's arrays within the device's workgroup memory."""
+    without dilation and with stride 1, channels (in, expanded, out) that are multiples of 16, a chunk (a multiple
+    of 16) dividing the expanded channels, subgroups of at most 64 invocations, at most 256 invocations, and the
+    tile's arrays within the device's workgroup memory."""
     if not isinstance(tile, MatrixBlockTile):
         return f"the tile must be a MatrixBlockTile, got {tile!r}"
     if not all(type(v) is int and v > 0 for v in (cin, cexp, cout)):
