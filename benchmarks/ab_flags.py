@@ -1,6 +1,6 @@
 """The flags of the alternating-round A/B benchmarks (``readback_ab.py``, ``upload_ab.py``,
-``native_commands_ab.py``): ``--rounds`` and ``--invokes``, each at least 1; ``--models``, ``--select`` and
-``--batch``."""
+``native_commands_ab.py``, ``submit_split_ab.py``): ``--rounds`` and ``--invokes``, each at least 1; ``--models``,
+``--select`` and ``--batch`` or ``--batches``."""
 
 from __future__ import annotations
 
@@ -24,3 +24,13 @@ def define_models_select_batch(select: list[str]) -> None:
     flags.DEFINE_list("select", select, "globs of file stems to time")
     flags.DEFINE_integer("batch", 1, "batch size (the first input dimension)")
     flags.register_validator("batch", lambda v: v >= 1, "--batch must be at least 1")
+
+
+def define_models_select_batches(select: list[str]) -> None:
+    """Defines ``--models`` (a folder of .tflite models, default ``.bench``), ``--select`` (globs of its file stems,
+    default ``select``) and ``--batches`` (first input dimensions, each at least 1; default 1 and 32)."""
+    flags.DEFINE_string("models", ".bench", "folder of .tflite models")
+    flags.DEFINE_list("select", select, "globs of file stems to time")
+    flags.DEFINE_list("batches", ["1", "32"], "batch sizes (the first input dimension)")
+    flags.register_validator("batches", lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
+                             "--batches takes positive integers, comma-separated (e.g. 1,32)")

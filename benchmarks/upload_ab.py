@@ -34,15 +34,11 @@ from tflfuse.runtime import plan as plan_module  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_profile import at_batch, seeded_inputs, set_inputs  # noqa: E402
 from run import _median_ms  # noqa: E402
-from ab_flags import define_rounds_and_invokes  # noqa: E402
+from ab_flags import define_models_select_batches, define_rounds_and_invokes  # noqa: E402
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("models", ".bench", "folder of .tflite models")
-flags.DEFINE_list("select", ["mobilenet_v2_fused"], "globs of file stems to time")
-flags.DEFINE_list("batches", ["1", "32"], "batch sizes (the first input dimension)")
-flags.register_validator("batches", lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
-                         "--batches takes positive integers, comma-separated (e.g. 1,32)")
+define_models_select_batches(["mobilenet_v2_fused"])
 define_rounds_and_invokes(5, 30, "plan and way")
 flags.DEFINE_string("out", str(Path(__file__).resolve().parent / "RESULTS-upload.md"), "Markdown table to write")
 

@@ -537,6 +537,37 @@ def test_native_commands_ab_times_both_paths_on_one_interpreter(tmp_path):
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, (bad, proc.stderr[-2000:])
 
 
+def test_submit_split_ab_times_each_split_and_checks_its_outputs(tmp_path):
+    """benchmarks/submit_split_ab.py, run as a user runs it, on a three-op model (three dispatches) at one round:
+    a row per --splits entry, one command buffer first at 1.000x, a split at dispatch 1 and quarters (which on
+    three dispatches start a buffer at dispatch 1 only); the script raises where a split's outputs differ from one
+    buffer's, so a written table says they were equal bit for bit. On wgpu-native (the software adapter) and on
+    Dawn's Null backend (nothing computed there). Its times say nothing here; only what it runs, checks and
+    writes is."""
+    x = t((1, 9, 9, 8))
+    model = build([x, t((1, 9, 9, 8)), t((1, 9, 9, 8)), t((1, 9, 9, 8))],
+                  [{"op": "RELU", "inputs": [0], "outputs": [1]}, {"op": "TANH", "inputs": [1], "outputs": [2]},
+                   {"op": "LOGISTIC", "inputs": [2], "outputs": [3]}], [0], [3])
+    (tmp_path / "chain.tflite").write_bytes(model)
+    script = str(ROOT / "benchmarks" / "submit_split_ab.py")
+    for backend, env in (("wgpu-native", {}), ("dawn", {"WGPU_BACKEND_TYPE": "Null"})):
+        out = tmp_path / "ss.md"
+        proc = subprocess.run([sys.executable, script, f"--models={tmp_path}", "--select=chain", "--batches=1",
+                               f"--backends={backend}", "--precisions=float32", "--splits=0,1,q", "--rounds=1",
+                               "--invokes=2", "--throughput_n=2", f"--out={out}"], capture_output=True, text=True,
+                              timeout=600, env={**os.environ, **env})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        text = out.read_text()
+        row = rf"\| chain \| {backend} \| float32 \| 1 \| 3 \| [0-9.]* \| "
+        assert re.search(row + r"0 \(one buffer\) \|( [0-9.]+ \|){4} 1\.000x \| 1\.000x \|", text), text
+        for split in (r"1 \(0, 1\)", r"q \(0, 1\)"):
+            assert re.search(row + split + r" \|( [0-9.]+ \|){4} [0-9.]+x \| [0-9.]+x \|", text), (split, text)
+    for bad in ("--splits=2", "--splits=0,0", "--splits=0,x", "--batches=0", "--backends=vulkan",
+                "--precisions=float64", "--rounds=0"):
+        proc = subprocess.run([sys.executable, script, bad], capture_output=True, text=True, timeout=600)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, (bad, proc.stderr[-2000:])
+
+
 def _depthwise_model(path) -> None:
     """Writes a one-op model to ``path``: a 3x3 DEPTHWISE_CONV_2D over 8 channels of a 9x9 map, its weights exact
     in float16 (the strip schedule, which has an f16 form)."""
