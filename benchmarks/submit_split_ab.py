@@ -186,8 +186,8 @@ def time_config(data: bytes, device, precision: str, batch: int, splits: list[st
 
 
 def table(rows: list[dict], splits: list[str]) -> str:
-    lines = ["| model | backend | precision | batch | dispatches | GPU alone us | split (buffers start at) | latency us "
-             "| thr. us | submit us | record us | latency / one buffer | thr. / one buffer |",
+    lines = ["| model | backend | precision | batch | dispatches | GPU alone us | split (buffers start at) "
+             "| latency us | thr. us | submit us | record us | latency / one buffer | thr. / one buffer |",
              "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         head = f"| {row['model']} | {row['backend']} | {row['precision']} | {row['batch']}"

@@ -397,7 +397,7 @@ class ExecutionPlan:
         is submitted, so on Dawn the submit stands between ``invoke()`` and the GPU's start (MobileNetV2, fused and
         unfused, 36 to 65 dispatches: 102-188 us a submit on an H100, 2026-12-07, against 20-32 us on wgpu-native).
         Submitted as two buffers, the first 4 dispatches alone (the splits of ``benchmarks/submit_split_ab.py``,
-        ``--splits=4``; the same H100 and day, 3 rounds of 40 invokes), Dawn's latency at batch 32 was 0.93x (fused
+        ``--splits=0,4``; the same H100 and day, 3 rounds of 40 invokes), Dawn's latency at batch 32 was 0.93x (fused
         float32 1397 against 1497 us, float16 1100 against 1187; unfused float32 1667 against 1796), but 1.02x and
         1.05x fused at batch 1, where the first dispatches end before the rest is recorded; on wgpu-native every
         split lost (1.01-1.05x; quarters up to 1.17x). A split pays only where the GPU time of the first dispatches
