@@ -174,7 +174,7 @@ def time_config(data: bytes, device, precision: str, batch: int, splits: list[st
     finally:
         commands.encode = library_encode
     for s in splits:
-        if not np.array_equal(outputs[s], outputs[splits[0]]):
+        if not np.array_equal(outputs[s], outputs[splits[0]], equal_nan=True):
             raise AssertionError(f"split {s}: the outputs differ from one command buffer's")
     gpu = None
     if "timestamp-query" in device.features:
