@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import re
+
 from absl import flags
 
 
@@ -31,6 +33,8 @@ def define_models_select_batches(select: list[str]) -> None:
     default ``select``) and ``--batches`` (first input dimensions, each at least 1; default 1 and 32)."""
     flags.DEFINE_string("models", ".bench", "folder of .tflite models")
     flags.DEFINE_list("select", select, "globs of file stems to time")
+    flags.register_validator("select", bool, "--select takes at least one glob")
     flags.DEFINE_list("batches", ["1", "32"], "batch sizes (the first input dimension)")
-    flags.register_validator("batches", lambda v: bool(v) and all(b.isdigit() and int(b) >= 1 for b in v),
-                             "--batches takes positive integers, comma-separated (e.g. 1,32)")
+    flags.register_validator("batches", lambda v: bool(v) and all(re.fullmatch(r"0*[1-9][0-9]{0,8}", b, re.ASCII)
+                                                                  for b in v),
+                             "--batches takes positive integers below 10**9, comma-separated (e.g. 1,32)")

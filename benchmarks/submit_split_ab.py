@@ -61,8 +61,11 @@ flags.register_validator("backends", lambda v: bool(v) and set(v) <= {"wgpu-nati
 flags.register_validator("precisions", lambda v: bool(v) and set(v) <= set(plan_module.PRECISIONS),
                          f"--precisions takes {', '.join(plan_module.PRECISIONS)}")
 flags.register_validator("splits", lambda v: bool(v) and v[0] == "0" and len(set(v)) == len(v) and all(
-    re.fullmatch(r"0|q|[1-9][0-9]*(\+[1-9][0-9]*)*", s, re.ASCII) for s in v),
-    "--splits starts with 0 and takes distinct q or dispatch indices joined by '+' (e.g. 0,2,1+5,q)")
+    re.fullmatch(r"0|q|[1-9][0-9]{0,5}(\+[1-9][0-9]{0,5})*", s, re.ASCII) for s in v),
+    "--splits starts with 0 and takes distinct q or dispatch indices (below 1,000,000) joined by '+' "
+    "(e.g. 0,2,1+5,q)")
+flags.register_validator("out", lambda v: bool(v) and not Path(v).is_dir() and Path(v).resolve().parent.is_dir(),
+                         "--out must name a file in an existing folder")
 flags.register_validator("throughput_n", lambda v: v >= 1, "--throughput_n must be at least 1")
 
 
@@ -148,20 +151,31 @@ def time_config(data: bytes, device, precision: str, batch: int, splits: list[st
     interp.invoke()
     interp.get_tensor(output)
     plan = interp._plan(0)
-    commands = plan._native
-    if commands is None:
-        return {"note": "the plan records through wgpu's Python API (no C entry points): nothing to split"}
     n = len(plan.steps)
-    found = {s: {"latency": [], "throughput": [], "submit": [], "record": [], "cuts": cuts(s, n)} for s in splits}
+    if n == 0:
+        return {"note": "no dispatch on the GPU (the model runs on LiteRT's CPU interpreter): nothing to split"}
+    if plan._native is None:
+        return {"note": "the plan records through wgpu's Python API (no C entry points): nothing to split"}
+    commands = plan._native
+    timed, seen = [], {}
+    for s in splits:   # the base, then each split that cuts, once per set of cuts
+        key = tuple(cuts(s, n))
+        if s == splits[0] or (key and key not in seen):
+            timed.append(s)
+            seen[key] = s
+    found = {s: {"latency": [], "throughput": [], "submit": [], "record": [], "cuts": cuts(s, n)} for s in timed}
     outputs = {}
     library_encode = commands.encode
     try:
         for r in range(rounds + 1):   # round 0 warms each split up and is not kept
-            for s in (splits if r % 2 == 0 else splits[::-1]):
+            for s in (timed if r % 2 == 0 else timed[::-1]):
                 f = found[s]
                 submits, records = [], []
                 commands.encode = types.MethodType(split_encoder(plan, f["cuts"], submits, records), commands)
                 latency_us(interp, output, 3)   # the buffer recorded ahead is the split's from here on
+                if not records:   # the invoke records elsewhere: a CPU fallback's segments
+                    return {"note": "the invoke runs partly on LiteRT's CPU interpreter, whose segments record "
+                                    "their own passes: nothing to split"}
                 submits.clear()
                 records.clear()
                 latency = latency_us(interp, output, invokes)
@@ -173,7 +187,7 @@ def time_config(data: bytes, device, precision: str, batch: int, splits: list[st
                     f["throughput"].append(_throughput(interp, output, throughput_n))
     finally:
         commands.encode = library_encode
-    for s in splits:
+    for s in timed:
         if not np.array_equal(outputs[s], outputs[splits[0]], equal_nan=True):
             raise AssertionError(f"split {s}: the outputs differ from one command buffer's")
     gpu = None
@@ -197,7 +211,11 @@ def table(rows: list[dict], splits: list[str]) -> str:
         base = row["splits"][splits[0]]
         gpu = f"{row['gpu_us']:.1f}" if row["gpu_us"] else ""
         for s in splits:
-            f = row["splits"][s]
+            f = row["splits"].get(s)
+            if f is None:
+                lines.append(f"{head} | {row['dispatches']} | {gpu} | {s} (the same command buffers as another "
+                             f"split, or one buffer: not timed) | | | | | | |")
+                continue
             where = "one buffer" if not f["cuts"] else "0, " + ", ".join(map(str, f["cuts"]))
             lines.append(f"{head} | {row['dispatches']} | {gpu} | {s} ({where}) | {f['latency']:.1f} | "
                          f"{f['throughput']:.1f} | {f['submit']:.1f} | {f['record']:.1f} | "
@@ -205,31 +223,50 @@ def table(rows: list[dict], splits: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _write(rows: list[dict], adapters: list[str], software: bool, done: bool) -> None:
+    """Writes --out with the rows so far (after each configuration, so that a run stopped midway keeps them)."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = (f"# Submitting an invoke's dispatches in one command buffer or several\n\n"
+            f"`benchmarks/submit_split_ab.py`, {stamp}; {'; '.join(adapters)}. {FLAGS.rounds} alternating rounds of "
+            f"{FLAGS.invokes} invokes (latency) and {FLAGS.throughput_n} (throughput) per split; medians."
+            + (" On a software adapter the CPU that submits also runs the dispatches, and Dawn's Null backend runs "
+               "none: such rows time no GPU." if software else "")
+            + ("" if done else " Unfinished: the rows timed so far.") + "\n\n"
+            f"{table(rows, FLAGS.splits)}\n")
+    Path(FLAGS.out).write_text(text)
+
+
 def main(argv):
     del argv
     models = list(selected_models(Path(FLAGS.models), FLAGS.select))
     rows, adapters, software = [], [], False
     for backend in FLAGS.backends:
-        device = tflfuse.Device(backend=backend)
-        adapters.append(device.describe())
-        software = software or device.is_software
+        try:
+            device = tflfuse.Device(backend=backend)
+        except Exception as e:   # no adapter for it (Dawn without a GPU driver), its package missing
+            rows.append({"model": "", "backend": backend, "precision": "", "batch": "",
+                         "note": f"{type(e).__name__}: {e}"})
+            print(rows[-1]["note"], flush=True)
+            _write(rows, adapters, software, False)
+            continue
+        adapters.append(f"{backend}: {device.describe()}")
+        software = software or device.is_software or device.info.get("backend_type") == "Null"
         for name, data in models:
             for precision in FLAGS.precisions:
                 for batch in (int(b) for b in FLAGS.batches):
-                    row = {"model": name, "backend": backend, "precision": precision, "batch": batch,
-                           **time_config(data, device, precision, batch, FLAGS.splits, FLAGS.rounds,
-                                         FLAGS.invokes, FLAGS.throughput_n)}
+                    row = {"model": name, "backend": backend, "precision": precision, "batch": batch}
+                    try:
+                        row.update(time_config(data, device, precision, batch, FLAGS.splits, FLAGS.rounds,
+                                               FLAGS.invokes, FLAGS.throughput_n))
+                    except (KeyboardInterrupt, AssertionError):
+                        raise
+                    except Exception as e:   # a model tflfuse refuses (malformed, too large at this batch)
+                        row["note"] = f"{type(e).__name__}: {e}".replace("|", "/").replace("\n", " ")[:300]
                     rows.append(row)
                     print(*table([row], FLAGS.splits).splitlines()[-1 if "note" in row else -len(FLAGS.splits):],
                           sep="\n", flush=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = (f"# Submitting an invoke's dispatches in one command buffer or several\n\n"
-            f"`benchmarks/submit_split_ab.py`, {stamp}; {'; '.join(adapters)}. {FLAGS.rounds} alternating rounds of "
-            f"{FLAGS.invokes} invokes (latency) and {FLAGS.throughput_n} (throughput) per split; medians."
-            + (" On a software adapter the CPU that submits also runs the dispatches: its rows time no GPU's start."
-               if software else "") + "\n\n"
-            f"{table(rows, FLAGS.splits)}\n")
-    Path(FLAGS.out).write_text(text)
+                    _write(rows, adapters, software, False)
+    _write(rows, adapters, software, True)
     print(f"wrote {FLAGS.out}")
 
 
