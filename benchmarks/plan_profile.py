@@ -39,6 +39,15 @@ def latency_us(interp, output: int, invokes: int) -> float:
     return float(np.median(times) * 1e6)
 
 
+def throughput_us(interp, output: int, invokes: int) -> float:
+    """Wall-clock microseconds per invoke of ``invokes`` invokes back to back, then one read-back of ``output``."""
+    t0 = time.perf_counter()
+    for _ in range(invokes):
+        interp.invoke()
+    interp.get_tensor(output)
+    return (time.perf_counter() - t0) / invokes * 1e6
+
+
 def seeded_inputs(interp, seed: int = 0) -> list:
     """Uniform values in [-1, 1) of each input's shape and dtype, from ``seed``."""
     rng = np.random.default_rng(seed)

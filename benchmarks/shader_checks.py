@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import fnmatch
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,7 +26,7 @@ from absl import app, flags  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plan_profile import at_batch  # noqa: E402
+from plan_profile import at_batch, throughput_us  # noqa: E402
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -42,14 +41,6 @@ def _define_flags() -> None:
     flags.DEFINE_integer("rounds", 5, "alternating rounds (medians over them)")
     flags.DEFINE_integer("n", 100, "invokes per throughput sample")
     flags.DEFINE_string("out", None, "also write the table here (Markdown)")
-
-def _throughput_ms(interp, out: int, n: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(n):
-        interp.invoke()
-    interp.get_tensor(out)
-    return (time.perf_counter() - t0) / n * 1e3
-
 
 def compare(data: bytes, devices: dict, batch: int, rounds: int, n: int) -> dict:
     """GPU us and throughput ms of one model on each device (``name -> tflfuse.Device``), in alternating
@@ -68,11 +59,11 @@ def compare(data: bytes, devices: dict, batch: int, rounds: int, n: int) -> dict
     diff = float(np.max(np.abs(outs[0] - outs[1]))) if outs[0].size else 0.0
     gpu, thr = {k: [] for k in its}, {k: [] for k in its}
     for it in its.values():
-        _throughput_ms(it, out, n)   # warm-up
+        throughput_us(it, out, n)   # warm-up
     for _ in range(rounds):
         for k, it in its.items():
             gpu[k].append(gpu_time_plan(it._plan(0), repeats=5, reps=SUSTAINED_REPS))
-            thr[k].append(_throughput_ms(it, out, n))
+            thr[k].append(throughput_us(it, out, n) / 1e3)
     return {"gpu_us": {k: float(np.median(v)) for k, v in gpu.items()},
             "thr_ms": {k: float(np.median(v)) for k, v in thr.items()}, "max_diff": diff}
 

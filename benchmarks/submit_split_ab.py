@@ -44,7 +44,7 @@ from tflfuse.runtime.profile import gpu_time_plan  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab_flags import define_models_select_batches, define_rounds_and_invokes  # noqa: E402
-from plan_profile import at_batch, latency_us, seeded_inputs, set_inputs  # noqa: E402
+from plan_profile import at_batch, latency_us, seeded_inputs, set_inputs, throughput_us  # noqa: E402
 from selection import selected_models  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -133,14 +133,6 @@ def split_encoder(plan, indices: list[int], submits: list, records: list):
     return encode
 
 
-def _throughput(interp, output: int, n: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(n):
-        interp.invoke()
-    interp.get_tensor(output)
-    return (time.perf_counter() - t0) / n * 1e6
-
-
 def time_config(data: bytes, device, precision: str, batch: int, splits: list[str], rounds: int, invokes: int,
                 throughput_n: int) -> dict:
     """The medians of each split on one Interpreter (``{"dispatches", "gpu_us", "splits": {split: {...}}}``), or
@@ -184,7 +176,7 @@ def time_config(data: bytes, device, precision: str, batch: int, splits: list[st
                     f["latency"].append(latency)
                     f["submit"].append(statistics.median(submits) * 1e6)
                     f["record"].append(statistics.median(records) * 1e6)
-                    f["throughput"].append(_throughput(interp, output, throughput_n))
+                    f["throughput"].append(throughput_us(interp, output, throughput_n))
     finally:
         commands.encode = library_encode
     for s in timed:
